@@ -1,0 +1,32 @@
+"""Errors shared by every layer.
+
+Domain code raises these; only the command line and the operator translate them into exit codes
+or Kubernetes condition reasons.
+"""
+
+from __future__ import annotations
+
+
+class ChunktuneError(Exception):
+    """Base of every error chunktune raises on purpose."""
+
+
+class SpecError(ChunktuneError, ValueError):
+    """Bad user input: a manifest, a flag, a profile. Lists every problem, each with its field.
+
+    ``problems`` holds ``(field_path, message)`` pairs, so callers can show all of them at once.
+    """
+
+    def __init__(self, problems: list[tuple[str, str]] | str, field: str | None = None) -> None:
+        if isinstance(problems, str):
+            problems = [(field or "", problems)]
+        self.problems: list[tuple[str, str]] = list(problems)
+        super().__init__("\n".join(_fmt(p, m) for p, m in self.problems))
+
+
+def _fmt(path: str, message: str) -> str:
+    return f"{path}: {message}" if path else message
+
+
+class BackendUnavailable(ChunktuneError):
+    """A trial backend cannot run trials at all (no cluster, no binary): retrying is useless."""
