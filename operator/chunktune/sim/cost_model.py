@@ -1,0 +1,218 @@
+"""Step-time model: how long one engine step takes for the batch it runs.
+
+A step's time is the sum of
+
+- the **linear operators** of every layer (QKV, O, gate/up and down projections, norms, RoPE,
+  activation, residual add) as a function of the step's token count ``T`` — a roofline per
+  operator, ``overhead + (compute^p + memory^p)^(1/p)``, with efficiency coefficients fitted per
+  GPU family to Vidur's per-layer GPU timings (see :mod:`chunktune.sim.calibration`);
+- **attention**: for a prefill chunk of ``c`` tokens after ``p`` computed ones, the causal
+  FLOPs ``4 * head_dim * heads * (c*p + c*(c+1)/2)`` against the KV reads of the context; for
+  decodes, the KV bytes of their contexts (memory-bound);
+- **lm_head and sampling** for the rows that produce a token (decodes, last prefill chunks);
+- **tensor-parallel all-reduces**, two per layer, over the GPU link;
+- a fixed **per-step overhead** (scheduling, input preparation, launch) plus a small cost per
+  scheduled request.
+
+The linear part depends only on ``T``, so it is tabulated once per engine for every ``T`` up to
+the budget; a step then costs a table lookup plus a few multiplications.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chunktune.sim.gpus import GPU
+from chunktune.sim.models import ModelConfig
+
+COEFFICIENTS_PATH = Path(__file__).with_name("data") / "step_time_coefficients.json"
+
+
+@dataclass(frozen=True)
+class FamilyCoefficients:
+    """Fitted efficiencies for one GPU family (see ``data/step_time_coefficients.json``)."""
+
+    gemm_compute_eff: float
+    gemm_memory_eff: float
+    gemm_overhead_s: float
+    gemm_smoothness: float
+    elementwise_memory_eff: float
+    elementwise_overhead_s: float
+    #: Not fitted (no attention timings in the data): FlashAttention's forward efficiency.
+    attention_compute_eff: float
+    step_overhead_s: float
+    per_request_overhead_s: float
+    eager_launch_overhead_per_layer_s: float
+    allreduce_latency_s: float
+    allreduce_link_eff: float
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FamilyCoefficients:
+        return cls(**{k: float(d[k]) for k in cls.__dataclass_fields__})
+
+
+@lru_cache(maxsize=1)
+def _load_coefficients() -> dict[str, Any]:
+    return json.loads(COEFFICIENTS_PATH.read_text())
+
+
+def coefficients(family: str) -> FamilyCoefficients:
+    data = _load_coefficients()
+    return FamilyCoefficients.from_dict(data["families"][family])
+
+
+def layer_gemms(model: ModelConfig, tp: int) -> list[tuple[float, float]]:
+    """The (K, N) weight shapes of one layer's GEMMs on one rank (dense part)."""
+    h = model.hidden_size
+    q = model.q_dim / tp
+    kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
+    shapes = [(h, q + 2 * kv), (q, h)]
+    if not model.is_moe:
+        i = model.intermediate_size / tp
+        shapes += [(h, 2 * i), (i, h)] if model.gated_mlp else [(h, i), (i, h)]
+    return shapes
+
+
+def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
+                      c: FamilyCoefficients) -> np.ndarray:
+    """Seconds the linear operators of ONE layer take on one rank, for each token count."""
+    T = np.asarray(tokens, dtype=np.float64)
+    F = gpu.bf16_tflops * 1e12 * c.gemm_compute_eff
+    B = gpu.hbm_tb_s * 1e12
+    b = model.dtype_bytes
+    p = c.gemm_smoothness
+
+    def gemm(m: np.ndarray, k: float, n: float, weight_bytes: float | np.ndarray) -> np.ndarray:
+        comp = 2.0 * m * k * n / F
+        mem = (weight_bytes + (m * k + m * n) * b) / (B * c.gemm_memory_eff)
+        return c.gemm_overhead_s + (comp**p + mem**p) ** (1.0 / p)
+
+    t = np.zeros_like(T)
+    for k, n in layer_gemms(model, tp):
+        t += gemm(T, k, n, k * n * b)
+    h = model.hidden_size
+    q = model.q_dim / tp
+    kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
+    if model.is_moe:
+        # Routed experts: each token visits k of E experts; the weights of every expert that
+        # receives at least one token are read once. Expert MLPs are sharded across ranks.
+        e, k_top = model.num_experts, model.num_experts_per_tok
+        i = model.moe_intermediate_size / tp
+        mats = 3 if model.gated_mlp else 2
+        active = e * (1.0 - (1.0 - k_top / e) ** np.maximum(T, 0))
+        tok = T * k_top
+        w = active * mats * h * i * b
+        comp = 2.0 * tok * mats * h * i / F
+        mem = (w + tok * (2 * h + mats * i) * b) / (B * c.gemm_memory_eff)
+        t += 3 * c.gemm_overhead_s + (comp**p + mem**p) ** (1.0 / p)
+        if model.num_shared_experts:
+            si = model.num_shared_experts * model.moe_intermediate_size / tp
+            t += gemm(T, h, 2 * si, h * 2 * si * b) + gemm(T, si, h, si * h * b)
+        t += gemm(T, h, e, h * e * b)  # router
+        inter = model.moe_intermediate_size * k_top / tp
+    else:
+        inter = model.intermediate_size / tp
+    # Elementwise: two RMSNorms, RoPE on q and k, activation (read 2i write i), residual add.
+    ew_bytes = T * b * (2 * h + 2 * h + 2 * (q + kv) + 3 * inter + 3 * h)
+    t += 5 * c.elementwise_overhead_s + ew_bytes / (B * c.elementwise_memory_eff)
+    return t
+
+
+class StepCostModel:
+    """Predicts step times for one (model, GPU, TP, budget) engine."""
+
+    def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
+                 enforce_eager: bool = False) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.tp = tp
+        self.c = c = coefficients(gpu.family)
+        layers = model.num_hidden_layers
+        tokens = np.arange(max_tokens + 1, dtype=np.float64)
+        lin = linear_layer_time(model, gpu, tp, tokens, c) * layers
+        lin[0] = 0.0
+        self._linear = lin.tolist()
+        b = model.dtype_bytes
+        self._F_attn = gpu.bf16_tflops * 1e12 * c.attention_compute_eff
+        self._B = gpu.hbm_tb_s * 1e12 * c.gemm_memory_eff
+        heads = model.num_attention_heads / tp
+        #: attention FLOPs per (query token x key token) over all layers
+        self._attn_flops = 4.0 * model.head_dim * heads * layers
+        #: KV bytes per cached token over all layers, on one rank
+        self._kv_bytes = model.kv_bytes_per_token(tp)
+        # lm_head: [rows x hidden] x [hidden x vocab/tp], then fp32 logits through the sampler
+        v = model.vocab_size / tp
+        self._lm_weight_s = model.hidden_size * v * b / self._B
+        self._lm_row_s = max(2.0 * model.hidden_size * v / (gpu.bf16_tflops * 1e12
+                                                            * c.gemm_compute_eff),
+                             3 * v * 4 / self._B)
+        # all-reduce: 2 per layer of T x hidden activations, ring over tp ranks
+        if tp > 1:
+            link = gpu.link_gb_s * 1e9 * c.allreduce_link_eff
+            self._ar_fixed = 2 * layers * c.allreduce_latency_s
+            self._ar_per_token = 2 * layers * 2 * (tp - 1) / tp * model.hidden_size * b / link
+        else:
+            self._ar_fixed = self._ar_per_token = 0.0
+        self._overhead = c.step_overhead_s
+        if enforce_eager:
+            self._overhead += c.eager_launch_overhead_per_layer_s * layers
+        self._per_req = c.per_request_overhead_s
+        self.max_tokens = max_tokens
+
+    def linear_time(self, tokens: int) -> float:
+        if tokens <= self.max_tokens:
+            return self._linear[tokens]
+        lin = self._linear
+        per = (lin[self.max_tokens] - lin[self.max_tokens // 2]) / (self.max_tokens // 2)
+        return lin[self.max_tokens] + per * (tokens - self.max_tokens)
+
+    def prefill_attention_time(self, chunk: int, computed: int) -> float:
+        """One prefill chunk's attention: causal FLOPs against the KV read of its context
+        (FlashAttention reads the context once per 128-row query tile)."""
+        flops = self._attn_flops * (chunk * computed + chunk * (chunk + 1) / 2)
+        reads = math.ceil(chunk / 128) * (computed + chunk) * self._kv_bytes
+        return max(flops / self._F_attn, reads / self._B)
+
+    def decode_attention_time(self, num_decodes: int, context_tokens: int) -> float:
+        """Decode attention is memory-bound: every decode reads its whole KV context."""
+        if num_decodes == 0:
+            return 0.0
+        flops = self._attn_flops * context_tokens
+        return max(flops / self._F_attn, context_tokens * self._kv_bytes / self._B)
+
+    def step_time(self, num_tokens: int, num_reqs: int, num_logits: int,
+                  prefill_chunks: list[tuple[int, int]], num_decodes: int,
+                  decode_context_tokens: int) -> float:
+        """Seconds for one step.
+
+        ``prefill_chunks``: ``(chunk_tokens, already_computed_tokens)`` per prefilling request;
+        ``decode_context_tokens``: the summed context length of the decodes.
+        """
+        if num_tokens == 0:
+            return 0.0
+        t = self._overhead + self._per_req * num_reqs + self.linear_time(num_tokens)
+        for chunk, computed in prefill_chunks:
+            t += self.prefill_attention_time(chunk, computed)
+        t += self.decode_attention_time(num_decodes, decode_context_tokens)
+        if num_logits:
+            t += self._lm_weight_s + self._lm_row_s * num_logits
+        t += self._ar_fixed + self._ar_per_token * num_tokens
+        return t
+
+    def prefill_time(self, prompt: int, chunk: int | None = None) -> float:
+        """Time to prefill one prompt alone in chunks of ``chunk`` tokens (whole if None)."""
+        chunk = chunk or prompt
+        done, t = 0, 0.0
+        while done < prompt:
+            c = min(chunk, prompt - done)
+            last = done + c >= prompt
+            t += self.step_time(c, 1, 1 if last else 0, [(c, done)], 0, 0)
+            done += c
+        return t
