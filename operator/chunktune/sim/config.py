@@ -25,9 +25,14 @@ class EngineStartupError(ChunktuneError):
     (``ConfigRejected``, ``EngineOOM``, ``KVCacheTooSmall``, ``MaxModelLenTooLarge``);
     ``message`` is the line vLLM itself prints."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, hint: str = "",
+                 preceding: tuple[str, ...] = ()) -> None:
         self.reason = reason
         self.message = message
+        #: What to change, in our words (vLLM's message is kept verbatim in ``message``).
+        self.hint = hint
+        #: Log lines vLLM prints just before the error (e.g. the memory figures).
+        self.preceding = preceding
         super().__init__(message)
 
 

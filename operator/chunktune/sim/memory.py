@@ -1,0 +1,182 @@
+"""Start-up memory model: what vLLM's memory profiling leaves for the KV cache, and how it fails.
+
+vLLM V1 (``Worker.determine_available_memory``) loads the weights, runs a dummy forward pass of
+``max_num_batched_tokens`` tokens and a dummy sampler pass of ``max_num_seqs`` requests, then
+
+    KV = total x gpu_memory_utilization - weights - activation peak - non-torch - CUDA graphs
+
+(CUDA-graph memory is part of the profile since v0.21, PR #38284). The KV memory is cut into
+blocks of ``block_size`` tokens; one max-length request must fit.
+
+Calibration (each figure from a published vLLM start-up log; see ``docs/simulator.md``):
+
+- the activation peak is the larger of the forward pass (~135 KB per batched token for
+  Llama-3.1-8B at TP1, seen on a pipeline-parallel first stage: 1.05-1.10 GiB at 8192 tokens) and
+  the sampler warm-up (~15.3 bytes x max_num_seqs x vocab: 1.89 GiB for Llama-3.1-8B,
+  2.21 GiB for Qwen2.5-7B at 1024 sequences, unchanged by TP) — llm-d-planner's vLLM 0.19 logs;
+- non-torch memory: 0.25 GiB at TP1, ~2.1 GiB with TP >= 2 (NCCL buffers), same logs;
+- CUDA graphs: 0.9 GiB for an 8B model, 1.7 GiB for a 70B model at the default 67 capture
+  sizes, same logs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from chunktune.sim.config import EngineStartupError, ResolvedConfig
+
+GiB = float(2**30)
+
+#: Forward-pass activation bytes per token = this x dtype bytes x (2*hidden + qkv + 3*inter).
+#: 1.18 reproduces ~135 KB/token for Llama-3.1-8B (the allocator's rounding and temporaries).
+ACTIVATION_FUDGE = 1.18
+#: Sampler warm-up bytes per (sequence x vocab entry): fp32 logits plus the sampler's copies.
+SAMPLER_BYTES_PER_LOGIT = 15.3
+NON_TORCH_TP1_GIB = 0.25
+NON_TORCH_TP_GIB = 2.1
+#: CUDA-graph pool at vLLM's 67 default capture sizes: a + b x layers (GiB).
+CUDAGRAPH_BASE_GIB = 0.367
+CUDAGRAPH_PER_LAYER_GIB = 0.01667
+DEFAULT_CAPTURE_SIZES = 67
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The start-up memory accounting of one engine, in bytes (what vLLM logs)."""
+
+    total: float
+    requested: float
+    weights: float
+    activation_peak: float
+    forward_activation: float
+    sampler_activation: float
+    non_torch: float
+    cudagraph: float
+    kv_cache: float
+    kv_bytes_per_block: float
+    num_gpu_blocks: int
+    max_model_len: int
+    block_size: int
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+    @property
+    def max_concurrency(self) -> float:
+        """How many max-length requests fit at once (vLLM's "Maximum concurrency")."""
+        per_req = math.ceil(self.max_model_len / self.block_size)
+        return self.num_gpu_blocks / per_req
+
+    def log_lines(self) -> list[str]:
+        """The start-up lines vLLM prints, with this plan's figures."""
+        g = GiB
+        return [
+            f"Memory profiling takes 1.00 seconds. Total GPU memory: {self.total / g:.2f}GiB; "
+            f"requested memory: {self.requested / g:.2f}GiB; model weights take "
+            f"{self.weights / g:.2f}GiB; non_torch_memory takes {self.non_torch / g:.2f}GiB; "
+            f"PyTorch activation peak memory takes {self.activation_peak / g:.2f}GiB; "
+            f"CUDA graph memory takes {self.cudagraph / g:.2f}GiB; the rest of the memory "
+            f"reserved for KV Cache is {self.kv_cache / g:.2f}GiB.",
+            f"Available KV cache memory: {self.kv_cache / g:.2f} GiB",
+            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens",
+            f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
+            f"{self.max_concurrency:.2f}x",
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kv_cache_tokens"] = self.kv_cache_tokens
+        d["max_concurrency"] = self.max_concurrency
+        return d
+
+
+def forward_activation_bytes(cfg: ResolvedConfig) -> float:
+    m, tp = cfg.model, cfg.tensor_parallel_size
+    kv = max(1, math.ceil(m.num_key_value_heads / tp)) * m.head_dim
+    inter = (m.moe_intermediate_size * m.num_experts_per_tok if m.is_moe
+             else m.intermediate_size)
+    per_token = m.dtype_bytes * (2 * m.hidden_size + m.q_dim / tp + 2 * kv + 3 * inter / tp)
+    return ACTIVATION_FUDGE * per_token * cfg.max_num_batched_tokens
+
+
+def sampler_activation_bytes(cfg: ResolvedConfig) -> float:
+    return SAMPLER_BYTES_PER_LOGIT * cfg.max_num_seqs * cfg.model.vocab_size
+
+
+def cudagraph_bytes(cfg: ResolvedConfig) -> float:
+    if not cfg.cudagraph_capture_sizes:
+        return 0.0
+    per_default = CUDAGRAPH_BASE_GIB + CUDAGRAPH_PER_LAYER_GIB * cfg.model.num_hidden_layers
+    return per_default * len(cfg.cudagraph_capture_sizes) / DEFAULT_CAPTURE_SIZES * GiB
+
+
+def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
+    """Reproduce start-up profiling. Raises :class:`EngineStartupError` with vLLM's message
+    when the engine would not start (``EngineOOM``, ``KVCacheTooSmall``)."""
+    total = cfg.gpu.memory_bytes
+    tp = cfg.tensor_parallel_size
+    weights = cfg.model.weight_bytes(tp)
+    non_torch = (NON_TORCH_TP1_GIB if tp == 1 else NON_TORCH_TP_GIB) * GiB
+    fwd = forward_activation_bytes(cfg)
+    smp = sampler_activation_bytes(cfg)
+    act = max(fwd, smp)
+    graphs = cudagraph_bytes(cfg)
+    requested = total * cfg.gpu_memory_utilization
+    if weights + non_torch > total:
+        _torch_oom(weights + non_torch - total + 1 * GiB, total, 0.0, weights)
+    if weights + non_torch + act > total:
+        free = max(0.0, total - weights - non_torch)
+        _torch_oom(act, total, free, weights + non_torch)
+    if cfg.kv_cache_memory_bytes is not None:
+        kv = float(cfg.kv_cache_memory_bytes)
+    else:
+        kv = requested - weights - act - non_torch - graphs
+    kv_per_token = cfg.model.kv_bytes_per_token(tp, cfg.kv_cache_dtype_bytes)
+    per_block = kv_per_token * cfg.block_size
+    blocks = int(kv // per_block) if kv > 0 else 0
+    if cfg.num_gpu_blocks_override is not None:
+        blocks = cfg.num_gpu_blocks_override
+    plan = MemoryPlan(total, requested, weights, act, fwd, smp, non_torch, graphs, kv,
+                      per_block, blocks, cfg.max_model_len, cfg.block_size)
+    if kv <= 0 and cfg.num_gpu_blocks_override is None:
+        raise EngineStartupError(
+            "KVCacheTooSmall",
+            "ValueError: No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine.",
+            hint="weights, the activation peak of max_num_batched_tokens / max_num_seqs and "
+                 "CUDA graphs leave nothing for the KV cache: lower max-num-batched-tokens or "
+                 "max-num-seqs, or raise gpu-memory-utilization",
+            preceding=tuple(plan.log_lines()[:2]),
+        )
+    need_blocks = math.ceil(cfg.max_model_len / cfg.block_size)
+    if blocks < need_blocks:
+        need = need_blocks * per_block
+        have = blocks * per_block
+        est = blocks * cfg.block_size
+        raise EngineStartupError(
+            "MaxModelLenTooLarge",
+            f"ValueError: To serve at least one request with the models's max seq len "
+            f"({cfg.max_model_len}), ({need / GiB:.2f} GiB KV cache is needed, which is larger "
+            f"than the available KV cache memory ({have / GiB:.2f} GiB). Based on the available "
+            f"memory, the estimated maximum model length is {est}. Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+            "engine.",
+            hint=f"lower --max-model-len to at most {est}, or free memory for the KV cache",
+            preceding=tuple(plan.log_lines()[:3]),
+        )
+    return plan
+
+
+def _torch_oom(alloc: float, total: float, free: float, in_use: float) -> None:
+    raise EngineStartupError(
+        "EngineOOM",
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {alloc / GiB:.2f} GiB. "
+        f"GPU 0 has a total capacity of {total / GiB:.2f} GiB of which {free / 2**20:.2f} MiB "
+        f"is free. Including non-PyTorch memory, this process has {in_use / GiB:.2f} GiB "
+        "memory in use.",
+        hint="the memory profiling run (a forward pass of max_num_batched_tokens tokens and a "
+             "sampler pass of max_num_seqs requests) does not fit: lower either",
+    )
