@@ -1,0 +1,166 @@
+"""The virtual-time engine: replay a workload through the scheduler and the step-time model.
+
+``build_engine`` does what ``vllm serve`` does before it opens its port — resolve the arguments
+with vLLM's defaults and checks, profile memory, size the KV cache — and raises
+:class:`~chunktune.sim.config.EngineStartupError` where vLLM would exit. ``Engine.replay`` then
+runs the requests: arrivals join WAITING at their time (or, in closed-loop mode, as soon as one
+finishes), each step is scheduled, timed and applied, and the clock moves by the step's time.
+Deterministic: no randomness here; the workload's seed fixes the requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chunktune.sim.config import EngineArgs, ResolvedConfig, resolve
+from chunktune.sim.cost_model import StepCostModel
+from chunktune.sim.gpus import GPU
+from chunktune.sim.memory import MemoryPlan, plan_memory
+from chunktune.sim.models import ModelConfig
+from chunktune.sim.request import REJECTED, Request
+from chunktune.sim.scheduler import Scheduler, StepPlan
+from chunktune.sim.workload import RequestSpec
+
+
+@dataclass
+class StepRecord:
+    """Per-step trace columns (parallel lists, cheap to append)."""
+
+    start: list[float] = field(default_factory=list)
+    duration: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    prefill_tokens: list[int] = field(default_factory=list)
+    decodes: list[int] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    kv_used_blocks: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+@dataclass
+class ReplayResult:
+    requests: list[Request]
+    steps: StepRecord
+    end_time: float
+    num_preemptions: int
+    peak_kv_blocks: int
+    rejected: list[tuple[Request, str]]
+
+
+class Engine:
+    """A started engine: its resolved configuration, memory plan, scheduler and cost model."""
+
+    def __init__(self, cfg: ResolvedConfig, memory: MemoryPlan) -> None:
+        self.cfg = cfg
+        self.memory = memory
+        self.cost = StepCostModel(cfg.model, cfg.gpu, cfg.tensor_parallel_size,
+                                  max_tokens=cfg.max_num_batched_tokens,
+                                  enforce_eager=cfg.enforce_eager)
+        self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
+
+    def validate_request(self, prompt_len: int, max_tokens: int) -> str | None:
+        """vLLM's 400 for a request that cannot fit ``max_model_len``, else None."""
+        limit = self.cfg.max_model_len
+        if prompt_len + max_tokens > limit:
+            return (f"This model's maximum context length is {limit} tokens. However, you "
+                    f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
+                    f"{max_tokens} in the completion). Please reduce the length of the messages "
+                    "or completion.")
+        return None
+
+    def step_time(self, plan: StepPlan) -> float:
+        return self.cost.step_time(
+            plan.num_tokens, len(plan.scheduled), plan.num_logits, plan.prefill_chunks,
+            plan.num_decodes, plan.decode_context_tokens,
+        )
+
+    def replay(self, specs: list[RequestSpec], concurrency: int | None = None,
+               time_limit: float | None = None, record_steps: bool = True) -> ReplayResult:
+        """Run ``specs`` to completion (or until ``time_limit`` of virtual time).
+
+        Open loop: each spec arrives at its ``arrival``. Closed loop (``concurrency``): the
+        first N start at 0 and each finish lets the next one in at that instant.
+        """
+        sched = self.scheduler
+        reqs: list[Request] = []
+        rejected: list[tuple[Request, str]] = []
+        steps = StepRecord()
+        now = 0.0
+        idx = 0
+        n_specs = len(specs)
+        in_flight = 0
+        closed = concurrency is not None
+        step_fn = self.step_time
+
+        def admit(spec: RequestSpec, t: float) -> bool:
+            r = Request(spec.rid, t, spec.prompt_tokens, spec.output_tokens, spec.cls)
+            reqs.append(r)
+            err = self.validate_request(spec.prompt_tokens, spec.output_tokens)
+            if err:
+                r.status = REJECTED
+                r.finish_time = t
+                rejected.append((r, err))
+                return False
+            sched.add_request(r)
+            return True
+
+        if closed:
+            while idx < n_specs and in_flight < concurrency:  # type: ignore[operator]
+                if admit(specs[idx], 0.0):
+                    in_flight += 1
+                idx += 1
+
+        rec = record_steps
+        s_start, s_dur, s_tok, s_pre = steps.start, steps.duration, steps.tokens, \
+            steps.prefill_tokens
+        s_dec, s_run, s_wait, s_kv, s_pmt = steps.decodes, steps.running, steps.waiting, \
+            steps.kv_used_blocks, steps.preempted
+        pool = sched.pool
+        while True:
+            if not closed:
+                while idx < n_specs and specs[idx].arrival <= now:  # type: ignore[operator]
+                    admit(specs[idx], specs[idx].arrival)  # type: ignore[arg-type]
+                    idx += 1
+            if not sched.has_work:
+                if closed or idx >= n_specs:
+                    break
+                now = specs[idx].arrival  # type: ignore[assignment]
+                continue
+            if time_limit is not None and now >= time_limit:
+                break
+            plan = sched.schedule(now)
+            if not plan.scheduled:
+                # Nothing fits (cannot happen once max_model_len fits the cache); avoid a spin.
+                raise RuntimeError(f"scheduler made no progress at t={now:.3f}s: "
+                                   f"{len(sched.running)} running, {len(sched.waiting)} waiting")
+            dt = step_fn(plan)
+            end = now + dt
+            out = sched.apply(plan, end)
+            if rec:
+                s_start.append(now)
+                s_dur.append(dt)
+                s_tok.append(plan.num_tokens)
+                s_pre.append(plan.num_prefill_tokens)
+                s_dec.append(plan.num_decodes)
+                s_run.append(len(sched.running))
+                s_wait.append(len(sched.waiting))
+                s_kv.append(pool.total - pool.free)
+                s_pmt.append(len(plan.preempted))
+            now = end
+            if closed and out.finished:
+                for _ in out.finished:
+                    while idx < n_specs:
+                        ok = admit(specs[idx], now)
+                        idx += 1
+                        if ok:
+                            break
+        return ReplayResult(reqs, steps, now, sched.num_preemptions, pool.peak_used, rejected)
+
+
+def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU) -> Engine:
+    """Resolve, profile memory and start the engine; raises EngineStartupError on failure."""
+    cfg = resolve(args, model, gpu)
+    return Engine(cfg, plan_memory(cfg))

@@ -1,0 +1,58 @@
+"""A request inside the simulated engine.
+
+As in vLLM V1 there is no prefill or decode phase: a request has ``num_tokens`` (prompt plus the
+tokens generated so far) and ``num_computed``, the tokens whose KV is in the cache; each step
+schedules some of the difference. When a step brings ``num_computed`` up to ``num_tokens`` the
+request samples one more token.
+"""
+
+from __future__ import annotations
+
+WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3
+
+
+class Request:
+    __slots__ = (
+        "arrival",
+        "cls",
+        "finish_time",
+        "first_scheduled",
+        "first_token",
+        "itl",
+        "last_token",
+        "max_tokens",
+        "num_blocks",
+        "num_computed",
+        "num_output",
+        "num_preemptions",
+        "prompt_len",
+        "rid",
+        "status",
+    )
+
+    def __init__(self, rid: int, arrival: float, prompt_len: int, max_tokens: int,
+                 cls: int = 0) -> None:
+        self.rid = rid
+        self.arrival = arrival
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.cls = cls
+        self.num_computed = 0
+        self.num_output = 0
+        self.num_blocks = 0
+        self.num_preemptions = 0
+        self.status = WAITING
+        self.first_scheduled = -1.0
+        self.first_token = -1.0
+        self.last_token = -1.0
+        self.finish_time = -1.0
+        #: Inter-token gaps in seconds, one per output token after the first.
+        self.itl: list[float] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.num_output
+
+    def __repr__(self) -> str:
+        return (f"Request({self.rid}, prompt={self.prompt_len}, out={self.num_output}/"
+                f"{self.max_tokens}, computed={self.num_computed}, blocks={self.num_blocks})")

@@ -1,0 +1,75 @@
+"""The trade-offs chunktune tunes must be real in the simulator (on ``mixed.yaml``)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from chunktune.sim.config import EngineArgs, EngineStartupError, resolve
+from chunktune.sim.engine import build_engine
+from chunktune.sim.gpus import resolve_gpu
+from chunktune.sim.memory import plan_memory
+from chunktune.sim.models import resolve_model
+from chunktune.sim.report import summarize
+from chunktune.sim.workload import generate, load_profile
+
+LLAMA8 = resolve_model("llama-3.1-8b")
+H100 = resolve_gpu("h100-sxm")
+
+
+@functools.cache
+def run(budget: int, threshold: int = 0) -> dict:
+    profile = load_profile("mixed").with_overrides(duration=300)
+    eng = build_engine(EngineArgs(max_num_batched_tokens=budget,
+                                  long_prefill_token_threshold=threshold, max_model_len=32768),
+                       LLAMA8, H100)
+    return summarize(eng, eng.replay(generate(profile)), profile)
+
+
+def test_larger_budget_lowers_long_prompt_ttft():
+    small, large = run(2048), run(8192)
+    assert large["classes"]["long-context"]["ttft"]["p50"] < \
+        small["classes"]["long-context"]["ttft"]["p50"]
+    assert large["classes"]["long-context"]["ttft"]["mean"] < \
+        small["classes"]["long-context"]["ttft"]["mean"]
+
+
+def test_larger_budget_raises_chat_p99_itl():
+    small, large = run(2048), run(8192)
+    assert large["classes"]["chat"]["itl"]["p99"] > 1.5 * small["classes"]["chat"]["itl"]["p99"]
+
+
+def test_lower_threshold_protects_chat_while_long_prompts_run():
+    free, capped = run(8192, 0), run(8192, 512)
+    assert capped["classes"]["chat"]["itl"]["p99"] < 0.6 * free["classes"]["chat"]["itl"]["p99"]
+    # chat requests no longer queue behind a long prompt's prefill ...
+    assert capped["classes"]["chat"]["ttft"]["p99"] < 0.5 * free["classes"]["chat"]["ttft"]["p99"]
+    # ... and the long prompts pay for it
+    assert capped["classes"]["long-context"]["ttft"]["p50"] > \
+        free["classes"]["long-context"]["ttft"]["p50"]
+
+
+def blocks(budget: int, gpu: str = "h100-sxm", seqs: int = 256, util: float = 0.92) -> int:
+    cfg = resolve(EngineArgs(max_num_batched_tokens=budget, max_num_seqs=seqs,
+                             max_model_len=8192, gpu_memory_utilization=util),
+                  LLAMA8, resolve_gpu(gpu))
+    return plan_memory(cfg).num_gpu_blocks
+
+
+def test_larger_budget_leaves_fewer_kv_blocks():
+    sizes = [2048, 8192, 32768, 131072]
+    counts = [blocks(b) for b in sizes]
+    assert counts == sorted(counts, reverse=True) and counts[0] > counts[-1]
+    assert counts[1] > counts[2] > counts[3]
+
+
+def test_extreme_budget_fails_start_up():
+    with pytest.raises(EngineStartupError) as e:
+        blocks(524288)
+    assert e.value.reason in ("EngineOOM", "KVCacheTooSmall", "MaxModelLenTooLarge")
+    # On a 24 GB L4 an 8B model starts at 2k but not at 32k.
+    assert blocks(2048, "l4") > 0
+    with pytest.raises(EngineStartupError) as e:
+        blocks(32768, "l4")
+    assert "max seq len" in e.value.message or "No available memory" in e.value.message
