@@ -155,13 +155,15 @@ def parse_distribution(raw: Any, path: str) -> Distribution:
                         f"max: 500}} (got {raw!r})", field=path)
     d = raw.get("dist")
     if d not in DISTS:
-        raise SpecError(f"dist must be one of {', '.join(DISTS)} (got {d!r})", field=path + ".dist")
+        raise SpecError(f"must be one of {', '.join(DISTS)} (got {d!r})", field=path + ".dist")
     problems: list[tuple[str, str]] = []
     params: dict[str, Any] = {}
     for key in _REQUIRED[d]:
         if key not in raw:
             problems.append((f"{path}.{key}", f"is required for dist {d}"))
-    allowed = set(_REQUIRED[d]) | {"dist", "min", "max"} | ({"weights"} if d == "choice" else set())
+    allowed = set(_REQUIRED[d]) | {"dist", "min", "max"}
+    if d == "choice":
+        allowed.add("weights")
     for key in raw:
         if key not in allowed:
             problems.append((f"{path}.{key}", f"is not a field of dist {d}; "
@@ -323,7 +325,8 @@ def parse_profile(raw: Any, source: str = "profile") -> Profile:
     arr = raw.get("arrival", {"mode": "poisson", "rate": 1.0})
     arrival = Arrival()
     if not isinstance(arr, dict):
-        problems.append((f"{source}.arrival", "must be a mapping such as {mode: poisson, rate: 4}"))
+        problems.append((f"{source}.arrival",
+                         "must be a mapping such as {mode: poisson, rate: 4}"))
     else:
         mode = arr.get("mode", "poisson")
         for key in arr:

@@ -1,0 +1,127 @@
+"""``chunktune sim run``: replay a workload on a simulated engine and print the results table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chunktune.errors import SpecError
+from chunktune.sim.args import (
+    add_engine_args,
+    engine_args_from,
+    model_and_gpu,
+    split_unknown,
+)
+from chunktune.sim.config import EngineStartupError
+from chunktune.sim.engine import build_engine
+from chunktune.sim.report import format_summary, summarize
+from chunktune.sim.workload import generate, load_profile, parse_duration
+
+#: The model ``sim run`` simulates when none is given.
+DEFAULT_MODEL = "llama-3.1-8b"
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    sim = sub.add_parser("sim", help="the vLLM-compatible simulator")
+    simsub = sim.add_subparsers(dest="sim_cmd", required=True, metavar="{run,serve}")
+    run = simsub.add_parser(
+        "run", help="replay a workload in virtual time and print latency/throughput per class",
+        description="Replay a workload profile on a simulated vLLM engine (virtual time).",
+        allow_abbrev=False,
+    )
+    add_engine_args(run)
+    w = run.add_argument_group("workload")
+    w.add_argument("--workload", default="mixed",
+                   help="profile file or shipped name (mixed, chat, long-context, smoke)")
+    w.add_argument("--duration", help="arrival window, e.g. 600, 90s, 10m (default: profile's)")
+    w.add_argument("--warmup", help="requests arriving earlier are not measured")
+    w.add_argument("--rate", type=float, help="Poisson arrival rate, req/s")
+    w.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
+    w.add_argument("--seed", type=int, help="workload seed (default: profile's)")
+    run.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
+    run.set_defaults(func=cmd_run, parser=run, accepts_unknown=True)
+    try:
+        from chunktune.sim import serve
+    except ImportError:  # pragma: no cover - serve needs the server extras
+        return
+    serve.register(simsub)
+
+
+def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
+    ignored, errors = split_unknown(ns.parser, unknown)
+    if errors:
+        for e in errors:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    for flag in ignored:
+        print(f"WARNING: {flag} is a vLLM flag the simulator does not model; ignored",
+              file=sys.stderr)
+    if not (ns.model or ns.model_config):
+        ns.model = DEFAULT_MODEL
+    problems: list[tuple[str, str]] = []
+
+    def collect(fn: Any, *a: Any) -> Any:
+        try:
+            return fn(*a)
+        except SpecError as e:
+            problems.extend(e.problems)
+            return None
+
+    mg = collect(model_and_gpu, ns)
+    args = engine_args_from(ns)
+    collect(args.check)
+    profile = collect(load_profile, ns.workload)
+    if ns.rate is not None and ns.rate <= 0:
+        problems.append(("--rate", f"must be > 0 (got {ns.rate})"))
+    if ns.concurrency is not None and ns.concurrency <= 0:
+        problems.append(("--concurrency", f"must be > 0 (got {ns.concurrency})"))
+    duration = collect(parse_duration, ns.duration, "--duration") if ns.duration else None
+    warmup = collect(parse_duration, ns.warmup, "--warmup") if ns.warmup else None
+    if profile is not None and not problems:
+        profile = profile.with_overrides(duration=duration, warmup=warmup, rate=ns.rate,
+                                         concurrency=ns.concurrency, seed=ns.seed)
+        if profile.warmup >= profile.duration:
+            problems.append(("--warmup", f"must be shorter than --duration "
+                             f"({profile.warmup:g}s >= {profile.duration:g}s)"))
+    if problems:
+        for path, msg in problems:
+            print(f"error: {path}: {msg}" if path else f"error: {msg}", file=sys.stderr)
+        return 2
+    model, gpu = mg
+    try:
+        engine = build_engine(args, model, gpu)
+    except EngineStartupError as e:
+        for line in e.preceding:
+            print(f"INFO {line}", file=sys.stderr)
+        print(e.message, file=sys.stderr)
+        if e.hint:
+            print(f"chunktune: engine start-up failed ({e.reason}): {e.hint}", file=sys.stderr)
+        return 1
+    for w in engine.cfg.warnings:
+        print(f"WARNING {w}", file=sys.stderr)
+    for line in engine.memory.log_lines()[1:]:
+        print(f"INFO {line}", file=sys.stderr)
+    specs = generate(profile)
+    t0 = time.perf_counter()
+    result = engine.replay(specs, concurrency=profile.arrival.concurrency,
+                           time_limit=None if profile.arrival.mode != "concurrency"
+                           else profile.duration)
+    wall = time.perf_counter() - t0
+    summary: dict[str, Any] = summarize(engine, result, profile)
+    summary["model"] = model.name
+    summary["gpu"] = gpu.name
+    summary["workload"] = profile.name
+    summary["wall_seconds"] = wall
+    print(f"{model.name} on {gpu.name} x{engine.cfg.tensor_parallel_size}, workload "
+          f"{profile.name} ({profile.duration:g}s, warm-up {profile.warmup:g}s); flags: "
+          + " ".join(f"--{k} {v}" for k, v in engine.cfg.flags().items()
+                     if k not in ("enable-chunked-prefill", "block-size")))
+    print(format_summary(summary))
+    print(f"(replayed in {wall:.2f} s wall, {result.end_time / max(wall, 1e-9):,.0f}x real time)")
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(summary, indent=2) + "\n")
+    return 0

@@ -1,0 +1,72 @@
+"""``chunktune sim run`` end to end (in process)."""
+
+from __future__ import annotations
+
+import json
+
+from chunktune.cli import main
+
+
+def test_sim_run_prints_table_and_json(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["sim", "run", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+               "--max-num-batched-tokens", "2048", "--long-prefill-token-threshold", "0",
+               "--max-num-seqs", "256", "--gpu-memory-utilization", "0.9",
+               "--workload", "loadtest/profiles/smoke.yaml", "--duration", "20",
+               "--json", str(out)])
+    text = capsys.readouterr()
+    assert rc == 0
+    for word in ("long-context", "chat", "overall", "TTFT p50/p90/p99", "KV cache:"):
+        assert word in text.out
+    assert "GPU KV cache size:" in text.err
+    s = json.loads(out.read_text())
+    assert s["overall"]["requests"]["ok"] > 50
+    assert s["config"]["max-num-batched-tokens"] == 2048
+    assert set(s["overall"]["ttft"]) == {"p50", "p90", "p95", "p99", "mean", "max"}
+
+
+def test_vllm_spellings(capsys):
+    rc = main(["sim", "run", "--model", "meta-llama/Llama-3.1-8B-Instruct",
+               "--max_num_batched_tokens", "8K", "--workload", "smoke", "--duration", "5",
+               "--warmup", "1", "--trust-remote-code"])
+    text = capsys.readouterr()
+    assert rc == 0
+    assert "--max-num-batched-tokens 8192" in text.out
+    assert "--trust-remote-code is a vLLM flag the simulator does not model" in text.err
+
+
+def test_startup_failure_prints_vllm_message_and_exits_nonzero(capsys):
+    rc = main(["sim", "run", "--model", "llama-3.1-8b", "--gpu", "l4",
+               "--max-num-batched-tokens", "32k", "--max-model-len", "8192",
+               "--workload", "smoke"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "ValueError: To serve at least one request with the models's max seq len" in err
+
+
+def test_bad_input_names_the_field(capsys):
+    assert main(["sim", "run", "--model", "llama-9b", "--gpu", "x100"]) == 2
+    err = capsys.readouterr().err
+    assert "--model: unknown model 'llama-9b'" in err and "--gpu: unknown GPU 'x100'" in err
+    assert main(["sim", "run", "--max-num-batched-token", "5"]) == 2
+    assert "did you mean --max-num-batched-tokens?" in capsys.readouterr().err
+    assert main(["sim", "run", "--max-num-seqs", "0"]) == 2
+    assert "--max-num-seqs: must be > 0" in capsys.readouterr().err
+    assert main(["sim", "run", "--workload", "nope"]) == 2
+    assert "--workload: no profile file 'nope'" in capsys.readouterr().err
+    assert main(["sim", "run", "--duration", "10", "--warmup", "20"]) == 2
+    assert "--warmup: must be shorter" in capsys.readouterr().err
+
+
+def test_model_config_file(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+        "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}))
+    assert main(["sim", "run", "--model-config", str(cfg), "--workload", "smoke",
+                 "--duration", "5", "--warmup", "1"]) == 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hidden_size": 2048}))
+    assert main(["sim", "run", "--model-config", str(bad), "--workload", "smoke"]) == 2
+    assert "num_hidden_layers: is missing" in capsys.readouterr().err

@@ -1,0 +1,126 @@
+"""Workload profiles: parsing with field-named errors, and deterministic generation."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+
+import pytest
+import yaml
+
+from chunktune.errors import SpecError
+from chunktune.sim.workload import (
+    PROFILE_DIR,
+    generate,
+    load_profile,
+    parse_duration,
+    parse_profile,
+)
+
+
+def base() -> dict:
+    return {
+        "name": "t", "arrival": {"mode": "poisson", "rate": 10}, "duration": 100, "warmup": 5,
+        "classes": [{"name": "a", "weight": 1,
+                     "prompt_tokens": {"dist": "uniform", "min": 10, "max": 20},
+                     "output_tokens": {"dist": "constant", "value": 5}}],
+    }
+
+
+@pytest.mark.parametrize("name", ["mixed", "chat", "long-context", "smoke"])
+def test_shipped_profiles_load(name):
+    p = load_profile(name)
+    assert p.name == name and p.classes and p.duration > p.warmup
+    assert load_profile(PROFILE_DIR / f"{name}.yaml") == p
+
+
+def test_mixed_has_long_context_beside_chat():
+    p = load_profile("mixed")
+    long_ctx, chat = (c for c in p.classes)
+    assert long_ctx.prompt_tokens.min is None and long_ctx.prompt_tokens.params["min"] >= 8192
+    assert chat.prompt_tokens.max <= 1000
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    (90, 90.0), ("90s", 90.0), ("10m", 600.0), ("1h30m", 5400.0), ("250ms", 0.25), ("1.5", 1.5),
+])
+def test_durations(text, seconds):
+    assert parse_duration(text, "x") == seconds
+
+
+@pytest.mark.parametrize(("mutate", "path", "fragment"), [
+    (lambda d: d.pop("classes"), "t.classes", "non-empty list"),
+    (lambda d: d["classes"][0].update(weight=0), "t.classes[0].weight", "> 0"),
+    (lambda d: d["classes"][0].update(api="grpc"), "t.classes[0].api", "completions, chat"),
+    (lambda d: d["classes"][0]["prompt_tokens"].update(dist="zipf"),
+     "t.classes[0].prompt_tokens.dist", "one of"),
+    (lambda d: d["classes"][0]["prompt_tokens"].update(min=30), "t.classes[0].prompt_tokens",
+     "min must be <= max"),
+    (lambda d: d["classes"][0]["output_tokens"].pop("value"), "t.classes[0].output_tokens.value",
+     "required"),
+    (lambda d: d["classes"][0]["output_tokens"].update(value=-3),
+     "t.classes[0].output_tokens.value", "> 0"),
+    (lambda d: d["arrival"].update(mode="burst"), "t.arrival.mode", "poisson, constant"),
+    (lambda d: d["arrival"].update(rate=0), "t.arrival.rate", "> 0"),
+    (lambda d: d.update(arrival={"mode": "concurrency"}), "t.arrival.concurrency", "integer"),
+    (lambda d: d.update(duration="ten minutes"), "t.duration", "duration such as"),
+    (lambda d: d.update(warmup=200), "t.warmup", "shorter than duration"),
+    (lambda d: d.update(extra=1), "t.extra", "unknown field"),
+    (lambda d: d["classes"].append(dict(d["classes"][0])), "t.classes[1].name", "duplicate"),
+])
+def test_bad_profiles_name_the_field(mutate, path, fragment):
+    d = base()
+    mutate(d)
+    with pytest.raises(SpecError) as e:
+        parse_profile(d, source="t")
+    paths = [p for p, _ in e.value.problems]
+    assert path in paths, e.value.problems
+    assert fragment in dict(e.value.problems)[path]
+
+
+def test_all_problems_at_once():
+    d = base()
+    d["arrival"]["rate"] = -1
+    d["classes"][0]["weight"] = "heavy"
+    d["duration"] = "x"
+    with pytest.raises(SpecError) as e:
+        parse_profile(d, source="t")
+    assert len(e.value.problems) == 3
+
+
+def test_malformed_yaml_file(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("classes: [unclosed")
+    with pytest.raises(SpecError) as e:
+        load_profile(f)
+    assert "not valid YAML" in str(e.value)
+    with pytest.raises(SpecError, match="no profile file"):
+        load_profile("does-not-exist")
+
+
+def test_generation_is_deterministic_and_follows_the_profile():
+    p = parse_profile(base())
+    a, b = generate(p), generate(p)
+    assert a == b
+    assert generate(p.with_overrides(seed=1)) != a
+    rate = len(a) / p.duration
+    assert rate == pytest.approx(10, rel=0.15)
+    assert all(10 <= r.prompt_tokens <= 20 and r.output_tokens == 5 for r in a)
+    gaps = [y.arrival - x.arrival for x, y in itertools.pairwise(a)]
+    assert statistics.mean(gaps) == pytest.approx(0.1, rel=0.15)
+
+
+def test_class_weights_and_constant_arrivals():
+    d = base()
+    d["arrival"] = {"mode": "constant", "rate": 4}
+    d["classes"].append({"name": "b", "weight": 3, "prompt_tokens": 7, "output_tokens": 2})
+    p = parse_profile(d)
+    reqs = generate(p)
+    assert [r.arrival for r in reqs[:3]] == [0.0, 0.25, 0.5]
+    share_b = sum(r.cls == 1 for r in reqs) / len(reqs)
+    assert share_b == pytest.approx(0.75, abs=0.08)
+
+
+def test_round_trip_to_dict():
+    p = load_profile("mixed")
+    assert parse_profile(yaml.safe_load(yaml.safe_dump(p.to_dict())), source="mixed") == p
