@@ -1,0 +1,408 @@
+"""The rules between fields of a ChunkedPrefillTuning spec, run on the parts that parsed.
+
+Each check adds ``(path, message)`` problems; a part that failed to parse is ``None`` (or left
+out of its list) and the checks that need it are skipped, so one mistake is reported once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from chunktune.api import metrics as _metrics
+from chunktune.api._errors import Problem
+from chunktune.api._suggest import closest
+from chunktune.api.flags import FLAGS, MANAGED_FLAGS, args_flags, format_value, sim_engine_kwargs
+from chunktune.api.v1alpha1 import (
+    Budget,
+    Constraint,
+    EngineSpec,
+    Objective,
+    Parameter,
+    PrunerSpec,
+    SamplerSpec,
+    WorkloadSpec,
+)
+from chunktune.errors import SpecError
+from chunktune.sim.config import EngineArgs
+from chunktune.sim.gpus import gpu_names, resolve_gpu
+from chunktune.sim.models import ModelConfig, catalog_names, from_hf_config, resolve_model
+from chunktune.sim.workload import Profile
+
+_IMAGES = {"vllm": "vllm/vllm-openai:v0.11.0", "sglang": "lmsysorg/sglang:latest"}
+_STORAGE_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
+
+
+@dataclass
+class Parts:
+    """The sections of a spec that parsed on their own (``None`` or absent when not)."""
+
+    kind: str | None
+    engine: EngineSpec | None
+    params: list[tuple[int, Parameter]]
+    params_default: bool
+    workload: WorkloadSpec | None
+    objectives: list[tuple[int, Objective]]
+    n_objectives: int
+    constraints: list[tuple[int, Constraint]]
+    n_constraints: int
+    budget: Budget | None
+    sampler: SamplerSpec | None
+    pruner: PrunerSpec | None
+    pruner_explicit: bool
+    storage: str | None
+    prometheus_url: Any
+    model: ModelConfig | None = None
+    profile: Profile | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    def add(self, path: str, message: str) -> None:
+        self.problems.append((path, message))
+
+
+def check(p: Parts) -> list[Problem]:
+    """Every cross-field problem of ``p``."""
+    if p.engine is not None:
+        _engine(p, p.engine)
+    _params(p)
+    if p.workload is not None:
+        _workload(p, p.workload)
+    _objectives(p)
+    _constraints(p)
+    if p.budget is not None:
+        _budget(p, p.budget)
+    if p.sampler is not None:
+        _sampler(p, p.sampler)
+    if p.pruner is not None and p.pruner_explicit and p.n_objectives > 1 \
+            and p.pruner.name != "none":
+        p.add("spec.pruner.name", f"Optuna cannot prune a study with several objectives "
+              f"(got {p.n_objectives}); set it to none")
+    if p.storage is not None and "://" in p.storage:
+        scheme = p.storage.split("://", 1)[0].split("+", 1)[0]
+        if scheme not in _STORAGE_SCHEMES:
+            p.add("spec.storage", f"unknown storage scheme {scheme!r}: give an RDB URL "
+                  "(sqlite:///study.db, postgresql://host/db, mysql://host/db) or a journal "
+                  "file path")
+    url = p.prometheus_url
+    if isinstance(url, str) and not url.startswith(("http://", "https://")):
+        p.add("spec.metrics.prometheusURL", f"must be an http:// or https:// URL (got {url!r})")
+    return p.problems
+
+
+# ---- engine -----------------------------------------------------------------------------------
+
+
+def _engine(p: Parts, e: EngineSpec) -> None:
+    if e.kind in _IMAGES and e.image is None:
+        p.add("spec.engine.image", f"is required for engine kind {e.kind} (the server image, "
+              f"e.g. {_IMAGES[e.kind]})")
+    if e.hf_config is not None and e.kind != "sim":
+        p.add("spec.engine.modelConfig", "is only used by engine kind sim (a real engine reads "
+              "the model's own config.json)")
+    if e.kind == "sim":
+        _sim_model(p, e)
+        if e.gpu.type is None:
+            p.add("spec.engine.gpu.type", f"is required for engine kind sim: the simulated GPU, "
+                  f"one of {', '.join(gpu_names())}")
+    if e.gpu.type is not None:
+        try:
+            resolve_gpu(e.gpu.type)
+        except SpecError:
+            hint = closest(e.gpu.type.lower(), gpu_names())
+            tail = f"did you mean {hint!r}?" if hint else f"use one of {', '.join(gpu_names())}"
+            p.add("spec.engine.gpu.type", f"unknown GPU {e.gpu.type!r}; {tail}")
+    count, tp = e.gpu.count or 0, e.tensor_parallel_size
+    if count < tp:
+        p.add("spec.engine.gpu.count", f"must be >= tensorParallelSize (got {count} < {tp})")
+    if e.startup_timeout <= 0:
+        p.add("spec.engine.startupTimeout", "must be > 0")
+    _env(p, e)
+    _args(p, e)
+
+
+def _sim_model(p: Parts, e: EngineSpec) -> None:
+    if e.hf_config is not None:
+        try:
+            p.model = from_hf_config(e.hf_config, name=e.model)
+        except SpecError as err:
+            for path, msg in err.problems:
+                key = path.split(": ", 1)[-1]
+                p.add(f"spec.engine.modelConfig.{key}", msg)
+    else:
+        try:
+            p.model = resolve_model(e.model)
+        except SpecError:
+            hint = closest(e.model.lower(), catalog_names())
+            tail = f"did you mean {hint!r}?" if hint else \
+                f"use one of {', '.join(catalog_names())}"
+            p.add("spec.engine.model", f"unknown model {e.model!r} for engine kind sim; {tail} "
+                  "(or give its config.json as spec.engine.modelConfig)")
+    if p.model is not None and p.model.num_attention_heads % e.tensor_parallel_size:
+        p.add("spec.engine.tensorParallelSize",
+              f"must divide the model's {p.model.num_attention_heads} attention heads "
+              f"(got {e.tensor_parallel_size})")
+
+
+def _env(p: Parts, e: EngineSpec) -> None:
+    seen: dict[str, int] = {}
+    for i, v in enumerate(e.env):
+        path = f"spec.engine.env[{i}]"
+        if (v.value is None) == (v.value_from is None):
+            p.add(path, "give exactly one of value or valueFrom")
+        if v.value_from is not None and (v.value_from.secret_key_ref is None) == (
+                v.value_from.config_map_key_ref is None):
+            p.add(f"{path}.valueFrom", "give exactly one of secretKeyRef or configMapKeyRef")
+        if v.name in seen:
+            p.add(f"{path}.name", f"duplicate variable {v.name!r} (also spec.engine.env"
+                  f"[{seen[v.name]}])")
+        seen.setdefault(v.name, i)
+
+
+def _args(p: Parts, e: EngineSpec) -> None:
+    for i, name in args_flags(e.args):
+        if name in MANAGED_FLAGS:
+            p.add(f"spec.engine.args[{i}]", f"--{name} is set by {MANAGED_FLAGS[name]}; remove "
+                  "it from args")
+        if name in ("max-num-partial-prefills", "max-long-partial-prefills") and \
+                i + 1 < len(e.args) and e.args[i + 1] != "1":
+            p.add(f"spec.engine.args[{i}]", f"--{name} other than 1 makes vLLM's V1 engine "
+                  "refuse to start (Concurrent Partial Prefill is not supported)")
+    if e.kind != "sim":
+        return
+    try:
+        kwargs = sim_engine_kwargs(e.args, ignore=tuple(MANAGED_FLAGS))
+        EngineArgs(**kwargs).check()
+    except SpecError as err:
+        for path, msg in err.problems:
+            if path.startswith("--"):
+                idx = next((i for i, n in args_flags(e.args) if n == path[2:]), None)
+                path = "spec.engine.args" if idx is None else f"spec.engine.args[{idx}]"
+                msg = f"{e.args[idx] if idx is not None else ''} {msg}".strip()
+            p.add(path, msg)
+
+
+# ---- search space -----------------------------------------------------------------------------
+
+
+def _params(p: Parts) -> None:
+    fixed = {n: i for i, n in args_flags(p.engine.args)} if p.engine else {}
+    seen: dict[str, int] = {}
+    for i, prm in p.params:
+        path = f"spec.searchSpace[{i}]"
+        if p.params_default:
+            if prm.name in fixed:
+                j = fixed[prm.name]
+                p.add(f"spec.engine.args[{j}]", f"--{prm.name} is fixed here but the default "
+                      "search space searches it; remove it or give spec.searchSpace")
+            continue
+        flag = FLAGS[prm.name]
+        if p.kind is not None and p.kind not in flag.engines:
+            if p.kind == "sglang":
+                p.add(f"{path}.name", f"{prm.name} is a vLLM flag; for SGLang search "
+                      "chunked-prefill-size")
+            else:
+                p.add(f"{path}.name", f"{prm.name} is an SGLang flag (engine kind sglang); vLLM "
+                      "has no prefill chunk size: search max-num-batched-tokens (the step token "
+                      "budget) and long-prefill-token-threshold (the per-request cap)")
+        if prm.name in seen:
+            p.add(f"{path}.name", f"duplicate parameter {prm.name!r} (also spec.searchSpace"
+                  f"[{seen[prm.name]}])")
+        seen.setdefault(prm.name, i)
+        if prm.name in fixed and p.engine is not None:
+            j = fixed[prm.name]
+            p.add(f"{path}.name", f"{prm.name} is searched but also fixed in "
+                  f"spec.engine.args[{j}] ({p.engine.args[j]!r}); remove one of them")
+        if prm.choices is not None:
+            _choices(p, path, prm)
+        else:
+            _range(p, path, prm)
+
+
+def _choices(p: Parts, path: str, prm: Parameter) -> None:
+    mixed = sorted({"type", "low", "high", "step"} & prm.model_fields_set)
+    if mixed:
+        p.add(path, f"give either choices or type with low and high, not both (remove "
+              f"{', '.join(mixed)})")
+    if prm.log:
+        p.add(f"{path}.log", "applies to ranges, not choices")
+    assert prm.choices is not None
+    first: dict[float, int] = {}
+    for k, v in enumerate(prm.choices):
+        if v in first:
+            p.add(f"{path}.choices[{k}]", f"must be distinct ({format_value(v)} is also "
+                  f"choices[{first[v]}])")
+        first.setdefault(v, k)
+        why = _value_problem(prm.name, v)
+        if why is None:
+            why = _model_limit(p, prm.name, v)
+        if why:
+            p.add(f"{path}.choices[{k}]", why)
+
+
+def _range(p: Parts, path: str, prm: Parameter) -> None:
+    flag = FLAGS[prm.name]
+    if prm.type is None:
+        p.add(path, "needs either type (int or float) with low and high, or choices")
+        return
+    if prm.type != flag.kind:
+        why = "the engine takes an integer" if flag.kind == "int" else "it is a fraction"
+        p.add(f"{path}.type", f"must be {flag.kind} for --{prm.name} ({why})")
+    low, high, step = prm.low, prm.high, prm.step
+    if step is not None and step <= 0:
+        p.add(f"{path}.step", f"must be > 0 (got {format_value(step)})")
+        step = None
+    for key, v in (("low", low), ("high", high)):
+        if v is None:
+            p.add(f"{path}.{key}", f"is required for a {prm.type} range")
+    if prm.type == "int":
+        for key, v in (("low", low), ("high", high), ("step", step)):
+            if isinstance(v, float):
+                p.add(f"{path}.{key}", f"must be an integer for type int (got {v!r})")
+    if prm.log:
+        if step is not None and (prm.type == "float" or step != 1):
+            p.add(f"{path}.log", f"cannot be combined with step {format_value(step)}: Optuna "
+                  "samples a log scale only with step 1 (int) or no step (float); drop step or "
+                  "log")
+        if low is not None and low <= 0:
+            p.add(f"{path}.low", f"must be > 0 on a log scale (got {format_value(low)})")
+            return
+    if low is None or high is None:
+        return
+    if low > high:
+        p.add(f"{path}.low", f"must be <= high (got {format_value(low)} > {format_value(high)})")
+        return
+    for key, v in (("low", low), ("high", high)):
+        problem = _value_problem(prm.name, v) or _model_limit(p, prm.name, v)
+        if problem:
+            p.add(f"{path}.{key}", problem)
+    eff = prm.effective_step
+    if eff is not None and eff > 0 and not prm.log:
+        n = (high - low) / eff
+        if abs(n - round(n)) > 1e-9:
+            top = low + math.floor(n + 1e-9) * eff
+            p.add(f"{path}.high", f"is not reachable from low {format_value(low)} in steps of "
+                  f"{format_value(eff)}; use high {format_value(top)}")
+
+
+def _value_problem(name: str, v: float) -> str | None:
+    flag = FLAGS[name]
+    if flag.kind == "int" and isinstance(v, float):
+        return f"must be an integer for --{name} (got {v!r})"
+    return flag.check_value(v)
+
+
+def _model_limit(p: Parts, name: str, v: float) -> str | None:
+    if name == "max-model-len" and p.model is not None and v > p.model.max_position_embeddings:
+        return (f"exceeds the model's max_position_embeddings ({p.model.max_position_embeddings})"
+                f"; the engine refuses to start (got {format_value(v)})")
+    return None
+
+
+# ---- workload, objectives, constraints --------------------------------------------------------
+
+
+def _workload(p: Parts, w: WorkloadSpec) -> None:
+    if w.profile is not None and w.inline is not None:
+        p.add("spec.workload", "give either profile or inline, not both")
+        return
+    if w.profile is None and w.inline is None:
+        p.add("spec.workload", "needs profile (a shipped profile name or a file path) or inline "
+              "(a profile mapping)")
+        return
+    if w.rate is not None and w.concurrency is not None:
+        p.add("spec.workload.concurrency", "cannot be combined with rate; give one of them")
+    try:
+        p.profile = w.resolve()
+    except SpecError as e:
+        p.problems += e.problems
+        return
+    if p.profile.duration <= 0:
+        p.add("spec.workload.duration", "must be > 0")
+    elif p.profile.warmup >= p.profile.duration:
+        d, wu = f"{p.profile.duration:g}s", f"{p.profile.warmup:g}s"
+        if w.warmup is not None:
+            p.add("spec.workload.warmup", f"must be shorter than the duration ({wu} >= {d})")
+        else:
+            p.add("spec.workload.duration", f"must be longer than the profile's warmup "
+                  f"({d} <= {wu})")
+
+
+def _class(p: Parts, path: str, metric: str, cls: str | None) -> None:
+    if cls is None:
+        return
+    if not _metrics.METRICS[metric].per_class:
+        p.add(path, f"{metric} is engine-wide; it has no per-class value")
+    elif p.profile is not None and cls not in p.profile.class_names():
+        names = p.profile.class_names()
+        hint = closest(cls, names)
+        tail = f"; did you mean {hint!r}?" if hint else ""
+        p.add(path, f"unknown class {cls!r}; the workload's classes are {', '.join(names)}{tail}")
+
+
+def _objectives(p: Parts) -> None:
+    seen: dict[str, int] = {}
+    for i, o in p.objectives:
+        path = f"spec.objectives[{i}]"
+        _class(p, f"{path}.class", o.metric, o.class_)
+        if o.key in seen:
+            p.add(path, f"duplicate objective {o.key} (also spec.objectives[{seen[o.key]}])")
+        seen.setdefault(o.key, i)
+        if o.metric == "goodput" and not any(
+                _metrics.METRICS[c.metric].is_latency and c.class_ in (None, o.class_)
+                for _, c in p.constraints) and p.n_constraints == len(p.constraints):
+            p.add(f"{path}.metric", "goodput counts requests that meet every latency bound of "
+                  "their class, but spec.constraints sets none; add one (e.g. "
+                  "'chat.ttft_p99 <= 2s') or use request_rate")
+
+
+def _constraints(p: Parts) -> None:
+    seen: dict[tuple[str, str], int] = {}
+    for i, c in p.constraints:
+        path = f"spec.constraints[{i}]"
+        if (c.max is None) == (c.min is None):
+            p.add(path, "give exactly one of max or min" + (" (got both)" if c.max is not None
+                                                           else ""))
+            continue
+        _class(p, f"{path}.class", c.metric, c.class_)
+        side = "max" if c.max is not None else "min"
+        if (c.key, side) in seen:
+            p.add(path, f"duplicate constraint on {c.key} {side} (also spec.constraints"
+                  f"[{seen[c.key, side]}])")
+        seen.setdefault((c.key, side), i)
+
+
+# ---- budget and sampler -----------------------------------------------------------------------
+
+
+def _budget(p: Parts, b: Budget) -> None:
+    if b.parallelism > b.max_trials:
+        p.add("spec.budget.parallelism",
+              f"must be <= maxTrials (got {b.parallelism} > {b.max_trials})")
+    if b.trial_timeout <= 0:
+        p.add("spec.budget.trialTimeout", "must be > 0")
+    elif p.kind not in ("sim", None) and p.profile is not None and \
+            b.trial_timeout <= p.profile.duration:
+        p.add("spec.budget.trialTimeout", f"must be longer than the workload's duration "
+              f"({p.profile.duration:g}s), or every trial times out (got {b.trial_timeout:g}s)")
+    if b.max_duration is not None and b.max_duration <= 0:
+        p.add("spec.budget.maxDuration", "must be > 0")
+
+
+def _sampler(p: Parts, s: SamplerSpec) -> None:
+    where = "spec.sampler.name"
+    if s.name == "cmaes":
+        if p.n_objectives > 1:
+            p.add(where, f"cmaes optimizes a single objective (got {p.n_objectives}); use tpe, gp "
+                  "or nsga2 for several")
+        if p.n_constraints:
+            p.add(where, "cmaes ignores constraints (Optuna warns and optimizes without them); "
+                  "use tpe, gp or nsga2, which model them")
+        if p.params and all(prm.choices is not None for _, prm in p.params):
+            p.add(where, "cmaes searches int and float ranges, but every parameter here is a "
+                  "list of choices, which it samples at random; use tpe")
+    if s.name == "grid":
+        for i, prm in p.params:
+            if not prm.is_finite:
+                p.add(where, f"grid needs finitely many values, but spec.searchSpace[{i}] "
+                      f"({prm.name}) is a float range without step; add step or use choices")

@@ -1,0 +1,155 @@
+"""Objectives and constraints (SLOs) of a ChunkedPrefillTuning, including the compact
+constraint strings (``"chat.itl_p99 <= 50ms"``); re-exported by :mod:`chunktune.api.v1alpha1`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from chunktune.api import metrics as _metrics
+from chunktune.api._types import Model
+from chunktune.errors import SpecError
+
+MetricName = Literal[_metrics.METRIC_NAMES]  # type: ignore[valid-type]
+
+_CLASS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _check_metric(v: Any) -> Any:
+    if isinstance(v, str) and v not in _metrics.METRICS:
+        raise PydanticCustomError("unknown_metric", _metrics.unknown_metric_message(v))
+    return v
+
+
+def _check_class(v: Any) -> Any:
+    if isinstance(v, str) and not _CLASS_RE.fullmatch(v):
+        raise ValueError(f"must be a traffic class name (got {v!r})")
+    return v
+
+
+class Objective(Model):
+    """A metric to optimize."""
+
+    metric: MetricName
+    """A metric of :mod:`chunktune.api.metrics` (``ttft_p99``, ``goodput``, ...)."""
+    direction: Literal["minimize", "maximize"] | None = None
+    """Default: the metric's own (latencies and error rate minimize, throughput and goodput
+    maximize)."""
+    class_: str | None = Field(default=None, alias="class", max_length=253)
+    """Only the requests of this traffic class of the workload (``chat``)."""
+
+    _metric = field_validator("metric", mode="before")(_check_metric)
+    _class = field_validator("class_", mode="before")(_check_class)
+
+    @model_validator(mode="after")
+    def _default_direction(self) -> Objective:
+        if self.direction is None:
+            self.direction = _metrics.METRICS[self.metric].direction
+        return self
+
+    @property
+    def key(self) -> str:
+        """``ttft_p99`` or ``chat.ttft_p99``."""
+        return _metrics.metric_key(self.metric, self.class_)
+
+
+_CONSTRAINT_RE = re.compile(
+    r"\s*(?:(?P<cls>[A-Za-z0-9][A-Za-z0-9_.-]*)\.)?(?P<metric>[A-Za-z0-9_]+)\s*"
+    r"(?P<op><=|>=|<|>|==|=)\s*(?P<value>\S.*?)\s*"
+)
+_CONSTRAINT_FORM = ("'[CLASS.]METRIC <= VALUE' or '... >= VALUE', e.g. 'chat.itl_p99 <= 50ms' "
+                    "or 'error_rate <= 1%'")
+
+
+def parse_constraint_string(text: str) -> dict[str, Any]:
+    """``"chat.itl_p99 <= 50ms"`` -> ``{"metric": "itl_p99", "class": "chat", "max": 0.05}``.
+    Raises ``ValueError`` with the expected form."""
+    m = _CONSTRAINT_RE.fullmatch(text)
+    if not m:
+        raise ValueError(f"must look like {_CONSTRAINT_FORM} (got {text!r})")
+    if m["op"] not in ("<=", ">="):
+        raise ValueError(f"use <= or >= (got {m['op']!r} in {text!r})")
+    metric = m["metric"]
+    if metric not in _metrics.METRICS:
+        raise ValueError(f"{_metrics.unknown_metric_message(metric)} (in {text!r})")
+    raw: Any = m["value"]
+    if re.fullmatch(r"[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?", raw):
+        raw = float(raw)
+    try:
+        value = _metrics.parse_value(metric, raw)
+    except SpecError as e:
+        raise ValueError(f"{e.problems[0][1]} (in {text!r})") from None
+    out: dict[str, Any] = {"metric": metric, "max" if m["op"] == "<=" else "min": value}
+    if m["cls"]:
+        out["class"] = m["cls"]
+    return out
+
+
+class Constraint(Model):
+    """A service-level objective a trial must meet to count as feasible: a bound on one
+    metric. Also written as a string: ``"chat.itl_p99 <= 50ms"``, ``"error_rate <= 1%"``."""
+
+    metric: MetricName
+    """The bounded metric."""
+    class_: str | None = Field(default=None, alias="class", max_length=253)
+    """Only the requests of this traffic class."""
+    max: float | None = None
+    """Upper bound, in the metric's unit: latencies take seconds or ``"50ms"``, fractions take
+    ``0.01`` or ``"1%"``."""
+    min: float | None = None
+    """Lower bound (same units)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return parse_constraint_string(v)
+        if not isinstance(v, dict):
+            raise ValueError(f"must be a mapping {{metric, class, max|min}} or a string such as "
+                             f"'chat.itl_p99 <= 50ms' (got {v!r})")
+        return v
+
+    _metric = field_validator("metric", mode="before")(_check_metric)
+    _class = field_validator("class_", mode="before")(_check_class)
+
+    @field_validator("max", "min", mode="before")
+    @classmethod
+    def _bound(cls, v: Any, info: Any) -> Any:
+        if v is None:
+            return v
+        metric = info.data.get("metric")
+        if metric is None:  # the metric is wrong; its own error says so
+            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+        try:
+            return _metrics.parse_value(metric, v)
+        except SpecError as e:
+            raise ValueError(e.problems[0][1]) from None
+
+    @property
+    def key(self) -> str:
+        return _metrics.metric_key(self.metric, self.class_)
+
+    def text(self) -> str:
+        """The compact form (``chat.itl_p99 <= 50ms``)."""
+        op, v = ("<=", self.max) if self.max is not None else (">=", self.min)
+        return f"{self.key} {op} {_metrics.format_value(self.metric, float(v or 0))}"
+
+    def ok(self, value: float) -> bool:
+        """Whether ``value`` meets the bound."""
+        if self.max is not None and value > self.max:
+            return False
+        return not (self.min is not None and value < self.min)
+
+
+#: In the CRD a constraint item is a string or a mapping, which a structural schema can only
+#: leave untyped; :func:`chunktune.api.validation.validate` checks it.
+CONSTRAINT_ITEM_SCHEMA: dict[str, Any] = {
+    "x-kubernetes-preserve-unknown-fields": True,
+    "description": "An SLO: a string '[CLASS.]METRIC <= VALUE' or '... >= VALUE' (e.g. "
+                   "'chat.itl_p99 <= 50ms', 'error_rate <= 1%'), or a mapping {metric, class, "
+                   "max | min}. Latency bounds take seconds or '50ms'/'4s'; fractions take 0.01 "
+                   "or '1%'.",
+}

@@ -1,0 +1,210 @@
+"""The ChunkedPrefillTuning CustomResourceDefinition, generated from the pydantic models.
+
+:func:`build_crd` turns the models' JSON Schema into a *structural* OpenAPI v3 schema, the form
+Kubernetes requires: ``$ref``/``$defs`` inlined, every node typed (or marked
+``x-kubernetes-int-or-string`` / ``x-kubernetes-preserve-unknown-fields``), no ``anyOf`` for
+optional fields, OpenAPI 3.0 ``exclusiveMinimum`` booleans, and no ``default`` (the operator
+applies the models' defaults, which depend on other fields; each description says the
+default). The models carry the CEL rules (``x-kubernetes-validations``) for the cross-field
+checks CEL can express and for the fields that may not change under a running study.
+
+Two things stay with the operator because CEL cannot see them: a constraint may be a string
+(``"chat.itl_p99 <= 50ms"``) or a mapping, so constraint items are untyped
+(``x-kubernetes-preserve-unknown-fields``) and their "exactly one of max or min" rule is checked
+by :func:`chunktune.api.validation.validate`; the same goes for the inline profile and
+``modelConfig``, which are free-form mappings.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import yaml
+
+from chunktune.api.status import Status
+from chunktune.api.v1alpha1 import API_GROUP, API_VERSION, KIND, Spec
+
+PLURAL = "chunkedprefilltunings"
+SINGULAR = "chunkedprefilltuning"
+SHORT_NAMES = ["cpt"]
+CATEGORIES = ["chunktune"]
+CRD_NAME = f"{PLURAL}.{API_GROUP}"
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Trials", "type": "string", "jsonPath": ".status.trialsSummary",
+     "description": "Finished trials out of maxTrials"},
+    {"name": "Best TTFT p99", "type": "number", "jsonPath": ".status.best.metrics.ttft_p99",
+     "description": "p99 time to first token of the best trial, seconds"},
+    {"name": "Budget", "type": "integer",
+     "jsonPath": ".status.best.parameters.max-num-batched-tokens",
+     "description": "Best --max-num-batched-tokens"},
+    {"name": "Threshold", "type": "integer",
+     "jsonPath": ".status.best.parameters.long-prefill-token-threshold",
+     "description": "Best --long-prefill-token-threshold"},
+    {"name": "Improvement", "type": "string", "jsonPath": ".status.best.improvement",
+     "description": "First objective of the best trial vs the baseline"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+_DROP = {"title", "default", "examples"}
+
+
+class SchemaError(ValueError):
+    """The models produced a schema that cannot be made structural."""
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The structural ``openAPIV3Schema`` of the resource."""
+    spec = _structural(Spec.model_json_schema(by_alias=True, mode="validation"))
+    status = _structural(Status.model_json_schema(by_alias=True, mode="serialization"))
+    status["x-kubernetes-preserve-unknown-fields"] = True
+    return {
+        "type": "object",
+        "description": "A study that tunes an inference server's chunked-prefill flags by "
+                       "measuring them under a workload.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
+def build_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition (``apiextensions.k8s.io/v1``) as a mapping."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/name": "chunktune"}},
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL,
+                      "singular": SINGULAR, "shortNames": SHORT_NAMES, "categories": CATEGORIES},
+            "versions": [{
+                "name": API_VERSION,
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": openapi_schema()},
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": copy.deepcopy(PRINTER_COLUMNS),
+            }],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    """:func:`build_crd` as YAML."""
+    return str(yaml.safe_dump(build_crd(), sort_keys=False, width=99))
+
+
+# ---- JSON Schema -> structural OpenAPI --------------------------------------------------------
+
+
+def _structural(root: dict[str, Any]) -> dict[str, Any]:
+    defs = root.get("$defs", {})
+    return _node({k: v for k, v in root.items() if k != "$defs"}, defs, "")
+
+
+def _node(node: dict[str, Any], defs: dict[str, Any], where: str) -> dict[str, Any]:
+    node = dict(node)
+    if "$ref" in node:
+        node = _merge(defs[node.pop("$ref").rsplit("/", 1)[-1]], node)
+    if "anyOf" in node:
+        branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
+        types = {b.get("type") for b in branches}
+        if len(branches) == 1:
+            node = _merge(branches[0], node)
+        elif types <= {"integer", "number"}:
+            node["type"] = "number"
+        else:
+            raise SchemaError(f"{where or '<root>'}: a union of {types} is not structural; "
+                              "annotate the field with WithJsonSchema")
+        return _node(node, defs, where)
+    for bad in ("oneOf", "allOf", "not", "$defs", "discriminator"):
+        if bad in node:
+            raise SchemaError(f"{where or '<root>'}: {bad} is not allowed here")
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "properties":
+            out[key] = {k: _node(v, defs, f"{where}.{k}") for k, v in value.items()}
+        elif key == "items":
+            out[key] = _node(value, defs, f"{where}[]")
+        elif key == "additionalProperties":
+            if value is True or value == {}:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            elif isinstance(value, dict):
+                out[key] = _node(value, defs, f"{where}.*")
+            # additionalProperties: false is how Kubernetes behaves anyway (unknown fields are
+            # pruned, or rejected with strict field validation); it may not be written.
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "const":
+            out["enum"] = [value]
+        elif key == "uniqueItems":
+            continue  # not allowed in CRDs; lists of scalars use x-kubernetes-list-type: set
+        else:
+            out[key] = copy.deepcopy(value)
+    if "enum" in out and "type" not in out:
+        kinds = {type(v) for v in out["enum"]}
+        out["type"] = "string" if kinds == {str} else "integer" if kinds == {int} else "number"
+    if out.get("type") == "object" and "properties" not in out and \
+            "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if "type" not in out and not (out.get("x-kubernetes-int-or-string")
+                                  or out.get("x-kubernetes-preserve-unknown-fields")):
+        raise SchemaError(f"{where or '<root>'}: no type")
+    if isinstance(out.get("description"), str):
+        out["description"] = _plain(out["description"])
+    head: dict[str, Any] = {k: out.pop(k) for k in ("type", "description") if k in out}
+    return {**head, **out}
+
+
+def _plain(doc: str) -> str:
+    """A docstring as one plain line: no reST roles or double backticks."""
+    doc = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
+    return " ".join(doc.replace("``", "").split())
+
+
+def _merge(inner: dict[str, Any], outer: dict[str, Any]) -> dict[str, Any]:
+    """A referenced (or the one non-null) schema with the field's own keys on top; CEL rules of
+    both are kept (the type's, then the field's)."""
+    out = {**inner, **outer}
+    key = "x-kubernetes-validations"
+    if key in inner and key in outer:
+        out[key] = [*inner[key], *outer[key]]
+    return out
+
+
+# ---- structural OpenAPI -> JSON Schema (for checking manifests offline) ------------------------
+
+
+def to_json_schema(node: dict[str, Any]) -> dict[str, Any]:
+    """A Draft 4 JSON Schema that accepts what the API server accepts under strict field
+    validation (unknown fields rejected), for checking manifests without a cluster. CEL rules
+    are not evaluated."""
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "properties":
+            out[key] = {k: to_json_schema(v) for k, v in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = to_json_schema(value)
+        elif key.startswith("x-kubernetes-") or key == "description":
+            continue
+        else:
+            out[key] = value
+    if node.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+    if node.get("type") == "object" and "properties" in node and \
+            not node.get("x-kubernetes-preserve-unknown-fields"):
+        out.setdefault("additionalProperties", False)
+    return out

@@ -1,0 +1,271 @@
+"""The ``status`` of a ChunkedPrefillTuning: its typed shape and a pure renderer.
+
+The tuner summarises its study as a :class:`StudySummary` (plain dataclasses, no Optuna types)
+and :func:`render_status` turns it into the ``status`` mapping the operator patches and the local
+runner prints. :func:`set_condition` updates a Kubernetes-style condition list. Nothing here does
+I/O or reads the clock: times come in as arguments.
+
+Trial states follow Optuna's ``TrialState`` names, plus ``INFEASIBLE`` (completed, but a
+constraint failed) and ``SKIPPED`` (the memory prescreen predicted a start-up failure, so the
+trial never ran).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from chunktune.api.flags import flags_line
+
+Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"]
+PHASES: tuple[str, ...] = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
+TrialState = Literal["COMPLETE", "PRUNED", "INFEASIBLE", "FAIL", "RUNNING", "SKIPPED"]
+TRIAL_STATES: tuple[str, ...] = ("COMPLETE", "PRUNED", "INFEASIBLE", "FAIL", "RUNNING", "SKIPPED")
+#: How many trials the status lists by default (the counts cover all of them).
+DEFAULT_TRIALS_LIMIT = 50
+
+_COUNT_FIELD = {"COMPLETE": "completed", "PRUNED": "pruned", "INFEASIBLE": "infeasible",
+                "FAIL": "failed", "RUNNING": "running", "SKIPPED": "skipped"}
+
+
+# ---- input: what the tuner knows --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial as the tuner saw it."""
+
+    number: int
+    params: Mapping[str, int | float]
+    state: str
+    """One of :data:`TRIAL_STATES`."""
+    reason: str | None = None
+    """Why a trial failed, was pruned or skipped (``EngineOOM``, ``SLOViolated``, ...)."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Measured values by metric key (``ttft_p99``, ``chat.itl_p99``)."""
+    constraints_ok: bool = True
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """Everything :func:`render_status` needs."""
+
+    phase: str
+    """One of :data:`PHASES`."""
+    trials: Sequence[TrialRecord] = ()
+    objectives: Sequence[tuple[str, str]] = (("ttft_p99", "minimize"),)
+    """``(metric key, direction)`` per objective, in spec order (``Objective.key``)."""
+    baseline: int | None = None
+    """Number of the baseline trial (the engine's defaults), if one ran."""
+    best: int | None = None
+    """Number of the best feasible trial (single objective)."""
+    pareto: Sequence[int] = ()
+    """Numbers of the Pareto-optimal trials (several objectives)."""
+    max_trials: int | None = None
+    key_metrics: Sequence[str] = ()
+    """Metric keys each listed trial keeps besides the objectives (e.g. the constraints')."""
+    conditions: Sequence[Mapping[str, Any]] = ()
+    observed_generation: int | None = None
+    start_time: datetime | str | None = None
+    completion_time: datetime | str | None = None
+    message: str | None = None
+    trials_limit: int = DEFAULT_TRIALS_LIMIT
+
+
+# ---- output: the status shape -----------------------------------------------------------------
+
+
+class _StatusModel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True,
+                              serialize_by_alias=True, extra="ignore",
+                              use_attribute_docstrings=True)
+
+
+class Condition(_StatusModel):
+    """A Kubernetes condition."""
+
+    type: str
+    """Condition type (``Ready``, ``Running``, ``Complete``, ``Failed``, ``SpecValid``)."""
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    """CamelCase reason."""
+    message: str = ""
+    last_transition_time: str
+    """When ``status`` last changed (RFC 3339)."""
+    observed_generation: int | None = None
+
+
+class TrialCounts(_StatusModel):
+    """Trials by state, over the whole study."""
+
+    completed: int = 0
+    pruned: int = 0
+    infeasible: int = 0
+    failed: int = 0
+    running: int = 0
+    skipped: int = 0
+
+
+class TrialPoint(_StatusModel):
+    """A notable trial: the baseline, the best, or a Pareto point."""
+
+    trial: int
+    """Trial number."""
+    parameters: dict[str, int | float] = Field(default_factory=dict)
+    """Searched flag values."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Measured metrics by key."""
+    flags: str = ""
+    """The engine flags to paste (``--max-num-batched-tokens 4096 ...``)."""
+    improvement: str | None = None
+    """Change of the first objective against the baseline (``-34%``)."""
+
+
+class TrialStatus(_StatusModel):
+    """One listed trial."""
+
+    number: int
+    parameters: dict[str, int | float] = Field(default_factory=dict)
+    state: TrialState
+    reason: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """The objective and constraint metrics."""
+
+
+class Status(_StatusModel):
+    """What the operator reports about a study."""
+
+    phase: Phase = "Pending"
+    """Pending, Running, Succeeded, Failed or Suspended."""
+    message: str | None = None
+    """A human-readable line about the phase."""
+    observed_generation: int | None = None
+    """The spec generation this status describes."""
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra={
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    """Kubernetes conditions."""
+    trials_completed: int = 0
+    """Finished trials in any state (completed, pruned, infeasible or failed)."""
+    trials_summary: str = ""
+    """Finished trials out of the budget (``12/30``)."""
+    counts: TrialCounts = Field(default_factory=TrialCounts)
+    """Trials by state."""
+    baseline: TrialPoint | None = None
+    """The trial with the engine's default flags."""
+    best: TrialPoint | None = None
+    """The best feasible trial."""
+    pareto_front: list[TrialPoint] | None = None
+    """The Pareto-optimal trials, for several objectives."""
+    trials: list[TrialStatus] = Field(default_factory=list)
+    """The latest trials (bounded; ``counts`` covers all)."""
+    start_time: str | None = None
+    completion_time: str | None = None
+
+
+# ---- rendering --------------------------------------------------------------------------------
+
+
+def render_status(summary: StudySummary) -> dict[str, Any]:
+    """The ``status`` mapping for ``summary`` (camelCase, no empty fields)."""
+    by_number = {t.number: t for t in summary.trials}
+    counts = TrialCounts()
+    for t in summary.trials:
+        name = _COUNT_FIELD.get(t.state)
+        if name:
+            setattr(counts, name, getattr(counts, name) + 1)
+    finished = counts.completed + counts.pruned + counts.infeasible + counts.failed
+    keys = [k for k, _ in summary.objectives]
+    keep = list(dict.fromkeys([*keys, *summary.key_metrics]))
+    baseline = by_number.get(summary.baseline) if summary.baseline is not None else None
+    best = by_number.get(summary.best) if summary.best is not None else None
+    listed = sorted(summary.trials, key=lambda t: t.number)[-summary.trials_limit:] \
+        if summary.trials_limit > 0 else []
+    status = Status(
+        phase=summary.phase,  # type: ignore[arg-type]
+        message=summary.message,
+        observed_generation=summary.observed_generation,
+        conditions=[Condition.model_validate(c) for c in summary.conditions],
+        trials_completed=finished,
+        trials_summary=f"{finished}/{summary.max_trials}" if summary.max_trials else str(finished),
+        counts=counts,
+        baseline=_point(baseline) if baseline else None,
+        best=_point(best, baseline, summary.objectives) if best else None,
+        pareto_front=[_point(by_number[n], baseline, summary.objectives)
+                      for n in summary.pareto if n in by_number] or None,
+        trials=[TrialStatus(number=t.number, parameters=dict(t.params),
+                            state=t.state,  # type: ignore[arg-type]
+                            reason=t.reason,
+                            metrics={k: v for k, v in _finite(t.metrics).items()
+                                     if not keep or k in keep})
+                for t in listed],
+        start_time=_time(summary.start_time),
+        completion_time=_time(summary.completion_time),
+    )
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def improvement(value: float, baseline: float) -> str | None:
+    """The relative change ``value`` vs ``baseline`` as ``-34%`` / ``+12%``."""
+    if not (math.isfinite(value) and math.isfinite(baseline)) or baseline == 0:
+        return None
+    pct = round((value - baseline) / abs(baseline) * 100)
+    return "0%" if pct == 0 else f"{pct:+d}%"
+
+
+def _point(t: TrialRecord, baseline: TrialRecord | None = None,
+           objectives: Sequence[tuple[str, str]] = ()) -> TrialPoint:
+    change = None
+    if baseline is not None and objectives and t.number != baseline.number:
+        key = objectives[0][0]
+        if key in t.metrics and key in baseline.metrics:
+            change = improvement(t.metrics[key], baseline.metrics[key])
+    return TrialPoint(trial=t.number, parameters=dict(t.params), metrics=_finite(t.metrics),
+                      flags=flags_line(t.params), improvement=change)
+
+
+def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
+
+
+def _time(t: datetime | str | None) -> str | None:
+    if t is None or isinstance(t, str):
+        return t
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(conditions: Sequence[Mapping[str, Any]], type: str, status: bool | str,
+                  reason: str, message: str, generation: int | None,
+                  now: datetime | str) -> list[dict[str, Any]]:
+    """A copy of ``conditions`` with condition ``type`` set. ``lastTransitionTime`` changes only
+    when the status flips (or the condition is new); reason, message and observedGeneration
+    are always updated."""
+    value = ("True" if status else "False") if isinstance(status, bool) else status
+    if value not in ("True", "False", "Unknown"):
+        raise ValueError(f"condition status must be True, False or Unknown (got {status!r})")
+    out: list[dict[str, Any]] = []
+    found = False
+    for c in conditions:
+        c = dict(c)
+        if c.get("type") == type:
+            found = True
+            if c.get("status") != value or "lastTransitionTime" not in c:
+                c["lastTransitionTime"] = _time(now)
+            c.update(status=value, reason=reason, message=message)
+            if generation is not None:
+                c["observedGeneration"] = generation
+        out.append(c)
+    if not found:
+        new: dict[str, Any] = {"type": type, "status": value, "reason": reason, "message": message,
+                               "lastTransitionTime": _time(now)}
+        if generation is not None:
+            new["observedGeneration"] = generation
+        out.append(new)
+    return out

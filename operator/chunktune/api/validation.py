@@ -1,0 +1,179 @@
+"""Reading and checking ChunkedPrefillTuning manifests.
+
+:func:`validate` reports every problem of a manifest at once, each as ``(field path, message)``
+with paths such as ``spec.searchSpace[1].low``. It first checks shapes with the pydantic models,
+then, on each part that parsed, the rules between fields (a range's ``low <= high``, a searched
+flag that is also fixed in ``engine.args``, an objective on a class the workload lacks, a sampler
+that cannot handle the objectives, ...). :func:`parse_manifest` and :func:`load_manifest` raise
+:class:`~chunktune.errors.SpecError` with those problems, or return the model with defaults
+filled in.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from chunktune.api import _checks
+from chunktune.api._errors import Problem, problems_from
+from chunktune.api.v1alpha1 import (
+    KIND,
+    Budget,
+    ChunkedPrefillTuning,
+    Constraint,
+    EngineSpec,
+    Objective,
+    Parameter,
+    PrunerSpec,
+    SamplerSpec,
+    Spec,
+    WorkloadSpec,
+)
+from chunktune.errors import SpecError
+
+M = TypeVar("M", bound=BaseModel)
+
+_SECTIONS = ("", "apiVersion", "kind", "metadata",
+             *(f"spec.{f.alias or n}" for n, f in Spec.model_fields.items()), "spec")
+
+
+def validate(obj: Any, base_dir: str | Path | None = None) -> list[Problem]:
+    """Every problem of a manifest mapping, as ``(path, message)``; empty when it is valid.
+
+    ``base_dir`` resolves a relative ``spec.workload.profile`` path (the manifest's folder)."""
+    if not isinstance(obj, dict):
+        return [("", f"must be a mapping: a {KIND} manifest (got {type(obj).__name__})")]
+    problems: list[Problem] = []
+    try:
+        ChunkedPrefillTuning.model_validate(obj, by_name=False)
+    except ValidationError as e:
+        problems += problems_from(e, ChunkedPrefillTuning)
+    spec = obj.get("spec")
+    if isinstance(spec, dict):
+        problems += _checks.check(_parts(spec, None if base_dir is None else Path(base_dir)))
+    return _ordered(problems)
+
+
+def parse_manifest(obj: Any, base_dir: str | Path | None = None) -> ChunkedPrefillTuning:
+    """The manifest as a model, defaults filled in. Raises :class:`SpecError` listing every
+    problem."""
+    problems = validate(obj, base_dir)
+    if problems:
+        raise SpecError(problems)
+    m = ChunkedPrefillTuning.model_validate(obj, by_name=False)
+    m.spec.workload._base_dir = None if base_dir is None else Path(base_dir)
+    return m
+
+
+def read_manifest(path: str | Path, name: str | None = None) -> dict[str, Any]:
+    """The ChunkedPrefillTuning document of a YAML file, as a mapping. A file with several
+    documents gives the one of our kind (``name`` picks among several). Raises
+    :class:`SpecError`."""
+    p = Path(path)
+    try:
+        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror or e}", field=str(p)) from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"is not valid YAML: {e}", field=str(p)) from None
+    if len(docs) == 1 and isinstance(docs[0], dict) and "kind" not in docs[0]:
+        return docs[0]  # let validate() report the missing kind
+    ours = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    if name is not None:
+        ours = [d for d in ours if (d.get("metadata") or {}).get("name") == name]
+    if not ours:
+        kinds = sorted({str(d.get("kind")) for d in docs if isinstance(d, dict)})
+        found = f" (found: {', '.join(kinds)})" if kinds else ""
+        which = f" named {name!r}" if name is not None else ""
+        raise SpecError(f"has no {KIND} document{which}{found}", field=str(p))
+    if len(ours) > 1:
+        names = ", ".join(str((d.get("metadata") or {}).get("name")) for d in ours)
+        raise SpecError(f"has {len(ours)} {KIND} documents ({names}); pick one by name",
+                        field=str(p))
+    return ours[0]
+
+
+def load_manifest(path: str | Path, name: str | None = None) -> ChunkedPrefillTuning:
+    """Read, validate and parse a manifest file (see :func:`read_manifest`); relative profile
+    paths are taken from the file's folder."""
+    return parse_manifest(read_manifest(path, name), base_dir=Path(path).parent)
+
+
+# ---- parts ------------------------------------------------------------------------------------
+
+
+def _try(cls: type[M], raw: Any, default: bool = True) -> M | None:
+    if raw is None and default:
+        raw = {}
+    try:
+        return cls.model_validate(raw, by_name=False)
+    except ValidationError:
+        return None
+
+
+def _items(cls: type[M], raw: Any) -> list[tuple[int, M]]:
+    if not isinstance(raw, list):
+        return []
+    out = []
+    for i, item in enumerate(raw):
+        parsed = _try(cls, item, default=False)
+        if parsed is not None:
+            out.append((i, parsed))
+    return out
+
+
+def _parts(spec: dict[str, Any], base_dir: Path | None) -> _checks.Parts:
+    engine = _try(EngineSpec, spec.get("engine"), default=False)
+    raw_kind = (spec.get("engine") or {}).get("kind", "vllm") \
+        if isinstance(spec.get("engine"), dict) else "vllm"
+    kind = engine.kind if engine else raw_kind if raw_kind in ("vllm", "sim", "sglang") else None
+    workload = _try(WorkloadSpec, spec.get("workload"), default=False)
+    if workload is not None:
+        workload._base_dir = base_dir
+    raw_objectives = spec.get("objectives")
+    raw_constraints = spec.get("constraints")
+    pruner_raw = spec.get("pruner")
+    defaults = _try(Spec, {"engine": {"kind": kind or "vllm", "model": "x"},
+                           "workload": {"profile": "x"}})
+    assert defaults is not None
+    return _checks.Parts(
+        kind=kind,
+        engine=engine,
+        params=_items(Parameter, spec["searchSpace"]) if spec.get("searchSpace") is not None
+        else list(enumerate(defaults.parameters)),
+        params_default=spec.get("searchSpace") is None,
+        workload=workload,
+        objectives=_items(Objective, raw_objectives) if raw_objectives is not None
+        else list(enumerate(defaults.objectives)),
+        n_objectives=len(raw_objectives) if isinstance(raw_objectives, list) else 1,
+        constraints=_items(Constraint, raw_constraints),
+        n_constraints=len(raw_constraints) if isinstance(raw_constraints, list) else 0,
+        budget=_try(Budget, spec.get("budget")),
+        sampler=_try(SamplerSpec, spec.get("sampler")),
+        pruner=_try(PrunerSpec, pruner_raw),
+        pruner_explicit=isinstance(pruner_raw, dict) and "name" in pruner_raw,
+        storage=spec.get("storage") if isinstance(spec.get("storage"), str) else None,
+        prometheus_url=(spec.get("metrics") or {}).get("prometheusURL")
+        if isinstance(spec.get("metrics"), dict) else None,
+    )
+
+
+def _ordered(problems: list[Problem]) -> list[Problem]:
+    """Problems in manifest order: by section, then list index; duplicates dropped."""
+
+    def key(item: tuple[int, Problem]) -> tuple[int, int, int]:
+        seq, (path, _) = item
+        section, length = 0, -1
+        for i, s in enumerate(_SECTIONS):
+            if s and len(s) > length and (path == s or path.startswith((s + ".", s + "["))):
+                section, length = i, len(s)
+        m = re.match(re.escape(_SECTIONS[section]) + r"\[(\d+)\]", path) if section else None
+        return section, int(m.group(1)) if m else -1, seq
+
+    unique = list(dict.fromkeys(problems))
+    return [p for _, p in sorted(enumerate(unique), key=key)]
+

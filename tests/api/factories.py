@@ -1,0 +1,30 @@
+"""Manifests the API tests start from."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def quickstart() -> dict[str, Any]:
+    return copy.deepcopy(yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text()))
+
+
+def vllm_manifest() -> dict[str, Any]:
+    """A small valid manifest for a real vLLM server, with defaults left out."""
+    return {
+        "apiVersion": "chunktune.dev/v1alpha1",
+        "kind": "ChunkedPrefillTuning",
+        "metadata": {"name": "llama-prod", "namespace": "inference"},
+        "spec": {
+            "engine": {"model": "meta-llama/Llama-3.1-8B-Instruct",
+                       "image": "vllm/vllm-openai:v0.11.0", "gpu": {"type": "h100-sxm"}},
+            "workload": {"profile": "mixed"},
+        },
+    }
