@@ -12,6 +12,8 @@ from chunktune import __version__
 #: Modules with a ``register(subparsers)``; each adds its command group.
 COMMAND_MODULES = (
     "chunktune.sim.cli",
+    "chunktune.api.cli",
+    "chunktune.tuning.cli",
 )
 
 

@@ -151,3 +151,17 @@ def split_unknown(parser: argparse.ArgumentParser,
         else:
             ignored.append(name)
     return ignored, errors
+
+
+def parse_engine_flags(flags: Sequence[str]) -> tuple[EngineArgs, argparse.Namespace, list[str]]:
+    """Parse a ``vllm serve`` flag list (fixed args plus a trial's flags) into
+    :class:`EngineArgs`; returns the args, the namespace (model, gpu, ...) and the flags the
+    simulator does not model. Raises :class:`SpecError` for a malformed value."""
+    p = argparse.ArgumentParser(prog="engine args", add_help=False, allow_abbrev=False,
+                                exit_on_error=False)
+    add_engine_args(p)
+    try:
+        ns, unknown = p.parse_known_args(normalize_argv(flags))
+    except argparse.ArgumentError as e:
+        raise SpecError(str(e), field=e.argument_name or "args") from None
+    return engine_args_from(ns), ns, unknown

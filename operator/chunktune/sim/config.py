@@ -174,6 +174,35 @@ def cudagraph_sizes(max_num_seqs: int, max_num_batched_tokens: int,
     return tuple(s for s in sizes if s <= min(top, max_num_batched_tokens))
 
 
+def check_scheduler_rules(budget: int, seqs: int, max_model_len: int | None,
+                          chunked: bool = True, partial: int = 1, long_partial: int = 1) -> None:
+    """vLLM's scheduler-config checks (``SchedulerConfig.verify_max_model_len`` and V1's
+    feature check), usable without a model: raises :class:`EngineStartupError`
+    (``ConfigRejected``) with vLLM's message. ``max_model_len`` None skips the rule that
+    needs it."""
+    if partial != 1 or long_partial != 1:
+        raise EngineStartupError(
+            "ConfigRejected",
+            "NotImplementedError: Concurrent Partial Prefill is not supported. "
+            "(--max-num-partial-prefills and --max-long-partial-prefills must be 1 in the V1 "
+            "engine)",
+        )
+    if not chunked and max_model_len is not None and budget < max_model_len:
+        raise EngineStartupError(
+            "ConfigRejected",
+            f"ValueError: max_num_batched_tokens ({budget}) is smaller than max_model_len "
+            f"({max_model_len}). This effectively limits the maximum sequence length to "
+            "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+            "max_num_batched_tokens or decrease max_model_len.",
+        )
+    if budget < seqs:
+        raise EngineStartupError(
+            "ConfigRejected",
+            f"ValueError: max_num_batched_tokens ({budget}) must be greater than or equal to "
+            f"max_num_seqs ({seqs}).",
+        )
+
+
 def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
     """Apply vLLM's defaults, then its start-up validation. Raises :class:`SpecError` for input
     no engine accepts and :class:`EngineStartupError` (reason ``ConfigRejected``) for a
@@ -196,13 +225,6 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
             "model_max_length=None in model's config.json). To allow overriding this maximum, "
             "set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.",
         )
-    if args.max_num_partial_prefills != 1 or args.max_long_partial_prefills != 1:
-        raise EngineStartupError(
-            "ConfigRejected",
-            "NotImplementedError: Concurrent Partial Prefill is not supported. "
-            "(--max-num-partial-prefills and --max-long-partial-prefills must be 1 in the V1 "
-            "engine)",
-        )
     default_budget, default_seqs = batch_defaults(gpu)
     budget = args.max_num_batched_tokens
     if budget is None:
@@ -210,20 +232,8 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
     seqs = args.max_num_seqs
     if seqs is None:
         seqs = min(default_seqs, budget)
-    if not args.enable_chunked_prefill and budget < max_model_len:
-        raise EngineStartupError(
-            "ConfigRejected",
-            f"ValueError: max_num_batched_tokens ({budget}) is smaller than max_model_len "
-            f"({max_model_len}). This effectively limits the maximum sequence length to "
-            "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
-            "max_num_batched_tokens or decrease max_model_len.",
-        )
-    if budget < seqs:
-        raise EngineStartupError(
-            "ConfigRejected",
-            f"ValueError: max_num_batched_tokens ({budget}) must be greater than or equal to "
-            f"max_num_seqs ({seqs}).",
-        )
+    check_scheduler_rules(budget, seqs, max_model_len, args.enable_chunked_prefill,
+                          args.max_num_partial_prefills, args.max_long_partial_prefills)
     warnings: list[str] = []
     if budget > seqs * max_model_len:
         warnings.append(

@@ -10,6 +10,7 @@ Deterministic: no randomness here; the workload's seed fixes the requests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from chunktune.sim.config import EngineArgs, ResolvedConfig, resolve
@@ -78,11 +79,16 @@ class Engine:
         )
 
     def replay(self, specs: list[RequestSpec], concurrency: int | None = None,
-               time_limit: float | None = None, record_steps: bool = True) -> ReplayResult:
+               time_limit: float | None = None, record_steps: bool = True,
+               tick: float | None = None,
+               on_tick: Callable[[float, list[Request]], bool] | None = None,
+               stop_arrivals: float | None = None) -> ReplayResult:
         """Run ``specs`` to completion (or until ``time_limit`` of virtual time).
 
         Open loop: each spec arrives at its ``arrival``. Closed loop (``concurrency``): the
-        first N start at 0 and each finish lets the next one in at that instant.
+        first N start at 0 and each finish lets the next one in at that instant, until
+        ``stop_arrivals``. ``on_tick(now, requests)`` is called every ``tick`` seconds of
+        virtual time; returning True stops the replay there (pruning).
         """
         sched = self.scheduler
         reqs: list[Request] = []
@@ -119,6 +125,7 @@ class Engine:
         s_dec, s_run, s_wait, s_kv, s_pmt = steps.decodes, steps.running, steps.waiting, \
             steps.kv_used_blocks, steps.preempted
         pool = sched.pool
+        next_tick = tick if (tick and on_tick) else float("inf")
         while True:
             if not closed:
                 while idx < n_specs and specs[idx].arrival <= now:  # type: ignore[operator]
@@ -150,7 +157,12 @@ class Engine:
                 s_kv.append(pool.total - pool.free)
                 s_pmt.append(len(plan.preempted))
             now = end
-            if closed and out.finished:
+            if now >= next_tick:
+                if on_tick(now, reqs):  # type: ignore[misc]
+                    break
+                while next_tick <= now:
+                    next_tick += tick  # type: ignore[operator]
+            if closed and out.finished and (stop_arrivals is None or now < stop_arrivals):
                 for _ in out.finished:
                     while idx < n_specs:
                         ok = admit(specs[idx], now)

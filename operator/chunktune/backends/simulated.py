@@ -1,0 +1,163 @@
+"""The ``simulated`` backend: the simulator in process, in virtual time, no HTTP.
+
+A trial is: resolve the flags as ``vllm serve`` would (start-up failures come back
+``INFEASIBLE`` with vLLM's message), replay the profile's requests — the same seeded sequence
+for every trial, so trials differ only by their flags — and summarize them with the same code
+and population rules as the Locust driver (:mod:`chunktune.load.aggregate`). Requests still
+running ``drain_timeout`` after the arrival window count as ``timeout`` failures, as they would
+for the load driver. A trial costs well under a second of CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+
+from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
+from chunktune.errors import SpecError
+from chunktune.load.aggregate import RunInfo, build_summary
+from chunktune.load.records import RequestRecord
+from chunktune.load.summary import ArrivalInfo, LoadSummary, Slo
+from chunktune.sim.args import parse_engine_flags
+from chunktune.sim.config import EngineStartupError
+from chunktune.sim.engine import Engine, ReplayResult, build_engine
+from chunktune.sim.gpus import resolve_gpu
+from chunktune.sim.models import from_hf_config, resolve_model
+from chunktune.sim.request import FINISHED, REJECTED, Request
+from chunktune.sim.workload import Profile, RequestSpec, generate
+from chunktune.tuning.objectives import flatten
+
+
+class SimulatedBackend(TrialBackend):
+    name = "simulated"
+
+    def __init__(self, max_parallel: int = 1) -> None:
+        self.max_parallel = max_parallel
+        self._specs: dict[str, list[RequestSpec]] = {}
+
+    def _requests(self, profile: Profile) -> list[RequestSpec]:
+        key = repr(profile)
+        if key not in self._specs:
+            self._specs[key] = generate(profile)
+        return self._specs[key]
+
+    async def run_trial(self, plan: TrialPlan, report: Reporter | None = None) -> TrialResult:
+        return await asyncio.to_thread(self.run_sync, plan, report)
+
+    def run_sync(self, plan: TrialPlan, report: Reporter | None = None) -> TrialResult:
+        t0 = time.perf_counter()
+        target = plan.target
+        try:
+            args, _, _ = parse_engine_flags(plan.engine_flags())
+            model = (from_hf_config(target.hf_config, name=target.model) if target.hf_config
+                     else resolve_model(target.model, field="spec.engine.model"))
+            gpu = resolve_gpu(target.gpu or "h100-sxm", field="spec.engine.gpu.type")
+            engine = build_engine(args, model, gpu)
+        except EngineStartupError as e:
+            return TrialResult("INFEASIBLE", reason=e.reason, message=e.message,
+                               startup_seconds=time.perf_counter() - t0)
+        except SpecError as e:
+            return TrialResult("INFEASIBLE", reason="ConfigRejected", message=str(e))
+        startup = time.perf_counter() - t0
+        profile = plan.profile
+        specs = self._requests(profile)
+        closed = profile.arrival.concurrency
+        limit = profile.duration + plan.drain_timeout
+        pruned_at: list[int] = []
+
+        def on_tick(now: float, reqs: list[Request]) -> bool:
+            if report is None:
+                return False
+            index = round(now / plan.window_seconds) - 1  # type: ignore[operator]
+            if now <= profile.warmup or now > profile.duration:
+                return False
+            done = [r for r in reqs if r.status in (FINISHED, REJECTED)]
+            partial = self._summary(plan, engine, done, now, now, complete=False)
+            if report(index, flatten(partial, _server(engine, None, now))):
+                pruned_at.append(index)
+                return True
+            return False
+
+        t1 = time.perf_counter()
+        result = engine.replay(specs, concurrency=closed, time_limit=limit,
+                               tick=plan.window_seconds if report else None, on_tick=on_tick,
+                               stop_arrivals=profile.duration)
+        if pruned_at:  # cut short: what had finished by then, as the pruner saw it
+            done = [r for r in result.requests if r.status in (FINISHED, REJECTED)]
+            summary = self._summary(plan, engine, done, result.end_time, result.end_time,
+                                    complete=False)
+        else:
+            summary = self._summary(plan, engine, result.requests, profile.duration,
+                                    result.end_time, complete=True)
+        server = _server(engine, result, result.end_time)
+        metrics = flatten(summary, server)
+        state = "PRUNED" if pruned_at else "COMPLETE"
+        return TrialResult(state, metrics=metrics, summary=summary, server=server,
+                           reason="Pruned" if pruned_at else None,
+                           startup_seconds=startup, load_seconds=time.perf_counter() - t1,
+                           pruned_at=pruned_at[0] if pruned_at else None)
+
+    def _summary(self, plan: TrialPlan, engine: Engine, reqs: list[Request], dispatch_end: float,
+                 now: float, complete: bool) -> LoadSummary:
+        profile = plan.profile
+        names = profile.class_names()
+        records = [_record(r, names, profile.warmup, now, engine) for r in reqs]
+        info = RunInfo(
+            target=f"sim://{plan.name or plan.number}", model=plan.target.served_model_name,
+            profile=profile.name,
+            arrival=ArrivalInfo(profile.arrival.mode, profile.arrival.rate,
+                                profile.arrival.concurrency),
+            seed=profile.seed, class_names=tuple(names), started_wall=0.0, ended_wall=now,
+            configured=profile.duration, warmup=profile.warmup,
+            dispatch_end=min(dispatch_end, profile.duration),
+            drain=max(0.0, now - profile.duration), complete=complete)
+        slos = {k: Slo(**v) for k, v in plan.slos.items()} or None
+        return build_summary(records, info, slos=slos)
+
+
+def _record(r: Request, names: list[str], warmup: float, now: float,
+            engine: Engine) -> RequestRecord:
+    rec = RequestRecord(rid=r.rid, cls=names[r.cls], arrival=r.arrival, start=r.arrival,
+                        prompt_tokens=r.prompt_len, max_tokens=r.max_tokens,
+                        warmup=r.arrival < warmup)
+    if r.status == FINISHED and r.num_output >= r.max_tokens:
+        rec.ok = True
+        rec.ttft = r.first_token - r.arrival
+        rec.e2e = r.last_token - r.arrival
+        rec.output_tokens = r.num_output
+        rec.itl = r.itl
+    elif r.status == REJECTED:
+        rec.fail("http_400", engine.validate_request(r.prompt_len, r.max_tokens) or "rejected",
+                 400)
+    else:
+        rec.output_tokens = r.num_output
+        if r.first_token >= 0:
+            rec.ttft = r.first_token - r.arrival
+        rec.e2e = now - r.arrival
+        rec.fail("timeout", f"still running {now - r.arrival:.1f} s after arrival when the "
+                            "drain timeout expired")
+    return rec
+
+
+def _server(engine: Engine, result: ReplayResult | None, now: float) -> dict[str, Any]:
+    """What a scrape of the engine's /metrics would give: preemptions, KV usage, queue time."""
+    sched = engine.scheduler
+    pool = sched.pool
+    queue = [r.first_scheduled - r.arrival for r in (result.requests if result else [])
+             if r.first_scheduled >= 0]
+    out: dict[str, Any] = {
+        "preemptions": sched.num_preemptions,
+        "preemptions_per_minute": sched.num_preemptions / (now / 60) if now > 0 else 0.0,
+        "kv_cache_usage_peak": pool.peak_used / pool.total,
+        "num_gpu_blocks": pool.total,
+        "kv_cache_tokens": engine.memory.kv_cache_tokens,
+    }
+    if queue:
+        out["queue_time_p99"] = float(np.percentile(queue, 99))
+    if result is not None:
+        out["steps"] = len(result.steps)
+        out["simulated_seconds"] = result.end_time
+    return out

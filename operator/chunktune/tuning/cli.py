@@ -1,0 +1,221 @@
+"""``chunktune tune FILE`` and ``chunktune results FILE|STORAGE``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chunktune.api.metrics import format_value
+from chunktune.api.validation import load_manifest, read_manifest, validate
+from chunktune.backends.base import TrialBackend, flags_line
+from chunktune.errors import BackendUnavailable, SpecError
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    t = sub.add_parser("tune", help="run a ChunkedPrefillTuning manifest on this machine",
+                       description="Validate FILE, then run its study: trial 0 is the engine's "
+                                   "defaults, then Optuna proposes configurations until the "
+                                   "budget is spent or the study converges. Rerun with the "
+                                   "same storage to resume.")
+    t.add_argument("file", metavar="FILE")
+    t.add_argument("--name", help="the ChunkedPrefillTuning to run when FILE holds several")
+    t.add_argument("--out", metavar="DIR", help="write result.json and plots here")
+    t.add_argument("--storage", help="Optuna storage (journal file path or RDB URL); default "
+                                     "spec.storage, else .chunktune/<namespace>-<name>.journal")
+    t.add_argument("--backend", choices=("auto", "simulated", "local"), default="auto",
+                   help="where trials run: simulated (in process, virtual time) or local "
+                        "(engine and Locust as processes); auto: simulated for engine.kind "
+                        "sim, local for vllm")
+    t.add_argument("--max-trials", type=int, help="override spec.budget.maxTrials")
+    t.add_argument("--quiet", "-q", action="store_true", help="no per-trial progress lines")
+    t.set_defaults(func=cmd_tune)
+    r = sub.add_parser("results", help="print a study's results from its storage",
+                       description="Print the best configuration, the Pareto front and the "
+                                   "trial counts of a study, from its manifest (and default "
+                                   "storage) or from a storage path.")
+    r.add_argument("source", metavar="FILE|STORAGE")
+    r.add_argument("--storage", help="storage, when giving a manifest with another storage")
+    r.add_argument("--trials", action="store_true", help="list every trial")
+    r.add_argument("--out", metavar="DIR", help="also write result.json and plots")
+    r.set_defaults(func=cmd_results)
+
+
+def make_backend(kind: str, engine_kind: str, parallelism: int) -> TrialBackend:
+    if kind == "auto":
+        kind = "simulated" if engine_kind == "sim" else "local"
+    if kind == "simulated":
+        from chunktune.backends.simulated import SimulatedBackend
+
+        return SimulatedBackend(max_parallel=parallelism)
+    from chunktune.backends.local import LocalBackend
+
+    return LocalBackend(max_parallel=parallelism)
+
+
+def _load(path: str, name: str | None) -> Any:
+    raw = read_manifest(path, name)
+    problems = validate(raw, base_dir=Path(path).parent)
+    if problems:
+        raise SpecError(problems)
+    return load_manifest(path, name)
+
+
+def _print_problems(e: SpecError) -> None:
+    for path, msg in e.problems:
+        print(f"{path} {msg}" if path else msg, file=sys.stderr)
+
+
+class Progress:
+    """One line per trial start and end, with the best so far."""
+
+    def __init__(self, tuner: Any, quiet: bool) -> None:
+        self.tuner = tuner
+        self.quiet = quiet
+        self.t0 = time.monotonic()
+
+    def event(self, e: Any) -> None:
+        if self.quiet or e.kind != "finished":
+            return
+        t = self.tuner
+        budget = t.spec.budget.max_trials
+        done = t.counted()
+        keys = [o.key for o in t.objectives] + [c.key for c in t.constraints]
+        shown = ", ".join(f"{k}={format_value(k, e.metrics[k])}" for k in dict.fromkeys(keys)
+                          if k in e.metrics)
+        tag = " (baseline)" if e.baseline else ""
+        what = e.state if e.state == "COMPLETE" else f"{e.state} {e.reason or ''}".strip()
+        best = self.best_text()
+        print(f"[{done}/{budget}] trial {e.number}{tag}: {flags_line(e.point)} -> {what}"
+              + (f"; {shown}" if shown else "") + (f" | best: {best}" if best else ""),
+              flush=True)
+        if e.state in ("FAIL", "INFEASIBLE") and e.message:
+            print(f"    {e.message.strip().splitlines()[-1][:300]}", flush=True)
+
+    def best_text(self) -> str:
+        from chunktune.tuning.results import collect
+
+        t = self.tuner
+        res = collect(t.study, t.objectives, t.constraints)
+        b = res.best_trial
+        if b is None:
+            return ""
+        k = t.objectives[0].key
+        return f"trial {b.number} {k}={format_value(k, b.metrics[k])}"
+
+
+def cmd_tune(ns: argparse.Namespace) -> int:
+    from chunktune.tuning.results import collect, format_results, write_outputs
+    from chunktune.tuning.runner import Tuner
+    from chunktune.tuning.study import storage_url
+
+    try:
+        tuning = _load(ns.file, ns.name)
+        if ns.max_trials is not None:
+            if ns.max_trials < 1:
+                raise SpecError("must be >= 1", field="--max-trials")
+            tuning.spec.budget.max_trials = ns.max_trials
+        storage = storage_url(tuning, ns.storage)
+        backend = make_backend(ns.backend, tuning.spec.engine.kind,
+                               tuning.spec.budget.parallelism)
+        stop = {"flag": False}
+        tuner = Tuner(tuning, backend, storage, stop_requested=lambda: stop["flag"])
+    except SpecError as e:
+        _print_problems(e)
+        return 1
+    except BackendUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    progress = Progress(tuner, ns.quiet)
+    tuner.on_event = progress.event
+    prior = tuner.counted()
+    print(f"{tuning.metadata.name}: {len(tuner.params)} parameters "
+          f"({', '.join(p.name for p in tuner.params)}), objectives "
+          f"{', '.join(o.label() for o in tuner.objectives)}"
+          + (f", constraints {', '.join(c.text() for c in tuner.constraints)}"
+             if tuner.constraints else "")
+          + f"; backend {backend.name}; storage {storage}"
+          + (f" (resuming: {prior} trials done)" if prior else ""), flush=True)
+
+    def on_signal(*_: Any) -> None:
+        stop["flag"] = True
+        print("stopping after the trials in flight (Ctrl-C again to abort)", file=sys.stderr)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    old = signal.signal(signal.SIGINT, on_signal)
+    try:
+        why = asyncio.run(_run(tuner, backend))
+    finally:
+        signal.signal(signal.SIGINT, old)
+    results = collect(tuner.study, tuner.objectives, tuner.constraints)
+    elapsed = time.monotonic() - progress.t0
+    print(f"\nstudy stopped: {why} ({tuner.counted()} trials in {elapsed:.1f} s)")
+    print(format_results(results))
+    if ns.out:
+        files = write_outputs(Path(ns.out), results, tuner.study, stop_reason=why,
+                              storage=storage, name=tuning.metadata.name)
+        print(f"\nwrote {', '.join(str(f) for f in files)}")
+    if why == "failures":
+        return 1
+    return 0
+
+
+async def _run(tuner: Any, backend: TrialBackend) -> str:
+    try:
+        return await tuner.run()
+    finally:
+        await backend.close()
+
+
+def cmd_results(ns: argparse.Namespace) -> int:
+    import optuna
+
+    from chunktune.tuning import study as st
+    from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
+    from chunktune.tuning.results import collect, format_results, write_outputs
+
+    src = Path(ns.source)
+    try:
+        if src.suffix in (".yaml", ".yml"):
+            tuning = _load(str(src), None)
+            url = st.storage_url(tuning, ns.storage)
+            if "://" not in url and not Path(url).exists():
+                raise SpecError(f"no study storage at {url}: run `chunktune tune {src}` first",
+                                field="storage")
+            study = optuna.load_study(study_name=st.study_name(tuning),
+                                      storage=st.open_storage(url))
+            objectives = [ObjectiveDef.from_spec(o) for o in tuning.spec.objectives]
+            constraints = [ConstraintDef.from_spec(c) for c in tuning.spec.constraints]
+        else:
+            if "://" not in str(src) and not src.exists():
+                raise SpecError(f"no such file {str(src)!r}", field="FILE|STORAGE")
+            storage = st.open_storage(str(src))
+            names = optuna.get_all_study_names(storage)
+            if not names:
+                raise SpecError("the storage holds no study", field="FILE|STORAGE")
+            study = optuna.load_study(study_name=names[0], storage=storage)
+            from chunktune.api.v1alpha1 import Spec
+
+            spec = Spec.model_validate(study.user_attrs[st.STUDY_SPEC])
+            objectives = [ObjectiveDef.from_spec(o) for o in spec.objectives]
+            constraints = [ConstraintDef.from_spec(c) for c in spec.constraints]
+    except SpecError as e:
+        _print_problems(e)
+        return 1
+    results = collect(study, objectives, constraints)
+    print(f"study {study.study_name}")
+    print(format_results(results))
+    if ns.trials:
+        print("\ntrials:")
+        for t in results.trials:
+            vals = ", ".join(f"{k}={format_value(k, v)}" for k, v in t.metrics.items()
+                             if k in {o.key for o in objectives} | {c.key for c in constraints})
+            print(f"  {t.number:>4} {t.state:<10} {t.reason or '':<20} "
+                  f"{flags_line(dict(t.params))}  {vals}")
+    if ns.out:
+        write_outputs(Path(ns.out), results, study)
+    return 0

@@ -1,0 +1,204 @@
+"""What a study found: baseline, best configuration, Pareto front, every trial — as tables,
+``result.json``, plots, and the :class:`~chunktune.api.status.StudySummary` the status is
+rendered from. Pure functions of the study's trials (read back from storage), so
+``chunktune results`` prints the same table from storage alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from chunktune.api.metrics import format_value
+from chunktune.api.status import StudySummary, TrialRecord, improvement
+from chunktune.backends.base import flags_line
+from chunktune.tuning import study as st
+from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
+
+
+@dataclass(frozen=True)
+class Results:
+    trials: list[TrialRecord]
+    objectives: list[ObjectiveDef]
+    constraints: list[ConstraintDef]
+    baseline: int | None
+    best: int | None
+    pareto: list[int]
+
+    def trial(self, number: int | None) -> TrialRecord | None:
+        for t in self.trials:
+            if t.number == number:
+                return t
+        return None
+
+    @property
+    def best_trial(self) -> TrialRecord | None:
+        return self.trial(self.best)
+
+    @property
+    def baseline_trial(self) -> TrialRecord | None:
+        return self.trial(self.baseline)
+
+    def improvement(self) -> str | None:
+        """The first objective's change from the baseline to the best (``-34%``)."""
+        b, base = self.best_trial, self.baseline_trial
+        if b is None or base is None:
+            return None
+        k = self.objectives[0].key
+        if k not in b.metrics or k not in base.metrics:
+            return None
+        return improvement(b.metrics[k], base.metrics[k])
+
+
+def record(t: optuna.trial.FrozenTrial) -> TrialRecord:
+    state = st.trial_state(t)
+    metrics = {k: float(v) for k, v in (t.user_attrs.get(st.ATTR_METRICS) or {}).items()
+               if isinstance(v, int | float) and math.isfinite(v)}
+    ok = all(v <= 0 for v in t.constraints.values()) if t.constraints else state == "COMPLETE"
+    reason = t.user_attrs.get(st.ATTR_REASON)
+    if state == "COMPLETE" and not ok and not reason:
+        reason = "SLOViolated"
+    return TrialRecord(number=t.number, params=st.point_of(t), state=state, reason=reason,
+                       metrics=metrics, constraints_ok=ok)
+
+
+def collect(study: optuna.Study, objectives: Sequence[ObjectiveDef],
+            constraints: Sequence[ConstraintDef]) -> Results:
+    frozen = [t for t in study.get_trials(deepcopy=False)
+              if t.state != optuna.trial.TrialState.WAITING]
+    trials = [record(t) for t in frozen]
+    baseline = next((t.number for t in frozen if t.user_attrs.get(st.ATTR_BASELINE)
+                     and st.trial_state(t) != "FAIL"), None)
+    feasible = [t for t in trials if t.state == "COMPLETE" and t.constraints_ok
+                and all(o.key in t.metrics for o in objectives)]
+    best = None
+    pareto: list[int] = []
+    if feasible:
+        if len(objectives) == 1:
+            o = objectives[0]
+            pick = min if o.direction == "minimize" else max
+            best = pick(feasible, key=lambda t: t.metrics[o.key]).number
+        else:
+            pareto = _pareto(feasible, objectives)
+            # the best single point of a front: the first objective's best on the front
+            o = objectives[0]
+            front = [t for t in feasible if t.number in pareto]
+            pick = min if o.direction == "minimize" else max
+            best = pick(front, key=lambda t: t.metrics[o.key]).number
+    return Results(trials, list(objectives), list(constraints), baseline, best, pareto)
+
+
+def _pareto(trials: list[TrialRecord], objectives: Sequence[ObjectiveDef]) -> list[int]:
+    def vec(t: TrialRecord) -> list[float]:
+        return [t.metrics[o.key] * (1 if o.direction == "minimize" else -1) for o in objectives]
+
+    vs = {t.number: vec(t) for t in trials}
+    front = []
+    for n, v in vs.items():
+        dominated = any(all(a <= b for a, b in zip(w, v, strict=True)) and w != v
+                        for m, w in vs.items() if m != n)
+        if not dominated:
+            front.append(n)
+    return sorted(front)
+
+
+def summary(results: Results, phase: str, max_trials: int | None = None,
+            **kw: Any) -> StudySummary:
+    """The input of :func:`chunktune.api.status.render_status`."""
+    return StudySummary(
+        phase=phase, trials=results.trials,
+        objectives=[(o.key, o.direction) for o in results.objectives],
+        baseline=results.baseline, best=results.best, pareto=results.pareto,
+        max_trials=max_trials, key_metrics=[c.key for c in results.constraints], **kw)
+
+
+# ---- text --------------------------------------------------------------------------------------
+
+
+def _fmt(key: str, v: float | None) -> str:
+    return "-" if v is None else format_value(key, v)
+
+
+def format_results(results: Results) -> str:
+    lines: list[str] = []
+    keys = [o.key for o in results.objectives] + [c.key for c in results.constraints
+                                                  if c.key not in
+                                                  [o.key for o in results.objectives]]
+    best, base = results.best_trial, results.baseline_trial
+    counts: dict[str, int] = {}
+    for t in results.trials:
+        counts[t.state] = counts.get(t.state, 0) + 1
+    lines.append("trials: " + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())))
+    if best is None:
+        lines.append("no trial met every constraint: no best configuration")
+        if base is not None:
+            lines.append(f"baseline (trial {base.number}): {base.state} {base.reason or ''}")
+        return "\n".join(lines)
+    lines.append("")
+    lines.append(f"best configuration: trial {best.number}")
+    lines.append(f"  flags: {flags_line(dict(best.params))}")
+    lines.append("")
+    w = max(len(k) for k in keys) + 2
+    lines.append(f"  {'metric':{w}} {'best':>12} {'baseline':>12} {'change':>8}")
+    for k in keys:
+        bv = best.metrics.get(k)
+        basev = base.metrics.get(k) if base else None
+        change = improvement(bv, basev) if (bv is not None and basev) else None
+        lines.append(f"  {k:{w}} {_fmt(k, bv):>12} {_fmt(k, basev):>12} {change or '-':>8}")
+    for c in results.constraints:
+        met = c.violation(best.metrics) <= 0
+        lines.append(f"  constraint {c.text()}: {'met' if met else 'VIOLATED'}")
+    if base is not None:
+        lines.append(f"  baseline = trial {base.number} (the engine's defaults: "
+                     f"{flags_line(dict(base.params))}); state {base.state}"
+                     + (f", {base.reason}" if base.reason else ""))
+    if results.pareto:
+        lines.append("")
+        lines.append(f"Pareto front ({len(results.pareto)} trials):")
+        head = "  trial  " + "  ".join(f"{o.key:>16}" for o in results.objectives) + "  flags"
+        lines.append(head)
+        for n in results.pareto:
+            t = results.trial(n)
+            assert t is not None
+            vals = "  ".join(f"{_fmt(o.key, t.metrics.get(o.key)):>16}"
+                             for o in results.objectives)
+            lines.append(f"  {n:>5}  {vals}  {flags_line(dict(t.params))}")
+    return "\n".join(lines)
+
+
+def to_json(results: Results, **extra: Any) -> dict[str, Any]:
+    def tr(t: TrialRecord | None) -> dict[str, Any] | None:
+        if t is None:
+            return None
+        return {"number": t.number, "params": dict(t.params), "state": t.state,
+                "reason": t.reason, "metrics": dict(t.metrics),
+                "constraints_ok": t.constraints_ok, "flags": flags_line(dict(t.params))}
+
+    return {
+        "objectives": [{"key": o.key, "direction": o.direction} for o in results.objectives],
+        "constraints": [c.text() for c in results.constraints],
+        "baseline": tr(results.baseline_trial),
+        "best": tr(results.best_trial),
+        "improvement": results.improvement(),
+        "pareto_front": [tr(results.trial(n)) for n in results.pareto],
+        "trials": [tr(t) for t in results.trials],
+        **extra,
+    }
+
+
+def write_outputs(out: Path, results: Results, study: optuna.Study,
+                  **extra: Any) -> list[Path]:
+    """``result.json`` and the plots (HTML with plotly, PNG with matplotlib)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "result.json"]
+    written[0].write_text(json.dumps(to_json(results, **extra), indent=2) + "\n")
+    from chunktune.tuning import plots
+
+    written += plots.write(out, study, results)
+    return written

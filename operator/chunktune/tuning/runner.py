@@ -1,0 +1,423 @@
+"""The tuning loop: ask Optuna, check, launch, measure, tell — until the budget is spent or the
+study has converged.
+
+Shared by ``chunktune tune`` and the operator; only the backend differs. Trial 0 is the
+engine's default configuration. Points vLLM would refuse, or that the memory model predicts to
+fail (``budget.prescreen``), are recorded without launching (``SKIPPED``) and do not count
+against ``maxTrials``; start-up failures of launched engines are ``INFEASIBLE``. Both are told
+to Optuna as complete trials whose ``engine_starts`` constraint is violated, so constrained
+samplers learn where the engine does not start. SLOs are further constraints.
+
+Restart safety: every trial's state lives in the study storage. A trial found RUNNING when the
+loop starts was left by a process that died: the backend may re-attach to it
+(:meth:`TrialBackend.recover`); if it cannot, the trial is closed as FAIL with reason
+``Interrupted`` (not counted) and its point is queued again, so nothing is lost or repeated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from chunktune.api.v1alpha1 import ChunkedPrefillTuning
+from chunktune.backends.base import EngineTarget, TrialBackend, TrialPlan, TrialResult, flags_line
+from chunktune.errors import SpecError
+from chunktune.tuning import space
+from chunktune.tuning import study as st
+from chunktune.tuning.objectives import (
+    STARTUP_CONSTRAINT,
+    ConstraintDef,
+    ObjectiveDef,
+    objective_values,
+    slos_for_goodput,
+)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+log = logging.getLogger(__name__)
+
+#: How many points may be skipped (refused or predicted to fail) per counted trial before the
+#: loop gives up on finding launchable points.
+MAX_SKIPS_PER_TRIAL = 5
+
+
+@dataclass
+class TrialEvent:
+    """What happened to one trial (for progress lines, Kubernetes events, status)."""
+
+    kind: str  # started | finished
+    number: int
+    point: dict[str, Any]
+    state: str = "RUNNING"
+    reason: str | None = None
+    message: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    baseline: bool = False
+
+
+def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
+    e = tuning.spec.engine
+    return EngineTarget(
+        kind=e.kind, model=e.model, served_model_name=e.served_model_name or e.model,
+        gpu=e.gpu.type, gpu_count=e.gpu.count or e.tensor_parallel_size,
+        tensor_parallel_size=e.tensor_parallel_size, image=e.image,
+        fixed_args=tuple(tuning.spec.engine_fixed_args()),
+        env=tuple(v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in e.env),
+        hf_config=e.hf_config, port=e.port, startup_timeout=e.startup_timeout,
+    )
+
+
+class Tuner:
+    """One study's loop. ``on_event`` sees every trial start and end; ``on_update`` is called
+    after each tell (to print progress or patch a status)."""
+
+    def __init__(self, tuning: ChunkedPrefillTuning, backend: TrialBackend, storage: str,
+                 on_event: Callable[[TrialEvent], None] | None = None,
+                 on_update: Callable[[Tuner], None] | None = None,
+                 window_seconds: float | None = None,
+                 stop_requested: Callable[[], bool] | None = None) -> None:
+        self.tuning = tuning
+        self.spec = tuning.spec
+        self.backend = backend
+        self.storage_url = storage
+        self.on_event = on_event or (lambda e: None)
+        self.on_update = on_update or (lambda t: None)
+        self.stop_requested = stop_requested or (lambda: False)
+        self.params = list(self.spec.search_space or [])
+        self.objectives = [ObjectiveDef.from_spec(o) for o in self.spec.objectives]
+        self.constraints = [ConstraintDef.from_spec(c) for c in self.spec.constraints]
+        self.target = target_from_spec(tuning)
+        self.context = space.EngineContext.build(self.target)
+        self.profile = self.spec.workload.resolve()
+        self.slos = slos_for_goodput(self.constraints)
+        self.window_seconds = window_seconds or _default_window(self.profile.duration,
+                                                                self.profile.warmup)
+        directions = [o.direction for o in self.objectives]
+        sampler = st.make_sampler(tuning, len(directions), bool(self.constraints))
+        pruner = st.make_pruner(tuning, len(directions))
+        self.study = st.open_study(tuning, st.open_storage(storage), directions, sampler,
+                                   pruner)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
+        self.started = time.monotonic()
+        self.stop_reason: str | None = None
+
+    # ---- counts ----------------------------------------------------------------------------
+
+    def trials(self) -> list[optuna.trial.FrozenTrial]:
+        return self.study.get_trials(deepcopy=False)
+
+    def counts(self) -> dict[str, int]:
+        out = {"COMPLETE": 0, "INFEASIBLE": 0, "SKIPPED": 0, "FAIL": 0, "PRUNED": 0,
+               "RUNNING": 0, "WAITING": 0, "INTERRUPTED": 0}
+        for t in self.trials():
+            s = st.trial_state(t)
+            if s == "FAIL" and t.user_attrs.get(st.ATTR_REASON) == "Interrupted":
+                s = "INTERRUPTED"
+            out[s] = out.get(s, 0) + 1
+        return out
+
+    def counted(self) -> int:
+        """Trials that count against ``maxTrials``: every launched trial that ended."""
+        c = self.counts()
+        return c["COMPLETE"] + c["INFEASIBLE"] + c["FAIL"] + c["PRUNED"]
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> str:
+        """Run until done; returns why it stopped (``budget``, ``converged``, ``failures``,
+        ``duration``, ``exhausted``, ``stopped``)."""
+        await self._recover()
+        self._enqueue_baseline()
+        budget = self.spec.budget
+        parallel = max(1, min(budget.parallelism, self.backend.max_parallel))
+        running: set[asyncio.Task[None]] = set()
+        skips = 0
+        while True:
+            reason = self._should_stop(len(running))
+            if reason:
+                if not running:
+                    self.stop_reason = reason
+                    break
+                if reason in ("stopped", "duration", "failures"):
+                    for task in running:
+                        task.cancel()
+                    await asyncio.gather(*running, return_exceptions=True)
+                    running.clear()
+                    self.stop_reason = reason
+                    break
+            elif len(running) < parallel:
+                if skips > MAX_SKIPS_PER_TRIAL * budget.max_trials:
+                    self.stop_reason = "exhausted"
+                    break
+                trial = self.study.ask()
+                point = self._point(trial)
+                if self._reuse_duplicate(trial, point):
+                    skips += 1
+                    continue
+                problem = self.context.feasibility(point, budget.prescreen)
+                if problem is not None:
+                    skips += 1
+                    self._tell_startup_failure(trial, point, "SKIPPED", problem.reason,
+                                               problem.message)
+                    continue
+                running.add(asyncio.create_task(self._run_one(trial, point)))
+                continue
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED,
+                                         timeout=1.0)
+            for task in done:
+                running.discard(task)
+                task.result()
+        self.on_update(self)
+        return self.stop_reason or "budget"
+
+    def _should_stop(self, in_flight: int) -> str | None:
+        budget = self.spec.budget
+        if self.stop_requested():
+            return "stopped"
+        c = self.counts()
+        if c["FAIL"] and c["FAIL"] >= budget.max_failed_trials:
+            return "failures"
+        if budget.max_duration and time.monotonic() - self.started >= budget.max_duration:
+            return "duration"
+        if self.counted() + in_flight >= budget.max_trials:
+            return "budget"
+        if self._converged():
+            return "converged"
+        sampler = self.study.sampler
+        if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(self.study):
+            return "exhausted"
+        return None
+
+    def _converged(self) -> bool:
+        """``budget.patience`` counted trials in a row without improving the first objective's
+        best feasible value by ``minImprovement`` (relative)."""
+        patience = self.spec.budget.patience
+        if not patience:
+            return False
+        obj = self.objectives[0]
+        sign = 1.0 if obj.direction == "minimize" else -1.0
+        best = math.inf
+        since = 0
+        for t in self.trials():
+            state = st.trial_state(t)
+            if state not in ("COMPLETE", "INFEASIBLE", "PRUNED", "FAIL"):
+                continue
+            v = t.user_attrs.get(st.ATTR_METRICS, {}).get(obj.key)
+            ok = state == "COMPLETE" and self._feasible(t) and v is not None
+            gain = self.spec.budget.min_improvement
+            if ok and (not math.isfinite(best) or sign * v < best - abs(best) * gain):
+                best = sign * v
+                since = 0
+            else:
+                since += 1
+        return math.isfinite(best) and since >= patience
+
+    def _reuse_duplicate(self, trial: optuna.Trial, point: dict[str, Any]) -> bool:
+        """A point already measured is not launched again: the trial is recorded as SKIPPED
+        (reason ``Duplicate``) with the earlier trial's values and constraints, so the sampler
+        still learns from it. Does not count against ``maxTrials``."""
+        if trial.user_attrs.get(st.ATTR_BASELINE):
+            return False
+        for t in self.trials():
+            if t.number == trial.number or st.trial_state(t) not in ("COMPLETE", "INFEASIBLE"):
+                continue
+            if st.point_of(t) != point or t.values is None:
+                continue
+            trial.set_user_attr(st.ATTR_STATE, "SKIPPED")
+            trial.set_user_attr(st.ATTR_REASON, "Duplicate")
+            trial.set_user_attr(st.ATTR_MESSAGE, f"same configuration as trial {t.number}")
+            trial.set_user_attr(st.ATTR_METRICS, t.user_attrs.get(st.ATTR_METRICS) or {})
+            for key, value in (t.constraints or {}).items():
+                trial.set_constraint(key, value)
+            self.study.tell(trial, list(t.values))
+            self.on_update(self)
+            return True
+        return False
+
+    def _feasible(self, t: optuna.trial.FrozenTrial) -> bool:
+        return all(v <= 0 for v in t.constraints.values())
+
+    def _point(self, trial: optuna.Trial) -> dict[str, Any]:
+        """The trial's configuration. A queued point (the baseline, a re-run) is taken as it
+        is; only its values Optuna can record under the search space become trial params, so
+        the sampler never learns a value the trial did not run."""
+        fixed = trial.user_attrs.get(st.ATTR_POINT)
+        if fixed:
+            dists = space.distributions(self.params)
+            recordable = [p for p in self.params
+                          if p.name in fixed and space.contains(dists[p.name], fixed[p.name])]
+            point = {**space.suggest(trial, recordable), **fixed}
+        else:
+            point = space.suggest(trial, self.params)
+        trial.set_user_attr(st.ATTR_POINT, point)
+        return point
+
+    def _enqueue_baseline(self) -> None:
+        """Trial 0: vLLM's defaults for this GPU class, queued once per study."""
+        if any(t.user_attrs.get(st.ATTR_BASELINE) for t in self.trials()):
+            return
+        point = self.context.default_point(self.params)
+        dists = space.distributions(self.params)
+        representable = {k: v for k, v in point.items() if space.contains(dists[k], v)}
+        self.study.enqueue_trial(representable,
+                                 user_attrs={st.ATTR_BASELINE: True, st.ATTR_POINT: point})
+
+    async def _recover(self) -> None:
+        for t in self.trials():
+            if t.state != TrialState.RUNNING:
+                continue
+            point = st.point_of(t)
+            plan = self._plan(t.number, point)
+            result = await self.backend.recover(plan)
+            trial = optuna.Trial(self.study, t._trial_id)
+            if result is not None:
+                self._tell(trial, point, result)
+                continue
+            trial.set_user_attr(st.ATTR_STATE, "FAIL")
+            trial.set_user_attr(st.ATTR_REASON, "Interrupted")
+            trial.set_user_attr(st.ATTR_MESSAGE, "the process running this trial stopped "
+                                "before it ended; its configuration was queued again")
+            self.study.tell(trial, state=TrialState.FAIL)
+            attrs = {st.ATTR_POINT: point}
+            if t.user_attrs.get(st.ATTR_BASELINE):
+                attrs[st.ATTR_BASELINE] = True
+            dists = space.distributions(self.params)
+            self.study.enqueue_trial(
+                {k: v for k, v in point.items() if k in dists and space.contains(dists[k], v)},
+                user_attrs=attrs, skip_if_exists=False)
+
+    def _plan(self, number: int, point: dict[str, Any]) -> TrialPlan:
+        return TrialPlan(number=number, params=point, target=self.target, profile=self.profile,
+                         name=f"{self.tuning.metadata.name}-t{number}",
+                         window_seconds=self.window_seconds if self._prunable() else None,
+                         slos=self.slos)
+
+    def _prunable(self) -> bool:
+        return len(self.objectives) == 1 and self.spec.pruner.name != "none"
+
+    async def _run_one(self, trial: optuna.Trial, point: dict[str, Any]) -> None:
+        baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
+        trial.set_user_attr(st.ATTR_OWNER, self.owner)
+        self.on_event(TrialEvent("started", trial.number, point, baseline=baseline))
+        plan = self._plan(trial.number, point)
+        obj = self.objectives[0]
+
+        def report(index: int, metrics: dict[str, float]) -> bool:
+            v = metrics.get(obj.key)
+            if v is None or not math.isfinite(v) or baseline:
+                return False
+            trial.report(v, index)
+            return trial.should_prune()
+
+        t0 = time.monotonic()
+        try:
+            result = await asyncio.wait_for(
+                self.backend.run_trial(plan, report if self._prunable() else None),
+                timeout=self.spec.budget.trial_timeout)
+        except TimeoutError:
+            result = TrialResult("FAIL", reason="TrialTimeout",
+                                 message=f"the trial did not end within "
+                                         f"{self.spec.budget.trial_timeout:g} s (trialTimeout)")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a broken trial, not a broken study
+            log.exception("trial %d broke", trial.number)
+            result = TrialResult("FAIL", reason="BackendError", message=f"{type(e).__name__}: "
+                                                                          f"{e}")
+        trial.set_user_attr(st.ATTR_TIMES, {"wall": time.monotonic() - t0,
+                                            "startup": result.startup_seconds,
+                                            "load": result.load_seconds})
+        self._tell(trial, point, result)
+
+    # ---- telling Optuna --------------------------------------------------------------------
+
+    def _tell(self, trial: optuna.Trial, point: dict[str, Any], result: TrialResult) -> None:
+        baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
+        if result.state == "INFEASIBLE":
+            self._tell_startup_failure(trial, point, "INFEASIBLE", result.reason or "Startup",
+                                       result.message or "")
+            return
+        trial.set_user_attr(st.ATTR_METRICS, result.metrics)
+        if result.server:
+            trial.set_user_attr(st.ATTR_SERVER, _jsonable(result.server))
+        if result.reason:
+            trial.set_user_attr(st.ATTR_REASON, result.reason)
+        if result.message:
+            trial.set_user_attr(st.ATTR_MESSAGE, result.message[-2000:])
+        values = objective_values(self.objectives, result.metrics)
+        if result.state == "COMPLETE" and values is None:
+            result.state = "FAIL"
+            trial.set_user_attr(st.ATTR_REASON, "NoMeasurements")
+            trial.set_user_attr(st.ATTR_MESSAGE, "no request completed, so the objectives "
+                                "could not be measured")
+        trial.set_user_attr(st.ATTR_STATE, result.state)
+        if result.state == "COMPLETE":
+            trial.set_constraint(STARTUP_CONSTRAINT, -1.0)
+            for c in self.constraints:
+                trial.set_constraint(c.key, c.violation(result.metrics))
+            self.study.tell(trial, values)
+        elif result.state == "PRUNED":
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+        self.on_event(TrialEvent("finished", trial.number, point, result.state, result.reason,
+                                 result.message, result.metrics, baseline))
+        self.on_update(self)
+
+    def _tell_startup_failure(self, trial: optuna.Trial, point: dict[str, Any], state: str,
+                              reason: str, message: str) -> None:
+        """A point the engine cannot start at: feasible = False through the constraint, with
+        the worst objective values seen so far as placeholders (what the samplers compare)."""
+        baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
+        trial.set_user_attr(st.ATTR_STATE, state)
+        trial.set_user_attr(st.ATTR_REASON, reason)
+        trial.set_user_attr(st.ATTR_MESSAGE, message[-2000:])
+        trial.set_constraint(STARTUP_CONSTRAINT, 1.0)
+        for c in self.constraints:
+            trial.set_constraint(c.key, 1.0)
+        self.study.tell(trial, self._placeholder_values())
+        self.on_event(TrialEvent("finished", trial.number, point, state, reason, message,
+                                 baseline=baseline))
+        self.on_update(self)
+
+    def _placeholder_values(self) -> list[float]:
+        out = []
+        for i, o in enumerate(self.objectives):
+            seen = [t.values[i] for t in self.trials()
+                    if t.state == TrialState.COMPLETE and t.values is not None
+                    and st.trial_state(t) == "COMPLETE"]
+            if seen:
+                worst = max(seen) if o.direction == "minimize" else min(seen)
+                out.append(worst * 2 if o.direction == "minimize" else worst / 2)
+            else:
+                out.append(1e4 if o.direction == "minimize" else 0.0)
+        return out
+
+
+def _default_window(duration: float, warmup: float) -> float:
+    """About ten pruning windows per trial, at least 5 s each."""
+    return max(5.0, (duration - warmup) / 10)
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, int | float | str | bool) or v is None:
+            out[k] = v
+    return out
+
+
+def flags_of(point: dict[str, Any]) -> str:
+    return flags_line(point)
+
+
+__all__ = ["SpecError", "TrialEvent", "Tuner", "flags_of", "target_from_spec"]

@@ -1,0 +1,74 @@
+"""Resume after a kill: the process dies mid-trial; rerunning the same file with the same
+storage continues the study, losing and repeating nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import yaml
+
+from chunktune.tuning import study as st
+from tests.tuning.conftest import manifest
+
+
+def _load(storage):
+    return optuna.load_study(study_name="test/t", storage=st.open_storage(str(storage)))
+
+
+def test_kill_mid_trial_then_resume(tmp_path):
+    m = manifest(budget={"maxTrials": 6}, workload={"profile": "mixed", "duration": "120s",
+                                                    "warmup": "5s"})
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(m))
+    storage = tmp_path / "s.journal"
+    cmd = [sys.executable, "-m", "chunktune", "tune", str(path), "--storage", str(storage)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    killed_trial = None
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if storage.exists():
+                trials = _load(storage).trials
+                done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+                running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING
+                           and st.ATTR_OWNER in t.user_attrs]
+                if len(done) >= 2 and running:
+                    killed_trial = running[0].number
+                    proc.send_signal(signal.SIGKILL)
+                    break
+            time.sleep(0.02)
+    finally:
+        proc.wait(timeout=30)
+    assert killed_trial is not None, "never caught a running trial"
+    left = _load(storage)
+    interrupted_point = st.point_of(left.trials[killed_trial])
+    assert left.trials[killed_trial].state == optuna.trial.TrialState.RUNNING
+
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "resuming" in out.stdout
+    final = _load(storage)
+    trials = final.trials
+    # the interrupted trial is closed, not counted, and its point ran again afterwards
+    t = trials[killed_trial]
+    assert t.state == optuna.trial.TrialState.FAIL
+    assert t.user_attrs[st.ATTR_REASON] == "Interrupted"
+    later = [x for x in trials[killed_trial + 1:] if st.point_of(x) == interrupted_point
+             and st.trial_state(x) in ("COMPLETE", "INFEASIBLE", "PRUNED")]
+    assert len(later) == 1
+    # nothing lost: every trial has ended, and maxTrials were counted
+    assert all(x.state != optuna.trial.TrialState.RUNNING for x in trials)
+    counted = [x for x in trials if st.trial_state(x) in ("COMPLETE", "INFEASIBLE", "PRUNED")
+               or (st.trial_state(x) == "FAIL" and x.user_attrs.get(st.ATTR_REASON)
+                   != "Interrupted")]
+    assert len(counted) == 6
+    # nothing repeated: no launched point was measured twice
+    launched = [tuple(sorted(st.point_of(x).items())) for x in counted]
+    assert len(launched) == len(set(launched))
+    assert sum(bool(x.user_attrs.get(st.ATTR_BASELINE)) for x in counted) == 1

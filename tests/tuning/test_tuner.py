@@ -1,0 +1,205 @@
+"""The tuning loop on the simulated backend: baseline first, infeasible points learned,
+constraints, pruning, Pareto output, duplicates, budget accounting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import optuna
+import pytest
+
+from chunktune.backends.simulated import SimulatedBackend
+from chunktune.errors import SpecError
+from chunktune.tuning import study as st
+from chunktune.tuning.results import collect, format_results
+from chunktune.tuning.runner import Tuner
+
+
+def run(tuning, storage, **kw):
+    tuner = Tuner(tuning, SimulatedBackend(), str(storage), **kw)
+    why = asyncio.run(tuner.run())
+    return tuner, why
+
+
+def test_baseline_is_trial_zero_with_vllm_defaults(make_tuning, tmp_path):
+    tuner, why = run(make_tuning(), tmp_path / "s.journal")
+    first = tuner.study.trials[0]
+    assert first.number == 0 and first.user_attrs[st.ATTR_BASELINE]
+    # H100 serve defaults: budget 8192, threshold 0 (facts §1)
+    assert st.point_of(first) == {"max-num-batched-tokens": 8192,
+                                  "long-prefill-token-threshold": 0}
+    res = collect(tuner.study, tuner.objectives, tuner.constraints)
+    assert res.baseline == 0
+    assert why == "budget" and tuner.counted() == 8
+    text = format_results(res)
+    assert "baseline = trial 0" in text and "flags: --max-num-batched-tokens" in text
+
+
+def test_finds_better_than_baseline_within_constraints(make_tuning, tmp_path):
+    tuner, _ = run(make_tuning(budget={"maxTrials": 16}), tmp_path / "s.journal")
+    res = collect(tuner.study, tuner.objectives, tuner.constraints)
+    best, base = res.best_trial, res.baseline_trial
+    assert best is not None and best.number != 0
+    assert best.metrics["chat.ttft_p99"] < 0.5 * base.metrics["chat.ttft_p99"]
+    assert best.metrics["chat.itl_p99"] <= 0.060 and best.metrics["error_rate"] <= 0.01
+    assert res.improvement().startswith("-")
+    # constraints are Optuna constraints, not penalties: every complete trial has them
+    for t in tuner.study.trials:
+        if st.trial_state(t) == "COMPLETE":
+            assert set(t.constraints) == {"engine_starts", "chat.itl_p99", "error_rate"}
+
+
+def test_startup_oom_is_infeasible_and_learned(make_tuning, tmp_path):
+    # On a 24 GB L4 an 8B model only starts with a small budget: above ~16k tokens the
+    # activation peak leaves no KV cache (or one too small for max_model_len).
+    tuning = make_tuning(
+        engine={"kind": "sim", "model": "llama-3.1-8b", "gpu": {"type": "l4"},
+                "args": ["--max-model-len", "8192"]},
+        searchSpace=[{"name": "max-num-batched-tokens", "type": "int", "low": 1024,
+                      "high": 65536, "step": 1024},
+                     {"name": "max-num-seqs", "choices": [32, 64, 128]}],
+        workload={"profile": "chat", "duration": "30s", "warmup": "2s", "rate": 2},
+        objectives=[{"metric": "ttft_p99"}], constraints=["error_rate <= 1%"],
+        budget={"maxTrials": 24, "prescreen": False},
+    )
+    tuner, _ = run(tuning, tmp_path / "s.journal")
+    trials = [t for t in tuner.study.trials if st.trial_state(t) != "SKIPPED"]
+    infeasible = [t for t in trials if st.trial_state(t) == "INFEASIBLE"]
+    assert infeasible, "no start-up failure was hit"
+    for t in infeasible:
+        assert t.user_attrs[st.ATTR_REASON] in ("KVCacheTooSmall", "MaxModelLenTooLarge",
+                                                "EngineOOM")
+        assert "ValueError" in t.user_attrs[st.ATTR_MESSAGE] or "OutOfMemory" in \
+            t.user_attrs[st.ATTR_MESSAGE]
+        assert t.constraints["engine_starts"] > 0  # told through the constraint
+    # learned: the second half proposes fewer failing points than the first
+    half = len(trials) // 2
+    early = sum(st.trial_state(t) == "INFEASIBLE" for t in trials[1:half])
+    late = sum(st.trial_state(t) == "INFEASIBLE" for t in trials[half:])
+    assert late < early, (early, late)
+    best = collect(tuner.study, tuner.objectives, tuner.constraints).best_trial
+    assert best is not None and best.params["max-num-batched-tokens"] < 20000
+
+
+def test_prescreen_skips_predicted_failures_without_counting(make_tuning, tmp_path):
+    tuning = make_tuning(
+        engine={"kind": "sim", "model": "llama-3.1-8b", "gpu": {"type": "l4"},
+                "args": ["--max-model-len", "8192"]},
+        searchSpace=[{"name": "max-num-batched-tokens", "type": "int", "low": 1024,
+                      "high": 65536, "step": 1024}],
+        workload={"profile": "chat", "duration": "20s", "warmup": "2s", "rate": 2},
+        objectives=[{"metric": "ttft_p99"}], constraints=[],
+        budget={"maxTrials": 10, "prescreen": True},
+    )
+    tuner, _ = run(tuning, tmp_path / "s.journal")
+    c = tuner.counts()
+    assert c["SKIPPED"] > 0 and c["INFEASIBLE"] == 0
+    assert tuner.counted() == 10
+    skipped = [t for t in tuner.study.trials if st.trial_state(t) == "SKIPPED"
+               and t.user_attrs[st.ATTR_REASON] != "Duplicate"]
+    assert all(t.user_attrs[st.ATTR_REASON].startswith("Predicted") for t in skipped)
+
+
+def test_refused_combinations_are_never_launched(make_tuning, tmp_path):
+    tuning = make_tuning(
+        searchSpace=[{"name": "max-num-batched-tokens", "choices": [256, 512, 4096]},
+                     {"name": "max-num-seqs", "choices": [128, 1024]}],
+        workload={"profile": "smoke", "duration": "10s", "warmup": "1s"},
+        constraints=[], budget={"maxTrials": 4, "prescreen": False},
+        sampler={"name": "grid", "seed": 0})
+    launched = []
+
+    class Spy(SimulatedBackend):
+        async def run_trial(self, plan, report=None):
+            launched.append(plan.params)
+            return await super().run_trial(plan, report)
+
+    tuner = Tuner(tuning, Spy(), str(tmp_path / "s.journal"))
+    asyncio.run(tuner.run())
+    assert all(p["max-num-batched-tokens"] >= p["max-num-seqs"] for p in launched)
+    rejected = [t for t in tuner.study.trials if t.user_attrs.get(st.ATTR_REASON)
+                == "ConfigRejected"]
+    assert rejected and all("must be greater than or equal to max_num_seqs" in
+                            t.user_attrs[st.ATTR_MESSAGE] for t in rejected)
+
+
+def test_pruned_trials_are_recorded(make_tuning, tmp_path):
+    tuning = make_tuning(
+        budget={"maxTrials": 14}, pruner={"name": "median", "warmupWindows": 2},
+        workload={"profile": "mixed", "duration": "80s", "warmup": "5s"})
+    tuner, _ = run(tuning, tmp_path / "s.journal")
+    pruned = [t for t in tuner.study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned, "nothing was pruned"
+    for t in pruned:
+        assert st.trial_state(t) == "PRUNED" and t.intermediate_values
+        assert t.user_attrs[st.ATTR_METRICS]  # what it measured before it was stopped
+
+
+def test_pareto_front_for_two_objectives(make_tuning, tmp_path):
+    tuning = make_tuning(objectives=[{"metric": "ttft_p99", "class": "chat"},
+                                     {"metric": "ttft_p99", "class": "long-context"}],
+                         constraints=["error_rate <= 1%"], budget={"maxTrials": 12},
+                         sampler={"name": "nsga2", "seed": 0})
+    tuner, _ = run(tuning, tmp_path / "s.journal")
+    res = collect(tuner.study, tuner.objectives, tuner.constraints)
+    assert len(res.pareto) >= 2
+    pts = {n: (res.trial(n).metrics["chat.ttft_p99"], res.trial(n).metrics[
+        "long-context.ttft_p99"]) for n in res.pareto}
+    for a, va in pts.items():  # nobody on the front dominates anybody else on it
+        for b, vb in pts.items():
+            if a != b:
+                assert not (vb[0] <= va[0] and vb[1] <= va[1] and vb != va)
+    assert "Pareto front" in format_results(res)
+
+
+def test_duplicates_are_not_relaunched(make_tuning, tmp_path):
+    tuning = make_tuning(searchSpace=[{"name": "long-prefill-token-threshold",
+                                       "choices": [0, 512]}],
+                         workload={"profile": "smoke", "duration": "10s", "warmup": "1s"},
+                         budget={"maxTrials": 3})
+    launched = []
+
+    class Spy(SimulatedBackend):
+        async def run_trial(self, plan, report=None):
+            launched.append(dict(plan.params))
+            return await super().run_trial(plan, report)
+
+    tuner = Tuner(tuning, Spy(), str(tmp_path / "s.journal"))
+    why = asyncio.run(tuner.run())
+    assert why == "exhausted"  # only two distinct points exist
+    assert len(launched) == len({tuple(sorted(p.items())) for p in launched})
+
+
+def test_storage_with_another_search_is_refused(make_tuning, tmp_path):
+    run(make_tuning(budget={"maxTrials": 2}), tmp_path / "s.journal")
+    other = make_tuning(objectives=[{"metric": "e2e_p99"}], budget={"maxTrials": 2})
+    with pytest.raises(SpecError, match="different engine, search space"):
+        Tuner(other, SimulatedBackend(), str(tmp_path / "s.journal"))
+
+
+def test_rerun_continues_the_study(make_tuning, tmp_path):
+    storage = tmp_path / "s.journal"
+    run(make_tuning(budget={"maxTrials": 4}), storage)
+    t2, _ = run(make_tuning(budget={"maxTrials": 7}), storage)
+    assert t2.counted() == 7
+    numbers = [t.number for t in t2.study.trials]
+    assert numbers == sorted(set(numbers))
+    assert sum(bool(t.user_attrs.get(st.ATTR_BASELINE)) for t in t2.study.trials) == 1
+
+
+def test_max_failed_trials_stops_the_study(make_tuning, tmp_path):
+    class Broken(SimulatedBackend):
+        async def run_trial(self, plan, report=None):
+            raise RuntimeError("node lost")
+
+    tuning = make_tuning(budget={"maxTrials": 10, "maxFailedTrials": 2})
+    tuner = Tuner(tuning, Broken(), str(tmp_path / "s.journal"))
+    assert asyncio.run(tuner.run()) == "failures"
+    assert tuner.counts()["FAIL"] == 2
+    assert tuner.study.trials[0].user_attrs[st.ATTR_MESSAGE] == "RuntimeError: node lost"
+
+
+def test_patience_converges(make_tuning, tmp_path):
+    tuning = make_tuning(budget={"maxTrials": 40, "patience": 4, "minImprovement": 0.05})
+    tuner, why = run(tuning, tmp_path / "s.journal")
+    assert why == "converged" and tuner.counted() < 40
