@@ -19,7 +19,7 @@ from typing import Any
 
 from chunktune.api.metrics import METRICS, PERCENTILES, metric_key
 from chunktune.api.v1alpha1 import Constraint, Objective
-from chunktune.load.summary import ClassSummary, LoadSummary
+from chunktune.load.summary import ClassSummary, LoadSummary, Window
 
 LATENCIES = ("ttft", "itl", "e2e", "tpot")
 #: Constraint key Optuna records for "the engine did not start" (or was predicted not to).
@@ -56,6 +56,15 @@ def flatten(summary: LoadSummary, server: Mapping[str, Any] | None = None) -> di
         v = (server or {}).get(key)
         if v is not None and math.isfinite(float(v)):
             out[key] = float(v)
+    return out
+
+
+def flatten_window(w: Window) -> dict[str, float]:
+    """The metrics of one intermediate window (the requests that ended in it), for pruning by
+    backends that see the load driver's windows rather than every request."""
+    out = _class_metrics(w.overall, "")
+    for name, cs in w.classes.items():
+        out.update(_class_metrics(cs, f"{name}."))
     return out
 
 

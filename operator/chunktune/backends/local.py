@@ -1,0 +1,272 @@
+"""The ``local`` backend: engines and the load driver as processes on this machine.
+
+A trial starts ``chunktune sim serve`` (``engine.kind: sim``) or ``vllm serve`` (``engine.kind:
+vllm``, on a machine with a GPU and the optional ``vllm`` extra) on a free loopback port with the
+trial's flags, waits for ``/health``, scrapes ``/metrics``, runs ``chunktune load run`` (Locust,
+in its own process), samples ``/metrics`` while it runs (for the KV-usage peak), scrapes again,
+and stops the engine. An engine that exits before it serves is classified from its exit code
+and log (:mod:`chunktune.backends.classify`): vLLM's OOM and KV-cache messages make the point
+``INFEASIBLE``, anything else is a failed trial. ``parallelism`` trials run side by side, each
+on its own ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
+from chunktune.backends.classify import classify
+from chunktune.errors import BackendUnavailable
+from chunktune.load.summary import LoadSummary, Window
+from chunktune.metrics.promtext import Scrape, server_metrics
+from chunktune.tuning.objectives import flatten, flatten_window
+
+#: Seconds between /metrics samples during the load (KV-usage peak).
+SAMPLE_INTERVAL = 1.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class LocalBackend(TrialBackend):
+    name = "local"
+
+    def __init__(self, max_parallel: int = 1, host: str = "127.0.0.1",
+                 load_time: float = 0.5, workdir: str | Path | None = None,
+                 python: str = sys.executable, keep_logs: bool = False) -> None:
+        self.max_parallel = max_parallel
+        self.host = host
+        self.load_time = load_time
+        self.python = python
+        self.keep_logs = keep_logs
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="chunktune-local-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._procs: set[asyncio.subprocess.Process] = set()
+
+    # ---- commands --------------------------------------------------------------------------
+
+    def engine_command(self, plan: TrialPlan, port: int) -> list[str]:
+        t = plan.target
+        flags = plan.engine_flags()
+        served = ["--served-model-name", t.served_model_name]
+        if t.kind == "sim":
+            cmd = [self.python, "-m", "chunktune", "sim", "serve", "--model", t.model,
+                   "--gpu", t.gpu or "h100-sxm", "--host", self.host, "--port", str(port),
+                   "--load-time", str(self.load_time), *served, *flags]
+            if t.hf_config:
+                cfg = self.workdir / f"{plan.name or plan.number}-config.json"
+                cfg.write_text(json.dumps(t.hf_config))
+                cmd += ["--model-config", str(cfg)]
+            return cmd
+        if t.kind == "vllm":
+            exe = shutil.which("vllm")
+            if exe is None:
+                raise BackendUnavailable(
+                    "engine.kind vllm needs `vllm` on PATH (pip install 'chunktune[vllm]' on a "
+                    "machine with a GPU); use engine.kind sim to tune the simulator")
+            return [exe, "serve", t.model, "--host", self.host, "--port", str(port), *served,
+                    *flags]
+        raise BackendUnavailable(f"the local backend cannot run engine.kind {t.kind!r}")
+
+    def load_command(self, plan: TrialPlan, url: str, profile_path: Path, out: Path,
+                     windows: Path | None) -> list[str]:
+        cmd = [self.python, "-m", "chunktune", "load", "run", "--target", url,
+               "--profile", str(profile_path), "--model", plan.target.served_model_name,
+               "--out", str(out), "--drain-timeout", f"{plan.drain_timeout:g}s", "--quiet"]
+        if windows is not None and plan.window_seconds:
+            cmd += ["--windows", f"{plan.window_seconds:g}s", "--windows-out", str(windows)]
+        for cls, slo in plan.slos.items():
+            for metric, value in slo.items():
+                cmd += ["--slo", f"{'' if cls == '*' else cls + ':'}{metric}={value:g}"]
+        return cmd
+
+    def _env(self, plan: TrialPlan) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        for var in plan.target.env:
+            if "value" in var:
+                env[var["name"]] = str(var["value"])
+            # secretKeyRef/configMapKeyRef: a local run takes the variable from this
+            # environment, where the user has it (HF_TOKEN), since there is no Secret here.
+        return env
+
+    # ---- a trial ---------------------------------------------------------------------------
+
+    async def run_trial(self, plan: TrialPlan, report: Reporter | None = None) -> TrialResult:
+        tag = f"{plan.name or 'trial'}-{plan.number}"
+        port = free_port(self.host)
+        url = f"http://{self.host}:{port}"
+        log_path = self.workdir / f"{tag}-engine.log"
+        t0 = time.monotonic()
+        cmd = self.engine_command(plan, port)
+        with log_path.open("wb") as log:
+            engine = await asyncio.create_subprocess_exec(
+                *cmd, stdout=log, stderr=asyncio.subprocess.STDOUT, env=self._env(plan),
+                start_new_session=True)
+        self._procs.add(engine)
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+                ready = await self._wait_ready(engine, http, url, plan.target.startup_timeout)
+                startup = time.monotonic() - t0
+                if not ready:
+                    return self._startup_failure(engine, log_path, startup,
+                                                 plan.target.startup_timeout)
+                return await self._measure(plan, http, url, tag, startup, report)
+        finally:
+            await self._stop(engine)
+            self._procs.discard(engine)
+            if not self.keep_logs:
+                with contextlib.suppress(OSError):
+                    log_path.unlink()
+
+    async def _wait_ready(self, proc: asyncio.subprocess.Process, http: aiohttp.ClientSession,
+                          url: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                return False
+            try:
+                async with http.get(url + "/health") as r:
+                    if r.status == 200:
+                        return True
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 0.1)
+        return False
+
+    def _startup_failure(self, proc: asyncio.subprocess.Process, log_path: Path,
+                         startup: float, timeout: float) -> TrialResult:
+        text = log_path.read_text(errors="replace")[-20000:]
+        if proc.returncode is None:
+            return TrialResult("FAIL", reason="StartupTimeout",
+                               message=f"the engine did not answer /health within {timeout:g} s"
+                                       f" (engine.startupTimeout); last log lines:\n"
+                               + "\n".join(text.splitlines()[-5:]), startup_seconds=startup)
+        f = classify(proc.returncode, text)
+        return TrialResult("INFEASIBLE" if f.infeasible else "FAIL", reason=f.reason,
+                           message=f.message, startup_seconds=startup)
+
+    async def _measure(self, plan: TrialPlan, http: aiohttp.ClientSession, url: str, tag: str,
+                       startup: float, report: Reporter | None) -> TrialResult:
+        profile_path = self.workdir / f"{tag}-profile.yaml"
+        profile_path.write_text(yaml.safe_dump(plan.profile.to_dict(), sort_keys=False))
+        out = self.workdir / f"{tag}-summary.json"
+        windows = self.workdir / f"{tag}-windows.jsonl" if report else None
+        before = await _scrape(http, url)
+        t1 = time.monotonic()
+        load = await asyncio.create_subprocess_exec(
+            *self.load_command(plan, url, profile_path, out, windows),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            env=self._env(plan), start_new_session=True)
+        self._procs.add(load)
+        kv: list[float] = []
+        seen = 0
+        pruned_at: int | None = None
+        err_task = asyncio.create_task(load.stderr.read())  # type: ignore[union-attr]
+        try:
+            while load.returncode is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(load.wait(), SAMPLE_INTERVAL)
+                s = await _scrape(http, url)
+                if s is not None:
+                    v = s.total("vllm:kv_cache_usage_perc")
+                    if v is not None:
+                        kv.append(v)
+                if windows is not None and report is not None and windows.exists():
+                    lines = windows.read_text().splitlines()
+                    for line in lines[seen:]:
+                        w = Window.from_dict(json.loads(line))
+                        if not w.warmup and report(w.index, flatten_window(w)):
+                            pruned_at = w.index
+                            break
+                    seen = len(lines)
+                    if pruned_at is not None:
+                        load.terminate()
+                        await load.wait()
+                        break
+        finally:
+            self._procs.discard(load)
+            if load.returncode is None:
+                await _kill(load)
+        stderr = (await err_task).decode(errors="replace")
+        load_s = time.monotonic() - t1
+        after = await _scrape(http, url)
+        server: dict[str, Any] = {}
+        if before is not None and after is not None:
+            server = server_metrics(before, after, load_s, kv)
+        if pruned_at is not None:
+            return TrialResult("PRUNED", reason="Pruned", metrics=_window_metrics(windows),
+                               server=server, startup_seconds=startup, load_seconds=load_s,
+                               pruned_at=pruned_at)
+        if load.returncode != 0 or not out.exists():
+            return TrialResult("FAIL", reason="LoadFailed",
+                               message=f"chunktune load run exited {load.returncode}: "
+                                       + "\n".join(stderr.strip().splitlines()[-5:]),
+                               server=server, startup_seconds=startup, load_seconds=load_s)
+        summary = LoadSummary.from_dict(json.loads(out.read_text()))
+        return TrialResult("COMPLETE", metrics=flatten(summary, server), summary=summary,
+                           server=server, startup_seconds=startup, load_seconds=load_s)
+
+    async def _stop(self, proc: asyncio.subprocess.Process) -> None:
+        if proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            await _kill(proc)
+
+    async def close(self) -> None:
+        for p in list(self._procs):
+            await _kill(p)
+        if self._own_workdir and not self.keep_logs:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        await proc.wait()
+
+
+async def _scrape(http: aiohttp.ClientSession, url: str) -> Scrape | None:
+    try:
+        async with http.get(url + "/metrics") as r:
+            if r.status != 200:
+                return None
+            return Scrape.parse(await r.text())
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+        return None
+
+
+def _window_metrics(path: Path | None) -> dict[str, float]:
+    """The last measured window's metrics (what the pruner saw)."""
+    if path is None or not path.exists():
+        return {}
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    for d in reversed(lines):
+        w = Window.from_dict(d)
+        if not w.warmup:
+            return flatten_window(w)
+    return {}
