@@ -30,6 +30,7 @@ whichever tool replays it.
 from __future__ import annotations
 
 import math
+import os
 import random
 import re
 from dataclasses import dataclass, field, replace
@@ -44,8 +45,18 @@ ARRIVAL_MODES = ("poisson", "constant", "concurrency")
 APIS = ("completions", "chat")
 DISTS = ("constant", "uniform", "normal", "lognormal", "exponential", "choice")
 
-#: Where the shipped profiles live (the repository's ``loadtest/profiles``).
-PROFILE_DIR = Path(__file__).resolve().parents[3] / "loadtest" / "profiles"
+def _profile_dir() -> Path:
+    """Where the shipped profiles live: ``$CHUNKTUNE_PROFILES``, else the package's
+    ``chunktune/profiles`` (a link to the repository's ``loadtest/profiles``, copied into
+    wheels)."""
+    env = os.environ.get("CHUNKTUNE_PROFILES")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1] / "profiles"
+
+
+#: Where the shipped profiles live.
+PROFILE_DIR = _profile_dir()
 
 
 def parse_duration(value: Any, field_name: str) -> float:
