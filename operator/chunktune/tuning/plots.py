@@ -68,6 +68,11 @@ def write(out: Path, study: optuna.Study, results: Results) -> list[Path]:
     viol = [t for t in measured if not t.constraints_ok]
     fig.add_scatter(x=[t.number for t in viol], y=[t.metrics[o.key] for t in viol],
                     mode="markers", marker={"symbol": "x"}, name="SLO violated")
+    pruned = [t for t in others if t.state == "PRUNED" and o.key in t.metrics]
+    if pruned:
+        fig.add_scatter(x=[t.number for t in pruned], y=[t.metrics[o.key] for t in pruned],
+                        mode="markers", marker={"symbol": "circle-open"},
+                        name="pruned (value when stopped)")
     failed = [t for t in others if o.key not in t.metrics]
     if failed:
         floor = min(ys) if ys else 0
@@ -83,6 +88,9 @@ def write(out: Path, study: optuna.Study, results: Results) -> list[Path]:
     if viol:
         ax.scatter([t.number for t in viol], [t.metrics[o.key] for t in viol], marker="x",
                    label="SLO violated")
+    if pruned:
+        ax.scatter([t.number for t in pruned], [t.metrics[o.key] for t in pruned],
+                   facecolors="none", edgecolors="gray", label="pruned (value when stopped)")
     if failed:
         floor = min(ys) if ys else 0
         ax.scatter([t.number for t in failed], [floor] * len(failed), marker="v",
