@@ -1,0 +1,142 @@
+{{/*
+Names and labels shared by every template.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "chunktune.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The full name of the release's objects: fullnameOverride, else "<release>-<name>", or just the
+release name when it already contains the chart name (so `helm install chunktune ...` gives
+"chunktune", not "chunktune-chunktune"). Truncated to 63 characters (DNS label).
+*/}}
+{{- define "chunktune.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "<chart>-<version>" for the helm.sh/chart label. */}}
+{{- define "chunktune.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The labels that select the operator pod; never change them (Deployment selectors are immutable). */}}
+{{- define "chunktune.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "chunktune.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of every object of the release. */}}
+{{- define "chunktune.labels" -}}
+helm.sh/chart: {{ include "chunktune.chart" . }}
+{{ include "chunktune.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: chunktune
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/*
+User labels (list . MAP) minus the keys "chunktune.labels" already sets: the chart's own labels
+win, because the operator pod's are its Deployment's (immutable) selector.
+*/}}
+{{- define "chunktune.extraLabels" -}}
+{{- $base := include "chunktune.labels" (index . 0) | fromYaml -}}
+{{- range $k, $v := index . 1 }}
+{{- if not (hasKey $base $k) }}
+{{ $k }}: {{ $v | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "chunktune.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "chunktune.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The chunktune image, used by the operator and (CHUNKTUNE_IMAGE) by its trials. */}}
+{{- define "chunktune.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The state directory: where studies without spec.storage keep their Optuna journal. */}}
+{{- define "chunktune.stateDir" -}}
+/var/lib/chunktune
+{{- end -}}
+
+{{/* The claim that holds the state directory. */}}
+{{- define "chunktune.claimName" -}}
+{{- default (printf "%s-state" (include "chunktune.fullname" .)) .Values.persistence.existingClaim -}}
+{{- end -}}
+
+{{/*
+RBAC rules on namespaced resources: a ClusterRole's when every namespace is watched, each
+watched namespace's Role otherwise. Least privilege; each rule says what needs it.
+*/}}
+{{- define "chunktune.rules.namespaced" -}}
+# The tuning objects: kopf watches them and patches its annotations and finalizer onto them.
+- apiGroups: ["chunktune.dev"]
+  resources: ["chunkedprefilltunings"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+# Progress and results.
+- apiGroups: ["chunktune.dev"]
+  resources: ["chunkedprefilltunings/status"]
+  verbs: ["get", "patch", "update"]
+# Trial objects carry ownerReferences with blockOwnerDeletion, which the
+# OwnerReferencesPermissionEnforcement admission plugin allows only with this.
+- apiGroups: ["chunktune.dev"]
+  resources: ["chunkedprefilltunings/finalizers"]
+  verbs: ["update"]
+# Each trial's engine pod (vllm serve or chunktune sim serve); the logs say why an engine
+# failed to start, and carry the load Job's summary.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+# Each trial's load Job (chunktune load run against the engine).
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Each trial's workload profile, and spec.output.configMap (the best flags).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# kopf reports handler progress as Events on the tuning object.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# spec.output.patchDeployment: the best flags written into a serving Deployment's args.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "patch"]
+# No Secrets: trial pods only reference them (e.g. HF_TOKEN via secretKeyRef); the kubelet,
+# not the operator, reads them.
+{{- end -}}
+
+{{/* RBAC rules on cluster-scoped resources: always in a ClusterRole. */}}
+{{- define "chunktune.rules.cluster" -}}
+# kopf's namespace discovery.
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+# kopf's resource discovery (is the ChunkedPrefillTuning CRD installed, which versions).
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- end -}}
