@@ -255,6 +255,8 @@ class Tuner:
             dists = space.distributions(self.params)
             recordable = [p for p in self.params
                           if p.name in fixed and space.contains(dists[p.name], fixed[p.name])]
+            if len(recordable) < len(self.params):
+                trial.set_user_attr(st.ATTR_HIDDEN, True)
             point = {**space.suggest(trial, recordable), **fixed}
         else:
             point = space.suggest(trial, self.params)
@@ -276,7 +278,7 @@ class Tuner:
             if t.state != TrialState.RUNNING:
                 continue
             point = st.point_of(t)
-            plan = self._plan(t.number, point)
+            plan = self.plan(t.number, point)
             result = await self.backend.recover(plan)
             trial = optuna.Trial(self.study, t._trial_id)
             if result is not None:
@@ -295,7 +297,7 @@ class Tuner:
                 {k: v for k, v in point.items() if k in dists and space.contains(dists[k], v)},
                 user_attrs=attrs, skip_if_exists=False)
 
-    def _plan(self, number: int, point: dict[str, Any]) -> TrialPlan:
+    def plan(self, number: int, point: dict[str, Any]) -> TrialPlan:
         return TrialPlan(number=number, params=point, target=self.target, profile=self.profile,
                          name=f"{self.tuning.metadata.name}-t{number}",
                          window_seconds=self.window_seconds if self._prunable() else None,
@@ -308,7 +310,7 @@ class Tuner:
         baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
         trial.set_user_attr(st.ATTR_OWNER, self.owner)
         self.on_event(TrialEvent("started", trial.number, point, baseline=baseline))
-        plan = self._plan(trial.number, point)
+        plan = self.plan(trial.number, point)
         obj = self.objectives[0]
 
         def report(index: int, metrics: dict[str, float]) -> bool:
@@ -364,7 +366,10 @@ class Tuner:
             trial.set_constraint(STARTUP_CONSTRAINT, -1.0)
             for c in self.constraints:
                 trial.set_constraint(c.key, c.violation(result.metrics))
-            self.study.tell(trial, values)
+            if trial.user_attrs.get(st.ATTR_HIDDEN):
+                self.study.tell(trial, state=TrialState.FAIL)
+            else:
+                self.study.tell(trial, values)
         elif result.state == "PRUNED":
             self.study.tell(trial, state=TrialState.PRUNED)
         else:
@@ -384,7 +389,10 @@ class Tuner:
         trial.set_constraint(STARTUP_CONSTRAINT, 1.0)
         for c in self.constraints:
             trial.set_constraint(c.key, 1.0)
-        self.study.tell(trial, self._placeholder_values())
+        if trial.user_attrs.get(st.ATTR_HIDDEN):
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:
+            self.study.tell(trial, self._placeholder_values())
         self.on_event(TrialEvent("finished", trial.number, point, state, reason, message,
                                  baseline=baseline))
         self.on_update(self)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,11 @@ ATTR_BASELINE = "baseline"
 ATTR_SERVER = "server"
 ATTR_OWNER = "owner"
 ATTR_TIMES = "times"
+#: The trial ran a point outside the search space (a baseline default that is not among the
+#: choices): told to Optuna as FAIL so samplers never see a trial missing a parameter (which
+#: would make GP and multivariate TPE sample that parameter at random); our own state is in
+#: ATTR_STATE.
+ATTR_HIDDEN = "outside_search_space"
 STUDY_FINGERPRINT = "chunktune_fingerprint"
 STUDY_SPEC = "chunktune_spec"
 
@@ -82,8 +88,15 @@ def make_sampler(tuning: ChunkedPrefillTuning, n_objectives: int,
             seed=seed, multivariate=True, group=False, constant_liar=True,
             n_startup_trials=max(4, min(10, tuning.spec.budget.max_trials // 5)))
     if s.name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=max(4, min(
-            10, tuning.spec.budget.max_trials // 5)), deterministic_objective=True)
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise SpecError("the gp sampler needs PyTorch, which is not installed: "
+                            "pip install torch (or use tpe)", field="spec.sampler.name") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=max(4, min(
+                10, tuning.spec.budget.max_trials // 5)), deterministic_objective=True)
     if s.name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(
             4, min(20, tuning.spec.budget.max_trials // 3)))
