@@ -1,0 +1,192 @@
+"""Prompt synthesis and the project's one token-counting rule.
+
+The simulator has no tokenizer, so chunktune defines what "N prompt tokens" means once, here, and
+both sides use it: the load driver synthesizes prompts of exactly N tokens under
+:func:`count_tokens` / :func:`count_chat_tokens`, and the simulator counts the prompts it
+receives with the same functions (a token-id list counts as its length).
+
+Synthesized prompts are deterministic for ``(seed, key)`` (``key`` is the request id), and two
+keys differ from their first words on, so a prefix cache never matches between requests of a run.
+The words are common English words and the punctuation is ``,``/``.``-like, which most BPE
+tokenizers encode as one token each with a leading space; against a real vLLM the count under the
+model's tokenizer is therefore close to N (typically within 10-30 %), not exact. Use
+:meth:`PromptSynth.token_ids` (``--token-ids``) when the exact count matters on a real server.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "CHAT_TOKENS_BASE",
+    "CHAT_TOKENS_PER_MESSAGE",
+    "PromptSynth",
+    "count_chat_tokens",
+    "count_tokens",
+    "min_chat_tokens",
+]
+
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+
+#: Template tokens each chat message adds (role markers and separators).
+CHAT_TOKENS_PER_MESSAGE = 4
+#: Template tokens a chat prompt adds once (the assistant turn's header).
+CHAT_TOKENS_BASE = 3
+
+
+def count_tokens(text: str) -> int:
+    """Tokens in ``text`` under chunktune's rule: one per word, one per punctuation character.
+
+    A word is a maximal run of word characters (``\\w+``: letters, digits, underscore); every
+    other non-space character is a token of its own. So ``"Hello, world!"`` is 4 tokens and
+    ``"a.b"`` is 3. Exactly ``len(re.findall(r"\\w+|[^\\w\\s]", text))``.
+    """
+    return len(_TOKEN_RE.findall(text))
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):  # OpenAI content parts: [{"type": "text", "text": ...}]
+        return " ".join(str(p.get("text", "")) for p in content
+                        if isinstance(p, Mapping) and p.get("type", "text") == "text")
+    return str(content)
+
+
+def count_chat_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Prompt tokens of a chat request: the messages' contents plus the chat template.
+
+    ``sum(count_tokens(m["content"]) for m in messages) + 4 * len(messages) + 3``: each message
+    costs :data:`CHAT_TOKENS_PER_MESSAGE` (4) template tokens on top of its content, and the
+    prompt as a whole :data:`CHAT_TOKENS_BASE` (3). Content may be a string or a list of OpenAI
+    text parts (``{"type": "text", "text": ...}``, joined with spaces); roles and names are not
+    counted.
+    """
+    return (sum(count_tokens(_content_text(m.get("content"))) for m in messages)
+            + CHAT_TOKENS_PER_MESSAGE * len(messages) + CHAT_TOKENS_BASE)
+
+
+def min_chat_tokens() -> int:
+    """The shortest single-message chat prompt (one content token plus the template): 8."""
+    return 1 + CHAT_TOKENS_PER_MESSAGE + CHAT_TOKENS_BASE
+
+
+# Common English words that BPE vocabularies hold as single tokens (with a leading space).
+_WORD_TEXT = (
+    "the of and to in is was for that on as with by he at from his it an were are which this be "
+    "has had one not but have they or first new their after all time two who can also into been "
+    "more other only its when over year most some years three she her may such many city would "
+    "there during where under people world four then about made known part him up used state "
+    "while between these both them well five through than later because until no before school "
+    "being will like second each did called work life any what out since film long same great "
+    "way group day end our back high name small early much family old several against around "
+    "book game form team line number water house place music point power order story country "
+    "field light river road south north east west white black green market land center course "
+    "change report system value model level study table plan price room sound color letter voice "
+    "paper party board heart child night money month week today maybe often never always again "
+    "still ever every very quite rather simply just even almost already quickly slowly together "
+    "above below along among behind beyond inside outside within without across toward upon "
+    "make take give find keep tell show hear play move live bring write stand learn build stay "
+    "open close start turn carry hold watch follow speak read spend grow offer share reach"
+)
+_WORDS = tuple(_WORD_TEXT.split())
+_PUNCT = (",", ",", ",", ".", ".", ";", ":", "?")
+_POOL_SIZE = 1 << 16
+_HEAD_WORDS = 8  # fresh random words per prompt: 256**8 openings, so no two requests share one
+
+
+def _build_pool(seed: int) -> tuple[str, list[int], list[int]]:
+    """A long word stream: pieces of exactly one token each, as text (doubled, for wrap-around
+    slicing), the character offset where each piece starts, and one token id per piece."""
+    rng = random.Random(seed)
+    pieces: list[str] = []
+    prev_punct = True
+    for _ in range(_POOL_SIZE):
+        if not prev_punct and rng.random() < 0.09:
+            pieces.append(rng.choice(_PUNCT))  # attached to the word before: its own token
+            prev_punct = True
+        else:
+            pieces.append(" " + rng.choice(_WORDS))
+            prev_punct = False
+    text = "".join(pieces) * 2
+    offsets = [0]
+    for p in pieces * 2:
+        offsets.append(offsets[-1] + len(p))
+    ids = [rng.randrange(1000, 30000) for _ in range(_POOL_SIZE)] * 2
+    return text, offsets, ids
+
+
+_POOL: tuple[str, list[int], list[int]] | None = None
+
+
+def _pool() -> tuple[str, list[int], list[int]]:
+    global _POOL
+    if _POOL is None:
+        _POOL = _build_pool(0x5EED)
+    return _POOL
+
+
+class PromptSynth:
+    """Deterministic prompts of an exact length under :func:`count_tokens`.
+
+    ``PromptSynth(seed).text(n, key)`` is the same string on every call and in every process;
+    different keys (request ids) give different openings. Building a 32k-token prompt takes
+    well under a millisecond (a slice of a pre-built word stream), so it can run inside the
+    load generator's event loop without stalling other requests' timing.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        _pool()
+
+    def _rng(self, key: int) -> random.Random:
+        return random.Random(f"chunktune-prompt:{self.seed}:{key}")
+
+    def text(self, n: int, key: int = 0) -> str:
+        """A text of exactly ``n`` tokens (``n >= 1``)."""
+        if n < 1:
+            raise ValueError(f"a prompt needs at least one token (got {n})")
+        rng = self._rng(key)
+        head = " ".join(rng.choice(_WORDS) for _ in range(min(n, _HEAD_WORDS)))
+        rest = n - min(n, _HEAD_WORDS)
+        if not rest:
+            return head
+        text, offsets, _ = _pool()
+        parts = [head]
+        start = rng.randrange(_POOL_SIZE)
+        while rest:
+            m = min(rest, _POOL_SIZE)
+            parts.append(text[offsets[start]:offsets[start + m]])
+            rest -= m
+            start = 0
+        return "".join(parts)
+
+    def messages(self, n: int, key: int = 0) -> list[dict[str, str]]:
+        """One user message whose chat prompt is ``n`` tokens under :func:`count_chat_tokens`.
+
+        A chat prompt cannot be shorter than :func:`min_chat_tokens` (8); smaller ``n`` gives
+        that minimum.
+        """
+        content = max(1, n - CHAT_TOKENS_PER_MESSAGE - CHAT_TOKENS_BASE)
+        return [{"role": "user", "content": self.text(content, key)}]
+
+    def token_ids(self, n: int, key: int = 0) -> list[int]:
+        """``n`` token ids in [1000, 30000), for servers that take ``prompt`` as ids (exact)."""
+        if n < 1:
+            raise ValueError(f"a prompt needs at least one token (got {n})")
+        rng = self._rng(key)
+        head = [rng.randrange(1000, 30000) for _ in range(min(n, _HEAD_WORDS))]
+        rest = n - len(head)
+        _, _, ids = _pool()
+        start = rng.randrange(_POOL_SIZE)
+        while rest:
+            m = min(rest, _POOL_SIZE)
+            head.extend(ids[start:start + m])
+            rest -= m
+            start = 0
+        return head

@@ -1,0 +1,279 @@
+"""Locust side of the load driver: one User class per traffic class, and the open-loop schedule.
+
+Import this only in a process that runs Locust (it imports ``locust``, which monkey-patches the
+process for gevent): the Locust child of :mod:`chunktune.load.launcher`, or
+``loadtest/locustfile.py``.
+
+How requests are scheduled. Locust users are closed loops, but a benchmark of an LLM server needs
+open-loop arrivals (a request starts at its arrival time however many are in flight). So the
+users here do not loop: :func:`make_user_classes` builds one ``HttpUser`` subclass per traffic
+class of the profile (``weight``, ``api`` and the length distributions come from the profile),
+and a :class:`Schedule` replays the profile's request sequence (``sim.workload.generate``, the
+same sequence the simulator replays for the same seed) through them:
+
+* ``poisson`` / ``constant``: one dispatcher greenlet sleeps until each request's arrival time
+  and spawns a greenlet that sends it with its class's user, never waiting for earlier ones;
+* ``concurrency``: N worker greenlets, each sending the next request of the sequence as soon
+  as its previous one ended (closed loop, no think time); the class mix is per request, as in
+  the simulator, not per user.
+
+Requests that arrive (open loop) or start (closed loop) before ``warmup`` are marked as warm-up.
+No request starts after ``duration``; requests still running then may finish during the drain
+timeout, after which they are cancelled and recorded as ``timeout`` failures.
+
+Every request fires two Locust request events, ``name="ttft"`` and ``name="e2e"`` with the
+class name as ``request_type`` and the output tokens as ``response_length``, so Locust's UI and
+CSV show them; the numbers chunktune reports come from its own raw records, not Locust's
+rounded statistics. The HTTP requests go through the users' ``HttpSession`` (requests), called
+as a plain ``requests.Session`` so Locust does not log a third, header-time entry.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import gevent  # type: ignore[import-untyped]
+import gevent.event  # type: ignore[import-untyped]
+from gevent import GreenletExit
+from locust import HttpUser, constant
+from locust.env import Environment
+from urllib3 import PoolManager
+
+from chunktune.load.client import API_PATHS, build_body, stream_request
+from chunktune.load.config import DriverConfig
+from chunktune.load.prompts import PromptSynth, count_chat_tokens
+from chunktune.load.records import RequestRecord
+from chunktune.sim.workload import Profile, RequestSpec, TrafficClass, generate
+
+__all__ = ["LoadFailure", "Schedule", "StreamingOpenAIUser", "make_user_classes"]
+
+Sink = Callable[[dict[str, Any]], None]
+
+
+class LoadFailure(Exception):
+    """The exception a failed request is reported to Locust with (``reason: message``)."""
+
+
+class StreamingOpenAIUser(HttpUser):
+    """Sends one traffic class's requests as streaming OpenAI calls. Subclassed per class by
+    :func:`make_user_classes`; driven by a :class:`Schedule`, so it has no tasks of its own."""
+
+    abstract = True
+    wait_time = constant(0)
+    traffic_class: ClassVar[TrafficClass]
+    driver: ClassVar[DriverConfig]
+    prompt_seed: ClassVar[int] = 0
+    run_tag: ClassVar[str] = "0"
+    """Makes request ids unique across runs that share a server (vLLM refuses duplicates)."""
+    pool_manager = PoolManager(num_pools=4, maxsize=2048, block=False)
+
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)  # type: ignore[no-untyped-call]
+        cfg = self.driver
+        self.api = self.traffic_class.api
+        self.url = cfg.target.rstrip("/") + API_PATHS[self.api]
+        # The session is used as a plain requests.Session (prepare + send): HttpSession.request
+        # would log a third, header-time entry. No proxies or .netrc from the environment.
+        self.client.explicit_name = None  # read by HttpSession.prepare_request
+        self.client.trust_env = False
+        self._synth = PromptSynth(self.prompt_seed)
+        self._headers = dict(cfg.extra_headers)
+        if cfg.api_key:
+            self._headers["Authorization"] = f"Bearer {cfg.api_key}"
+        self._timeout = (cfg.connect_timeout, cfg.request_timeout)
+
+    def prompt(self, spec: RequestSpec, rid: int) -> tuple[Any, int]:
+        """The prompt for a request and its token count under chunktune's rule."""
+        n = spec.prompt_tokens
+        if self.api == "chat":
+            messages = self._synth.messages(n, rid)
+            return messages, count_chat_tokens(messages)
+        if self.driver.token_ids:
+            return self._synth.token_ids(n, rid), n
+        return self._synth.text(n, rid), n
+
+    def send(self, spec: RequestSpec, record: RequestRecord, clock0: float) -> RequestRecord:
+        prompt, n = self.prompt(spec, record.rid)
+        record.prompt_tokens = n
+        body = build_body(self.api, self.driver.model, prompt, spec.output_tokens)
+        headers = {**self._headers, "X-Request-Id": f"chunktune-{self.run_tag}-{record.rid}"}
+        stream_request(self.client, self.url, body, record, api=self.api, clock0=clock0,
+                       timeout=self._timeout, headers=headers)
+        self.report(record)
+        return record
+
+    def report(self, r: RequestRecord) -> None:
+        """Fire Locust's request events for a finished request."""
+        fire = self.environment.events.request.fire
+        name = self.traffic_class.name
+        if r.ok and r.ttft is not None:
+            fire(request_type=name, name="ttft", response_time=r.ttft * 1000.0,
+                 response_length=r.output_tokens, exception=None, context={})
+        exc = None if r.ok else LoadFailure(f"{r.reason}: {r.error}")
+        fire(request_type=name, name="e2e", response_time=(r.e2e or 0.0) * 1000.0,
+             response_length=r.output_tokens, exception=exc, context={})
+
+
+def _class_name(name: str) -> str:
+    parts = [p for p in name.replace(".", "-").replace("_", "-").split("-") if p]
+    return "".join(p[:1].upper() + p[1:] for p in parts) + "User"
+
+
+def make_user_classes(profile: Profile, cfg: DriverConfig
+                      ) -> list[type[StreamingOpenAIUser]]:
+    """One ``StreamingOpenAIUser`` subclass per traffic class, in profile order."""
+    out: list[type[StreamingOpenAIUser]] = []
+    for c in profile.classes:
+        attrs = {"traffic_class": c, "driver": cfg, "weight": c.weight, "host": cfg.target,
+                 "prompt_seed": profile.seed, "abstract": True,
+                 "__module__": __name__, "__doc__": f"Traffic class {c.name!r} ({c.api})."}
+        out.append(type(_class_name(c.name), (StreamingOpenAIUser,), attrs))
+    return out
+
+
+class Schedule:
+    """Replays a profile's request sequence through the class users; see the module docstring.
+
+    Events go to ``sink`` as dicts: ``start``, ``record`` (a finished request), ``tick``
+    (progress), ``mark`` (a window boundary, with the requests sent so far per class) and
+    ``end``. Call :meth:`run` in a greenlet; :meth:`stop` ends it early (requests in flight are
+    cancelled and recorded as ``cancelled``).
+    """
+
+    def __init__(self, env: Environment, profile: Profile, cfg: DriverConfig, sink: Sink,
+                 classes: Sequence[type[StreamingOpenAIUser]] | None = None) -> None:
+        self.env = env
+        self.profile = profile
+        self.cfg = cfg
+        self.sink = sink
+        if classes is None:
+            classes = make_user_classes(profile, cfg)
+        for cls in classes:
+            cls.driver = cfg
+            cls.prompt_seed = profile.seed
+            cls.host = cfg.target
+            cls.run_tag = secrets.token_hex(3)
+        self.classes = list(classes)
+        self.stopped = gevent.event.Event()
+        self.names = [c.name for c in profile.classes]
+        self.sent = [0] * len(self.names)
+        self.active: dict[gevent.Greenlet, RequestRecord] = {}
+        self.clock0 = 0.0
+        self.done = gevent.event.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _execute(self, user: StreamingOpenAIUser, spec: RequestSpec, rec: RequestRecord) -> None:
+        g = gevent.getcurrent()
+        self.active[g] = rec
+        self.sent[spec.cls] += 1
+        try:
+            user.send(spec, rec, self.clock0)
+        except GreenletExit:
+            rec.e2e = time.perf_counter() - self.clock0 - rec.start
+            if self.stopped.is_set():
+                rec.fail("cancelled", "the run was stopped while the request was in flight")
+            else:
+                rec.fail("timeout", f"still running {self.cfg.drain_timeout:g}s after the end "
+                         f"of the run (drain timeout)")
+            user.report(rec)
+        finally:
+            self.active.pop(g, None)
+        self.sink({"type": "record", **rec.to_dict()})
+
+    def _record(self, spec: RequestSpec, rid: int, now: float) -> RequestRecord:
+        p = self.profile
+        t = spec.arrival if spec.arrival is not None else now
+        return RequestRecord(rid=rid, cls=self.names[spec.cls], arrival=spec.arrival, start=now,
+                             prompt_tokens=spec.prompt_tokens, max_tokens=spec.output_tokens,
+                             warmup=t < p.warmup)
+
+    def _ticker(self) -> None:
+        cfg, p = self.cfg, self.profile
+        next_tick = cfg.tick
+        win = cfg.window
+        next_mark = win if win else None
+        while True:
+            t = time.perf_counter() - self.clock0
+            if next_mark is not None and next_mark < p.duration and t >= next_mark:
+                self.sink({"type": "mark", "t": next_mark,
+                           "sent": dict(zip(self.names, self.sent, strict=True))})
+                next_mark += win  # type: ignore[operator]
+            if t >= next_tick:
+                self.sink({"type": "tick", "t": t, "sent": sum(self.sent),
+                           "inflight": len(self.active)})
+                next_tick = t + cfg.tick
+            wake = min(next_tick, next_mark if next_mark is not None else next_tick)
+            gevent.sleep(max(0.0, wake - (time.perf_counter() - self.clock0)))
+
+    def run(self) -> None:
+        p, cfg = self.profile, self.cfg
+        users = [cls(self.env) for cls in self.classes]
+        closed = p.arrival.mode == "concurrency"
+        # Closed loop takes what it needs; the client cannot pass ~500 req/s, and the sequence
+        # wraps around (with fresh request ids, so fresh prompts) if a run outlasts it.
+        specs = generate(p, limit=min(200_000, int(500 * p.duration) + 1000) if closed else None)
+        # Everything allocated so far lives for the whole run: keep the collector off it, or a
+        # full collection over a long sequence stalls every stream for milliseconds.
+        gc.collect()
+        gc.freeze()
+        self.clock0 = time.perf_counter()
+        self.sink({"type": "start", "wall": time.time(), "classes": self.names,
+                   "requests_planned": None if closed else len(specs)})
+        ticker = gevent.spawn(self._ticker)
+        workers: list[gevent.Greenlet] = []
+        if closed:
+            counter = itertools.count()
+
+            def worker() -> None:
+                while not self.stopped.is_set():
+                    now = time.perf_counter() - self.clock0
+                    if now >= p.duration:
+                        return
+                    i = next(counter)
+                    spec = specs[i % len(specs)]
+                    self._execute(users[spec.cls], spec, self._record(spec, i, now))
+
+            workers = [gevent.spawn(worker) for _ in range(p.arrival.concurrency or 1)]
+            self.stopped.wait(p.duration)
+        else:
+            for spec in specs:
+                assert spec.arrival is not None
+                delay = self.clock0 + spec.arrival - time.perf_counter()
+                if delay > 0 and self.stopped.wait(delay):
+                    break
+                if self.stopped.is_set():
+                    break
+                now = time.perf_counter() - self.clock0
+                workers.append(gevent.spawn(self._execute, users[spec.cls], spec,
+                                            self._record(spec, spec.rid, now)))
+            else:
+                self.stopped.wait(max(0.0, self.clock0 + p.duration - time.perf_counter()))
+        complete = not self.stopped.is_set()
+        dispatch_end = p.duration if complete else time.perf_counter() - self.clock0
+        if cfg.window and complete:
+            self.sink({"type": "mark", "t": p.duration,
+                       "sent": dict(zip(self.names, self.sent, strict=True))})
+        # Drain: requests in flight may finish until the drain timeout, then are cancelled.
+        deadline = self.clock0 + dispatch_end + cfg.drain_timeout
+        pending = [g for g in workers if not g.dead]
+        while pending and not self.stopped.is_set():
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                break
+            gevent.joinall(pending, timeout=min(remaining, 0.25))
+            pending = [g for g in pending if not g.dead]
+        gevent.killall([g for g in workers if not g.dead], block=True, timeout=10)
+        drain = max(0.0, time.perf_counter() - self.clock0 - dispatch_end)
+        ticker.kill(block=True)
+        self.sink({"type": "end", "t": time.perf_counter() - self.clock0, "wall": time.time(),
+                   "dispatch_end": dispatch_end, "drain": drain, "complete": complete,
+                   "sent": sum(self.sent)})
+        self.done.set()
+

@@ -1,0 +1,79 @@
+"""The token-counting rule and prompt synthesis: exact lengths, deterministic, no shared prefix."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import chunktune
+from chunktune.load.prompts import (
+    CHAT_TOKENS_BASE,
+    CHAT_TOKENS_PER_MESSAGE,
+    PromptSynth,
+    count_chat_tokens,
+    count_tokens,
+    min_chat_tokens,
+)
+
+
+@pytest.mark.parametrize(("text", "n"), [
+    ("", 0), ("hello", 1), ("Hello, world!", 4), ("a.b", 3), ("  spaced   out  ", 2),
+    ("don't", 3), ("x1_y2 z", 2), ("...", 3), ("naïve café", 2), ("(1+2)=3", 7),
+])
+def test_count_tokens(text: str, n: int) -> None:
+    assert count_tokens(text) == n
+
+
+def test_count_chat_tokens() -> None:
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    assert count_chat_tokens(msgs) == 3 + 2 + 2 * CHAT_TOKENS_PER_MESSAGE + CHAT_TOKENS_BASE
+    parts = [{"role": "user", "content": [{"type": "text", "text": "one two"},
+                                          {"type": "image_url", "image_url": {"url": "x"}}]}]
+    assert count_chat_tokens(parts) == 2 + 4 + 3
+    assert count_chat_tokens([]) == CHAT_TOKENS_BASE
+    assert count_chat_tokens([{"role": "assistant", "content": None}]) == 4 + 3
+
+
+def test_text_has_exact_length() -> None:
+    s = PromptSynth(seed=7)
+    rng = random.Random(1)
+    for n in [*range(1, 40), 100, 511, 4096, 32000, 70000, rng.randint(1, 20000)]:
+        assert count_tokens(s.text(n, key=n)) == n
+
+
+def test_chat_and_token_ids_have_exact_length() -> None:
+    s = PromptSynth(seed=1)
+    for n in (8, 9, 50, 1000):
+        assert count_chat_tokens(s.messages(n, key=3)) == n
+    assert count_chat_tokens(s.messages(3, key=3)) == min_chat_tokens() == 8
+    for n in (1, 8, 9, 70000):
+        ids = s.token_ids(n, key=5)
+        assert len(ids) == n and all(1000 <= i < 30000 for i in ids)
+    with pytest.raises(ValueError):
+        s.text(0)
+
+
+def test_deterministic_and_varied() -> None:
+    a, b = PromptSynth(seed=3), PromptSynth(seed=3)
+    assert a.text(300, key=9) == b.text(300, key=9)
+    assert a.token_ids(300, key=9) == b.token_ids(300, key=9)
+    # Different requests (keys) or seeds differ from their first words on: no prefix sharing.
+    heads = {" ".join(a.text(300, key=k).split()[:8]) for k in range(500)}
+    assert len(heads) == 500
+    assert a.text(300, key=1) != PromptSynth(seed=4).text(300, key=1)
+    # Shorter prompts of the same request are not prefixes of longer ones past the opening.
+    assert a.text(20, key=1).split()[:8] == a.text(2000, key=1).split()[:8]
+
+
+def test_same_text_in_another_process() -> None:
+    code = ("from chunktune.load.prompts import PromptSynth; "
+            "print(PromptSynth(11).text(64, key=5))")
+    env = {**os.environ, "PYTHONPATH": str(Path(chunktune.__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env).stdout.strip()
+    assert out == PromptSynth(11).text(64, key=5)
