@@ -15,7 +15,9 @@ environment plus the container's ``env``/``envFrom``, and since every pod shares
 network, a bind host ``0.0.0.0`` in the command, args or env values is rewritten to the pod's IP
 so that two pods can listen on the same port. Probe periods are compressed to
 ``probe_interval`` so tests stay fast. Containers are never restarted (every pod behaves as
-``restartPolicy: Never``); volumes, resources and liveness probes are ignored.
+``restartPolicy: Never``); ``configMap``, ``secret`` and ``emptyDir`` volumes become per-pod
+local folders (paths under a mount path in command, args and env are rewritten to them); other
+volumes, resources and liveness probes are ignored.
 
 Usage::
 
@@ -41,7 +43,10 @@ import itertools
 import json
 import logging
 import os
+import pathlib
+import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -164,6 +169,7 @@ class _PodRunner:
         self.transitions: dict[str, tuple[str, str]] = {}
         self.publish_lock = asyncio.Lock()
         self.gone = False
+        self.volume_root: pathlib.Path | None = None
 
     # ---- status -------------------------------------------------------------------------
 
@@ -288,12 +294,56 @@ class _PodRunner:
             await asyncio.gather(*(self._run_container(c) for c in self.containers))
         finally:
             await self.kill()
+            if self.volume_root is not None:
+                shutil.rmtree(self.volume_root, ignore_errors=True)
+
+    # ---- volumes ------------------------------------------------------------------------
+
+    def mount_volumes(self, spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """Materialise the container's ``configMap``, ``secret`` and ``emptyDir`` volumes as
+        directories of a per-pod temporary folder; returns ``(mountPath, local dir)`` pairs,
+        longest mount path first. There is no mount namespace, so the kubelet rewrites every
+        command word, arg and env value that is a mount path or lies under one (see
+        :meth:`FakeKubelet.remap`). Other volume types are ignored."""
+        volumes = {v.get('name'): v for v in (self.pod.get('spec') or {}).get('volumes') or []}
+        if self.volume_root is None:
+            self.volume_root = pathlib.Path(tempfile.mkdtemp(prefix=f'pod-{self.name}-'))
+        mounts: list[tuple[str, str]] = []
+        for mount in spec.get('volumeMounts') or []:
+            volume = volumes.get(mount.get('name'))
+            if volume is None:
+                continue
+            local = self.volume_root / str(mount['name'])
+            if 'configMap' in volume or 'secret' in volume:
+                source = volume.get('configMap') or volume.get('secret') or {}
+                resource = CONFIGMAPS if 'configMap' in volume else SECRETS
+                name = source.get('name') or source.get('secretName')
+                found = self._lookup(resource, str(name), None, bool(source.get('optional')))
+                data = found if isinstance(found, dict) else {}
+                items = source.get('items') or [{'key': k, 'path': k} for k in data]
+                local.mkdir(parents=True, exist_ok=True)
+                for item in items:
+                    if item['key'] not in data:
+                        raise ContainerConfigError(f'key {item["key"]!r} of volume '
+                                                   f'{mount["name"]!r} not found')
+                    target = local / item['path']
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(data[item['key']], encoding='utf-8')
+            elif 'emptyDir' in volume:
+                local.mkdir(parents=True, exist_ok=True)
+            else:
+                continue
+            sub = mount.get('subPath')
+            mounts.append((str(mount['mountPath']).rstrip('/') or '/',
+                           str(local / sub) if sub else str(local)))
+        return sorted(mounts, key=lambda m: -len(m[0]))
 
     async def _run_container(self, container: _Container) -> None:
         spec = container.spec
         while True:
             try:
                 env = self.resolve_env(spec)
+                mounts = self.mount_volumes(spec)
                 break
             except ContainerConfigError as e:
                 container.state = {'waiting': {'reason': 'CreateContainerConfigError',
@@ -302,9 +352,11 @@ class _PodRunner:
                 await asyncio.sleep(max(self.kubelet.probe_interval, 0.1))
         command = list(spec.get('command') or self.kubelet.entrypoint(spec.get('image')))
         words = command + list(spec.get('args') or [])
-        argv = [self.kubelet.rebind(expand(str(word), env), self.ip) for word in words]
+        argv = [self.kubelet.remap(self.kubelet.rebind(expand(str(word), env), self.ip),
+                                   mounts) for word in words]
         process_env = self.kubelet.base_env(self.name)
-        process_env.update({k: self.kubelet.rebind(v, self.ip) for k, v in env.items()})
+        process_env.update({k: self.kubelet.remap(self.kubelet.rebind(v, self.ip), mounts)
+                            for k, v in env.items()})
         started_at = now_rfc3339()
         if not command:
             await self._terminate(container, 128, 'StartError', started_at, 'FakeKubelet: the '
@@ -529,6 +581,15 @@ class FakeKubelet:
         if ':' in name.rsplit('/', 1)[-1]:
             name = name.rsplit(':', 1)[0]
         return self.entrypoints.get(name, [])
+
+    @staticmethod
+    def remap(text: str, mounts: Sequence[tuple[str, str]]) -> str:
+        """No mount namespaces here: a word that is a volume's mount path, or a path under
+        one, points into the pod's local copy of that volume instead."""
+        for mount_path, local in mounts:
+            if text == mount_path or text.startswith(mount_path + '/'):
+                return local + text[len(mount_path):]
+        return text
 
     @staticmethod
     def rebind(text: str, ip: str) -> str:

@@ -1,0 +1,468 @@
+"""The ``kubernetes`` backend: each trial as a Pod, a load Job and a ConfigMap in the cluster.
+
+A trial (:meth:`KubernetesBackend.run_trial`):
+
+1. create the workload ConfigMap and the engine Pod (:mod:`.manifests`);
+2. wait until the pod is Ready, within ``engine.startupTimeout``. A container that ends
+   before that is classified from its termination state and the tail of its log
+   (:func:`~.classify.classify`): vLLM's OOM, KV-cache and argument messages make the point
+   ``INFEASIBLE``; an unrecognised crash is ``FAIL EngineCrashed``; ``OOMKilled`` is ``FAIL
+   HostOOMKilled``;
+3. scrape the engine's ``/metrics`` (unless Prometheus is used), create the load Job against
+   the pod IP, and follow it: its log's windows go to ``report`` (pruning deletes the Job),
+   ``/metrics`` is sampled for the KV-usage peak, and the engine is watched for a crash;
+4. when the Job completes, read the summary from its log, take the server-side figures
+   (``/metrics`` delta, or Prometheus over the run's wall-clock window), and delete the
+   trial's objects.
+
+Restart safety: everything needed to go on is in the cluster. :meth:`recover` finds a trial's
+objects by label and continues from wherever they are (waiting for readiness, creating or
+following the Job, or reading a finished Job's summary); :meth:`sweep` deletes the objects of
+trials the study does not know as running. When the operator exits (``detached``), a cancelled
+trial leaves its objects for the next operator to adopt.
+
+The Kubernetes API is reached through :class:`ClusterApi` (implemented over the official
+client by :class:`chunktune.k8s.kube.KubeApi`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+
+from chunktune.backends import manifests as mf
+from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
+from chunktune.backends.classify import classify
+from chunktune.load.summary import LoadSummary, Window
+from chunktune.metrics import promql
+from chunktune.metrics.client import PrometheusClient
+from chunktune.metrics.promtext import Scrape, server_metrics
+from chunktune.tuning.objectives import flatten, flatten_window
+
+log = logging.getLogger(__name__)
+Body = dict[str, Any]
+
+
+class ClusterApiError(Exception):
+    """The API server refused a request (``status`` is the HTTP status)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class ClusterApi(Protocol):
+    """The Kubernetes calls a trial needs (JSON mappings in and out)."""
+
+    async def create(self, kind: str, namespace: str, body: Body) -> Body: ...
+
+    async def get(self, kind: str, namespace: str, name: str) -> Body | None: ...
+
+    async def list(self, kind: str, namespace: str, selector: str | None = None
+                   ) -> list[Body]: ...
+
+    async def delete(self, kind: str, namespace: str, name: str,
+                     grace_seconds: int | None = None) -> bool: ...
+
+    async def pod_log(self, namespace: str, name: str, container: str | None = None,
+                      tail_lines: int | None = None) -> str: ...
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """How the backend runs trials (from the operator's settings)."""
+
+    options: mf.TrialOptions
+    poll_interval: float = 1.0
+    """Seconds between checks of a trial's objects."""
+    kv_sample_interval: float = 2.0
+    """Seconds between ``/metrics`` samples during the load."""
+    keep_objects: bool = False
+    """Leave finished trials' objects in place."""
+    prometheus_url: str | None = None
+    """Query engine metrics here instead of scraping the pods."""
+    prometheus_select_by: str = "pod"
+    prometheus_delay: float = 15.0
+    """Seconds to wait after the load before querying Prometheus (its last scrape)."""
+    trial_timeout: float = 1200.0
+    """Bound of a re-attached trial (``budget.trialTimeout``)."""
+    http_timeout: float = 5.0
+
+
+_KINDS = ("jobs", "pods", "configmaps")
+
+
+class KubernetesBackend(TrialBackend):
+    name = "kubernetes"
+
+    def __init__(self, api: ClusterApi, owner: mf.Owner, settings: BackendSettings,
+                 resources: Mapping[str, Any] | None = None, max_parallel: int = 64) -> None:
+        self.api = api
+        self.owner = owner
+        self.settings = settings
+        self.resources = resources
+        self.max_parallel = max_parallel
+        self.detached = False
+        """Set when the operator exits: cancelled trials keep their objects (for adoption)."""
+        self._http: aiohttp.ClientSession | None = None
+        self._prom = (PrometheusClient(settings.prometheus_url)
+                      if settings.prometheus_url else None)
+        self.timings: dict[int, dict[str, float]] = {}
+        """Per trial: wall seconds spent in each stage (for the overhead benchmark)."""
+
+    @property
+    def ns(self) -> str:
+        return self.owner.namespace
+
+    # ---- the protocol ----------------------------------------------------------------------
+
+    async def run_trial(self, plan: TrialPlan, report: Reporter | None = None) -> TrialResult:
+        t0 = time.monotonic()
+        self.timings[plan.number] = {}
+        try:
+            await self._create_objects(plan)
+            self._mark(plan.number, "created", t0)
+            return await self._drive(plan, report, fresh=True, t0=t0)
+        finally:
+            await self._finish(plan.number)
+
+    async def recover(self, plan: TrialPlan) -> TrialResult | None:
+        """Re-attach to a trial left running by a previous operator: None when it has no
+        engine pod (it is then re-run)."""
+        pods = await self.api.list("pods", self.ns, self._selector(plan.number, "engine"))
+        if not pods:
+            await self.cleanup(plan.number)
+            return None
+        log.info("adopting trial %d of %s/%s", plan.number, self.ns, self.owner.name)
+        self.timings[plan.number] = {}
+        try:
+            names = mf.trial_names(self.owner.name, plan.number)
+            if await self.api.get("configmaps", self.ns, names.configmap) is None:
+                await self._create("configmaps", mf.workload_configmap(plan, self.owner))
+            created = _time(pods[0]["metadata"].get("creationTimestamp"))
+            t0 = time.monotonic() - max(0.0, time.time() - created) if created else \
+                time.monotonic()
+            try:
+                return await asyncio.wait_for(self._drive(plan, None, fresh=False, t0=t0),
+                                              self.settings.trial_timeout)
+            except TimeoutError:
+                return TrialResult("FAIL", reason="TrialTimeout",
+                                   message=f"the adopted trial did not end within "
+                                           f"{self.settings.trial_timeout:g} s (trialTimeout)")
+        finally:
+            await self._finish(plan.number)
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        if self._prom is not None:
+            await self._prom.close()
+
+    # ---- objects ---------------------------------------------------------------------------
+
+    def _selector(self, number: int | None = None, component: str | None = None) -> str:
+        sel = self.owner.selector(number)
+        return f"{sel},{mf.COMPONENT}={component}" if component else sel
+
+    async def _create(self, kind: str, body: Body) -> Body:
+        """Create; a leftover of the same name (another study's, or a reset one's) is deleted
+        first."""
+        name = body["metadata"]["name"]
+        for _ in range(100):
+            try:
+                return await self.api.create(kind, self.ns, body)
+            except ClusterApiError as e:
+                if e.status != 409:
+                    raise
+            log.warning("deleting a leftover %s %s/%s", kind, self.ns, name)
+            await self.api.delete(kind, self.ns, name, grace_seconds=0)
+            await asyncio.sleep(self.settings.poll_interval)
+        raise ClusterApiError(409, f"{kind} {name} exists and does not go away")
+
+    async def _create_objects(self, plan: TrialPlan) -> None:
+        await self._create("configmaps", mf.workload_configmap(plan, self.owner))
+        await self._create("pods", mf.engine_pod(plan, self.owner, self.settings.options,
+                                                 self.resources))
+
+    async def _finish(self, number: int) -> None:
+        if self.detached or self.settings.keep_objects:
+            return
+        t = time.monotonic()
+        await self.cleanup(number)
+        self._mark(number, "cleanup", t)
+
+    async def cleanup(self, number: int) -> None:
+        """Delete one trial's Job (with its pods), Pod and ConfigMap."""
+        names = mf.trial_names(self.owner.name, number)
+        await asyncio.gather(*(self.api.delete(kind, self.ns, name) for kind, name in (
+            ("jobs", names.job), ("pods", names.pod), ("configmaps", names.configmap))),
+            return_exceptions=True)
+
+    async def sweep(self, keep: frozenset[int] | set[int] = frozenset()) -> int:
+        """Delete every trial object of this tuning whose trial is not in ``keep``; returns how
+        many were deleted."""
+        deleted = 0
+        for kind in _KINDS:
+            for obj in await self.api.list(kind, self.ns, self._selector()):
+                meta = obj["metadata"]
+                number = (meta.get("labels") or {}).get(mf.TRIAL, "")
+                if number.isdigit() and int(number) in keep:
+                    continue
+                if kind == "pods" and "job-name" in (meta.get("labels") or {}):
+                    continue  # the Job's deletion takes its pods
+                if await self.api.delete(kind, self.ns, meta["name"]):
+                    deleted += 1
+        return deleted
+
+    async def remaining(self) -> list[str]:
+        """``kind/name`` of this tuning's trial objects still there."""
+        out = []
+        for kind in _KINDS:
+            out += [f"{kind}/{o['metadata']['name']}"
+                    for o in await self.api.list(kind, self.ns, self._selector())]
+        return out
+
+    # ---- one trial ------------------------------------------------------------------------------
+
+    def _mark(self, number: int, stage: str, since: float) -> None:
+        self.timings.setdefault(number, {})[stage] = time.monotonic() - since
+
+    async def _drive(self, plan: TrialPlan, report: Reporter | None, fresh: bool,
+                     t0: float) -> TrialResult:
+        names = mf.trial_names(self.owner.name, plan.number)
+        t = time.monotonic()
+        ready = await self._wait_ready(plan, names.pod, t0)
+        self._mark(plan.number, "startup", t)
+        if isinstance(ready, TrialResult):
+            return ready
+        startup = time.monotonic() - t0
+        ip = ready["status"]["podIP"]
+        url = f"http://{ip}:{plan.target.port}"
+        before = await self._scrape(url) if fresh and self._prom is None else None
+        job = await self.api.get("jobs", self.ns, names.job)
+        if job is None:
+            t = time.monotonic()
+            job = await self._create("jobs", mf.load_job(plan, self.owner,
+                                                         self.settings.options, url))
+            self._mark(plan.number, "job_created", t)
+        t1 = time.monotonic()
+        result = await self._follow(plan, names, url, report, before or Scrape(), ip)
+        result.startup_seconds = startup
+        result.load_seconds = result.load_seconds or time.monotonic() - t1
+        return result
+
+    async def _wait_ready(self, plan: TrialPlan, pod_name: str, t0: float) -> Body | TrialResult:
+        timeout = plan.target.startup_timeout
+        waiting = ""
+        while True:
+            pod = await self.api.get("pods", self.ns, pod_name)
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                return TrialResult("FAIL", reason="EngineDeleted",
+                                   message="the engine pod was deleted before it was ready",
+                                   startup_seconds=time.monotonic() - t0)
+            status = pod.get("status") or {}
+            cs = _container(pod, mf.ENGINE_CONTAINER)
+            if _ready(pod) and status.get("podIP"):
+                return pod
+            if (cs or {}).get("state", {}).get("terminated") or \
+                    status.get("phase") in ("Failed", "Succeeded"):
+                return await self._startup_failure(pod, cs, time.monotonic() - t0)
+            waiting = _waiting(pod, cs) or waiting
+            if time.monotonic() - t0 > timeout:
+                tail = await self.api.pod_log(self.ns, pod_name, mf.ENGINE_CONTAINER, 5)
+                return TrialResult(
+                    "FAIL", reason="StartupTimeout",
+                    message=f"the engine was not ready within {timeout:g} s "
+                            f"(engine.startupTimeout)" + (f"; {waiting}" if waiting else "")
+                            + (f"; last log lines:\n{tail.strip()}" if tail.strip() else ""),
+                    startup_seconds=time.monotonic() - t0)
+            await asyncio.sleep(self.settings.poll_interval)
+
+    async def _startup_failure(self, pod: Body, cs: Body | None, startup: float,
+                               during: str = "") -> TrialResult:
+        term = ((cs or {}).get("state") or {}).get("terminated") or {}
+        text = await self.api.pod_log(self.ns, pod["metadata"]["name"], mf.ENGINE_CONTAINER,
+                                      200)
+        if not text.strip():
+            text = str(term.get("message") or "")
+        f = classify(term.get("exitCode"), text, oom_killed=term.get("reason") == "OOMKilled")
+        return TrialResult("INFEASIBLE" if f.infeasible else "FAIL", reason=f.reason,
+                           message=f"{during}{f.message}", startup_seconds=startup)
+
+    async def _follow(self, plan: TrialPlan, names: mf.TrialNames, url: str,
+                      report: Reporter | None, before: Scrape, ip: str) -> TrialResult:
+        """Follow the load Job until it ends (or is pruned)."""
+        s = self.settings
+        kv: list[float] = []
+        reported = -1
+        job_pod: str | None = None
+        next_check = 0.0
+        kv_every = s.kv_sample_interval
+        while True:
+            job = await self.api.get("jobs", self.ns, names.job)
+            if job is None:
+                return TrialResult("FAIL", reason="LoadFailed",
+                                   message="the load Job was deleted before it finished")
+            done, failed = _job_done(job)
+            if job_pod is None:
+                pods = await self.api.list("pods", self.ns, f"job-name={names.job}")
+                pods.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
+                job_pod = pods[-1]["metadata"]["name"] if pods else None
+            text = ""
+            if job_pod is not None and (report is not None or done or failed):
+                text = await self.api.pod_log(self.ns, job_pod, mf.LOAD_CONTAINER)
+            parsed = mf.parse_load_log(text)
+            if report is not None:
+                for w in parsed.windows:
+                    if w["index"] <= reported:
+                        continue
+                    reported = w["index"]
+                    window = Window.from_dict(w)
+                    if window.warmup:
+                        continue
+                    if report(window.index, flatten_window(window)):
+                        await self.api.delete("jobs", self.ns, names.job)
+                        server = await self._server(before, kv, None, names.pod, ip, url)
+                        return TrialResult("PRUNED", reason="Pruned",
+                                           metrics=flatten_window(window), server=server,
+                                           pruned_at=window.index)
+            if done:
+                if parsed.summary is None:
+                    return TrialResult("FAIL", reason="LoadFailed",
+                                       message="the load Job completed but its log holds no "
+                                               "summary: " + _tail(text))
+                summary = LoadSummary.from_dict(parsed.summary)
+                server = await self._server(before, kv, summary, names.pod, ip, url)
+                return TrialResult("COMPLETE", metrics=flatten(summary, server),
+                                   summary=summary, server=server,
+                                   load_seconds=summary.duration.elapsed)
+            if failed:
+                if job_pod is not None and not text:
+                    text = await self.api.pod_log(self.ns, job_pod, mf.LOAD_CONTAINER)
+                return TrialResult("FAIL", reason="LoadFailed",
+                                   message=f"the load Job failed ({_job_reason(job)}): "
+                                           + _tail(text))
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + kv_every
+                crashed = await self._engine_gone(names.pod)
+                if crashed is not None:
+                    await self.api.delete("jobs", self.ns, names.job)
+                    return crashed
+                if self._prom is None:
+                    sample = await self._scrape(url)
+                    v = sample.total("vllm:kv_cache_usage_perc") if sample else None
+                    if v is not None:
+                        kv.append(v)
+            await asyncio.sleep(s.poll_interval)
+
+    async def _engine_gone(self, pod_name: str) -> TrialResult | None:
+        pod = await self.api.get("pods", self.ns, pod_name)
+        if pod is None or pod["metadata"].get("deletionTimestamp"):
+            return TrialResult("FAIL", reason="EngineDeleted",
+                               message="the engine pod was deleted during the load")
+        cs = _container(pod, mf.ENGINE_CONTAINER)
+        if ((cs or {}).get("state") or {}).get("terminated"):
+            return await self._startup_failure(pod, cs, 0.0, during="the engine stopped "
+                                                                   "during the load: ")
+        return None
+
+    # ---- server-side figures ------------------------------------------------------------------
+
+    async def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.settings.http_timeout))
+        return self._http
+
+    async def _scrape(self, url: str) -> Scrape | None:
+        http = await self._session()
+        try:
+            async with http.get(url + "/metrics") as r:
+                if r.status != 200:
+                    return None
+                return Scrape.parse(await r.text())
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return None
+
+    async def _server(self, before: Scrape, kv: list[float], summary: LoadSummary | None,
+                      pod: str, ip: str, url: str) -> dict[str, Any]:
+        if self._prom is not None:
+            if summary is None:
+                return {}
+            start, end = _time(summary.started), _time(summary.ended)
+            if start is None or end is None:
+                return {}
+            await asyncio.sleep(max(0.0, end + self.settings.prometheus_delay - time.time()))
+            sel = promql.PodSelector(self.ns, pod, ip, self.settings.prometheus_select_by)
+            return dict(await self._prom.trial_metrics(sel, start, end))
+        after = await self._scrape(url)
+        if after is None:
+            return {}
+        seconds = summary.duration.elapsed if summary is not None else 0.0
+        return dict(server_metrics(before, after, seconds, kv))
+
+
+# ---- reading objects ----------------------------------------------------------------------------
+
+
+def _container(pod: Body, name: str) -> Body | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == name:
+            return dict(cs)
+    return None
+
+
+def _ready(pod: Body) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _waiting(pod: Body, cs: Body | None) -> str:
+    w = ((cs or {}).get("state") or {}).get("waiting") or {}
+    if w.get("reason"):
+        return f"container waiting: {w['reason']}" + (f" ({w['message']})"
+                                                      if w.get("message") else "")
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return f"not scheduled: {c.get('reason', '')} {c.get('message', '')}".strip()
+    return ""
+
+
+def _job_done(job: Body) -> tuple[bool, bool]:
+    conds = {c.get("type"): c.get("status") for c in
+             (job.get("status") or {}).get("conditions") or []}
+    return conds.get("Complete") == "True", conds.get("Failed") == "True"
+
+
+def _job_reason(job: Body) -> str:
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Failed":
+            return str(c.get("reason") or "Failed")
+    return "Failed"
+
+
+def _tail(text: str, lines: int = 5) -> str:
+    keep = [x for x in text.strip().splitlines() if not x.startswith(("{", mf.SUMMARY_MARKER))]
+    return "\n".join(keep[-lines:]) or "no log"
+
+
+def _time(value: str | None) -> float | None:
+    if not value:
+        return None
+    with contextlib.suppress(ValueError):
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return None
+
+
+__all__ = ["BackendSettings", "ClusterApi", "ClusterApiError", "KubernetesBackend"]

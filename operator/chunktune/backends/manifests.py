@@ -1,0 +1,457 @@
+"""Pure builders of the Kubernetes objects a trial runs as, and readers of what they report.
+
+Nothing here does I/O: every function takes plain data (a :class:`~.base.TrialPlan`, the
+owning ``ChunkedPrefillTuning``'s identity, :class:`TrialOptions`) and returns a manifest
+mapping, so each is snapshot-tested without a cluster (``tests/k8s/test_manifests.py``).
+:mod:`chunktune.backends.kubernetes` does the I/O.
+
+One trial is three objects, all labelled with the tuning and the trial and owned by the
+``ChunkedPrefillTuning`` (the garbage collector is the second net behind the operator's own
+clean-up):
+
+* a **ConfigMap** ``<base>-workload`` holding the workload profile (``profile.yaml``) and, for a
+  simulated engine with an inline ``modelConfig``, ``model-config.json``;
+* the engine **Pod** ``<base>``: ``vllm serve <model> --host 0.0.0.0 --port <port>
+  --served-model-name <name> <flags>`` (``engine.kind: vllm``) or ``chunktune sim serve --model
+  <model> --gpu <type> ...`` (``engine.kind: sim``), with ``nvidia.com/gpu`` requests = limits
+  (vLLM only), a memory ``emptyDir`` on ``/dev/shm``, the engine's environment as given
+  (Secret references stay references), startup and readiness probes on ``/health`` and
+  ``restartPolicy: Never``;
+* the load **Job** ``<base>-load`` running ``chunktune load run`` against the pod's IP, with the
+  profile mounted from the ConfigMap. Its log carries the intermediate windows as JSON lines
+  (``--windows``) and, last, the summary on one line after :data:`SUMMARY_MARKER`
+  (:data:`LOAD_SCRIPT`); :func:`parse_load_log` reads both back and ignores everything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chunktune.backends.base import TrialPlan, flags_line
+
+#: Label keys (``app.kubernetes.io/*`` plus ours).
+MANAGED_BY = "app.kubernetes.io/managed-by"
+COMPONENT = "app.kubernetes.io/component"
+PART_OF = "app.kubernetes.io/part-of"
+TUNING = "chunktune.dev/tuning"
+TUNING_UID = "chunktune.dev/tuning-uid"
+TRIAL = "chunktune.dev/trial"
+#: Annotations on trial objects (informative; the operator never reads them back).
+FLAGS_ANNOTATION = "chunktune.dev/flags"
+TUNING_NAME_ANNOTATION = "chunktune.dev/tuning-name"
+
+ENGINE_CONTAINER = "engine"
+LOAD_CONTAINER = "load"
+WORKLOAD_DIR = "/etc/chunktune"
+PROFILE_FILE = "profile.yaml"
+MODEL_CONFIG_FILE = "model-config.json"
+RESULTS_DIR = "/var/run/chunktune"
+SUMMARY_PATH = f"{RESULTS_DIR}/summary.json"
+SHM_DIR = "/dev/shm"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+#: Start of the log line that carries the load run's summary JSON (one line).
+SUMMARY_MARKER = "chunktune.dev/load-summary:"
+#: The load container's program (``/bin/sh -c LOAD_SCRIPT chunktune-load SUMMARY ARGS...``):
+#: run ``chunktune load run ARGS --out SUMMARY``, then print the summary as one line after
+#: :data:`SUMMARY_MARKER` (JSON has no raw newlines inside strings, so deleting them keeps it
+#: valid) and exit with the run's status.
+LOAD_SCRIPT = (
+    'out="$1"; shift\n'
+    'chunktune load run "$@" --out "$out"\n'
+    "rc=$?\n"
+    'if [ -s "$out" ]; then printf "%s " "' + SUMMARY_MARKER + '"; tr -d "\\n" < "$out"; '
+    "echo; fi\n"
+    "exit $rc\n"
+)
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+#: Longest name of a Job (its name becomes the ``job-name`` label of its pods: 63 at most).
+_MAX_JOB_NAME = 63
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The ``ChunkedPrefillTuning`` a trial's objects belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+    api_version: str = "chunktune.dev/v1alpha1"
+    kind: str = "ChunkedPrefillTuning"
+
+    def reference(self) -> dict[str, Any]:
+        """An ``ownerReferences`` item: the controller, blocking the owner's deletion."""
+        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name,
+                "uid": self.uid, "controller": True, "blockOwnerDeletion": True}
+
+    def selector(self, number: int | None = None) -> str:
+        """The label selector of this tuning's trial objects (of one trial if ``number``)."""
+        sel = f"{MANAGED_BY}=chunktune,{TUNING_UID}={self.uid}"
+        return sel if number is None else f"{sel},{TRIAL}={number}"
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    """Cluster-side choices the manifest does not make (from the operator's settings)."""
+
+    load_image: str
+    """The chunktune image that runs ``chunktune load run`` (and ``chunktune sim serve``
+    when the manifest gives no image)."""
+    image_pull_policy: str | None = None
+    service_account: str | None = None
+    """Service account of trial pods (none of them talks to the API)."""
+    shm_size: str = "8Gi"
+    """``sizeLimit`` of the memory ``emptyDir`` on ``/dev/shm``."""
+    sim_load_time: float | None = None
+    """``--load-time`` of simulated engines (None: the simulator's default)."""
+    load_resources: Mapping[str, Any] = field(
+        default_factory=lambda: {"requests": {"cpu": "1", "memory": "512Mi"}})
+    """Resources of the load container."""
+    job_ttl_seconds: int = 86400
+    """``ttlSecondsAfterFinished`` of load Jobs (a net for Jobs the operator never deletes)."""
+    gpu_tolerations: bool = True
+    """Tolerate the ``nvidia.com/gpu`` NoSchedule taint on GPU pods."""
+
+
+@dataclass(frozen=True)
+class TrialNames:
+    """The names of one trial's objects."""
+
+    pod: str
+    job: str
+    configmap: str
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value: at most 63 characters (a hash suffix when cut)."""
+    if len(text) <= 63 and _LABEL_VALUE.match(text):
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    head = re.sub(r"[^-A-Za-z0-9_.]", "-", text)[:54].strip("-_.")
+    return f"{head}-{digest}" if head else digest
+
+
+def trial_names(tuning: str, number: int) -> TrialNames:
+    """Deterministic object names: ``<tuning>-t<number>`` (cut with a hash suffix so that the
+    Job name, ``<base>-load``, stays within 63 characters)."""
+    suffix = f"-t{number}"
+    base = f"{tuning}{suffix}"
+    if len(base) + len("-load") > _MAX_JOB_NAME:
+        digest = hashlib.sha256(tuning.encode()).hexdigest()[:6]
+        keep = _MAX_JOB_NAME - len("-load") - len(suffix) - len(digest) - 1
+        base = f"{tuning[:keep].rstrip('-.')}-{digest}{suffix}"
+    return TrialNames(pod=base, job=f"{base}-load", configmap=f"{base}-workload")
+
+
+def labels(owner: Owner, number: int, component: str) -> dict[str, str]:
+    return {
+        MANAGED_BY: "chunktune",
+        PART_OF: "chunktune",
+        COMPONENT: component,
+        TUNING: label_value(owner.name),
+        TUNING_UID: owner.uid,
+        TRIAL: str(number),
+    }
+
+
+def _metadata(owner: Owner, name: str, number: int, component: str,
+              plan: TrialPlan | None = None) -> dict[str, Any]:
+    annotations = {TUNING_NAME_ANNOTATION: owner.name}
+    if plan is not None:
+        annotations[FLAGS_ANNOTATION] = flags_line(plan.params)
+    return {"name": name, "namespace": owner.namespace,
+            "labels": labels(owner, number, component), "annotations": annotations,
+            "ownerReferences": [owner.reference()]}
+
+
+# ---- the workload ConfigMap ---------------------------------------------------------------------
+
+
+def workload_configmap(plan: TrialPlan, owner: Owner) -> dict[str, Any]:
+    """The trial's profile (overrides applied) as ``profile.yaml``; ``model-config.json`` when
+    a simulated engine's model comes inline."""
+    import yaml
+
+    names = trial_names(owner.name, plan.number)
+    data = {PROFILE_FILE: yaml.safe_dump(plan.profile.to_dict(), sort_keys=False)}
+    if plan.target.kind == "sim" and plan.target.hf_config:
+        data[MODEL_CONFIG_FILE] = json.dumps(plan.target.hf_config, sort_keys=True)
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _metadata(owner, names.configmap, plan.number, "workload"),
+            "data": data}
+
+
+# ---- the engine Pod -----------------------------------------------------------------------------
+
+
+def engine_command(plan: TrialPlan, options: TrialOptions) -> tuple[list[str], list[str]]:
+    """``(command, args)`` of the engine container."""
+    t = plan.target
+    served = ["--served-model-name", t.served_model_name]
+    where = ["--host", "0.0.0.0", "--port", str(t.port)]
+    if t.kind == "sim":
+        extra: list[str] = []
+        if options.sim_load_time is not None:
+            extra += ["--load-time", f"{options.sim_load_time:g}"]
+        if t.hf_config:
+            extra += ["--model-config", f"{WORKLOAD_DIR}/{MODEL_CONFIG_FILE}"]
+        return (["chunktune", "sim", "serve"],
+                ["--model", t.model, "--gpu", t.gpu or "h100-sxm", *where, *served, *extra,
+                 *plan.engine_flags()])
+    return ["vllm", "serve"], [t.model, *where, *served, *plan.engine_flags()]
+
+
+def _probe(period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period,
+            "timeoutSeconds": 5, "failureThreshold": failures, "successThreshold": 1}
+
+
+def startup_failure_threshold(startup_timeout: float, period: int = 10) -> int:
+    """Startup-probe failures allowed, so that ``failureThreshold * period`` is at least the
+    engine's ``startupTimeout`` plus one period (the operator's own timeout fires first and
+    reports ``StartupTimeout`` instead of a killed container)."""
+    return max(1, math.ceil(startup_timeout / period) + 1)
+
+
+def _resources(plan: TrialPlan, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, dict[str, Any]] = {}
+    for part in ("requests", "limits"):
+        given = (extra or {}).get(part) or {}
+        values = {k: v for k, v in given.items() if v is not None}
+        if plan.target.kind != "sim":
+            values[GPU_RESOURCE] = plan.target.gpu_count
+        if values:
+            out[part] = values
+    return out
+
+
+def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
+               resources: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The engine Pod of a trial. ``resources``: ``engine.resources`` (``{"requests": {"cpu":
+    ..., "memory": ...}, "limits": {...}}``); GPUs come from the target."""
+    t = plan.target
+    names = trial_names(owner.name, plan.number)
+    command, args = engine_command(plan, options)
+    image = t.image or options.load_image
+    env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    env += [dict(v) for v in t.env if v.get("name") != "PYTHONUNBUFFERED"]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": SHM_DIR}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}]
+    if t.kind == "sim" and t.hf_config:
+        mounts.append({"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True})
+        volumes.append({"name": "workload", "configMap": {"name": names.configmap}})
+    container: dict[str, Any] = {
+        "name": ENGINE_CONTAINER, "image": image, "command": command, "args": args,
+        "ports": [{"name": "http", "containerPort": t.port, "protocol": "TCP"}],
+        "env": env,
+        "volumeMounts": mounts,
+        "startupProbe": _probe(10, startup_failure_threshold(t.startup_timeout)),
+        "readinessProbe": _probe(5, 3),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if options.image_pull_policy:
+        container["imagePullPolicy"] = options.image_pull_policy
+    res = _resources(plan, resources)
+    if res:
+        container["resources"] = res
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 30,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if options.service_account:
+        spec["serviceAccountName"] = options.service_account
+    if t.kind != "sim" and options.gpu_tolerations:
+        spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists",
+                                "effect": "NoSchedule"}]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": _metadata(owner, names.pod, plan.number, "engine", plan),
+            "spec": spec}
+
+
+# ---- the load Job -------------------------------------------------------------------------------
+
+
+def load_args(plan: TrialPlan, target_url: str) -> list[str]:
+    """The arguments of ``chunktune load run`` for a trial (without ``--out``)."""
+    args = ["--target", target_url, "--profile", f"{WORKLOAD_DIR}/{PROFILE_FILE}",
+            "--model", plan.target.served_model_name,
+            "--drain-timeout", f"{plan.drain_timeout:g}s"]
+    if plan.window_seconds:
+        args += ["--windows", f"{plan.window_seconds:g}s"]
+    for cls, slo in plan.slos.items():
+        for metric, value in slo.items():
+            args += ["--slo", f"{'' if cls == '*' else cls + ':'}{metric}={value!r}"]
+    return args
+
+
+def load_job(plan: TrialPlan, owner: Owner, options: TrialOptions,
+             target_url: str) -> dict[str, Any]:
+    """The load Job of a trial: one pod, no retries, bounded by the profile's duration."""
+    names = trial_names(owner.name, plan.number)
+    container: dict[str, Any] = {
+        "name": LOAD_CONTAINER, "image": options.load_image,
+        "command": ["/bin/sh", "-c", LOAD_SCRIPT, "chunktune-load"],
+        "args": [SUMMARY_PATH, *load_args(plan, target_url)],
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "volumeMounts": [
+            {"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True},
+            {"name": "results", "mountPath": RESULTS_DIR},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if options.image_pull_policy:
+        container["imagePullPolicy"] = options.image_pull_policy
+    if options.load_resources:
+        container["resources"] = json.loads(json.dumps(options.load_resources))
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 10,
+        "containers": [container],
+        "volumes": [{"name": "workload", "configMap": {"name": names.configmap}},
+                    {"name": "results", "emptyDir": {}}],
+    }
+    if options.service_account:
+        pod_spec["serviceAccountName"] = options.service_account
+    deadline = plan.profile.duration + plan.drain_timeout + 300
+    meta = _metadata(owner, names.job, plan.number, "load", plan)
+    return {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": math.ceil(deadline),
+            "ttlSecondsAfterFinished": options.job_ttl_seconds,
+            "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": pod_spec},
+        },
+    }
+
+
+# ---- reading the load Job's log -----------------------------------------------------------------
+
+
+@dataclass
+class LoadLog:
+    """What a load Job's log says: the windows so far (by index) and, once done, the
+    summary."""
+
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+
+
+_WINDOW_KEYS = frozenset({"index", "start", "end", "overall"})
+
+
+def parse_load_log(text: str) -> LoadLog:
+    """Windows (JSON lines with ``index``, ``start``, ``end``, ``overall``) and the summary
+    (after :data:`SUMMARY_MARKER`) from a load container's log. Other lines — progress,
+    Locust's warnings, a line cut short while being written — are ignored."""
+    out = LoadLog()
+    seen: set[int] = set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith(SUMMARY_MARKER):
+            doc = _json(line[len(SUMMARY_MARKER):])
+            if isinstance(doc, dict) and str(doc.get("schema", "")).startswith(
+                    "chunktune.dev/load-summary/"):
+                out.summary = doc
+        elif line.startswith("{") and line.endswith("}"):
+            doc = _json(line)
+            if isinstance(doc, dict) and doc.keys() >= _WINDOW_KEYS and \
+                    isinstance(doc["index"], int) and doc["index"] not in seen:
+                seen.add(doc["index"])
+                out.windows.append(doc)
+    out.windows.sort(key=lambda w: w["index"])
+    return out
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+# ---- outputs ------------------------------------------------------------------------------------
+
+
+def output_configmap(name: str, owner: Owner, flags: str, best: Mapping[str, Any] | None,
+                     pareto: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``spec.output.configMap``: ``flags`` (ready to paste), ``best.json``, ``pareto.json``.
+    Not owned by the tuning: the result outlives it."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": owner.namespace,
+                     "labels": {MANAGED_BY: "chunktune", TUNING: label_value(owner.name)},
+                     "annotations": {TUNING_NAME_ANNOTATION: owner.name}},
+        "data": {"flags": flags,
+                 "best.json": json.dumps(best, indent=2, sort_keys=True) + "\n",
+                 "pareto.json": json.dumps(list(pareto), indent=2, sort_keys=True) + "\n"},
+    }
+
+
+def _flag_names(name: str) -> tuple[str, str]:
+    return f"--{name}", f"--{name.replace('-', '_')}"
+
+
+def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
+    """``args`` with each flag of ``params`` set: an existing value replaced (``--flag V``,
+    ``--flag=V``, either spelling ``--max-num-batched-tokens`` / ``--max_num_batched_tokens``,
+    also inside a one-string shell command such as ``["vllm serve M --max_num_batched_tokens
+    1024"]``), a missing flag appended (to that string when the args are one)."""
+    out = list(args)
+    shell = next((i for i, a in enumerate(out) if re.search(r"\s--?\w", a)), None)
+    for name, value in params.items():
+        text = flags_line({name: value}).split(" ", 1)[1]
+        if shell is not None:
+            out[shell] = _set_in_string(out[shell], name, text)
+            continue
+        spellings = _flag_names(name)
+        done = False
+        i = 0
+        while i < len(out):
+            a = out[i]
+            if a in spellings:
+                if i + 1 < len(out):
+                    out[i + 1] = text
+                else:
+                    out.append(text)
+                done = True
+                i += 2
+                continue
+            if a.split("=", 1)[0] in spellings and "=" in a:
+                out[i] = f"{a.split('=', 1)[0]}={text}"
+                done = True
+            i += 1
+        if not done:
+            out += [f"--{name}", text]
+    return out
+
+
+def _set_in_string(command: str, name: str, value: str) -> str:
+    spell = "|".join(re.escape(s) for s in _flag_names(name))
+    pattern = re.compile(rf"(?<!\S)({spell})(=|\s+)(\"[^\"]*\"|'[^']*'|\S+)")
+    if pattern.search(command):
+        return pattern.sub(lambda m: f"{m.group(1)}{m.group(2)}{shlex.quote(value)}", command)
+    return f"{command.rstrip()} --{name} {shlex.quote(value)}"
+
+
+__all__ = [
+    "LOAD_SCRIPT", "SUMMARY_MARKER", "LoadLog", "Owner", "TrialNames", "TrialOptions",
+    "engine_command", "engine_pod", "label_value", "labels", "load_args", "load_job",
+    "output_configmap", "parse_load_log", "set_flags", "startup_failure_threshold",
+    "trial_names", "workload_configmap",
+]

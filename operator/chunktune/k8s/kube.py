@@ -1,0 +1,202 @@
+"""The operator's asynchronous view of the Kubernetes API, over the official client.
+
+:class:`KubeApi` wraps the (synchronous) ``kubernetes`` package: each call runs in a thread
+pool of its own (so that long waits never starve kopf's default executor), reads responses as
+plain JSON mappings (``_preload_content=False``: no model deserialisation, camelCase keys as
+the API sends them), and turns ``ApiException`` into
+:class:`~chunktune.backends.kubernetes.ClusterApiError` (404 becomes ``None``/``False`` where
+that reads better). A call that is cancelled mid-flight still completes before the
+cancellation propagates, so a caller's clean-up never races an object being created.
+
+The API objects (``ApiClient`` and the typed APIs) are built once per operator: the first one
+costs most of a second (toolchain notes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from chunktune.api.crd import PLURAL
+from chunktune.api.v1alpha1 import API_GROUP, API_VERSION
+from chunktune.backends.kubernetes import ClusterApiError
+
+T = TypeVar("T")
+Body = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+
+#: Resource kind -> (API attribute, method suffix).
+_KINDS: dict[str, tuple[str, str]] = {
+    "pods": ("core", "namespaced_pod"),
+    "configmaps": ("core", "namespaced_config_map"),
+    "events": ("core", "namespaced_event"),
+    "jobs": ("batch", "namespaced_job"),
+    "deployments": ("apps", "namespaced_deployment"),
+}
+
+
+def make_api_client(kubeconfig: str | None = None, pool_size: int = 16) -> Any:
+    """An ``ApiClient``: in-cluster configuration when running in a pod, else the kubeconfig
+    (``kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``)."""
+    config = kubernetes.client.Configuration()
+    try:
+        if kubeconfig:
+            raise kubernetes.config.ConfigException("explicit kubeconfig")
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(config_file=kubeconfig,
+                                           client_configuration=config)
+    config.connection_pool_maxsize = pool_size
+    return kubernetes.client.ApiClient(configuration=config)
+
+
+class KubeApi:
+    """Async calls on the official client; every result is a JSON mapping."""
+
+    def __init__(self, api_client: Any, threads: int = 16) -> None:
+        self.client = api_client
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.batch = kubernetes.client.BatchV1Api(api_client)
+        self.apps = kubernetes.client.AppsV1Api(api_client)
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="chunktune-kube")
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            # NOTE: the request is on the wire: let it finish, so that whoever cleans up after
+            # the cancellation sees the object it created (or its deletion done).
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(fut, 30)
+            raise
+
+    async def _json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def run() -> Any:
+            try:
+                resp = fn(*args, _preload_content=False, **kwargs)
+            except ApiException as e:
+                raise _error(e) from None
+            data = resp.data
+            return json.loads(data) if data else None
+
+        return await self._call(run)
+
+    def _method(self, verb: str, kind: str) -> Callable[..., Any]:
+        api, suffix = _KINDS[kind]
+        return getattr(getattr(self, api), f"{verb}_{suffix}")  # type: ignore[no-any-return]
+
+    # ---- generic verbs ---------------------------------------------------------------------
+
+    async def create(self, kind: str, namespace: str, body: Body) -> Body:
+        return await self._json(self._method("create", kind), namespace, body)  # type: ignore[no-any-return]
+
+    async def get(self, kind: str, namespace: str, name: str) -> Body | None:
+        try:
+            return await self._json(self._method("read", kind), name, namespace)  # type: ignore[no-any-return]
+        except ClusterApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def list(self, kind: str, namespace: str, selector: str | None = None) -> list[Body]:
+        data = await self._json(self._method("list", kind), namespace,
+                                label_selector=selector)
+        return list((data or {}).get("items") or [])
+
+    async def delete(self, kind: str, namespace: str, name: str,
+                     grace_seconds: int | None = None) -> bool:
+        """Delete (background propagation: a Job's pods go with it); False if absent."""
+        try:
+            await self._json(self._method("delete", kind), name, namespace,
+                             propagation_policy="Background",
+                             grace_period_seconds=grace_seconds)
+            return True
+        except ClusterApiError as e:
+            if e.status == 404:
+                return False
+            raise
+
+    async def patch(self, kind: str, namespace: str, name: str, patch: Body,
+                    content_type: str = STRATEGIC_PATCH) -> Body:
+        return await self._json(self._method("patch", kind), name, namespace, patch,  # type: ignore[no-any-return]
+                                _content_type=content_type)
+
+    async def pod_log(self, namespace: str, name: str, container: str | None = None,
+                      tail_lines: int | None = None) -> str:
+        """The pod's log ("" when the pod or its log is not there yet)."""
+        def run() -> str:
+            try:
+                resp = self.core.read_namespaced_pod_log(
+                    name, namespace, container=container, tail_lines=tail_lines,
+                    _preload_content=False)
+            except ApiException as e:
+                if e.status in (400, 404):  # not started yet, or gone
+                    return ""
+                raise _error(e) from None
+            return bytes(resp.data or b"").decode("utf-8", errors="replace")
+
+        return await self._call(run)
+
+    # ---- the custom resource -----------------------------------------------------------------
+
+    async def get_tuning(self, namespace: str, name: str) -> Body | None:
+        try:
+            return await self._json(self.custom.get_namespaced_custom_object,  # type: ignore[no-any-return]
+                                    API_GROUP, API_VERSION, namespace, PLURAL, name)
+        except ClusterApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def patch_tuning_status(self, namespace: str, name: str, status: Body) -> Body | None:
+        """Merge-patch ``status`` into the resource's status subresource (None: it is gone)."""
+        try:
+            return await self._json(  # type: ignore[no-any-return]
+                self.custom.patch_namespaced_custom_object_status, API_GROUP, API_VERSION,
+                namespace, PLURAL, name, {"status": status}, _content_type=MERGE_PATCH)
+        except ClusterApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def apply_configmap(self, namespace: str, body: Body) -> Body:
+        """Create the ConfigMap, or replace its data and labels if it exists."""
+        try:
+            return await self.create("configmaps", namespace, body)
+        except ClusterApiError as e:
+            if e.status != 409:
+                raise
+        meta = body["metadata"]
+        return await self.patch("configmaps", namespace, meta["name"], {
+            "metadata": {"labels": meta.get("labels") or {},
+                         "annotations": meta.get("annotations") or {}},
+            "data": body.get("data") or {}}, content_type=MERGE_PATCH)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+
+def _error(e: ApiException) -> ClusterApiError:
+    message = e.reason or ""
+    with contextlib.suppress(Exception):
+        message = json.loads(e.body).get("message") or message
+    return ClusterApiError(int(e.status or 0), str(message))
+
+
+__all__ = ["MERGE_PATCH", "STRATEGIC_PATCH", "KubeApi", "make_api_client"]

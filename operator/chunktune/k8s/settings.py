@@ -1,0 +1,276 @@
+"""The operator's settings: one tree of frozen dataclasses, validated once.
+
+:meth:`Settings.from_env` reads the ``CHUNKTUNE_*`` environment variables (the Helm chart sets
+them), then the command line's values override them (``chunktune operator run --namespace ...``);
+every bad value is reported at once as a :class:`~chunktune.errors.SpecError` naming the
+variable or flag. :func:`chunktune.k8s.handlers.configure` applies the kopf part in one
+``@kopf.on.startup`` handler.
+
+Environment variables (defaults in brackets):
+
+=================================  ==============================================================
+``CHUNKTUNE_NAMESPACES``           comma-separated namespaces to watch [all namespaces]
+``CHUNKTUNE_STATE_DIR``            where default study journals live [/var/lib/chunktune]
+``CHUNKTUNE_STANDALONE``           no peering (a single operator replica) [false]
+``CHUNKTUNE_LIVENESS``             liveness endpoint, e.g. ``http://0.0.0.0:8080/healthz`` []
+``CHUNKTUNE_IMAGE``                the chunktune image of load Jobs and sim engines
+                                   [ghcr.io/chunktune/chunktune:<version>]
+``CHUNKTUNE_IMAGE_PULL_POLICY``    imagePullPolicy of trial containers [unset]
+``CHUNKTUNE_TRIAL_SERVICE_ACCOUNT`` service account of trial pods [unset: the default]
+``CHUNKTUNE_SHM_SIZE``             sizeLimit of the engine's /dev/shm [8Gi]
+``CHUNKTUNE_SIM_LOAD_TIME``        ``--load-time`` of simulated engines, seconds [unset]
+``CHUNKTUNE_POLL_INTERVAL``        seconds between checks of a trial's objects [1]
+``CHUNKTUNE_KV_SAMPLE_INTERVAL``   seconds between /metrics samples during the load [2]
+``CHUNKTUNE_KEEP_TRIAL_OBJECTS``   leave finished trials' objects for debugging [false]
+``CHUNKTUNE_PROMETHEUS_SELECT_BY`` ``pod`` (namespace+pod labels) or ``instance`` (pod IP) [pod]
+``CHUNKTUNE_WATCH_SERVER_TIMEOUT`` kopf's watch server timeout, seconds [300]
+``CHUNKTUNE_WATCH_CLIENT_TIMEOUT`` kopf's watch client timeout, seconds [330]
+``CHUNKTUNE_API_THREADS``          threads for Kubernetes API calls [16]
+``CHUNKTUNE_LOG_LEVEL``            DEBUG, INFO, WARNING, ERROR [INFO]
+=================================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from chunktune.api.v1alpha1 import DEFAULT_SIM_IMAGE
+from chunktune.backends.manifests import TrialOptions
+from chunktune.errors import SpecError
+
+T = TypeVar("T")
+
+DEFAULT_STATE_DIR = Path("/var/lib/chunktune")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """How kopf watches the API."""
+
+    server_timeout: float = 300.0
+    """Seconds the API server keeps a watch open (kopf re-opens it)."""
+    client_timeout: float = 330.0
+    """Seconds the client waits on a watch before giving up on it (> server_timeout)."""
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """How trials run in the cluster."""
+
+    image: str = DEFAULT_SIM_IMAGE
+    """The chunktune image: runs ``chunktune load run`` in load Jobs, and ``chunktune sim
+    serve`` for a simulated engine whose manifest names no image."""
+    image_pull_policy: str | None = None
+    """``imagePullPolicy`` of trial containers (None: the cluster's default)."""
+    service_account: str | None = None
+    """Service account of trial pods (None: the namespace's default)."""
+    shm_size: str = "8Gi"
+    """``sizeLimit`` of the memory ``emptyDir`` mounted on the engine's ``/dev/shm``."""
+    sim_load_time: float | None = None
+    """``--load-time`` of simulated engines, seconds (None: the simulator's default, 2 s)."""
+    poll_interval: float = 1.0
+    """Seconds between checks of a trial's pod, Job and log."""
+    kv_sample_interval: float = 2.0
+    """Seconds between ``/metrics`` samples during the load (for the KV-usage peak)."""
+    keep_objects: bool = False
+    """Leave a finished trial's Pod, Job and ConfigMap in place (for debugging)."""
+    prometheus_select_by: str = "pod"
+    """How Prometheus series are matched to a trial pod: ``pod`` or ``instance``."""
+
+    def options(self) -> TrialOptions:
+        """The manifest builders' view of these settings."""
+        return TrialOptions(load_image=self.image, image_pull_policy=self.image_pull_policy,
+                            service_account=self.service_account, shm_size=self.shm_size,
+                            sim_load_time=self.sim_load_time)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``chunktune operator run`` is configured with."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty: the whole cluster."""
+    state_dir: Path = DEFAULT_STATE_DIR
+    """Where studies without ``spec.storage`` keep their journal
+    (``<namespace>-<name>.journal``); mount a persistent volume here."""
+    standalone: bool = False
+    """Run without kopf's peering (one replica, no ``KopfPeering`` objects needed)."""
+    liveness: str | None = None
+    """kopf's liveness endpoint (``http://0.0.0.0:8080/healthz``)."""
+    api_threads: int = 16
+    """Threads for the (synchronous) Kubernetes client's calls."""
+    log_level: str = "INFO"
+    watch: WatchSettings = field(default_factory=WatchSettings)
+    trials: TrialSettings = field(default_factory=TrialSettings)
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from ``CHUNKTUNE_*`` variables, then ``overrides`` (keyword arguments of
+        :class:`Settings`, or ``trials=``/``watch=`` mappings of their fields). Raises
+        :class:`SpecError` listing every bad value."""
+        env = os.environ if env is None else env
+        problems: list[tuple[str, str]] = []
+
+        def get(name: str, parse: Callable[[str], T], default: T) -> T:
+            raw = env.get(name)
+            if raw is None:
+                return default
+            try:
+                return parse(raw.strip())
+            except ValueError as e:
+                problems.append((name, str(e)))
+                return default
+
+        d = TrialSettings()
+        trials = TrialSettings(
+            image=get("CHUNKTUNE_IMAGE", _nonempty, d.image),
+            image_pull_policy=get("CHUNKTUNE_IMAGE_PULL_POLICY", _pull_policy, None),
+            service_account=get("CHUNKTUNE_TRIAL_SERVICE_ACCOUNT", _optional, None),
+            shm_size=get("CHUNKTUNE_SHM_SIZE", _quantity, d.shm_size),
+            sim_load_time=get("CHUNKTUNE_SIM_LOAD_TIME", _seconds_or_none, None),
+            poll_interval=get("CHUNKTUNE_POLL_INTERVAL", _positive, d.poll_interval),
+            kv_sample_interval=get("CHUNKTUNE_KV_SAMPLE_INTERVAL", _positive,
+                                   d.kv_sample_interval),
+            keep_objects=get("CHUNKTUNE_KEEP_TRIAL_OBJECTS", _bool, False),
+            prometheus_select_by=get("CHUNKTUNE_PROMETHEUS_SELECT_BY", _select_by, "pod"),
+        )
+        w = WatchSettings()
+        watch = WatchSettings(
+            server_timeout=get("CHUNKTUNE_WATCH_SERVER_TIMEOUT", _positive, w.server_timeout),
+            client_timeout=get("CHUNKTUNE_WATCH_CLIENT_TIMEOUT", _positive, w.client_timeout))
+        settings = cls(
+            namespaces=get("CHUNKTUNE_NAMESPACES", _namespaces, ()),
+            state_dir=get("CHUNKTUNE_STATE_DIR", lambda v: Path(_nonempty(v)),
+                          DEFAULT_STATE_DIR),
+            standalone=get("CHUNKTUNE_STANDALONE", _bool, False),
+            liveness=get("CHUNKTUNE_LIVENESS", _optional, None),
+            api_threads=get("CHUNKTUNE_API_THREADS", _count, 16),
+            log_level=get("CHUNKTUNE_LOG_LEVEL", _level, "INFO"),
+            watch=watch, trials=trials)
+        if problems:
+            raise SpecError(problems)
+        return settings.with_overrides(**overrides)
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        """A copy with fields replaced (``trials``/``watch`` may be mappings of fields);
+        checked as :meth:`from_env` checks the environment."""
+        nested: dict[str, Any] = {}
+        for key in ("trials", "watch"):
+            value = overrides.pop(key, None)
+            if isinstance(value, Mapping):
+                nested[key] = replace(getattr(self, key), **value)
+            elif value is not None:
+                nested[key] = value
+        out = replace(self, **{k: v for k, v in overrides.items() if v is not None}, **nested)
+        out.check()
+        return out
+
+    def check(self) -> None:
+        problems: list[tuple[str, str]] = []
+        if self.watch.client_timeout <= self.watch.server_timeout:
+            problems.append(("CHUNKTUNE_WATCH_CLIENT_TIMEOUT",
+                             f"must be larger than the server timeout "
+                             f"({self.watch.client_timeout:g} <= {self.watch.server_timeout:g})"))
+        for ns in self.namespaces:
+            if not ns:
+                problems.append(("--namespace", "must not be empty"))
+        if self.liveness and not self.liveness.startswith(("http://", "https://")):
+            problems.append(("--liveness", f"must be an http(s) URL (got {self.liveness!r})"))
+        if problems:
+            raise SpecError(problems)
+
+
+# ---- parsers (raise ValueError with the message) ------------------------------------------------
+
+
+def _nonempty(v: str) -> str:
+    if not v:
+        raise ValueError("must not be empty")
+    return v
+
+
+def _optional(v: str) -> str | None:
+    return v or None
+
+
+def _bool(v: str) -> bool:
+    if v.lower() in _TRUE:
+        return True
+    if v.lower() in _FALSE:
+        return False
+    raise ValueError(f"must be true or false (got {v!r})")
+
+
+def _positive(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"must be a number of seconds (got {v!r})") from None
+    if not x > 0:
+        raise ValueError(f"must be > 0 (got {v!r})")
+    return x
+
+
+def _seconds_or_none(v: str) -> float | None:
+    if not v:
+        return None
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"must be a number of seconds (got {v!r})") from None
+    if x < 0:
+        raise ValueError(f"must be >= 0 (got {v!r})")
+    return x
+
+
+def _count(v: str) -> int:
+    if not v.isdigit() or int(v) < 1:
+        raise ValueError(f"must be a whole number >= 1 (got {v!r})")
+    return int(v)
+
+
+def _namespaces(v: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in v.split(",") if n.strip())
+
+
+def _pull_policy(v: str) -> str | None:
+    if not v:
+        return None
+    if v not in ("Always", "IfNotPresent", "Never"):
+        raise ValueError(f"must be Always, IfNotPresent or Never (got {v!r})")
+    return v
+
+
+def _quantity(v: str) -> str:
+    from chunktune.api._types import QUANTITY_RE
+
+    if not QUANTITY_RE.match(v):
+        raise ValueError(f"must be a Kubernetes quantity such as 8Gi (got {v!r})")
+    return v
+
+
+def _select_by(v: str) -> str:
+    if v not in ("pod", "instance"):
+        raise ValueError(f"must be pod or instance (got {v!r})")
+    return v
+
+
+def _level(v: str) -> str:
+    name = v.upper()
+    if not isinstance(logging.getLevelName(name), int):
+        raise ValueError(f"must be DEBUG, INFO, WARNING or ERROR (got {v!r})")
+    return name
+
+
+__all__ = ["DEFAULT_STATE_DIR", "Settings", "TrialSettings", "WatchSettings"]

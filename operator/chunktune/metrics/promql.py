@@ -1,0 +1,117 @@
+"""Pure PromQL builders for a trial's engine-side figures.
+
+Every query names its metric by a regular expression that accepts both spellings,
+``vllm:num_preemptions_total`` and ``vllm_num_preemptions_total``
+(``{__name__=~"vllm(:|_)num_preemptions_total"}``): Prometheus 2.x scraping prometheus-client >=
+0.23 over OpenMetrics stores the colons as underscores (toolchain notes), and real vLLM pods
+meet the same. Each query is filtered by label matchers that pick the trial's pod — by default
+``namespace`` and ``pod`` (what a PodMonitor or ``kubernetes_sd_configs`` relabelling gives), or
+``instance`` by the pod IP.
+
+The figures mirror :func:`chunktune.metrics.promtext.server_metrics` (the scrape-based reader),
+so a trial's metrics have the same keys whichever source produced them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: Counters (without the ``vllm:`` prefix) whose increase over the load window is reported,
+#: with the key each becomes.
+COUNTERS: dict[str, str] = {
+    "num_preemptions_total": "preemptions",
+    "prompt_tokens_total": "prompt_tokens",
+    "generation_tokens_total": "generation_tokens",
+    "request_success_total": "request_success",
+}
+#: Histograms (base names) and the key prefix of their quantiles.
+HISTOGRAMS: dict[str, str] = {
+    "request_queue_time_seconds": "queue_time",
+    "time_to_first_token_seconds": "server_ttft",
+    "inter_token_latency_seconds": "server_itl",
+}
+KV_USAGE = "kv_cache_usage_perc"
+QUANTILES = (0.5, 0.99)
+
+
+def escape(value: str) -> str:
+    """A label value inside double quotes."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metric_name(name: str) -> str:
+    """``__name__`` matcher for a vLLM metric in both spellings (``name`` without prefix)."""
+    name = re.sub(r"^vllm[:_]", "", name)
+    return f'__name__=~"vllm(:|_){re.escape(name)}"'
+
+
+def matchers(labels: Mapping[str, str], regex: Mapping[str, str] | None = None) -> str:
+    """``a="x",b=~"y"`` from exact and regular-expression matchers (sorted, escaped)."""
+    parts = [f'{k}="{escape(v)}"' for k, v in sorted(labels.items())]
+    parts += [f'{k}=~"{escape(v)}"' for k, v in sorted((regex or {}).items())]
+    return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class PodSelector:
+    """Which series belong to the trial's engine."""
+
+    namespace: str
+    pod: str
+    ip: str | None = None
+    by: str = "pod"
+    """``pod`` (labels ``namespace`` and ``pod``) or ``instance`` (``instance`` = the pod IP
+    with any port)."""
+
+    def text(self) -> str:
+        if self.by == "instance":
+            if not self.ip:
+                raise ValueError("selecting by instance needs the pod IP")
+            return matchers({}, {"instance": f"{re.escape(self.ip)}(:[0-9]+)?"})
+        return matchers({"namespace": self.namespace, "pod": self.pod})
+
+
+def series(name: str, sel: PodSelector) -> str:
+    """``{__name__=~"vllm(:|_)NAME",<pod matchers>}``."""
+    return "{" + metric_name(name) + "," + sel.text() + "}"
+
+
+def _range(seconds: float) -> str:
+    return f"{max(1, round(seconds))}s"
+
+
+def counter_increase(name: str, sel: PodSelector, seconds: float) -> str:
+    """The increase of a counter over the last ``seconds`` (summed over engines and
+    labels)."""
+    return f"sum(increase({series(name, sel)}[{_range(seconds)}]))"
+
+
+def histogram_quantile(q: float, name: str, sel: PodSelector, seconds: float) -> str:
+    """Quantile ``q`` of a histogram's observations over the last ``seconds``."""
+    bucket = series(f"{name}_bucket", sel)
+    return (f"histogram_quantile({q:g}, sum by (le) "
+            f"(increase({bucket}[{_range(seconds)}])))")
+
+
+def gauge_max(name: str, sel: PodSelector, seconds: float, step: float = 1.0) -> str:
+    """The largest value of a gauge over the last ``seconds`` (a subquery at ``step``)."""
+    return (f"max(max_over_time({series(name, sel)}[{_range(seconds)}:"
+            f"{_range(step)}]))")
+
+
+def trial_queries(sel: PodSelector, seconds: float) -> dict[str, str]:
+    """Every query of a trial's load window, by the metric key it yields; evaluate each at
+    the window's end."""
+    out = {key: counter_increase(name, sel, seconds) for name, key in COUNTERS.items()}
+    for name, key in HISTOGRAMS.items():
+        for q in QUANTILES:
+            out[f"{key}_p{int(q * 100)}"] = histogram_quantile(q, name, sel, seconds)
+    out["kv_cache_usage_peak"] = gauge_max(KV_USAGE, sel, seconds)
+    return out
+
+
+__all__ = ["COUNTERS", "HISTOGRAMS", "PodSelector", "counter_increase", "escape",
+           "gauge_max", "histogram_quantile", "matchers", "metric_name", "series",
+           "trial_queries"]
