@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "chunktune.sim.cli",
     "chunktune.api.cli",
     "chunktune.tuning.cli",
+    "chunktune.k8s.cli",
     "chunktune.load.cli",
 )
 

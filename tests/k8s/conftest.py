@@ -4,10 +4,12 @@ wrapper, and owners (``ChunkedPrefillTuning`` objects) for trial objects."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +50,68 @@ def make_owner(kube: KubeEmulator, name: str = "owner", namespace: str = "defaul
                                "kind": "ChunkedPrefillTuning", "metadata": {"name": name},
                                "spec": spec or {}}, namespace)
     return Owner(name=name, namespace=namespace, uid=body["metadata"]["uid"])
+
+
+# ---- the operator, in process ---------------------------------------------------------------
+
+
+def operator_settings(state_dir: Path, **trials: Any) -> Any:
+    """Fast settings for tests: short polls, no model-load delay, the chunktune image."""
+    from chunktune.k8s.settings import Settings
+
+    return Settings.from_env({}, state_dir=state_dir, standalone=True, trials={
+        "image": "ghcr.io/chunktune/chunktune:test", "sim_load_time": 0.1,
+        "poll_interval": 0.1, "kv_sample_interval": 0.5, **trials})
+
+
+@contextlib.asynccontextmanager
+async def running_operator(kube: KubeEmulator, settings: Any) -> AsyncIterator[Any]:
+    """The real operator (kopf + the official client) against the emulator, until the
+    block ends; yields the shared :class:`~chunktune.k8s.study.Operator` state."""
+    import kopf
+
+    from chunktune.k8s import runtime
+
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=kube.url, token=kube.token)
+
+    stop = asyncio.Event()
+    ready = asyncio.Event()
+    registry, op = runtime.build(settings, kube.api_client(), login)
+    task = asyncio.create_task(kopf.operator(
+        registry=registry, clusterwide=True, standalone=True, stop_flag=stop,
+        ready_flag=ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 20)
+        yield op
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 90)
+        await op.api.close()
+
+
+def tuning(name: str, **spec: Any) -> dict[str, Any]:
+    """A small ChunkedPrefillTuning of a simulated engine (4 s trials of the smoke profile)."""
+    base: dict[str, Any] = {
+        "engine": {"kind": "sim", "model": "llama-3.1-8b", "gpu": {"type": "h100-sxm"},
+                   "args": ["--max-model-len", "16384"]},
+        "searchSpace": [{"name": "max-num-batched-tokens", "choices": [1024, 2048, 4096]}],
+        "workload": {"profile": "smoke", "duration": "4s", "warmup": "1s"},
+        "budget": {"maxTrials": 2, "parallelism": 1},
+        "sampler": {"name": "random", "seed": 1},
+    }
+    base.update(spec)
+    return {"apiVersion": "chunktune.dev/v1alpha1", "kind": "ChunkedPrefillTuning",
+            "metadata": {"name": name}, "spec": base}
+
+
+def status_of(kube: KubeEmulator, name: str, namespace: str = "default") -> dict[str, Any]:
+    return dict((kube.get("cpt", namespace, name) or {}).get("status") or {})
+
+
+async def wait_phase(kube: KubeEmulator, name: str, phases: tuple[str, ...],
+                     timeout: float = 60.0) -> dict[str, Any]:
+    return await kube.until(lambda: (s := status_of(kube, name)).get("phase") in phases and s,
+                            timeout=timeout, interval=0.1,
+                            message=f"{name} reaching {'/'.join(phases)}")

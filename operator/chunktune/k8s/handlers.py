@@ -1,0 +1,147 @@
+"""The kopf handlers: thin adapters from kopf to :mod:`chunktune.k8s.study`.
+
+* ``@kopf.on.startup`` :func:`configure` applies the settings (event posting, watch timeouts,
+  handler progress and diff-base in annotations, our finalizer name) — once;
+* ``@kopf.on.create``: validate (an invalid spec is ``Failed`` with the field paths in a
+  condition, and a :class:`kopf.PermanentError`), create or open the study, phase ``Pending``;
+* ``@kopf.on.update`` of ``spec``: re-validate (same outcome for an invalid spec);
+* ``@kopf.daemon``: one per resource, :meth:`StudyController.serve` — the study itself;
+* ``@kopf.on.delete`` (the finalizer): wait for the daemon to stop its trials, delete every
+  trial object (ownerReferences are the second net) and the default study journal.
+
+Domain errors (:class:`~chunktune.errors.SpecError`) become kopf's at this boundary only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from chunktune.api.crd import PLURAL
+from chunktune.api.v1alpha1 import API_GROUP, API_VERSION
+from chunktune.errors import SpecError
+from chunktune.k8s.settings import Settings
+from chunktune.k8s.study import (
+    Emit,
+    Operator,
+    StudyController,
+    delete_study,
+    generation,
+    parse,
+    problems_text,
+)
+
+RESOURCE = (API_GROUP, API_VERSION, PLURAL)
+#: Prefix of kopf's annotations (handler progress, last handled spec) and our finalizer.
+ANNOTATION_PREFIX = "chunktune.dev"
+FINALIZER = "chunktune.dev/finalizer"
+#: Seconds a stopping daemon may take (its trials stop and clean up) before kopf cancels it.
+CANCELLATION_TIMEOUT = 60.0
+
+
+def configure_kopf(ours: Settings, settings: kopf.OperatorSettings) -> None:
+    """Apply our settings to kopf's (the body of the startup handler)."""
+    settings.posting.enabled = True
+    settings.posting.level = logging.WARNING  # kopf's own log lines; ours are explicit events
+    settings.watching.server_timeout = ours.watch.server_timeout
+    settings.watching.client_timeout = ours.watch.client_timeout
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+
+
+def emitter(body: kopf.Body) -> Emit:
+    def emit(kind: str, reason: str, message: str) -> None:
+        with contextlib.suppress(LookupError):  # outside the operator (no posting queue)
+            kopf.event(body, type=kind, reason=reason, message=message[:1000])
+
+    return emit
+
+
+class KopfLive:
+    """kopf's live body and stop flag, as :class:`chunktune.k8s.study.Live`."""
+
+    def __init__(self, body: kopf.Body, stopped: kopf.DaemonStopped) -> None:
+        self._body = body
+        self._stopped = stopped
+
+    def body(self) -> Mapping[str, Any]:
+        return self._body
+
+    def stopping(self) -> str | None:
+        if not self._stopped:
+            return None
+        reason = self._stopped.reason
+        if reason is not None and reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
+            return "deleted"
+        return "exiting"
+
+    async def sleep(self, seconds: float) -> None:
+        await self._stopped.wait(seconds)
+
+
+def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
+    """Register every handler of the operator in ``registry``."""
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(op.settings, settings)
+
+    async def refuse_if_invalid(body: kopf.Body) -> Any:
+        tuning, problems = parse(body)
+        if tuning is not None:
+            try:
+                await asyncio.to_thread(op.check_study, tuning)
+            except SpecError as e:
+                problems = e.problems
+        if problems:
+            ctrl = StudyController(op, body, emitter(body))
+            await ctrl.invalid(problems, generation(body))
+            text = problems_text(problems)
+            kopf.event(body, type="Warning", reason="InvalidSpec", message=text[:1000])
+            raise kopf.PermanentError(f"invalid spec: {text}")
+        return tuning
+
+    @kopf.on.create(*RESOURCE, registry=registry)
+    async def created(body: kopf.Body, **_: Any) -> None:
+        await refuse_if_invalid(body)
+        await StudyController(op, body, emitter(body)).pending(generation(body))
+
+    @kopf.on.update(*RESOURCE, field="spec", registry=registry)
+    async def updated(body: kopf.Body, **_: Any) -> None:
+        await refuse_if_invalid(body)
+
+    @kopf.daemon(*RESOURCE, registry=registry, cancellation_backoff=CANCELLATION_TIMEOUT,
+                 cancellation_timeout=10.0, backoff=15.0)
+    async def study(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        uid = str(body["metadata"]["uid"])
+        exited = op.exited.setdefault(uid, asyncio.Event())
+        exited.clear()
+        try:
+            await StudyController(op, body, emitter(body)).serve(KopfLive(body, stopped))
+        finally:
+            exited.set()
+
+    @kopf.on.delete(*RESOURCE, registry=registry)
+    async def deleted(body: kopf.Body, **_: Any) -> None:
+        exited = op.exited.get(str(body["metadata"]["uid"]))
+
+        async def daemon_exit() -> None:
+            if exited is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(exited.wait(), CANCELLATION_TIMEOUT)
+
+        left = await delete_study(op, body, daemon_exit)
+        if left:
+            raise kopf.TemporaryError(f"trial objects still there: {', '.join(left)}", delay=5)
+
+
+__all__ = ["ANNOTATION_PREFIX", "FINALIZER", "RESOURCE", "KopfLive", "configure_kopf",
+           "emitter", "register"]

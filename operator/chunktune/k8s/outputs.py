@@ -1,0 +1,86 @@
+"""Where a finished study's result goes besides the status: ``spec.output``.
+
+* ``configMap``: a ConfigMap with ``flags`` (``--max-num-batched-tokens 4096
+  --long-prefill-token-threshold 512``), ``best.json`` and ``pareto.json``; created or
+  updated, not owned by the tuning (the result outlives it);
+* ``patchDeployment``: the best flags set on a Deployment's container (by name, or the
+  first): existing values of those flags replaced, missing ones appended
+  (:func:`chunktune.backends.manifests.set_flags`), so the Deployment rolls out with them.
+
+Each returns a problem message instead of raising: a missing Deployment must not turn a
+finished study into a failed one; the handler records it as a condition and a warning event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chunktune.api.v1alpha1 import OutputSpec
+from chunktune.backends import manifests as mf
+from chunktune.backends.base import flags_line
+from chunktune.backends.kubernetes import ClusterApiError
+from chunktune.k8s.kube import KubeApi
+from chunktune.tuning.results import Results, to_json
+
+#: Annotations set on a patched Deployment.
+TUNED_BY = "chunktune.dev/tuned-by"
+TUNED_FLAGS = "chunktune.dev/flags"
+
+
+async def write_outputs(api: KubeApi, owner: mf.Owner, output: OutputSpec,
+                        results: Results) -> list[str]:
+    """Write every configured output; returns the problems (empty when all went well)."""
+    best = results.best_trial
+    if best is None:
+        return []
+    problems: list[str] = []
+    doc = to_json(results)
+    flags = flags_line(dict(best.params))
+    if output.config_map:
+        body = mf.output_configmap(output.config_map, owner, flags, doc["best"],
+                                   doc["pareto_front"])
+        try:
+            await api.apply_configmap(owner.namespace, body)
+        except ClusterApiError as e:
+            problems.append(f"ConfigMap {output.config_map}: {e.message}")
+    if output.patch_deployment is not None:
+        problem = await patch_deployment(api, owner, output.patch_deployment.name,
+                                         output.patch_deployment.container, dict(best.params))
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+async def patch_deployment(api: KubeApi, owner: mf.Owner, name: str, container: str | None,
+                           params: dict[str, Any]) -> str | None:
+    """Set ``params`` as flags of a Deployment's container; a problem message, or None."""
+    try:
+        deploy = await api.get("deployments", owner.namespace, name)
+    except ClusterApiError as e:
+        return f"Deployment {name}: {e.message}"
+    if deploy is None:
+        return f"Deployment {name} not found in namespace {owner.namespace}"
+    containers = ((deploy.get("spec") or {}).get("template") or {}).get("spec", {}).get(
+        "containers") or []
+    target = next((c for c in containers if c.get("name") == container), None) \
+        if container else (containers[0] if containers else None)
+    if target is None:
+        return f"Deployment {name} has no container {container or ''}".rstrip()
+    args = list(target.get("args") or [])
+    field = "args"
+    if not args and any(" --" in str(c) for c in target.get("command") or []):
+        field, args = "command", list(target["command"])  # a one-string shell command
+    new = mf.set_flags(args, params)
+    patch = {
+        "metadata": {"annotations": {TUNED_BY: f"{owner.namespace}/{owner.name}",
+                                     TUNED_FLAGS: flags_line(params)}},
+        "spec": {"template": {"spec": {"containers": [{"name": target["name"], field: new}]}}},
+    }
+    try:
+        await api.patch("deployments", owner.namespace, name, patch)
+    except ClusterApiError as e:
+        return f"Deployment {name}: {e.message}"
+    return None
+
+
+__all__ = ["TUNED_BY", "TUNED_FLAGS", "patch_deployment", "write_outputs"]

@@ -1,0 +1,453 @@
+"""One ``ChunkedPrefillTuning``'s study in the cluster: the tuner, its status, events and
+outputs. No kopf here: :mod:`.handlers` adapts kopf's live body and stop flag to :class:`Live`.
+
+:meth:`StudyController.serve` is the daemon's whole life, a small state machine on the
+resource's phase (``Pending -> Running -> Succeeded | Failed``, ``Suspended`` in between):
+
+* an invalid spec is ``Failed`` with a ``SpecValid=False`` condition naming the fields, until
+  the spec changes;
+* ``spec.suspend: true`` is ``Suspended``: trials in flight are stopped (their objects deleted;
+  the study re-runs them when resumed), no new ones start;
+* otherwise the :class:`~chunktune.tuning.runner.Tuner` runs with a
+  :class:`~chunktune.backends.kubernetes.KubernetesBackend`. Budget and output changes apply
+  live; when the study ends the phase is ``Succeeded`` (with a best configuration, then
+  ``spec.output`` is written) or ``Failed``; a later spec change (a bigger ``maxTrials``)
+  resumes the same study.
+
+All state lives in the study storage and the resource's status: a restarted operator sweeps
+the objects of trials the study does not know as running, and the tuner adopts the rest
+(:meth:`~chunktune.backends.kubernetes.KubernetesBackend.recover`). Status is written only as
+``render_status(summary(...))``, serialised per resource by :class:`StatusWriter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from chunktune.api.status import StudySummary, render_status, set_condition
+from chunktune.api.v1alpha1 import ChunkedPrefillTuning
+from chunktune.api.validation import parse_manifest, validate
+from chunktune.backends import manifests as mf
+from chunktune.backends.base import flags_line
+from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
+from chunktune.errors import BackendUnavailable, SpecError
+from chunktune.k8s.kube import KubeApi
+from chunktune.k8s.outputs import write_outputs
+from chunktune.k8s.settings import Settings
+from chunktune.tuning import study as st
+from chunktune.tuning.results import collect, summary
+from chunktune.tuning.runner import TrialEvent, Tuner
+
+log = logging.getLogger(__name__)
+Problem = tuple[str, str]
+#: ``emit(type, reason, message)``: post a Kubernetes Event on the resource.
+Emit = Callable[[str, str, str], None]
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+class Live(Protocol):
+    """The daemon's view of its resource (kopf's live body and stop flag)."""
+
+    def body(self) -> Mapping[str, Any]: ...
+
+    def stopping(self) -> str | None:
+        """None while running; ``deleted`` or ``exiting`` once asked to stop."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, returning early when asked to stop."""
+
+
+def generation(body: Mapping[str, Any]) -> int:
+    return int((body.get("metadata") or {}).get("generation") or 1)
+
+
+def owner_of(body: Mapping[str, Any]) -> mf.Owner:
+    meta = body.get("metadata") or {}
+    return mf.Owner(name=str(meta["name"]), namespace=str(meta.get("namespace") or "default"),
+                    uid=str(meta.get("uid") or ""),
+                    api_version=str(body.get("apiVersion") or "chunktune.dev/v1alpha1"))
+
+
+def parse(body: Mapping[str, Any]) -> tuple[ChunkedPrefillTuning | None, list[Problem]]:
+    """The resource as a validated model, or every problem with its field path."""
+    meta = body.get("metadata") or {}
+    raw = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+           "metadata": {k: meta[k] for k in ("name", "namespace", "generation") if k in meta},
+           "spec": _plain(body.get("spec"))}
+    problems = validate(raw)
+    if problems:
+        return None, problems
+    tuning = parse_manifest(raw)
+    if tuning.spec.engine.kind == "sglang":
+        return None, [("spec.engine.kind", "the operator cannot run sglang engines yet; use "
+                                           "vllm or sim")]
+    return tuning, []
+
+
+def problems_text(problems: list[Problem]) -> str:
+    return "; ".join(f"{p} {m}" if p else m for p, m in problems)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _changed_from(gen: int) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda body: generation(body) != gen
+
+
+def _now() -> datetime:
+    return datetime.now(tz=UTC)
+
+
+@dataclass
+class Operator:
+    """What every handler shares: settings, the API, and per-resource state in memory
+    (status writers, daemon exit flags) — nothing that would be lost on a restart."""
+
+    settings: Settings
+    api: KubeApi
+    writers: dict[str, StatusWriter] = field(default_factory=dict)
+    exited: dict[str, asyncio.Event] = field(default_factory=dict)
+    backends: list[KubernetesBackend] = field(default_factory=list)
+
+    def storage(self, tuning: ChunkedPrefillTuning) -> str:
+        return st.storage_url(tuning, default_dir=self.settings.state_dir)
+
+    def writer(self, body: Mapping[str, Any]) -> StatusWriter:
+        owner = owner_of(body)
+        if owner.uid not in self.writers:
+            self.writers[owner.uid] = StatusWriter(self.api, owner,
+                                                   dict(body.get("status") or {}))
+        return self.writers[owner.uid]
+
+    def backend(self, tuning: ChunkedPrefillTuning, owner: mf.Owner) -> KubernetesBackend:
+        s = self.settings.trials
+        spec = tuning.spec
+        resources = (spec.engine.resources.model_dump(mode="json", exclude_none=True)
+                     if spec.engine.resources else None)
+        return KubernetesBackend(self.api, owner, BackendSettings(
+            options=s.options(), poll_interval=s.poll_interval,
+            kv_sample_interval=spec.metrics.scrape_interval or s.kv_sample_interval,
+            keep_objects=s.keep_objects, prometheus_url=spec.metrics.prometheus_url,
+            prometheus_select_by=s.prometheus_select_by,
+            prometheus_delay=spec.metrics.scrape_interval or 15.0,
+            trial_timeout=spec.budget.trial_timeout), resources=resources)
+
+    def check_study(self, tuning: ChunkedPrefillTuning) -> None:
+        """Create or open the study (raises :class:`SpecError` if the storage holds this
+        study with another search)."""
+        from chunktune.tuning.objectives import ObjectiveDef
+
+        directions = [ObjectiveDef.from_spec(o).direction for o in tuning.spec.objectives]
+        st.open_study(tuning, st.open_storage(self.storage(tuning)), directions,
+                      st.make_sampler(tuning, len(directions), bool(tuning.spec.constraints)),
+                      st.make_pruner(tuning, len(directions)))
+
+    def forget(self, uid: str) -> None:
+        self.writers.pop(uid, None)
+        self.exited.pop(uid, None)
+
+
+class StatusWriter:
+    """Serialised status patches of one resource, and the status fields the renderer does not
+    know (conditions, times, phase, message)."""
+
+    def __init__(self, api: KubeApi, owner: mf.Owner, current: dict[str, Any]) -> None:
+        self.api = api
+        self.owner = owner
+        self.last = current
+        self.phase: str | None = current.get("phase")
+        self.conditions: list[dict[str, Any]] = list(current.get("conditions") or [])
+        self.start_time: str | None = current.get("startTime")
+        self.completion_time: str | None = current.get("completionTime")
+        self.message: str | None = current.get("message")
+        self.generation: int | None = current.get("observedGeneration")
+        self.lock = asyncio.Lock()
+
+    def set(self, phase: str, generation: int, message: str | None = None,
+            **conditions: tuple[bool, str, str]) -> None:
+        """Phase, message and conditions (``Type=(status, reason, message)``)."""
+        now = _now()
+        self.phase, self.generation, self.message = phase, generation, message
+        for kind, (ok, reason, text) in conditions.items():
+            self.conditions = set_condition(self.conditions, kind, ok, reason, text,
+                                            generation, now)
+        if phase == "Running" and not self.start_time:
+            self.start_time = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if phase in TERMINAL:
+            self.completion_time = self.completion_time or now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        else:
+            self.completion_time = None
+
+    def render(self, tuner: Tuner | None) -> dict[str, Any]:
+        kw: dict[str, Any] = {"conditions": self.conditions, "observed_generation":
+                              self.generation, "start_time": self.start_time,
+                              "completion_time": self.completion_time, "message": self.message}
+        if tuner is None:
+            return render_status(StudySummary(phase=self.phase or "Pending", **kw))
+        results = collect(tuner.study, tuner.objectives, tuner.constraints)
+        return render_status(summary(results, self.phase or "Pending",
+                                     tuner.spec.budget.max_trials, **kw))
+
+    async def write(self, tuner: Tuner | None = None) -> None:
+        async with self.lock:
+            status = self.render(tuner)
+            patch: dict[str, Any] = dict(status)
+            for key in self.last:
+                if key not in status:
+                    patch[key] = None  # merge patch: drop what the renderer no longer gives
+            if patch == self.last:
+                return
+            await self.api.patch_tuning_status(self.owner.namespace, self.owner.name, patch)
+            self.last = status
+
+
+class StudyController:
+    """Drives one resource's study; :meth:`serve` is the daemon's body."""
+
+    def __init__(self, op: Operator, body: Mapping[str, Any], emit: Emit) -> None:
+        self.op = op
+        self.owner = owner_of(body)
+        self.writer = op.writer(body)
+        self.emit = emit
+        self.tuner: Tuner | None = None
+        self.backend: KubernetesBackend | None = None
+        self.gen = generation(body)
+        self.stop_cause: str | None = None
+        self._flush: asyncio.Task[None] | None = None
+        self._dirty = False
+
+    # ---- phases --------------------------------------------------------------------------------
+
+    async def invalid(self, problems: list[Problem], gen: int) -> None:
+        text = problems_text(problems)
+        self.writer.set("Failed", gen, f"invalid spec: {text}",
+                        SpecValid=(False, "InvalidSpec", text),
+                        Running=(False, "InvalidSpec", "the spec is invalid"))
+        await self.writer.write(None)
+
+    async def pending(self, gen: int) -> None:
+        """Pending with SpecValid=True, unless the daemon has moved on already."""
+        if self.writer.phase is None:
+            self.writer.set("Pending", gen, "waiting for the study to start",
+                            SpecValid=(True, "Valid", "the spec is valid"))
+            await self.writer.write(None)
+
+    async def _until(self, live: Live, done: Callable[[Mapping[str, Any]], bool]) -> None:
+        while live.stopping() is None and not done(live.body()):
+            await live.sleep(max(0.2, self.op.settings.trials.poll_interval))
+
+    # ---- the daemon ----------------------------------------------------------------------------
+
+    async def serve(self, live: Live) -> None:
+        while live.stopping() is None:
+            body = live.body()
+            gen = generation(body)
+            self.gen = gen
+            changed = _changed_from(gen)
+            tuning, problems = parse(body)
+            if tuning is None:
+                await self.invalid(problems, gen)
+                await self._until(live, changed)
+                continue
+            # NOTE: the writer, not the body: the watch event of our own last write may not
+            # have arrived yet (the writer starts from the body's status on a restart).
+            if self.writer.phase in TERMINAL and self.writer.generation == gen:
+                await self._until(live, changed)
+                continue
+            try:
+                await self._study(tuning, live)
+            except SpecError as e:
+                await self.invalid(e.problems, gen)
+                await self._until(live, changed)
+            except BackendUnavailable as e:
+                await self.invalid([("spec.engine", str(e))], gen)
+                await self._until(live, changed)
+
+    async def _study(self, tuning: ChunkedPrefillTuning, live: Live) -> None:
+        backend = self.op.backend(tuning, self.owner)
+        self.op.backends.append(backend)
+        try:
+            tuner = Tuner(tuning, backend, self.op.storage(tuning), on_event=self._event,
+                          on_update=lambda _: self._changed(),
+                          stop_requested=lambda: self._stop_requested(live))
+            self.tuner, self.backend, self.stop_cause = tuner, backend, None
+            running = {t.number for t in tuner.trials() if st.trial_state(t) == "RUNNING"}
+            swept = await backend.sweep(keep=running)
+            if swept:
+                log.info("%s/%s: deleted %d objects of trials the study does not run",
+                         self.owner.namespace, self.owner.name, swept)
+            if tuning.spec.suspend:
+                await self._suspended(live)
+                return
+            self.writer.set("Running", self.gen, f"tuning {len(tuner.params)} flags",
+                            SpecValid=(True, "Valid", "the spec is valid"),
+                            Running=(True, "TrialsRunning", "the study is running"),
+                            Suspended=(False, "Resumed", "the study is not suspended"))
+            await self.writer.write(tuner)
+            reason = await tuner.run()
+            await self._drain_flush()
+            if reason == "stopped":
+                if live.stopping() is None and self.stop_cause == "suspended":
+                    await self._suspended(live)
+                return
+            await self._finish(tuner, reason)
+        finally:
+            self.op.backends.remove(backend)
+            await backend.close()
+            self.tuner = self.backend = None
+
+    async def _suspended(self, live: Live) -> None:
+        self.writer.set("Suspended", self.gen, "suspended: no trial runs until spec.suspend "
+                        "is false", Running=(False, "Suspended", "the study is suspended"),
+                        Suspended=(True, "Suspended", "spec.suspend is true"))
+        await self.writer.write(self.tuner)
+        self.emit("Normal", "Suspended", "the study is suspended")
+        gen = self.gen
+        await self._until(live, lambda b: generation(b) != gen or
+                          not (b.get("spec") or {}).get("suspend"))
+
+    async def _finish(self, tuner: Tuner, reason: str) -> None:
+        results = collect(tuner.study, tuner.objectives, tuner.constraints)
+        counted = tuner.counted()
+        best = results.best_trial
+        if best is not None and reason != "failures":
+            why = {"budget": "the trial budget is spent", "converged": "the study converged",
+                   "exhausted": "the search space is exhausted",
+                   "duration": "the study's maxDuration passed"}.get(reason, reason)
+            message = f"{why}: best trial {best.number} ({flags_line(dict(best.params))})"
+            problems = await write_outputs(self.op.api, self.owner, tuner.spec.output, results)
+            conds: dict[str, tuple[bool, str, str]] = {
+                "Running": (False, "Completed", why), "Complete": (True, "Completed", message),
+                "Failed": (False, "Completed", why)}
+            if tuner.spec.output.config_map or tuner.spec.output.patch_deployment:
+                conds["OutputWritten"] = ((False, "OutputFailed", "; ".join(problems))
+                                          if problems else (True, "Written", "the best flags "
+                                                            "were written to spec.output"))
+                for p in problems:
+                    self.emit("Warning", "OutputFailed", p)
+            self.writer.set("Succeeded", self.gen, message, **conds)
+            self.emit("Normal", "Succeeded", f"{message} after {counted} trials")
+        else:
+            if reason == "failures":
+                message = (f"{tuner.counts()['FAIL']} trials failed "
+                           f"(budget.maxFailedTrials {tuner.spec.budget.max_failed_trials})")
+                cause = "TooManyFailures"
+            else:
+                message = f"no trial met every constraint after {counted} trials ({reason})"
+                cause = "NoFeasibleTrial"
+            self.writer.set("Failed", self.gen, message, Running=(False, cause, message),
+                            Complete=(False, cause, message), Failed=(True, cause, message))
+            self.emit("Warning", cause, message)
+        await self.writer.write(tuner)
+
+    # ---- the tuner's callbacks -----------------------------------------------------------------
+
+    def _stop_requested(self, live: Live) -> bool:
+        why = live.stopping()
+        if why is not None:
+            if why == "exiting" and self.backend is not None:
+                self.backend.detached = True  # leave the trials for the next operator
+            self.stop_cause = why
+            return True
+        body = live.body()
+        if generation(body) != self.gen:
+            tuning, _ = parse(body)
+            if tuning is None or self.tuner is None or \
+                    st.fingerprint(tuning) != st.fingerprint(self.tuner.tuning):
+                self.stop_cause = "changed"
+                return True
+            # NOTE: the budget and the outputs may change under a running study; the rest
+            # (engine, space, workload, goals) is immutable (CEL rules, and the fingerprint).
+            self.tuner.spec.budget = tuning.spec.budget
+            self.tuner.spec.output = tuning.spec.output
+            self.gen = generation(body)
+            self.writer.generation = self.gen
+            self._changed()
+        if (body.get("spec") or {}).get("suspend"):
+            self.stop_cause = "suspended"
+            return True
+        return False
+
+    def _changed(self) -> None:
+        self._dirty = True
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.get_running_loop().create_task(self._flusher())
+
+    async def _flusher(self) -> None:
+        while self._dirty:
+            self._dirty = False
+            try:
+                await self.writer.write(self.tuner)
+            except Exception:
+                log.exception("cannot write the status of %s/%s", self.owner.namespace,
+                              self.owner.name)
+
+    async def _drain_flush(self) -> None:
+        if self._flush is not None:
+            with contextlib.suppress(Exception):
+                await self._flush
+
+    def _event(self, e: TrialEvent) -> None:
+        tag = " (baseline)" if e.baseline else ""
+        flags = flags_line(e.point)
+        if e.kind == "started":
+            self.emit("Normal", "TrialStarted", f"trial {e.number}{tag}: {flags}")
+            return
+        what = e.state + (f" {e.reason}" if e.reason else "")
+        detail = ""
+        if self.tuner is not None and e.metrics:
+            key = self.tuner.objectives[0].key
+            if key in e.metrics:
+                detail = f"; {key}={e.metrics[key]:.4g}"
+        if e.state in ("FAIL", "INFEASIBLE") and e.message:
+            detail += f": {e.message.strip().splitlines()[-1][:300]}"
+        kind = "Warning" if e.state in ("FAIL", "INFEASIBLE") else "Normal"
+        self.emit(kind, f"Trial{e.state.title()}",
+                  f"trial {e.number}{tag}: {flags} -> {what}{detail}")
+
+
+async def delete_study(op: Operator, body: Mapping[str, Any],
+                       wait: Callable[[], Awaitable[None]] | None = None,
+                       timeout: float = 10.0) -> list[str]:
+    """The finalizer's work: delete every trial object of the resource (after ``wait``: the
+    daemon's exit) and its default study journal; returns what is still there after
+    ``timeout`` (empty when everything is gone)."""
+    owner = owner_of(body)
+    if wait is not None:
+        await wait()
+    backend = KubernetesBackend(op.api, owner, BackendSettings(
+        options=op.settings.trials.options()))
+    try:
+        await backend.sweep()
+        left = await backend.remaining()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while left and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.2)  # the Jobs' pods go with the garbage collector
+            await backend.sweep()
+            left = await backend.remaining()
+    finally:
+        await backend.close()
+    if not (body.get("spec") or {}).get("storage"):
+        path = op.settings.state_dir / f"{owner.namespace}-{owner.name}.journal"
+        for p in (path, path.with_name(path.name + ".lock")):
+            with contextlib.suppress(OSError):
+                p.unlink()
+    op.forget(owner.uid)
+    return left
+
+
+__all__ = ["Live", "Operator", "StatusWriter", "StudyController", "delete_study",
+           "generation", "owner_of", "parse", "problems_text"]
