@@ -35,12 +35,21 @@ def events(kube: KubeEmulator, name: str) -> list[dict[str, Any]]:
 
 async def test_study_succeeds_with_best_baseline_and_pareto_front(
         kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    kube.create("deployments", {"metadata": {"name": "vllm"}, "spec": {
+        "replicas": 0, "selector": {"matchLabels": {"app": "vllm"}}, "template": {
+            "metadata": {"labels": {"app": "vllm"}}, "spec": {"containers": [
+                {"name": "sidecar", "image": "busybox", "args": ["sleep", "1d"]},
+                {"name": "engine", "image": "vllm/vllm-openai:v0.11.0", "args": [
+                    "serve", "meta-llama/Llama-3.1-8B-Instruct",
+                    "--max-num-batched-tokens=512", "--max-model-len", "16384"]}]}}}},
+                "default")
     kube.create("cpt", tuning(
         "pareto",
         objectives=[{"metric": "ttft_p99", "direction": "minimize"},
                     {"metric": "throughput_tokens_per_s", "direction": "maximize"}],
         budget={"maxTrials": 3, "parallelism": 2},
-        output={"configMap": "pareto-best"}), "default")
+        output={"configMap": "pareto-best",
+                "patchDeployment": {"name": "vllm", "container": "engine"}}), "default")
     async with running_operator(kube, operator_settings(tmp_path)):
         status = await wait_phase(kube, "pareto", ("Succeeded", "Failed"), timeout=90)
         assert status["phase"] == "Succeeded", status.get("message")
@@ -62,6 +71,14 @@ async def test_study_succeeds_with_best_baseline_and_pareto_front(
     assert cm is not None and cm["data"]["flags"] == best["flags"]
     assert json.loads(cm["data"]["best.json"])["number"] == best["trial"]
     assert len(json.loads(cm["data"]["pareto.json"])) == len(status["paretoFront"])
+    containers = kube.get("deployments", "default", "vllm")["spec"]["template"]["spec"][
+        "containers"]
+    assert containers[0]["args"] == ["sleep", "1d"]
+    assert containers[1]["args"] == [
+        "serve", "meta-llama/Llama-3.1-8B-Instruct",
+        f"--max-num-batched-tokens={best['parameters']['max-num-batched-tokens']}",
+        "--max-model-len", "16384"]
+    assert conds["OutputWritten"]["status"] == "True"
     reasons = [e["reason"] for e in events(kube, "pareto")]
     assert reasons.count("TrialStarted") == 3 and reasons.count("TrialComplete") == 3
     assert "Succeeded" in reasons
@@ -75,3 +92,54 @@ async def test_study_succeeds_with_best_baseline_and_pareto_front(
     assert len(set(points)) == 3
     assert status_of(kube, "pareto")["phase"] == "Succeeded"
 
+
+
+async def test_engine_that_cannot_start_is_infeasible_and_the_study_goes_on(
+        kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    # An L4 cannot profile a 65536-token step for an 8B model next to a KV cache: the engine
+    # exits at start-up with vLLM's message; the point is infeasible, not a failed trial.
+    kube.create("cpt", tuning(
+        "small-gpu",
+        engine={"kind": "sim", "model": "llama-3.1-8b", "gpu": {"type": "l4"},
+                "args": ["--max-model-len", "8192"]},
+        searchSpace=[{"name": "max-num-batched-tokens", "choices": [4096, 65536]}],
+        budget={"maxTrials": 3, "parallelism": 2, "prescreen": False},
+        sampler={"name": "random", "seed": 0}), "default")
+    async with running_operator(kube, operator_settings(tmp_path)):
+        status = await wait_phase(kube, "small-gpu", ("Succeeded", "Failed"), timeout=90)
+    assert status["phase"] == "Succeeded", status.get("message")
+    by_budget = {t["parameters"]["max-num-batched-tokens"]: t for t in status["trials"]}
+    bad = by_budget[65536]
+    assert bad["state"] == "INFEASIBLE"
+    assert bad["reason"] in ("KVCacheTooSmall", "EngineOOM", "MaxModelLenTooLarge")
+    assert by_budget[4096]["state"] == "COMPLETE"
+    assert status["counts"]["infeasible"] == 1 and status["counts"]["completed"] == 2
+    assert status["best"]["parameters"]["max-num-batched-tokens"] != 65536
+    warned = [e for e in events(kube, "small-gpu") if e["reason"] == "TrialInfeasible"]
+    assert warned and warned[0]["type"] == "Warning"
+    assert "65536" in warned[0]["message"] and bad["reason"] in warned[0]["message"]
+
+
+async def test_invalid_spec_is_refused_with_the_field_named(
+        kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    bad = tuning("bad", searchSpace=[
+        {"name": "max-num-batched-tokens", "type": "int", "low": 8192, "high": 4096}])
+    kube.create("cpt", bad, "default")
+    async with running_operator(kube, operator_settings(tmp_path)):
+        status = await wait_phase(kube, "bad", ("Failed",))
+        conds = {c["type"]: c for c in status["conditions"]}
+        assert conds["SpecValid"]["status"] == "False"
+        assert conds["SpecValid"]["reason"] == "InvalidSpec"
+        assert "spec.searchSpace[0].low must be <= high (got 8192 > 4096)" in \
+            conds["SpecValid"]["message"]
+        assert "spec.searchSpace[0].low" in status["message"]
+        await kube.until(lambda: any(e["reason"] == "InvalidSpec"
+                                     for e in events(kube, "bad")), message="event")
+        assert not trial_objects(kube, "bad")
+        # fixed: the study starts
+        kube.patch("cpt", "default", "bad", {"spec": {"searchSpace": [
+            {"name": "max-num-batched-tokens", "type": "int", "low": 2048, "high": 4096,
+             "step": 2048}]}})
+        status = await wait_phase(kube, "bad", ("Running",))
+        assert {c["type"]: c for c in status["conditions"]}["SpecValid"]["status"] == "True"
+        assert status["observedGeneration"] == 2
