@@ -52,10 +52,11 @@ def make_api_client(kubeconfig: str | None = None, pool_size: int = 16) -> Any:
     try:
         if kubeconfig:
             raise kubernetes.config.ConfigException("explicit kubeconfig")
-        kubernetes.config.load_incluster_config(client_configuration=config)
+        kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=config)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(config_file=kubeconfig,
-                                           client_configuration=config)
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=config)
     config.connection_pool_maxsize = pool_size
     return kubernetes.client.ApiClient(configuration=config)
 
@@ -147,7 +148,8 @@ class KubeApi:
                 if e.status in (400, 404):  # not started yet, or gone
                     return ""
                 raise _error(e) from None
-            return bytes(resp.data or b"").decode("utf-8", errors="replace")
+            data: Any = getattr(resp, "data", b"")
+            return bytes(data or b"").decode("utf-8", errors="replace")
 
         return await self._call(run)
 
@@ -195,7 +197,7 @@ class KubeApi:
 def _error(e: ApiException) -> ClusterApiError:
     message = e.reason or ""
     with contextlib.suppress(Exception):
-        message = json.loads(e.body).get("message") or message
+        message = json.loads(e.body or "{}").get("message") or message
     return ClusterApiError(int(e.status or 0), str(message))
 
 

@@ -1,0 +1,208 @@
+"""Unit tests without an API server: PromQL builders, the Prometheus client (against a tiny
+HTTP stand-in of the query API on loopback), the settings tree, the status writer's wiring of
+``render_status`` and the CLI's settings."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from chunktune.api.crd import PRINTER_COLUMNS
+from chunktune.api.validation import parse_manifest
+from chunktune.backends import manifests as mf
+from chunktune.backends.simulated import SimulatedBackend
+from chunktune.errors import SpecError
+from chunktune.k8s.settings import Settings
+from chunktune.k8s.study import StatusWriter, parse
+from chunktune.metrics import promql
+from chunktune.metrics.client import PrometheusClient
+from chunktune.tuning.runner import Tuner
+from tests.k8s.conftest import tuning
+
+SEL = promql.PodSelector(namespace="ml", pod="t-t3", ip="10.0.0.7")
+
+
+# ---- PromQL ------------------------------------------------------------------------------
+
+
+def test_metric_names_match_both_spellings() -> None:
+    m = promql.metric_name("vllm:num_preemptions_total")
+    assert m == '__name__=~"vllm(:|_)num_preemptions_total"'
+    pattern = re.compile("vllm(:|_)num_preemptions_total")
+    assert pattern.fullmatch("vllm:num_preemptions_total")
+    assert pattern.fullmatch("vllm_num_preemptions_total")
+    assert promql.metric_name("kv_cache_usage_perc") == promql.metric_name(
+        "vllm_kv_cache_usage_perc")
+
+
+def test_query_builders() -> None:
+    assert promql.series("num_preemptions_total", SEL) == \
+        '{__name__=~"vllm(:|_)num_preemptions_total",namespace="ml",pod="t-t3"}'
+    assert promql.counter_increase("prompt_tokens_total", SEL, 59.6) == (
+        'sum(increase({__name__=~"vllm(:|_)prompt_tokens_total",namespace="ml",pod="t-t3"}'
+        '[60s]))')
+    assert promql.histogram_quantile(0.99, "time_to_first_token_seconds", SEL, 30) == (
+        'histogram_quantile(0.99, sum by (le) (increase({__name__=~"vllm(:|_)'
+        'time_to_first_token_seconds_bucket",namespace="ml",pod="t-t3"}[30s])))')
+    assert promql.gauge_max("kv_cache_usage_perc", SEL, 30) == (
+        'max(max_over_time({__name__=~"vllm(:|_)kv_cache_usage_perc",namespace="ml",'
+        'pod="t-t3"}[30s:1s]))')
+    by_ip = promql.PodSelector("ml", "t-t3", "10.0.0.7", by="instance")
+    assert by_ip.text() == r'instance=~"10\\.0\\.0\\.7(:[0-9]+)?"'
+    assert promql.matchers({"pod": 'a"b'}) == r'pod="a\"b"'
+    queries = promql.trial_queries(SEL, 60)
+    assert set(queries) == {"preemptions", "prompt_tokens", "generation_tokens",
+                            "request_success", "queue_time_p50", "queue_time_p99",
+                            "server_ttft_p50", "server_ttft_p99", "server_itl_p50",
+                            "server_itl_p99", "kv_cache_usage_peak"}
+
+
+def test_prometheus_client_reads_the_query_api() -> None:
+    seen: list[str] = []
+
+    async def query(request: web.Request) -> web.Response:
+        q = request.query["query"]
+        seen.append(q)
+        if "num_preemptions" in q:
+            value: Any = [1.7e9, "12"]
+        elif "kv_cache_usage" in q:
+            value = [1.7e9, "0.75"]
+        elif "request_queue_time" in q:
+            return web.json_response({"status": "error", "errorType": "bad_data",
+                                      "error": "nope"}, status=400)
+        elif "prompt_tokens" in q:
+            value = [1.7e9, "NaN"]
+        else:
+            return web.json_response({"status": "success", "data": {
+                "resultType": "vector", "result": []}})
+        return web.json_response({"status": "success", "data": {
+            "resultType": "vector", "result": [{"metric": {}, "value": value}]}})
+
+    async def main() -> dict[str, float]:
+        app = web.Application()
+        app.router.add_get("/api/v1/query", query)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        client = PrometheusClient(f"http://127.0.0.1:{port}/")
+        try:
+            return await client.trial_metrics(SEL, 1000.0, 1060.0)
+        finally:
+            await client.close()
+            await runner.cleanup()
+
+    out = asyncio.run(main())
+    assert out == {"preemptions": 12.0, "preemptions_per_minute": 12.0,
+                   "kv_cache_usage_peak": 0.75}
+    assert len(seen) == len(promql.trial_queries(SEL, 60))
+
+
+# ---- settings ------------------------------------------------------------------------------
+
+
+def test_settings_from_env_and_overrides(tmp_path: Path) -> None:
+    s = Settings.from_env({"CHUNKTUNE_NAMESPACES": "a, b", "CHUNKTUNE_POLL_INTERVAL": "0.5",
+                           "CHUNKTUNE_SIM_LOAD_TIME": "0", "CHUNKTUNE_STANDALONE": "yes",
+                           "CHUNKTUNE_IMAGE_PULL_POLICY": "Always"},
+                          state_dir=tmp_path, trials={"keep_objects": True})
+    assert s.namespaces == ("a", "b") and not s.clusterwide and s.standalone
+    assert s.state_dir == tmp_path
+    assert s.trials.poll_interval == 0.5 and s.trials.sim_load_time == 0.0
+    assert s.trials.keep_objects and s.trials.image_pull_policy == "Always"
+    assert s.trials.options().image_pull_policy == "Always"
+    assert Settings.from_env({}).state_dir == Path("/var/lib/chunktune")
+    assert Settings.from_env({}).clusterwide
+
+
+def test_settings_report_every_bad_value() -> None:
+    with pytest.raises(SpecError) as e:
+        Settings.from_env({"CHUNKTUNE_POLL_INTERVAL": "-1", "CHUNKTUNE_STANDALONE": "maybe",
+                           "CHUNKTUNE_SHM_SIZE": "lots", "CHUNKTUNE_API_THREADS": "0"})
+    assert [p for p, _ in e.value.problems] == [
+        "CHUNKTUNE_SHM_SIZE", "CHUNKTUNE_POLL_INTERVAL", "CHUNKTUNE_STANDALONE",
+        "CHUNKTUNE_API_THREADS"]
+    with pytest.raises(SpecError, match="larger than the server timeout"):
+        Settings.from_env({"CHUNKTUNE_WATCH_CLIENT_TIMEOUT": "10"})
+    with pytest.raises(SpecError, match="--liveness"):
+        Settings.from_env({}, liveness="0.0.0.0:8080")
+
+
+def test_cli_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from chunktune.cli import build_parser
+    from chunktune.k8s.cli import settings_from
+
+    monkeypatch.setenv("CHUNKTUNE_NAMESPACES", "x")
+    parser = build_parser()
+    ns = parser.parse_args(["operator", "run", "-n", "a", "-n", "b", "--state-dir",
+                            str(tmp_path), "--standalone", "--liveness",
+                            "http://0.0.0.0:8080/healthz"])
+    s = settings_from(ns)
+    assert (s.namespaces, s.state_dir, s.standalone, s.liveness) == (
+        ("a", "b"), tmp_path, True, "http://0.0.0.0:8080/healthz")
+    s = settings_from(parser.parse_args(["operator", "run", "--all-namespaces"]))
+    assert s.clusterwide and not s.standalone
+    assert isinstance(ns, argparse.Namespace)
+
+
+# ---- status wiring -----------------------------------------------------------------------
+
+
+class RecordingApi:
+    """Stands in for the operator's API wrapper: records the status patches."""
+
+    def __init__(self) -> None:
+        self.patches: list[dict[str, Any]] = []
+
+    async def patch_tuning_status(self, namespace: str, name: str,
+                                  status: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append(status)
+        return {}
+
+
+def test_status_is_rendered_from_the_study(tmp_path: Path) -> None:
+    body = tuning("wired", budget={"maxTrials": 3})
+    body["metadata"].update(namespace="default", uid="u-1", generation=2)
+    model, problems = parse(body)
+    assert problems == [] and model is not None
+    tuner = Tuner(model, SimulatedBackend(), str(tmp_path / "s.journal"))
+    asyncio.run(tuner.run())
+    api = RecordingApi()
+    writer = StatusWriter(api, mf.Owner("wired", "default", "u-1"),  # type: ignore[arg-type]
+                          {"phase": "Running", "stale": "x"})
+    writer.set("Succeeded", 2, "done", Complete=(True, "Completed", "done"))
+    asyncio.run(writer.write(tuner))
+    (patch,) = api.patches
+    assert patch["stale"] is None  # a field the renderer no longer gives is removed
+    assert patch["phase"] == "Succeeded" and patch["observedGeneration"] == 2
+    assert patch["trialsSummary"] == "3/3" and patch["completionTime"]
+    (cond,) = patch["conditions"]
+    assert (cond["type"], cond["status"], cond["observedGeneration"]) == ("Complete", "True", 2)
+    assert patch["best"]["flags"].startswith("--max-num-batched-tokens ")
+    assert patch["baseline"]["trial"] == 0
+    for col in PRINTER_COLUMNS:  # every printer column but Age reads a filled field
+        path = col["jsonPath"].lstrip(".").split(".")
+        if path[0] != "status" or col["name"] in ("Improvement", "Threshold"):
+            continue
+        value: Any = {"status": patch}
+        for part in path:
+            value = value[part]
+        assert value is not None, col["name"]
+    asyncio.run(writer.write(tuner))
+    assert len(api.patches) == 1  # nothing changed: no patch
+
+
+def test_parse_names_the_operator_only_limits() -> None:
+    body = tuning("g", engine={"kind": "sglang", "model": "m", "image": "lmsys/sglang:v0"})
+    del body["spec"]["searchSpace"]
+    model, problems = parse(body)
+    assert model is None and problems[0][0] == "spec.engine.kind"
+    ok, none = parse(tuning("ok"))
+    assert none == [] and ok == parse_manifest(tuning("ok"))
