@@ -214,3 +214,29 @@ def test_output_configmap() -> None:
     assert json.loads(cm["data"]["best.json"]) == best
     assert json.loads(cm["data"]["pareto.json"]) == []
     assert "ownerReferences" not in cm["metadata"]  # the result outlives the tuning
+
+
+@pytest.mark.parametrize("name", ["vllm-llama8b-h100.yaml", "sim-cluster.yaml"])
+def test_examples_make_valid_trial_objects(name: str) -> None:
+    from chunktune.api.validation import load_manifest
+    from chunktune.tuning.runner import target_from_spec
+
+    path = Path(__file__).resolve().parents[2] / "examples" / name
+    t = load_manifest(path)
+    target = target_from_spec(t)
+    p = TrialPlan(number=0, params={"max-num-batched-tokens": 2048}, target=target,
+                  profile=t.spec.workload.resolve(), window_seconds=5.0)
+    owner = mf.Owner(t.metadata.name, t.metadata.namespace or "default", "uid-1")
+    resources = t.spec.engine.resources.model_dump(mode="json", exclude_none=True) \
+        if t.spec.engine.resources else None
+    pod = valid(mf.engine_pod(p, owner, OPTIONS, resources))
+    valid(mf.load_job(p, owner, OPTIONS, "http://10.0.0.1:8000"))
+    valid(mf.workload_configmap(p, owner))
+    (c,) = pod["spec"]["containers"]
+    if target.kind == "vllm":
+        assert c["command"] == ["vllm", "serve"] and c["image"].startswith("vllm/vllm-openai:v")
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert c["env"][1]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+    else:
+        assert c["command"] == ["chunktune", "sim", "serve"]
+        assert "nvidia.com/gpu" not in json.dumps(c)
