@@ -101,6 +101,20 @@ class BackendSettings:
 _KINDS = ("jobs", "pods", "configmaps")
 
 
+class _Poll:
+    """Sleeps between checks of one wait: 0.1 s at first, growing by half up to the poll
+    interval. Short stages (a Job that is done at once, a pod that is ready in a second) are
+    seen quickly; a wait of minutes settles at one request per ``poll_interval``."""
+
+    def __init__(self, interval: float, first: float = 0.1) -> None:
+        self.interval = interval
+        self.next = min(first, interval)
+
+    async def sleep(self) -> None:
+        await asyncio.sleep(self.next)
+        self.next = min(self.interval, self.next * 1.5)
+
+
 class KubernetesBackend(TrialBackend):
     name = "kubernetes"
 
@@ -264,6 +278,7 @@ class KubernetesBackend(TrialBackend):
     async def _wait_ready(self, plan: TrialPlan, pod_name: str, t0: float) -> Body | TrialResult:
         timeout = plan.target.startup_timeout
         waiting = ""
+        poll = _Poll(self.settings.poll_interval)
         while True:
             pod = await self.api.get("pods", self.ns, pod_name)
             if pod is None or pod["metadata"].get("deletionTimestamp"):
@@ -286,7 +301,7 @@ class KubernetesBackend(TrialBackend):
                             f"(engine.startupTimeout)" + (f"; {waiting}" if waiting else "")
                             + (f"; last log lines:\n{tail.strip()}" if tail.strip() else ""),
                     startup_seconds=time.monotonic() - t0)
-            await asyncio.sleep(self.settings.poll_interval)
+            await poll.sleep()
 
     async def _startup_failure(self, pod: Body, cs: Body | None, startup: float,
                                during: str = "") -> TrialResult:
@@ -308,6 +323,7 @@ class KubernetesBackend(TrialBackend):
         job_pod: str | None = None
         next_check = 0.0
         kv_every = s.kv_sample_interval
+        poll = _Poll(s.poll_interval)
         while True:
             job = await self.api.get("jobs", self.ns, names.job)
             if job is None:
@@ -364,7 +380,7 @@ class KubernetesBackend(TrialBackend):
                     v = sample.total("vllm:kv_cache_usage_perc") if sample else None
                     if v is not None:
                         kv.append(v)
-            await asyncio.sleep(s.poll_interval)
+            await poll.sleep()
 
     async def _engine_gone(self, pod_name: str) -> TrialResult | None:
         pod = await self.api.get("pods", self.ns, pod_name)
