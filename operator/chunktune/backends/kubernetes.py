@@ -421,12 +421,12 @@ class KubernetesBackend(TrialBackend):
                 return {}
             await asyncio.sleep(max(0.0, end + self.settings.prometheus_delay - time.time()))
             sel = promql.PodSelector(self.ns, pod, ip, self.settings.prometheus_select_by)
-            return dict(await self._prom.trial_metrics(sel, start, end))
+            return {**await self._prom.trial_metrics(sel, start, end), "source": "prometheus"}
         after = await self._scrape(url)
         if after is None:
             return {}
         seconds = summary.duration.elapsed if summary is not None else 0.0
-        return dict(server_metrics(before, after, seconds, kv))
+        return {**server_metrics(before, after, seconds, kv), "source": "scrape"}
 
 
 # ---- reading objects ----------------------------------------------------------------------------
