@@ -562,6 +562,31 @@ def test_kubelet_reports_a_failing_container(kube: KubeEmulator, kubelet: FakeKu
     assert log.splitlines() == [f'bad default {pod.status.pod_ip} sekret bad', 'boom: bad failed']
 
 
+def test_kubelet_mounts_configmap_secret_and_emptydir_volumes(
+        kube: KubeEmulator, kubelet: FakeKubelet) -> None:
+    kube.create('configmaps', {'metadata': {'name': 'cfg'}, 'data': {'a.yaml': 'x: 1\n',
+                                                                     'b': 'B'}}, 'default')
+    kube.create('secrets', {'metadata': {'name': 'sec'}, 'stringData': {'token': 's3'}},
+                'default')
+    script = ('import os, sys; d = os.environ["OUT"]; open(d + "/w", "w").write("ok"); '
+              'print(open(sys.argv[1]).read().strip(), open(sys.argv[2]).read(), '
+              'open(sys.argv[3]).read(), open(d + "/w").read())')
+    kube.create('pods', {'metadata': {'name': 'v'}, 'spec': {'containers': [{
+        'name': 'c', 'image': 'python', 'command': [PY, '-c', script],
+        'args': ['/etc/cfg/a.yaml', '/etc/cfg/renamed', '/etc/sec/token'],
+        'env': [{'name': 'OUT', 'value': '/scratch'}],
+        'volumeMounts': [{'name': 'cfg', 'mountPath': '/etc/cfg', 'readOnly': True},
+                         {'name': 'sec', 'mountPath': '/etc/sec'},
+                         {'name': 'scratch', 'mountPath': '/scratch'}]}],
+        'volumes': [
+            {'name': 'cfg', 'configMap': {'name': 'cfg', 'items': [
+                {'key': 'a.yaml', 'path': 'a.yaml'}, {'key': 'b', 'path': 'renamed'}]}},
+            {'name': 'sec', 'secret': {'secretName': 'sec'}},
+            {'name': 'scratch', 'emptyDir': {}}]}}, 'default')
+    kube.wait_for(lambda: kubelet.phase('default', 'v') == 'Succeeded', message='pod done')
+    assert kube.pod_log('default', 'v') == 'x: 1 B s3 ok\n'
+
+
 def test_kubelet_image_entrypoints(kube: KubeEmulator) -> None:
     script = 'import sys; print(" ".join(sys.argv[1:]))'
     with FakeKubelet(kube, entrypoints={'example.com/echo': [PY, '-c', script]}) as kubelet:
