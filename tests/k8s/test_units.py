@@ -19,7 +19,7 @@ from chunktune.backends import manifests as mf
 from chunktune.backends.simulated import SimulatedBackend
 from chunktune.errors import SpecError
 from chunktune.k8s.settings import Settings
-from chunktune.k8s.study import StatusWriter, parse
+from chunktune.k8s.state import StatusWriter, parse
 from chunktune.metrics import promql
 from chunktune.metrics.client import PrometheusClient
 from chunktune.tuning.runner import Tuner

@@ -5,8 +5,9 @@ of the ``kubernetes`` client). Its modules:
 
 - :mod:`.settings`: the settings tree, validated once from ``CHUNKTUNE_*`` and the command line;
 - :mod:`.kube`: the asynchronous view of the API over the official client;
-- :mod:`.study`: one ``ChunkedPrefillTuning``'s study — the tuner, its status, events and
-  outputs (no kopf);
+- :mod:`.state`: what the handlers share, the resource's parsing, and its status writer;
+- :mod:`.study`: one ``ChunkedPrefillTuning``'s study — the tuner, its phases, events (no
+  kopf); :mod:`.outputs`: ``spec.output`` (ConfigMap, Deployment patch);
 - :mod:`.handlers`: the thin kopf handlers (startup, create/update validation, the study
   daemon, the deletion finalizer);
 - :mod:`.runtime`: builds the registry and runs kopf; :mod:`.cli`: ``chunktune operator run``.
