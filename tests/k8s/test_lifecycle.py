@@ -106,8 +106,15 @@ async def test_stopped_and_killed_operators_lose_and_repeat_nothing(
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     assert kube.get("pods", "default", f"restart-t{second}") is not None
-    # 3. a third operator adopts that trial and finishes the study
+    # a stray object of a trial the study does not know (e.g. left by a lost journal)
+    uid = kube.get("cpt", "default", "restart")["metadata"]["uid"]
+    kube.create("configmaps", {"metadata": {"name": "restart-t42-workload", "labels": {
+        "app.kubernetes.io/managed-by": "chunktune", "chunktune.dev/tuning": "restart",
+        "chunktune.dev/tuning-uid": uid, TRIAL: "42"}}}, "default")
+    # 3. a third operator sweeps the stray object, adopts that trial and finishes the study
     async with running_operator(kube, settings):
+        await kube.until(lambda: kube.get("configmaps", "default", "restart-t42-workload")
+                         is None, message="the stray object swept")
         status = await wait_phase(kube, "restart", ("Succeeded", "Failed"), timeout=90)
     assert status["phase"] == "Succeeded", status.get("message")
     study = study_of(tmp_path, "restart")

@@ -206,3 +206,48 @@ def test_parse_names_the_operator_only_limits() -> None:
     assert model is None and problems[0][0] == "spec.engine.kind"
     ok, none = parse(tuning("ok"))
     assert none == [] and ok == parse_manifest(tuning("ok"))
+
+
+# ---- start-up failures from a pod's termination state ---------------------------------------
+
+
+class PodApi:
+    """Stands in for the cluster: one engine pod in a given state, with a log."""
+
+    def __init__(self, pod: dict[str, Any], log: str) -> None:
+        self.pod, self.log = pod, log
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.pod if kind == "pods" else None
+
+    async def pod_log(self, namespace: str, name: str, container: str | None = None,
+                      tail_lines: int | None = None) -> str:
+        return self.log
+
+
+def _terminated(reason: str, code: int, message: str = "") -> dict[str, Any]:
+    return {"metadata": {"name": "t-t1"}, "status": {"phase": "Failed", "containerStatuses": [
+        {"name": "engine", "state": {"terminated": {"exitCode": code, "reason": reason,
+                                                    "message": message}}}]}}
+
+
+@pytest.mark.parametrize(("pod", "log", "state", "reason"), [
+    (_terminated("OOMKilled", 137), "loading weights...", "FAIL", "HostOOMKilled"),
+    (_terminated("Error", 1), "ValueError: No available memory for the cache blocks. Try "
+     "increasing gpu_memory_utilization", "INFEASIBLE", "KVCacheTooSmall"),
+    (_terminated("Error", 1), "", "INFEASIBLE", "EngineOOM"),  # from the termination message
+    (_terminated("Error", 2), "Segmentation fault", "FAIL", "EngineCrashed"),
+])
+def test_startup_failures_are_classified(pod: dict[str, Any], log: str, state: str,
+                                         reason: str) -> None:
+    from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
+    from tests.k8s.test_manifests import OPTIONS, SIM, plan
+
+    if reason == "EngineOOM":
+        pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = \
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    backend = KubernetesBackend(PodApi(pod, log), mf.Owner("t", "default", "u"),  # type: ignore[arg-type]
+                                BackendSettings(options=OPTIONS, poll_interval=0.01))
+    result = asyncio.run(backend._wait_ready(plan(SIM, 1), "t-t1", 0.0))
+    assert not isinstance(result, dict)
+    assert (result.state, result.reason) == (state, reason)
