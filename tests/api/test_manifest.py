@@ -59,13 +59,16 @@ def test_quickstart_values() -> None:
     assert m.name == "quickstart"
     c = m.spec.constraints
     assert [(x.class_, x.metric, x.max, x.min) for x in c] == [
-        ("chat", "itl_p99", 0.06, None), (None, "error_rate", 0.01, None)]
-    assert [x.text() for x in c] == ["chat.itl_p99 <= 60ms", "error_rate <= 1%"]
-    assert c[0].ok(0.05) and not c[0].ok(0.07)
+        ("chat", "itl_p99", 0.05, None), ("long-context", "ttft_p99", 3.0, None),
+        (None, "error_rate", 0.01, None)]
+    assert [x.text() for x in c] == ["chat.itl_p99 <= 50ms", "long-context.ttft_p99 <= 3.00s",
+                                     "error_rate <= 1%"]
+    assert c[0].ok(0.05) and not c[0].ok(0.06)
     profile = m.spec.workload.resolve()
     assert (profile.name, profile.duration, profile.warmup) == ("mixed", 120, 10)
     assert profile.class_names() == ["long-context", "chat"]
-    assert m.spec.objectives[0].key == "long-context.ttft_p99"
+    assert m.spec.objectives[0].key == "chat.ttft_p99"
+    assert m.spec.pruner.name == "median" and m.spec.pruner.warmup_windows == 5
 
 
 @pytest.mark.parametrize(("text", "parsed"), [
@@ -149,7 +152,7 @@ def test_cli_validate_ok() -> None:
     path = EXAMPLES / "quickstart.yaml"
     assert main_validate(path, out=out, err=err) == 0
     assert out.getvalue() == (f"{path}: valid ChunkedPrefillTuning quickstart (3 parameters, "
-                              "1 objective, 2 constraints)\n")
+                              "1 objective, 3 constraints)\n")
     assert err.getvalue() == ""
 
 
