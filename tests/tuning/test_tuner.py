@@ -203,3 +203,15 @@ def test_patience_converges(make_tuning, tmp_path):
     tuning = make_tuning(budget={"maxTrials": 40, "patience": 4, "minImprovement": 0.05})
     tuner, why = run(tuning, tmp_path / "s.journal")
     assert why == "converged" and tuner.counted() < 40
+
+
+def test_grid_runs_to_exhaustion(make_tuning, tmp_path):
+    tuning = make_tuning(searchSpace=[{"name": "long-prefill-token-threshold",
+                                       "choices": [0, 512, 1024]}],
+                         workload={"profile": "smoke", "duration": "8s", "warmup": "1s"},
+                         sampler={"name": "grid", "seed": 0}, budget={"maxTrials": 10})
+    tuner, why = run(tuning, tmp_path / "s.journal")
+    assert why == "exhausted"
+    measured = {st.point_of(t)["long-prefill-token-threshold"] for t in tuner.study.trials
+                if st.trial_state(t) == "COMPLETE"}
+    assert measured == {0, 512, 1024}

@@ -63,13 +63,17 @@ class Engine:
         self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
 
     def validate_request(self, prompt_len: int, max_tokens: int) -> str | None:
-        """vLLM's 400 for a request that cannot fit ``max_model_len``, else None."""
+        """vLLM's 400 message for a request that cannot fit ``max_model_len``, else None (the
+        same wording ``chunktune sim serve`` answers with)."""
         limit = self.cfg.max_model_len
+        if prompt_len >= limit:
+            return (f"This model's maximum context length is {limit} tokens. However, your "
+                    f"request has {prompt_len} input tokens. Please reduce the length of the "
+                    "input messages.")
         if prompt_len + max_tokens > limit:
-            return (f"This model's maximum context length is {limit} tokens. However, you "
-                    f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
-                    f"{max_tokens} in the completion). Please reduce the length of the messages "
-                    "or completion.")
+            return (f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
+                    f"model's maximum context length is {limit} tokens and your request has "
+                    f"{prompt_len} input tokens ({max_tokens} > {limit} - {prompt_len}).")
         return None
 
     def step_time(self, plan: StepPlan) -> float:

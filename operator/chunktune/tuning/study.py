@@ -78,6 +78,16 @@ def open_storage(url: str) -> BaseStorage | str:
     return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
 
 
+class _AskTellGridSampler(optuna.samplers.GridSampler):
+    """GridSampler whose ``after_trial`` does not call ``study.stop()`` once the grid is done:
+    that only works inside ``optimize()`` and raises under ask/tell. The loop checks
+    ``is_exhausted`` itself."""
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                    state: optuna.trial.TrialState, values: Any) -> None:
+        return None
+
+
 def make_sampler(tuning: ChunkedPrefillTuning, n_objectives: int,
                  constrained: bool) -> BaseSampler:
     s = tuning.spec.sampler
@@ -103,7 +113,7 @@ def make_sampler(tuning: ChunkedPrefillTuning, n_objectives: int,
     if s.name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if s.name == "grid":
-        return optuna.samplers.GridSampler(space.grid(params), seed=seed)
+        return _AskTellGridSampler(space.grid(params), seed=seed)
     if s.name == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     raise SpecError(f"unknown sampler {s.name!r}", field="spec.sampler.name")
