@@ -43,7 +43,7 @@ from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResu
 from chunktune.backends.classify import classify
 from chunktune.load.summary import LoadSummary, Window
 from chunktune.metrics import promql
-from chunktune.metrics.client import PrometheusClient
+from chunktune.metrics.client import PrometheusClient, scrape
 from chunktune.metrics.promtext import Scrape, server_metrics
 from chunktune.tuning.objectives import flatten, flatten_window
 
@@ -402,14 +402,7 @@ class KubernetesBackend(TrialBackend):
         return self._http
 
     async def _scrape(self, url: str) -> Scrape | None:
-        http = await self._session()
-        try:
-            async with http.get(url + "/metrics") as r:
-                if r.status != 200:
-                    return None
-                return Scrape.parse(await r.text())
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
-            return None
+        return await scrape(await self._session(), url)
 
     async def _server(self, before: Scrape, kv: list[float], summary: LoadSummary | None,
                       pod: str, ip: str, url: str) -> dict[str, Any]:

@@ -32,7 +32,8 @@ from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResu
 from chunktune.backends.classify import classify
 from chunktune.errors import BackendUnavailable
 from chunktune.load.summary import LoadSummary, Window
-from chunktune.metrics.promtext import Scrape, server_metrics
+from chunktune.metrics.client import scrape
+from chunktune.metrics.promtext import server_metrics
 from chunktune.tuning.objectives import flatten, flatten_window
 
 #: Seconds between /metrics samples during the load (KV-usage peak).
@@ -171,7 +172,7 @@ class LocalBackend(TrialBackend):
         profile_path.write_text(yaml.safe_dump(plan.profile.to_dict(), sort_keys=False))
         out = self.workdir / f"{tag}-summary.json"
         windows = self.workdir / f"{tag}-windows.jsonl" if report else None
-        before = await _scrape(http, url)
+        before = await scrape(http, url)
         t1 = time.monotonic()
         load = await asyncio.create_subprocess_exec(
             *self.load_command(plan, url, profile_path, out, windows),
@@ -186,7 +187,7 @@ class LocalBackend(TrialBackend):
             while load.returncode is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(load.wait(), SAMPLE_INTERVAL)
-                s = await _scrape(http, url)
+                s = await scrape(http, url)
                 if s is not None:
                     v = s.total("vllm:kv_cache_usage_perc")
                     if v is not None:
@@ -209,7 +210,7 @@ class LocalBackend(TrialBackend):
                 await _kill(load)
         stderr = (await err_task).decode(errors="replace")
         load_s = time.monotonic() - t1
-        after = await _scrape(http, url)
+        after = await scrape(http, url)
         server: dict[str, Any] = {}
         if before is not None and after is not None:
             server = server_metrics(before, after, load_s, kv)
@@ -248,16 +249,6 @@ async def _kill(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         await proc.wait()
-
-
-async def _scrape(http: aiohttp.ClientSession, url: str) -> Scrape | None:
-    try:
-        async with http.get(url + "/metrics") as r:
-            if r.status != 200:
-                return None
-            return Scrape.parse(await r.text())
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
-        return None
 
 
 def _window_metrics(path: Path | None) -> dict[str, float]:

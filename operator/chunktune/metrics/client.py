@@ -1,4 +1,5 @@
-"""A small asynchronous client of Prometheus' HTTP API (``/api/v1/query``), with aiohttp.
+"""HTTP reads of server metrics: :func:`scrape` of an engine's ``/metrics``, and a small
+asynchronous client of Prometheus' HTTP API (``/api/v1/query``), with aiohttp.
 
 :class:`PrometheusClient` evaluates instant queries and returns the first sample's value (or
 ``None`` for an empty result, ``NaN``, or an error). :meth:`PrometheusClient.trial_metrics`
@@ -17,8 +18,21 @@ from typing import Any
 import aiohttp
 
 from chunktune.metrics import promql
+from chunktune.metrics.promtext import Scrape
 
 log = logging.getLogger(__name__)
+
+
+async def scrape(http: aiohttp.ClientSession, url: str) -> Scrape | None:
+    """One read of an engine's ``/metrics`` (``url`` is the engine's base URL); None when it
+    does not answer 200 or answers something that is not Prometheus text."""
+    try:
+        async with http.get(url + "/metrics") as r:
+            if r.status != 200:
+                return None
+            return Scrape.parse(await r.text())
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+        return None
 
 
 class PrometheusError(Exception):
