@@ -1,0 +1,53 @@
+"""``chunktune sim serve`` + ``chunktune load run`` end to end: the client's TTFT percentiles
+agree with the server's ``vllm:time_to_first_token_seconds`` histogram within its buckets."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import subprocess
+import sys
+
+import requests
+from bench.serve_overhead import start_server
+
+from chunktune.metrics.promtext import Scrape, histogram_quantile
+
+#: vLLM's TTFT buckets (facts §2).
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5,
+                7.5, 10, 20, 40, 80, 160, 640, 2560]
+
+
+def bucket_of(v: float) -> int:
+    return bisect.bisect_left(TTFT_BUCKETS, v)
+
+
+def test_client_ttft_matches_server_histogram(tmp_path):
+    with start_server("llama-3.1-8b", ["--max-model-len", "16384",
+                                       "--served-model-name", "llama"]) as srv:
+        out = tmp_path / "summary.json"
+        run = subprocess.run(
+            [sys.executable, "-m", "chunktune", "load", "run", "--target", srv.url,
+             "--profile", "smoke", "--duration", "10s", "--warmup", "0", "--out", str(out),
+             "--raw", "--quiet"], capture_output=True, text=True, timeout=180)
+        assert run.returncode == 0, run.stderr
+        text = requests.get(srv.url + "/metrics", timeout=10).text
+    summary = json.loads(out.read_text())
+    overall = summary["overall"]
+    assert overall["requests"]["failed"] == 0 and overall["requests"]["ok"] > 30
+    scrape = Scrape.parse(text)
+    buckets = scrape.buckets("vllm:time_to_first_token_seconds")
+    assert buckets[-1][1] == overall["requests"]["ok"]  # the server saw every request
+    assert [le for le, _ in buckets[:-1]] == TTFT_BUCKETS and math.isinf(buckets[-1][0])
+    for q in ("p50", "p90", "p99"):
+        client = overall["ttft"][q]
+        server = histogram_quantile(int(q[1:]) / 100, buckets)
+        # the same bucket, or the next one when the client's extra network time crosses an edge
+        assert bucket_of(client) - bucket_of(server) in (0, 1), (q, client, server)
+    # and the whole distributions agree at every bucket edge
+    ttfts = sorted(r["ttft"] for r in summary["raw"] if r["ok"])
+    total = buckets[-1][1]
+    for le, count in buckets[:-1]:
+        client_cdf = bisect.bisect_right(ttfts, le) / len(ttfts)
+        assert abs(client_cdf - count / total) <= 0.1, (le, client_cdf, count / total)
