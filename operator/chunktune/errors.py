@@ -6,6 +6,11 @@ or Kubernetes condition reasons.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
 
 class ChunktuneError(Exception):
     """Base of every error chunktune raises on purpose."""
@@ -22,6 +27,23 @@ class SpecError(ChunktuneError, ValueError):
             problems = [(field or "", problems)]
         self.problems: list[tuple[str, str]] = list(problems)
         super().__init__("\n".join(_fmt(p, m) for p, m in self.problems))
+
+
+class Problems(list[tuple[str, str]]):
+    """Collects ``(field_path, message)`` problems so that all of them are reported at once."""
+
+    def attempt(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """``fn(*args)``; a :class:`SpecError` it raises is collected and None returned."""
+        try:
+            return fn(*args)
+        except SpecError as e:
+            self.extend(e.problems)
+            return None
+
+    def check(self) -> None:
+        """Raise one :class:`SpecError` holding every problem collected, if any."""
+        if self:
+            raise SpecError(list(self))
 
 
 def _fmt(path: str, message: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from chunktune.api.crd import build_crd
-from chunktune.backends.manifests import Owner
+from chunktune.backends.manifests import TRIAL, TUNING, Owner
 from tests.kube.emulator import KubeEmulator
 from tests.kube.kubelet import FakeKubelet
 
@@ -115,3 +115,12 @@ async def wait_phase(kube: KubeEmulator, name: str, phases: tuple[str, ...],
     return await kube.until(lambda: (s := status_of(kube, name)).get("phase") in phases and s,
                             timeout=timeout, interval=0.1,
                             message=f"{name} reaching {'/'.join(phases)}")
+
+
+def trial_objects(kube: KubeEmulator, name: str) -> list[str]:
+    """``kind/name`` of every trial object (pods, jobs, configmaps) of tuning ``name``."""
+    out = []
+    for res in ("pods", "jobs", "configmaps"):
+        out += [f"{res}/{o['metadata']['name']}" for o in
+                kube.objects(res, "default", label_selector=f"{TUNING}={name},{TRIAL}")]
+    return out

@@ -11,21 +11,19 @@ from typing import Any
 import optuna
 import pytest
 
-from chunktune.backends.manifests import TRIAL, TUNING
 from chunktune.tuning.study import point_of, trial_state
-from tests.k8s.conftest import operator_settings, running_operator, status_of, tuning, wait_phase
+from tests.k8s.conftest import (
+    operator_settings,
+    running_operator,
+    status_of,
+    trial_objects,
+    tuning,
+    wait_phase,
+)
 from tests.kube.emulator import KubeEmulator
 from tests.kube.kubelet import FakeKubelet
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
-
-
-def trial_objects(kube: KubeEmulator, name: str) -> list[str]:
-    out = []
-    for res in ("pods", "jobs", "configmaps"):
-        out += [f"{res}/{o['metadata']['name']}" for o in
-                kube.objects(res, "default", label_selector=f"{TUNING}={name},{TRIAL}")]
-    return out
 
 
 def events(kube: KubeEmulator, name: str) -> list[dict[str, Any]]:

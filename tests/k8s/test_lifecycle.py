@@ -29,6 +29,7 @@ from tests.k8s.conftest import (
     operator_settings,
     running_operator,
     status_of,
+    trial_objects,
     tuning,
     wait_phase,
 )
@@ -36,14 +37,6 @@ from tests.kube.emulator import KubeEmulator
 from tests.kube.kubelet import FakeKubelet
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
-
-
-def trial_objects(kube: KubeEmulator, name: str) -> list[str]:
-    out = []
-    for res in ("pods", "jobs", "configmaps"):
-        out += [f"{res}/{o['metadata']['name']}" for o in
-                kube.objects(res, "default", label_selector=f"{TUNING}={name},{TRIAL}")]
-    return out
 
 
 def load_running(kube: KubeEmulator, job: str) -> bool:

@@ -15,7 +15,7 @@ import difflib
 import re
 from collections.abc import Sequence
 
-from chunktune.errors import SpecError
+from chunktune.errors import Problems, SpecError
 from chunktune.sim.config import EngineArgs
 from chunktune.sim.gpus import GPU, gpu_names, resolve_gpu
 from chunktune.sim.models import ModelConfig, catalog_names, resolve_model
@@ -109,18 +109,10 @@ def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
 
 def model_and_gpu(ns: argparse.Namespace) -> tuple[ModelConfig, GPU]:
     name = getattr(ns, "model", None) or getattr(ns, "model_tag", None)
-    problems: list[tuple[str, str]] = []
-    model = gpu = None
-    try:
-        model = resolve_model(name, ns.model_config)
-    except SpecError as e:
-        problems += e.problems
-    try:
-        gpu = resolve_gpu(ns.gpu)
-    except SpecError as e:
-        problems += e.problems
-    if problems:
-        raise SpecError(problems)
+    problems = Problems()
+    model = problems.attempt(resolve_model, name, ns.model_config)
+    gpu = problems.attempt(resolve_gpu, ns.gpu)
+    problems.check()
     assert model is not None and gpu is not None
     return model, gpu
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chunktune.errors import SpecError
+from chunktune.errors import Problems
 from chunktune.sim.args import (
     add_engine_args,
     engine_args_from,
@@ -62,15 +62,8 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
               file=sys.stderr)
     if not (ns.model or ns.model_config):
         ns.model = DEFAULT_MODEL
-    problems: list[tuple[str, str]] = []
-
-    def collect(fn: Any, *a: Any) -> Any:
-        try:
-            return fn(*a)
-        except SpecError as e:
-            problems.extend(e.problems)
-            return None
-
+    problems = Problems()
+    collect = problems.attempt
     mg = collect(model_and_gpu, ns)
     args = engine_args_from(ns)
     collect(args.check)

@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from chunktune.errors import SpecError
+from chunktune.errors import Problems, SpecError
 
 ARRIVAL_MODES = ("poisson", "constant", "concurrency")
 APIS = ("completions", "chat")
@@ -284,15 +284,8 @@ def parse_profile(raw: Any, source: str = "profile") -> Profile:
     if not isinstance(raw, dict):
         raise SpecError(f"must be a mapping with classes, arrival and duration (got "
                         f"{type(raw).__name__})", field=source)
-    problems: list[tuple[str, str]] = []
-
-    def attempt(fn: Any, *a: Any) -> Any:
-        try:
-            return fn(*a)
-        except SpecError as e:
-            problems.extend(e.problems)
-            return None
-
+    problems = Problems()
+    attempt = problems.attempt
     known = {"name", "description", "arrival", "duration", "warmup", "seed", "classes"}
     for key in raw:
         if key not in known:
@@ -372,8 +365,7 @@ def parse_profile(raw: Any, source: str = "profile") -> Profile:
     seed = raw.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         problems.append((f"{source}.seed", f"must be an integer (got {seed!r})"))
-    if problems:
-        raise SpecError(problems)
+    problems.check()
     return Profile(
         name=str(raw.get("name") or source),
         description=str(raw.get("description") or ""),
