@@ -57,9 +57,9 @@ def main(spec_path: str, out_path: str) -> int:
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
 
-    from vllm import EngineArgs, LLMEngine, SamplingParams  # noqa: PLC0415
-    from vllm.inputs import TokensPrompt  # noqa: PLC0415
-    from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: PLC0415
+    from vllm import EngineArgs, LLMEngine, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.metrics.loggers import StatLoggerBase
 
     preempted_per_step: list[int] = []
     finished_stats: dict[str, int] = {}

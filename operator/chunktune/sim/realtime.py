@@ -249,9 +249,7 @@ class RealtimeEngine:
         if self.metrics is not None:
             self.metrics.on_abort()
             sched = self.scheduler
-            self.metrics.running.set(len(sched.running))
-            self.metrics.waiting.set(len(sched.waiting))
-            self.metrics.kv_usage.set(sched.pool.usage)
+            self.metrics.set_queue(len(sched.running), len(sched.waiting), sched.pool.usage)
         stream._wake()
 
     # ---- the loop --------------------------------------------------------------------------
@@ -335,11 +333,11 @@ class RealtimeEngine:
                         arrival=s.arrival, scheduled=req.first_scheduled,
                         first_token=s.first_token, last_token=s.last_token,
                         prompt_tokens=req.prompt_len, generation_tokens=req.num_output,
-                        max_tokens=req.max_tokens)
+                        max_tokens=req.max_tokens, num_preemptions=req.num_preemptions)
                 s._wake()
             if metrics is not None:
-                metrics.on_step(plan.num_tokens, out.num_generated, len(plan.preempted),
-                                len(sched.running), len(sched.waiting), pool.usage)
+                metrics.on_step(out.num_generated, len(plan.preempted), len(sched.running),
+                                len(sched.waiting), pool.usage)
             w3 = perf()
             overhead = (w1 - w0) + (w3 - w2)
             lateness = woke - end

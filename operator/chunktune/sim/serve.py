@@ -151,7 +151,9 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
                        vocab_size=model.vocab_size, api_keys=keys,
                        default_max_tokens=ns.default_max_tokens, seed=ns.seed)
     try:
-        return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3))
+        return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3,
+                                  enable_prefix_caching=args.enable_prefix_caching,
+                                  user_specified_block_size=ns.block_size is not None))
     except KeyboardInterrupt:  # pragma: no cover - signal handlers normally catch it
         return 0
 
@@ -163,8 +165,12 @@ def _set_args(args: object) -> dict[str, object]:
     return {k: v for k, v in vars(args).items() if getattr(default, k) != v}
 
 
-async def _serve(engine: Engine, cfg: ServerConfig, host: str, port: int, slack: float) -> int:
-    metrics = VllmMetrics(engine.cfg, engine.memory, cfg.served_model_names[0])
+async def _serve(engine: Engine, cfg: ServerConfig, host: str, port: int, slack: float,
+                 enable_prefix_caching: bool = True,
+                 user_specified_block_size: bool = False) -> int:
+    metrics = VllmMetrics(engine.cfg, engine.memory, cfg.served_model_names[0],
+                          enable_prefix_caching=enable_prefix_caching,
+                          user_specified_block_size=user_specified_block_size)
     rt = RealtimeEngine(engine, metrics, slack=slack)
     app = create_app(rt, cfg, metrics)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
