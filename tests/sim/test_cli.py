@@ -41,7 +41,7 @@ def test_startup_failure_prints_vllm_message_and_exits_nonzero(capsys):
                "--workload", "smoke"])
     err = capsys.readouterr().err
     assert rc == 1
-    assert "ValueError: To serve at least one request with the models's max seq len" in err
+    assert "ValueError: To serve at least one request with the model's max seq len" in err
 
 
 def test_bad_input_names_the_field(capsys):

@@ -21,7 +21,7 @@ from chunktune.errors import SpecError
 from chunktune.load.aggregate import RunInfo, build_summary
 from chunktune.load.records import RequestRecord
 from chunktune.load.summary import ArrivalInfo, LoadSummary, Slo
-from chunktune.sim.args import parse_engine_flags
+from chunktune.sim.args import parse_engine_flags, unrecognized_by_vllm, unrecognized_message
 from chunktune.sim.config import EngineStartupError
 from chunktune.sim.engine import Engine, ReplayResult, build_engine
 from chunktune.sim.gpus import resolve_gpu
@@ -51,7 +51,14 @@ class SimulatedBackend(TrialBackend):
         t0 = time.perf_counter()
         target = plan.target
         try:
-            args, _, _ = parse_engine_flags(plan.engine_flags())
+            args, _, unknown = parse_engine_flags(plan.engine_flags())
+            refused = unrecognized_by_vllm(unknown)
+            if refused:
+                # vLLM 0.32 exits 2 on a flag it does not know (e.g. the removed
+                # --max-num-partial-prefills): the configuration cannot run.
+                return TrialResult("INFEASIBLE", reason="ConfigRejected",
+                                   message=unrecognized_message("api_server.py", refused),
+                                   startup_seconds=time.perf_counter() - t0)
             model = (from_hf_config(target.hf_config, name=target.model) if target.hf_config
                      else resolve_model(target.model, field="spec.engine.model"))
             gpu = resolve_gpu(target.gpu or "h100-sxm", field="spec.engine.gpu.type")

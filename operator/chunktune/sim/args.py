@@ -5,15 +5,21 @@ underscore form works too; sizes accept ``8k`` = 8000 and ``8K`` = 8192 as vLLM 
 argument list serves a vLLM pod and a simulated one. Flags only the simulator has
 (``--gpu``, ``--model-config``, ``--load-time``) sit in their own group. A vLLM flag the simulator
 does not model is accepted with one warning; a near-miss of a modeled flag is an error with the
-suggestion, since a typo would otherwise silently tune nothing.
+suggestion, since a typo would otherwise silently tune nothing. A flag vLLM 0.32 itself does not
+know (``data/vllm_0_32_flags.txt``, every option string of its API server's parser) is refused
+as vLLM refuses it: ``error: unrecognized arguments: ...``, exit status 2 — so
+``--max-num-partial-prefills`` and ``--max-long-partial-prefills``, which 0.32 removed, fail
+exactly as on a real engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import re
 from collections.abc import Sequence
+from importlib import resources
 
 from chunktune.errors import Problems, SpecError
 from chunktune.sim.config import EngineArgs
@@ -56,10 +62,6 @@ ENGINE_FLAGS: list[tuple[str, str, object, str]] = [
      "fraction of GPU memory for the engine (default 0.92)"),
     ("--block-size", "block_size", int, "KV block size in tokens (default 16)"),
     ("--tensor-parallel-size", "tensor_parallel_size", int, "tensor-parallel degree"),
-    ("--max-num-partial-prefills", "max_num_partial_prefills", int,
-     "V0 only; V1 refuses values other than 1"),
-    ("--max-long-partial-prefills", "max_long_partial_prefills", int,
-     "V0 only; V1 refuses values other than 1"),
     ("--kv-cache-dtype", "kv_cache_dtype", str, "auto or fp8"),
     ("--kv-cache-memory-bytes", "kv_cache_memory_bytes", human_int,
      "KV cache size in bytes (overrides --gpu-memory-utilization)"),
@@ -128,20 +130,63 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+@functools.cache
+def vllm_flags() -> frozenset[str]:
+    """Every option string vLLM 0.32's API server accepts (``data/vllm_0_32_flags.txt``)."""
+    text = resources.files("chunktune.sim").joinpath("data/vllm_0_32_flags.txt").read_text()
+    return frozenset(line.strip() for line in text.splitlines()
+                     if line.strip() and not line.startswith("#"))
+
+
+def unrecognized_by_vllm(args: Sequence[str]) -> list[str]:
+    """The arguments vLLM 0.32 would answer ``unrecognized arguments`` to: each flag it does
+    not know (underscore spellings normalised, as vLLM's parser does), with the values after
+    it."""
+    known = vllm_flags()
+    out: list[str] = []
+    taking_values = False
+    for a in normalize_argv(args):
+        if a.startswith("-") and not _is_number(a):
+            taking_values = a.split("=", 1)[0] not in known
+            if taking_values:
+                out.append(a)
+        elif taking_values:
+            out.append(a)
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def unrecognized_message(prog: str, args: Sequence[str]) -> str:
+    """argparse's (and so vLLM's) line for arguments it does not know."""
+    return f"{prog}: error: unrecognized arguments: {' '.join(args)}"
+
+
 def split_unknown(parser: argparse.ArgumentParser,
                   unknown: list[str]) -> tuple[list[str], list[str]]:
-    """Sort leftover arguments into (ignored vLLM flags, errors with suggestions)."""
+    """Sort leftover arguments into (ignored vLLM flags, errors). Errors: a near-miss of one of
+    our flags (with the suggestion), then, as vLLM words it, the flags vLLM 0.32 does not know
+    either (``unrecognized arguments: ...``)."""
     known = [s for a in parser._actions for s in a.option_strings]
     ignored, errors = [], []
-    for a in unknown:
-        if not a.startswith("-"):
+    refused = unrecognized_by_vllm(unknown)
+    for a in normalize_argv(unknown):
+        if not a.startswith("-") or _is_number(a):
             continue  # a value of an ignored flag
         name = a.split("=", 1)[0]
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.88)
         if close:
             errors.append(f"unknown flag {name}; did you mean {close[0]}?")
-        else:
+        elif name in vllm_flags():
             ignored.append(name)
+    if refused:
+        errors.append(f"unrecognized arguments: {' '.join(refused)}")
     return ignored, errors
 
 

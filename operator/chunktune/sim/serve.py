@@ -92,7 +92,8 @@ def _startup_failed(e: EngineStartupError, where: str) -> int:
     for line in e.preceding:
         _err(f"INFO {ts} [gpu_worker.py] {line}")
     _err(f"ERROR {ts} [{where}] EngineCore failed to start.")
-    _err(e.message)
+    for line in e.lines:
+        _err(line)
     if e.hint:
         _err(f"chunktune: engine start-up failed ({e.reason}): {e.hint}")
     return 1
@@ -101,8 +102,9 @@ def _startup_failed(e: EngineStartupError, where: str) -> int:
 def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
     ignored, errors = split_unknown(ns.parser, unknown)
     if errors:
+        _err(ns.parser.format_usage().rstrip())
         for e in errors:
-            _err(f"error: {e}")
+            _err(f"{ns.parser.prog}: error: {e}")
         return 2
     if ignored:
         log("the simulator does not model these vLLM flags; ignored: " + " ".join(ignored),
