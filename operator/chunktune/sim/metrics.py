@@ -23,8 +23,9 @@ them only with ``--enable-mfu-metrics``).
 When what is observed (all times on the event loop's monotonic clock, seconds):
 
 - per engine step: ``vllm:num_requests_running`` / ``_waiting`` (and ``_waiting_by_reason``),
-  ``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions_total``,
-  ``vllm:generation_tokens_total``;
+  ``vllm:kv_cache_usage_perc``, ``vllm:generation_tokens_total``, and
+  ``vllm:num_preemptions_total`` — which, as in vLLM 0.32, counts a preemption in the step
+  where the preempted request produces its next token (the event travels with its output);
 - ``vllm:iteration_tokens_total``, as vLLM 0.32 records it: once per step that produced at
   least one token, the prompt tokens of the prefills that *finished* in that step plus the
   tokens generated in it (``IterationStats``: ``prompt_token_stats.computed +

@@ -68,12 +68,15 @@ def _sleep_until(deadline: float) -> None:
 class LiveRequest(Request):
     """A scheduler request with a back-reference to the stream its tokens go to."""
 
-    __slots__ = ("stream",)
+    __slots__ = ("reported_preemptions", "stream")
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, max_tokens: int,
                  stream: Stream) -> None:
         super().__init__(rid, arrival, prompt_len, max_tokens)
         self.stream = stream
+        #: preemptions already counted in vllm:num_preemptions_total (vLLM counts one with
+        #: the preempted request's next output, not in the step that preempted it)
+        self.reported_preemptions = 0
 
 
 class Stream:
@@ -313,7 +316,11 @@ class RealtimeEngine:
                 self._bias = min(max(b, 0.0), MAX_BIAS_S)
             w2 = perf()
             out = sched.apply(plan, end)
+            reported = 0
             for req in out.produced:
+                if req.num_preemptions != req.reported_preemptions:  # type: ignore[attr-defined]
+                    reported += req.num_preemptions - req.reported_preemptions  # type: ignore[attr-defined]
+                    req.reported_preemptions = req.num_preemptions  # type: ignore[attr-defined]
                 s = req.stream  # type: ignore[attr-defined]
                 s.produced += 1
                 if s.produced == 1:
@@ -336,7 +343,7 @@ class RealtimeEngine:
                         max_tokens=req.max_tokens, num_preemptions=req.num_preemptions)
                 s._wake()
             if metrics is not None:
-                metrics.on_step(out.num_generated, len(plan.preempted), len(sched.running),
+                metrics.on_step(out.num_generated, reported, len(sched.running),
                                 len(sched.waiting), pool.usage)
             w3 = perf()
             overhead = (w1 - w0) + (w3 - w2)

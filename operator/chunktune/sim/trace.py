@@ -40,11 +40,18 @@ def iteration_counts(plan: StepPlan) -> StepCounts:
 
 @dataclass
 class BatchTrace:
-    """Per step: the iteration counts and the number of requests preempted; then the request
-    ids in the order they finished and each request's preemptions."""
+    """Per step: the iteration counts, the requests preempted in the step, and the preemptions
+    vLLM *reports* in the step; then the request ids in the order they finished and each
+    request's preemptions.
+
+    vLLM 0.32 reports a preemption (``IterationStats.num_preempted_reqs``, so
+    ``vllm:num_preemptions_total``) with the preempted request's next output, i.e. in the step
+    where it produces its next token after recomputing, not in the step that preempted it;
+    ``reported`` follows that rule."""
 
     steps: list[StepCounts] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
+    reported: list[int] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     request_preemptions: dict[str, int] = field(default_factory=dict)
 
@@ -70,6 +77,7 @@ def run_batch(cfg: ResolvedConfig, num_gpu_blocks: int,
         ids[i] = rid
         sched.add_request(Request(i, 0.0, prompt, out))
     trace = BatchTrace()
+    seen: dict[int, int] = {}  # preemptions already reported, per request
     now = 0.0
     while sched.has_work:
         if len(trace.steps) >= max_steps:
@@ -82,6 +90,12 @@ def run_batch(cfg: ResolvedConfig, num_gpu_blocks: int,
         trace.preempted.append(len(plan.preempted))
         now += 1.0
         out = sched.apply(plan, now)
+        reported = 0
+        for req in out.produced:
+            if req.num_preemptions != seen.get(req.rid, 0):
+                reported += req.num_preemptions - seen.get(req.rid, 0)
+                seen[req.rid] = req.num_preemptions
+        trace.reported.append(reported)
         for req in out.finished:
             rid = ids[req.rid]
             trace.finished.append(rid)
