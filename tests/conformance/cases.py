@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chunktune.sim.trace import BatchTrace
+
 #: vLLM's CPU backend's default KV block size.
 CPU_BLOCK_SIZE = 128
 #: KV cache bytes given to vLLM (the block count itself is forced by the override).
@@ -117,8 +119,8 @@ def vllm_spec(model_dir: str | Path, engines: tuple[EngineCase, ...] = ENGINES) 
     }
 
 
-def sim_trace(engine: EngineCase, case: Case, model_config: str | Path):  # type: ignore[no-untyped-def]
-    """The simulator's trace of ``case`` on ``engine`` (a :class:`chunktune.sim.trace.BatchTrace`)."""
+def sim_trace(engine: EngineCase, case: Case, model_config: str | Path) -> BatchTrace:
+    """The simulator's trace of ``case`` on ``engine``."""
     from chunktune.sim.config import EngineArgs, resolve
     from chunktune.sim.gpus import resolve_gpu
     from chunktune.sim.models import resolve_model

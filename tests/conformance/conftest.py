@@ -8,6 +8,7 @@ server), so the pytest process never imports it. Set ``CHUNKTUNE_TINY_MODEL`` to
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -69,3 +70,62 @@ def run_helper(script: str, spec: dict[str, Any], tmp: Path, timeout: float = 80
         tail = (proc.stdout + proc.stderr)[-4000:]
         pytest.fail(f"{script} exited {proc.returncode}\n{tail}", pytrace=False)
     return json.loads(out_path.read_text())
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RealServer:
+    """``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console command of the
+    CPU wheel is broken, see the reference) with the tiny model, dummy weights, eager mode."""
+
+    def __init__(self, model: Path, flags: list[str], log: Path,
+                 startup_timeout: float = 420.0) -> None:
+        import time
+
+        import requests
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = vllm_env()
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server as users run it
+        self.log = log
+        self._log_file = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+             "--load-format", "dummy", "--enforce-eager", "--host", "127.0.0.1",
+             "--port", str(self.port), *flags],
+            stdout=self._log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.stop()
+                pytest.fail(f"vLLM exited {self.proc.returncode} while starting:\n"
+                            + log.read_text()[-4000:], pytrace=False)
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        pytest.fail(f"vLLM did not answer /health within {startup_timeout:.0f} s:\n"
+                    + log.read_text()[-4000:], pytrace=False)
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        self._log_file.close()

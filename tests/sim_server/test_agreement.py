@@ -44,7 +44,8 @@ def test_served_matches_virtual_time_on_the_smoke_profile():
         assert rec.usage == {"prompt_tokens": spec.prompt_tokens,
                              "completion_tokens": spec.output_tokens,
                              "total_tokens": spec.prompt_tokens + spec.output_tokens,
-                             "prompt_tokens_details": None}
+                             "prompt_tokens_details": None,
+                             "completion_tokens_details": None}
     result = compare(served_latencies(records), virtual_latencies(MODEL, GPU, [], specs))
     for metric, d in result.items():
         assert abs(d["rel_diff_p50"]) < 0.10, (metric, d)

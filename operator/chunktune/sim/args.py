@@ -20,6 +20,7 @@ import functools
 import re
 from collections.abc import Sequence
 from importlib import resources
+from pathlib import Path
 
 from chunktune.errors import Problems, SpecError
 from chunktune.sim.config import EngineArgs
@@ -110,9 +111,17 @@ def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
 
 
 def model_and_gpu(ns: argparse.Namespace) -> tuple[ModelConfig, GPU]:
+    """The model (a catalog name, or — as vLLM takes it — a model directory holding a
+    ``config.json``, or ``--model-config PATH``) and the GPU."""
     name = getattr(ns, "model", None) or getattr(ns, "model_tag", None)
+    config_path = ns.model_config
+    if config_path is None and name and Path(name).is_dir():
+        config_path = Path(name) / "config.json"
+        if not config_path.is_file():
+            raise SpecError(f"model directory {name!r} has no config.json", field="MODEL")
+        name = Path(name).resolve().name
     problems = Problems()
-    model = problems.attempt(resolve_model, name, ns.model_config)
+    model = problems.attempt(resolve_model, name, config_path)
     gpu = problems.attempt(resolve_gpu, ns.gpu)
     problems.check()
     assert model is not None and gpu is not None

@@ -43,6 +43,7 @@ from chunktune.sim.memory import GiB
 from chunktune.sim.metrics import VllmMetrics
 from chunktune.sim.realtime import DEFAULT_SLACK_S, RealtimeEngine
 from chunktune.sim.server import DEFAULT_MAX_TOKENS_CAP, ServerConfig, create_app
+from chunktune.sim.tokenizer import resolve_tokenizer
 
 DEFAULT_LOAD_TIME_S = 2.0
 
@@ -62,6 +63,10 @@ def register(simsub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                    help="model name(s) the API answers to (default: the model as given)")
     g.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/* (also $VLLM_API_KEY)")
+    g.add_argument("--tokenizer", default=None, metavar="DIR|FILE",
+                   help="count prompt tokens with this tokenizer (a directory holding "
+                        "tokenizer.json, or the file), as vLLM counts them; default: the model "
+                        "directory's, else one token per word")
     g.add_argument("--seed", type=int, default=0,
                    help="random seed (the simulator is deterministic; seeds the request ids)")
     s = p.add_argument_group("simulator only (serve)")
@@ -119,6 +124,7 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         model, gpu = model_and_gpu(ns)
         args = engine_args_from(ns)
         args.check()
+        counter = resolve_tokenizer(ns.tokenizer, ns.model or ns.model_tag, model.vocab_size)
     except SpecError as e:
         for path, msg in e.problems:
             _err(f"error: {path}: {msg}" if path else f"error: {msg}")
@@ -129,6 +135,7 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
                                 if os.environ.get("VLLM_API_KEY") else []))
     log(f"vLLM API server version {__version__}+chunktune.sim (simulated engine)")
     log(f"non-default args: {({'model': model_tag, **_set_args(args)})}")
+    log(counter.describe(), where="tokenizer.py")
     try:
         resolve(args, model, gpu)  # argument validation fails before the model load, as in vLLM
     except EngineStartupError as e:
@@ -150,7 +157,7 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         log(line, where="gpu_worker.py")
     cfg = ServerConfig(served_model_names=served, model_root=model_tag,
                        max_model_len=engine.cfg.max_model_len,
-                       vocab_size=model.vocab_size, api_keys=keys,
+                       vocab_size=model.vocab_size, tokenizer=counter, api_keys=keys,
                        default_max_tokens=ns.default_max_tokens, seed=ns.seed)
     try:
         return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3,
@@ -191,7 +198,7 @@ async def _serve(engine: Engine, cfg: ServerConfig, host: str, port: int, slack:
     shown = f"[{host}]" if ":" in host else host
     log(f"Starting vLLM API server 0 on http://{shown}:{bound}")
     log("Available routes are: /health, /version, /v1/models, /v1/completions, "
-        "/v1/chat/completions, /tokenize, /metrics", where="launcher.py")
+        "/v1/chat/completions, /tokenize, /detokenize, /metrics", where="launcher.py")
     print(f"INFO:     Started server process [{os.getpid()}]", flush=True)
     print("INFO:     Waiting for application startup.", flush=True)
     print("INFO:     Application startup complete.", flush=True)
