@@ -1,8 +1,18 @@
 """Start real vLLM 0.32 with each of several argument lists and report how it fails.
 
-Usage: ``python vllm_startup.py CASES.json OUT.json``. CASES is ``{"model": DIR, "cases":
-{name: [arg, ...]}}`` with the arguments of ``vllm serve`` (no model; ``--load-format dummy
---enforce-eager`` are added). For each case, in this one process (vLLM is imported once):
+Usage: ``python vllm_cli.py SPEC.json OUT.json``. SPEC is ``{"model": DIR, "cases": {name:
+[arg, ...]}, "parse": {name: [arg, ...]}, "fields": [...]}``.
+
+``flags``: every option string of the API server's parser (``make_arg_parser``, which includes
+``EngineArgs.add_cli_args``).
+
+``parse``: each argument list parsed by that parser, then ``EngineArgs.from_cli_args``; the
+values of ``fields`` (EngineArgs attribute names) are reported, or the parser's exit code and
+message.
+
+``cases``: arguments of ``vllm serve`` (no model; ``--load-format dummy --enforce-eager`` are
+added), each started until it fails. For each case, in this one process (vLLM is imported
+once):
 
 1. the API server's own parser (``make_arg_parser``) parses the arguments; an argparse error
    is what the server exits 2 with (its ``usage:`` and ``error:`` lines are captured);
@@ -12,7 +22,8 @@ Usage: ``python vllm_startup.py CASES.json OUT.json``. CASES is ``{"model": DIR,
 3. otherwise the engine starts in process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and steps
    once: an error (e.g. too little KV cache for ``max_model_len``) is again exit 1.
 
-OUT maps each case to ``{"rc": 0|1|2, "message": text}``. Spawned by the tests so pytest's own
+OUT is ``{"flags": [...], "parse": {name: ...}, "cases": {name: {"rc": 0|1|2, "message":
+text}}}``. Spawned by the tests so pytest's own
 process never imports vLLM.
 """
 
@@ -38,8 +49,22 @@ def main(cases_path: str, out_path: str) -> int:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    flags = sorted({o for a in make_arg_parser(FlexibleArgumentParser())._actions
+                    for o in a.option_strings})
+    parsed: dict[str, dict[str, object]] = {}
+    for name, argv in spec.get("parse", {}).items():
+        parser = make_arg_parser(FlexibleArgumentParser(prog="api_server.py"))
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                ns = parser.parse_args(["--model", spec["model"], *argv])
+        except SystemExit as e:
+            parsed[name] = {"rc": int(e.code or 0), "message": err.getvalue()}
+            continue
+        args = EngineArgs.from_cli_args(ns)
+        parsed[name] = {"rc": 0, "values": {f: getattr(args, f) for f in spec["fields"]}}
     out: dict[str, dict[str, object]] = {}
-    for name, argv in spec["cases"].items():
+    for name, argv in spec.get("cases", {}).items():
         full = ["--model", spec["model"], "--load-format", "dummy", "--enforce-eager", *argv]
         parser = make_arg_parser(FlexibleArgumentParser(prog="api_server.py"))
         err = io.StringIO()
@@ -67,7 +92,7 @@ def main(cases_path: str, out_path: str) -> int:
             del engine
             gc.collect()
     with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(out, f)
+        json.dump({"flags": flags, "parse": parsed, "cases": out}, f)
     return 0
 
 
