@@ -5,6 +5,7 @@ real vLLM gives for the same tokenizer are pinned in tests/conformance/test_metr
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ from chunktune.sim.tokenizer import HFTokenizer, WordCounter, resolve_tokenizer
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    given = os.environ.get("CHUNKTUNE_TINY_MODEL")  # an existing `chunktune model tiny` dir
+    if given:
+        return Path(given)
     from chunktune.modelgen import write_tiny_model
 
     return Path(write_tiny_model(tmp_path_factory.mktemp("tiny")))
