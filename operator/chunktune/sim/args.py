@@ -189,11 +189,12 @@ def split_unknown(parser: argparse.ArgumentParser,
         if not a.startswith("-") or _is_number(a):
             continue  # a value of an ignored flag
         name = a.split("=", 1)[0]
+        if name in vllm_flags():
+            ignored.append(name)  # a real vLLM flag, even if it looks like one of ours
+            continue
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.88)
         if close:
             errors.append(f"unknown flag {name}; did you mean {close[0]}?")
-        elif name in vllm_flags():
-            ignored.append(name)
     if refused:
         errors.append(f"unrecognized arguments: {' '.join(refused)}")
     return ignored, errors
