@@ -146,6 +146,8 @@ def test_same_counts_after_the_same_requests(real, sim):
         ("vllm:iteration_tokens_total", "vllm:iteration_tokens_total_count", {}),
         ("vllm:iteration_tokens_total", "vllm:iteration_tokens_total_sum", {}),
         ("vllm:prompt_tokens", "vllm:prompt_tokens_total", {}),
+        ("vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total", {}),
+        ("vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total", {}),
         ("vllm:generation_tokens", "vllm:generation_tokens_total", {}),
         ("vllm:num_preemptions", "vllm:num_preemptions_total", {}),
         ("vllm:request_success", "vllm:request_success_total", {"finished_reason": "length"}),

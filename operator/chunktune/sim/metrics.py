@@ -116,6 +116,7 @@ class VllmMetrics:
                  engine_index: int = 0, enable_prefix_caching: bool = True,
                  user_specified_block_size: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._prefix_caching = enable_prefix_caching
         reg = self.registry
         labels = ["model_name", "engine"]
         lv = (model_name, str(engine_index))
@@ -367,7 +368,8 @@ class VllmMetrics:
         self.ttft.observe(ttft)
         self.prompt_tokens.inc(prompt_tokens)
         self.prompt_tokens_computed.inc(prompt_tokens)
-        self.prefix_queries.inc(prompt_tokens)
+        if self._prefix_caching:  # vLLM looks prompts up only with prefix caching on
+            self.prefix_queries.inc(prompt_tokens)
         self._step_prompt_tokens += prompt_tokens
 
     def on_finished(self, *, arrival: float, scheduled: float, first_token: float,
