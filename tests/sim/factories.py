@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from chunktune.sim.config import EngineArgs, ResolvedConfig, resolve
-from chunktune.sim.gpus import resolve_gpu
-from chunktune.sim.models import resolve_model
+from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
 from chunktune.sim.request import Request
 from chunktune.sim.scheduler import Scheduler
 

@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from chunktune.sim.config import EngineArgs
+from chunktune.core.engine_args import EngineArgs
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
 from chunktune.sim.engine import Engine, build_engine
-from chunktune.sim.gpus import resolve_gpu
 from chunktune.sim.metrics import VllmMetrics
-from chunktune.sim.models import resolve_model
 from chunktune.sim.realtime import RealtimeEngine
 
 pytestmark = pytest.mark.asyncio

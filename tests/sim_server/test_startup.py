@@ -15,7 +15,7 @@ import pytest
 import requests
 from bench.serve_overhead import ServerProc, start_server
 
-from chunktune.sim.models import CATALOG_HF
+from chunktune.core.models import CATALOG_HF
 from tests.sim_server.conftest import free_port, port_open
 
 ROOT = Path(__file__).resolve().parents[2]

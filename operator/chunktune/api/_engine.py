@@ -61,7 +61,7 @@ class GPUSpec(Model):
     """The accelerators each trial's engine gets."""
 
     type: str | None = Field(default=None, min_length=1, max_length=128)
-    """GPU model (``h100-sxm``, ``a100-80g``, ``l4``, ...; see ``chunktune.sim.gpus``). Required
+    """GPU model (``h100-sxm``, ``a100-80g``, ``l4``, ...; see ``chunktune.core.gpus``). Required
     for engine kind sim; for vLLM it enables the memory prescreen."""
     count: int | None = Field(default=None, ge=1, le=64)
     """GPUs per trial. Default: ``tensorParallelSize``."""

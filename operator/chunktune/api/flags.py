@@ -153,14 +153,14 @@ def _is_number(s: str) -> bool:
 
 
 def sim_engine_kwargs(args: Sequence[str], ignore: Sequence[str] = ()) -> dict[str, Any]:
-    """``engine.args`` as :class:`chunktune.sim.config.EngineArgs` keyword arguments, for the
+    """``engine.args`` as :class:`chunktune.core.engine_args.EngineArgs` keyword arguments, for the
     simulated engine; flags named in ``ignore`` are skipped with their values. Raises
     :class:`SpecError` with paths ``spec.engine.args[i]`` for a flag the simulator does not model
     or a value of the wrong type."""
     from dataclasses import fields
 
+    from chunktune.core.engine_args import EngineArgs
     from chunktune.errors import SpecError
-    from chunktune.sim.config import EngineArgs
 
     types = {f.name: str(f.type) for f in fields(EngineArgs)}
     problems: list[tuple[str, str]] = []

@@ -15,10 +15,10 @@ import difflib
 import re
 from collections.abc import Sequence
 
+from chunktune.core.engine_args import EngineArgs
+from chunktune.core.gpus import GPU, gpu_names, resolve_gpu
+from chunktune.core.models import ModelConfig, catalog_names, resolve_model
 from chunktune.errors import Problems, SpecError
-from chunktune.sim.config import EngineArgs
-from chunktune.sim.gpus import GPU, gpu_names, resolve_gpu
-from chunktune.sim.models import ModelConfig, catalog_names, resolve_model
 
 
 def human_int(text: str) -> int:

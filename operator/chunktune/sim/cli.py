@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chunktune.core.engine_args import EngineStartupError
 from chunktune.errors import Problems
 from chunktune.sim.args import (
     add_engine_args,
@@ -16,7 +17,6 @@ from chunktune.sim.args import (
     model_and_gpu,
     split_unknown,
 )
-from chunktune.sim.config import EngineStartupError
 from chunktune.sim.engine import build_engine
 from chunktune.sim.report import format_summary, summarize
 from chunktune.sim.workload import generate, load_profile, parse_duration

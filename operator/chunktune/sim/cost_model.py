@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from chunktune.sim.gpus import GPU
-from chunktune.sim.models import ModelConfig
+from chunktune.core.gpus import GPU
+from chunktune.core.models import ModelConfig
 
 COEFFICIENTS_PATH = Path(__file__).with_name("data") / "step_time_coefficients.json"
 

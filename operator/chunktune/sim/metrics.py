@@ -49,7 +49,7 @@ from prometheus_client import (
 )
 
 from chunktune import __version__
-from chunktune.sim.config import ResolvedConfig
+from chunktune.core.engine_args import ResolvedConfig
 from chunktune.sim.memory import MemoryPlan
 
 #: The content type of ``/metrics``: Prometheus text format 0.0.4, never OpenMetrics.

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from chunktune.sim.config import ResolvedConfig
+from chunktune.core.engine_args import ResolvedConfig
 from chunktune.sim.kv_cache import BlockPool
 from chunktune.sim.request import FINISHED, RUNNING, WAITING, Request
 

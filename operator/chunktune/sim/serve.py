@@ -35,9 +35,9 @@ import time
 from aiohttp import web
 
 from chunktune import __version__
+from chunktune.core.engine_args import EngineStartupError, resolve
 from chunktune.errors import SpecError
 from chunktune.sim.args import add_engine_args, engine_args_from, model_and_gpu, split_unknown
-from chunktune.sim.config import EngineStartupError, resolve
 from chunktune.sim.engine import Engine, build_engine
 from chunktune.sim.memory import GiB
 from chunktune.sim.metrics import VllmMetrics
@@ -157,7 +157,7 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
 
 
 def _set_args(args: object) -> dict[str, object]:
-    from chunktune.sim.config import EngineArgs
+    from chunktune.core.engine_args import EngineArgs
 
     default = EngineArgs()
     return {k: v for k, v in vars(args).items() if getattr(default, k) != v}

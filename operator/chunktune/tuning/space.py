@@ -3,7 +3,7 @@ configurations vLLM refuses from ever being launched.
 
 A point is a dict ``{flag: value}`` keyed by the flag without dashes
 (``max-num-batched-tokens``). :func:`feasibility` runs, before any launch, the rules vLLM applies
-at start-up (``sim.config.check_scheduler_rules``), and — with ``prescreen`` and a model the
+at start-up (``core.engine_args.check_scheduler_rules``), and — with ``prescreen`` and a model the
 simulator knows — the start-up memory model, so a point predicted to run out of memory is
 recorded as such instead of costing a GPU start-up.
 """
@@ -26,9 +26,7 @@ from optuna.distributions import (
 
 from chunktune.api.v1alpha1 import Parameter
 from chunktune.backends.base import EngineTarget
-from chunktune.errors import SpecError
-from chunktune.sim.args import parse_engine_flags
-from chunktune.sim.config import (
+from chunktune.core.engine_args import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     EngineArgs,
     EngineStartupError,
@@ -36,9 +34,11 @@ from chunktune.sim.config import (
     check_scheduler_rules,
     resolve,
 )
-from chunktune.sim.gpus import GPU, resolve_gpu
+from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.core.models import ModelConfig, from_hf_config, resolve_model
+from chunktune.errors import SpecError
+from chunktune.sim.args import parse_engine_flags
 from chunktune.sim.memory import plan_memory
-from chunktune.sim.models import ModelConfig, from_hf_config, resolve_model
 
 #: Flag name -> EngineArgs field.
 FIELD = {

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from chunktune.core.engine_args import EngineArgs, EngineStartupError, batch_defaults, resolve
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
 from chunktune.errors import SpecError
-from chunktune.sim.config import EngineArgs, EngineStartupError, batch_defaults, resolve
-from chunktune.sim.gpus import resolve_gpu
-from chunktune.sim.models import resolve_model
 
 M = resolve_model("llama-3.1-8b")
 

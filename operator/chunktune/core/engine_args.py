@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from chunktune.core.gpus import GPU
+from chunktune.core.models import ModelConfig
 from chunktune.errors import ChunktuneError, SpecError
-from chunktune.sim.gpus import GPU
-from chunktune.sim.models import ModelConfig
 
 #: vLLM's default ``gpu_memory_utilization`` since v0.21 (PR #38284); 0.9 before.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92

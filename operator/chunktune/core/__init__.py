@@ -1,0 +1,1 @@
+"""The bottom layer: types, data and rules that every other package may import."""
