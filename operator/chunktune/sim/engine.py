@@ -4,8 +4,9 @@
 with vLLM's defaults and checks, profile memory, size the KV cache — and raises
 :class:`~chunktune.core.engine_args.EngineStartupError` where vLLM would exit.
 ``Engine.replay`` then runs the requests: arrivals join WAITING at their time (or, in
-closed-loop mode, as soon as one finishes), each step is scheduled, timed and applied, and the clock moves by the
-step's time. Deterministic: no randomness here; the workload's seed fixes the requests.
+closed-loop mode, as soon as one finishes), each step is scheduled, timed and applied, and the
+clock moves by the step's time. Deterministic: no randomness here; the workload's seed fixes
+the requests.
 """
 
 from __future__ import annotations
