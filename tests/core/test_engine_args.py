@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from chunktune.core.engine_args import EngineArgs, EngineStartupError, batch_defaults, resolve
+from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
+from chunktune.core.flags import batch_defaults
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.errors import SpecError

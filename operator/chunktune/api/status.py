@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from chunktune.api.flags import flags_line
+from chunktune.core.flags import flags_line
 
 Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"]
 PHASES: tuple[str, ...] = ("Pending", "Running", "Succeeded", "Failed", "Suspended")

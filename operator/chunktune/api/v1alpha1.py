@@ -36,7 +36,8 @@ from chunktune.api._goals import (
 )
 from chunktune.api._suggest import closest
 from chunktune.api._types import Duration, Model, Number, check_label_name, check_object_name
-from chunktune.api.flags import DEFAULT_SEARCH_SPACE, FLAGS, FlagName
+from chunktune.api.flags import DEFAULT_SEARCH_SPACE
+from chunktune.core.flags import TUNABLE
 from chunktune.errors import SpecError
 from chunktune.sim.workload import Profile, load_profile, parse_profile
 
@@ -81,7 +82,7 @@ class Parameter(Model):
          "message": "log: true needs step 1 (Optuna cannot sample a stepped log scale)"},
     ]}}
 
-    name: FlagName
+    name: str = Field(json_schema_extra={"enum": list(TUNABLE)})
     """The engine flag without its leading dashes (``max-num-batched-tokens``)."""
     type: Literal["int", "float"] | None = None
     """Range type."""
@@ -104,9 +105,9 @@ class Parameter(Model):
     def _known_flag(cls, v: Any) -> Any:
         if isinstance(v, str) and v.startswith("-"):
             raise ValueError(f"give the flag without its leading dashes ({v.lstrip('-')!r})")
-        if isinstance(v, str) and v not in FLAGS:
-            hint = closest(v, FLAGS)
-            tail = f"did you mean {hint!r}?" if hint else f"tunable: {', '.join(FLAGS)}"
+        if isinstance(v, str) and v not in TUNABLE:
+            hint = closest(v, TUNABLE)
+            tail = f"did you mean {hint!r}?" if hint else f"tunable: {', '.join(TUNABLE)}"
             if not hint and "chunk" in v:
                 tail = ("vLLM has no prefill chunk-size flag: search max-num-batched-tokens (the "
                         "step token budget) and long-prefill-token-threshold (the per-request "

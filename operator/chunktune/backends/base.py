@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from chunktune.core.flags import argv
 from chunktune.load.summary import LoadSummary
 from chunktune.sim.workload import Profile
 
@@ -59,23 +60,10 @@ class TrialPlan:
 
     def engine_flags(self) -> list[str]:
         """The trial's flags as ``vllm serve`` takes them, fixed args first."""
-        out = list(self.target.fixed_args)
-        for name, value in self.params.items():
-            out += [f"--{name}", _fmt(value)]
+        out = [*self.target.fixed_args, *argv(self.params)]
         if self.target.tensor_parallel_size > 1 and "--tensor-parallel-size" not in out:
             out += ["--tensor-parallel-size", str(self.target.tensor_parallel_size)]
         return out
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float) and v.is_integer() and abs(v) >= 1:
-        return str(int(v))
-    return str(v)
-
-
-def flags_line(params: dict[str, Any]) -> str:
-    """``--max-num-batched-tokens 4096 --long-prefill-token-threshold 512``: ready to paste."""
-    return " ".join(f"--{k} {_fmt(v)}" for k, v in params.items())
 
 
 @dataclass

@@ -34,7 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chunktune.backends.base import TrialPlan, flags_line
+from chunktune.backends.base import TrialPlan
+from chunktune.core.flags import FLAGS, Flag, coerce_point, flags_line
 
 #: Label keys (``app.kubernetes.io/*`` plus ours).
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -403,10 +404,6 @@ def output_configmap(name: str, owner: Owner, flags: str, best: Mapping[str, Any
     }
 
 
-def _flag_names(name: str) -> tuple[str, str]:
-    return f"--{name}", f"--{name.replace('-', '_')}"
-
-
 def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
     """``args`` with each flag of ``params`` set: an existing value replaced (``--flag V``,
     ``--flag=V``, either spelling ``--max-num-batched-tokens`` / ``--max_num_batched_tokens``,
@@ -414,12 +411,15 @@ def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
     1024"]``), a missing flag appended (to that string when the args are one)."""
     out = list(args)
     shell = next((i for i, a in enumerate(out) if re.search(r"\s--?\w", a)), None)
-    for name, value in params.items():
-        text = flags_line({name: value}).split(" ", 1)[1]
+    for name, value in coerce_point(params).items():
+        flag = FLAGS[name]
+        if flag.kind == "bool":
+            raise ValueError(f"set_flags sets flags that take a value; {flag.option} is a switch")
+        text = flag.text(value)
         if shell is not None:
-            out[shell] = _set_in_string(out[shell], name, text)
+            out[shell] = _set_in_string(out[shell], flag, text)
             continue
-        spellings = _flag_names(name)
+        spellings = flag.spellings
         done = False
         i = 0
         while i < len(out):
@@ -437,16 +437,16 @@ def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
                 done = True
             i += 1
         if not done:
-            out += [f"--{name}", text]
+            out += [flag.option, text]
     return out
 
 
-def _set_in_string(command: str, name: str, value: str) -> str:
-    spell = "|".join(re.escape(s) for s in _flag_names(name))
+def _set_in_string(command: str, flag: Flag, value: str) -> str:
+    spell = "|".join(re.escape(s) for s in flag.spellings)
     pattern = re.compile(rf"(?<!\S)({spell})(=|\s+)(\"[^\"]*\"|'[^']*'|\S+)")
     if pattern.search(command):
         return pattern.sub(lambda m: f"{m.group(1)}{m.group(2)}{shlex.quote(value)}", command)
-    return f"{command.rstrip()} --{name} {shlex.quote(value)}"
+    return f"{command.rstrip()} {flag.option} {shlex.quote(value)}"
 
 
 __all__ = [

@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 
 from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
-from chunktune.core.engine_args import EngineStartupError
+from chunktune.core.engine_args import EngineArgs, EngineStartupError
+from chunktune.core.flags import FLAGS, parse_argv
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import from_hf_config, resolve_model
 from chunktune.errors import SpecError
 from chunktune.load.aggregate import RunInfo, build_summary
 from chunktune.load.records import RequestRecord
 from chunktune.load.summary import ArrivalInfo, LoadSummary, Slo
-from chunktune.sim.args import parse_engine_flags
 from chunktune.sim.engine import Engine, ReplayResult, build_engine
 from chunktune.sim.request import FINISHED, REJECTED, Request
 from chunktune.sim.workload import Profile, RequestSpec, generate
@@ -51,7 +51,7 @@ class SimulatedBackend(TrialBackend):
         t0 = time.perf_counter()
         target = plan.target
         try:
-            args, _, _ = parse_engine_flags(plan.engine_flags())
+            args = engine_args(plan)
             model = (from_hf_config(target.hf_config, name=target.model) if target.hf_config
                      else resolve_model(target.model, field="spec.engine.model"))
             gpu = resolve_gpu(target.gpu or "h100-sxm", field="spec.engine.gpu.type")
@@ -116,6 +116,24 @@ class SimulatedBackend(TrialBackend):
             drain=max(0.0, now - profile.duration), complete=complete)
         slos = {k: Slo(**v) for k, v in plan.slos.items()} or None
         return build_summary(records, info, slos=slos)
+
+
+def engine_args(plan: TrialPlan) -> EngineArgs:
+    """The trial's engine arguments, straight from its point: the fixed ``engine.args`` (the
+    manifest's strings, read once), the tensor-parallel size, then the searched values."""
+    fixed = parse_argv(list(plan.target.fixed_args), engine="sim")
+    problems = [("engine.args", msg) for _, msg in fixed.problems]
+    problems += [("engine.args", f"the simulator does not model {name}")
+                 for _, name in fixed.unknown]
+    for name in plan.params:
+        if name not in FLAGS or "sim" not in FLAGS[name].engines:
+            problems.append((name, "the simulator does not take this flag"))
+    if problems:
+        raise SpecError(problems)
+    base = EngineArgs.from_point(fixed.values)
+    if plan.target.tensor_parallel_size > 1 and "tensor-parallel-size" not in fixed.values:
+        base.tensor_parallel_size = plan.target.tensor_parallel_size
+    return EngineArgs.from_point(plan.params, base=base)
 
 
 def _record(r: Request, names: list[str], warmup: float, now: float,

@@ -29,8 +29,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.backends.base import flags_line
 from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
+from chunktune.core.flags import flags_line
 from chunktune.errors import BackendUnavailable, SpecError
 from chunktune.k8s.outputs import write_outputs
 from chunktune.k8s.state import (

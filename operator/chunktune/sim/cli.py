@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.core.engine_args import EngineStartupError
+from chunktune.core.flags import flags_line
 from chunktune.errors import Problems
 from chunktune.sim.args import (
     add_engine_args,
@@ -65,8 +66,9 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     problems = Problems()
     collect = problems.attempt
     mg = collect(model_and_gpu, ns)
-    args = engine_args_from(ns)
-    collect(args.check)
+    args = collect(engine_args_from, ns)
+    if args is not None:
+        collect(args.check_simulated)
     profile = collect(load_profile, ns.workload)
     if ns.rate is not None and ns.rate <= 0:
         problems.append(("--rate", f"must be > 0 (got {ns.rate})"))
@@ -84,6 +86,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
         for path, msg in problems:
             print(f"error: {path}: {msg}" if path else f"error: {msg}", file=sys.stderr)
         return 2
+    assert mg is not None and args is not None and profile is not None
     model, gpu = mg
     try:
         engine = build_engine(args, model, gpu)
@@ -111,8 +114,8 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     summary["wall_seconds"] = wall
     print(f"{model.name} on {gpu.name} x{engine.cfg.tensor_parallel_size}, workload "
           f"{profile.name} ({profile.duration:g}s, warm-up {profile.warmup:g}s); flags: "
-          + " ".join(f"--{k} {v}" for k, v in engine.cfg.flags().items()
-                     if k not in ("enable-chunked-prefill", "block-size")))
+          + flags_line({k: v for k, v in engine.cfg.flags().items()
+                        if k not in ("enable-chunked-prefill", "block-size")}))
     print(format_summary(summary))
     print(f"(replayed in {wall:.2f} s wall, {result.end_time / max(wall, 1e-9):,.0f}x real time)")
     if ns.json:

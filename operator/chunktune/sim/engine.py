@@ -178,6 +178,8 @@ class Engine:
 
 
 def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU) -> Engine:
-    """Resolve, profile memory and start the engine; raises EngineStartupError on failure."""
+    """Resolve, profile memory and start the engine; raises EngineStartupError on failure and
+    SpecError for a setting the simulator does not model."""
+    args.check_simulated()
     cfg = resolve(args, model, gpu)
     return Engine(cfg, plan_memory(cfg))

@@ -36,6 +36,7 @@ from aiohttp import web
 
 from chunktune import __version__
 from chunktune.core.engine_args import EngineStartupError, resolve
+from chunktune.core.flags import FLAGS
 from chunktune.errors import SpecError
 from chunktune.sim.args import add_engine_args, engine_args_from, model_and_gpu, split_unknown
 from chunktune.sim.engine import Engine, build_engine
@@ -116,7 +117,7 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
             raise SpecError(f"must be a port number 0-65535 (got {ns.port})", field="--port")
         model, gpu = model_and_gpu(ns)
         args = engine_args_from(ns)
-        args.check()
+        args.check_simulated()
     except SpecError as e:
         for path, msg in e.problems:
             _err(f"error: {path}: {msg}" if path else f"error: {msg}")
@@ -126,7 +127,8 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
     keys = tuple(ns.api_key or ([os.environ["VLLM_API_KEY"]]
                                 if os.environ.get("VLLM_API_KEY") else []))
     log(f"vLLM API server version {__version__}+chunktune.sim (simulated engine)")
-    log(f"non-default args: {({'model': model_tag, **_set_args(args)})}")
+    set_args = {FLAGS[k].attr: v for k, v in args.point().items()}
+    log(f"non-default args: {({'model': model_tag, **set_args})}")
     try:
         resolve(args, model, gpu)  # argument validation fails before the model load, as in vLLM
     except EngineStartupError as e:
@@ -154,13 +156,6 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3))
     except KeyboardInterrupt:  # pragma: no cover - signal handlers normally catch it
         return 0
-
-
-def _set_args(args: object) -> dict[str, object]:
-    from chunktune.core.engine_args import EngineArgs
-
-    default = EngineArgs()
-    return {k: v for k, v in vars(args).items() if getattr(default, k) != v}
 
 
 async def _serve(engine: Engine, cfg: ServerConfig, host: str, port: int, slack: float) -> int:

@@ -12,7 +12,8 @@ from typing import Any
 
 from chunktune.api.metrics import format_value
 from chunktune.api.validation import load_manifest, read_manifest, validate
-from chunktune.backends.base import TrialBackend, flags_line
+from chunktune.backends.base import TrialBackend
+from chunktune.core.flags import flags_line
 from chunktune.errors import BackendUnavailable, SpecError
 
 

@@ -30,7 +30,8 @@ import optuna
 from optuna.trial import TrialState
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.backends.base import EngineTarget, TrialBackend, TrialPlan, TrialResult, flags_line
+from chunktune.backends.base import EngineTarget, TrialBackend, TrialPlan, TrialResult
+from chunktune.core.flags import flags_line
 from chunktune.errors import SpecError
 from chunktune.tuning import space
 from chunktune.tuning import study as st
