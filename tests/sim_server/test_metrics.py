@@ -100,7 +100,8 @@ def test_families_labels_and_buckets(sim):
     assert info.labels["block_size"] == "16"
     assert info.labels["gpu_memory_utilization"] == "0.92"
     assert int(info.labels["num_gpu_blocks"]) > 0
-    assert info.labels["enable_prefix_caching"] == "True"
+    # the flag's value: the simulator does not model prefix caching and runs with it off
+    assert info.labels["enable_prefix_caching"] == "False"
     assert info.labels["engine"] == "0"
     (sim_info,) = fams["chunktune_sim_info"].samples
     assert sim_info.labels["max_num_batched_tokens"] == "8192"

@@ -162,6 +162,8 @@ class ResolvedConfig:
     kv_cache_memory_bytes: int | None
     num_gpu_blocks_override: int | None
     enforce_eager: bool
+    scheduling_policy: str = "fcfs"
+    enable_prefix_caching: bool = False
     cudagraph_capture_sizes: tuple[int, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
 
@@ -268,6 +270,8 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         enforce_eager=args.enforce_eager,
+        scheduling_policy=args.scheduling_policy,
+        enable_prefix_caching=args.enable_prefix_caching,
         cudagraph_capture_sizes=graphs,
         warnings=tuple(warnings),
     )

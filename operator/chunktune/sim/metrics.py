@@ -177,7 +177,7 @@ class VllmMetrics:
             else "fp8",
             "calculate_kv_scales": "False",
             "cpu_offload_gb": "0",
-            "enable_prefix_caching": "True",
+            "enable_prefix_caching": str(cfg.enable_prefix_caching),
             "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
             "is_attention_free": "False",
             "kv_cache_memory_bytes": str(cfg.kv_cache_memory_bytes),

@@ -5,13 +5,19 @@ This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (facts §1):
 1. ``token_budget = max_num_batched_tokens``.
 2. RUNNING requests first, in order: each asks for ``num_tokens - num_computed`` tokens, capped by
    ``long_prefill_token_threshold`` (when > 0) and by what is left of the budget. If its KV blocks
-   do not fit, the scheduler preempts the *last* running request (FCFS) — freeing its blocks and
-   resetting it to recompute — until they fit, or until the victim is the request itself.
+   do not fit, the scheduler preempts a victim — freeing its blocks and resetting it to
+   recompute — until they fit, or until the victim is the request itself. Under ``fcfs`` the
+   victim is the *last* running request; under ``priority`` the running request with the
+   largest ``(priority, arrival)``, and if it was already scheduled in this step its tokens go
+   back to the budget.
 3. WAITING requests are admitted only if nothing was preempted in this step, while the running
    set is below ``max_num_seqs`` and budget is left; each takes its (capped) chunk, or stops the
    admission when its blocks do not fit. With chunked prefill off a prompt that does not fit the
-   remaining budget stops the admission instead of being split.
-4. Preempted requests go back to the head of WAITING.
+   remaining budget stops the admission instead of being split. WAITING is a FIFO under
+   ``fcfs`` and ordered by ``(priority, arrival)`` under ``priority``
+   (``vllm/v1/core/sched/request_queue.py``: ``FCFSRequestQueue``, ``PriorityRequestQueue``).
+4. Preempted requests go back to WAITING: to its head under ``fcfs``, in their
+   ``(priority, arrival)`` place under ``priority``.
 
 NOTE: with the default threshold of 0 a long prompt takes *all* budget left after the decodes
 scheduled before it — decodes admitted after it in the running list, and new arrivals, wait:
@@ -20,7 +26,10 @@ the head-of-line blocking the threshold exists to limit.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from chunktune.core.engine_args import ResolvedConfig
@@ -63,8 +72,44 @@ class StepOutcome:
     num_prompt_done: int
 
 
+class PriorityQueue:
+    """WAITING under ``--scheduling-policy priority``: a heap on ``(priority, arrival, rid)``,
+    with the deque methods the scheduler uses (``appendleft`` inserts in order too, as vLLM's
+    ``PriorityRequestQueue.prepend_request`` does)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, int, Request]] = []
+        self._seq = itertools.count()
+
+    def append(self, req: Request) -> None:
+        heapq.heappush(self._heap, (req.priority, req.arrival, req.rid, next(self._seq), req))
+
+    appendleft = append
+
+    def popleft(self) -> Request:
+        return heapq.heappop(self._heap)[-1]
+
+    def __getitem__(self, index: int) -> Request:
+        if index == 0 and self._heap:
+            return self._heap[0][-1]
+        return sorted(self._heap)[index][-1]
+
+    def remove(self, req: Request) -> None:
+        self._heap = [e for e in self._heap if e[-1] is not req]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (e[-1] for e in sorted(self._heap))
+
+
 class Scheduler:
-    """The engine's request state (WAITING deque, RUNNING list, block pool) and its step."""
+    """The engine's request state (WAITING queue, RUNNING list, block pool) and its step."""
 
     def __init__(self, cfg: ResolvedConfig, num_blocks: int) -> None:
         self.cfg = cfg
@@ -72,8 +117,10 @@ class Scheduler:
         self.threshold = cfg.long_prefill_token_threshold
         self.max_num_seqs = cfg.max_num_seqs
         self.chunked = cfg.enable_chunked_prefill
+        self.priority = cfg.scheduling_policy == "priority"
         self.pool = BlockPool(num_blocks, cfg.block_size)
-        self.waiting: deque[Request] = deque()
+        self.waiting: deque[Request] | PriorityQueue = \
+            PriorityQueue() if self.priority else deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
 
@@ -112,6 +159,8 @@ class Scheduler:
         decode_ctx = 0
         logits = 0
         prefill_tokens = 0
+        #: under priority: what each scheduled running request took, to undo if preempted
+        done: dict[Request, tuple[int, int, int]] = {}
 
         i = 0
         while i < len(running) and budget > 0:
@@ -130,7 +179,27 @@ class Scheduler:
             if need > pool.free:
                 victim = None
                 while need > pool.free:
-                    victim = running.pop()
+                    if self.priority:
+                        victim = max(running, key=_priority_key)
+                        at = running.index(victim)
+                        del running[at]
+                        if at < i:
+                            i -= 1
+                        if victim in done:  # already scheduled in this step: undo it
+                            vn, vcomputed, vremaining = done.pop(victim)
+                            scheduled.remove((victim, vn))
+                            budget += vn
+                            if vremaining == 1 and vcomputed:
+                                decodes -= 1
+                                decode_ctx -= vcomputed + 1
+                                logits -= 1
+                            else:
+                                chunks.remove((vn, vcomputed))
+                                prefill_tokens -= vn
+                                if vn == vremaining:
+                                    logits -= 1
+                    else:
+                        victim = running.pop()
                     self._preempt(victim)
                     preempted.append(victim)
                     if victim is req:
@@ -140,6 +209,8 @@ class Scheduler:
             if need:
                 pool.allocate(req, need)
             scheduled.append((req, n))
+            if self.priority:
+                done[req] = (n, computed, remaining)
             budget -= n
             if remaining == 1 and computed:
                 decodes += 1
@@ -184,7 +255,8 @@ class Scheduler:
                     logits += 1
                 plan.num_admitted += 1
         else:
-            # Preempted requests go back to the head of WAITING, earliest-admitted first.
+            # Preempted requests go back to the head of WAITING, earliest-admitted first
+            # (under priority: in their (priority, arrival) place).
             for victim in preempted:
                 self.waiting.appendleft(victim)
 
@@ -234,3 +306,8 @@ class Scheduler:
                 pool.release(req)
             self.running = [r for r in self.running if r.status == RUNNING]
         return StepOutcome(produced, finished, generated, prompts_done)
+
+
+def _priority_key(req: Request) -> tuple[int, float]:
+    """vLLM's preemption order under ``priority``: the largest (priority, arrival) goes first."""
+    return req.priority, req.arrival
