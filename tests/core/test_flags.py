@@ -34,7 +34,6 @@ from chunktune.sim.args import add_engine_args
 from chunktune.tuning.space import suggest
 from tests.api.factories import quickstart, vllm_manifest
 
-
 #: Values the manifest takes where the generic samples would be refused for another reason:
 #: vLLM's V1 engine refuses partial prefills other than 1; the tensor-parallel degree must fit
 #: the GPU count.
