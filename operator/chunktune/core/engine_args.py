@@ -168,17 +168,14 @@ class ResolvedConfig:
     warnings: tuple[str, ...] = field(default=())
 
     def flags(self) -> dict[str, Any]:
-        """The tuned knobs as a point (``{"max-num-batched-tokens": 8192, ...}``)."""
-        return {
-            "max-num-batched-tokens": self.max_num_batched_tokens,
-            "max-num-seqs": self.max_num_seqs,
-            "long-prefill-token-threshold": self.long_prefill_token_threshold,
-            "max-model-len": self.max_model_len,
-            "gpu-memory-utilization": self.gpu_memory_utilization,
-            "enable-chunked-prefill": self.enable_chunked_prefill,
-            "block-size": self.block_size,
-            "tensor-parallel-size": self.tensor_parallel_size,
-        }
+        """The engine flags as the engine runs with them, as a point
+        (``{"max-num-batched-tokens": 8192, ...}``), in registry order; unset ones left out."""
+        out: dict[str, Any] = {}
+        for f in FLAGS.values():
+            value = getattr(self, f.attr, None)
+            if "sim" in f.engines and value is not None:
+                out[f.name] = value
+        return out
 
 
 def cudagraph_sizes(max_num_seqs: int, max_num_batched_tokens: int,

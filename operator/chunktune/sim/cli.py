@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.core.engine_args import EngineStartupError
-from chunktune.core.flags import flags_line
+from chunktune.core.flags import TUNABLE, flags_line
 from chunktune.errors import Problems
 from chunktune.sim.args import (
     add_engine_args,
@@ -115,7 +115,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     print(f"{model.name} on {gpu.name} x{engine.cfg.tensor_parallel_size}, workload "
           f"{profile.name} ({profile.duration:g}s, warm-up {profile.warmup:g}s); flags: "
           + flags_line({k: v for k, v in engine.cfg.flags().items()
-                        if k not in ("enable-chunked-prefill", "block-size")}))
+                        if k in TUNABLE or k in args.point()}))
     print(format_summary(summary))
     print(f"(replayed in {wall:.2f} s wall, {result.end_time / max(wall, 1e-9):,.0f}x real time)")
     if ns.json:
