@@ -94,6 +94,8 @@ def test_malformed_json(sim):
     ({"prompt": "hi", "max_tokens": "lots"}, "int_parsing"),
     ({"prompt": "hi", "max_tokens": 2.5}, "int_from_float"),
     ({"prompt": "hi", "stream": "maybe"}, "bool_parsing"),
+    ({"prompt": "hi", "priority": "high"}, "int_parsing"),
+    ({"prompt": "hi", "priority": 2**63}, "less_than_equal"),
     ({"prompt": "hi", "model": 7}, "string_type"),
     ({"prompt": {"text": "hi"}}, "'prompt'"),
     ({"max_tokens": 2}, "Either prompt or prompt_embeds must be provided"),

@@ -17,7 +17,7 @@ from chunktune.sim.realtime import RealtimeEngine
 pytestmark = pytest.mark.asyncio
 
 
-def _engine(**kw: int) -> Engine:
+def _engine(**kw: int | str) -> Engine:
     return build_engine(EngineArgs(max_model_len=8192, **kw), resolve_model("llama-3.1-8b"),
                         resolve_gpu("h100-sxm"))
 
@@ -95,3 +95,19 @@ async def test_stop_aborts_what_is_left():
     assert not engine.scheduler.has_work
     with pytest.raises(RuntimeError):
         rt.submit(10, 2)
+
+
+@pytest.mark.parametrize(("policy", "order"), [("priority", [2, 3, 1]), ("fcfs", [1, 2, 3])])
+async def test_request_priority_orders_waiting_under_the_priority_policy(policy, order):
+    """One running slot; three requests queue behind a long one with priorities 2, 0, 1:
+    ``priority`` serves them lowest first, ``fcfs`` in arrival order."""
+    engine = _engine(max_num_seqs=1, scheduling_policy=policy)
+    rt = RealtimeEngine(engine)
+    rt.start()
+    first = rt.submit(4000, 4)
+    queued = [rt.submit(100, 2, priority=p) for p in (2, 0, 1)]
+    await asyncio.gather(*(_drain(s) for s in (first, *queued)))
+    by_first_token = sorted(range(3), key=lambda i: queued[i].first_token)
+    assert [i + 1 for i in by_first_token] == order
+    assert first.first_token < min(s.first_token for s in queued)
+    await rt.stop()

@@ -71,8 +71,8 @@ class LiveRequest(Request):
     __slots__ = ("stream",)
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, max_tokens: int,
-                 stream: Stream) -> None:
-        super().__init__(rid, arrival, prompt_len, max_tokens)
+                 stream: Stream, priority: int = 0) -> None:
+        super().__init__(rid, arrival, prompt_len, max_tokens, priority=priority)
         self.stream = stream
 
 
@@ -214,11 +214,12 @@ class RealtimeEngine:
     # ---- requests --------------------------------------------------------------------------
 
     def submit(self, prompt_tokens: int, max_tokens: int,
-               arrival: float | None = None) -> Stream:
+               arrival: float | None = None, priority: int = 0) -> Stream:
         """Add a request (already validated against ``max_model_len``) to WAITING.
 
         ``arrival`` is when it reached the frontend (``loop.time()``; default now): TTFT and
-        the queue time count from there.
+        the queue time count from there. ``priority`` orders WAITING under
+        ``--scheduling-policy priority`` (lower first).
         """
         if self._stopping:
             raise RuntimeError("the engine is shutting down")
@@ -227,7 +228,7 @@ class RealtimeEngine:
         stream = Stream(arrival, prompt_tokens, max_tokens)
         rid = self._next_rid
         self._next_rid += 1
-        req = LiveRequest(rid, arrival, prompt_tokens, max_tokens, stream)
+        req = LiveRequest(rid, arrival, prompt_tokens, max_tokens, stream, priority)
         stream.req = req
         self._live[rid] = stream
         self.scheduler.add_request(req)

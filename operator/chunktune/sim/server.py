@@ -249,6 +249,8 @@ class Parsed:
     max_tokens: int
     stream: bool
     include_usage: bool
+    priority: int = 0
+    """The request's ``priority`` (lower first under ``--scheduling-policy priority``)."""
 
 
 def _is_ids(v: Any) -> bool:
@@ -306,6 +308,14 @@ def parse_generation(body: dict[str, Any], cfg: ServerConfig, chat: bool) -> Par
     max_tokens = _int(body, "max_tokens", errors)
     max_completion = _int(body, "max_completion_tokens", errors) if chat else None
     min_tokens = _int(body, "min_tokens", errors)
+    priority = _int(body, "priority", errors) or 0
+    for bound, ok, kind, words in ((-2**63, priority >= -2**63, "greater_than_equal",
+                                    "greater than or equal to"),
+                                   (2**63 - 1, priority <= 2**63 - 1, "less_than_equal",
+                                    "less than or equal to")):
+        if not ok:
+            errors.append({"type": kind, "loc": ("body", "priority"),
+                           "msg": f"Input should be {words} {bound}", "input": priority})
     opts = body.get("stream_options")
     include_usage = False
     if opts is not None:
@@ -371,7 +381,7 @@ def parse_generation(body: dict[str, Any], cfg: ServerConfig, chat: bool) -> Par
             raise vllm_validation_error(f"n must be at least 1, got {n}.", "n", n)
         raise ApiError(f"n={n} is not supported by the chunktune simulator: it generates one "
                        "sequence per request (n must be 1)", param="n")
-    return Parsed(name, tokens, requested, stream, include_usage)
+    return Parsed(name, tokens, requested, stream, include_usage, priority)
 
 
 # ---- the application -----------------------------------------------------------------------
@@ -464,7 +474,7 @@ class SimServer:
         arrival = asyncio.get_running_loop().time()
         body = await _json_body(request, fast_ids=not chat)
         p = parse_generation(body, self.cfg, chat)
-        stream = self.rt.submit(p.prompt_tokens, p.max_tokens, arrival)
+        stream = self.rt.submit(p.prompt_tokens, p.max_tokens, arrival, priority=p.priority)
         try:
             if p.stream:
                 return await self._stream(request, stream, p, chat)
