@@ -178,6 +178,26 @@ class ResolvedConfig:
         return out
 
 
+def kv_cache_dtype_bytes(dtype: str, model_dtype_bytes: float) -> float:
+    """Bytes per cached K or V element for a ``--kv-cache-dtype``: the model's for ``auto``,
+    2 for 16-bit types, 1 for 8-bit ones, the bit width / 8 for the packed 3- and 4-bit ones
+    (the simulator itself runs only auto, bfloat16 and fp8; the rest serve the tuner's memory
+    prescreen of a real vLLM engine)."""
+    if dtype == "auto":
+        return model_dtype_bytes
+    if dtype in ("bfloat16", "float16"):
+        return 2.0
+    if dtype.startswith(("fp8", "int8")):
+        return 1.0
+    if dtype == "turboquant_3bit_nc":
+        return 3 / 8
+    if dtype == "turboquant_k3v4_nc":
+        return (3 + 4) / 16
+    if dtype == "turboquant_k8v4":
+        return (8 + 4) / 16
+    return 0.5  # int4_per_token_head, nvfp4*, turboquant_4bit_nc, ultraquant_4bit
+
+
 def cudagraph_sizes(max_num_seqs: int, max_num_batched_tokens: int,
                     max_size: int | None = None) -> tuple[int, ...]:
     """vLLM's default CUDA-graph capture sizes: [1, 2, 4] + range(8, 256, 8) +
@@ -249,7 +269,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
             f"max_num_batched_tokens ({budget}) exceeds max_num_seqs * max_model_len "
             f"({seqs * max_model_len}). This may lead to unexpected behavior."
         )
-    kv_bytes = model.dtype_bytes if args.kv_cache_dtype in ("auto", "bfloat16") else 1.0
+    kv_bytes = kv_cache_dtype_bytes(args.kv_cache_dtype, model.dtype_bytes)
     graphs = () if args.enforce_eager else cudagraph_sizes(seqs, budget,
                                                            args.max_cudagraph_capture_size)
     return ResolvedConfig(
