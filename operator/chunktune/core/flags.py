@@ -479,42 +479,48 @@ def batch_defaults(gpu: GPU | None) -> tuple[int, int]:
 def engine_defaults(given: Mapping[str, Any], gpu: GPU | None, model_max_len: int | None,
                     engine: str = "vllm") -> dict[str, Any]:
     """Every flag ``engine`` takes, with the value the engine starts with when ``given`` (a
-    point) sets some — vLLM's start-up defaulting, in one place:
+    point) sets some — vLLM's start-up defaulting, in one place, by each flag's
+    ``default_rule``:
 
-    - ``max-model-len``: the model's ``max_position_embeddings`` (``model_max_len``; None when
-      unknown), also for ``auto`` / -1;
-    - ``max-num-batched-tokens``: the GPU's default (:func:`batch_defaults`); with chunked
-      prefill off at least ``max-model-len``; at most ``max-num-seqs * max-model-len``;
-    - ``max-num-seqs``: the GPU's default, at most ``max-num-batched-tokens``;
-    - SGLang's ``chunked-prefill-size``: 8192 on GPUs of >= 60 GiB, else 4096;
-    - ``enable-prefix-caching`` for the simulator: off (it does not model prefix caching);
-    - the rest: their static default (None: unset).
+    - ``static``: the flag's ``default`` (None: unset); for the simulator
+      ``enable-prefix-caching`` is off (it does not model prefix caching);
+    - ``model_len`` (``max-model-len``): the model's ``max_position_embeddings``
+      (``model_max_len``; None when unknown), also for ``auto`` / -1;
+    - ``batch_budget`` (``max-num-batched-tokens``): the GPU's default (:func:`batch_defaults`);
+      with chunked prefill off at least ``max-model-len``; at most
+      ``max-num-seqs * max-model-len``;
+    - ``batch_seqs`` (``max-num-seqs``): the GPU's default, at most the budget;
+    - ``sglang_chunk`` (SGLang's ``chunked-prefill-size``): 8192 on GPUs of >= 60 GiB, else 4096.
     """
+    default_budget, default_seqs = batch_defaults(gpu)
     values: dict[str, Any] = {}
+    rules: dict[DefaultRule, str] = {}
     for f in for_engine(engine):
-        if f.name in given:
-            values[f.name] = given[f.name]
-        elif f.default_rule == "static":
-            values[f.name] = f.default
-    if engine == "sglang":
-        if "chunked-prefill-size" not in given:
-            values["chunked-prefill-size"] = 8192 if gpu is not None and gpu.memory_gib >= 60 \
-                else 4096
-        return values
+        rules[f.default_rule] = f.name
+        if f.default_rule == "static":
+            values[f.name] = given.get(f.name, f.default)
     if engine == "sim" and "enable-prefix-caching" not in given:
         values["enable-prefix-caching"] = False
-    length = given.get("max-model-len")
-    max_len = model_max_len if length in (None, -1) else length
-    values["max-model-len"] = max_len
-    default_budget, default_seqs = batch_defaults(gpu)
-    seqs = given.get("max-num-seqs")
-    budget = given.get("max-num-batched-tokens")
-    if budget is None:
-        budget = default_budget
-        if not values["enable-chunked-prefill"] and max_len is not None:
-            budget = max(max_len, budget)
-        if max_len is not None:
-            budget = min((seqs or default_seqs) * max_len, budget)
-    values["max-num-batched-tokens"] = budget
-    values["max-num-seqs"] = seqs if seqs is not None else min(default_seqs, budget)
+    if "sglang_chunk" in rules:
+        name = rules["sglang_chunk"]
+        values[name] = given.get(name, 8192 if gpu is not None and gpu.memory_gib >= 60
+                                 else 4096)
+    max_len = model_max_len
+    if "model_len" in rules:
+        name = rules["model_len"]
+        if given.get(name) not in (None, -1):
+            max_len = given[name]
+        values[name] = max_len
+    if "batch_budget" in rules and "batch_seqs" in rules:
+        budget_name, seqs_name = rules["batch_budget"], rules["batch_seqs"]
+        seqs = given.get(seqs_name)
+        budget = given.get(budget_name)
+        if budget is None:
+            budget = default_budget
+            if not values.get("enable-chunked-prefill", True) and max_len is not None:
+                budget = max(max_len, budget)
+            if max_len is not None:
+                budget = min((seqs or default_seqs) * max_len, budget)
+        values[budget_name] = budget
+        values[seqs_name] = seqs if seqs is not None else min(default_seqs, budget)
     return values
