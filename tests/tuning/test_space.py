@@ -32,3 +32,12 @@ def test_default_point_is_vllms_for_the_gpu():
     assert ctx.default_point(params) == {
         "max-num-batched-tokens": 2048, "max-num-seqs": 128, "long-prefill-token-threshold": 0,
         "gpu-memory-utilization": 0.92, "max-model-len": 131072}
+
+
+def test_sglang_default_chunk_size_by_gpu_memory():
+    params = [Parameter(name="chunked-prefill-size", choices=[1024])]
+    target = EngineTarget(kind="sglang", model="m", served_model_name="m", gpu="h100-sxm")
+    assert EngineContext.build(target).default_point(params) == {"chunked-prefill-size": 8192}
+    target = EngineTarget(kind="sglang", model="m", served_model_name="m", gpu="l4",
+                          fixed_args=("--mem-fraction-static", "0.8"))
+    assert EngineContext.build(target).default_point(params) == {"chunked-prefill-size": 4096}

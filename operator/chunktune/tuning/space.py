@@ -128,8 +128,9 @@ class EngineContext:
     def defaults(self, point: dict[str, Any] | None = None) -> dict[str, Any]:
         """Every flag's value when the engine starts with the fixed args and ``point``
         (:func:`chunktune.core.flags.engine_defaults`)."""
-        given = {**self.fixed.point(), **(point or {})}
         engine = "sglang" if self.target.kind == "sglang" else "vllm"
+        given = {**parse_argv(list(self.target.fixed_args), engine=engine).values,
+                 **(point or {})}
         return engine_defaults(given, self.gpu, self.model.max_position_embeddings
                                if self.model else None, engine=engine)
 
