@@ -230,8 +230,8 @@ def test_values_and_spellings() -> None:
     assert parsed.unknown == [(0, "--swap-space")]
     assert parsed.problems == [(2, "--max-num-seqs must be >= 1 (got 0)"),
                                (4, "--enforce-eager takes no value (use --enforce-eager or "
-                                   "--no-enforce-eager)"),
-                               (5, "expected a --flag (got 'stray')")]
+                                   "--no-enforce-eager)")]
+    assert parsed.stray == [5]
     with pytest.raises(FlagValueError, match="takes an integer"):
         FLAGS["max-num-seqs"].coerce(1.5)
     with pytest.raises(FlagValueError, match="is a switch"):
@@ -270,3 +270,18 @@ def test_engine_defaults_follow_vllm() -> None:
     assert engine_defaults({"max-num-batched-tokens": 512}, h100, 4096)["max-num-seqs"] == 512
     assert engine_defaults({}, h100, None, engine="sglang") == {"chunked-prefill-size": 8192}
     assert engine_defaults({}, h100, 4096, engine="sim")["enable-prefix-caching"] is False
+
+
+def test_manifest_args_check_values_not_vllms_other_flags() -> None:
+    """For a vLLM engine the registry's flags are checked and the rest (any arity) passed on;
+    the simulator refuses what it does not model, stray tokens included."""
+    raw = vllm_manifest()
+    raw["spec"]["engine"]["args"] = ["--api-key", "k1", "k2", "--max-model-len", "4K"]
+    assert validate(raw) == []
+    raw["spec"]["engine"]["args"] = ["--max-num-batched-tokens", "1.5K"]
+    assert validate(raw) == [("spec.engine.args[0]", "--max-num-batched-tokens takes an integer "
+                              "such as 2048, 8k (8000) or 8K (8192) (got '1.5K'): decimals are "
+                              "not allowed with binary suffixes like K; did you mean 1.5k?")]
+    sim = quickstart()
+    sim["spec"]["engine"]["args"] = ["--enforce-eager", "yes"]
+    assert validate(sim) == [("spec.engine.args[1]", "expected a --flag (got 'yes')")]

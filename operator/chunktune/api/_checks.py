@@ -180,6 +180,8 @@ def _args(p: Parts, e: EngineSpec) -> None:
                   "vLLM's V1 engine refuse to start (Concurrent Partial Prefill is not supported)")
     if e.kind != "sim":
         return
+    for i in parsed.stray:
+        p.add(f"spec.engine.args[{i}]", f"expected a --flag (got {e.args[i]!r})")
     known = ", ".join(sorted(f.option for f in FLAGS.values() if "sim" in f.engines))
     for i, spelling in parsed.unknown:
         if spelling.lstrip("-").replace("_", "-") not in MANAGED_FLAGS:

@@ -364,7 +364,10 @@ class ParsedArgs:
     unknown: list[tuple[int, str]] = field(default_factory=list)
     """Flags not in the registry (or not taken by the engine asked for): (index, spelling)."""
     problems: list[tuple[int, str]] = field(default_factory=list)
-    """(index, message) for values the engine would refuse and tokens that are no flag."""
+    """(index, message) for values of registry flags that the engine would refuse."""
+    stray: list[int] = field(default_factory=list)
+    """Tokens that are no flag and follow no flag that takes them (an unknown flag may take
+    several values, as vLLM's ``--api-key K1 K2`` does)."""
 
 
 def _is_number(text: str) -> bool:
@@ -385,7 +388,7 @@ def parse_argv(args: Sequence[str], engine: str | None = None) -> ParsedArgs:
         token, at = args[i], i
         i += 1
         if not token.startswith("-") or token == "-" or _is_number(token):
-            out.problems.append((at, f"expected a --flag (got {token!r})"))
+            out.stray.append(at)
             continue
         spelling, eq, text = token.partition("=")
         flag, negated = lookup(spelling)
