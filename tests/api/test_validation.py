@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from chunktune.api import validate
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 from chunktune.sim.config import EngineArgs
 from tests.api.factories import quickstart, vllm_manifest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 from chunktune.sim.config import EngineArgs, EngineStartupError, batch_defaults, resolve
 from chunktune.sim.gpus import resolve_gpu
 from chunktune.sim.models import resolve_model

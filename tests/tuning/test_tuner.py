@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from chunktune.backends.simulated import SimulatedBackend
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 from chunktune.tuning import study as st
 from chunktune.tuning.results import collect, format_results
 from chunktune.tuning.runner import Tuner

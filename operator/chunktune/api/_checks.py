@@ -24,11 +24,11 @@ from chunktune.api.v1alpha1 import (
     SamplerSpec,
     WorkloadSpec,
 )
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
+from chunktune.core.workload import Profile
 from chunktune.sim.config import EngineArgs
 from chunktune.sim.gpus import gpu_names, resolve_gpu
 from chunktune.sim.models import ModelConfig, catalog_names, from_hf_config, resolve_model
-from chunktune.sim.workload import Profile
 
 _IMAGES = {"vllm": "vllm/vllm-openai:v0.11.0", "sglang": "lmsysorg/sglang:latest"}
 _STORAGE_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")

@@ -159,7 +159,7 @@ def sim_engine_kwargs(args: Sequence[str], ignore: Sequence[str] = ()) -> dict[s
     or a value of the wrong type."""
     from dataclasses import fields
 
-    from chunktune.errors import SpecError
+    from chunktune.core.errors import SpecError
     from chunktune.sim.config import EngineArgs
 
     types = {f.name: str(f.type) for f in fields(EngineArgs)}

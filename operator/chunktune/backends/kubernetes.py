@@ -39,13 +39,14 @@ from typing import Any, Protocol
 import aiohttp
 
 from chunktune.backends import manifests as mf
-from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
+from chunktune.backends.base import TrialBackend
 from chunktune.backends.classify import classify
-from chunktune.load.summary import LoadSummary, Window
+from chunktune.core.flatten import flatten, flatten_window
+from chunktune.core.summary import LoadSummary, Window
+from chunktune.core.trials import Reporter, TrialPlan, TrialResult
 from chunktune.metrics import promql
 from chunktune.metrics.client import PrometheusClient, scrape
 from chunktune.metrics.promtext import Scrape, server_metrics
-from chunktune.tuning.objectives import flatten, flatten_window
 
 log = logging.getLogger(__name__)
 Body = dict[str, Any]

@@ -28,13 +28,14 @@ from typing import Any
 import aiohttp
 import yaml
 
-from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
+from chunktune.backends.base import TrialBackend
 from chunktune.backends.classify import classify
-from chunktune.errors import BackendUnavailable
-from chunktune.load.summary import LoadSummary, Window
+from chunktune.core.errors import BackendUnavailable
+from chunktune.core.flatten import flatten, flatten_window
+from chunktune.core.summary import LoadSummary, Window
+from chunktune.core.trials import Reporter, TrialPlan, TrialResult
 from chunktune.metrics.client import scrape
 from chunktune.metrics.promtext import server_metrics
-from chunktune.tuning.objectives import flatten, flatten_window
 
 #: Seconds between /metrics samples during the load (KV-usage peak).
 SAMPLE_INTERVAL = 1.0

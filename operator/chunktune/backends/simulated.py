@@ -16,19 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
-from chunktune.errors import SpecError
+from chunktune.backends.base import TrialBackend
+from chunktune.core.errors import SpecError
+from chunktune.core.flatten import flatten
+from chunktune.core.records import RequestRecord
+from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
+from chunktune.core.trials import Reporter, TrialPlan, TrialResult
+from chunktune.core.workload import Profile, RequestSpec, generate
 from chunktune.load.aggregate import RunInfo, build_summary
-from chunktune.load.records import RequestRecord
-from chunktune.load.summary import ArrivalInfo, LoadSummary, Slo
 from chunktune.sim.args import parse_engine_flags
 from chunktune.sim.config import EngineStartupError
 from chunktune.sim.engine import Engine, ReplayResult, build_engine
 from chunktune.sim.gpus import resolve_gpu
 from chunktune.sim.models import from_hf_config, resolve_model
 from chunktune.sim.request import FINISHED, REJECTED, Request
-from chunktune.sim.workload import Profile, RequestSpec, generate
-from chunktune.tuning.objectives import flatten
 
 
 class SimulatedBackend(TrialBackend):

@@ -29,9 +29,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.backends.base import flags_line
 from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
-from chunktune.errors import BackendUnavailable, SpecError
+from chunktune.core.errors import BackendUnavailable, SpecError
+from chunktune.core.trials import flags_line
 from chunktune.k8s.outputs import write_outputs
 from chunktune.k8s.state import (
     TERMINAL,

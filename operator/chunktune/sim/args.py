@@ -15,7 +15,7 @@ import difflib
 import re
 from collections.abc import Sequence
 
-from chunktune.errors import Problems, SpecError
+from chunktune.core.errors import Problems, SpecError
 from chunktune.sim.config import EngineArgs
 from chunktune.sim.gpus import GPU, gpu_names, resolve_gpu
 from chunktune.sim.models import ModelConfig, catalog_names, resolve_model

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chunktune.errors import Problems
+from chunktune.core.errors import Problems
+from chunktune.core.workload import generate, load_profile, parse_duration
 from chunktune.sim.args import (
     add_engine_args,
     engine_args_from,
@@ -19,7 +20,6 @@ from chunktune.sim.args import (
 from chunktune.sim.config import EngineStartupError
 from chunktune.sim.engine import build_engine
 from chunktune.sim.report import format_summary, summarize
-from chunktune.sim.workload import generate, load_profile, parse_duration
 
 #: The model ``sim run`` simulates when none is given.
 DEFAULT_MODEL = "llama-3.1-8b"

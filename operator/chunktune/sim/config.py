@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from chunktune.errors import ChunktuneError, SpecError
+from chunktune.core.errors import ChunktuneError, SpecError
 from chunktune.sim.gpus import GPU
 from chunktune.sim.models import ModelConfig
 

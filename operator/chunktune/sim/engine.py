@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from chunktune.core.workload import RequestSpec
 from chunktune.sim.config import EngineArgs, ResolvedConfig, resolve
 from chunktune.sim.cost_model import StepCostModel
 from chunktune.sim.gpus import GPU
@@ -20,7 +21,6 @@ from chunktune.sim.memory import MemoryPlan, plan_memory
 from chunktune.sim.models import ModelConfig
 from chunktune.sim.request import REJECTED, Request
 from chunktune.sim.scheduler import Scheduler, StepPlan
-from chunktune.sim.workload import RequestSpec
 
 
 @dataclass

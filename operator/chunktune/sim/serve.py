@@ -35,7 +35,7 @@ import time
 from aiohttp import web
 
 from chunktune import __version__
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 from chunktune.sim.args import add_engine_args, engine_args_from, model_and_gpu, split_unknown
 from chunktune.sim.config import EngineStartupError, resolve
 from chunktune.sim.engine import Engine, build_engine

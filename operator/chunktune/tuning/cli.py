@@ -12,8 +12,9 @@ from typing import Any
 
 from chunktune.api.metrics import format_value
 from chunktune.api.validation import load_manifest, read_manifest, validate
-from chunktune.backends.base import TrialBackend, flags_line
-from chunktune.errors import BackendUnavailable, SpecError
+from chunktune.backends.base import TrialBackend
+from chunktune.core.errors import BackendUnavailable, SpecError
+from chunktune.core.trials import flags_line
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -17,7 +17,7 @@ import optuna
 
 from chunktune.api.metrics import format_value
 from chunktune.api.status import StudySummary, TrialRecord, improvement
-from chunktune.backends.base import flags_line
+from chunktune.core.trials import flags_line
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
 

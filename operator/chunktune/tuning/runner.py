@@ -30,8 +30,9 @@ import optuna
 from optuna.trial import TrialState
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.backends.base import EngineTarget, TrialBackend, TrialPlan, TrialResult, flags_line
-from chunktune.errors import SpecError
+from chunktune.backends.base import TrialBackend
+from chunktune.core.errors import SpecError
+from chunktune.core.trials import EngineTarget, TrialPlan, TrialResult, flags_line
 from chunktune.tuning import space
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (

@@ -25,8 +25,8 @@ from optuna.distributions import (
 )
 
 from chunktune.api.v1alpha1 import Parameter
-from chunktune.backends.base import EngineTarget
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
+from chunktune.core.trials import EngineTarget
 from chunktune.sim.args import parse_engine_flags
 from chunktune.sim.config import (
     DEFAULT_GPU_MEMORY_UTILIZATION,

@@ -18,7 +18,7 @@ from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 from chunktune.tuning import space
 
 #: Trial user-attribute names (one vocabulary for the runner, the results and the status).

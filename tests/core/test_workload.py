@@ -8,8 +8,8 @@ import statistics
 import pytest
 import yaml
 
-from chunktune.errors import SpecError
-from chunktune.sim.workload import (
+from chunktune.core.errors import SpecError
+from chunktune.core.workload import (
     PROFILE_DIR,
     generate,
     load_profile,

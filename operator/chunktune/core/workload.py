@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from chunktune.errors import Problems, SpecError
+from chunktune.core.errors import Problems, SpecError
 
 ARRIVAL_MODES = ("poisson", "constant", "concurrency")
 APIS = ("completions", "chat")

@@ -1,0 +1,6 @@
+"""The bottom layer: plain types and pure functions every other package shares.
+
+Nothing here imports another chunktune package (``.importlinter`` enforces it): errors, the
+workload profile (durations, distributions, request generation), the token-counting rule, the
+load summary with its percentile arithmetic and flat metrics, and the trial plan/result types.
+"""
