@@ -102,7 +102,8 @@ def make_sampler(tuning: ChunkedPrefillTuning, n_objectives: int,
             import torch  # noqa: F401
         except ImportError:
             raise SpecError("the gp sampler needs PyTorch, which is not installed: "
-                            "pip install torch (or use tpe)", field="spec.sampler.name") from None
+                            "pip install 'chunktune[gp]' (or use tpe)",
+                            field="spec.sampler.name") from None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=max(4, min(
