@@ -127,18 +127,6 @@ class Distribution:
             return sum(a * b for a, b in zip(vals, w, strict=True)) / sum(w)
         return float(p["mean"])  # type: ignore[arg-type]
 
-    def upper_bound(self) -> float:
-        """The largest value a draw can take (inf when unbounded)."""
-        if self.max is not None:
-            return self.max
-        if self.dist == "constant":
-            return float(self.params["value"])  # type: ignore[arg-type]
-        if self.dist == "uniform":
-            return float(self.params["max"])  # type: ignore[arg-type]
-        if self.dist == "choice":
-            return max(float(v) for v in self.params["values"])  # type: ignore[union-attr]
-        return math.inf
-
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"dist": self.dist, **self.params}
         if self.min is not None:

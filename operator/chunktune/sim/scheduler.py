@@ -48,10 +48,6 @@ class StepPlan:
     def empty(self) -> bool:
         return not self.scheduled
 
-    @classmethod
-    def make_empty(cls) -> StepPlan:
-        return cls()
-
 
 @dataclass
 class StepOutcome:

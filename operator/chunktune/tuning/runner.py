@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend
 from chunktune.core.errors import SpecError
-from chunktune.core.trials import EngineTarget, TrialPlan, TrialResult, flags_line
+from chunktune.core.trials import EngineTarget, TrialPlan, TrialResult
 from chunktune.tuning import space
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (
@@ -105,8 +105,8 @@ class Tuner:
         directions = [o.direction for o in self.objectives]
         sampler = st.make_sampler(tuning, len(directions), bool(self.constraints))
         pruner = st.make_pruner(tuning, len(directions))
-        self.study = st.open_study(tuning, st.open_storage(storage), directions, sampler,
-                                   pruner)
+        self._storage = st.open_storage(storage)
+        self.study = st.open_study(tuning, self._storage, directions, sampler, pruner)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
         self.started = time.monotonic()
         self.stop_reason: str | None = None
@@ -281,7 +281,7 @@ class Tuner:
             point = st.point_of(t)
             plan = self.plan(t.number, point)
             result = await self.backend.recover(plan)
-            trial = optuna.Trial(self.study, t._trial_id)
+            trial = st.live_trial(self.study, self._storage, t.number)
             if result is not None:
                 self._tell(trial, point, result)
                 continue
@@ -425,8 +425,4 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def flags_of(point: dict[str, Any]) -> str:
-    return flags_line(point)
-
-
-__all__ = ["SpecError", "TrialEvent", "Tuner", "flags_of", "target_from_spec"]
+__all__ = ["SpecError", "TrialEvent", "Tuner", "target_from_spec"]

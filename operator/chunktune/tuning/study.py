@@ -66,11 +66,11 @@ def storage_url(tuning: ChunkedPrefillTuning, override: str | None = None,
     return str(base / f"{ns}-{tuning.metadata.name}.journal")
 
 
-def open_storage(url: str) -> BaseStorage | str:
+def open_storage(url: str) -> BaseStorage:
     """An Optuna storage for a URL: ``sqlite:///...``/``postgresql://...`` as RDB, a path (or
     ``journal://PATH``) as a journal file — ~10x faster per trial than SQLite."""
     if "://" in url and not url.startswith(("journal://", "file://")):
-        return url
+        return optuna.storages.RDBStorage(url)
     path = Path(url.split("://", 1)[1] if "://" in url else url)
     path.parent.mkdir(parents=True, exist_ok=True)
     from optuna.storages.journal import JournalFileBackend
@@ -192,6 +192,14 @@ def open_study(tuning: ChunkedPrefillTuning, storage: BaseStorage | str, directi
                         f"{[d.name.lower() for d in study.directions]}, not {directions}",
                         field="spec.objectives")
     return study
+
+
+def live_trial(study: optuna.Study, storage: BaseStorage, number: int) -> optuna.Trial:
+    """A handle on trial ``number`` of ``study`` (stored in ``storage``) that can still record
+    attributes and be told, such as a RUNNING trial a previous process left behind. Uses the
+    storage's public lookups, not Optuna's private ``FrozenTrial._trial_id``."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return optuna.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, number))
 
 
 def trial_state(t: optuna.trial.FrozenTrial) -> str:
