@@ -1,4 +1,4 @@
-"""vLLM's defaults and start-up validation rules (facts §1)."""
+"""vLLM's defaults and start-up validation rules (docs/vllm-behaviour.md §2)."""
 
 from __future__ import annotations
 

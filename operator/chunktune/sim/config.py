@@ -2,7 +2,7 @@
 
 :class:`EngineArgs` holds what a user passes (``None`` = not given); :func:`resolve` turns it into
 a :class:`ResolvedConfig` the way vLLM's ``EngineArgs.get_batch_defaults`` and
-``SchedulerConfig.verify_max_model_len`` do (``../shared/reference/vllm-facts.md`` §1), raising
+``SchedulerConfig.verify_max_model_len`` do (``docs/vllm-behaviour.md`` §2), raising
 :class:`EngineStartupError` with vLLM's own message for a configuration vLLM refuses.
 """
 

@@ -135,7 +135,8 @@ class EngineContext:
         return args
 
     def default_point(self, params: Sequence[Parameter]) -> dict[str, Any]:
-        """vLLM's defaults for the searched flags on this GPU class (facts §1): trial 0.
+        """vLLM's defaults for the searched flags on this GPU class, trial 0
+        (docs/vllm-behaviour.md §2).
 
         Flags fixed in ``engine.args`` keep their fixed value. A flag whose default cannot be
         known here (``max-model-len`` of an unknown model) is left out: the engine decides.
@@ -155,7 +156,7 @@ class EngineContext:
             "gpu-memory-utilization": fixed.gpu_memory_utilization
             or DEFAULT_GPU_MEMORY_UTILIZATION,
             "max-model-len": max_len,
-            # SGLang's default by GPU memory (facts §6): 8192 on 60-160 GB cards.
+            # SGLang's default by GPU memory (docs/vllm-behaviour.md §6): 8192 on 60-160 GB.
             "chunked-prefill-size": 8192 if (self.gpu and self.gpu.memory_gib >= 60) else 4096,
         }
         return {p.name: values[p.name] for p in params if values.get(p.name) is not None}
