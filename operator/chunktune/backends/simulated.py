@@ -21,7 +21,7 @@ from chunktune.core.errors import SpecError
 from chunktune.core.flatten import flatten
 from chunktune.core.records import RequestRecord
 from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
-from chunktune.core.trials import Reporter, TrialPlan, TrialResult
+from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.core.workload import Profile, RequestSpec, generate
 from chunktune.load.aggregate import RunInfo, build_summary
 from chunktune.sim.args import parse_engine_flags
@@ -58,10 +58,10 @@ class SimulatedBackend(TrialBackend):
             gpu = resolve_gpu(target.gpu or "h100-sxm", field="spec.engine.gpu.type")
             engine = build_engine(args, model, gpu)
         except EngineStartupError as e:
-            return TrialResult("INFEASIBLE", reason=e.reason, message=e.message,
+            return TrialResult(TrialState.INFEASIBLE, reason=e.reason, message=e.message,
                                startup_seconds=time.perf_counter() - t0)
         except SpecError as e:
-            return TrialResult("INFEASIBLE", reason="ConfigRejected", message=str(e))
+            return TrialResult(TrialState.INFEASIBLE, reason="ConfigRejected", message=str(e))
         startup = time.perf_counter() - t0
         profile = plan.profile
         specs = self._requests(profile)
@@ -95,7 +95,7 @@ class SimulatedBackend(TrialBackend):
                                     result.end_time, complete=True)
         server = _server(engine, result, result.end_time)
         metrics = flatten(summary, server)
-        state = "PRUNED" if pruned_at else "COMPLETE"
+        state = TrialState.PRUNED if pruned_at else TrialState.COMPLETE
         return TrialResult(state, metrics=metrics, summary=summary, server=server,
                            reason="Pruned" if pruned_at else None,
                            startup_seconds=startup, load_seconds=time.perf_counter() - t1,

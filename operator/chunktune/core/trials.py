@@ -9,14 +9,39 @@ returns True the trial is cut short and comes back ``PRUNED``.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from chunktune.core.summary import LoadSummary
 from chunktune.core.workload import Profile
 
-TrialState = Literal["COMPLETE", "INFEASIBLE", "FAIL", "PRUNED"]
+
+class TrialState(enum.StrEnum):
+    """A trial's state: one spelling for backend results, the study's records (an Optuna user
+    attribute), events, the CLI and the resource's status.
+
+    Optuna's names, plus ``INFEASIBLE`` (the engine would not start with the point, or it ran and
+    missed a constraint) and ``SKIPPED`` (never launched: the memory prescreen predicted a
+    start-up failure, or the point was measured before). A :class:`TrialResult` is one of
+    :data:`RESULT_STATES`. Members are strings (``TrialState.FAIL == "FAIL"``), so stored and
+    serialized states stay plain text.
+    """
+
+    COMPLETE = "COMPLETE"
+    PRUNED = "PRUNED"
+    INFEASIBLE = "INFEASIBLE"
+    FAIL = "FAIL"
+    RUNNING = "RUNNING"
+    SKIPPED = "SKIPPED"
+    WAITING = "WAITING"
+    """Queued in the study (the baseline, a re-run), not started."""
+
+
+#: What a backend can return: the states of a trial that ran (or tried to start).
+RESULT_STATES = frozenset({TrialState.COMPLETE, TrialState.PRUNED, TrialState.INFEASIBLE,
+                           TrialState.FAIL})
 
 #: ``report(window_index, metrics_so_far) -> prune?``
 Reporter = Callable[[int, dict[str, float]], bool]

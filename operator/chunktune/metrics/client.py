@@ -21,7 +21,8 @@ from typing import Any
 
 import aiohttp
 import requests
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
 from chunktune.metrics import promql

@@ -19,10 +19,11 @@ from optuna.storages import BaseStorage
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.core.errors import SpecError
+from chunktune.core.trials import TrialState
 from chunktune.tuning import space
 
 #: Trial user-attribute names (one vocabulary for the runner, the results and the status).
-ATTR_STATE = "chunktune_state"  # COMPLETE | INFEASIBLE | SKIPPED | FAIL | PRUNED | RUNNING
+ATTR_STATE = "chunktune_state"  # a TrialState value (INFEASIBLE, SKIPPED, FAIL, ...)
 ATTR_REASON = "reason"
 ATTR_MESSAGE = "message"
 ATTR_METRICS = "metrics"
@@ -202,18 +203,18 @@ def live_trial(study: optuna.Study, storage: BaseStorage, number: int) -> optuna
     return optuna.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, number))
 
 
-def trial_state(t: optuna.trial.FrozenTrial) -> str:
+def trial_state(t: optuna.trial.FrozenTrial) -> TrialState:
     """chunktune's state of a trial (Optuna's, refined by our user attribute)."""
     if t.state == optuna.trial.TrialState.RUNNING:
-        return "RUNNING"
+        return TrialState.RUNNING
     if t.state == optuna.trial.TrialState.WAITING:
-        return "WAITING"
+        return TrialState.WAITING
     ours = t.user_attrs.get(ATTR_STATE)
     if ours:
-        return str(ours)
-    return {optuna.trial.TrialState.COMPLETE: "COMPLETE",
-            optuna.trial.TrialState.PRUNED: "PRUNED",
-            optuna.trial.TrialState.FAIL: "FAIL"}[t.state]
+        return TrialState(ours)
+    return {optuna.trial.TrialState.COMPLETE: TrialState.COMPLETE,
+            optuna.trial.TrialState.PRUNED: TrialState.PRUNED,
+            optuna.trial.TrialState.FAIL: TrialState.FAIL}[t.state]
 
 
 def point_of(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
