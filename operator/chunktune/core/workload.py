@@ -33,9 +33,9 @@ import math
 import os
 import random
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -82,58 +82,147 @@ def parse_duration(value: Any, field_name: str) -> float:
     return seconds
 
 
-@dataclass(frozen=True)
-class Distribution:
-    dist: str
-    params: dict[str, float | list[float]] = field(default_factory=dict)
+@dataclass(frozen=True, kw_only=True)
+class _Clipped:
+    """A token-count distribution: :meth:`sample` draws, clips to ``[min, max]`` (when given)
+    and rounds to an integer >= 1."""
+
     min: float | None = None
     max: float | None = None
 
+    def _draw(self, rng: random.Random) -> float:
+        raise NotImplementedError
+
+    def _params(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def mean(self) -> float:
+        """The mean before clipping (for capacity estimates and docs)."""
+        raise NotImplementedError
+
     def sample(self, rng: random.Random) -> int:
-        p = self.params
-        d = self.dist
-        if d == "constant":
-            x = float(p["value"])  # type: ignore[arg-type]
-        elif d == "uniform":
-            x = rng.randint(int(p["min"]), int(p["max"]))  # type: ignore[call-overload]
-        elif d == "normal":
-            x = rng.gauss(float(p["mean"]), float(p["std"]))  # type: ignore[arg-type]
-        elif d == "lognormal":
-            sigma = float(p["sigma"])  # type: ignore[arg-type]
-            mu = math.log(float(p["mean"])) - sigma * sigma / 2  # type: ignore[arg-type]
-            x = rng.lognormvariate(mu, sigma)
-        elif d == "exponential":
-            x = rng.expovariate(1.0 / float(p["mean"]))  # type: ignore[arg-type]
-        else:  # choice
-            values = p["values"]
-            weights = p.get("weights")
-            x = float(rng.choices(values, weights=weights)[0])  # type: ignore[arg-type]
+        x = self._draw(rng)
         if self.min is not None:
             x = max(x, self.min)
         if self.max is not None:
             x = min(x, self.max)
         return max(1, round(x))
 
-    def mean(self) -> float:
-        """The mean before clipping (for capacity estimates and docs)."""
-        p = self.params
-        if self.dist == "constant":
-            return float(p["value"])  # type: ignore[arg-type]
-        if self.dist == "uniform":
-            return (float(p["min"]) + float(p["max"])) / 2  # type: ignore[arg-type]
-        if self.dist == "choice":
-            vals = [float(v) for v in p["values"]]  # type: ignore[union-attr]
-            w = [float(v) for v in p.get("weights") or [1.0] * len(vals)]  # type: ignore[union-attr]
-            return sum(a * b for a, b in zip(vals, w, strict=True)) / sum(w)
-        return float(p["mean"])  # type: ignore[arg-type]
-
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"dist": self.dist, **self.params}
+        out: dict[str, Any] = self._params()
         if self.min is not None:
             out["min"] = self.min
         if self.max is not None:
             out["max"] = self.max
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constant(_Clipped):
+    value: float
+    dist: Literal["constant"] = "constant"
+
+    def _draw(self, rng: random.Random) -> float:
+        return self.value
+
+    def _params(self) -> dict[str, Any]:
+        return {"dist": self.dist, "value": self.value}
+
+    def mean(self) -> float:
+        return self.value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Uniform(_Clipped):
+    """Integers from ``low`` to ``high`` inclusive (the profile's ``min`` and ``max``, which
+    for ``uniform`` are the range itself rather than a clip)."""
+
+    low: int
+    high: int
+    dist: Literal["uniform"] = "uniform"
+
+    def _draw(self, rng: random.Random) -> float:
+        return rng.randint(self.low, self.high)
+
+    def _params(self) -> dict[str, Any]:
+        return {"dist": self.dist, "min": self.low, "max": self.high}
+
+    def mean(self) -> float:
+        return (self.low + self.high) / 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Normal(_Clipped):
+    mean_: float
+    std: float
+    dist: Literal["normal"] = "normal"
+
+    def _draw(self, rng: random.Random) -> float:
+        return rng.gauss(self.mean_, self.std)
+
+    def _params(self) -> dict[str, Any]:
+        return {"dist": self.dist, "mean": self.mean_, "std": self.std}
+
+    def mean(self) -> float:
+        return self.mean_
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogNormal(_Clipped):
+    """``mean`` is the arithmetic mean; ``sigma`` the deviation in log space."""
+
+    mean_: float
+    sigma: float
+    dist: Literal["lognormal"] = "lognormal"
+
+    def _draw(self, rng: random.Random) -> float:
+        mu = math.log(self.mean_) - self.sigma * self.sigma / 2
+        return rng.lognormvariate(mu, self.sigma)
+
+    def _params(self) -> dict[str, Any]:
+        return {"dist": self.dist, "mean": self.mean_, "sigma": self.sigma}
+
+    def mean(self) -> float:
+        return self.mean_
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exponential(_Clipped):
+    mean_: float
+    dist: Literal["exponential"] = "exponential"
+
+    def _draw(self, rng: random.Random) -> float:
+        return rng.expovariate(1.0 / self.mean_)
+
+    def _params(self) -> dict[str, Any]:
+        return {"dist": self.dist, "mean": self.mean_}
+
+    def mean(self) -> float:
+        return self.mean_
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice(_Clipped):
+    values: tuple[float, ...]
+    weights: tuple[float, ...] | None = None
+    dist: Literal["choice"] = "choice"
+
+    def _draw(self, rng: random.Random) -> float:
+        return float(rng.choices(self.values, weights=self.weights)[0])
+
+    def _params(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"dist": self.dist, "values": list(self.values)}
+        if self.weights is not None:
+            out["weights"] = list(self.weights)
+        return out
+
+    def mean(self) -> float:
+        w = self.weights or (1.0,) * len(self.values)
+        return sum(a * b for a, b in zip(self.values, w, strict=True)) / sum(w)
+
+
+#: A token-count distribution, told apart by its ``dist`` tag.
+Distribution = Constant | Uniform | Normal | LogNormal | Exponential | Choice
 
 
 _REQUIRED = {
@@ -156,7 +245,6 @@ def parse_distribution(raw: Any, path: str) -> Distribution:
     if d not in DISTS:
         raise SpecError(f"must be one of {', '.join(DISTS)} (got {d!r})", field=path + ".dist")
     problems: list[tuple[str, str]] = []
-    params: dict[str, Any] = {}
     for key in _REQUIRED[d]:
         if key not in raw:
             problems.append((f"{path}.{key}", f"is required for dist {d}"))
@@ -181,22 +269,31 @@ def parse_distribution(raw: Any, path: str) -> Distribution:
             problems.append((f"{path}.{key}", f"must be > 0 (got {v!r})"))
     if problems:
         raise SpecError(problems)
-    for key in _REQUIRED[d]:
-        params[key] = raw[key]
-    if "weights" in raw:
-        if len(raw["weights"]) != len(raw["values"]):
-            raise SpecError(f"must have as many entries as values ({len(raw['values'])})",
-                            field=f"{path}.weights")
-        params["weights"] = raw["weights"]
-    # For uniform, min and max are the range itself; for the others they clip the draw.
-    lo = raw.get("min") if d != "uniform" else None
-    hi = raw.get("max") if d != "uniform" else None
-    if d == "uniform" and raw["min"] > raw["max"]:
-        raise SpecError(f"min must be <= max (got {raw['min']} > {raw['max']})", field=path)
+    if "weights" in raw and len(raw["weights"]) != len(raw["values"]):
+        raise SpecError(f"must have as many entries as values ({len(raw['values'])})",
+                        field=f"{path}.weights")
+    if d == "uniform":
+        if raw["min"] > raw["max"]:
+            raise SpecError(f"min must be <= max (got {raw['min']} > {raw['max']})", field=path)
+        return Uniform(low=int(raw["min"]), high=int(raw["max"]))
+    # For the others min and max clip the draw.
+    lo, hi = raw.get("min"), raw.get("max")
     if lo is not None and hi is not None and lo > hi:
         raise SpecError(f"min must be <= max (got {lo} > {hi})", field=path)
-    return Distribution(d, params, None if lo is None else float(lo),
-                        None if hi is None else float(hi))
+    cmin = None if lo is None else float(lo)
+    cmax = None if hi is None else float(hi)
+    if d == "constant":
+        return Constant(value=float(raw["value"]), min=cmin, max=cmax)
+    if d == "normal":
+        return Normal(mean_=float(raw["mean"]), std=float(raw["std"]), min=cmin, max=cmax)
+    if d == "lognormal":
+        return LogNormal(mean_=float(raw["mean"]), sigma=float(raw["sigma"]), min=cmin, max=cmax)
+    if d == "exponential":
+        return Exponential(mean_=float(raw["mean"]), min=cmin, max=cmax)
+    weights = raw.get("weights")
+    return Choice(values=tuple(float(v) for v in raw["values"]),
+                  weights=None if weights is None else tuple(float(w) for w in weights),
+                  min=cmin, max=cmax)
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
         if profile.warmup >= profile.duration:
             problems.append(("--warmup", f"must be shorter than --duration "
                              f"({profile.warmup:g}s >= {profile.duration:g}s)"))
-    if problems:
+    if problems or mg is None or profile is None:  # attempt() recorded why a value is missing
         for path, msg in problems:
             print(f"error: {path}: {msg}" if path else f"error: {msg}", file=sys.stderr)
         return 2

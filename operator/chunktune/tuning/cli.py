@@ -8,13 +8,16 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chunktune.api.metrics import format_value
 from chunktune.api.validation import load_manifest, read_manifest, validate
 from chunktune.backends.base import TrialBackend
 from chunktune.core.errors import BackendUnavailable, SpecError
 from chunktune.core.trials import TrialState, flags_line
+
+if TYPE_CHECKING:
+    from chunktune.tuning.runner import Tuner
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -165,7 +168,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(tuner: Any, backend: TrialBackend) -> str:
+async def _run(tuner: Tuner, backend: TrialBackend) -> str:
     try:
         return await tuner.run()
     finally:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from chunktune.api.metrics import METRICS, metric_key
+from chunktune.api.metrics import METRICS, Direction, metric_key
 from chunktune.api.v1alpha1 import Constraint, Objective
 
 #: Constraint key Optuna records for "the engine did not start" (or was predicted not to).
@@ -27,7 +27,7 @@ STARTUP_CONSTRAINT = "engine_starts"
 class ObjectiveDef:
     metric: str
     cls: str | None
-    direction: str
+    direction: Direction
 
     @property
     def key(self) -> str:

@@ -31,7 +31,7 @@ def importances(study: optuna.Study, results: Results) -> dict[str, float]:
     frozen = [t for t in study.get_trials(deepcopy=False) if t.number in keep and t.params]
     if len(frozen) < 3:
         return {}
-    copy = optuna.create_study(directions=[d.name.lower() for d in study.directions])
+    copy = optuna.create_study(directions=study.directions)
     copy.add_trials(frozen)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -165,11 +165,11 @@ def format_results(results: Results) -> str:
         head = "  trial  " + "  ".join(f"{o.key:>16}" for o in results.objectives) + "  flags"
         lines.append(head)
         for n in results.pareto:
-            t = results.trial(n)
-            assert t is not None
-            vals = "  ".join(f"{_fmt(o.key, t.metrics.get(o.key)):>16}"
+            front = results.trial(n)
+            assert front is not None
+            vals = "  ".join(f"{_fmt(o.key, front.metrics.get(o.key)):>16}"
                              for o in results.objectives)
-            lines.append(f"  {n:>5}  {vals}  {flags_line(dict(t.params))}")
+            lines.append(f"  {n:>5}  {vals}  {flags_line(dict(front.params))}")
     return "\n".join(lines)
 
 

@@ -300,7 +300,7 @@ class Tuner:
             trial.set_user_attr(st.ATTR_MESSAGE, "the process running this trial stopped "
                                 "before it ended; its configuration was queued again")
             self.study.tell(trial, state=OptunaState.FAIL)
-            attrs = {st.ATTR_POINT: point}
+            attrs: dict[str, Any] = {st.ATTR_POINT: point}
             if t.user_attrs.get(st.ATTR_BASELINE):
                 attrs[st.ATTR_BASELINE] = True
             dists = space.distributions(self.params)

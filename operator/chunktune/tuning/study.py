@@ -17,6 +17,7 @@ import optuna
 from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage
 
+from chunktune.api.metrics import Direction
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.core.errors import SpecError
 from chunktune.core.trials import TrialState
@@ -169,7 +170,8 @@ def study_name(tuning: ChunkedPrefillTuning) -> str:
     return f"{tuning.metadata.namespace or 'default'}/{tuning.metadata.name}"
 
 
-def open_study(tuning: ChunkedPrefillTuning, storage: BaseStorage | str, directions: list[str],
+def open_study(tuning: ChunkedPrefillTuning, storage: BaseStorage | str,
+               directions: list[Direction],
                sampler: BaseSampler, pruner: optuna.pruners.BasePruner) -> optuna.Study:
     """Create the study, or load it to resume; refuses a storage holding the same study name
     with a different search (engine, space, workload, objectives, constraints)."""
