@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunktune.api import metrics as _metrics
-from chunktune.api._errors import Problem
-from chunktune.api._suggest import closest
 from chunktune.api.flags import FLAGS, MANAGED_FLAGS, args_flags, format_value, sim_engine_kwargs
 from chunktune.api.v1alpha1 import (
     Budget,
@@ -25,6 +23,8 @@ from chunktune.api.v1alpha1 import (
     WorkloadSpec,
 )
 from chunktune.core.errors import SpecError
+from chunktune.core.suggest import closest
+from chunktune.core.validation import Problem
 from chunktune.core.workload import Profile
 from chunktune.sim.config import EngineArgs
 from chunktune.sim.gpus import gpu_names, resolve_gpu

@@ -34,10 +34,10 @@ from chunktune.api._goals import (
     Objective,
     parse_constraint_string,
 )
-from chunktune.api._suggest import closest
 from chunktune.api._types import Duration, Model, Number, check_label_name, check_object_name
 from chunktune.api.flags import DEFAULT_SEARCH_SPACE, FLAGS, FlagName
 from chunktune.core.errors import SpecError
+from chunktune.core.suggest import closest
 from chunktune.core.workload import Profile, load_profile, parse_profile
 
 API_GROUP = "chunktune.dev"

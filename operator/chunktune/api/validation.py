@@ -19,7 +19,6 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from chunktune.api import _checks
-from chunktune.api._errors import Problem, problems_from
 from chunktune.api.v1alpha1 import (
     KIND,
     Budget,
@@ -34,6 +33,7 @@ from chunktune.api.v1alpha1 import (
     WorkloadSpec,
 )
 from chunktune.core.errors import SpecError
+from chunktune.core.validation import Problem, problems_from
 
 M = TypeVar("M", bound=BaseModel)
 

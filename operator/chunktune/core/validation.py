@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from chunktune.api._suggest import closest
+from chunktune.core.suggest import closest
 
 Problem = tuple[str, str]
 
