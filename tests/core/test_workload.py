@@ -77,6 +77,19 @@ def test_durations(text, seconds):
     (lambda d: d.update(warmup=200), "t.warmup", "shorter than duration"),
     (lambda d: d.update(extra=1), "t.extra", "unknown field"),
     (lambda d: d["classes"].append(dict(d["classes"][0])), "t.classes[1].name", "duplicate"),
+    (lambda d: d["classes"][0]["prompt_tokens"].pop("dist"), "t.classes[0].prompt_tokens.dist",
+     "is required: one of constant, uniform"),
+    (lambda d: d["classes"][0]["prompt_tokens"].update(sigma=2),
+     "t.classes[0].prompt_tokens.sigma", "not a field of dist uniform; allowed: max, min"),
+    (lambda d: d["classes"][0].update(output_tokens={"dist": "choice", "values": [1, 2],
+                                                    "weights": [1]}),
+     "t.classes[0].output_tokens.weights", "as many entries as values (2)"),
+    (lambda d: d["classes"][0].update(output_tokens={"dist": "normal", "mean": 9}),
+     "t.classes[0].output_tokens.std", "is required for dist normal"),
+    (lambda d: d["classes"][0].update(output_tokens="lots"), "t.classes[0].output_tokens",
+     "a number or a mapping"),
+    (lambda d: d["classes"][0].update(weight=True), "t.classes[0].weight", "must be a number"),
+    (lambda d: d.update(seed=1.5), "t.seed", "must be an integer"),
 ])
 def test_bad_profiles_name_the_field(mutate, path, fragment):
     d = base()

@@ -25,6 +25,11 @@ Distributions: ``constant`` (value), ``uniform`` (min, max; integers inclusive),
 ``exponential`` (mean), ``choice`` (values, optional weights). Every one takes optional ``min`` and
 ``max`` to clip. Draws are made from a seeded generator, so one seed gives one request sequence
 whichever tool replays it.
+
+A profile is validated by pydantic models (:class:`ProfileSpec`, a discriminated union on
+``dist`` for the distributions), the mechanism the manifest uses, so every problem comes back at
+once with its field path (:mod:`chunktune.core.validation`); :func:`parse_profile` then builds
+the runtime types (:class:`Profile`, one dataclass per distribution).
 """
 
 from __future__ import annotations
@@ -35,15 +40,23 @@ import random
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from chunktune.core.errors import Problems, SpecError
+from chunktune.core.errors import SpecError
+from chunktune.core.validation import problems_from
 
-ARRIVAL_MODES = ("poisson", "constant", "concurrency")
-APIS = ("completions", "chat")
-DISTS = ("constant", "uniform", "normal", "lognormal", "exponential", "choice")
 
 def _profile_dir() -> Path:
     """Where the shipped profiles live: ``$CHUNKTUNE_PROFILES``, else the package's
@@ -225,75 +238,200 @@ class Choice(_Clipped):
 Distribution = Constant | Uniform | Normal | LogNormal | Exponential | Choice
 
 
-_REQUIRED = {
-    "constant": ("value",),
-    "uniform": ("min", "max"),
-    "normal": ("mean", "std"),
-    "lognormal": ("mean", "sigma"),
-    "exponential": ("mean",),
-    "choice": ("values",),
-}
+# ---- validation: the profile as pydantic models (the manifest's mechanism) ------------------
+#
+# The models below check a raw profile mapping; core.validation turns their errors into
+# (field path, message) problems. parse_profile then builds the runtime types above from it.
+
+NonNegative = Annotated[float, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class _ClipSpec(_Spec):
+    min: NonNegative | None = None
+    max: Positive | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _ClipSpec:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min must be <= max (got {self.min:g} > {self.max:g})")
+        return self
+
+
+class ConstantSpec(_ClipSpec):
+    dist: Literal["constant"]
+    value: Positive
+
+    def build(self) -> Constant:
+        return Constant(value=self.value, min=self.min, max=self.max)
+
+
+class UniformSpec(_Spec):
+    """For ``uniform``, ``min`` and ``max`` are the range itself (integers, inclusive)."""
+
+    dist: Literal["uniform"]
+    min: NonNegative
+    max: Positive
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformSpec:
+        if self.min > self.max:
+            raise ValueError(f"min must be <= max (got {self.min:g} > {self.max:g})")
+        return self
+
+    def build(self) -> Uniform:
+        return Uniform(low=int(self.min), high=int(self.max))
+
+
+class NormalSpec(_ClipSpec):
+    dist: Literal["normal"]
+    mean: Positive
+    std: NonNegative
+
+    def build(self) -> Normal:
+        return Normal(mean_=self.mean, std=self.std, min=self.min, max=self.max)
+
+
+class LogNormalSpec(_ClipSpec):
+    dist: Literal["lognormal"]
+    mean: Positive
+    sigma: NonNegative
+
+    def build(self) -> LogNormal:
+        return LogNormal(mean_=self.mean, sigma=self.sigma, min=self.min, max=self.max)
+
+
+class ExponentialSpec(_ClipSpec):
+    dist: Literal["exponential"]
+    mean: Positive
+
+    def build(self) -> Exponential:
+        return Exponential(mean_=self.mean, min=self.min, max=self.max)
+
+
+class ChoiceSpec(_ClipSpec):
+    dist: Literal["choice"]
+    values: list[NonNegative] = Field(min_length=1)
+    weights: list[NonNegative] | None = Field(default=None, min_length=1)
+
+    @field_validator("weights")
+    @classmethod
+    def _one_per_value(cls, w: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        values = info.data.get("values")
+        if w is not None and values is not None and len(w) != len(values):
+            raise ValueError(f"must have as many entries as values ({len(values)})")
+        return w
+
+    def build(self) -> Choice:
+        return Choice(values=tuple(self.values),
+                      weights=None if self.weights is None else tuple(self.weights),
+                      min=self.min, max=self.max)
+
+
+def _bare_number(raw: Any) -> Any:
+    """``prompt_tokens: 128`` is ``{dist: constant, value: 128}``."""
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return {"dist": "constant", "value": raw}
+    if not isinstance(raw, dict):
+        raise ValueError(f"must be a number or a mapping such as {{dist: uniform, min: 100, "
+                         f"max: 500}} (got {raw!r})")
+    return raw
+
+
+DistributionSpec = Annotated[
+    ConstantSpec | UniformSpec | NormalSpec | LogNormalSpec | ExponentialSpec | ChoiceSpec,
+    Field(discriminator="dist"), BeforeValidator(_bare_number)]
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class TrafficClassSpec(_Spec):
+    name: str
+    weight: Positive = 1.0
+    api: Literal["completions", "chat"] = "completions"
+    prompt_tokens: DistributionSpec
+    output_tokens: DistributionSpec
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, v: Any) -> Any:
+        if not isinstance(v, str) or not re.fullmatch(_NAME, v):
+            raise ValueError(f"must be a name of letters, digits, '-', '_' or '.' (got {v!r})")
+        return v
+
+
+class ArrivalSpec(_Spec):
+    mode: Literal["poisson", "constant", "concurrency"] = "poisson"
+    rate: Positive | None = Field(default=None, validate_default=True)
+    """Requests per second, for the open-loop modes."""
+    concurrency: int | None = Field(default=None, gt=0, validate_default=True)
+    """Requests kept in flight, for mode concurrency."""
+
+    @field_validator("rate")
+    @classmethod
+    def _rate(cls, v: float | None, info: ValidationInfo) -> float | None:
+        mode = info.data.get("mode")
+        if v is None and mode in ("poisson", "constant"):
+            raise ValueError(f"must be a number > 0 (requests per second) for mode {mode} "
+                             f"(got None)")
+        return v
+
+    @field_validator("concurrency")
+    @classmethod
+    def _concurrency(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is None and info.data.get("mode") == "concurrency":
+            raise ValueError("must be an integer > 0 for mode concurrency (got None)")
+        return v
+
+
+def _duration(v: Any) -> float:
+    try:
+        return parse_duration(v, "")
+    except SpecError as e:
+        raise ValueError(e.problems[0][1]) from None
+
+
+class ProfileSpec(_Spec):
+    name: str | None = None
+    description: str = ""
+    arrival: ArrivalSpec = Field(default_factory=lambda: ArrivalSpec(mode="poisson", rate=1.0))
+    duration: Annotated[float, BeforeValidator(_duration), Field(gt=0)] = 60.0
+    warmup: Annotated[float, BeforeValidator(_duration)] = 0.0
+    seed: int = 0
+    classes: list[TrafficClassSpec] = Field(default_factory=list, validate_default=True)
+
+    @field_validator("warmup")
+    @classmethod
+    def _warmup(cls, v: float, info: ValidationInfo) -> float:
+        duration = info.data.get("duration")
+        if duration is not None and v >= duration:
+            raise ValueError(f"must be shorter than duration ({v:g}s >= {duration:g}s)")
+        return v
+
+    @field_validator("classes")
+    @classmethod
+    def _classes(cls, v: list[TrafficClassSpec]) -> list[TrafficClassSpec]:
+        if not v:
+            raise ValueError("must be a non-empty list of traffic classes")
+        return v
+
+
+class _OneDistribution(_Spec):
+    dist: DistributionSpec
 
 
 def parse_distribution(raw: Any, path: str) -> Distribution:
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        raw = {"dist": "constant", "value": raw}
-    if not isinstance(raw, dict):
-        raise SpecError(f"must be a number or a mapping such as {{dist: uniform, min: 100, "
-                        f"max: 500}} (got {raw!r})", field=path)
-    d = raw.get("dist")
-    if d not in DISTS:
-        raise SpecError(f"must be one of {', '.join(DISTS)} (got {d!r})", field=path + ".dist")
-    problems: list[tuple[str, str]] = []
-    for key in _REQUIRED[d]:
-        if key not in raw:
-            problems.append((f"{path}.{key}", f"is required for dist {d}"))
-    allowed = set(_REQUIRED[d]) | {"dist", "min", "max"}
-    if d == "choice":
-        allowed.add("weights")
-    for key in raw:
-        if key not in allowed:
-            problems.append((f"{path}.{key}", f"is not a field of dist {d}; "
-                             f"allowed: {', '.join(sorted(allowed - {'dist'}))}"))
-    for key, v in raw.items():
-        if key == "dist":
-            continue
-        if key in ("values", "weights"):
-            if not isinstance(v, list) or not v or not all(
-                    isinstance(x, int | float) and not isinstance(x, bool) and x >= 0 for x in v):
-                problems.append((f"{path}.{key}", f"must be a non-empty list of numbers >= 0 "
-                                 f"(got {v!r})"))
-        elif isinstance(v, bool) or not isinstance(v, int | float):
-            problems.append((f"{path}.{key}", f"must be a number (got {v!r})"))
-        elif v < 0 or (v == 0 and key in ("value", "mean", "max")):
-            problems.append((f"{path}.{key}", f"must be > 0 (got {v!r})"))
-    if problems:
-        raise SpecError(problems)
-    if "weights" in raw and len(raw["weights"]) != len(raw["values"]):
-        raise SpecError(f"must have as many entries as values ({len(raw['values'])})",
-                        field=f"{path}.weights")
-    if d == "uniform":
-        if raw["min"] > raw["max"]:
-            raise SpecError(f"min must be <= max (got {raw['min']} > {raw['max']})", field=path)
-        return Uniform(low=int(raw["min"]), high=int(raw["max"]))
-    # For the others min and max clip the draw.
-    lo, hi = raw.get("min"), raw.get("max")
-    if lo is not None and hi is not None and lo > hi:
-        raise SpecError(f"min must be <= max (got {lo} > {hi})", field=path)
-    cmin = None if lo is None else float(lo)
-    cmax = None if hi is None else float(hi)
-    if d == "constant":
-        return Constant(value=float(raw["value"]), min=cmin, max=cmax)
-    if d == "normal":
-        return Normal(mean_=float(raw["mean"]), std=float(raw["std"]), min=cmin, max=cmax)
-    if d == "lognormal":
-        return LogNormal(mean_=float(raw["mean"]), sigma=float(raw["sigma"]), min=cmin, max=cmax)
-    if d == "exponential":
-        return Exponential(mean_=float(raw["mean"]), min=cmin, max=cmax)
-    weights = raw.get("weights")
-    return Choice(values=tuple(float(v) for v in raw["values"]),
-                  weights=None if weights is None else tuple(float(w) for w in weights),
-                  min=cmin, max=cmax)
+    """A distribution from its profile form (a mapping with ``dist``, or a bare number)."""
+    try:
+        spec = _OneDistribution.model_validate({"dist": raw})
+    except ValidationError as e:
+        problems = problems_from(e, _OneDistribution)
+        raise SpecError([(path + p.removeprefix("dist"), m) for p, m in problems]) from None
+    return spec.dist.build()
 
 
 @dataclass(frozen=True)
@@ -369,96 +507,30 @@ def parse_profile(raw: Any, source: str = "profile") -> Profile:
     if not isinstance(raw, dict):
         raise SpecError(f"must be a mapping with classes, arrival and duration (got "
                         f"{type(raw).__name__})", field=source)
-    problems = Problems()
-    attempt = problems.attempt
-    known = {"name", "description", "arrival", "duration", "warmup", "seed", "classes"}
-    for key in raw:
-        if key not in known:
-            problems.append((f"{source}.{key}", f"unknown field; allowed: "
-                             f"{', '.join(sorted(known))}"))
-    classes_raw = raw.get("classes")
-    classes: list[TrafficClass] = []
-    if not isinstance(classes_raw, list) or not classes_raw:
-        problems.append((f"{source}.classes", "must be a non-empty list of traffic classes"))
-        classes_raw = []
-    seen: set[str] = set()
-    for i, c in enumerate(classes_raw):
-        path = f"{source}.classes[{i}]"
-        if not isinstance(c, dict):
-            problems.append((path, "must be a mapping with name, weight, prompt_tokens and "
-                             "output_tokens"))
-            continue
-        for key in c:
-            if key not in ("name", "weight", "api", "prompt_tokens", "output_tokens"):
-                problems.append((f"{path}.{key}", "unknown field; allowed: api, name, "
-                                 "output_tokens, prompt_tokens, weight"))
-        name = c.get("name")
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-            problems.append((f"{path}.name", f"must be a name of letters, digits, '-', '_' or "
-                             f"'.' (got {name!r})"))
-            name = f"class{i}"
-        elif name in seen:
-            problems.append((f"{path}.name", f"duplicate class name {name!r}"))
-        seen.add(name)
-        weight = c.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
-            problems.append((f"{path}.weight", f"must be a number > 0 (got {weight!r})"))
-            weight = 1.0
-        api = c.get("api", "completions")
-        if api not in APIS:
-            problems.append((f"{path}.api", f"must be one of {', '.join(APIS)} (got {api!r})"))
-        pt = attempt(parse_distribution, c.get("prompt_tokens"), f"{path}.prompt_tokens")
-        ot = attempt(parse_distribution, c.get("output_tokens"), f"{path}.output_tokens")
-        if pt and ot:
-            classes.append(TrafficClass(name, float(weight), pt, ot, api))
-    arr = raw.get("arrival", {"mode": "poisson", "rate": 1.0})
-    arrival = Arrival()
-    if not isinstance(arr, dict):
-        problems.append((f"{source}.arrival",
-                         "must be a mapping such as {mode: poisson, rate: 4}"))
+    try:
+        spec = ProfileSpec.model_validate(raw)
+    except ValidationError as e:
+        problems = problems_from(e, ProfileSpec, (source,))
     else:
-        mode = arr.get("mode", "poisson")
-        for key in arr:
-            if key not in ("mode", "rate", "concurrency"):
-                problems.append((f"{source}.arrival.{key}", "unknown field; allowed: "
-                                 "concurrency, mode, rate"))
-        if mode not in ARRIVAL_MODES:
-            problems.append((f"{source}.arrival.mode",
-                             f"must be one of {', '.join(ARRIVAL_MODES)} (got {mode!r})"))
-        elif mode == "concurrency":
-            n = arr.get("concurrency")
-            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-                problems.append((f"{source}.arrival.concurrency",
-                                 f"must be an integer > 0 for mode concurrency (got {n!r})"))
-            else:
-                arrival = Arrival(mode, concurrency=n)
-        else:
-            r = arr.get("rate")
-            if isinstance(r, bool) or not isinstance(r, int | float) or r <= 0:
-                problems.append((f"{source}.arrival.rate",
-                                 f"must be a number > 0 (requests per second) for mode {mode} "
-                                 f"(got {r!r})"))
-            else:
-                arrival = Arrival(mode, rate=float(r))
-    duration = attempt(parse_duration, raw.get("duration", 60), f"{source}.duration")
-    warmup = attempt(parse_duration, raw.get("warmup", 0), f"{source}.warmup")
-    if duration is not None and duration <= 0:
-        problems.append((f"{source}.duration", "must be > 0"))
-    if duration and warmup is not None and warmup >= duration:
-        problems.append((f"{source}.warmup",
-                         f"must be shorter than duration ({warmup:g}s >= {duration:g}s)"))
-    seed = raw.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        problems.append((f"{source}.seed", f"must be an integer (got {seed!r})"))
-    problems.check()
+        problems = []
+    classes = raw.get("classes")
+    names = [c.get("name") for c in classes if isinstance(c, dict)] \
+        if isinstance(classes, list) else []
+    for i, name in enumerate(names):
+        if isinstance(name, str) and re.fullmatch(_NAME, name) and name in names[:i]:
+            problems.append((f"{source}.classes[{i}].name", f"duplicate class name {name!r}"))
+    if problems:
+        raise SpecError(problems)
     return Profile(
-        name=str(raw.get("name") or source),
-        description=str(raw.get("description") or ""),
-        classes=tuple(classes),
-        arrival=arrival,
-        duration=float(duration),  # type: ignore[arg-type]
-        warmup=float(warmup),  # type: ignore[arg-type]
-        seed=int(seed),
+        name=spec.name or source,
+        description=spec.description,
+        classes=tuple(TrafficClass(c.name, c.weight, c.prompt_tokens.build(),
+                                   c.output_tokens.build(), c.api) for c in spec.classes),
+        arrival=Arrival(spec.arrival.mode, rate=spec.arrival.rate,
+                        concurrency=spec.arrival.concurrency),
+        duration=spec.duration,
+        warmup=spec.warmup,
+        seed=spec.seed,
     )
 
 
