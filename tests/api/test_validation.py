@@ -10,7 +10,7 @@ import pytest
 
 from chunktune.api import validate
 from chunktune.core.engine_args import EngineArgs
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 from tests.api.factories import quickstart, vllm_manifest
 
 Edit = Callable[[dict[str, Any]], None]

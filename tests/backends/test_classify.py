@@ -1,4 +1,4 @@
-"""Start-up failures classified from vLLM's own messages (facts §3)."""
+"""Start-up failures classified from vLLM's own messages (docs/vllm-behaviour.md §5)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
-"""vLLM's defaults and start-up validation rules, and what the simulator refuses."""
+"""vLLM's defaults and start-up validation rules (docs/vllm-behaviour.md §2), and what the
+simulator refuses."""
 
 from __future__ import annotations
 
 import pytest
 
 from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
+from chunktune.core.errors import SpecError
 from chunktune.core.flags import batch_defaults
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.errors import SpecError
 from chunktune.sim.engine import build_engine
 
 M = resolve_model("llama-3.1-8b")

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from chunktune.backends import manifests as mf
-from chunktune.backends.base import EngineTarget, TrialPlan
-from chunktune.sim.workload import load_profile
+from chunktune.core.trials import EngineTarget, TrialPlan
+from chunktune.core.workload import load_profile
 
 K8S_VERSION = "1.32"
 OWNER = mf.Owner(name="llama-tune", namespace="ml", uid="0f5c3d3e-1111-2222-3333-444455556666")

@@ -14,7 +14,7 @@ from bench.serve_overhead import start_server
 
 from chunktune.metrics.promtext import Scrape, histogram_quantile
 
-#: vLLM's TTFT buckets (facts §2).
+#: vLLM's TTFT buckets (docs/vllm-behaviour.md §4).
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5,
                 7.5, 10, 20, 40, 80, 160, 640, 2560]
 

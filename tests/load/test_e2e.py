@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from chunktune.core.summary import SUMMARY_JSON_SCHEMA, LoadSummary, Window
+from chunktune.core.workload import generate, parse_profile
 from chunktune.load.cli import main
 from chunktune.load.config import DriverConfig
 from chunktune.load.launcher import LoadRunError, run_load
-from chunktune.load.summary import SUMMARY_JSON_SCHEMA, LoadSummary, Window
-from chunktune.sim.workload import generate, parse_profile
 from tests.load.conftest import profile_dict
 from tests.load.fake_openai import FakeServer
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from chunktune.core.engine_args import EngineArgs
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
+from chunktune.core.workload import RequestSpec, generate, load_profile
 from chunktune.sim.engine import build_engine
 from chunktune.sim.report import summarize
 from chunktune.sim.request import FINISHED, REJECTED
-from chunktune.sim.workload import RequestSpec, generate, load_profile
 
 
 def engine(**kw):

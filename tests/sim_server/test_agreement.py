@@ -26,7 +26,7 @@ from bench.serve_overhead import (
     virtual_latencies,
 )
 
-from chunktune.sim.workload import generate, load_profile
+from chunktune.core.workload import generate, load_profile
 
 MODEL, GPU = "llama-3.1-8b", "a100-sxm"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from chunktune.load.prompts import count_chat_tokens, count_tokens
+from chunktune.core.tokens import count_chat_tokens, count_tokens
 from tests.sim_server.conftest import MAX_MODEL_LEN, MODEL
 
 

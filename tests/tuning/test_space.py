@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from chunktune.api.v1alpha1 import Parameter
-from chunktune.backends.base import EngineTarget
+from chunktune.core.trials import EngineTarget
 from chunktune.tuning.space import EngineContext
 
 

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunktune.api import metrics as _metrics
-from chunktune.api._errors import Problem
-from chunktune.api._suggest import closest
 from chunktune.api.flags import MANAGED_FLAGS
 from chunktune.api.v1alpha1 import (
     Budget,
@@ -25,11 +23,13 @@ from chunktune.api.v1alpha1 import (
     WorkloadSpec,
 )
 from chunktune.core.engine_args import EngineArgs
+from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, parse_argv
 from chunktune.core.gpus import gpu_names, resolve_gpu
 from chunktune.core.models import ModelConfig, catalog_names, from_hf_config, resolve_model
-from chunktune.errors import SpecError
-from chunktune.sim.workload import Profile
+from chunktune.core.suggest import closest
+from chunktune.core.validation import Problem
+from chunktune.core.workload import Profile
 
 _IMAGES = {"vllm": "vllm/vllm-openai:v0.11.0", "sglang": "lmsysorg/sglang:latest"}
 _STORAGE_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")

@@ -6,7 +6,7 @@ registry's (:mod:`chunktune.core.flags`); the CRD's enum of searchable flags is 
 
 vLLM has no prefill "chunk size" flag: the chunk a request gets in one step is bounded by the
 per-step token budget ``--max-num-batched-tokens`` and the per-request cap
-``--long-prefill-token-threshold`` (``shared/reference/vllm-facts.md`` §0). SGLang's
+``--long-prefill-token-threshold`` (``docs/vllm-behaviour.md`` §1). SGLang's
 ``--chunked-prefill-size`` is listed for SGLang manifests only.
 
 The default search space (used when ``spec.searchSpace`` is omitted), for vLLM and the

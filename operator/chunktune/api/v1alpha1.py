@@ -34,12 +34,12 @@ from chunktune.api._goals import (
     Objective,
     parse_constraint_string,
 )
-from chunktune.api._suggest import closest
 from chunktune.api._types import Duration, Model, Number, check_label_name, check_object_name
 from chunktune.api.flags import DEFAULT_SEARCH_SPACE
+from chunktune.core.errors import SpecError
 from chunktune.core.flags import TUNABLE
-from chunktune.errors import SpecError
-from chunktune.sim.workload import Profile, load_profile, parse_profile
+from chunktune.core.suggest import closest
+from chunktune.core.workload import Profile, load_profile, parse_profile
 
 API_GROUP = "chunktune.dev"
 API_VERSION = "v1alpha1"

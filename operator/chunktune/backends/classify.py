@@ -1,6 +1,6 @@
 """Why an engine did not start, from its exit code and the tail of its log.
 
-vLLM's own messages (``shared/reference/vllm-facts.md`` §3) map to the reasons a tuner
+vLLM's own messages (``docs/vllm-behaviour.md`` §5) map to the reasons a tuner
 records. An engine that fails this way is an *infeasible point* (the configuration does not fit
 or is refused), not a failed trial; anything unrecognised is ``EngineCrashed``, which is a
 failure (it may be the image, the node or a bug, not the flags).

@@ -28,13 +28,14 @@ from typing import Any
 import aiohttp
 import yaml
 
-from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
+from chunktune.backends.base import TrialBackend
 from chunktune.backends.classify import classify
-from chunktune.errors import BackendUnavailable
-from chunktune.load.summary import LoadSummary, Window
+from chunktune.core.errors import BackendUnavailable
+from chunktune.core.flatten import flatten, flatten_window
+from chunktune.core.summary import LoadSummary, Window
+from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.metrics.client import scrape
 from chunktune.metrics.promtext import server_metrics
-from chunktune.tuning.objectives import flatten, flatten_window
 
 #: Seconds between /metrics samples during the load (KV-usage peak).
 SAMPLE_INTERVAL = 1.0
@@ -158,13 +159,13 @@ class LocalBackend(TrialBackend):
                          startup: float, timeout: float) -> TrialResult:
         text = log_path.read_text(errors="replace")[-20000:]
         if proc.returncode is None:
-            return TrialResult("FAIL", reason="StartupTimeout",
+            return TrialResult(TrialState.FAIL, reason="StartupTimeout",
                                message=f"the engine did not answer /health within {timeout:g} s"
                                        f" (engine.startupTimeout); last log lines:\n"
                                + "\n".join(text.splitlines()[-5:]), startup_seconds=startup)
         f = classify(proc.returncode, text)
-        return TrialResult("INFEASIBLE" if f.infeasible else "FAIL", reason=f.reason,
-                           message=f.message, startup_seconds=startup)
+        return TrialResult(TrialState.INFEASIBLE if f.infeasible else TrialState.FAIL,
+                           reason=f.reason, message=f.message, startup_seconds=startup)
 
     async def _measure(self, plan: TrialPlan, http: aiohttp.ClientSession, url: str, tag: str,
                        startup: float, report: Reporter | None) -> TrialResult:
@@ -215,16 +216,17 @@ class LocalBackend(TrialBackend):
         if before is not None and after is not None:
             server = server_metrics(before, after, load_s, kv)
         if pruned_at is not None:
-            return TrialResult("PRUNED", reason="Pruned", metrics=_window_metrics(windows),
-                               server=server, startup_seconds=startup, load_seconds=load_s,
+            return TrialResult(TrialState.PRUNED, reason="Pruned",
+                               metrics=_window_metrics(windows), server=server,
+                               startup_seconds=startup, load_seconds=load_s,
                                pruned_at=pruned_at)
         if load.returncode != 0 or not out.exists():
-            return TrialResult("FAIL", reason="LoadFailed",
+            return TrialResult(TrialState.FAIL, reason="LoadFailed",
                                message=f"chunktune load run exited {load.returncode}: "
                                        + "\n".join(stderr.strip().splitlines()[-5:]),
                                server=server, startup_seconds=startup, load_seconds=load_s)
         summary = LoadSummary.from_dict(json.loads(out.read_text()))
-        return TrialResult("COMPLETE", metrics=flatten(summary, server), summary=summary,
+        return TrialResult(TrialState.COMPLETE, metrics=flatten(summary, server), summary=summary,
                            server=server, startup_seconds=startup, load_seconds=load_s)
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:

@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chunktune.backends.base import TrialPlan
 from chunktune.core.flags import FLAGS, Flag, coerce_point, flags_line
+from chunktune.core.trials import TrialPlan
 
 #: Label keys (``app.kubernetes.io/*`` plus ours).
 MANAGED_BY = "app.kubernetes.io/managed-by"

@@ -16,19 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
+from chunktune.backends.base import TrialBackend
 from chunktune.core.engine_args import EngineArgs, EngineStartupError
+from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, parse_argv
+from chunktune.core.flatten import flatten
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import from_hf_config, resolve_model
-from chunktune.errors import SpecError
+from chunktune.core.records import RequestRecord
+from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
+from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
+from chunktune.core.workload import Profile, RequestSpec, generate
 from chunktune.load.aggregate import RunInfo, build_summary
-from chunktune.load.records import RequestRecord
-from chunktune.load.summary import ArrivalInfo, LoadSummary, Slo
 from chunktune.sim.engine import Engine, ReplayResult, build_engine
 from chunktune.sim.request import FINISHED, REJECTED, Request
-from chunktune.sim.workload import Profile, RequestSpec, generate
-from chunktune.tuning.objectives import flatten
 
 
 class SimulatedBackend(TrialBackend):
@@ -57,10 +58,10 @@ class SimulatedBackend(TrialBackend):
             gpu = resolve_gpu(target.gpu or "h100-sxm", field="spec.engine.gpu.type")
             engine = build_engine(args, model, gpu)
         except EngineStartupError as e:
-            return TrialResult("INFEASIBLE", reason=e.reason, message=e.message,
+            return TrialResult(TrialState.INFEASIBLE, reason=e.reason, message=e.message,
                                startup_seconds=time.perf_counter() - t0)
         except SpecError as e:
-            return TrialResult("INFEASIBLE", reason="ConfigRejected", message=str(e))
+            return TrialResult(TrialState.INFEASIBLE, reason="ConfigRejected", message=str(e))
         startup = time.perf_counter() - t0
         profile = plan.profile
         specs = self._requests(profile)
@@ -94,7 +95,7 @@ class SimulatedBackend(TrialBackend):
                                     result.end_time, complete=True)
         server = _server(engine, result, result.end_time)
         metrics = flatten(summary, server)
-        state = "PRUNED" if pruned_at else "COMPLETE"
+        state = TrialState.PRUNED if pruned_at else TrialState.COMPLETE
         return TrialResult(state, metrics=metrics, summary=summary, server=server,
                            reason="Pruned" if pruned_at else None,
                            startup_seconds=startup, load_seconds=time.perf_counter() - t1,

@@ -2,7 +2,7 @@
 
 :class:`EngineArgs` holds what a user passes (``None`` = not given); :func:`resolve` turns it into
 a :class:`ResolvedConfig` the way vLLM's ``EngineArgs.get_batch_defaults`` and
-``SchedulerConfig.verify_max_model_len`` do (``../shared/reference/vllm-facts.md`` §1), raising
+``SchedulerConfig.verify_max_model_len`` do (``docs/vllm-behaviour.md`` §2), raising
 :class:`EngineStartupError` with vLLM's own message for a configuration vLLM refuses.
 """
 
@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from chunktune.core.errors import ChunktuneError, SpecError
 from chunktune.core.flags import BY_ATTR, FLAGS, argv, engine_defaults
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig
-from chunktune.errors import ChunktuneError, SpecError
 
 
 class EngineStartupError(ChunktuneError):

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 from chunktune.core import flags
 from chunktune.core.engine_args import EngineArgs
+from chunktune.core.errors import Problems
 from chunktune.core.gpus import GPU, gpu_names, resolve_gpu
 from chunktune.core.models import ModelConfig, catalog_names, resolve_model
-from chunktune.errors import Problems
 
 #: Help that says more than the registry's, for ``--help``.
 _HELP = {

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.core.engine_args import EngineStartupError
+from chunktune.core.errors import Problems
 from chunktune.core.flags import TUNABLE, flags_line
-from chunktune.errors import Problems
+from chunktune.core.workload import generate, load_profile, parse_duration
 from chunktune.sim.args import (
     add_engine_args,
     engine_args_from,
@@ -20,7 +21,6 @@ from chunktune.sim.args import (
 )
 from chunktune.sim.engine import build_engine
 from chunktune.sim.report import format_summary, summarize
-from chunktune.sim.workload import generate, load_profile, parse_duration
 
 #: The model ``sim run`` simulates when none is given.
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -82,7 +82,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
         if profile.warmup >= profile.duration:
             problems.append(("--warmup", f"must be shorter than --duration "
                              f"({profile.warmup:g}s >= {profile.duration:g}s)"))
-    if problems:
+    if problems or mg is None or profile is None:  # attempt() recorded why a value is missing
         for path, msg in problems:
             print(f"error: {path}: {msg}" if path else f"error: {msg}", file=sys.stderr)
         return 2

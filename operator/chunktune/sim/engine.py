@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig
+from chunktune.core.workload import RequestSpec
 from chunktune.sim.cost_model import StepCostModel
 from chunktune.sim.memory import MemoryPlan, plan_memory
 from chunktune.sim.request import REJECTED, Request
 from chunktune.sim.scheduler import Scheduler, StepPlan
-from chunktune.sim.workload import RequestSpec
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """vLLM's Prometheus metric families for the served simulator (``GET /metrics``).
 
 Names, types, labels and histogram buckets follow vLLM V1's ``vllm/v1/metrics/loggers.py``
-(``../shared/reference/vllm-facts.md`` §2): every family carries ``model_name`` (the first
+(``docs/vllm-behaviour.md`` §4): every family carries ``model_name`` (the first
 served model name) and ``engine`` (``"0"``); counters get prometheus_client's ``_total``
 suffix exactly as vLLM's do (``vllm:num_preemptions`` -> ``vllm:num_preemptions_total``).
 
@@ -18,7 +18,7 @@ When what is observed (all times on the event loop's monotonic clock, seconds):
   (prefill chunks + decodes) in ``vllm:iteration_tokens_total``; vLLM observes
   ``num_prompt_tokens + num_generation_tokens`` of its ``IterationStats``, where a prompt's
   tokens are counted all at once in the step its prefill completes, so under chunking vLLM's
-  histogram is not an exact per-step count (facts §2 caveat);
+  histogram is not an exact per-step count (``docs/vllm-behaviour.md`` §4);
 - when a request's first token is pushed: ``vllm:time_to_first_token_seconds`` (from the
   request's arrival at the HTTP frontend, as vLLM measures it) and ``vllm:prompt_tokens_total``
   (the whole prompt, at prefill completion, as vLLM counts it);

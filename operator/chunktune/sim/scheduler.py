@@ -1,6 +1,6 @@
 """The V1 scheduling step: ``schedule() -> StepPlan``, then ``apply(plan, end_time)``.
 
-This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (facts §1):
+This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (``docs/vllm-behaviour.md`` §3):
 
 1. ``token_budget = max_num_batched_tokens``.
 2. RUNNING requests first, in order: each asks for ``num_tokens - num_computed`` tokens, capped by
@@ -56,10 +56,6 @@ class StepPlan:
     @property
     def empty(self) -> bool:
         return not self.scheduled
-
-    @classmethod
-    def make_empty(cls) -> StepPlan:
-        return cls()
 
 
 @dataclass
@@ -268,7 +264,8 @@ class Scheduler:
         return plan
 
     def _preempt(self, req: Request) -> None:
-        """Preemption by recompute: free the blocks, restart from token 0 (facts §1)."""
+        """Preemption by recompute: free the blocks, restart from token 0
+        (docs/vllm-behaviour.md §3)."""
         self.pool.release(req)
         req.num_computed = 0
         req.num_preemptions += 1

@@ -36,8 +36,8 @@ from aiohttp import web
 
 from chunktune import __version__
 from chunktune.core.engine_args import EngineStartupError, resolve
+from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS
-from chunktune.errors import SpecError
 from chunktune.sim.args import add_engine_args, engine_args_from, model_and_gpu, split_unknown
 from chunktune.sim.engine import Engine, build_engine
 from chunktune.sim.memory import GiB

@@ -63,7 +63,7 @@ from typing import Any
 from aiohttp import web
 
 from chunktune import __version__
-from chunktune.load.prompts import count_chat_tokens, count_tokens
+from chunktune.core.tokens import count_chat_tokens, count_tokens
 from chunktune.sim.metrics import CONTENT_TYPE, VllmMetrics
 from chunktune.sim.realtime import RealtimeEngine, Stream
 

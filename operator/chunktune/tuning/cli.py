@@ -8,13 +8,17 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chunktune.api.metrics import format_value
 from chunktune.api.validation import load_manifest, read_manifest, validate
 from chunktune.backends.base import TrialBackend
+from chunktune.core.errors import BackendUnavailable, SpecError
 from chunktune.core.flags import flags_line
-from chunktune.errors import BackendUnavailable, SpecError
+from chunktune.core.trials import TrialState
+
+if TYPE_CHECKING:
+    from chunktune.tuning.runner import Tuner
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -89,12 +93,12 @@ class Progress:
         shown = ", ".join(f"{k}={format_value(k, e.metrics[k])}" for k in dict.fromkeys(keys)
                           if k in e.metrics)
         tag = " (baseline)" if e.baseline else ""
-        what = e.state if e.state == "COMPLETE" else f"{e.state} {e.reason or ''}".strip()
+        what = e.state if e.state == TrialState.COMPLETE else f"{e.state} {e.reason or ''}".strip()
         best = self.best_text()
         print(f"[{done}/{budget}] trial {e.number}{tag}: {flags_line(e.point)} -> {what}"
               + (f"; {shown}" if shown else "") + (f" | best: {best}" if best else ""),
               flush=True)
-        if e.state in ("FAIL", "INFEASIBLE") and e.message:
+        if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) and e.message:
             print(f"    {e.message.strip().splitlines()[-1][:300]}", flush=True)
 
     def best_text(self) -> str:
@@ -165,7 +169,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(tuner: Any, backend: TrialBackend) -> str:
+async def _run(tuner: Tuner, backend: TrialBackend) -> str:
     try:
         return await tuner.run()
     finally:

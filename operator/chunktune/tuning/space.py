@@ -24,17 +24,17 @@ from optuna.distributions import (
 )
 
 from chunktune.api.v1alpha1 import Parameter
-from chunktune.backends.base import EngineTarget
 from chunktune.core.engine_args import (
     EngineArgs,
     EngineStartupError,
     check_scheduler_rules,
     resolve,
 )
+from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, engine_defaults, parse_argv
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig, from_hf_config, resolve_model
-from chunktune.errors import SpecError
+from chunktune.core.trials import EngineTarget
 from chunktune.sim.memory import plan_memory
 
 
@@ -135,7 +135,8 @@ class EngineContext:
                                if self.model else None, engine=engine)
 
     def default_point(self, params: Sequence[Parameter]) -> dict[str, Any]:
-        """The engine's defaults for the searched flags on this GPU class: trial 0.
+        """The engine's defaults for the searched flags on this GPU class: trial 0
+        (docs/vllm-behaviour.md §2).
 
         Flags fixed in ``engine.args`` keep their fixed value. A flag whose default cannot be
         known here (``max-model-len`` of an unknown model) is left out: the engine decides.
