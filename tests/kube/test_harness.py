@@ -419,6 +419,30 @@ def test_user_reactions_take_precedence(kube: KubeEmulator,
     assert kube.get('configmaps', 'default', 'c') is None  # an intercepted write changes nothing
 
 
+def test_injected_faults_answer_instead_of_the_server(kube: KubeEmulator,
+                                                     core: kubernetes.client.CoreV1Api) -> None:
+    core.create_namespaced_config_map('default', {'metadata': {'name': 'c'}})
+    conflicts = kube.add_fault(status=409, reason='Conflict', method='PATCH',
+                               resource='configmaps', times=2, retry_after=1)
+    for _ in range(2):
+        with pytest.raises(ApiException) as e:
+            core.patch_namespaced_config_map('c', 'default', {'data': {'k': 'v'}})
+        assert _status(e) == 409
+        assert e.value.headers['Retry-After'] == '1'
+        assert json.loads(e.value.body)['reason'] == 'Conflict'
+    assert kube.get('configmaps', 'default', 'c').get('data') is None  # nothing was written
+    assert conflicts.hits == 2
+    core.patch_namespaced_config_map('c', 'default', {'data': {'k': 'v'}})  # spent: served
+    assert kube.get('configmaps', 'default', 'c')['data'] == {'k': 'v'}
+
+    outage = kube.add_fault(status=0)  # every request: the connection drops, no answer
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(f'{kube.url}/api/v1/namespaces/default/configmaps/c', timeout=5)
+    kube.remove_fault(outage)
+    assert core.read_namespaced_config_map('c', 'default').data == {'k': 'v'}
+    assert outage.hits == 1 and kube.server_errors == []
+
+
 @pytest.mark.skipif(shutil.which('kubectl') is None, reason='no kubectl')
 def test_kubectl_reads_and_writes(kube: KubeEmulator) -> None:
     def kubectl(*args: str) -> str:
