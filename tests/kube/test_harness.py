@@ -546,7 +546,8 @@ def test_kubelet_runs_a_server_with_a_readiness_probe(
         'env': [{'name': 'PORT', 'value': '8000'}],
         'ports': [{'name': 'http', 'containerPort': 8000}],
         'readinessProbe': {'httpGet': {'port': 'http', 'path': '/'}, 'periodSeconds': 10}}]}})
-    kube.wait_for(lambda: kubelet.is_ready('default', 'web'), message='pod ready')
+    # A deadline, not a duration: starting Python takes seconds on a busy machine.
+    kube.wait_for(lambda: kubelet.is_ready('default', 'web'), timeout=60, message='pod ready')
     pod = core.read_namespaced_pod('web', 'default')
     ip = pod.status.pod_ip
     assert ip.startswith('127.0.') and ip != '127.0.0.1' and all(

@@ -9,10 +9,13 @@ import math
 import subprocess
 import sys
 
+import pytest
 import requests
 from bench.serve_overhead import start_server
 
 from chunktune.metrics.promtext import Scrape, histogram_quantile
+
+pytestmark = pytest.mark.slow  # Locust against a real sim serve process
 
 #: vLLM's TTFT buckets (facts §2).
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5,

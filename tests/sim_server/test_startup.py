@@ -18,6 +18,8 @@ from bench.serve_overhead import ServerProc, start_server
 from chunktune.sim.models import CATALOG_HF
 from tests.sim_server.conftest import free_port, port_open
 
+pytestmark = pytest.mark.slow  # real sim serve processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
