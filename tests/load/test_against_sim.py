@@ -14,6 +14,7 @@ import requests
 from bench.serve_overhead import start_server
 
 from chunktune.metrics.promtext import Scrape, histogram_quantile
+from tests.timing import SchedulingNoise
 
 pytestmark = pytest.mark.slow  # Locust against a real sim serve process
 
@@ -30,10 +31,11 @@ def test_client_ttft_matches_server_histogram(tmp_path):
     with start_server("llama-3.1-8b", ["--max-model-len", "16384",
                                        "--served-model-name", "llama"]) as srv:
         out = tmp_path / "summary.json"
-        run = subprocess.run(
-            [sys.executable, "-m", "chunktune", "load", "run", "--target", srv.url,
-             "--profile", "smoke", "--duration", "10s", "--warmup", "0", "--out", str(out),
-             "--raw", "--quiet"], capture_output=True, text=True, timeout=180)
+        with SchedulingNoise() as noise:
+            run = subprocess.run(
+                [sys.executable, "-m", "chunktune", "load", "run", "--target", srv.url,
+                 "--profile", "smoke", "--duration", "10s", "--warmup", "0", "--out", str(out),
+                 "--raw", "--quiet"], capture_output=True, text=True, timeout=180)
         assert run.returncode == 0, run.stderr
         text = requests.get(srv.url + "/metrics", timeout=10).text
     summary = json.loads(out.read_text())
@@ -43,14 +45,21 @@ def test_client_ttft_matches_server_histogram(tmp_path):
     buckets = scrape.buckets("vllm:time_to_first_token_seconds")
     assert buckets[-1][1] == overall["requests"]["ok"]  # the server saw every request
     assert [le for le, _ in buckets[:-1]] == TTFT_BUCKETS and math.isinf(buckets[-1][0])
+    # The client sees a token after the server stamps it: later by the network and the wake-ups
+    # of both processes — a few ms, or what this machine's scheduling noise was meanwhile.
+    slack = 0.002 + noise.q(0.95)
     for q in ("p50", "p90", "p99"):
         client = overall["ttft"][q]
         server = histogram_quantile(int(q[1:]) / 100, buckets)
-        # the same bucket, or the next one when the client's extra network time crosses an edge
-        assert bucket_of(client) - bucket_of(server) in (0, 1), (q, client, server)
-    # and the whole distributions agree at every bucket edge
+        # the same bucket, or the next one when the client's extra time crosses an edge
+        assert bucket_of(server) <= bucket_of(client), (q, client, server)
+        assert bucket_of(client - slack) - bucket_of(server) <= 1, (q, client, server, noise)
+    # and the whole distributions agree at every bucket edge, the client's shifted by the slack
     ttfts = sorted(r["ttft"] for r in summary["raw"] if r["ok"])
     total = buckets[-1][1]
     for le, count in buckets[:-1]:
+        server_cdf = count / total
         client_cdf = bisect.bisect_right(ttfts, le) / len(ttfts)
-        assert abs(client_cdf - count / total) <= 0.1, (le, client_cdf, count / total)
+        client_late_cdf = bisect.bisect_right(ttfts, le + slack) / len(ttfts)
+        assert client_cdf <= server_cdf + 0.1, (le, client_cdf, server_cdf)
+        assert client_late_cdf >= server_cdf - 0.1, (le, client_late_cdf, server_cdf, noise)
