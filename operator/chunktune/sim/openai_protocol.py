@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import re
 import zlib
 from dataclasses import dataclass
@@ -147,6 +148,101 @@ def _bool(obj: dict[str, Any], name: str, errors: list[dict[str, Any]],
     return None
 
 
+def _float(obj: dict[str, Any], name: str, errors: list[dict[str, Any]]) -> float | None:
+    """pydantic's lax float: numbers (booleans included), numeric strings; NaN passes."""
+    v = obj.get(name)
+    if v is None:
+        return None
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v.strip())
+        except ValueError:
+            errors.append({"type": "float_parsing", "loc": ("body", name),
+                           "msg": "Input should be a valid number, unable to parse string as a "
+                                  "number", "input": v})
+            return None
+    errors.append({"type": "float_type", "loc": ("body", name),
+                   "msg": "Input should be a valid number", "input": v})
+    return None
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling parameters vLLM validates (``None``: not given, vLLM's default applies).
+
+    The simulator generates filler tokens, so none of them changes its output; they are
+    validated so that a request vLLM refuses is refused here too. ``best_of`` is not among
+    them: vLLM 0.32's completions and chat requests have no such field (it went with the V0
+    engine), so like any unknown field it is accepted and ignored, one sequence is generated.
+    """
+
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+
+
+def _sampling(body: dict[str, Any], errors: list[dict[str, Any]]) -> Sampling:
+    """The sampling fields, type-checked as vLLM's pydantic models do (errors appended)."""
+    seed = _int(body, "seed", errors)
+    if seed is not None and not _INT64_MIN <= seed <= _INT64_MAX:
+        bound, kind = (_INT64_MAX, "less_than_equal") if seed > 0 else \
+            (_INT64_MIN, "greater_than_equal")
+        relation = "less than or equal to" if seed > 0 else "greater than or equal to"
+        errors.append({"type": kind, "loc": ("body", "seed"),
+                       "msg": f"Input should be {relation} {bound}", "input": seed,
+                       "ctx": {"le" if seed > 0 else "ge": bound}})
+        seed = None
+    return Sampling(
+        presence_penalty=_float(body, "presence_penalty", errors),
+        frequency_penalty=_float(body, "frequency_penalty", errors),
+        repetition_penalty=_float(body, "repetition_penalty", errors),
+        temperature=_float(body, "temperature", errors),
+        top_p=_float(body, "top_p", errors),
+        top_k=_int(body, "top_k", errors),
+        min_p=_float(body, "min_p", errors),
+        seed=seed)
+
+
+def _verify_sampling(s: Sampling) -> None:
+    """vLLM's ``SamplingParams._verify_args`` checks, in its order and with its messages
+    (those that name a ``parameter`` carry the ``(parameter=..., value=...)`` suffix)."""
+    if s.presence_penalty is not None and not -2.0 <= s.presence_penalty <= 2.0:
+        raise ApiError(f"presence_penalty must be in [-2, 2], got {s.presence_penalty}.")
+    if s.frequency_penalty is not None and not -2.0 <= s.frequency_penalty <= 2.0:
+        raise ApiError(f"frequency_penalty must be in [-2, 2], got {s.frequency_penalty}.")
+    if (r := s.repetition_penalty) is not None:
+        if not math.isfinite(r):
+            raise ApiError(f"repetition_penalty must be a finite number, got {r}.")
+        if r <= 0.0:
+            raise ApiError(f"repetition_penalty must be greater than zero, got {r}.")
+    if (t := s.temperature) is not None:
+        if not math.isfinite(t):
+            raise vllm_validation_error(f"temperature must be a finite number, got {t}.",
+                                        "temperature", t)
+        if t < 0.0:
+            raise vllm_validation_error(f"temperature must be non-negative, got {t}.",
+                                        "temperature", t)
+        if t > 2.0:
+            raise vllm_validation_error(f"temperature must be in [0, 2], got {t}.",
+                                        "temperature", t)
+    if s.top_p is not None and not 0.0 < s.top_p <= 1.0:
+        raise vllm_validation_error(f"top_p must be in (0, 1], got {s.top_p}.", "top_p", s.top_p)
+    if s.top_k is not None and s.top_k < -1:
+        raise ApiError(f"top_k must be 0 (disable), or at least 1, got {s.top_k}.")
+    if s.min_p is not None and not 0.0 <= s.min_p <= 1.0:
+        raise ApiError(f"min_p must be in [0, 1], got {s.min_p}.")
+
+
 class TokenIds(int):
     """A token-id prompt counted without being decoded (see :func:`_split_token_ids`)."""
 
@@ -190,14 +286,50 @@ def check_content_type(content_type: str) -> None:
                                         "allowed", "type": "value_error"}])
 
 
+#: The deepest JSON nesting a request body may have (vLLM's requests nest about 6 levels; a
+#: tool's JSON schema a few more). Deeper bodies are refused with a 400 before any field is
+#: read, instead of exhausting the parser's or a handler's stack.
+MAX_JSON_DEPTH = 100
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """The nesting depth of a decoded JSON value (a scalar is 0, ``[]`` 1), counted without
+    recursion; stops counting once past ``limit`` (returns ``limit + 1``)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children: Any = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return limit + 1
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return deepest
+
+
+def _too_deep() -> ApiError:
+    return validation_error([{
+        "type": "json_invalid", "loc": ("body",), "msg": "JSON decode error", "input": {},
+        "ctx": {"error": f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep "
+                         f"(at most {MAX_JSON_DEPTH} are accepted); send a flatter body"}}])
+
+
 def parse_body(raw: bytes, fast_ids: bool = False) -> dict[str, Any]:
     """The request body as a JSON object (a large token-id ``prompt`` is counted, not decoded,
     when ``fast_ids``: see :func:`_split_token_ids`). Raises :class:`ApiError`."""
     split = _split_token_ids(raw) if fast_ids else None
     if split is not None:
-        with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError):
+        with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             body = json.loads(split[0])
             if isinstance(body, dict) and body.get("prompt") == _IDS_PLACEHOLDER:
+                if json_depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+                    raise _too_deep()
                 body["prompt"] = TokenIds(split[1])
                 return body
     try:
@@ -208,6 +340,12 @@ def parse_body(raw: bytes, fast_ids: bool = False) -> dict[str, Any]:
         raise validation_error([{"type": "json_invalid", "loc": ("body", pos),
                                  "msg": "JSON decode error", "input": {},
                                  "ctx": {"error": msg}}]) from None
+    except RecursionError:  # nested deeper than the interpreter's stack
+        raise _too_deep() from None
+    # Fewer brackets than the limit cannot nest past it (the count is C-fast; the walk not).
+    if (raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+            and json_depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH):
+        raise _too_deep()
     if not isinstance(body, dict):
         raise validation_error([{"type": "model_attributes_type", "loc": ("body",),
                                  "msg": "Input should be a valid dictionary or object to extract "
@@ -281,6 +419,7 @@ def parse_generation(body: dict[str, Any], cfg: ServerConfig, chat: bool) -> Par
     max_tokens = _int(body, "max_tokens", errors)
     max_completion = _int(body, "max_completion_tokens", errors) if chat else None
     min_tokens = _int(body, "min_tokens", errors)
+    sampling = _sampling(body, errors)
     opts = body.get("stream_options")
     include_usage = False
     if opts is not None:
@@ -328,6 +467,7 @@ def parse_generation(body: dict[str, Any], cfg: ServerConfig, chat: bool) -> Par
             f"tokens ({requested} > {limit} - {tokens}).", "max_tokens", requested)
     if requested is None:
         requested = min(limit - tokens, cfg.default_max_tokens)
+    _verify_sampling(sampling)
     if requested < 1:
         raise vllm_validation_error(f"max_tokens must be at least 1, got {requested}.",
                                     "max_tokens", requested)

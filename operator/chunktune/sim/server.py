@@ -21,14 +21,24 @@ Besides the protocol's errors: 401 ``{"error": "Unauthorized"}`` for ``/v1/*`` w
 
 A client that disconnects (or times out) has its request aborted in the scheduler, freeing its
 KV blocks; the server keeps serving the others.
+
+Limits (:class:`HttpLimits`), so that slow or hostile clients cannot hold the server: a
+connection whose first request head is not complete within ``header_timeout`` gets a 408 and is
+closed (later requests on a kept-alive connection fall under aiohttp's keep-alive timeout); a
+body not received within ``body_timeout`` gets a 408 and the connection closes; a
+body over ``max_body`` bytes is a 413; and the bodies being read and parsed at once hold at most
+``bodies_in_flight`` bytes — further requests wait for room (a 503 after ``room_timeout``) while
+the kernel's socket buffers, not the server's memory, hold their data.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import random
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -45,10 +55,135 @@ from chunktune.sim.openai_protocol import (
 )
 from chunktune.sim.realtime import RealtimeEngine, Stream
 
-__all__ = ["DEFAULT_MAX_TOKENS_CAP", "ENGINE_KEY", "ServerConfig", "SimServer", "create_app"]
+__all__ = ["DEFAULT_MAX_TOKENS_CAP", "ENGINE_KEY", "HttpLimits", "ServerConfig", "SimServer",
+           "create_app", "guard_request_heads"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ENGINE_KEY = web.AppKey("engine", RealtimeEngine)
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Timeouts and memory bounds of the HTTP layer (see the module doc)."""
+
+    #: Seconds from connecting to a complete first request head.
+    header_timeout: float = 10.0
+    #: Seconds to receive a whole request body, once there is room to read it.
+    body_timeout: float = 30.0
+    #: Seconds a request may wait for room in ``bodies_in_flight`` before a 503.
+    room_timeout: float = 120.0
+    #: The largest request body (bytes).
+    max_body: int = 64 * MiB
+    #: Bytes of request bodies read and parsed at once, all connections together (each body
+    #: counts :data:`BODY_COPIES` times: aiohttp's read buffer, its bytes, the parser's copy).
+    bodies_in_flight: int = 64 * MiB
+    #: What aiohttp buffers per connection before pausing the socket is twice this (bytes).
+    read_bufsize: int = 32 * 1024
+
+    def runner_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`aiohttp.web.AppRunner` for these limits."""
+        return {"read_bufsize": self.read_bufsize}
+
+
+LIMITS_KEY = web.AppKey("limits", HttpLimits)
+#: How many times a body's size it takes to read and parse it.
+BODY_COPIES = 3
+
+
+class ByteBudget:
+    """A first-come-first-served semaphore counted in bytes: :meth:`acquire` waits until ``n``
+    bytes are free (at most ``total``: a larger request takes the whole budget), and
+    :meth:`release` gives them back."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    async def acquire(self, n: int) -> int:
+        """Take ``n`` bytes (capped at ``total``); returns what was taken, for release."""
+        n = min(n, self.total)
+        if not self._waiters and self.free >= n:
+            self.free -= n
+            return n
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((n, fut))
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release(n)  # granted just as the wait was cancelled
+            else:
+                fut.cancel()
+                self._grant()  # it may have been first in line
+            raise
+        return n
+
+    def release(self, n: int) -> None:
+        self.free += n
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiters:
+            n, fut = self._waiters[0]
+            if fut.done():  # cancelled while waiting
+                self._waiters.popleft()
+                continue
+            if n > self.free:
+                return
+            self._waiters.popleft()
+            self.free -= n
+            fut.set_result(None)
+
+
+BUDGET_KEY = web.AppKey("body_budget", ByteBudget)
+
+
+_HEAD_TIMEOUT = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s")
+
+
+def guard_request_heads(server: web.Server, timeout: float) -> None:
+    """Close a connection that has not sent a complete first request head ``timeout`` seconds
+    after connecting (aiohttp itself waits for it as long as its keep-alive timeout allows),
+    with a 408. Call it after ``AppRunner.setup()`` and before the site starts."""
+    loop = asyncio.get_running_loop()
+    timers: dict[Any, asyncio.TimerHandle] = {}
+    made, lost, make_request = server.connection_made, server.connection_lost, \
+        server.request_factory
+    body = dumps(ApiError(f"no complete request head within {timeout:g} s", status=408,
+                          err_type="RequestTimeout").body()).encode()
+
+    def expire(handler: Any, transport: asyncio.Transport) -> None:
+        timers.pop(handler, None)
+        # A head already parsed (aiohttp counts parsed messages) waits for the handler task,
+        # which a busy loop may start late: that client is not slow.
+        if getattr(handler, "_request_count", 0) > 0:
+            return
+        if not transport.is_closing():
+            transport.write(_HEAD_TIMEOUT % (len(body), body))
+            transport.close()
+
+    def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+        made(handler, transport)
+        timers[handler] = loop.call_later(timeout, expire, handler, transport)
+
+    def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+        if (t := timers.pop(handler, None)) is not None:
+            t.cancel()
+        lost(handler, exc)
+
+    def request_factory(message: Any, payload: Any, protocol: Any, writer: Any, task: Any,
+                        *args: Any, **kwargs: Any) -> web.BaseRequest:
+        if (t := timers.pop(protocol, None)) is not None:
+            t.cancel()
+        return make_request(message, payload, protocol, writer, task, *args, **kwargs)
+
+    server.connection_made = connection_made  # type: ignore[method-assign]
+    server.connection_lost = connection_lost  # type: ignore[method-assign]
+    server.request_factory = request_factory
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -60,8 +195,54 @@ def error_response(e: ApiError) -> web.Response:
 
 
 async def _json_body(request: web.Request, fast_ids: bool = False) -> dict[str, Any]:
+    """Read and parse a JSON body within the limits: room in the byte budget, the body
+    timeout, the size limit."""
     proto.check_content_type(request.headers.get("Content-Type", ""))
-    return proto.parse_body(await request.read(), fast_ids)
+    limits, budget = request.app[LIMITS_KEY], request.app[BUDGET_KEY]
+    length = request.content_length
+    if length is not None and length > limits.max_body:
+        raise _too_large(length, limits)
+    need = BODY_COPIES * (length if length is not None else limits.max_body)
+    try:
+        async with asyncio.timeout(limits.room_timeout):
+            held = await budget.acquire(need)
+    except TimeoutError:
+        raise ApiError(f"the server is reading too many request bodies at once; no room for "
+                       f"this one within {limits.room_timeout:g} s, retry later", status=503,
+                       err_type="ServiceUnavailableError") from None
+    try:
+        try:
+            async with asyncio.timeout(limits.body_timeout):
+                raw = await _read_body(request, limits)
+        except TimeoutError:
+            raise ApiError(f"the request body was not received within "
+                           f"{limits.body_timeout:g} s", status=408,
+                           err_type="RequestTimeout") from None
+        return proto.parse_body(raw, fast_ids)
+    finally:
+        budget.release(held)
+
+
+async def _read_body(request: web.Request, limits: HttpLimits) -> bytes:
+    """The body, read from the stream. Not ``request.read()``: that keeps the bytes on the
+    request object, which aiohttp holds until the connection's next request, so every idle
+    kept-alive connection would pin its last body (500 clients x 2 MiB: a GiB)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > limits.max_body:
+            raise _too_large(None, limits)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    del chunks
+    return raw
+
+
+def _too_large(length: int | None, limits: HttpLimits) -> ApiError:
+    got = "" if length is None else f" (got {length} bytes)"
+    return ApiError(f"the request body is larger than {limits.max_body} bytes{got}",
+                    status=413, err_type="RequestEntityTooLarge")
 
 
 class SimServer:
@@ -110,6 +291,7 @@ class SimServer:
         arrival = asyncio.get_running_loop().time()
         body = await _json_body(request, fast_ids=not chat)
         p = proto.parse_generation(body, self.cfg, chat)
+        del body  # a long prompt need not live as long as its stream
         stream = self.rt.submit(p.prompt_tokens, p.max_tokens, arrival)
         try:
             if p.stream:
@@ -162,7 +344,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as e:
-        return error_response(e)
+        resp = error_response(e)
+        if e.status in (408, 413):  # the rest of the body is not worth reading
+            resp.force_close()
+        return resp
     except web.HTTPNotFound:
         return _json({"detail": "Not Found"}, status=404)
     except web.HTTPMethodNotAllowed:
@@ -182,14 +367,19 @@ def _auth(keys: tuple[str, ...]) -> Callable[..., Awaitable[web.StreamResponse]]
     return auth
 
 
-def create_app(rt: RealtimeEngine, cfg: ServerConfig, metrics: VllmMetrics) -> web.Application:
+def create_app(rt: RealtimeEngine, cfg: ServerConfig, metrics: VllmMetrics,
+               limits: HttpLimits | None = None) -> web.Application:
     """The aiohttp application; starting it starts the engine loop, shutting it down aborts
-    the requests still in flight (so streaming handlers end) and stops the loop."""
+    the requests still in flight (so streaming handlers end) and stops the loop. Run it with
+    ``AppRunner(app, **limits.runner_kwargs())`` and :func:`guard_request_heads`."""
+    limits = limits or HttpLimits()
     middlewares: list[Any] = [_errors]
     if cfg.api_keys:
         middlewares.insert(0, _auth(cfg.api_keys))
-    app = web.Application(middlewares=middlewares, client_max_size=64 * 2**20)
+    app = web.Application(middlewares=middlewares, client_max_size=limits.max_body)
     app[ENGINE_KEY] = rt
+    app[LIMITS_KEY] = limits
+    app[BUDGET_KEY] = ByteBudget(limits.bodies_in_flight)
     srv = SimServer(rt, cfg, metrics)
     app.router.add_get("/health", srv.health)
     app.router.add_get("/version", srv.version)
