@@ -318,7 +318,7 @@ def test_watch_selectors_resume_and_timeout(kube: KubeEmulator,
         core.list_namespaced_config_map, 'default', label_selector='w=1',
         resource_version=rv, timeout_seconds=1)]
     assert events == [('ADDED', 'new'), ('DELETED', 'old')]  # left the selector: DELETED
-    assert 0.9 < time.monotonic() - start < 5
+    assert 0.9 < time.monotonic() - start < 30  # ends at timeoutSeconds, not never
     fresh = [(e['type'], e['object'].metadata.name) for e in kubernetes.watch.Watch().stream(
         core.list_namespaced_config_map, 'default', field_selector='metadata.name=other',
         timeout_seconds=1)]
@@ -394,13 +394,25 @@ def test_pod_log_subresource(kube: KubeEmulator, core: kubernetes.client.CoreV1A
 
 def test_request_history_is_trimmed(kube: KubeEmulator) -> None:
     url = f'{kube.url}/api/v1/namespaces/default'
+
+    def per_request() -> float:
+        """Seconds per GET, the best of three batches of 20 (a busy machine's spikes aside)."""
+        best = float('inf')
+        for _ in range(3):
+            start = time.monotonic()
+            for _ in range(20):
+                urllib.request.urlopen(url).read()
+            best = min(best, (time.monotonic() - start) / 20)
+        return best
+
+    early = per_request()  # 60 requests in the history
     for _ in range(kube.server.history_limit + 50):
         urllib.request.urlopen(url).read()
     assert len(list(kube.server)) <= kube.server.history_limit
-    start = time.monotonic()
-    for _ in range(20):
-        urllib.request.urlopen(url).read()
-    assert (time.monotonic() - start) / 20 < 0.02
+    # An untrimmed history made every request scan it (22 ms a GET after 300 requests): a GET
+    # now costs what it did with a short history, on this machine, in this test.
+    late = per_request()
+    assert late < 2 * early + 0.002, (late, early)
 
 
 def test_emulators_side_by_side_stop_in_any_order() -> None:
