@@ -22,10 +22,13 @@ Errors have vLLM's JSON shape ``{"error": {"message", "type", "param", "code"}}`
 
 - 400 ``BadRequestError``: prompt too long (``param: input_tokens``), ``max_tokens`` too large
   for the context or < 1 (``param: max_tokens``; vLLM's ``VLLMValidationError`` messages,
-  including their ``(parameter=..., value=...)`` suffix), ``n != 1``, batch prompts;
+  including their ``(parameter=..., value=...)`` suffix), sampling parameters out of vLLM's
+  bounds (``SamplingParams._verify_args``: temperature, top_p, top_k, min_p, the penalties;
+  :class:`Sampling`), ``n != 1``, batch prompts;
 - 400 ``Bad Request``: what vLLM's FastAPI layer rejects before the handler — malformed JSON,
   a body that is not an object, wrong field types, missing ``messages``/``prompt``, a
-  non-JSON content type; the message is the pydantic-style error list;
+  non-JSON content type; the message is the pydantic-style error list. Also a body nested
+  more than :data:`MAX_JSON_DEPTH` levels deep (refused before any field is read);
 - 404 ``NotFoundError`` (``param: model``): ``The model `x` does not exist.`` A request without
   ``model`` is served by the first served name, as vLLM does.
 """
