@@ -22,7 +22,7 @@ from chunktune.load.summary import SUMMARY_JSON_SCHEMA, LoadSummary, Window
 from chunktune.sim.workload import generate, parse_profile
 from tests.load.conftest import profile_dict
 from tests.load.fake_openai import FakeServer
-from tests.timing import SchedulingNoise
+from tests.timing import SchedulingNoise, retry_timing, timing
 
 pytestmark = pytest.mark.slow
 
@@ -62,12 +62,18 @@ class TickLateness:
 
 
 def test_open_loop_timing_arrivals_and_warmup(server: FakeServer) -> None:
+    retry_timing(lambda: _open_loop_run(server))
+
+
+def _open_loop_run(server: FakeServer) -> None:
+    server.reset()
     server.control(ttft=0.03, itl=0.004)
     prof = profile_dict(rate=40.0, duration=4.0, warmup=1.0)
     windows: list[Window] = []
     # Every bound below is a budget plus the wake-up delay the same processes showed in the
     # same seconds (about 0 when idle): the driver's own ticker for the driver, and a probe
-    # process for the in-process fake server. A busy CPU delays them all alike.
+    # process for the fake server's. A busy CPU delays them all alike; a burst that hits the
+    # run but not them is what the bounded retry of the timing checks is for.
     ticks = TickLateness()
     with SchedulingNoise() as probe:
         s = run_load(cfg_for(server, prof, window=1.0, tick=TICK), raw=True,
@@ -88,12 +94,12 @@ def test_open_loop_timing_arrivals_and_warmup(server: FakeServer) -> None:
     # Every scheduled request was sent once, on time, and only those.
     assert sorted(raw) == [sp.rid for sp in specs] == sorted(srv)
     lags = [r.start - at(r.arrival) for r in raw.values()]
-    assert min(lags) >= -1e-4 and q(lags, 0.95) < 0.005 + max(n95, stall), (
-        q(lags, 0.95), stall, noise)
+    assert min(lags) >= -1e-4  # never early
+    timing(q(lags, 0.95) < 0.005 + max(n95, stall), q(lags, 0.95), stall, noise)
     # Poisson: the server saw the scheduled arrivals (up to jitter) at about the asked rate.
     offset = statistics.median(srv[i]["arrival"] - at(raw[i].arrival) for i in raw)
     drift = [abs(srv[i]["arrival"] - at(raw[i].arrival) - offset) for i in raw]
-    assert q(drift, 0.95) < 0.008 + 2 * max(n95, stall), (q(drift, 0.95), stall, noise)
+    timing(q(drift, 0.95) < 0.008 + 2 * max(n95, stall), q(drift, 0.95), stall, noise)
     n = len(specs)
     assert abs(n - 40 * 4) < 4 * (40 * 4) ** 0.5
     gaps = [at(b.arrival) - at(a.arrival) for a, b in itertools.pairwise(specs)]
@@ -120,21 +126,21 @@ def test_open_loop_timing_arrivals_and_warmup(server: FakeServer) -> None:
 
     # Client timing agrees with the server's within a few ms.
     ttft_err = [at(raw[i].ttft) - srv[i]["ttft"] for i in raw]
-    assert statistics.median(ttft_err) < 0.003 + d90, (statistics.median(ttft_err), noise)
+    timing(statistics.median(ttft_err) < 0.003 + d90, statistics.median(ttft_err), noise)
     # (The server stamps a token after its write returns, so a server descheduled right then can
     # even make the client look faster: only the bulk is checked, not the extremes.)
-    assert q(ttft_err, 0.9) < 0.006 + d99 and q(ttft_err, 0.05) > -0.001 - n50, (
-        q(ttft_err, 0.9), q(ttft_err, 0.05), noise)
+    timing(q(ttft_err, 0.9) < 0.006 + d99 and q(ttft_err, 0.05) > -0.001 - n50,
+           q(ttft_err, 0.9), q(ttft_err, 0.05), noise)
     itl_err = []
     for i in raw:
         tt = srv[i]["token_times"]
         itl_err += [abs(c - (b - a)) for c, a, b in zip(raw[i].itl, tt[:-1], tt[1:], strict=True)]
-    assert statistics.median(itl_err) < 0.001 + d90 and q(itl_err, 0.9) < 0.003 + d99, noise
+    timing(statistics.median(itl_err) < 0.001 + d90 and q(itl_err, 0.9) < 0.003 + d99, noise)
     assert s.overall.itl is not None and s.overall.tpot is not None
-    assert s.overall.itl.p50 == pytest.approx(0.004, abs=0.001 + d90), noise
-    assert s.overall.tpot.p50 == pytest.approx(0.004, abs=0.001 + d90), noise
     assert s.overall.ttft is not None
-    assert s.overall.ttft.p50 == pytest.approx(0.03, abs=0.004 + d90), noise
+    timing(abs(s.overall.itl.p50 - 0.004) <= 0.001 + d90, s.overall.itl.p50, noise)
+    timing(abs(s.overall.tpot.p50 - 0.004) <= 0.001 + d90, s.overall.tpot.p50, noise)
+    timing(abs(s.overall.ttft.p50 - 0.03) <= 0.004 + d90, s.overall.ttft.p50, noise)
 
     # Windows: one per second of the arrival window; together they hold the ok requests
     # that ended before its end.
@@ -144,10 +150,16 @@ def test_open_loop_timing_arrivals_and_warmup(server: FakeServer) -> None:
     assert sum(w.overall.requests.ok for w in windows) == sum(
         1 for r in s.raw if r.end < 4.0)
     assert sum(w.overall.requests.sent for w in windows) == len(specs)
-    assert s.complete and s.duration.drain < 1.0
+    assert s.complete
+    timing(s.duration.drain < 1.0, s.duration.drain)
 
 
 def test_concurrency_holds_n_in_flight(server: FakeServer) -> None:
+    retry_timing(lambda: _concurrency_run(server))
+
+
+def _concurrency_run(server: FakeServer) -> None:
+    server.reset()
     server.control(ttft=0.01, itl=0.003)
     prof = profile_dict(rate=None, concurrency=6, duration=2.5, warmup=0.5)
     ticks = TickLateness()
@@ -165,7 +177,7 @@ def test_concurrency_holds_n_in_flight(server: FakeServer) -> None:
     busy = sum(max(0.0, min(r["end"], hi) - max(r["arrival"], lo)) for r in reqs)
     cycle = statistics.median(r["end"] - r["arrival"] for r in reqs)
     gap = 0.008 + 2 * (ticks.q(0.9) + probe.q(0.9))
-    assert busy / (hi - lo) > 6 * cycle / (cycle + gap), (busy / (hi - lo), cycle, gap)
+    timing(busy / (hi - lo) > 6 * cycle / (cycle + gap), busy / (hi - lo), cycle, gap)
     assert s.raw is not None
     assert all(r.arrival is None for r in s.raw)
     assert {r.rid for r in s.raw if r.warmup} == {r.rid for r in s.raw if r.start < 0.5}
@@ -178,6 +190,11 @@ def test_concurrency_holds_n_in_flight(server: FakeServer) -> None:
 
 
 def test_failure_reasons_and_drain_timeout(server: FakeServer) -> None:
+    retry_timing(lambda: _failures_run(server))
+
+
+def _failures_run(server: FakeServer) -> None:
+    server.reset()
     server.control(ttft=0.01, itl=0.005, fail_every=5, close_every=7, close_after=2,
                    hang_every=11, hang_itl=30.0, short_every=13)
     prof = profile_dict(rate=25.0, duration=2.0)
@@ -202,7 +219,8 @@ def test_failure_reasons_and_drain_timeout(server: FakeServer) -> None:
     n = len(s.raw)
     assert f["http_400"].count == len([i for i in range(n) if i % 5 == 0])
     assert s.overall.requests.failed == sum(v.count for v in f.values())
-    assert s.duration.drain == pytest.approx(1.0, abs=0.3)
+    assert s.duration.drain >= 1.0 - 0.05, s.duration.drain  # it waited for the timeout
+    timing(s.duration.drain < 1.0 + 0.3, s.duration.drain)  # and no longer
     # Arrival window + drain + process start and teardown (seconds on a busy machine): far
     # below the 30 s that the hanging requests would take without the drain timeout.
     assert took < 2.0 + 1.0 + 10.0

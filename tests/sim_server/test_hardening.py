@@ -237,8 +237,11 @@ async def _storm(url: str, body: bytes, clients: int) -> list[int]:
 
 def test_memory_stays_bounded_under_500_concurrent_clients() -> None:
     # A server of its own, so that its peak RSS (VmHWM) is this test's.
-    with start_server("llama-3.1-8b", ["--max-model-len", "4096"],
-                      extra=["--served-model-name", MODEL]) as srv:
+    # Long timeouts: this test is about memory, and its own 500 clients are slow to send on a
+    # busy machine.
+    with start_server("llama-3.1-8b", ["--max-model-len", "4096"], extra=[
+            "--served-model-name", MODEL, "--header-timeout", "120",
+            "--body-timeout", "120"]) as srv:
         pid = srv.proc.pid
         for _ in range(3):
             _still_serving(srv)
