@@ -22,6 +22,8 @@ from tests.charts.dockerfile import DockerIgnore, stages
 PACKAGE_DATA = ["chunktune/py.typed", "chunktune/sim/data/step_time_coefficients.json",
                 "chunktune/sim/data/vidur_linear_ms.csv"]
 
+pytestmark = pytest.mark.slow  # builds and installs the wheel
+
 
 def _setuptools_ok() -> bool:
     try:

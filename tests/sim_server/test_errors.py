@@ -7,6 +7,8 @@ import requests
 
 from tests.sim_server.conftest import MAX_MODEL_LEN, MODEL, post
 
+pytestmark = pytest.mark.slow  # a real sim serve process
+
 
 def _error(r: requests.Response, status: int, err_type: str, param: str | None) -> str:
     assert r.status_code == status, r.text

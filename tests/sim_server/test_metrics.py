@@ -3,6 +3,7 @@ and bucket boundaries; the counts move after requests; always text format 0.0.4.
 
 from __future__ import annotations
 
+import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -14,6 +15,8 @@ from chunktune.sim.metrics import (
     build_1_2_5_buckets,
 )
 from tests.sim_server.conftest import MODEL, metric_samples, post, value, wait_for
+
+pytestmark = pytest.mark.slow  # a real sim serve process
 
 FAMILIES = {
     "vllm:time_to_first_token_seconds": "histogram",

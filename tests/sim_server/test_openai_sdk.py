@@ -9,6 +9,8 @@ import pytest
 from chunktune.core.tokens import count_chat_tokens, count_tokens
 from tests.sim_server.conftest import MAX_MODEL_LEN, MODEL
 
+pytestmark = pytest.mark.slow  # a real sim serve process
+
 
 @pytest.fixture(scope="module")
 def client(sim):

@@ -58,7 +58,10 @@ async def test_ttft_matches_the_step_time_model():
     await _drain(stream)
     ttft = stream.first_token - stream.arrival
     prefill = engine.cost.step_time(1000, 1, 1, [(1000, 0)], 0, 0)
-    assert prefill - 0.002 < ttft < prefill + 0.01
+    # Up to 10 ms of wake-up and token-push overhead, plus however far a busy machine made the
+    # loop's timeline slip (the engine's own account; 0 when idle).
+    assert prefill - 0.002 < ttft < prefill + 0.01 + rt.stats.slipped, (ttft, prefill,
+                                                                        rt.stats.summary())
     await rt.stop()
 
 

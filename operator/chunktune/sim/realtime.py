@@ -130,11 +130,14 @@ class LoopStats:
     steps: int = 0
     late_steps: int = 0
     max_lateness: float = 0.0
+    #: How far the timeline has slipped behind the simulated clock (s): the sum, over the steps
+    #: that started late, of how late they started — delay the machine added, not the model.
+    slipped: float = 0.0
 
     def summary(self) -> dict[str, float]:
         """Median/p99 of the Python overhead, simulated step time and wake-up lateness (s)."""
         out: dict[str, float] = {"steps": float(self.steps), "late_steps": float(self.late_steps),
-                                 "max_lateness": self.max_lateness}
+                                 "max_lateness": self.max_lateness, "slipped": self.slipped}
         for name, values in (("overhead", self.overhead), ("step_time", self.step_time),
                              ("lateness", self.lateness)):
             a = np.fromiter(values, dtype=float)
@@ -283,6 +286,7 @@ class RealtimeEngine:
             if now - free_at > slack:
                 start = now  # Python is late: this step starts late
                 stats.late_steps += 1
+                stats.slipped += now - free_at
                 if metrics is not None:
                     metrics.late_steps.inc()
             w0 = perf()

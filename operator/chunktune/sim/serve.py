@@ -43,7 +43,13 @@ from chunktune.sim.engine import Engine, build_engine
 from chunktune.sim.memory import GiB
 from chunktune.sim.metrics import VllmMetrics
 from chunktune.sim.realtime import DEFAULT_SLACK_S, RealtimeEngine
-from chunktune.sim.server import DEFAULT_MAX_TOKENS_CAP, ServerConfig, create_app
+from chunktune.sim.server import (
+    DEFAULT_MAX_TOKENS_CAP,
+    HttpLimits,
+    ServerConfig,
+    create_app,
+    guard_request_heads,
+)
 
 DEFAULT_LOAD_TIME_S = 2.0
 
@@ -76,6 +82,14 @@ def register(simsub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     s.add_argument("--step-slack", type=float, default=DEFAULT_SLACK_S * 1e3, metavar="MS",
                    help="event-loop wake-up lateness absorbed without delaying the next step "
                         f"(default {DEFAULT_SLACK_S * 1e3:g} ms)")
+    s.add_argument("--header-timeout", type=float, default=HttpLimits.header_timeout,
+                   metavar="SECONDS",
+                   help="close a connection whose first request head is not complete this long "
+                        f"after connecting, with a 408 (default {HttpLimits.header_timeout:g})")
+    s.add_argument("--body-timeout", type=float, default=HttpLimits.body_timeout,
+                   metavar="SECONDS",
+                   help="answer 408 and close when a request body takes longer to arrive "
+                        f"(default {HttpLimits.body_timeout:g})")
     p.set_defaults(func=cmd_serve, parser=p, accepts_unknown=True)
 
 
@@ -113,6 +127,10 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
             raise SpecError("must be >= 0", field="--load-time")
         if ns.default_max_tokens < 1:
             raise SpecError("must be >= 1", field="--default-max-tokens")
+        for flag, value in (("--header-timeout", ns.header_timeout),
+                            ("--body-timeout", ns.body_timeout)):
+            if not value > 0:
+                raise SpecError(f"must be > 0 seconds (got {value:g})", field=flag)
         if not 0 <= ns.port <= 65535:
             raise SpecError(f"must be a port number 0-65535 (got {ns.port})", field="--port")
         model, gpu = model_and_gpu(ns)
@@ -153,18 +171,22 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
                        vocab_size=model.vocab_size, api_keys=keys,
                        default_max_tokens=ns.default_max_tokens, seed=ns.seed)
     try:
-        return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3))
+        limits = HttpLimits(header_timeout=ns.header_timeout, body_timeout=ns.body_timeout)
+        return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3, limits))
     except KeyboardInterrupt:  # pragma: no cover - signal handlers normally catch it
         return 0
 
 
-async def _serve(engine: Engine, cfg: ServerConfig, host: str, port: int, slack: float) -> int:
+async def _serve(engine: Engine, cfg: ServerConfig, host: str, port: int, slack: float,
+                 limits: HttpLimits) -> int:
     metrics = VllmMetrics(engine.cfg, engine.memory, cfg.served_model_names[0])
     rt = RealtimeEngine(engine, metrics, slack=slack)
-    app = create_app(rt, cfg, metrics)
+    app = create_app(rt, cfg, metrics, limits)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=5.0)
+                           shutdown_timeout=5.0, **limits.runner_kwargs())
     await runner.setup()
+    assert runner.server is not None
+    guard_request_heads(runner.server, limits.header_timeout)
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:
         await site.start()
