@@ -183,7 +183,8 @@ class LocalBackend(TrialBackend):
         kv: list[float] = []
         seen = 0
         pruned_at: int | None = None
-        err_task = asyncio.create_task(load.stderr.read())  # type: ignore[union-attr]
+        assert load.stderr is not None  # started with stderr=PIPE
+        err_task = asyncio.create_task(load.stderr.read())
         try:
             while load.returncode is None:
                 with contextlib.suppress(TimeoutError):

@@ -68,11 +68,12 @@ class SimulatedBackend(TrialBackend):
         closed = profile.arrival.concurrency
         limit = profile.duration + plan.drain_timeout
         pruned_at: list[int] = []
+        window = plan.window_seconds
 
         def on_tick(now: float, reqs: list[Request]) -> bool:
-            if report is None:
+            if report is None or window is None:
                 return False
-            index = round(now / plan.window_seconds) - 1  # type: ignore[operator]
+            index = round(now / window) - 1
             if now <= profile.warmup or now > profile.duration:
                 return False
             done = [r for r in reqs if r.status in (FINISHED, REJECTED)]

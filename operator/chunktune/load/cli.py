@@ -73,7 +73,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     r.add_argument("--quiet", action="store_true", help="no progress or report on stderr")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``load`` (with ``run``) to a command line's subparsers."""
     load = subparsers.add_parser("load", help="drive a server with a workload (Locust)",
                                  description="Load-test an OpenAI-compatible server.")

@@ -26,7 +26,7 @@ from chunktune.sim.report import format_summary, summarize
 DEFAULT_MODEL = "llama-3.1-8b"
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sim = sub.add_parser("sim", help="the vLLM-compatible simulator")
     simsub = sim.add_subparsers(dest="sim_cmd", required=True, metavar="{run,serve}")
     run = simsub.add_parser(

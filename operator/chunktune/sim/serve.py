@@ -54,7 +54,7 @@ from chunktune.sim.server import (
 DEFAULT_LOAD_TIME_S = 2.0
 
 
-def register(simsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = simsub.add_parser(
         "serve", help="serve the simulated engine on vLLM's OpenAI-compatible HTTP API",
         description="Run the simulated vLLM engine in real time behind vLLM's HTTP interface "

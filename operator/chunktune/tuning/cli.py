@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from chunktune.tuning.runner import Tuner
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t = sub.add_parser("tune", help="run a ChunkedPrefillTuning manifest on this machine",
                        description="Validate FILE, then run its study: trial 0 is the engine's "
                                    "defaults, then Optuna proposes configurations until the "

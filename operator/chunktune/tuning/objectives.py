@@ -69,8 +69,12 @@ class ConstraintDef:
     def text(self) -> str:
         from chunktune.api.metrics import format_value
 
-        op, bound = ("<=", self.max) if self.max is not None else (">=", self.min)
-        return f"{self.key} {op} {format_value(self.metric, float(bound))}"  # type: ignore[arg-type]
+        if self.max is not None:
+            op, bound = "<=", self.max
+        else:
+            assert self.min is not None  # a constraint has a max or a min
+            op, bound = ">=", self.min
+        return f"{self.key} {op} {format_value(self.metric, float(bound))}"
 
 
 def objective_values(objs: Sequence[ObjectiveDef], metrics: Mapping[str, float]
