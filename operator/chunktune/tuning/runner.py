@@ -17,6 +17,7 @@ loop starts was left by a process that died: the backend may re-attach to it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
@@ -30,8 +31,16 @@ import optuna
 from optuna.trial import TrialState
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.backends.base import EngineTarget, TrialBackend, TrialPlan, TrialResult, flags_line
+from chunktune.backends.base import (
+    CpuTarget,
+    EngineTarget,
+    TrialBackend,
+    TrialPlan,
+    TrialResult,
+    flags_line,
+)
 from chunktune.errors import SpecError
+from chunktune.metrics.steps import StepSummary
 from chunktune.tuning import space
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (
@@ -73,6 +82,8 @@ def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
         fixed_args=tuple(tuning.spec.engine_fixed_args()),
         env=tuple(v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in e.env),
         hf_config=e.hf_config, port=e.port, startup_timeout=e.startup_timeout,
+        cpu=(CpuTarget(kv_cache_bytes=e.cpu.kv_cache_bytes,
+                       omp_threads_bind=e.cpu.omp_threads_bind) if e.cpu else None),
     )
 
 
@@ -344,6 +355,10 @@ class Tuner:
 
     def _tell(self, trial: optuna.Trial, point: dict[str, Any], result: TrialResult) -> None:
         baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
+        if result.steps:
+            summary = StepSummary.of(result.steps)
+            trial.set_user_attr(st.ATTR_STEPS, {"file": result.steps_file,
+                                                **dataclasses.asdict(summary)})
         if result.state == "INFEASIBLE":
             self._tell_startup_failure(trial, point, "INFEASIBLE", result.reason or "Startup",
                                        result.message or "")
