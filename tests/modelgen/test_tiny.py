@@ -94,3 +94,20 @@ def test_rewrite_keeps_other_files(tmp_path):
     write_tiny_model(d)
     assert (d / "notes.txt").read_text() == "mine"
     assert not list(d.glob(".*.tmp"))
+
+
+def test_driver_prompts_count_as_asked(tiny_dir):
+    """The load driver's synthetic English prompts encode at ~1 token per word with the tiny
+    tokenizer, so a real server sees about the prompt sizes a profile asks for."""
+    from tokenizers import Tokenizer
+
+    from chunktune.load.prompts import PromptSynth, count_tokens
+
+    tok = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+    synth = PromptSynth(seed=3)
+    for n in (50, 500, 3000):
+        for key in range(3):
+            text = synth.text(n, key=key)
+            assert count_tokens(text) == n
+            real = len(tok.encode(text).ids)
+            assert n <= real <= n * 1.05 + 2, (n, real)
