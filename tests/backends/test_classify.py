@@ -62,6 +62,9 @@ CPU_CASES = {
                 "unrecognized arguments: --max-num-partial-prefills"),
     "nochunk": (1, "ConfigRejected", True,
                 "max_num_batched_tokens (64) is smaller than max_model_len (4096)"),
+    "threshold": (1, "ConfigRejected", True,
+                  "long_prefill_token_threshold (16384) cannot be greater than the "
+                  "max_model_len (8192)"),
     "missing": (1, "ModelUnavailable", False, "Repo id must be in the form"),
     "broken": (1, "ModelUnavailable", False, "is not a valid JSON file"),
     "nokv": (1, "InsufficientFreeMemory", False,
@@ -77,6 +80,16 @@ def test_real_cpu_build_failures(name):
     assert f.reason == reason
     assert f.infeasible == infeasible
     assert words in f.message  # vLLM's own line, not the traceback around it
+
+
+def test_any_pydantic_value_error_is_a_refused_configuration():
+    # vLLM 0.32 wraps every config check as pydantic "Value error, ... [type=value_error"
+    log = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig\n"
+           "  Value error, some new rule (3) is violated. [type=value_error, input_value=...]\n"
+           "    For further information visit https://errors.pydantic.dev/2.14/v/value_error")
+    f = classify(1, log)
+    assert f.reason == "ConfigRejected"
+    assert f.message.startswith("Value error, some new rule")
 
 
 def test_cpu_memory_failure_says_what_to_set():

@@ -47,7 +47,10 @@ PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         r"(must be greater than or equal to max_num_seqs|is smaller than max_model_len|"
         r"Concurrent Partial Prefill is not supported|User-specified max_model_len|"
         r"must be divisible by tensor parallel size|GPU memory utilization must be|"
-        r"error: argument|unrecognized arguments|ValueError:)", re.I)),
+        r"cannot be greater than the max_model_len|"
+        r"error: argument|unrecognized arguments|ValueError:|"
+        # vLLM >= 0.32 validates its configs with pydantic: "Value error, <message> [type=..."
+        r"Value error, .*\[type=value_error)", re.I)),
 ]
 #: Reasons that mean "this configuration cannot run here" (infeasible, learned by the sampler).
 INFEASIBLE = {"EngineOOM", "KVCacheTooSmall", "MaxModelLenTooLarge", "ConfigRejected"}

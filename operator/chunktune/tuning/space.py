@@ -99,6 +99,10 @@ def grid(params: Sequence[Parameter]) -> dict[str, list[Any]]:
 # ---- the engine's own configuration ----------------------------------------------------------
 
 
+#: ``(max-num-batched-tokens, max-num-seqs)`` vLLM's CPU build defaults to in its API server.
+CPU_BATCH_DEFAULTS = (2048, 128)
+
+
 @dataclass(frozen=True)
 class EngineContext:
     """What the tuner knows about the engine without starting it."""
@@ -141,7 +145,12 @@ class EngineContext:
         known here (``max-model-len`` of an unknown model) is left out: the engine decides.
         """
         fixed = self.fixed
-        budget_default, seqs_default = batch_defaults(self.gpu) if self.gpu else (2048, 256)
+        if self.target.cpu is not None:
+            # vLLM's CPU build, API server: 2048 tokens and 128 sequences per step
+            # (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults, 0.32).
+            budget_default, seqs_default = CPU_BATCH_DEFAULTS
+        else:
+            budget_default, seqs_default = batch_defaults(self.gpu) if self.gpu else (2048, 256)
         max_len = fixed.max_model_len or (self.model.max_position_embeddings
                                           if self.model else None)
         budget = fixed.max_num_batched_tokens
