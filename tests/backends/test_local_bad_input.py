@@ -169,3 +169,37 @@ def test_tune_refuses_before_any_trial(tmp_path, tiny, monkeypatch, capsys):
                str(tmp_path / "s2.journal")])
     err = capsys.readouterr().err
     assert rc == 1 and "spec.engine.model: model directory" in err and "gone" in err
+
+
+def test_engine_command_and_environment(tmp_path, monkeypatch):
+    """What a CPU trial runs: the module entry point (no working console command), the tiny
+    model written on first use with --load-format dummy, the KV flag for a sub-GiB space with
+    the variable unset, the step log; offline; a GPU hub model is left online."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")  # from the user's shell: must not win
+    py = wrapper(tmp_path)
+    b = LocalBackend(workdir=tmp_path / "w", vllm_python=py)
+    target = EngineTarget(kind="vllm", model="tiny:m/tiny", served_model_name="tiny",
+                          cpu=CpuTarget(kv_cache_bytes=512 * 2**20, omp_threads_bind="0-1"))
+    p = TrialPlan(number=0, params={"max-num-seqs": 8}, target=target,
+                  profile=load_profile("smoke"), name="e")
+    cmd = b.engine_command(p, 9999)
+    assert cmd[:4] == [py, "-m", "vllm.entrypoints.openai.api_server", "--model"]
+    assert cmd[4] == "m/tiny" and (tmp_path / "m" / "tiny" / "config.json").is_file()
+    joined = " ".join(cmd)
+    for part in ("--port 9999", "--served-model-name tiny", "--load-format dummy",
+                 f"--kv-cache-memory-bytes {512 * 2**20}", "--max-num-seqs 8"):
+        assert part in joined
+    assert cmd[-1] == "--enable-logging-iteration-details"
+    env = b._env(p)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and env["HF_HUB_OFFLINE"] == "1"
+    whole = TrialPlan(number=0, params={}, target=EngineTarget(
+        kind="vllm", model="tiny:m/tiny", served_model_name="t", cpu=CpuTarget()),
+        profile=load_profile("smoke"))
+    assert b._env(whole)["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    gpu = TrialPlan(number=0, params={}, target=EngineTarget(
+        kind="vllm", model="org/some-model", served_model_name="t"),
+        profile=load_profile("smoke"))
+    assert "HF_HUB_OFFLINE" not in b._env(gpu)

@@ -136,8 +136,11 @@ class LocalBackend(TrialBackend):
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         if plan.target.kind == "vllm":
-            # Nothing to download: a local directory, or a hub model already in the cache.
-            env.setdefault("HF_HUB_OFFLINE", "1")
+            model = vllm.resolve_model(plan.target.model)[0]
+            if plan.target.cpu is not None or vllm.looks_like_path(model):
+                # Nothing to download (a local directory; a CPU engine's model is local or
+                # cached): never wait on a model hub. The manifest's env may say otherwise.
+                env["HF_HUB_OFFLINE"] = "1"
             if plan.target.cpu is not None:
                 for name, value in vllm.cpu_env_and_flags(plan.target.cpu)[0].items():
                     if value is None:
