@@ -312,7 +312,7 @@ class KubernetesBackend(TrialBackend):
             text = str(term.get("message") or "")
         f = classify(term.get("exitCode"), text, oom_killed=term.get("reason") == "OOMKilled")
         return TrialResult("INFEASIBLE" if f.infeasible else "FAIL", reason=f.reason,
-                           message=f"{during}{f.message}", startup_seconds=startup)
+                           message=f"{during}{f.describe()}", startup_seconds=startup)
 
     async def _follow(self, plan: TrialPlan, names: mf.TrialNames, url: str,
                       report: Reporter | None, before: Scrape, ip: str) -> TrialResult:
