@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,15 @@ def events(kube: KubeEmulator) -> list[dict[str, Any]]:
 
 
 def real_tuning(model: Path) -> dict[str, Any]:
+    # Not the default 8000: every fake kubelet hands out the same pod IPs (127.0.1.1, ...), so
+    # another emulator on this machine may serve 127.0.1.1:8000 at the same time.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     return tuning(
         "real",
         engine={"kind": "vllm", "image": "vllm-cpu:test", "model": str(model),
-                "servedModelName": "tiny",
+                "servedModelName": "tiny", "port": port,
                 "args": ["--load-format", "dummy", "--enforce-eager",
                          "--no-enable-prefix-caching"],
                 "cpu": {"kvCacheSpace": "1Gi"}, "startupTimeout": "6m"},
