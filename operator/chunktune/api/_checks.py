@@ -118,6 +118,13 @@ def _engine(p: Parts, e: EngineSpec) -> None:
         p.add("spec.engine.gpu.count", f"must be >= tensorParallelSize (got {count} < {tp})")
     if e.startup_timeout <= 0:
         p.add("spec.engine.startupTimeout", "must be > 0")
+    if e.cpu is not None:
+        if e.kind != "vllm":
+            p.add("spec.engine.cpu", f"is only used by engine kind vllm (vLLM's CPU build); "
+                  f"remove it for engine kind {e.kind}")
+        if e.gpu.type is not None:
+            p.add("spec.engine.cpu", f"runs vLLM's CPU build, which uses no GPU; remove "
+                  f"spec.engine.gpu.type ({e.gpu.type!r}) or spec.engine.cpu")
     _env(p, e)
     _args(p, e)
 

@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from chunktune.api._engine import (
     DEFAULT_SIM_IMAGE,
+    CPUSpec,
     EngineKind,
     EngineSpec,
     EnvVar,
@@ -46,7 +47,8 @@ API_VERSION = "v1alpha1"
 KIND = "ChunkedPrefillTuning"
 
 __all__ = [
-    "API_GROUP", "API_VERSION", "DEFAULT_SIM_IMAGE", "KIND", "Budget", "ChunkedPrefillTuning",
+    "API_GROUP", "API_VERSION", "DEFAULT_SIM_IMAGE", "KIND", "Budget", "CPUSpec",
+    "ChunkedPrefillTuning",
     "Constraint", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource", "GPUSpec", "KeyRef",
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
     "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "SamplerSpec", "Spec",

@@ -313,7 +313,7 @@ class KubernetesBackend(TrialBackend):
             text = str(term.get("message") or "")
         f = classify(term.get("exitCode"), text, oom_killed=term.get("reason") == "OOMKilled")
         return TrialResult(TrialState.INFEASIBLE if f.infeasible else TrialState.FAIL,
-                           reason=f.reason, message=f"{during}{f.message}",
+                           reason=f.reason, message=f"{during}{f.describe()}",
                            startup_seconds=startup)
 
     async def _follow(self, plan: TrialPlan, names: mf.TrialNames, url: str,

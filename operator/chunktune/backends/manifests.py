@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chunktune.backends import vllm
 from chunktune.core.flags import FLAGS, Flag, coerce_point, flags_line
 from chunktune.core.trials import TrialPlan
 
@@ -207,7 +208,14 @@ def engine_command(plan: TrialPlan, options: TrialOptions) -> tuple[list[str], l
         return (["chunktune", "sim", "serve"],
                 ["--model", t.model, "--gpu", t.gpu or "h100-sxm", *where, *served, *extra,
                  *plan.engine_flags()])
-    return ["vllm", "serve"], [t.model, *where, *served, *plan.engine_flags()]
+    flags = vllm.with_step_log(plan.engine_flags())
+    if t.cpu is not None:
+        # vLLM's CPU build: the module entry point works in every vLLM image, while the
+        # CPU wheel's ``vllm`` console command does not (backends.vllm).
+        return (["python3", "-m", vllm.API_SERVER_MODULE],
+                ["--model", t.model, *where, *served, *vllm.cpu_env_and_flags(t.cpu)[1],
+                 *flags])
+    return ["vllm", "serve"], [t.model, *where, *served, *flags]
 
 
 def _probe(period: int, failures: int) -> dict[str, Any]:
@@ -227,7 +235,7 @@ def _resources(plan: TrialPlan, extra: Mapping[str, Any] | None) -> dict[str, An
     for part in ("requests", "limits"):
         given = (extra or {}).get(part) or {}
         values = {k: v for k, v in given.items() if v is not None}
-        if plan.target.kind != "sim":
+        if plan.target.kind != "sim" and plan.target.cpu is None:
             values[GPU_RESOURCE] = plan.target.gpu_count
         if values:
             out[part] = values
@@ -243,6 +251,12 @@ def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
     command, args = engine_command(plan, options)
     image = t.image or options.load_image
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if t.cpu is not None:
+        cpu_env = vllm.cpu_env_and_flags(t.cpu)[0]
+        env += [{"name": k, "value": v} for k, v in cpu_env.items() if v is not None]
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    given = {v.get("name") for v in t.env}
+    env = [v for v in env if v["name"] not in given or v["name"] == "PYTHONUNBUFFERED"]
     env += [dict(v) for v in t.env if v.get("name") != "PYTHONUNBUFFERED"]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": SHM_DIR}]
     volumes: list[dict[str, Any]] = [
@@ -274,7 +288,7 @@ def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
     }
     if options.service_account:
         spec["serviceAccountName"] = options.service_account
-    if t.kind != "sim" and options.gpu_tolerations:
+    if t.kind != "sim" and t.cpu is None and options.gpu_tolerations:
         spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists",
                                 "effect": "NoSchedule"}]
     return {"apiVersion": "v1", "kind": "Pod",

@@ -464,11 +464,18 @@ def given(ns: argparse.Namespace, engine: str = "sim") -> dict[str, Any]:
 _GIB = 2**30
 
 
-def batch_defaults(gpu: GPU | None) -> tuple[int, int]:
+#: vLLM's CPU build, API server: 2048 tokens and 128 sequences per step
+#: (vllm/engine/arg_utils.py, ``EngineArgs.get_batch_defaults``, 0.32).
+CPU_BATCH_DEFAULTS = (2048, 128)
+
+
+def batch_defaults(gpu: GPU | None, cpu: bool = False) -> tuple[int, int]:
     """``vllm serve``'s default (max_num_batched_tokens, max_num_seqs) on a GPU: 16384/1024
     with >= 160 GiB, 8192/1024 with >= 70 GiB unless the name contains "a100" (PR #17885),
     else 2048/256 — also when the GPU is unknown, as vLLM does when it cannot query one
     (``EngineArgs.get_batch_defaults``, API-server usage context)."""
+    if cpu:
+        return CPU_BATCH_DEFAULTS
     if gpu is None:
         return 2048, 256
     memory = gpu.memory_gib * _GIB
@@ -480,7 +487,7 @@ def batch_defaults(gpu: GPU | None) -> tuple[int, int]:
 
 
 def engine_defaults(given: Mapping[str, Any], gpu: GPU | None, model_max_len: int | None,
-                    engine: str = "vllm") -> dict[str, Any]:
+                    engine: str = "vllm", cpu: bool = False) -> dict[str, Any]:
     """Every flag ``engine`` takes, with the value the engine starts with when ``given`` (a
     point) sets some — vLLM's start-up defaulting, in one place, by each flag's
     ``default_rule``:
@@ -495,7 +502,7 @@ def engine_defaults(given: Mapping[str, Any], gpu: GPU | None, model_max_len: in
     - ``batch_seqs`` (``max-num-seqs``): the GPU's default, at most the budget;
     - ``sglang_chunk`` (SGLang's ``chunked-prefill-size``): 8192 on GPUs of >= 60 GiB, else 4096.
     """
-    default_budget, default_seqs = batch_defaults(gpu)
+    default_budget, default_seqs = batch_defaults(gpu, cpu)
     values: dict[str, Any] = {}
     rules: dict[DefaultRule, str] = {}
     for f in for_engine(engine):

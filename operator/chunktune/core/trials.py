@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunktune.core.flags import argv
+from chunktune.core.steps import StepRecord
 from chunktune.core.summary import LoadSummary
 from chunktune.core.workload import Profile
 
@@ -64,6 +65,16 @@ class EngineTarget:
     hf_config: dict[str, Any] | None = None
     port: int = 8000
     startup_timeout: float = 900.0
+    cpu: CpuTarget | None = None
+    """vLLM's CPU build and its settings (``spec.engine.cpu``); None: a GPU engine."""
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    """``spec.engine.cpu``: KV-cache bytes and OpenMP thread binding of vLLM's CPU build."""
+
+    kv_cache_bytes: int = 2**30
+    omp_threads_bind: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -105,3 +116,8 @@ class TrialResult:
     startup_seconds: float | None = None
     load_seconds: float | None = None
     pruned_at: int | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+    """vLLM's per-step log of this trial (``Iteration(N)`` lines, parsed), in log order."""
+    steps_file: str | None = None
+    """Where the backend kept that log: JSON lines of :class:`StepRecord`, with the raw
+    ``Iteration`` lines next to it (same name, ``.log``)."""

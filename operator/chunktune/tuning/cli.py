@@ -50,7 +50,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.set_defaults(func=cmd_results)
 
 
-def make_backend(kind: str, engine_kind: str, parallelism: int) -> TrialBackend:
+def make_backend(kind: str, engine_kind: str, parallelism: int,
+                 steps_dir: Path | None = None) -> TrialBackend:
     if kind == "auto":
         kind = "simulated" if engine_kind == "sim" else "local"
     if kind == "simulated":
@@ -59,7 +60,18 @@ def make_backend(kind: str, engine_kind: str, parallelism: int) -> TrialBackend:
         return SimulatedBackend(max_parallel=parallelism)
     from chunktune.backends.local import LocalBackend
 
-    return LocalBackend(max_parallel=parallelism)
+    return LocalBackend(max_parallel=parallelism, steps_dir=steps_dir)
+
+
+def steps_dir_for(storage: str, out: str | None) -> Path | None:
+    """Where real engines' step logs go: ``--out DIR/steps``, else beside a journal storage
+    (``<storage>.steps/``); None for a database storage without ``--out``."""
+    if out:
+        return Path(out) / "steps"
+    if "://" in storage and not storage.startswith(("journal://", "file://")):
+        return None
+    path = storage.split("://", 1)[1] if "://" in storage else storage
+    return Path(path + ".steps")
 
 
 def _load(path: str, name: str | None) -> Any:
@@ -126,9 +138,12 @@ def cmd_tune(ns: argparse.Namespace) -> int:
             tuning.spec.budget.max_trials = ns.max_trials
         storage = storage_url(tuning, ns.storage)
         backend = make_backend(ns.backend, tuning.spec.engine.kind,
-                               tuning.spec.budget.parallelism)
+                               tuning.spec.budget.parallelism, steps_dir_for(storage, ns.out))
         stop = {"flag": False}
         tuner = Tuner(tuning, backend, storage, stop_requested=lambda: stop["flag"])
+        preflight = getattr(backend, "preflight", None)
+        if preflight is not None:  # vLLM installed, model directory readable
+            preflight(tuner.plan(0, {}))
     except SpecError as e:
         _print_problems(e)
         return 1

@@ -17,6 +17,7 @@ loop starts was left by a process that died: the backend may re-attach to it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
@@ -32,8 +33,10 @@ from optuna.trial import TrialState as OptunaState
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend
 from chunktune.core.errors import SpecError
+from chunktune.core.steps import StepSummary
 from chunktune.core.trials import (
     RESULT_STATES,
+    CpuTarget,
     EngineTarget,
     TrialPlan,
     TrialResult,
@@ -82,6 +85,8 @@ def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
         fixed_args=tuple(tuning.spec.engine_fixed_args()),
         env=tuple(v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in e.env),
         hf_config=e.hf_config, port=e.port, startup_timeout=e.startup_timeout,
+        cpu=(CpuTarget(kv_cache_bytes=e.cpu.kv_cache_bytes,
+                       omp_threads_bind=e.cpu.omp_threads_bind) if e.cpu else None),
     )
 
 
@@ -355,6 +360,10 @@ class Tuner:
 
     def _tell(self, trial: optuna.Trial, point: dict[str, Any], result: TrialResult) -> None:
         baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
+        if result.steps:
+            summary = StepSummary.of(result.steps)
+            trial.set_user_attr(st.ATTR_STEPS, {"file": result.steps_file,
+                                                **dataclasses.asdict(summary)})
         if result.state == TrialState.INFEASIBLE:
             self._tell_startup_failure(trial, point, TrialState.INFEASIBLE,
                                        result.reason or "Startup", result.message or "")

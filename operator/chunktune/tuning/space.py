@@ -132,7 +132,8 @@ class EngineContext:
         given = {**parse_argv(list(self.target.fixed_args), engine=engine).values,
                  **(point or {})}
         return engine_defaults(given, self.gpu, self.model.max_position_embeddings
-                               if self.model else None, engine=engine)
+                               if self.model else None, engine=engine,
+                               cpu=self.target.cpu is not None)
 
     def default_point(self, params: Sequence[Parameter]) -> dict[str, Any]:
         """The engine's defaults for the searched flags on this GPU class: trial 0

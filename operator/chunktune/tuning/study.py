@@ -33,6 +33,7 @@ ATTR_BASELINE = "baseline"
 ATTR_SERVER = "server"
 ATTR_OWNER = "owner"
 ATTR_TIMES = "times"
+ATTR_STEPS = "steps"  # vLLM's step log of the trial: {"file": ..., "steps": N, ...totals}
 #: The trial ran a point outside the search space (a baseline default that is not among the
 #: choices): told to Optuna as FAIL so samplers never see a trial missing a parameter (which
 #: would make GP and multivariate TPE sample that parameter at random); our own state is in
