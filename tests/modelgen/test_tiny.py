@@ -101,7 +101,8 @@ def test_driver_prompts_count_as_asked(tiny_dir):
     tokenizer, so a real server sees about the prompt sizes a profile asks for."""
     from tokenizers import Tokenizer
 
-    from chunktune.load.prompts import PromptSynth, count_tokens
+    from chunktune.core.tokens import count_tokens
+    from chunktune.load.prompts import PromptSynth
 
     tok = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
     synth = PromptSynth(seed=3)
