@@ -44,10 +44,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT)]
 
+from chunktune.core.summary import LoadSummary  # noqa: E402
+from chunktune.core.workload import generate, parse_profile  # noqa: E402
 from chunktune.load.config import DriverConfig  # noqa: E402
 from chunktune.load.launcher import resolve_model, run_load  # noqa: E402
-from chunktune.load.summary import LoadSummary  # noqa: E402
-from chunktune.sim.workload import generate, parse_profile  # noqa: E402
 
 
 def _get(url: str) -> bytes | None:

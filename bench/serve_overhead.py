@@ -41,8 +41,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from chunktune.core.workload import RequestSpec, generate, load_profile
 from chunktune.sim.engine import build_engine
-from chunktune.sim.workload import RequestSpec, generate, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 _READY = re.compile(r"Uvicorn running on (http://\S+)")

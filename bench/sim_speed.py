@@ -11,11 +11,11 @@ import argparse
 import os
 import time
 
-from chunktune.sim.config import EngineArgs
+from chunktune.core.engine_args import EngineArgs
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
+from chunktune.core.workload import generate, load_profile
 from chunktune.sim.engine import build_engine
-from chunktune.sim.gpus import resolve_gpu
-from chunktune.sim.models import resolve_model
-from chunktune.sim.workload import generate, load_profile
 
 CONFIGS = [
     {"max_num_batched_tokens": 2048},

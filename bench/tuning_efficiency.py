@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.api.validation import parse_manifest
-from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
+from chunktune.backends.base import TrialBackend
 from chunktune.backends.simulated import SimulatedBackend
+from chunktune.core.trials import Reporter, TrialPlan, TrialResult
 from chunktune.tuning.results import collect
 from chunktune.tuning.runner import Tuner
 

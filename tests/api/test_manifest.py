@@ -11,9 +11,10 @@ import yaml
 
 from chunktune.api import load_manifest, parse_manifest, validate
 from chunktune.api.cli import main_crd, main_validate, register
-from chunktune.api.flags import DEFAULT_SEARCH_SPACE, flags_line, sim_engine_kwargs
+from chunktune.api.flags import DEFAULT_SEARCH_SPACE
 from chunktune.api.v1alpha1 import DEFAULT_SIM_IMAGE, Constraint, parse_constraint_string
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
+from chunktune.core.flags import flags_line, parse_argv
 from tests.api.factories import EXAMPLES, quickstart, vllm_manifest
 
 
@@ -50,8 +51,8 @@ def test_sim_and_derived_defaults() -> None:
     assert [o.direction for o in s.objectives] == ["minimize", "maximize"]
     assert s.pruner.name == "none"  # several objectives cannot be pruned
     assert s.engine_fixed_args() == ["--tensor-parallel-size", "2", "--max-model-len", "32768"]
-    assert sim_engine_kwargs(s.engine_fixed_args()) == {"tensor_parallel_size": 2,
-                                                        "max_model_len": 32768}
+    assert parse_argv(s.engine_fixed_args()).values == {"tensor-parallel-size": 2,
+                                                        "max-model-len": 32768}
 
 
 def test_quickstart_values() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chunktune.api.metrics import METRICS, format_value, get_metric, metric_key, parse_value
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 
 
 def test_registry() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from chunktune.api import validate
-from chunktune.errors import SpecError
-from chunktune.sim.config import EngineArgs
+from chunktune.core.engine_args import EngineArgs
+from chunktune.core.errors import SpecError
 from tests.api.factories import quickstart, vllm_manifest
 
 Edit = Callable[[dict[str, Any]], None]

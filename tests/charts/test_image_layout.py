@@ -22,6 +22,8 @@ from tests.charts.dockerfile import DockerIgnore, stages
 PACKAGE_DATA = ["chunktune/py.typed", "chunktune/sim/data/step_time_coefficients.json",
                 "chunktune/sim/data/vidur_linear_ms.csv"]
 
+pytestmark = pytest.mark.slow  # builds and installs the wheel
+
 
 def _setuptools_ok() -> bool:
     try:
@@ -162,7 +164,7 @@ def test_installed_package_runs_the_simulator(installed: Path, image_profiles: P
     probe = _run(installed, "--version")
     assert probe.returncode == 0 and "chunktune" in probe.stdout
     where = subprocess.run(
-        [sys.executable, "-c", "import chunktune.sim.workload as w; print(w.__file__); "
+        [sys.executable, "-c", "import chunktune.core.workload as w; print(w.__file__); "
                                "print(w.PROFILE_DIR)"],
         env={"PYTHONPATH": str(installed), **env, "PATH": os.environ.get("PATH", "")},
         cwd=installed.parent, capture_output=True, text=True, check=True, timeout=60)

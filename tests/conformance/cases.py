@@ -121,9 +121,9 @@ def vllm_spec(model_dir: str | Path, engines: tuple[EngineCase, ...] = ENGINES) 
 
 def sim_trace(engine: EngineCase, case: Case, model_config: str | Path) -> BatchTrace:
     """The simulator's trace of ``case`` on ``engine``."""
-    from chunktune.sim.config import EngineArgs, resolve
-    from chunktune.sim.gpus import resolve_gpu
-    from chunktune.sim.models import resolve_model
+    from chunktune.core.engine_args import EngineArgs, resolve
+    from chunktune.core.gpus import resolve_gpu
+    from chunktune.core.models import resolve_model
     from chunktune.sim.trace import run_batch
 
     cfg = resolve(EngineArgs(

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from chunktune.backends.base import EngineTarget, TrialBackend, TrialPlan
-from chunktune.sim.workload import load_profile
+from chunktune.backends.base import TrialBackend
+from chunktune.core.trials import EngineTarget, TrialPlan
+from chunktune.core.workload import load_profile
 
 PROFILE = load_profile("smoke").with_overrides(duration=8, warmup=1, rate=6)
 TARGET = EngineTarget(kind="sim", model="llama-3.1-8b", served_model_name="llama",

@@ -17,6 +17,7 @@ class TestSimulated(BackendContract):
         return SimulatedBackend()
 
 
+@pytest.mark.slow  # real sim serve processes
 class TestLocal(BackendContract):
     @pytest.fixture
     def backend(self, tmp_path):

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -33,7 +32,7 @@ from tests.k8s.conftest import (
     tuning,
     wait_phase,
 )
-from tests.kube.emulator import KubeEmulator
+from tests.kube.emulator import KubeEmulator, WatchEvent
 from tests.kube.kubelet import FakeKubelet
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
@@ -141,17 +140,27 @@ async def test_deleting_the_tuning_removes_every_trial_object(
 
 async def test_suspend_stops_the_trial_and_resume_continues_the_study(
         kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    # The resourceVersion of every trial object ever created (not just of those still there
+    # when we look): none may predate the patch that resumes the study.
+    created: list[int] = []
+
+    def on_change(event: WatchEvent) -> None:
+        labels = event.object.get("metadata", {}).get("labels") or {}
+        if event.type == "ADDED" and labels.get(TUNING) == "pausable" and TRIAL in labels:
+            created.append(event.rv)
+
+    kube.server.add_listener(on_change)
     kube.create("cpt", tuning("pausable", suspend=True, workload={
         "profile": "smoke", "duration": "6s", "warmup": "1s"}), "default")
     async with running_operator(kube, operator_settings(tmp_path)):
         status = await wait_phase(kube, "pausable", ("Suspended",))
         conds = {c["type"]: c for c in status["conditions"]}
         assert conds["Suspended"]["status"] == "True"
-        await asyncio.sleep(0.5)
-        assert trial_objects(kube, "pausable") == []
-        kube.patch("cpt", "default", "pausable", {"spec": {"suspend": False}})
+        assert created == [] and trial_objects(kube, "pausable") == []
+        resumed = kube.patch("cpt", "default", "pausable", {"spec": {"suspend": False}})
         await kube.until(lambda: load_running(kube, "pausable-t0-load"), timeout=60,
                          message="trial 0 under load")
+        assert created and min(created) > int(resumed["metadata"]["resourceVersion"])
         kube.patch("cpt", "default", "pausable", {"spec": {"suspend": True}})
         await wait_phase(kube, "pausable", ("Suspended",), timeout=30)
         await kube.until(lambda: not trial_objects(kube, "pausable"), timeout=30,

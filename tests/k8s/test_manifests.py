@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from chunktune.backends import manifests as mf
-from chunktune.backends.base import EngineTarget, TrialPlan
-from chunktune.sim.workload import load_profile
+from chunktune.core.trials import CpuTarget, EngineTarget, TrialPlan
+from chunktune.core.workload import load_profile
 
 K8S_VERSION = "1.32"
 OWNER = mf.Owner(name="llama-tune", namespace="ml", uid="0f5c3d3e-1111-2222-3333-444455556666")
@@ -47,6 +47,31 @@ def valid(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def test_cpu_vllm_engine_pod() -> None:
+    """vLLM's CPU build: module entry point, KV space and thread binding from engine.cpu,
+    offline, no GPU request or toleration; sub-GiB KV space goes to the flag."""
+    target = EngineTarget(kind="vllm", model="/models/tiny", served_model_name="tiny",
+                          image="vllm-cpu:test", fixed_args=("--load-format", "dummy"),
+                          cpu=CpuTarget(kv_cache_bytes=2 * 2**30, omp_threads_bind="0"),
+                          env=({"name": "HF_HUB_OFFLINE", "value": "0"},))
+    (c,) = valid(mf.engine_pod(plan(target), OWNER, OPTIONS))["spec"]["containers"]
+    assert c["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert c["args"][:2] == ["--model", "/models/tiny"]
+    assert c["args"][-1] == "--enable-logging-iteration-details"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert env["HF_HUB_OFFLINE"] == "0"  # the manifest's own value wins
+    assert [e["name"] for e in c["env"]].count("HF_HUB_OFFLINE") == 1
+    assert "nvidia.com/gpu" not in json.dumps(c.get("resources", {}))
+    pod = mf.engine_pod(plan(target), OWNER, OPTIONS)
+    assert "tolerations" not in pod["spec"]
+    small = EngineTarget(kind="vllm", model="/m", served_model_name="m", image="x",
+                         cpu=CpuTarget(kv_cache_bytes=64 * 2**20))
+    (c,) = mf.engine_pod(plan(small), OWNER, OPTIONS)["spec"]["containers"]
+    assert "--kv-cache-memory-bytes" in c["args"]
+    assert "VLLM_CPU_KVCACHE_SPACE" not in {e["name"] for e in c["env"]}
+
+
 def test_vllm_engine_pod() -> None:
     pod = valid(mf.engine_pod(plan(), OWNER, OPTIONS, {"requests": {"cpu": "8", "memory":
                                                                      "64Gi"}}))
@@ -69,7 +94,8 @@ def test_vllm_engine_pod() -> None:
     assert c["args"] == [
         "meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port", "8000",
         "--served-model-name", "llama", "--tensor-parallel-size", "2", "--max-model-len",
-        "32768", "--max-num-batched-tokens", "4096", "--long-prefill-token-threshold", "512"]
+        "32768", "--max-num-batched-tokens", "4096", "--long-prefill-token-threshold", "512",
+        "--enable-logging-iteration-details"]  # the trial's per-step log
     assert c["resources"] == {
         "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": 2},
         "limits": {"nvidia.com/gpu": 2}}

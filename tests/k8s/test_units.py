@@ -17,7 +17,7 @@ from chunktune.api.crd import PRINTER_COLUMNS
 from chunktune.api.validation import parse_manifest
 from chunktune.backends import manifests as mf
 from chunktune.backends.simulated import SimulatedBackend
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 from chunktune.k8s.settings import Settings
 from chunktune.k8s.state import StatusWriter, parse
 from chunktune.metrics import promql

@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import pathlib
+import random
 import shutil
 import signal
 import tempfile
@@ -72,21 +73,27 @@ DEPLOYMENTS = kmock.resource('apps', 'v1', 'deployments')
 CONFIGMAPS = kmock.resource('', 'v1', 'configmaps')
 SECRETS = kmock.resource('', 'v1', 'secrets')
 
+_IP_SPACE = 255 * 254  # 127.0.1.1 ... 127.0.255.254
 _ip_lock = threading.Lock()
+# Each test process starts at a random place in the space: two runs on one machine (developers
+# side by side, CI jobs) would otherwise give their first pods the same IP, and a pod that
+# binds IP:port would find it taken by the other run's.
+_ip_start = random.randrange(_IP_SPACE)
 _ip_counter = itertools.count()
 
 
 def allocate_pod_ip() -> str:
-    """The next unused loopback pod IP of this process: 127.0.1.1, 127.0.1.2, ... 127.0.255.254.
+    """The next unused loopback pod IP of this process, in 127.0.1.1 ... 127.0.255.254.
 
     Linux routes all of 127.0.0.0/8 to the loopback interface, so each pod can bind its own
     address without network namespaces.
     """
     with _ip_lock:
         n = next(_ip_counter)
-    x, y = 1 + n // 254, 1 + n % 254
-    if x > 255:
+    if n >= _IP_SPACE:
         raise RuntimeError('Out of loopback pod IPs.')
+    n = (_ip_start + n) % _IP_SPACE
+    x, y = 1 + n // 254, 1 + n % 254
     return f'127.0.{x}.{y}'
 
 

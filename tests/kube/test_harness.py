@@ -318,7 +318,7 @@ def test_watch_selectors_resume_and_timeout(kube: KubeEmulator,
         core.list_namespaced_config_map, 'default', label_selector='w=1',
         resource_version=rv, timeout_seconds=1)]
     assert events == [('ADDED', 'new'), ('DELETED', 'old')]  # left the selector: DELETED
-    assert 0.9 < time.monotonic() - start < 5
+    assert 0.9 < time.monotonic() - start < 30  # ends at timeoutSeconds, not never
     fresh = [(e['type'], e['object'].metadata.name) for e in kubernetes.watch.Watch().stream(
         core.list_namespaced_config_map, 'default', field_selector='metadata.name=other',
         timeout_seconds=1)]
@@ -394,13 +394,25 @@ def test_pod_log_subresource(kube: KubeEmulator, core: kubernetes.client.CoreV1A
 
 def test_request_history_is_trimmed(kube: KubeEmulator) -> None:
     url = f'{kube.url}/api/v1/namespaces/default'
+
+    def per_request() -> float:
+        """Seconds per GET, the best of three batches of 20 (a busy machine's spikes aside)."""
+        best = float('inf')
+        for _ in range(3):
+            start = time.monotonic()
+            for _ in range(20):
+                urllib.request.urlopen(url).read()
+            best = min(best, (time.monotonic() - start) / 20)
+        return best
+
+    early = per_request()  # 60 requests in the history
     for _ in range(kube.server.history_limit + 50):
         urllib.request.urlopen(url).read()
     assert len(list(kube.server)) <= kube.server.history_limit
-    start = time.monotonic()
-    for _ in range(20):
-        urllib.request.urlopen(url).read()
-    assert (time.monotonic() - start) / 20 < 0.02
+    # An untrimmed history made every request scan it (22 ms a GET after 300 requests): a GET
+    # now costs what it did with a short history, on this machine, in this test.
+    late = per_request()
+    assert late < 2 * early + 0.002, (late, early)
 
 
 def test_emulators_side_by_side_stop_in_any_order() -> None:
@@ -417,6 +429,30 @@ def test_user_reactions_take_precedence(kube: KubeEmulator,
         core.create_namespaced_config_map('default', {'metadata': {'name': 'c'}})
     assert _status(e) == 503
     assert kube.get('configmaps', 'default', 'c') is None  # an intercepted write changes nothing
+
+
+def test_injected_faults_answer_instead_of_the_server(kube: KubeEmulator,
+                                                     core: kubernetes.client.CoreV1Api) -> None:
+    core.create_namespaced_config_map('default', {'metadata': {'name': 'c'}})
+    conflicts = kube.add_fault(status=409, reason='Conflict', method='PATCH',
+                               resource='configmaps', times=2, retry_after=1)
+    for _ in range(2):
+        with pytest.raises(ApiException) as e:
+            core.patch_namespaced_config_map('c', 'default', {'data': {'k': 'v'}})
+        assert _status(e) == 409
+        assert e.value.headers['Retry-After'] == '1'
+        assert json.loads(e.value.body)['reason'] == 'Conflict'
+    assert kube.get('configmaps', 'default', 'c').get('data') is None  # nothing was written
+    assert conflicts.hits == 2
+    core.patch_namespaced_config_map('c', 'default', {'data': {'k': 'v'}})  # spent: served
+    assert kube.get('configmaps', 'default', 'c')['data'] == {'k': 'v'}
+
+    outage = kube.add_fault(status=0)  # every request: the connection drops, no answer
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(f'{kube.url}/api/v1/namespaces/default/configmaps/c', timeout=5)
+    kube.remove_fault(outage)
+    assert core.read_namespaced_config_map('c', 'default').data == {'k': 'v'}
+    assert outage.hits == 1 and kube.server_errors == []
 
 
 @pytest.mark.skipif(shutil.which('kubectl') is None, reason='no kubectl')
@@ -522,7 +558,8 @@ def test_kubelet_runs_a_server_with_a_readiness_probe(
         'env': [{'name': 'PORT', 'value': '8000'}],
         'ports': [{'name': 'http', 'containerPort': 8000}],
         'readinessProbe': {'httpGet': {'port': 'http', 'path': '/'}, 'periodSeconds': 10}}]}})
-    kube.wait_for(lambda: kubelet.is_ready('default', 'web'), message='pod ready')
+    # A deadline, not a duration: starting Python takes seconds on a busy machine.
+    kube.wait_for(lambda: kubelet.is_ready('default', 'web'), timeout=60, message='pod ready')
     pod = core.read_namespaced_pod('web', 'default')
     ip = pod.status.pod_ip
     assert ip.startswith('127.0.') and ip != '127.0.0.1' and all(

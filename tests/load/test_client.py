@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import requests
 
+from chunktune.core.records import RequestRecord
 from chunktune.load.client import _Stream, build_body, error_message, stream_request
-from chunktune.load.records import RequestRecord
 
 
 def record(max_tokens: int = 3) -> RequestRecord:

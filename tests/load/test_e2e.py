@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from chunktune.core.summary import SUMMARY_JSON_SCHEMA, LoadSummary, Window
+from chunktune.core.workload import generate, parse_profile
 from chunktune.load.cli import main
 from chunktune.load.config import DriverConfig
-from chunktune.load.launcher import LoadRunError, run_load
-from chunktune.load.summary import SUMMARY_JSON_SCHEMA, LoadSummary, Window
-from chunktune.sim.workload import generate, parse_profile
+from chunktune.load.launcher import LoadRunError, Progress, run_load
 from tests.load.conftest import profile_dict
 from tests.load.fake_openai import FakeServer
+from tests.timing import SchedulingNoise, retry_timing, timing
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +42,50 @@ def q(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(len(s) * p))]
 
 
+TICK = 0.01
+
+
+class TickLateness:
+    """How late the driver's own progress ticker woke (it sleeps until ``t + TICK``): the
+    wake-up delay that the driver process itself suffered in the same run, from its own event
+    loop and the machine. Used as ``on_progress`` with ``tick=TICK``."""
+
+    def __init__(self) -> None:
+        self.elapsed: list[float] = []
+
+    def __call__(self, p: Progress) -> None:
+        self.elapsed.append(p.elapsed)
+
+    def q(self, p: float) -> float:
+        late = [max(0.0, b - a - TICK) for a, b in itertools.pairwise(self.elapsed)]
+        return q(late, p) if late else 0.0
+
+
 def test_open_loop_timing_arrivals_and_warmup(server: FakeServer) -> None:
+    retry_timing(lambda: _open_loop_run(server))
+
+
+def _open_loop_run(server: FakeServer) -> None:
+    server.reset()
     server.control(ttft=0.03, itl=0.004)
     prof = profile_dict(rate=40.0, duration=4.0, warmup=1.0)
     windows: list[Window] = []
-    s = run_load(cfg_for(server, prof, window=1.0), raw=True, on_window=windows.append)
+    # Every bound below is a budget plus the wake-up delay the same processes showed in the
+    # same seconds (about 0 when idle): the driver's own ticker for the driver, and a probe
+    # process for the fake server's. A busy CPU delays them all alike; a burst that hits the
+    # run but not them is what the bounded retry of the timing checks is for.
+    ticks = TickLateness()
+    with SchedulingNoise() as probe:
+        s = run_load(cfg_for(server, prof, window=1.0, tick=TICK), raw=True,
+                     on_window=windows.append, on_progress=ticks)
+    n50, n95 = (max(probe.q(p), ticks.q(p)) for p in (0.5, 0.95))
+    # The longest the driver itself was stalled (its ticker's worst wake-up): every request due
+    # in such a stall is sent that much late, so the lag's tail can be no better.
+    stall = ticks.q(1.0)
+    # A token's way from the server to the client crosses both processes' wake-ups.
+    d90, d99 = (probe.q(p) + ticks.q(p) for p in (0.9, 0.99))
+    noise = (f"driver ticks late p50/p90/p95 {ticks.q(0.5) * 1e3:.2f}/{ticks.q(0.9) * 1e3:.2f}/"
+             f"{ticks.q(0.95) * 1e3:.2f} ms over {len(ticks.elapsed)} ticks; {probe}")
     specs = generate(parse_profile(prof))
     srv = {r["rid"]: r for r in server.stats()["requests"]}
     assert s.raw is not None
@@ -54,11 +94,12 @@ def test_open_loop_timing_arrivals_and_warmup(server: FakeServer) -> None:
     # Every scheduled request was sent once, on time, and only those.
     assert sorted(raw) == [sp.rid for sp in specs] == sorted(srv)
     lags = [r.start - at(r.arrival) for r in raw.values()]
-    assert min(lags) >= -1e-4 and q(lags, 0.95) < 0.005, q(lags, 0.95)
+    assert min(lags) >= -1e-4  # never early
+    timing(q(lags, 0.95) < 0.005 + max(n95, stall), q(lags, 0.95), stall, noise)
     # Poisson: the server saw the scheduled arrivals (up to jitter) at about the asked rate.
     offset = statistics.median(srv[i]["arrival"] - at(raw[i].arrival) for i in raw)
     drift = [abs(srv[i]["arrival"] - at(raw[i].arrival) - offset) for i in raw]
-    assert q(drift, 0.95) < 0.008, q(drift, 0.95)
+    timing(q(drift, 0.95) < 0.008 + 2 * max(n95, stall), q(drift, 0.95), stall, noise)
     n = len(specs)
     assert abs(n - 40 * 4) < 4 * (40 * 4) ** 0.5
     gaps = [at(b.arrival) - at(a.arrival) for a, b in itertools.pairwise(specs)]
@@ -85,19 +126,21 @@ def test_open_loop_timing_arrivals_and_warmup(server: FakeServer) -> None:
 
     # Client timing agrees with the server's within a few ms.
     ttft_err = [at(raw[i].ttft) - srv[i]["ttft"] for i in raw]
-    assert statistics.median(ttft_err) < 0.003, statistics.median(ttft_err)
+    timing(statistics.median(ttft_err) < 0.003 + d90, statistics.median(ttft_err), noise)
     # (The server stamps a token after its write returns, so a server descheduled right then can
     # even make the client look faster: only the bulk is checked, not the extremes.)
-    assert q(ttft_err, 0.9) < 0.006 and q(ttft_err, 0.05) > -0.001, (q(ttft_err, 0.9),
-                                                                      q(ttft_err, 0.05))
+    timing(q(ttft_err, 0.9) < 0.006 + d99 and q(ttft_err, 0.05) > -0.001 - n50,
+           q(ttft_err, 0.9), q(ttft_err, 0.05), noise)
     itl_err = []
     for i in raw:
         tt = srv[i]["token_times"]
         itl_err += [abs(c - (b - a)) for c, a, b in zip(raw[i].itl, tt[:-1], tt[1:], strict=True)]
-    assert statistics.median(itl_err) < 0.001 and q(itl_err, 0.9) < 0.003
-    assert s.overall.itl is not None and s.overall.itl.p50 == pytest.approx(0.004, abs=0.001)
-    assert s.overall.tpot is not None and s.overall.tpot.p50 == pytest.approx(0.004, abs=0.001)
-    assert s.overall.ttft is not None and s.overall.ttft.p50 == pytest.approx(0.03, abs=0.004)
+    timing(statistics.median(itl_err) < 0.001 + d90 and q(itl_err, 0.9) < 0.003 + d99, noise)
+    assert s.overall.itl is not None and s.overall.tpot is not None
+    assert s.overall.ttft is not None
+    timing(abs(s.overall.itl.p50 - 0.004) <= 0.001 + d90, s.overall.itl.p50, noise)
+    timing(abs(s.overall.tpot.p50 - 0.004) <= 0.001 + d90, s.overall.tpot.p50, noise)
+    timing(abs(s.overall.ttft.p50 - 0.03) <= 0.004 + d90, s.overall.ttft.p50, noise)
 
     # Windows: one per second of the arrival window; together they hold the ok requests
     # that ended before its end.
@@ -107,22 +150,34 @@ def test_open_loop_timing_arrivals_and_warmup(server: FakeServer) -> None:
     assert sum(w.overall.requests.ok for w in windows) == sum(
         1 for r in s.raw if r.end < 4.0)
     assert sum(w.overall.requests.sent for w in windows) == len(specs)
-    assert s.complete and s.duration.drain < 1.0
+    assert s.complete
+    timing(s.duration.drain < 1.0, s.duration.drain)
 
 
 def test_concurrency_holds_n_in_flight(server: FakeServer) -> None:
+    retry_timing(lambda: _concurrency_run(server))
+
+
+def _concurrency_run(server: FakeServer) -> None:
+    server.reset()
     server.control(ttft=0.01, itl=0.003)
     prof = profile_dict(rate=None, concurrency=6, duration=2.5, warmup=0.5)
-    s = run_load(cfg_for(server, prof), raw=True)
+    ticks = TickLateness()
+    with SchedulingNoise() as probe:
+        s = run_load(cfg_for(server, prof, tick=TICK), raw=True, on_progress=ticks)
     st = server.stats()
     assert st["max_inflight"] == 6
     reqs = st["requests"]
     t0 = min(r["arrival"] for r in reqs)
     # Time-averaged requests in flight over the steady part of the run: a slot is empty only
-    # for the client's and server's per-request overhead (~2 ms of each ~50 ms request here).
+    # for the client's and server's per-request overhead (~2 ms of each ~50 ms request here;
+    # up to 8 ms allowed), plus the wake-up delays of the driver and the server processes
+    # measured meanwhile (about 0 when idle).
     lo, hi = t0 + 0.3, t0 + 2.2
     busy = sum(max(0.0, min(r["end"], hi) - max(r["arrival"], lo)) for r in reqs)
-    assert busy / (hi - lo) > 5.0, busy / (hi - lo)
+    cycle = statistics.median(r["end"] - r["arrival"] for r in reqs)
+    gap = 0.008 + 2 * (ticks.q(0.9) + probe.q(0.9))
+    timing(busy / (hi - lo) > 6 * cycle / (cycle + gap), busy / (hi - lo), cycle, gap)
     assert s.raw is not None
     assert all(r.arrival is None for r in s.raw)
     assert {r.rid for r in s.raw if r.warmup} == {r.rid for r in s.raw if r.start < 0.5}
@@ -135,6 +190,11 @@ def test_concurrency_holds_n_in_flight(server: FakeServer) -> None:
 
 
 def test_failure_reasons_and_drain_timeout(server: FakeServer) -> None:
+    retry_timing(lambda: _failures_run(server))
+
+
+def _failures_run(server: FakeServer) -> None:
+    server.reset()
     server.control(ttft=0.01, itl=0.005, fail_every=5, close_every=7, close_after=2,
                    hang_every=11, hang_itl=30.0, short_every=13)
     prof = profile_dict(rate=25.0, duration=2.0)
@@ -159,8 +219,11 @@ def test_failure_reasons_and_drain_timeout(server: FakeServer) -> None:
     n = len(s.raw)
     assert f["http_400"].count == len([i for i in range(n) if i % 5 == 0])
     assert s.overall.requests.failed == sum(v.count for v in f.values())
-    assert s.duration.drain == pytest.approx(1.0, abs=0.3)
-    assert took < 2.0 + 1.0 + 3.0  # arrival window + drain + process start and teardown
+    assert s.duration.drain >= 1.0 - 0.05, s.duration.drain  # it waited for the timeout
+    timing(s.duration.drain < 1.0 + 0.3, s.duration.drain)  # and no longer
+    # Arrival window + drain + process start and teardown (seconds on a busy machine): far
+    # below the 30 s that the hanging requests would take without the drain timeout.
+    assert took < 2.0 + 1.0 + 10.0
 
 
 def test_unreachable_target_fails_requests_not_the_run() -> None:
@@ -178,7 +241,7 @@ def test_stop_early_from_a_window(server: FakeServer) -> None:
     prof = profile_dict(rate=20.0, duration=30.0)
     t = time.perf_counter()
     s = run_load(cfg_for(server, prof, window=0.5), on_window=lambda w: w.index < 1)
-    assert time.perf_counter() - t < 8.0
+    assert time.perf_counter() - t < 15.0  # of a 30 s run (process start: seconds if busy)
     assert not s.complete and len(s.windows) == 2
     assert s.duration.measured < 5.0
 

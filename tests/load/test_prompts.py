@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 import chunktune
-from chunktune.load.prompts import (
+from chunktune.core.tokens import (
     CHAT_TOKENS_BASE,
     CHAT_TOKENS_PER_MESSAGE,
-    PromptSynth,
     count_chat_tokens,
     count_tokens,
     min_chat_tokens,
 )
+from chunktune.load.prompts import PromptSynth
 
 
 @pytest.mark.parametrize(("text", "n"), [

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from chunktune.sim.config import EngineArgs, ResolvedConfig, resolve
-from chunktune.sim.gpus import resolve_gpu
-from chunktune.sim.models import resolve_model
+from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
 from chunktune.sim.request import Request
 from chunktune.sim.scheduler import Scheduler
 
@@ -12,12 +12,14 @@ from chunktune.sim.scheduler import Scheduler
 def create_config(max_num_batched_tokens: int = 2048, max_num_seqs: int = 64,
                   long_prefill_token_threshold: int = 0, block_size: int = 16,
                   max_model_len: int = 8192, enable_chunked_prefill: bool = True,
-                  model: str = "llama-3.1-8b", gpu: str = "h100-sxm") -> ResolvedConfig:
+                  model: str = "llama-3.1-8b", gpu: str = "h100-sxm",
+                  scheduling_policy: str = "fcfs") -> ResolvedConfig:
     return resolve(
         EngineArgs(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                    long_prefill_token_threshold=long_prefill_token_threshold,
                    block_size=block_size, max_model_len=max_model_len,
-                   enable_chunked_prefill=enable_chunked_prefill),
+                   enable_chunked_prefill=enable_chunked_prefill,
+                   scheduling_policy=scheduling_policy),
         resolve_model(model), resolve_gpu(gpu))
 
 

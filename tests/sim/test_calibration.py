@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
 from chunktune.sim import calibration
 from chunktune.sim.cost_model import StepCostModel
-from chunktune.sim.gpus import resolve_gpu
-from chunktune.sim.models import resolve_model
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "vidur-profiling"
 

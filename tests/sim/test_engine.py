@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from chunktune.sim.config import EngineArgs
+from chunktune.core.engine_args import EngineArgs
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
+from chunktune.core.workload import RequestSpec, generate, load_profile
 from chunktune.sim.engine import build_engine
-from chunktune.sim.gpus import resolve_gpu
-from chunktune.sim.models import resolve_model
 from chunktune.sim.report import summarize
 from chunktune.sim.request import FINISHED, REJECTED
-from chunktune.sim.workload import RequestSpec, generate, load_profile
 
 
 def engine(**kw):

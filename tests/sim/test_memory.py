@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from chunktune.sim.config import EngineArgs, EngineStartupError, resolve
-from chunktune.sim.gpus import resolve_gpu
+from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
 from chunktune.sim.memory import GiB, plan_memory
-from chunktune.sim.models import resolve_model
 
 
 def plan(model="llama-3.1-8b", gpu="h100-sxm", **kw):

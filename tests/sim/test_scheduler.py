@@ -10,7 +10,8 @@ from chunktune.sim.scheduler import Scheduler
 from tests.sim.factories import create_requests, create_scheduler, run_to_completion
 
 workloads = st.lists(
-    st.tuples(st.integers(1, 3000), st.integers(1, 60)), min_size=1, max_size=40
+    st.tuples(st.integers(1, 3000), st.integers(1, 60), st.integers(-2, 2)), min_size=1,
+    max_size=40
 )
 
 
@@ -22,18 +23,20 @@ workloads = st.lists(
     seqs=st.sampled_from([1, 4, 16, 64]),
     blocks=st.integers(200, 2000),
     block_size=st.sampled_from([16, 32]),
+    policy=st.sampled_from(["fcfs", "priority"]),
 )
-def test_invariants(reqs, budget, threshold, seqs, blocks, block_size):
+def test_invariants(reqs, budget, threshold, seqs, blocks, block_size, policy):
     """No step exceeds the budget or the chunk cap; blocks are conserved; every request
-    finishes; preemption happens only when blocks run out."""
+    finishes; preemption happens only when blocks run out — under both policies."""
     seqs = min(seqs, budget)
     sched = create_scheduler(num_blocks=blocks, max_num_batched_tokens=budget,
                              max_num_seqs=seqs, long_prefill_token_threshold=threshold,
-                             block_size=block_size, max_model_len=3200)
+                             block_size=block_size, max_model_len=3200,
+                             scheduling_policy=policy)
     # Every request must fit the cache alone, as vLLM guarantees via max_model_len at start-up
     # (one of the blocks is vLLM's null block, never handed out).
     usable = blocks - 1
-    requests = [Request(i, 0.0, p, o) for i, (p, o) in enumerate(reqs)
+    requests = [Request(i, i * 1e-3, p, o, priority=pr) for i, (p, o, pr) in enumerate(reqs)
                 if -(-(p + o) // block_size) <= usable]
     pool = sched.pool
 
@@ -208,3 +211,78 @@ def test_abort_frees_blocks():
     sched.abort(a)
     assert a.num_blocks == 0 and a not in sched.running
     assert sched.pool.free + b.num_blocks == sched.pool.total
+
+
+# ---- --scheduling-policy priority (vllm/v1/core/sched/request_queue.py, scheduler.py) --------
+
+
+def _admission_order(policy: str, priorities: list[int]) -> list[int]:
+    """The rids in the order one-at-a-time admission serves them."""
+    sched = create_scheduler(max_num_seqs=1, scheduling_policy=policy)
+    reqs = [Request(i, float(i), 50, 1, priority=p) for i, p in enumerate(priorities)]
+    for r in reqs:
+        sched.add_request(r)
+    order = []
+    now = 0.0
+    for _ in range(100):
+        if not sched.has_work:
+            break
+        plan = sched.schedule(now)
+        order += [r.rid for r, _ in plan.scheduled if r.rid not in order]
+        now += 0.01
+        sched.apply(plan, now)
+    assert not sched.has_work
+    return order
+
+
+def test_waiting_order_by_priority_then_arrival():
+    priorities = [2, 0, 1, 0, -1]
+    assert _admission_order("priority", priorities) == [4, 1, 3, 2, 0]
+    assert _admission_order("fcfs", priorities) == [0, 1, 2, 3, 4]
+
+
+def test_priority_victim_is_largest_priority_then_latest_arrival():
+    """Out of blocks, priority preempts the running request with the largest
+    (priority, arrival) — here the first in the running list, already scheduled in the step,
+    whose tokens go back to the budget — where FCFS would preempt the last one."""
+    def first_victim(policy: str, priorities: list[int]) -> tuple[Request, list[Request]]:
+        sched = create_scheduler(num_blocks=24, max_num_batched_tokens=1024, max_num_seqs=4,
+                                 block_size=16, scheduling_policy=policy)
+        # the first request's shorter prompt needs its next block later than the others
+        reqs = [Request(i, i * 0.01, 100 if i == 0 else 120, 200, priority=p)
+                for i, p in enumerate(priorities)]
+        sched.add_request(reqs[0])  # admitted alone: first in the running list
+        now = 0.0
+        sched.apply(sched.schedule(now), now + 0.01)
+        for r in reqs[1:]:
+            sched.add_request(r)
+        assert [r.rid for r in sched.running] == [0]
+        for _ in range(1000):
+            plan = sched.schedule(now)
+            if plan.preempted:
+                victim = plan.preempted[0]
+                assert all(r is not victim for r, _ in plan.scheduled)
+                assert plan.num_tokens == sum(n for _, n in plan.scheduled)
+                assert victim in list(sched.waiting)
+                return victim, reqs
+            now += 0.01
+            sched.apply(plan, now)
+        raise AssertionError("no preemption")
+
+    victim, reqs = first_victim("priority", [5, 0, 0])
+    assert victim is reqs[0]  # first in the running list, scheduled earlier in the same step
+    victim, reqs = first_victim("priority", [0, 0, 0])  # ties: the latest arrival
+    assert victim is reqs[2]
+    victim, reqs = first_victim("fcfs", [5, 0, 0])
+    assert victim is reqs[2]
+
+
+def test_priority_queue_keeps_deque_semantics():
+    sched = create_scheduler(scheduling_policy="priority")
+    a, b, c = (Request(i, float(i), 10, 1, priority=p) for i, p in enumerate([1, 0, 1]))
+    for r in (a, b, c):
+        sched.add_request(r)
+    assert len(sched.waiting) == 3 and sched.waiting[0] is b
+    assert list(sched.waiting) == [b, a, c]
+    sched.abort(a)
+    assert list(sched.waiting) == [b, c] and a.status == FINISHED

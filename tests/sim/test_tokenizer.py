@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 from chunktune.sim.tokenizer import HFTokenizer, WordCounter, resolve_tokenizer
 
 

@@ -8,9 +8,9 @@ waiting before step 0. vLLM 0.32 logged these 30 steps."""
 
 from __future__ import annotations
 
-from chunktune.sim.config import EngineArgs, resolve
-from chunktune.sim.gpus import resolve_gpu
-from chunktune.sim.models import resolve_model
+from chunktune.core.engine_args import EngineArgs, resolve
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
 from chunktune.sim.trace import iteration_counts, run_batch
 from tests.sim.factories import create_scheduler
 

@@ -6,13 +6,13 @@ import functools
 
 import pytest
 
-from chunktune.sim.config import EngineArgs, EngineStartupError, resolve
+from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
+from chunktune.core.workload import generate, load_profile
 from chunktune.sim.engine import build_engine
-from chunktune.sim.gpus import resolve_gpu
 from chunktune.sim.memory import plan_memory
-from chunktune.sim.models import resolve_model
 from chunktune.sim.report import summarize
-from chunktune.sim.workload import generate, load_profile
 
 LLAMA8 = resolve_model("llama-3.1-8b")
 H100 = resolve_gpu("h100-sxm")

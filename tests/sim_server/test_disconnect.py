@@ -10,7 +10,7 @@ import pytest
 
 from tests.sim_server.conftest import MODEL, metric_samples, post, value, wait_for
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]  # a real sim serve process
 
 
 def _idle(sim) -> bool:

@@ -7,6 +7,8 @@ import requests
 
 from tests.sim_server.conftest import MAX_MODEL_LEN, MODEL, post
 
+pytestmark = pytest.mark.slow  # a real sim serve process
+
 
 def _error(r: requests.Response, status: int, err_type: str, param: str | None) -> str:
     assert r.status_code == status, r.text
@@ -94,6 +96,8 @@ def test_malformed_json(sim):
     ({"prompt": "hi", "max_tokens": "lots"}, "int_parsing"),
     ({"prompt": "hi", "max_tokens": 2.5}, "int_from_float"),
     ({"prompt": "hi", "stream": "maybe"}, "bool_parsing"),
+    ({"prompt": "hi", "priority": "high"}, "int_parsing"),
+    ({"prompt": "hi", "priority": 2**63}, "less_than_equal"),
     ({"prompt": "hi", "model": 7}, "string_type"),
     ({"prompt": {"text": "hi"}}, "'prompt'"),
     ({"max_tokens": 2}, "Either prompt or prompt_embeds must be provided"),

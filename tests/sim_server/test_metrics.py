@@ -5,6 +5,7 @@ tests/conformance/test_metrics.py."""
 
 from __future__ import annotations
 
+import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -16,6 +17,8 @@ from chunktune.sim.metrics import (
     build_1_2_5_buckets,
 )
 from tests.sim_server.conftest import MODEL, metric_samples, post, value, wait_for
+
+pytestmark = pytest.mark.slow  # a real sim serve process
 
 FAMILIES = {
     "vllm:time_to_first_token_seconds": "histogram",
@@ -106,7 +109,8 @@ def test_families_labels_and_buckets(sim):
     assert info.labels["block_size"] == "16"
     assert info.labels["gpu_memory_utilization"] == "0.92"
     assert int(info.labels["num_gpu_blocks"]) > 0
-    assert info.labels["enable_prefix_caching"] == "True"
+    # the flag's value: the simulator does not model prefix caching and runs with it off
+    assert info.labels["enable_prefix_caching"] == "False"
     assert info.labels["engine"] == "0"
     (sim_info,) = fams["chunktune_sim_info"].samples
     assert sim_info.labels["max_num_batched_tokens"] == "8192"

@@ -6,8 +6,10 @@ from __future__ import annotations
 import openai
 import pytest
 
-from chunktune.load.prompts import count_chat_tokens, count_tokens
+from chunktune.core.tokens import count_chat_tokens, count_tokens
 from tests.sim_server.conftest import MAX_MODEL_LEN, MODEL
+
+pytestmark = pytest.mark.slow  # a real sim serve process
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from chunktune.cli import main
 from tests.tuning.conftest import manifest
+
+pytestmark = pytest.mark.slow  # the local backend: real sim serve processes and Locust
 
 
 def test_tune_with_local_backend(tmp_path, capsys):

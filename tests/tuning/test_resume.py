@@ -10,10 +10,13 @@ import sys
 import time
 
 import optuna
+import pytest
 import yaml
 
 from chunktune.tuning import study as st
 from tests.tuning.conftest import manifest
+
+pytestmark = pytest.mark.slow  # real chunktune tune processes, killed and resumed
 
 
 def _load(storage):

@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from chunktune.backends.simulated import SimulatedBackend
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 from chunktune.tuning import study as st
 from chunktune.tuning.results import collect, format_results
 from chunktune.tuning.runner import Tuner
@@ -25,7 +25,7 @@ def test_baseline_is_trial_zero_with_vllm_defaults(make_tuning, tmp_path):
     tuner, why = run(make_tuning(), tmp_path / "s.journal")
     first = tuner.study.trials[0]
     assert first.number == 0 and first.user_attrs[st.ATTR_BASELINE]
-    # H100 serve defaults: budget 8192, threshold 0 (facts §1)
+    # H100 serve defaults: budget 8192, threshold 0 (docs/vllm-behaviour.md §2)
     assert st.point_of(first) == {"max-num-batched-tokens": 8192,
                                   "long-prefill-token-threshold": 0}
     res = collect(tuner.study, tuner.objectives, tuner.constraints)

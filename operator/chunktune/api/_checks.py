@@ -11,9 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunktune.api import metrics as _metrics
-from chunktune.api._errors import Problem
-from chunktune.api._suggest import closest
-from chunktune.api.flags import FLAGS, MANAGED_FLAGS, args_flags, format_value, sim_engine_kwargs
+from chunktune.api.flags import MANAGED_FLAGS
 from chunktune.api.v1alpha1 import (
     Budget,
     Constraint,
@@ -24,11 +22,14 @@ from chunktune.api.v1alpha1 import (
     SamplerSpec,
     WorkloadSpec,
 )
-from chunktune.errors import SpecError
-from chunktune.sim.config import EngineArgs
-from chunktune.sim.gpus import gpu_names, resolve_gpu
-from chunktune.sim.models import ModelConfig, catalog_names, from_hf_config, resolve_model
-from chunktune.sim.workload import Profile
+from chunktune.core.engine_args import EngineArgs
+from chunktune.core.errors import SpecError
+from chunktune.core.flags import FLAGS, parse_argv
+from chunktune.core.gpus import gpu_names, resolve_gpu
+from chunktune.core.models import ModelConfig, catalog_names, from_hf_config, resolve_model
+from chunktune.core.suggest import closest
+from chunktune.core.validation import Problem
+from chunktune.core.workload import Profile
 
 _IMAGES = {"vllm": "vllm/vllm-openai:v0.11.0", "sglang": "lmsysorg/sglang:latest"}
 _STORAGE_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
@@ -117,6 +118,13 @@ def _engine(p: Parts, e: EngineSpec) -> None:
         p.add("spec.engine.gpu.count", f"must be >= tensorParallelSize (got {count} < {tp})")
     if e.startup_timeout <= 0:
         p.add("spec.engine.startupTimeout", "must be > 0")
+    if e.cpu is not None:
+        if e.kind != "vllm":
+            p.add("spec.engine.cpu", f"is only used by engine kind vllm (vLLM's CPU build); "
+                  f"remove it for engine kind {e.kind}")
+        if e.gpu.type is not None:
+            p.add("spec.engine.cpu", f"runs vLLM's CPU build, which uses no GPU; remove "
+                  f"spec.engine.gpu.type ({e.gpu.type!r}) or spec.engine.cpu")
     _env(p, e)
     _args(p, e)
 
@@ -160,33 +168,47 @@ def _env(p: Parts, e: EngineSpec) -> None:
 
 
 def _args(p: Parts, e: EngineSpec) -> None:
-    for i, name in args_flags(e.args):
+    """``engine.args``: no flag the manifest sets elsewhere; registry flags with values their
+    engine takes (read by the registry's parsers: ``8k`` is 8000 as for vLLM); for the
+    simulator, only what it models."""
+    engine = e.kind if e.kind in ("vllm", "sim", "sglang") else None
+    parsed = parse_argv(e.args, engine=engine)
+    named = [(i, s.lstrip("-").replace("_", "-")) for i, s in parsed.unknown]
+    named += [(i, n) for n, i in parsed.index.items()]
+    for i, name in sorted(named):
         if name in MANAGED_FLAGS:
             p.add(f"spec.engine.args[{i}]", f"--{name} is set by {MANAGED_FLAGS[name]}; remove "
                   "it from args")
-        if name in ("max-num-partial-prefills", "max-long-partial-prefills") and \
-                i + 1 < len(e.args) and e.args[i + 1] != "1":
-            p.add(f"spec.engine.args[{i}]", f"--{name} other than 1 makes vLLM's V1 engine "
-                  "refuse to start (Concurrent Partial Prefill is not supported)")
+    for i, msg in parsed.problems:
+        p.add(f"spec.engine.args[{i}]", msg)
+    for name in ("max-num-partial-prefills", "max-long-partial-prefills"):
+        if parsed.values.get(name, 1) != 1:
+            p.add(f"spec.engine.args[{parsed.index[name]}]", f"--{name} other than 1 makes "
+                  "vLLM's V1 engine refuse to start (Concurrent Partial Prefill is not supported)")
     if e.kind != "sim":
         return
+    for i in parsed.stray:
+        p.add(f"spec.engine.args[{i}]", f"expected a --flag (got {e.args[i]!r})")
+    known = ", ".join(sorted(f.option for f in FLAGS.values() if "sim" in f.engines))
+    for i, spelling in parsed.unknown:
+        if spelling.lstrip("-").replace("_", "-") not in MANAGED_FLAGS:
+            p.add(f"spec.engine.args[{i}]", f"the simulator does not model {spelling}; it takes "
+                  f"{known}")
     try:
-        kwargs = sim_engine_kwargs(e.args, ignore=tuple(MANAGED_FLAGS))
-        EngineArgs(**kwargs).check()
+        EngineArgs.from_point(parsed.values).check_simulated()
     except SpecError as err:
         for path, msg in err.problems:
-            if path.startswith("--"):
-                idx = next((i for i, n in args_flags(e.args) if n == path[2:]), None)
-                path = "spec.engine.args" if idx is None else f"spec.engine.args[{idx}]"
-                msg = f"{e.args[idx] if idx is not None else ''} {msg}".strip()
-            p.add(path, msg)
+            name = path.removeprefix("--")
+            where = f"spec.engine.args[{parsed.index[name]}]" if name in parsed.index \
+                else "spec.engine.args"
+            p.add(where, f"{path} {msg}")
 
 
 # ---- search space -----------------------------------------------------------------------------
 
 
 def _params(p: Parts) -> None:
-    fixed = {n: i for i, n in args_flags(p.engine.args)} if p.engine else {}
+    fixed = parse_argv(p.engine.args).index if p.engine else {}
     seen: dict[str, int] = {}
     for i, prm in p.params:
         path = f"spec.searchSpace[{i}]"
@@ -230,7 +252,7 @@ def _choices(p: Parts, path: str, prm: Parameter) -> None:
     first: dict[float, int] = {}
     for k, v in enumerate(prm.choices):
         if v in first:
-            p.add(f"{path}.choices[{k}]", f"must be distinct ({format_value(v)} is also "
+            p.add(f"{path}.choices[{k}]", f"must be distinct ({_text(prm.name, v)} is also "
                   f"choices[{first[v]}])")
         first.setdefault(v, k)
         why = _value_problem(prm.name, v)
@@ -245,12 +267,12 @@ def _range(p: Parts, path: str, prm: Parameter) -> None:
     if prm.type is None:
         p.add(path, "needs either type (int or float) with low and high, or choices")
         return
-    if prm.type != flag.kind:
+    if prm.type != flag.kind:  # the CRD's enum holds only int and float flags
         why = "the engine takes an integer" if flag.kind == "int" else "it is a fraction"
         p.add(f"{path}.type", f"must be {flag.kind} for --{prm.name} ({why})")
     low, high, step = prm.low, prm.high, prm.step
     if step is not None and step <= 0:
-        p.add(f"{path}.step", f"must be > 0 (got {format_value(step)})")
+        p.add(f"{path}.step", f"must be > 0 (got {_text(prm.name, step)})")
         step = None
     for key, v in (("low", low), ("high", high)):
         if v is None:
@@ -261,16 +283,18 @@ def _range(p: Parts, path: str, prm: Parameter) -> None:
                 p.add(f"{path}.{key}", f"must be an integer for type int (got {v!r})")
     if prm.log:
         if step is not None and (prm.type == "float" or step != 1):
-            p.add(f"{path}.log", f"cannot be combined with step {format_value(step)}: Optuna "
+            p.add(f"{path}.log", f"cannot be combined with step {_text(prm.name, step)}: "
+                  "Optuna "
                   "samples a log scale only with step 1 (int) or no step (float); drop step or "
                   "log")
         if low is not None and low <= 0:
-            p.add(f"{path}.low", f"must be > 0 on a log scale (got {format_value(low)})")
+            p.add(f"{path}.low", f"must be > 0 on a log scale (got {_text(prm.name, low)})")
             return
     if low is None or high is None:
         return
     if low > high:
-        p.add(f"{path}.low", f"must be <= high (got {format_value(low)} > {format_value(high)})")
+        p.add(f"{path}.low", f"must be <= high (got {_text(prm.name, low)} > "
+              f"{_text(prm.name, high)})")
         return
     for key, v in (("low", low), ("high", high)):
         problem = _value_problem(prm.name, v) or _model_limit(p, prm.name, v)
@@ -281,21 +305,28 @@ def _range(p: Parts, path: str, prm: Parameter) -> None:
         n = (high - low) / eff
         if abs(n - round(n)) > 1e-9:
             top = low + math.floor(n + 1e-9) * eff
-            p.add(f"{path}.high", f"is not reachable from low {format_value(low)} in steps of "
-                  f"{format_value(eff)}; use high {format_value(top)}")
+            p.add(f"{path}.high", f"is not reachable from low {_text(prm.name, low)} in steps of "
+                  f"{_text(prm.name, eff)}; use high {_text(prm.name, top)}")
 
 
 def _value_problem(name: str, v: float) -> str | None:
     flag = FLAGS[name]
     if flag.kind == "int" and isinstance(v, float):
-        return f"must be an integer for --{name} (got {v!r})"
-    return flag.check_value(v)
+        return f"must be an integer for {flag.option} (got {v!r})"
+    problem = flag.problem(v)
+    if problem is None:
+        return None
+    return f"is not a valid {flag.option} value ({problem}; got {flag.text(v)})"
+
+
+def _text(name: str, v: float) -> str:
+    return FLAGS[name].text(v)
 
 
 def _model_limit(p: Parts, name: str, v: float) -> str | None:
     if name == "max-model-len" and p.model is not None and v > p.model.max_position_embeddings:
         return (f"exceeds the model's max_position_embeddings ({p.model.max_position_embeddings})"
-                f"; the engine refuses to start (got {format_value(v)})")
+                f"; the engine refuses to start (got {_text(name, v)})")
     return None
 
 

@@ -61,7 +61,7 @@ class GPUSpec(Model):
     """The accelerators each trial's engine gets."""
 
     type: str | None = Field(default=None, min_length=1, max_length=128)
-    """GPU model (``h100-sxm``, ``a100-80g``, ``l4``, ...; see ``chunktune.sim.gpus``). Required
+    """GPU model (``h100-sxm``, ``a100-80g``, ``l4``, ...; see ``chunktune.core.gpus``). Required
     for engine kind sim; for vLLM it enables the memory prescreen."""
     count: int | None = Field(default=None, ge=1, le=64)
     """GPUs per trial. Default: ``tensorParallelSize``."""
@@ -83,6 +83,62 @@ class Resources(Model):
     """Guaranteed amounts."""
     limits: ResourceList | None = None
     """Upper bounds."""
+
+
+#: Binary and decimal suffixes of a Kubernetes quantity, as byte multipliers.
+_QUANTITY_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+                    "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+                    "Pi": 2**50, "Ei": 2**60}
+_BYTES_RE = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([kMGTPE]i?|Ki)?$")
+GIB = 2**30
+
+
+def quantity_bytes(v: int | str) -> int:
+    """Bytes of a memory quantity (``1Gi``, ``512Mi``, ``2G``, ``1073741824``)."""
+    if isinstance(v, int):
+        return v
+    m = _BYTES_RE.match(v)
+    if m is None:
+        raise ValueError(f"must be an amount of memory such as '1Gi', '512Mi' or a number of "
+                         f"bytes (got {v!r})")
+    return int(float(m[1]) * _QUANTITY_SUFFIX[m[2] or ""])
+
+
+class CPUSpec(Model):
+    """Settings of vLLM's CPU build (``engine.kind: vllm`` without a GPU). Their defaults
+    work on a 2-core, 24 GiB machine with a small model (``chunktune model tiny``)."""
+
+    kv_cache_space: Quantity = "1Gi"
+    """Memory for the KV cache. Whole GiB go to ``VLLM_CPU_KVCACHE_SPACE``; other amounts to
+    ``--kv-cache-memory-bytes`` (vLLM's variable only takes whole GiB and overrides the
+    flag). Without either vLLM's CPU build asks for 92% of the node and fails to start."""
+    omp_threads_bind: str = Field(default="auto", min_length=1, max_length=256)
+    """``VLLM_CPU_OMP_THREADS_BIND``: ``auto`` binds the engine worker to the cores of one
+    NUMA node but one (on 2 cores: core 0, leaving core 1 to the API server), ``all`` uses
+    every core unbound, or a core list such as ``0-3``."""
+
+    @field_validator("kv_cache_space")
+    @classmethod
+    def _kv(cls, v: int | str) -> int | str:
+        n = quantity_bytes(v)
+        if n < 2**20:
+            raise ValueError(f"must be at least 1Mi (got {v!r}): the KV cache holds the "
+                             f"requests' tokens")
+        return v
+
+    @field_validator("omp_threads_bind")
+    @classmethod
+    def _bind(cls, v: str) -> str:
+        if v not in ("auto", "all", "nobind") and not re.fullmatch(
+                r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*(\|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)*",
+                v):
+            raise ValueError(f"must be auto, all, nobind or a core list such as '0-3' or "
+                             f"'0,2' (got {v!r})")
+        return v
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return quantity_bytes(self.kv_cache_space)
 
 
 class EngineSpec(Model):
@@ -115,6 +171,9 @@ class EngineSpec(Model):
     """How long a trial's engine may take to become ready. Default: 15m."""
     resources: Resources | None = None
     """Extra CPU/memory requests and limits for the engine container."""
+    cpu: CPUSpec | None = None
+    """Run vLLM's CPU build (``pip install 'chunktune[cpu]'``): its KV space and thread
+    binding. ``cpu: {}`` takes the defaults. Only for engine kind vllm without a GPU."""
 
     @model_validator(mode="after")
     def _defaults(self) -> EngineSpec:

@@ -11,7 +11,7 @@ from pydantic_core import PydanticCustomError
 
 from chunktune.api import metrics as _metrics
 from chunktune.api._types import Model
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 
 MetricName = Literal[_metrics.METRIC_NAMES]  # type: ignore[valid-type]
 

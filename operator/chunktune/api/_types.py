@@ -15,8 +15,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
-from chunktune.errors import SpecError
-from chunktune.sim.workload import parse_duration
+from chunktune.core.errors import SpecError
+from chunktune.core.workload import parse_duration
 
 
 class Model(BaseModel):

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 from chunktune.api.crd import crd_yaml
 from chunktune.api.validation import parse_manifest, read_manifest, validate
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 
 
 def format_problems(problems: list[tuple[str, str]]) -> list[str]:

@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from chunktune.api._suggest import closest
-from chunktune.errors import SpecError
-from chunktune.sim.workload import parse_duration
+from chunktune.core.errors import SpecError
+from chunktune.core.suggest import closest
+from chunktune.core.workload import parse_duration
 
 Direction = Literal["minimize", "maximize"]
 

@@ -5,9 +5,9 @@ and :func:`render_status` turns it into the ``status`` mapping the operator patc
 runner prints. :func:`set_condition` updates a Kubernetes-style condition list. Nothing here does
 I/O or reads the clock: times come in as arguments.
 
-Trial states follow Optuna's ``TrialState`` names, plus ``INFEASIBLE`` (completed, but a
-constraint failed) and ``SKIPPED`` (the memory prescreen predicted a start-up failure, so the
-trial never ran).
+Trial states are :class:`chunktune.core.trials.TrialState`: Optuna's names, plus ``INFEASIBLE``
+(completed, but a constraint failed) and ``SKIPPED`` (the memory prescreen predicted a start-up
+failure, so the trial never ran).
 """
 
 from __future__ import annotations
@@ -16,22 +16,24 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
-from chunktune.api.flags import flags_line
+from chunktune.core.flags import flags_line
+from chunktune.core.trials import TrialState
 
 Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"]
 PHASES: tuple[str, ...] = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
-TrialState = Literal["COMPLETE", "PRUNED", "INFEASIBLE", "FAIL", "RUNNING", "SKIPPED"]
-TRIAL_STATES: tuple[str, ...] = ("COMPLETE", "PRUNED", "INFEASIBLE", "FAIL", "RUNNING", "SKIPPED")
+#: The states a listed trial can be in (queued trials are not listed), as the CRD enumerates them.
+LISTED_STATES: tuple[TrialState, ...] = tuple(s for s in TrialState if s is not TrialState.WAITING)
 #: How many trials the status lists by default (the counts cover all of them).
 DEFAULT_TRIALS_LIMIT = 50
 
-_COUNT_FIELD = {"COMPLETE": "completed", "PRUNED": "pruned", "INFEASIBLE": "infeasible",
-                "FAIL": "failed", "RUNNING": "running", "SKIPPED": "skipped"}
+_COUNT_FIELD = {TrialState.COMPLETE: "completed", TrialState.PRUNED: "pruned",
+                TrialState.INFEASIBLE: "infeasible", TrialState.FAIL: "failed",
+                TrialState.RUNNING: "running", TrialState.SKIPPED: "skipped"}
 
 
 # ---- input: what the tuner knows --------------------------------------------------------------
@@ -43,8 +45,7 @@ class TrialRecord:
 
     number: int
     params: Mapping[str, int | float]
-    state: str
-    """One of :data:`TRIAL_STATES`."""
+    state: TrialState
     reason: str | None = None
     """Why a trial failed, was pruned or skipped (``EngineOOM``, ``SLOViolated``, ...)."""
     metrics: Mapping[str, float] = field(default_factory=dict)
@@ -132,7 +133,8 @@ class TrialStatus(_StatusModel):
 
     number: int
     parameters: dict[str, int | float] = Field(default_factory=dict)
-    state: TrialState
+    state: Annotated[TrialState, WithJsonSchema({"type": "string",
+                                                 "enum": [s.value for s in LISTED_STATES]})]
     reason: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     """The objective and constraint metrics."""
@@ -199,7 +201,7 @@ def render_status(summary: StudySummary) -> dict[str, Any]:
         pareto_front=[_point(by_number[n], baseline, summary.objectives)
                       for n in summary.pareto if n in by_number] or None,
         trials=[TrialStatus(number=t.number, parameters=dict(t.params),
-                            state=t.state,  # type: ignore[arg-type]
+                            state=t.state,
                             reason=t.reason,
                             metrics={k: v for k, v in _finite(t.metrics).items()
                                      if not keep or k in keep})

@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from chunktune.api._engine import (
     DEFAULT_SIM_IMAGE,
+    CPUSpec,
     EngineKind,
     EngineSpec,
     EnvVar,
@@ -34,18 +35,20 @@ from chunktune.api._goals import (
     Objective,
     parse_constraint_string,
 )
-from chunktune.api._suggest import closest
 from chunktune.api._types import Duration, Model, Number, check_label_name, check_object_name
-from chunktune.api.flags import DEFAULT_SEARCH_SPACE, FLAGS, FlagName
-from chunktune.errors import SpecError
-from chunktune.sim.workload import Profile, load_profile, parse_profile
+from chunktune.api.flags import DEFAULT_SEARCH_SPACE
+from chunktune.core.errors import SpecError
+from chunktune.core.flags import TUNABLE
+from chunktune.core.suggest import closest
+from chunktune.core.workload import Profile, load_profile, parse_profile
 
 API_GROUP = "chunktune.dev"
 API_VERSION = "v1alpha1"
 KIND = "ChunkedPrefillTuning"
 
 __all__ = [
-    "API_GROUP", "API_VERSION", "DEFAULT_SIM_IMAGE", "KIND", "Budget", "ChunkedPrefillTuning",
+    "API_GROUP", "API_VERSION", "DEFAULT_SIM_IMAGE", "KIND", "Budget", "CPUSpec",
+    "ChunkedPrefillTuning",
     "Constraint", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource", "GPUSpec", "KeyRef",
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
     "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "SamplerSpec", "Spec",
@@ -81,7 +84,7 @@ class Parameter(Model):
          "message": "log: true needs step 1 (Optuna cannot sample a stepped log scale)"},
     ]}}
 
-    name: FlagName
+    name: str = Field(json_schema_extra={"enum": list(TUNABLE)})
     """The engine flag without its leading dashes (``max-num-batched-tokens``)."""
     type: Literal["int", "float"] | None = None
     """Range type."""
@@ -104,9 +107,9 @@ class Parameter(Model):
     def _known_flag(cls, v: Any) -> Any:
         if isinstance(v, str) and v.startswith("-"):
             raise ValueError(f"give the flag without its leading dashes ({v.lstrip('-')!r})")
-        if isinstance(v, str) and v not in FLAGS:
-            hint = closest(v, FLAGS)
-            tail = f"did you mean {hint!r}?" if hint else f"tunable: {', '.join(FLAGS)}"
+        if isinstance(v, str) and v not in TUNABLE:
+            hint = closest(v, TUNABLE)
+            tail = f"did you mean {hint!r}?" if hint else f"tunable: {', '.join(TUNABLE)}"
             if not hint and "chunk" in v:
                 tail = ("vLLM has no prefill chunk-size flag: search max-num-batched-tokens (the "
                         "step token budget) and long-prefill-token-threshold (the per-request "

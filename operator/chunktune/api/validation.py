@@ -5,7 +5,7 @@ with paths such as ``spec.searchSpace[1].low``. It first checks shapes with the 
 then, on each part that parsed, the rules between fields (a range's ``low <= high``, a searched
 flag that is also fixed in ``engine.args``, an objective on a class the workload lacks, a sampler
 that cannot handle the objectives, ...). :func:`parse_manifest` and :func:`load_manifest` raise
-:class:`~chunktune.errors.SpecError` with those problems, or return the model with defaults
+:class:`~chunktune.core.errors.SpecError` with those problems, or return the model with defaults
 filled in.
 """
 
@@ -19,7 +19,6 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from chunktune.api import _checks
-from chunktune.api._errors import Problem, problems_from
 from chunktune.api.v1alpha1 import (
     KIND,
     Budget,
@@ -33,7 +32,8 @@ from chunktune.api.v1alpha1 import (
     Spec,
     WorkloadSpec,
 )
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
+from chunktune.core.validation import Problem, problems_from
 
 M = TypeVar("M", bound=BaseModel)
 

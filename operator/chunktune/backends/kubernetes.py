@@ -39,13 +39,14 @@ from typing import Any, Protocol
 import aiohttp
 
 from chunktune.backends import manifests as mf
-from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
+from chunktune.backends.base import TrialBackend
 from chunktune.backends.classify import classify
-from chunktune.load.summary import LoadSummary, Window
+from chunktune.core.flatten import flatten, flatten_window
+from chunktune.core.summary import LoadSummary, Window
+from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.metrics import promql
 from chunktune.metrics.client import PrometheusClient, scrape
 from chunktune.metrics.promtext import Scrape, server_metrics
-from chunktune.tuning.objectives import flatten, flatten_window
 
 log = logging.getLogger(__name__)
 Body = dict[str, Any]
@@ -169,7 +170,7 @@ class KubernetesBackend(TrialBackend):
                 return await asyncio.wait_for(self._drive(plan, None, fresh=False, t0=t0),
                                               self.settings.trial_timeout)
             except TimeoutError:
-                return TrialResult("FAIL", reason="TrialTimeout",
+                return TrialResult(TrialState.FAIL, reason="TrialTimeout",
                                    message=f"the adopted trial did not end within "
                                            f"{self.settings.trial_timeout:g} s (trialTimeout)")
         finally:
@@ -282,7 +283,7 @@ class KubernetesBackend(TrialBackend):
         while True:
             pod = await self.api.get("pods", self.ns, pod_name)
             if pod is None or pod["metadata"].get("deletionTimestamp"):
-                return TrialResult("FAIL", reason="EngineDeleted",
+                return TrialResult(TrialState.FAIL, reason="EngineDeleted",
                                    message="the engine pod was deleted before it was ready",
                                    startup_seconds=time.monotonic() - t0)
             status = pod.get("status") or {}
@@ -296,7 +297,7 @@ class KubernetesBackend(TrialBackend):
             if time.monotonic() - t0 > timeout:
                 tail = await self.api.pod_log(self.ns, pod_name, mf.ENGINE_CONTAINER, 5)
                 return TrialResult(
-                    "FAIL", reason="StartupTimeout",
+                    TrialState.FAIL, reason="StartupTimeout",
                     message=f"the engine was not ready within {timeout:g} s "
                             f"(engine.startupTimeout)" + (f"; {waiting}" if waiting else "")
                             + (f"; last log lines:\n{tail.strip()}" if tail.strip() else ""),
@@ -311,8 +312,9 @@ class KubernetesBackend(TrialBackend):
         if not text.strip():
             text = str(term.get("message") or "")
         f = classify(term.get("exitCode"), text, oom_killed=term.get("reason") == "OOMKilled")
-        return TrialResult("INFEASIBLE" if f.infeasible else "FAIL", reason=f.reason,
-                           message=f"{during}{f.message}", startup_seconds=startup)
+        return TrialResult(TrialState.INFEASIBLE if f.infeasible else TrialState.FAIL,
+                           reason=f.reason, message=f"{during}{f.describe()}",
+                           startup_seconds=startup)
 
     async def _follow(self, plan: TrialPlan, names: mf.TrialNames, url: str,
                       report: Reporter | None, before: Scrape, ip: str) -> TrialResult:
@@ -327,7 +329,7 @@ class KubernetesBackend(TrialBackend):
         while True:
             job = await self.api.get("jobs", self.ns, names.job)
             if job is None:
-                return TrialResult("FAIL", reason="LoadFailed",
+                return TrialResult(TrialState.FAIL, reason="LoadFailed",
                                    message="the load Job was deleted before it finished")
             done, failed = _job_done(job)
             if job_pod is None:
@@ -349,23 +351,23 @@ class KubernetesBackend(TrialBackend):
                     if report(window.index, flatten_window(window)):
                         await self.api.delete("jobs", self.ns, names.job)
                         server = await self._server(before, kv, None, names.pod, ip, url)
-                        return TrialResult("PRUNED", reason="Pruned",
+                        return TrialResult(TrialState.PRUNED, reason="Pruned",
                                            metrics=flatten_window(window), server=server,
                                            pruned_at=window.index)
             if done:
                 if parsed.summary is None:
-                    return TrialResult("FAIL", reason="LoadFailed",
+                    return TrialResult(TrialState.FAIL, reason="LoadFailed",
                                        message="the load Job completed but its log holds no "
                                                "summary: " + _tail(text))
                 summary = LoadSummary.from_dict(parsed.summary)
                 server = await self._server(before, kv, summary, names.pod, ip, url)
-                return TrialResult("COMPLETE", metrics=flatten(summary, server),
+                return TrialResult(TrialState.COMPLETE, metrics=flatten(summary, server),
                                    summary=summary, server=server,
                                    load_seconds=summary.duration.elapsed)
             if failed:
                 if job_pod is not None and not text:
                     text = await self.api.pod_log(self.ns, job_pod, mf.LOAD_CONTAINER)
-                return TrialResult("FAIL", reason="LoadFailed",
+                return TrialResult(TrialState.FAIL, reason="LoadFailed",
                                    message=f"the load Job failed ({_job_reason(job)}): "
                                            + _tail(text))
             now = time.monotonic()
@@ -385,7 +387,7 @@ class KubernetesBackend(TrialBackend):
     async def _engine_gone(self, pod_name: str) -> TrialResult | None:
         pod = await self.api.get("pods", self.ns, pod_name)
         if pod is None or pod["metadata"].get("deletionTimestamp"):
-            return TrialResult("FAIL", reason="EngineDeleted",
+            return TrialResult(TrialState.FAIL, reason="EngineDeleted",
                                message="the engine pod was deleted during the load")
         cs = _container(pod, mf.ENGINE_CONTAINER)
         if ((cs or {}).get("state") or {}).get("terminated"):

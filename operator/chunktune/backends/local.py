@@ -1,13 +1,18 @@
 """The ``local`` backend: engines and the load driver as processes on this machine.
 
-A trial starts ``chunktune sim serve`` (``engine.kind: sim``) or ``vllm serve`` (``engine.kind:
-vllm``, on a machine with a GPU and the optional ``vllm`` extra) on a free loopback port with the
-trial's flags, waits for ``/health``, scrapes ``/metrics``, runs ``chunktune load run`` (Locust,
-in its own process), samples ``/metrics`` while it runs (for the KV-usage peak), scrapes again,
-and stops the engine. An engine that exits before it serves is classified from its exit code
-and log (:mod:`chunktune.backends.classify`): vLLM's OOM and KV-cache messages make the point
-``INFEASIBLE``, anything else is a failed trial. ``parallelism`` trials run side by side, each
-on its own ports.
+A trial starts ``chunktune sim serve`` (``engine.kind: sim``) or real vLLM (``engine.kind:
+vllm``: ``vllm serve`` where that command works, else ``python -m
+vllm.entrypoints.openai.api_server`` with the same flags, see :mod:`chunktune.backends.vllm`;
+vLLM's CPU build with ``spec.engine.cpu``) on a free loopback port with the trial's flags,
+waits for ``/health``, scrapes ``/metrics``, runs ``chunktune load run`` (Locust, in its own
+process), samples ``/metrics`` while it runs (for the KV-usage peak), scrapes again, and stops
+the engine (its whole process group). An engine that exits before it serves is classified from
+its exit code and log (:mod:`chunktune.backends.classify`): vLLM's OOM, KV-cache and
+configuration messages make the point ``INFEASIBLE``, anything else is a failed trial (a port
+taken in the meantime is retried on another port). A real vLLM engine logs every step
+(``--enable-logging-iteration-details``); the trial's result carries those steps
+(:mod:`chunktune.core.steps`) and, with ``steps_dir``, they are kept as files.
+``parallelism`` trials run side by side, each on its own ports.
 """
 
 from __future__ import annotations
@@ -28,16 +33,22 @@ from typing import Any
 import aiohttp
 import yaml
 
-from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
+from chunktune.backends import vllm
+from chunktune.backends.base import TrialBackend
 from chunktune.backends.classify import classify
-from chunktune.errors import BackendUnavailable
-from chunktune.load.summary import LoadSummary, Window
+from chunktune.core.errors import BackendUnavailable
+from chunktune.core.flatten import flatten, flatten_window
+from chunktune.core.steps import iteration_lines, parse_steps, write_steps
+from chunktune.core.summary import LoadSummary, Window
+from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.metrics.client import scrape
 from chunktune.metrics.promtext import server_metrics
-from chunktune.tuning.objectives import flatten, flatten_window
 
 #: Seconds between /metrics samples during the load (KV-usage peak).
 SAMPLE_INTERVAL = 1.0
+
+#: Start-up attempts when the engine's port was taken between choosing and binding it.
+PORT_ATTEMPTS = 3
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -51,12 +62,18 @@ class LocalBackend(TrialBackend):
 
     def __init__(self, max_parallel: int = 1, host: str = "127.0.0.1",
                  load_time: float = 0.5, workdir: str | Path | None = None,
-                 python: str = sys.executable, keep_logs: bool = False) -> None:
+                 python: str = sys.executable, keep_logs: bool = False,
+                 steps_dir: str | Path | None = None, vllm_python: str | None = None) -> None:
         self.max_parallel = max_parallel
         self.host = host
         self.load_time = load_time
         self.python = python
         self.keep_logs = keep_logs
+        self.steps_dir = Path(steps_dir) if steps_dir is not None else None
+        """Where each vLLM trial's step log is kept (``<trial>.steps.jsonl`` and ``.log``)."""
+        self.vllm_python = vllm_python
+        """The interpreter holding vLLM (default ``$CHUNKTUNE_VLLM_PYTHON``, else this one)."""
+        self._vllm: vllm.VllmInstall | None = None
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="chunktune-local-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -78,14 +95,31 @@ class LocalBackend(TrialBackend):
                 cmd += ["--model-config", str(cfg)]
             return cmd
         if t.kind == "vllm":
-            exe = shutil.which("vllm")
-            if exe is None:
-                raise BackendUnavailable(
-                    "engine.kind vllm needs `vllm` on PATH (pip install 'chunktune[vllm]' on a "
-                    "machine with a GPU); use engine.kind sim to tune the simulator")
-            return [exe, "serve", t.model, "--host", self.host, "--port", str(port), *served,
-                    *flags]
+            model, implied = vllm.resolve_model(t.model)
+            cpu_flags = vllm.cpu_env_and_flags(t.cpu)[1] if t.cpu is not None else []
+            return vllm.serve_command(
+                self.vllm_install(), model,
+                ["--host", self.host, "--port", str(port), *served, *implied, *cpu_flags,
+                 *vllm.with_step_log(flags)])
         raise BackendUnavailable(f"the local backend cannot run engine.kind {t.kind!r}")
+
+    def vllm_install(self) -> vllm.VllmInstall:
+        """vLLM in the engine's interpreter, probed once (raises BackendUnavailable)."""
+        if self._vllm is None:
+            self._vllm = vllm.probe(self.vllm_python)
+        return self._vllm
+
+    def preflight(self, plan: TrialPlan) -> None:
+        """Problems every trial would hit, before any engine starts: vLLM missing, the model
+        directory missing or broken. Raises :class:`BackendUnavailable` naming the fix."""
+        t = plan.target
+        if t.kind != "vllm":
+            return
+        self.vllm_install()
+        model, _ = vllm.resolve_model(t.model)
+        problem = vllm.check_model(model)
+        if problem:
+            raise BackendUnavailable(problem)
 
     def load_command(self, plan: TrialPlan, url: str, profile_path: Path, out: Path,
                      windows: Path | None) -> list[str]:
@@ -102,6 +136,18 @@ class LocalBackend(TrialBackend):
     def _env(self, plan: TrialPlan) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
+        if plan.target.kind == "vllm":
+            model = vllm.resolve_model(plan.target.model)[0]
+            if plan.target.cpu is not None or vllm.looks_like_path(model):
+                # Nothing to download (a local directory; a CPU engine's model is local or
+                # cached): never wait on a model hub. The manifest's env may say otherwise.
+                env["HF_HUB_OFFLINE"] = "1"
+            if plan.target.cpu is not None:
+                for name, value in vllm.cpu_env_and_flags(plan.target.cpu)[0].items():
+                    if value is None:
+                        env.pop(name, None)
+                    else:
+                        env[name] = value
         for var in plan.target.env:
             if "value" in var:
                 env[var["name"]] = str(var["value"])
@@ -113,30 +159,66 @@ class LocalBackend(TrialBackend):
 
     async def run_trial(self, plan: TrialPlan, report: Reporter | None = None) -> TrialResult:
         tag = f"{plan.name or 'trial'}-{plan.number}"
-        port = free_port(self.host)
+        t0 = time.monotonic()
+        try:
+            self.preflight(plan)
+        except BackendUnavailable as e:
+            return TrialResult(TrialState.FAIL, reason="EngineUnavailable", message=str(e))
+        for attempt in range(PORT_ATTEMPTS):
+            result = await self._attempt(plan, report, tag, t0)
+            if result.reason != "PortInUse" or attempt == PORT_ATTEMPTS - 1:
+                return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _attempt(self, plan: TrialPlan, report: Reporter | None, tag: str,
+                       t0: float) -> TrialResult:
+        port = self.choose_port()
         url = f"http://{self.host}:{port}"
         log_path = self.workdir / f"{tag}-engine.log"
-        t0 = time.monotonic()
         cmd = self.engine_command(plan, port)
         with log_path.open("wb") as log:
             engine = await asyncio.create_subprocess_exec(
                 *cmd, stdout=log, stderr=asyncio.subprocess.STDOUT, env=self._env(plan),
                 start_new_session=True)
         self._procs.add(engine)
+        result: TrialResult | None = None
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
                 ready = await self._wait_ready(engine, http, url, plan.target.startup_timeout)
                 startup = time.monotonic() - t0
                 if not ready:
-                    return self._startup_failure(engine, log_path, startup,
-                                                 plan.target.startup_timeout)
-                return await self._measure(plan, http, url, tag, startup, report)
+                    result = self._startup_failure(engine, log_path, startup,
+                                                   plan.target.startup_timeout, port)
+                else:
+                    result = await self._measure(plan, http, url, tag, startup, report)
+                return result
         finally:
             await self._stop(engine)
             self._procs.discard(engine)
+            if plan.target.kind == "vllm" and result is not None:
+                self._keep_steps(tag, log_path, result)
             if not self.keep_logs:
                 with contextlib.suppress(OSError):
                     log_path.unlink()
+
+    def choose_port(self) -> int:
+        """A free loopback port for the next engine."""
+        return free_port(self.host)
+
+    def _keep_steps(self, tag: str, log_path: Path, result: TrialResult) -> None:
+        """Attach the engine's ``Iteration`` lines to the result; keep them in steps_dir."""
+        try:
+            with log_path.open(errors="replace") as f:
+                raw = list(iteration_lines(f))
+        except OSError:
+            return
+        result.steps = parse_steps(raw)
+        if self.steps_dir is None or not raw:
+            return
+        self.steps_dir.mkdir(parents=True, exist_ok=True)
+        out = write_steps(self.steps_dir / f"{tag}.steps.jsonl", result.steps)
+        out.with_suffix(".log").write_text("".join(raw))
+        result.steps_file = str(out)
 
     async def _wait_ready(self, proc: asyncio.subprocess.Process, http: aiohttp.ClientSession,
                           url: str, timeout: float) -> bool:
@@ -155,16 +237,19 @@ class LocalBackend(TrialBackend):
         return False
 
     def _startup_failure(self, proc: asyncio.subprocess.Process, log_path: Path,
-                         startup: float, timeout: float) -> TrialResult:
+                         startup: float, timeout: float, port: int) -> TrialResult:
         text = log_path.read_text(errors="replace")[-20000:]
         if proc.returncode is None:
-            return TrialResult("FAIL", reason="StartupTimeout",
+            return TrialResult(TrialState.FAIL, reason="StartupTimeout",
                                message=f"the engine did not answer /health within {timeout:g} s"
                                        f" (engine.startupTimeout); last log lines:\n"
                                + "\n".join(text.splitlines()[-5:]), startup_seconds=startup)
         f = classify(proc.returncode, text)
-        return TrialResult("INFEASIBLE" if f.infeasible else "FAIL", reason=f.reason,
-                           message=f.message, startup_seconds=startup)
+        message = f.describe()
+        if f.reason == "PortInUse":
+            message = f"port {port}: {message}"
+        return TrialResult(TrialState.INFEASIBLE if f.infeasible else TrialState.FAIL,
+                           reason=f.reason, message=message, startup_seconds=startup)
 
     async def _measure(self, plan: TrialPlan, http: aiohttp.ClientSession, url: str, tag: str,
                        startup: float, report: Reporter | None) -> TrialResult:
@@ -182,7 +267,8 @@ class LocalBackend(TrialBackend):
         kv: list[float] = []
         seen = 0
         pruned_at: int | None = None
-        err_task = asyncio.create_task(load.stderr.read())  # type: ignore[union-attr]
+        assert load.stderr is not None  # started with stderr=PIPE
+        err_task = asyncio.create_task(load.stderr.read())
         try:
             while load.returncode is None:
                 with contextlib.suppress(TimeoutError):
@@ -215,16 +301,17 @@ class LocalBackend(TrialBackend):
         if before is not None and after is not None:
             server = server_metrics(before, after, load_s, kv)
         if pruned_at is not None:
-            return TrialResult("PRUNED", reason="Pruned", metrics=_window_metrics(windows),
-                               server=server, startup_seconds=startup, load_seconds=load_s,
+            return TrialResult(TrialState.PRUNED, reason="Pruned",
+                               metrics=_window_metrics(windows), server=server,
+                               startup_seconds=startup, load_seconds=load_s,
                                pruned_at=pruned_at)
         if load.returncode != 0 or not out.exists():
-            return TrialResult("FAIL", reason="LoadFailed",
+            return TrialResult(TrialState.FAIL, reason="LoadFailed",
                                message=f"chunktune load run exited {load.returncode}: "
                                        + "\n".join(stderr.strip().splitlines()[-5:]),
                                server=server, startup_seconds=startup, load_seconds=load_s)
         summary = LoadSummary.from_dict(json.loads(out.read_text()))
-        return TrialResult("COMPLETE", metrics=flatten(summary, server), summary=summary,
+        return TrialResult(TrialState.COMPLETE, metrics=flatten(summary, server), summary=summary,
                            server=server, startup_seconds=startup, load_seconds=load_s)
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:

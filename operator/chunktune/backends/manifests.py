@@ -34,7 +34,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chunktune.backends.base import TrialPlan, flags_line
+from chunktune.backends import vllm
+from chunktune.core.flags import FLAGS, Flag, coerce_point, flags_line
+from chunktune.core.trials import TrialPlan
 
 #: Label keys (``app.kubernetes.io/*`` plus ours).
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -206,7 +208,14 @@ def engine_command(plan: TrialPlan, options: TrialOptions) -> tuple[list[str], l
         return (["chunktune", "sim", "serve"],
                 ["--model", t.model, "--gpu", t.gpu or "h100-sxm", *where, *served, *extra,
                  *plan.engine_flags()])
-    return ["vllm", "serve"], [t.model, *where, *served, *plan.engine_flags()]
+    flags = vllm.with_step_log(plan.engine_flags())
+    if t.cpu is not None:
+        # vLLM's CPU build: the module entry point works in every vLLM image, while the
+        # CPU wheel's ``vllm`` console command does not (backends.vllm).
+        return (["python3", "-m", vllm.API_SERVER_MODULE],
+                ["--model", t.model, *where, *served, *vllm.cpu_env_and_flags(t.cpu)[1],
+                 *flags])
+    return ["vllm", "serve"], [t.model, *where, *served, *flags]
 
 
 def _probe(period: int, failures: int) -> dict[str, Any]:
@@ -226,7 +235,7 @@ def _resources(plan: TrialPlan, extra: Mapping[str, Any] | None) -> dict[str, An
     for part in ("requests", "limits"):
         given = (extra or {}).get(part) or {}
         values = {k: v for k, v in given.items() if v is not None}
-        if plan.target.kind != "sim":
+        if plan.target.kind != "sim" and plan.target.cpu is None:
             values[GPU_RESOURCE] = plan.target.gpu_count
         if values:
             out[part] = values
@@ -242,6 +251,12 @@ def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
     command, args = engine_command(plan, options)
     image = t.image or options.load_image
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if t.cpu is not None:
+        cpu_env = vllm.cpu_env_and_flags(t.cpu)[0]
+        env += [{"name": k, "value": v} for k, v in cpu_env.items() if v is not None]
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    given = {v.get("name") for v in t.env}
+    env = [v for v in env if v["name"] not in given or v["name"] == "PYTHONUNBUFFERED"]
     env += [dict(v) for v in t.env if v.get("name") != "PYTHONUNBUFFERED"]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": SHM_DIR}]
     volumes: list[dict[str, Any]] = [
@@ -273,7 +288,7 @@ def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
     }
     if options.service_account:
         spec["serviceAccountName"] = options.service_account
-    if t.kind != "sim" and options.gpu_tolerations:
+    if t.kind != "sim" and t.cpu is None and options.gpu_tolerations:
         spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists",
                                 "effect": "NoSchedule"}]
     return {"apiVersion": "v1", "kind": "Pod",
@@ -403,10 +418,6 @@ def output_configmap(name: str, owner: Owner, flags: str, best: Mapping[str, Any
     }
 
 
-def _flag_names(name: str) -> tuple[str, str]:
-    return f"--{name}", f"--{name.replace('-', '_')}"
-
-
 def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
     """``args`` with each flag of ``params`` set: an existing value replaced (``--flag V``,
     ``--flag=V``, either spelling ``--max-num-batched-tokens`` / ``--max_num_batched_tokens``,
@@ -414,12 +425,15 @@ def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
     1024"]``), a missing flag appended (to that string when the args are one)."""
     out = list(args)
     shell = next((i for i, a in enumerate(out) if re.search(r"\s--?\w", a)), None)
-    for name, value in params.items():
-        text = flags_line({name: value}).split(" ", 1)[1]
+    for name, value in coerce_point(params).items():
+        flag = FLAGS[name]
+        if flag.kind == "bool":
+            raise ValueError(f"set_flags sets flags that take a value; {flag.option} is a switch")
+        text = flag.text(value)
         if shell is not None:
-            out[shell] = _set_in_string(out[shell], name, text)
+            out[shell] = _set_in_string(out[shell], flag, text)
             continue
-        spellings = _flag_names(name)
+        spellings = flag.spellings
         done = False
         i = 0
         while i < len(out):
@@ -437,16 +451,16 @@ def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
                 done = True
             i += 1
         if not done:
-            out += [f"--{name}", text]
+            out += [flag.option, text]
     return out
 
 
-def _set_in_string(command: str, name: str, value: str) -> str:
-    spell = "|".join(re.escape(s) for s in _flag_names(name))
+def _set_in_string(command: str, flag: Flag, value: str) -> str:
+    spell = "|".join(re.escape(s) for s in flag.spellings)
     pattern = re.compile(rf"(?<!\S)({spell})(=|\s+)(\"[^\"]*\"|'[^']*'|\S+)")
     if pattern.search(command):
         return pattern.sub(lambda m: f"{m.group(1)}{m.group(2)}{shlex.quote(value)}", command)
-    return f"{command.rstrip()} --{name} {shlex.quote(value)}"
+    return f"{command.rstrip()} {flag.option} {shlex.quote(value)}"
 
 
 __all__ = [

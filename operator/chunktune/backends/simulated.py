@@ -16,19 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from chunktune.backends.base import Reporter, TrialBackend, TrialPlan, TrialResult
-from chunktune.errors import SpecError
+from chunktune.backends.base import TrialBackend
+from chunktune.core.engine_args import EngineArgs, EngineStartupError
+from chunktune.core.errors import SpecError
+from chunktune.core.flags import FLAGS, parse_argv
+from chunktune.core.flatten import flatten
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import from_hf_config, resolve_model
+from chunktune.core.records import RequestRecord
+from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
+from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
+from chunktune.core.workload import Profile, RequestSpec, generate
 from chunktune.load.aggregate import RunInfo, build_summary
-from chunktune.load.records import RequestRecord
-from chunktune.load.summary import ArrivalInfo, LoadSummary, Slo
-from chunktune.sim.args import parse_engine_flags, unrecognized_by_vllm, unrecognized_message
-from chunktune.sim.config import EngineStartupError
 from chunktune.sim.engine import Engine, ReplayResult, build_engine
-from chunktune.sim.gpus import resolve_gpu
-from chunktune.sim.models import from_hf_config, resolve_model
 from chunktune.sim.request import FINISHED, REJECTED, Request
-from chunktune.sim.workload import Profile, RequestSpec, generate
-from chunktune.tuning.objectives import flatten
 
 
 class SimulatedBackend(TrialBackend):
@@ -51,34 +52,28 @@ class SimulatedBackend(TrialBackend):
         t0 = time.perf_counter()
         target = plan.target
         try:
-            args, _, unknown = parse_engine_flags(plan.engine_flags())
-            refused = unrecognized_by_vllm(unknown)
-            if refused:
-                # vLLM 0.32 exits 2 on a flag it does not know (e.g. the removed
-                # --max-num-partial-prefills): the configuration cannot run.
-                return TrialResult("INFEASIBLE", reason="ConfigRejected",
-                                   message=unrecognized_message("api_server.py", refused),
-                                   startup_seconds=time.perf_counter() - t0)
+            args = engine_args(plan)
             model = (from_hf_config(target.hf_config, name=target.model) if target.hf_config
                      else resolve_model(target.model, field="spec.engine.model"))
             gpu = resolve_gpu(target.gpu or "h100-sxm", field="spec.engine.gpu.type")
             engine = build_engine(args, model, gpu)
         except EngineStartupError as e:
-            return TrialResult("INFEASIBLE", reason=e.reason, message=e.message,
+            return TrialResult(TrialState.INFEASIBLE, reason=e.reason, message=e.message,
                                startup_seconds=time.perf_counter() - t0)
         except SpecError as e:
-            return TrialResult("INFEASIBLE", reason="ConfigRejected", message=str(e))
+            return TrialResult(TrialState.INFEASIBLE, reason="ConfigRejected", message=str(e))
         startup = time.perf_counter() - t0
         profile = plan.profile
         specs = self._requests(profile)
         closed = profile.arrival.concurrency
         limit = profile.duration + plan.drain_timeout
         pruned_at: list[int] = []
+        window = plan.window_seconds
 
         def on_tick(now: float, reqs: list[Request]) -> bool:
-            if report is None:
+            if report is None or window is None:
                 return False
-            index = round(now / plan.window_seconds) - 1  # type: ignore[operator]
+            index = round(now / window) - 1
             if now <= profile.warmup or now > profile.duration:
                 return False
             done = [r for r in reqs if r.status in (FINISHED, REJECTED)]
@@ -101,7 +96,7 @@ class SimulatedBackend(TrialBackend):
                                     result.end_time, complete=True)
         server = _server(engine, result, result.end_time)
         metrics = flatten(summary, server)
-        state = "PRUNED" if pruned_at else "COMPLETE"
+        state = TrialState.PRUNED if pruned_at else TrialState.COMPLETE
         return TrialResult(state, metrics=metrics, summary=summary, server=server,
                            reason="Pruned" if pruned_at else None,
                            startup_seconds=startup, load_seconds=time.perf_counter() - t1,
@@ -123,6 +118,24 @@ class SimulatedBackend(TrialBackend):
             drain=max(0.0, now - profile.duration), complete=complete)
         slos = {k: Slo(**v) for k, v in plan.slos.items()} or None
         return build_summary(records, info, slos=slos)
+
+
+def engine_args(plan: TrialPlan) -> EngineArgs:
+    """The trial's engine arguments, straight from its point: the fixed ``engine.args`` (the
+    manifest's strings, read once), the tensor-parallel size, then the searched values."""
+    fixed = parse_argv(list(plan.target.fixed_args), engine="sim")
+    problems = [("engine.args", msg) for _, msg in fixed.problems]
+    problems += [("engine.args", f"the simulator does not model {name}")
+                 for _, name in fixed.unknown]
+    for name in plan.params:
+        if name not in FLAGS or "sim" not in FLAGS[name].engines:
+            problems.append((name, "the simulator does not take this flag"))
+    if problems:
+        raise SpecError(problems)
+    base = EngineArgs.from_point(fixed.values)
+    if plan.target.tensor_parallel_size > 1 and "tensor-parallel-size" not in fixed.values:
+        base.tensor_parallel_size = plan.target.tensor_parallel_size
+    return EngineArgs.from_point(plan.params, base=base)
 
 
 def _record(r: Request, names: list[str], warmup: float, now: float,

@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = subparsers.add_parser("operator", help="run the Kubernetes operator",
                                   description="The chunktune Kubernetes operator.")
     sub = group.add_subparsers(dest="operator_cmd", required=True, metavar="{run}")

@@ -9,7 +9,7 @@
 * ``@kopf.on.delete`` (the finalizer): wait for the daemon to stop its trials, delete every
   trial object (ownerReferences are the second net) and the default study journal.
 
-Domain errors (:class:`~chunktune.errors.SpecError`) become kopf's at this boundary only.
+Domain errors (:class:`~chunktune.core.errors.SpecError`) become kopf's at this boundary only.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import kopf
 
 from chunktune.api.crd import PLURAL
 from chunktune.api.v1alpha1 import API_GROUP, API_VERSION
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 from chunktune.k8s.settings import Settings
 from chunktune.k8s.study import (
     Emit,

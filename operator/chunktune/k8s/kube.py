@@ -155,15 +155,6 @@ class KubeApi:
 
     # ---- the custom resource -----------------------------------------------------------------
 
-    async def get_tuning(self, namespace: str, name: str) -> Body | None:
-        try:
-            return await self._json(self.custom.get_namespaced_custom_object,  # type: ignore[no-any-return]
-                                    API_GROUP, API_VERSION, namespace, PLURAL, name)
-        except ClusterApiError as e:
-            if e.status == 404:
-                return None
-            raise
-
     async def patch_tuning_status(self, namespace: str, name: str, status: Body) -> Body | None:
         """Merge-patch ``status`` into the resource's status subresource (None: it is gone)."""
         try:

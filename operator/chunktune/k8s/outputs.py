@@ -17,8 +17,8 @@ from typing import Any
 
 from chunktune.api.v1alpha1 import OutputSpec
 from chunktune.backends import manifests as mf
-from chunktune.backends.base import flags_line
 from chunktune.backends.kubernetes import ClusterApiError
+from chunktune.core.flags import flags_line
 from chunktune.k8s.kube import KubeApi
 from chunktune.tuning.results import Results, to_json
 

@@ -2,7 +2,7 @@
 
 :meth:`Settings.from_env` reads the ``CHUNKTUNE_*`` environment variables (the Helm chart sets
 them), then the command line's values override them (``chunktune operator run --namespace ...``);
-every bad value is reported at once as a :class:`~chunktune.errors.SpecError` naming the
+every bad value is reported at once as a :class:`~chunktune.core.errors.SpecError` naming the
 variable or flag. :func:`chunktune.k8s.handlers.configure` applies the kopf part in one
 ``@kopf.on.startup`` handler.
 
@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from chunktune.api.v1alpha1 import DEFAULT_SIM_IMAGE
 from chunktune.backends.manifests import TrialOptions
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 
 T = TypeVar("T")
 

@@ -29,9 +29,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.backends.base import flags_line
 from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
-from chunktune.errors import BackendUnavailable, SpecError
+from chunktune.core.errors import BackendUnavailable, SpecError
+from chunktune.core.flags import flags_line
+from chunktune.core.trials import TrialState
 from chunktune.k8s.outputs import write_outputs
 from chunktune.k8s.state import (
     TERMINAL,
@@ -138,7 +139,7 @@ class StudyController:
                           on_update=lambda _: self._changed(),
                           stop_requested=lambda: self._stop_requested(live))
             self.tuner, self.backend, self.stop_cause = tuner, backend, None
-            running = {t.number for t in tuner.trials() if st.trial_state(t) == "RUNNING"}
+            running = {t.number for t in tuner.trials() if st.trial_state(t) == TrialState.RUNNING}
             swept = await backend.sweep(keep=running)
             if swept:
                 log.info("%s/%s: deleted %d objects of trials the study does not run",
@@ -196,7 +197,7 @@ class StudyController:
             self.emit("Normal", "Succeeded", f"{message} after {counted} trials")
         else:
             if reason == "failures":
-                message = (f"{tuner.counts()['FAIL']} trials failed "
+                message = (f"{tuner.counts()[TrialState.FAIL]} trials failed "
                            f"(budget.maxFailedTrials {tuner.spec.budget.max_failed_trials})")
                 cause = "TooManyFailures"
             else:
@@ -266,9 +267,9 @@ class StudyController:
             key = self.tuner.objectives[0].key
             if key in e.metrics:
                 detail = f"; {key}={e.metrics[key]:.4g}"
-        if e.state in ("FAIL", "INFEASIBLE") and e.message:
+        if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) and e.message:
             detail += f": {e.message.strip().splitlines()[-1][:300]}"
-        kind = "Warning" if e.state in ("FAIL", "INFEASIBLE") else "Normal"
+        kind = "Warning" if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) else "Normal"
         self.emit(kind, f"Trial{e.state.title()}",
                   f"trial {e.number}{tag}: {flags} -> {what}{detail}")
 

@@ -2,7 +2,8 @@
 
 Public names (imported lazily, so ``import chunktune.load.prompts`` stays cheap and nothing
 here imports gevent or Locust; only :mod:`chunktune.load.users` and :mod:`chunktune.load.runner`
-do, in the Locust child process):
+do, in the Locust child process). The summary types, records, percentiles and the token rule
+live in :mod:`chunktune.core` (the simulator and the tuner share them) and are listed here too:
 
 * prompts: :func:`count_tokens`, :func:`count_chat_tokens`, :class:`PromptSynth`;
 * running: :class:`DriverConfig`, :func:`run_load`, :func:`resolve_model`, :class:`Progress`,
@@ -18,16 +19,18 @@ import importlib
 from typing import Any
 
 _NAMES = {
-    "count_tokens": "prompts", "count_chat_tokens": "prompts", "PromptSynth": "prompts",
-    "DriverConfig": "config",
-    "run_load": "launcher", "resolve_model": "launcher", "Progress": "launcher",
-    "LoadRunError": "launcher",
-    "LoadSummary": "summary", "SCHEMA_ID": "summary", "SUMMARY_JSON_SCHEMA": "summary",
-    "Slo": "summary", "Window": "summary", "ClassSummary": "summary",
-    "RequestRecord": "records",
-    "goodput": "aggregate", "build_summary": "aggregate",
-    "percentile": "stats", "MetricStats": "stats",
-    "format_summary": "report",
+    "count_tokens": "chunktune.core.tokens", "count_chat_tokens": "chunktune.core.tokens",
+    "PromptSynth": "chunktune.load.prompts",
+    "DriverConfig": "chunktune.load.config",
+    "run_load": "chunktune.load.launcher", "resolve_model": "chunktune.load.launcher",
+    "Progress": "chunktune.load.launcher", "LoadRunError": "chunktune.load.launcher",
+    "LoadSummary": "chunktune.core.summary", "SCHEMA_ID": "chunktune.core.summary",
+    "SUMMARY_JSON_SCHEMA": "chunktune.core.summary", "Slo": "chunktune.core.summary",
+    "Window": "chunktune.core.summary", "ClassSummary": "chunktune.core.summary",
+    "RequestRecord": "chunktune.core.records",
+    "goodput": "chunktune.load.aggregate", "build_summary": "chunktune.load.aggregate",
+    "percentile": "chunktune.core.stats", "MetricStats": "chunktune.core.stats",
+    "format_summary": "chunktune.load.report",
 }
 
 __all__ = sorted(_NAMES)
@@ -37,7 +40,7 @@ def __getattr__(name: str) -> Any:
     mod = _NAMES.get(name)
     if mod is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    value = getattr(importlib.import_module(mod), name)
     globals()[name] = value
     return value
 

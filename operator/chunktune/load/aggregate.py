@@ -1,6 +1,6 @@
 """From raw request records to summaries, windows and goodput (pure functions).
 
-The population rules are documented once, in :mod:`chunktune.load.summary`.
+The population rules are documented once, in :mod:`chunktune.core.summary`.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from chunktune import __version__
-from chunktune.load.records import RequestRecord
-from chunktune.load.stats import summarize
-from chunktune.load.summary import (
+from chunktune.core.records import RequestRecord
+from chunktune.core.stats import summarize
+from chunktune.core.summary import (
     ArrivalInfo,
     ClassSummary,
     Durations,
@@ -152,7 +152,7 @@ def goodput(records: Iterable[RequestRecord], slos: Mapping[str, Slo], *, start:
 def build_summary(records: Sequence[RequestRecord], info: RunInfo, *,
                   windows: Sequence[Window] = (), slos: Mapping[str, Slo] | None = None,
                   include_raw: bool = False) -> LoadSummary:
-    """The run's summary; see :mod:`chunktune.load.summary` for what counts where."""
+    """The run's summary; see :mod:`chunktune.core.summary` for what counts where."""
     w, d = info.warmup, info.dispatch_end
     span = max(0.0, d - w)
     measured = [r for r in records if not r.warmup]

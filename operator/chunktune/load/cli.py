@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
+from chunktune.core.summary import LoadSummary, Slo, Window
 from chunktune.load.config import DriverConfig
 from chunktune.load.launcher import LoadRunError, Progress, resolve_model, run_load
 from chunktune.load.report import format_summary
-from chunktune.load.summary import LoadSummary, Slo, Window
 
 __all__ = ["add_run_arguments", "build_config", "cmd_run", "main", "parse_slos", "register"]
 
@@ -73,7 +73,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     r.add_argument("--quiet", action="store_true", help="no progress or report on stderr")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``load`` (with ``run``) to a command line's subparsers."""
     load = subparsers.add_parser("load", help="drive a server with a workload (Locust)",
                                  description="Load-test an OpenAI-compatible server.")
@@ -94,7 +94,7 @@ def _add_commands(load: argparse.ArgumentParser) -> None:
 
 def parse_slos(items: Sequence[str]) -> dict[str, Slo]:
     """``["ttft=0.5", "chat:tpot=50ms"]`` to ``{"*": Slo(ttft=0.5), "chat": Slo(tpot=0.05)}``."""
-    from chunktune.sim.workload import parse_duration
+    from chunktune.core.workload import parse_duration
 
     raw: dict[str, dict[str, float]] = {}
     for item in items:
@@ -109,7 +109,7 @@ def parse_slos(items: Sequence[str]) -> dict[str, Slo]:
 
 def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
     """The run's settings from parsed arguments (raises SpecError for bad values)."""
-    from chunktune.sim.workload import load_profile, parse_duration
+    from chunktune.core.workload import load_profile, parse_duration
 
     profile = load_profile(ns.profile)
     dur = None if ns.duration is None else parse_duration(ns.duration, "--duration")

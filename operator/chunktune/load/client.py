@@ -32,7 +32,7 @@ from typing import Any
 import requests
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-from chunktune.load.records import RequestRecord
+from chunktune.core.records import RequestRecord
 
 __all__ = ["API_PATHS", "build_body", "error_message", "stream_request"]
 

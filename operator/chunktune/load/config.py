@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chunktune.sim.workload import Profile, parse_profile
+from chunktune.core.workload import Profile, parse_profile
 
 __all__ = ["DriverConfig"]
 

@@ -1,9 +1,9 @@
 """Run a load test from any Python program: Locust in a child process, results back here.
 
 :func:`run_load` starts the Locust child (:mod:`chunktune.load.runner`), reads its JSON-line
-events, turns ``mark`` events into :class:`~chunktune.load.summary.Window` summaries as they
+events, turns ``mark`` events into :class:`~chunktune.core.summary.Window` summaries as they
 complete, reports progress, and returns the run's
-:class:`~chunktune.load.summary.LoadSummary`. It blocks; from asyncio call it with
+:class:`~chunktune.core.summary.LoadSummary`. It blocks; from asyncio call it with
 ``await asyncio.to_thread(run_load, cfg, ...)`` (callbacks then run in that thread). Setting
 ``stop`` (or returning ``False`` from ``on_window``) ends the run early, e.g. to prune a trial:
 the child stops sending, cancels what is in flight and the summary says ``complete: false``.
@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import IO, Any
 
 import chunktune
-from chunktune.errors import ChunktuneError
+from chunktune.core.errors import ChunktuneError
+from chunktune.core.records import RequestRecord
+from chunktune.core.stats import percentile
+from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo, Window
 from chunktune.load.aggregate import RunInfo, build_summary, build_window
 from chunktune.load.config import DriverConfig
-from chunktune.load.records import RequestRecord
-from chunktune.load.stats import percentile
-from chunktune.load.summary import ArrivalInfo, LoadSummary, Slo, Window
 
 __all__ = ["BOOTSTRAP", "EventCollector", "LoadRunError", "Progress", "resolve_model", "run_load"]
 

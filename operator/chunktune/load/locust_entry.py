@@ -24,10 +24,10 @@ from locust import User, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 
+from chunktune.core.workload import Profile, load_profile, parse_duration
 from chunktune.load.config import DriverConfig
 from chunktune.load.launcher import EventCollector, resolve_model
 from chunktune.load.users import Schedule, StreamingOpenAIUser, make_user_classes
-from chunktune.sim.workload import Profile, load_profile, parse_duration
 
 __all__ = ["locustfile_namespace", "profile_ref"]
 

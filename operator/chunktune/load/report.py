@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from chunktune.load.stats import MetricStats
-from chunktune.load.summary import ClassSummary, LoadSummary
+from chunktune.core.stats import MetricStats
+from chunktune.core.summary import ClassSummary, LoadSummary
 
 __all__ = ["format_summary"]
 

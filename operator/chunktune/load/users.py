@@ -8,7 +8,7 @@ How requests are scheduled. Locust users are closed loops, but a benchmark of an
 open-loop arrivals (a request starts at its arrival time however many are in flight). So the
 users here do not loop: :func:`make_user_classes` builds one ``HttpUser`` subclass per traffic
 class of the profile (``weight``, ``api`` and the length distributions come from the profile),
-and a :class:`Schedule` replays the profile's request sequence (``sim.workload.generate``, the
+and a :class:`Schedule` replays the profile's request sequence (``core.workload.generate``, the
 same sequence the simulator replays for the same seed) through them:
 
 * ``poisson`` / ``constant``: one dispatcher greenlet sleeps until each request's arrival time
@@ -44,11 +44,12 @@ from locust import HttpUser, constant
 from locust.env import Environment
 from urllib3 import PoolManager
 
+from chunktune.core.records import RequestRecord
+from chunktune.core.tokens import count_chat_tokens
+from chunktune.core.workload import Profile, RequestSpec, TrafficClass, generate
 from chunktune.load.client import API_PATHS, build_body, stream_request
 from chunktune.load.config import DriverConfig
-from chunktune.load.prompts import PromptSynth, count_chat_tokens
-from chunktune.load.records import RequestRecord
-from chunktune.sim.workload import Profile, RequestSpec, TrafficClass, generate
+from chunktune.load.prompts import PromptSynth
 
 __all__ = ["LoadFailure", "Schedule", "StreamingOpenAIUser", "make_user_classes"]
 

@@ -1,10 +1,13 @@
-"""HTTP reads of server metrics: :func:`scrape` of an engine's ``/metrics``, and a small
-asynchronous client of Prometheus' HTTP API (``/api/v1/query``), with aiohttp.
+"""HTTP reads of server metrics: :func:`scrape` of an engine's ``/metrics`` (aiohttp), and
+Prometheus' query API through ``prometheus-api-client``.
 
-:class:`PrometheusClient` evaluates instant queries and returns the first sample's value (or
-``None`` for an empty result, ``NaN``, or an error). :meth:`PrometheusClient.trial_metrics`
-runs :func:`chunktune.metrics.promql.trial_queries` for a trial's load window and returns the
-figures with the same keys as the scrape-based reader
+:class:`PrometheusClient` is a thin asynchronous face on
+:class:`prometheus_api_client.PrometheusConnect`, which is blocking (``requests``): every query
+runs in a worker thread (:func:`asyncio.to_thread`), so the operator's event loop never waits on
+Prometheus. What the library leaves to us stays here: reading one number out of an instant
+query's result (``None`` for an empty result or ``NaN``), one error type, and
+:meth:`PrometheusClient.trial_metrics`, which runs :func:`chunktune.metrics.promql.trial_queries`
+for a trial's load window and returns the figures with the same keys as the scrape-based reader
 (:func:`chunktune.metrics.promtext.server_metrics`).
 """
 
@@ -13,9 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
 
 from chunktune.metrics import promql
 from chunktune.metrics.promtext import Scrape
@@ -39,70 +47,81 @@ class PrometheusError(Exception):
     """Prometheus answered with an error, or could not be reached."""
 
 
+#: One quick retry of a refused connection or a gateway error, not the library's default of
+#: three with exponential back-off (seconds per query while the trial waits for its figures).
+_RETRY = Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504),
+               allowed_methods=("GET",), raise_on_status=False)
+
+
 class PrometheusClient:
+    """Instant queries against Prometheus at ``url`` (its base URL, e.g.
+    ``http://prometheus.monitoring:9090``)."""
+
     def __init__(self, url: str, timeout: float = 10.0,
                  headers: dict[str, str] | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self.headers = dict(headers or {})
-        self._session: aiohttp.ClientSession | None = None
+        # The library types its timeout as whole seconds (requests takes any number).
+        self._prom = PrometheusConnect(self.url, headers=dict(headers or {}), retry=_RETRY,
+                                       timeout=math.ceil(timeout))
 
-    async def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout), headers=self.headers)
-        return self._session
+    def query_sync(self, q: str, at: float | None = None) -> float | None:
+        """The value of an instant query at ``at`` (Unix seconds; default now): the first
+        sample of a vector or the scalar; ``None`` when empty or not a number. Blocks; raises
+        :class:`PrometheusError`."""
+        params = {} if at is None else {"time": f"{at:.3f}"}
+        try:
+            result = self._prom.custom_query(q, params=params)
+        except PrometheusApiClientException as e:
+            raise PrometheusError(f"{e} (query {q})") from None
+        except (requests.RequestException, ValueError, KeyError, TypeError) as e:
+            raise PrometheusError(f"cannot query {self.url}: {e}") from None
+        return _value(result)
 
     async def query(self, q: str, at: float | None = None) -> float | None:
-        """The value of an instant query at ``at`` (Unix seconds; default now): the first
-        sample of a vector or the scalar; ``None`` when empty or not a number. Raises
-        :class:`PrometheusError`."""
-        params = {"query": q}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        http = await self._http()
-        try:
-            async with http.get(f"{self.url}/api/v1/query", params=params) as r:
-                body: dict[str, Any] = await r.json(content_type=None)
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-            raise PrometheusError(f"cannot query {self.url}: {e}") from None
-        if body.get("status") != "success":
-            raise PrometheusError(f"{body.get('errorType', 'error')}: {body.get('error')} "
-                                  f"(query {q})")
-        return _value(body.get("data") or {})
+        """:meth:`query_sync` in a worker thread."""
+        return await asyncio.to_thread(self.query_sync, q, at)
 
     async def trial_metrics(self, sel: promql.PodSelector, start: float,
                             end: float) -> dict[str, float]:
         """The engine's figures over ``[start, end]`` (Unix seconds): preemptions (and per
         minute), token counts, KV-usage peak, queue/TTFT/ITL quantiles. Queries that fail or
-        find nothing are left out."""
+        find nothing are left out. The queries run one after another in one worker thread
+        (each takes milliseconds; one thread keeps the HTTP session single-threaded)."""
+        return await asyncio.to_thread(self._trial_metrics, sel, start, end)
+
+    def _trial_metrics(self, sel: promql.PodSelector, start: float,
+                       end: float) -> dict[str, float]:
         seconds = max(1.0, end - start)
-        queries = promql.trial_queries(sel, seconds)
-        values = await asyncio.gather(*(self.query(q, end) for q in queries.values()),
-                                      return_exceptions=True)
         out: dict[str, float] = {}
-        for key, v in zip(queries, values, strict=True):
-            if isinstance(v, BaseException):
-                log.warning("Prometheus query for %s failed: %s", key, v)
-            elif v is not None:
+        for key, q in promql.trial_queries(sel, seconds).items():
+            try:
+                v = self.query_sync(q, end)
+            except PrometheusError as e:
+                log.warning("Prometheus query for %s failed: %s", key, e)
+                continue
+            if v is not None:
                 out[key] = v
         if "preemptions" in out:
             out["preemptions_per_minute"] = out["preemptions"] / (seconds / 60)
         return out
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await asyncio.to_thread(self._prom.close)
 
 
-def _value(data: dict[str, Any]) -> float | None:
-    kind, result = data.get("resultType"), data.get("result")
+def _value(result: Any) -> float | None:
+    """The number in an instant query's ``data.result``: a vector's first sample
+    (``[{"metric": ..., "value": [t, "v"]}, ...]``) or a scalar (``[t, "v"]``)."""
     raw: Any = None
-    if kind == "vector" and result:
-        raw = result[0].get("value", [None, None])[1]
-    elif kind == "scalar" and result:
-        raw = result[1]
+    if isinstance(result, list) and result:
+        first = result[0]
+        if isinstance(first, Mapping):
+            value = first.get("value")
+            if isinstance(value, list) and len(value) == 2:
+                raw = value[1]
+        elif len(result) == 2:
+            raw = result[1]
     if raw is None:
         return None
     try:
@@ -112,4 +131,4 @@ def _value(data: dict[str, Any]) -> float | None:
     return v if math.isfinite(v) else None
 
 
-__all__ = ["PrometheusClient", "PrometheusError"]
+__all__ = ["PrometheusClient", "PrometheusError", "scrape"]

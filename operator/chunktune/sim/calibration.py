@@ -30,14 +30,14 @@ from typing import Any
 
 import numpy as np
 
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import ModelConfig, resolve_model
 from chunktune.sim.cost_model import (
     COEFFICIENTS_PATH,
     FamilyCoefficients,
     coefficients,
     linear_layer_time,
 )
-from chunktune.sim.gpus import resolve_gpu
-from chunktune.sim.models import ModelConfig, resolve_model
 
 DERIVED_PATH = Path(__file__).with_name("data") / "vidur_linear_ms.csv"
 OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",

@@ -9,23 +9,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chunktune.errors import Problems
+from chunktune.core.engine_args import EngineStartupError
+from chunktune.core.errors import Problems
+from chunktune.core.flags import TUNABLE, flags_line
+from chunktune.core.workload import generate, load_profile, parse_duration
 from chunktune.sim.args import (
     add_engine_args,
     engine_args_from,
     model_and_gpu,
     split_unknown,
 )
-from chunktune.sim.config import EngineStartupError
 from chunktune.sim.engine import build_engine
 from chunktune.sim.report import format_summary, summarize
-from chunktune.sim.workload import generate, load_profile, parse_duration
 
 #: The model ``sim run`` simulates when none is given.
 DEFAULT_MODEL = "llama-3.1-8b"
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sim = sub.add_parser("sim", help="the vLLM-compatible simulator")
     simsub = sim.add_subparsers(dest="sim_cmd", required=True, metavar="{run,serve}")
     run = simsub.add_parser(
@@ -65,8 +66,9 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     problems = Problems()
     collect = problems.attempt
     mg = collect(model_and_gpu, ns)
-    args = engine_args_from(ns)
-    collect(args.check)
+    args = collect(engine_args_from, ns)
+    if args is not None:
+        collect(args.check_simulated)
     profile = collect(load_profile, ns.workload)
     if ns.rate is not None and ns.rate <= 0:
         problems.append(("--rate", f"must be > 0 (got {ns.rate})"))
@@ -80,10 +82,11 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
         if profile.warmup >= profile.duration:
             problems.append(("--warmup", f"must be shorter than --duration "
                              f"({profile.warmup:g}s >= {profile.duration:g}s)"))
-    if problems:
+    if problems or mg is None or profile is None:  # attempt() recorded why a value is missing
         for path, msg in problems:
             print(f"error: {path}: {msg}" if path else f"error: {msg}", file=sys.stderr)
         return 2
+    assert mg is not None and args is not None and profile is not None
     model, gpu = mg
     try:
         engine = build_engine(args, model, gpu)
@@ -112,8 +115,8 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     summary["wall_seconds"] = wall
     print(f"{model.name} on {gpu.name} x{engine.cfg.tensor_parallel_size}, workload "
           f"{profile.name} ({profile.duration:g}s, warm-up {profile.warmup:g}s); flags: "
-          + " ".join(f"--{k} {v}" for k, v in engine.cfg.flags().items()
-                     if k not in ("enable-chunked-prefill", "block-size")))
+          + flags_line({k: v for k, v in engine.cfg.flags().items()
+                        if k in TUNABLE or k in args.point()}))
     print(format_summary(summary))
     print(f"(replayed in {wall:.2f} s wall, {result.end_time / max(wall, 1e-9):,.0f}x real time)")
     if ns.json:

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from chunktune.sim.gpus import GPU
-from chunktune.sim.models import ModelConfig
+from chunktune.core.gpus import GPU
+from chunktune.core.models import ModelConfig
 
 COEFFICIENTS_PATH = Path(__file__).with_name("data") / "step_time_coefficients.json"
 
@@ -60,7 +60,8 @@ class FamilyCoefficients:
 
 @lru_cache(maxsize=1)
 def _load_coefficients() -> dict[str, Any]:
-    return json.loads(COEFFICIENTS_PATH.read_text())
+    coefficients: dict[str, Any] = json.loads(COEFFICIENTS_PATH.read_text())
+    return coefficients
 
 
 def coefficients(family: str) -> FamilyCoefficients:
@@ -138,7 +139,7 @@ class StepCostModel:
         tokens = np.arange(max_tokens + 1, dtype=np.float64)
         lin = linear_layer_time(model, gpu, tp, tokens, c) * layers
         lin[0] = 0.0
-        self._linear = lin.tolist()
+        self._linear: list[float] = lin.tolist()
         b = model.dtype_bytes
         self._F_attn = gpu.bf16_tflops * 1e12 * c.attention_compute_eff
         self._B = gpu.hbm_tb_s * 1e12 * c.gemm_memory_eff

@@ -2,10 +2,11 @@
 
 ``build_engine`` does what ``vllm serve`` does before it opens its port — resolve the arguments
 with vLLM's defaults and checks, profile memory, size the KV cache — and raises
-:class:`~chunktune.sim.config.EngineStartupError` where vLLM would exit. ``Engine.replay`` then
-runs the requests: arrivals join WAITING at their time (or, in closed-loop mode, as soon as one
-finishes), each step is scheduled, timed and applied, and the clock moves by the step's time.
-Deterministic: no randomness here; the workload's seed fixes the requests.
+:class:`~chunktune.core.engine_args.EngineStartupError` where vLLM would exit.
+``Engine.replay`` then runs the requests: arrivals join WAITING at their time (or, in
+closed-loop mode, as soon as one finishes), each step is scheduled, timed and applied, and the
+clock moves by the step's time. Deterministic: no randomness here; the workload's seed fixes
+the requests.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from chunktune.sim.config import EngineArgs, ResolvedConfig, resolve
+from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve
+from chunktune.core.gpus import GPU
+from chunktune.core.models import ModelConfig
+from chunktune.core.workload import RequestSpec
 from chunktune.sim.cost_model import StepCostModel
-from chunktune.sim.gpus import GPU
 from chunktune.sim.memory import MemoryPlan, plan_memory
-from chunktune.sim.models import ModelConfig
 from chunktune.sim.request import REJECTED, Request
 from chunktune.sim.scheduler import Scheduler, StepPlan
-from chunktune.sim.workload import RequestSpec
 
 
 @dataclass
@@ -177,6 +178,8 @@ class Engine:
 
 
 def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU) -> Engine:
-    """Resolve, profile memory and start the engine; raises EngineStartupError on failure."""
+    """Resolve, profile memory and start the engine; raises EngineStartupError on failure and
+    SpecError for a setting the simulator does not model."""
+    args.check_simulated()
     cfg = resolve(args, model, gpu)
     return Engine(cfg, plan_memory(cfg))

@@ -6,9 +6,10 @@ caching is not modeled), so the pool is a counter plus each request's ``num_bloc
     request tokens:  | computed ............ | new (this step) |
     blocks held:     | ceil((computed + new) / block_size)     |
 
-``blocks_needed`` is what ``allocate_slots`` would have to add for ``new`` more tokens; like
-vLLM's ``KVCacheManager.allocate_slots`` the caller treats "not enough free" as "won't fit" and
-preempts. Invariant: ``free + sum(request.num_blocks) == total``.
+The scheduler computes what ``allocate_slots`` would have to add for ``new`` more tokens
+(``ceil((computed + new) / block_size) - num_blocks``, inline in its hot loop); like vLLM's
+``KVCacheManager.allocate_slots`` it treats "not enough free" as "won't fit" and preempts.
+Invariant: ``free + sum(request.num_blocks) == total``.
 """
 
 from __future__ import annotations
@@ -26,10 +27,6 @@ class BlockPool:
         self.block_size = block_size
         self.free = total
         self.peak_used = 0
-
-    def blocks_needed(self, req: Request, new_tokens: int) -> int:
-        bs = self.block_size
-        return -(-(req.num_computed + new_tokens) // bs) - req.num_blocks
 
     def allocate(self, req: Request, n_blocks: int) -> None:
         assert 0 <= n_blocks <= self.free, "allocate() beyond the free blocks"

@@ -25,7 +25,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from chunktune.sim.config import EngineStartupError, ResolvedConfig
+from chunktune.core.engine_args import EngineStartupError, ResolvedConfig
 
 GiB = float(2**30)
 

@@ -1,7 +1,7 @@
 """vLLM's Prometheus metric families for the served simulator (``GET /metrics``).
 
 Names, types, labels and histogram buckets follow vLLM V1's ``vllm/v1/metrics/loggers.py``
-(``../shared/reference/vllm-facts.md`` §2): every family carries ``model_name`` (the first
+(``docs/vllm-behaviour.md`` §4): every family carries ``model_name`` (the first
 served model name) and ``engine`` (``"0"``); counters get prometheus_client's ``_total``
 suffix exactly as vLLM's do (``vllm:num_preemptions`` -> ``vllm:num_preemptions_total``).
 
@@ -63,7 +63,7 @@ from prometheus_client import (
 )
 
 from chunktune import __version__
-from chunktune.sim.config import ResolvedConfig
+from chunktune.core.engine_args import ResolvedConfig
 from chunktune.sim.memory import MemoryPlan
 
 #: The content type of ``/metrics``: Prometheus text format 1.0.0 (as vLLM 0.32 serves it),

@@ -71,8 +71,8 @@ class LiveRequest(Request):
     __slots__ = ("reported_preemptions", "stream")
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, max_tokens: int,
-                 stream: Stream) -> None:
-        super().__init__(rid, arrival, prompt_len, max_tokens)
+                 stream: Stream, priority: int = 0) -> None:
+        super().__init__(rid, arrival, prompt_len, max_tokens, priority=priority)
         self.stream = stream
         #: preemptions already counted in vllm:num_preemptions_total (vLLM counts one with
         #: the preempted request's next output, not in the step that preempted it)
@@ -133,11 +133,14 @@ class LoopStats:
     steps: int = 0
     late_steps: int = 0
     max_lateness: float = 0.0
+    #: How far the timeline has slipped behind the simulated clock (s): the sum, over the steps
+    #: that started late, of how late they started — delay the machine added, not the model.
+    slipped: float = 0.0
 
     def summary(self) -> dict[str, float]:
         """Median/p99 of the Python overhead, simulated step time and wake-up lateness (s)."""
         out: dict[str, float] = {"steps": float(self.steps), "late_steps": float(self.late_steps),
-                                 "max_lateness": self.max_lateness}
+                                 "max_lateness": self.max_lateness, "slipped": self.slipped}
         for name, values in (("overhead", self.overhead), ("step_time", self.step_time),
                              ("lateness", self.lateness)):
             a = np.fromiter(values, dtype=float)
@@ -217,11 +220,12 @@ class RealtimeEngine:
     # ---- requests --------------------------------------------------------------------------
 
     def submit(self, prompt_tokens: int, max_tokens: int,
-               arrival: float | None = None) -> Stream:
+               arrival: float | None = None, priority: int = 0) -> Stream:
         """Add a request (already validated against ``max_model_len``) to WAITING.
 
         ``arrival`` is when it reached the frontend (``loop.time()``; default now): TTFT and
-        the queue time count from there.
+        the queue time count from there. ``priority`` orders WAITING under
+        ``--scheduling-policy priority`` (lower first).
         """
         if self._stopping:
             raise RuntimeError("the engine is shutting down")
@@ -230,7 +234,7 @@ class RealtimeEngine:
         stream = Stream(arrival, prompt_tokens, max_tokens)
         rid = self._next_rid
         self._next_rid += 1
-        req = LiveRequest(rid, arrival, prompt_tokens, max_tokens, stream)
+        req = LiveRequest(rid, arrival, prompt_tokens, max_tokens, stream, priority)
         stream.req = req
         self._live[rid] = stream
         self.scheduler.add_request(req)
@@ -283,6 +287,7 @@ class RealtimeEngine:
             if now - free_at > slack:
                 start = now  # Python is late: this step starts late
                 stats.late_steps += 1
+                stats.slipped += now - free_at
                 if metrics is not None:
                     metrics.late_steps.inc()
             w0 = perf()

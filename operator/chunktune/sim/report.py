@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from chunktune.core.workload import Profile
 from chunktune.sim.engine import Engine, ReplayResult
 from chunktune.sim.request import FINISHED, REJECTED, Request
-from chunktune.sim.workload import Profile
 
 PERCENTILES = (50, 90, 95, 99)
 

@@ -25,14 +25,18 @@ class Request:
         "num_computed",
         "num_output",
         "num_preemptions",
+        "priority",
         "prompt_len",
         "rid",
         "status",
     )
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, max_tokens: int,
-                 cls: int = 0) -> None:
+                 cls: int = 0, priority: int = 0) -> None:
         self.rid = rid
+        #: Lower is served first under ``--scheduling-policy priority`` (the OpenAI API's
+        #: ``priority`` field); ignored under ``fcfs``.
+        self.priority = priority
         self.arrival = arrival
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens

@@ -35,20 +35,27 @@ import time
 from aiohttp import web
 
 from chunktune import __version__
-from chunktune.errors import SpecError
+from chunktune.core.engine_args import EngineStartupError, resolve
+from chunktune.core.errors import SpecError
+from chunktune.core.flags import FLAGS
 from chunktune.sim.args import add_engine_args, engine_args_from, model_and_gpu, split_unknown
-from chunktune.sim.config import EngineStartupError, resolve
 from chunktune.sim.engine import Engine, build_engine
 from chunktune.sim.memory import GiB
 from chunktune.sim.metrics import VllmMetrics
 from chunktune.sim.realtime import DEFAULT_SLACK_S, RealtimeEngine
-from chunktune.sim.server import DEFAULT_MAX_TOKENS_CAP, ServerConfig, create_app
+from chunktune.sim.server import (
+    DEFAULT_MAX_TOKENS_CAP,
+    HttpLimits,
+    ServerConfig,
+    create_app,
+    guard_request_heads,
+)
 from chunktune.sim.tokenizer import resolve_tokenizer
 
 DEFAULT_LOAD_TIME_S = 2.0
 
 
-def register(simsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = simsub.add_parser(
         "serve", help="serve the simulated engine on vLLM's OpenAI-compatible HTTP API",
         description="Run the simulated vLLM engine in real time behind vLLM's HTTP interface "
@@ -80,6 +87,14 @@ def register(simsub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     s.add_argument("--step-slack", type=float, default=DEFAULT_SLACK_S * 1e3, metavar="MS",
                    help="event-loop wake-up lateness absorbed without delaying the next step "
                         f"(default {DEFAULT_SLACK_S * 1e3:g} ms)")
+    s.add_argument("--header-timeout", type=float, default=HttpLimits.header_timeout,
+                   metavar="SECONDS",
+                   help="close a connection whose first request head is not complete this long "
+                        f"after connecting, with a 408 (default {HttpLimits.header_timeout:g})")
+    s.add_argument("--body-timeout", type=float, default=HttpLimits.body_timeout,
+                   metavar="SECONDS",
+                   help="answer 408 and close when a request body takes longer to arrive "
+                        f"(default {HttpLimits.body_timeout:g})")
     p.set_defaults(func=cmd_serve, parser=p, accepts_unknown=True)
 
 
@@ -119,11 +134,15 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
             raise SpecError("must be >= 0", field="--load-time")
         if ns.default_max_tokens < 1:
             raise SpecError("must be >= 1", field="--default-max-tokens")
+        for flag, value in (("--header-timeout", ns.header_timeout),
+                            ("--body-timeout", ns.body_timeout)):
+            if not value > 0:
+                raise SpecError(f"must be > 0 seconds (got {value:g})", field=flag)
         if not 0 <= ns.port <= 65535:
             raise SpecError(f"must be a port number 0-65535 (got {ns.port})", field="--port")
         model, gpu = model_and_gpu(ns)
         args = engine_args_from(ns)
-        args.check()
+        args.check_simulated()
         counter = resolve_tokenizer(ns.tokenizer, ns.model or ns.model_tag, model.vocab_size)
     except SpecError as e:
         for path, msg in e.problems:
@@ -134,7 +153,8 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
     keys = tuple(ns.api_key or ([os.environ["VLLM_API_KEY"]]
                                 if os.environ.get("VLLM_API_KEY") else []))
     log(f"vLLM API server version {__version__}+chunktune.sim (simulated engine)")
-    log(f"non-default args: {({'model': model_tag, **_set_args(args)})}")
+    set_args = {FLAGS[k].attr: v for k, v in args.point().items()}
+    log(f"non-default args: {({'model': model_tag, **set_args})}")
     log(counter.describe(), where="tokenizer.py")
     try:
         resolve(args, model, gpu)  # argument validation fails before the model load, as in vLLM
@@ -160,31 +180,25 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
                        vocab_size=model.vocab_size, tokenizer=counter, api_keys=keys,
                        default_max_tokens=ns.default_max_tokens, seed=ns.seed)
     try:
-        return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3,
-                                  enable_prefix_caching=args.enable_prefix_caching,
+        limits = HttpLimits(header_timeout=ns.header_timeout, body_timeout=ns.body_timeout)
+        return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3, limits,
                                   user_specified_block_size=ns.block_size is not None))
     except KeyboardInterrupt:  # pragma: no cover - signal handlers normally catch it
         return 0
 
 
-def _set_args(args: object) -> dict[str, object]:
-    from chunktune.sim.config import EngineArgs
-
-    default = EngineArgs()
-    return {k: v for k, v in vars(args).items() if getattr(default, k) != v}
-
-
 async def _serve(engine: Engine, cfg: ServerConfig, host: str, port: int, slack: float,
-                 enable_prefix_caching: bool = True,
-                 user_specified_block_size: bool = False) -> int:
+                 limits: HttpLimits, user_specified_block_size: bool = False) -> int:
     metrics = VllmMetrics(engine.cfg, engine.memory, cfg.served_model_names[0],
-                          enable_prefix_caching=enable_prefix_caching,
+                          enable_prefix_caching=engine.cfg.enable_prefix_caching,
                           user_specified_block_size=user_specified_block_size)
     rt = RealtimeEngine(engine, metrics, slack=slack)
-    app = create_app(rt, cfg, metrics)
+    app = create_app(rt, cfg, metrics, limits)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=5.0)
+                           shutdown_timeout=5.0, **limits.runner_kwargs())
     await runner.setup()
+    assert runner.server is not None
+    guard_request_heads(runner.server, limits.header_timeout)
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:
         await site.start()

@@ -10,7 +10,7 @@ as transformers sets it up for chat templates, so clients that count with the mo
 (``vllm bench serve``, GuideLLM, inference-perf) see the prompt sizes they asked for, and
 ``/tokenize`` and ``/detokenize`` answer as vLLM's do.
 
-:class:`WordCounter` is the fallback: :func:`chunktune.load.prompts.count_tokens` (one token per
+:class:`WordCounter` is the fallback: :func:`chunktune.core.tokens.count_tokens` (one token per
 word, one per punctuation mark) and stable fake ids; it cannot detokenize. Token-id prompts are
 counted exactly by both.
 """
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chunktune.errors import SpecError
-from chunktune.load.prompts import count_chat_tokens, count_tokens
+from chunktune.core.errors import SpecError
+from chunktune.core.tokens import count_chat_tokens, count_tokens
 
 
 class WordCounter:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chunktune.sim.config import ResolvedConfig
+from chunktune.core.engine_args import ResolvedConfig
 from chunktune.sim.request import Request
 from chunktune.sim.scheduler import Scheduler, StepPlan
 

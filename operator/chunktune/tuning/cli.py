@@ -8,15 +8,20 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chunktune.api.metrics import format_value
 from chunktune.api.validation import load_manifest, read_manifest, validate
-from chunktune.backends.base import TrialBackend, flags_line
-from chunktune.errors import BackendUnavailable, SpecError
+from chunktune.backends.base import TrialBackend
+from chunktune.core.errors import BackendUnavailable, SpecError
+from chunktune.core.flags import flags_line
+from chunktune.core.trials import TrialState
+
+if TYPE_CHECKING:
+    from chunktune.tuning.runner import Tuner
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t = sub.add_parser("tune", help="run a ChunkedPrefillTuning manifest on this machine",
                        description="Validate FILE, then run its study: trial 0 is the engine's "
                                    "defaults, then Optuna proposes configurations until the "
@@ -45,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.set_defaults(func=cmd_results)
 
 
-def make_backend(kind: str, engine_kind: str, parallelism: int) -> TrialBackend:
+def make_backend(kind: str, engine_kind: str, parallelism: int,
+                 steps_dir: Path | None = None) -> TrialBackend:
     if kind == "auto":
         kind = "simulated" if engine_kind == "sim" else "local"
     if kind == "simulated":
@@ -54,7 +60,18 @@ def make_backend(kind: str, engine_kind: str, parallelism: int) -> TrialBackend:
         return SimulatedBackend(max_parallel=parallelism)
     from chunktune.backends.local import LocalBackend
 
-    return LocalBackend(max_parallel=parallelism)
+    return LocalBackend(max_parallel=parallelism, steps_dir=steps_dir)
+
+
+def steps_dir_for(storage: str, out: str | None) -> Path | None:
+    """Where real engines' step logs go: ``--out DIR/steps``, else beside a journal storage
+    (``<storage>.steps/``); None for a database storage without ``--out``."""
+    if out:
+        return Path(out) / "steps"
+    if "://" in storage and not storage.startswith(("journal://", "file://")):
+        return None
+    path = storage.split("://", 1)[1] if "://" in storage else storage
+    return Path(path + ".steps")
 
 
 def _load(path: str, name: str | None) -> Any:
@@ -88,12 +105,12 @@ class Progress:
         shown = ", ".join(f"{k}={format_value(k, e.metrics[k])}" for k in dict.fromkeys(keys)
                           if k in e.metrics)
         tag = " (baseline)" if e.baseline else ""
-        what = e.state if e.state == "COMPLETE" else f"{e.state} {e.reason or ''}".strip()
+        what = e.state if e.state == TrialState.COMPLETE else f"{e.state} {e.reason or ''}".strip()
         best = self.best_text()
         print(f"[{done}/{budget}] trial {e.number}{tag}: {flags_line(e.point)} -> {what}"
               + (f"; {shown}" if shown else "") + (f" | best: {best}" if best else ""),
               flush=True)
-        if e.state in ("FAIL", "INFEASIBLE") and e.message:
+        if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) and e.message:
             print(f"    {e.message.strip().splitlines()[-1][:300]}", flush=True)
 
     def best_text(self) -> str:
@@ -121,9 +138,12 @@ def cmd_tune(ns: argparse.Namespace) -> int:
             tuning.spec.budget.max_trials = ns.max_trials
         storage = storage_url(tuning, ns.storage)
         backend = make_backend(ns.backend, tuning.spec.engine.kind,
-                               tuning.spec.budget.parallelism)
+                               tuning.spec.budget.parallelism, steps_dir_for(storage, ns.out))
         stop = {"flag": False}
         tuner = Tuner(tuning, backend, storage, stop_requested=lambda: stop["flag"])
+        preflight = getattr(backend, "preflight", None)
+        if preflight is not None:  # vLLM installed, model directory readable
+            preflight(tuner.plan(0, {}))
     except SpecError as e:
         _print_problems(e)
         return 1
@@ -164,7 +184,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(tuner: Any, backend: TrialBackend) -> str:
+async def _run(tuner: Tuner, backend: TrialBackend) -> str:
     try:
         return await tuner.run()
     finally:

@@ -15,64 +15,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from chunktune.api.metrics import METRICS, PERCENTILES, metric_key
+from chunktune.api.metrics import METRICS, Direction, metric_key
 from chunktune.api.v1alpha1 import Constraint, Objective
-from chunktune.load.summary import ClassSummary, LoadSummary, Window
 
-LATENCIES = ("ttft", "itl", "e2e", "tpot")
 #: Constraint key Optuna records for "the engine did not start" (or was predicted not to).
 STARTUP_CONSTRAINT = "engine_starts"
-
-
-def _class_metrics(cs: ClassSummary, prefix: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for lat in LATENCIES:
-        stats = getattr(cs, lat)
-        if stats is None:
-            continue
-        for p in PERCENTILES:
-            out[f"{prefix}{lat}_p{p}"] = float(getattr(stats, f"p{p}"))
-    t = cs.throughput
-    out[f"{prefix}throughput_tokens_per_s"] = t.output_tokens_per_s
-    out[f"{prefix}total_tokens_per_s"] = t.total_tokens_per_s
-    out[f"{prefix}request_rate"] = t.request_rate
-    sent = cs.requests.ok + cs.requests.failed
-    out[f"{prefix}error_rate"] = cs.requests.failed / sent if sent else 0.0
-    return out
-
-
-def flatten(summary: LoadSummary, server: Mapping[str, Any] | None = None) -> dict[str, float]:
-    """Every metric of a trial as one flat dict."""
-    out = _class_metrics(summary.overall, "")
-    for name, cs in summary.classes.items():
-        out.update(_class_metrics(cs, f"{name}."))
-    if summary.goodput is not None:
-        out["goodput"] = summary.goodput.request_rate
-        for name, g in summary.goodput.classes.items():
-            out[f"{name}.goodput"] = g.request_rate
-    for key in ("preemptions_per_minute", "kv_cache_usage_peak", "queue_time_p99"):
-        v = (server or {}).get(key)
-        if v is not None and math.isfinite(float(v)):
-            out[key] = float(v)
-    return out
-
-
-def flatten_window(w: Window) -> dict[str, float]:
-    """The metrics of one intermediate window (the requests that ended in it), for pruning by
-    backends that see the load driver's windows rather than every request."""
-    out = _class_metrics(w.overall, "")
-    for name, cs in w.classes.items():
-        out.update(_class_metrics(cs, f"{name}."))
-    return out
 
 
 @dataclass(frozen=True)
 class ObjectiveDef:
     metric: str
     cls: str | None
-    direction: str
+    direction: Direction
 
     @property
     def key(self) -> str:
@@ -114,8 +69,12 @@ class ConstraintDef:
     def text(self) -> str:
         from chunktune.api.metrics import format_value
 
-        op, bound = ("<=", self.max) if self.max is not None else (">=", self.min)
-        return f"{self.key} {op} {format_value(self.metric, float(bound))}"  # type: ignore[arg-type]
+        if self.max is not None:
+            op, bound = "<=", self.max
+        else:
+            assert self.min is not None  # a constraint has a max or a min
+            op, bound = ">=", self.min
+        return f"{self.key} {op} {format_value(self.metric, float(bound))}"
 
 
 def objective_values(objs: Sequence[ObjectiveDef], metrics: Mapping[str, float]

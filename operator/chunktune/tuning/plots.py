@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
+from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 
 if TYPE_CHECKING:
@@ -26,11 +27,11 @@ def importances(study: optuna.Study, results: Results) -> dict[str, float]:
     feasible trials only (needs at least 3)."""
     o = results.objectives[0]
     keep = {t.number for t in results.trials
-            if t.state == "COMPLETE" and t.constraints_ok and o.key in t.metrics}
+            if t.state == TrialState.COMPLETE and t.constraints_ok and o.key in t.metrics}
     frozen = [t for t in study.get_trials(deepcopy=False) if t.number in keep and t.params]
     if len(frozen) < 3:
         return {}
-    copy = optuna.create_study(directions=[d.name.lower() for d in study.directions])
+    copy = optuna.create_study(directions=study.directions)
     copy.add_trials(frozen)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -50,7 +51,7 @@ def write(out: Path, study: optuna.Study, results: Results) -> list[Path]:
 
     written: list[Path] = []
     o = results.objectives[0]
-    measured = [t for t in results.trials if o.key in t.metrics and t.state == "COMPLETE"]
+    measured = [t for t in results.trials if o.key in t.metrics and t.state == TrialState.COMPLETE]
     feasible = [t for t in measured if t.constraints_ok]
     others = [t for t in results.trials if t not in feasible]
 
@@ -68,7 +69,7 @@ def write(out: Path, study: optuna.Study, results: Results) -> list[Path]:
     viol = [t for t in measured if not t.constraints_ok]
     fig.add_scatter(x=[t.number for t in viol], y=[t.metrics[o.key] for t in viol],
                     mode="markers", marker={"symbol": "x"}, name="SLO violated")
-    pruned = [t for t in others if t.state == "PRUNED" and o.key in t.metrics]
+    pruned = [t for t in others if t.state == TrialState.PRUNED and o.key in t.metrics]
     if pruned:
         fig.add_scatter(x=[t.number for t in pruned], y=[t.metrics[o.key] for t in pruned],
                         mode="markers", marker={"symbol": "circle-open"},

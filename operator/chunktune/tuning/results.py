@@ -17,7 +17,8 @@ import optuna
 
 from chunktune.api.metrics import format_value
 from chunktune.api.status import StudySummary, TrialRecord, improvement
-from chunktune.backends.base import flags_line
+from chunktune.core.flags import flags_line
+from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
 
@@ -60,9 +61,10 @@ def record(t: optuna.trial.FrozenTrial) -> TrialRecord:
     state = st.trial_state(t)
     metrics = {k: float(v) for k, v in (t.user_attrs.get(st.ATTR_METRICS) or {}).items()
                if isinstance(v, int | float) and math.isfinite(v)}
-    ok = all(v <= 0 for v in t.constraints.values()) if t.constraints else state == "COMPLETE"
+    ok = (all(v <= 0 for v in t.constraints.values()) if t.constraints
+          else state == TrialState.COMPLETE)
     reason = t.user_attrs.get(st.ATTR_REASON)
-    if state == "COMPLETE" and not ok and not reason:
+    if state == TrialState.COMPLETE and not ok and not reason:
         reason = "SLOViolated"
     return TrialRecord(number=t.number, params=st.point_of(t), state=state, reason=reason,
                        metrics=metrics, constraints_ok=ok)
@@ -74,8 +76,8 @@ def collect(study: optuna.Study, objectives: Sequence[ObjectiveDef],
               if t.state != optuna.trial.TrialState.WAITING]
     trials = [record(t) for t in frozen]
     baseline = next((t.number for t in frozen if t.user_attrs.get(st.ATTR_BASELINE)
-                     and st.trial_state(t) != "FAIL"), None)
-    feasible = [t for t in trials if t.state == "COMPLETE" and t.constraints_ok
+                     and st.trial_state(t) != TrialState.FAIL), None)
+    feasible = [t for t in trials if t.state == TrialState.COMPLETE and t.constraints_ok
                 and all(o.key in t.metrics for o in objectives)]
     best = None
     pareto: list[int] = []
@@ -164,11 +166,11 @@ def format_results(results: Results) -> str:
         head = "  trial  " + "  ".join(f"{o.key:>16}" for o in results.objectives) + "  flags"
         lines.append(head)
         for n in results.pareto:
-            t = results.trial(n)
-            assert t is not None
-            vals = "  ".join(f"{_fmt(o.key, t.metrics.get(o.key)):>16}"
+            front = results.trial(n)
+            assert front is not None
+            vals = "  ".join(f"{_fmt(o.key, front.metrics.get(o.key)):>16}"
                              for o in results.objectives)
-            lines.append(f"  {n:>5}  {vals}  {flags_line(dict(t.params))}")
+            lines.append(f"  {n:>5}  {vals}  {flags_line(dict(front.params))}")
     return "\n".join(lines)
 
 

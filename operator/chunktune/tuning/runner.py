@@ -17,6 +17,7 @@ loop starts was left by a process that died: the backend may re-attach to it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
@@ -27,11 +28,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import TrialState as OptunaState
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.backends.base import EngineTarget, TrialBackend, TrialPlan, TrialResult, flags_line
-from chunktune.errors import SpecError
+from chunktune.backends.base import TrialBackend
+from chunktune.core.errors import SpecError
+from chunktune.core.steps import StepSummary
+from chunktune.core.trials import (
+    RESULT_STATES,
+    CpuTarget,
+    EngineTarget,
+    TrialPlan,
+    TrialResult,
+    TrialState,
+)
 from chunktune.tuning import space
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (
@@ -48,6 +58,8 @@ log = logging.getLogger(__name__)
 #: How many points may be skipped (refused or predicted to fail) per counted trial before the
 #: loop gives up on finding launchable points.
 MAX_SKIPS_PER_TRIAL = 5
+#: The :meth:`Tuner.counts` key of FAILs whose process stopped before the trial ended.
+INTERRUPTED = "INTERRUPTED"
 
 
 @dataclass
@@ -57,7 +69,7 @@ class TrialEvent:
     kind: str  # started | finished
     number: int
     point: dict[str, Any]
-    state: str = "RUNNING"
+    state: TrialState = TrialState.RUNNING
     reason: str | None = None
     message: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
@@ -73,6 +85,8 @@ def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
         fixed_args=tuple(tuning.spec.engine_fixed_args()),
         env=tuple(v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in e.env),
         hf_config=e.hf_config, port=e.port, startup_timeout=e.startup_timeout,
+        cpu=(CpuTarget(kv_cache_bytes=e.cpu.kv_cache_bytes,
+                       omp_threads_bind=e.cpu.omp_threads_bind) if e.cpu else None),
     )
 
 
@@ -104,8 +118,8 @@ class Tuner:
         directions = [o.direction for o in self.objectives]
         sampler = st.make_sampler(tuning, len(directions), bool(self.constraints))
         pruner = st.make_pruner(tuning, len(directions))
-        self.study = st.open_study(tuning, st.open_storage(storage), directions, sampler,
-                                   pruner)
+        self._storage = st.open_storage(storage)
+        self.study = st.open_study(tuning, self._storage, directions, sampler, pruner)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
         self.started = time.monotonic()
         self.stop_reason: str | None = None
@@ -116,19 +130,20 @@ class Tuner:
         return self.study.get_trials(deepcopy=False)
 
     def counts(self) -> dict[str, int]:
-        out = {"COMPLETE": 0, "INFEASIBLE": 0, "SKIPPED": 0, "FAIL": 0, "PRUNED": 0,
-               "RUNNING": 0, "WAITING": 0, "INTERRUPTED": 0}
+        """Trials by :class:`TrialState`, and ``INTERRUPTED``: the FAILs whose process did not
+        live to finish them (not counted as failures; their points run again)."""
+        out: dict[str, int] = {**{s: 0 for s in TrialState}, INTERRUPTED: 0}
         for t in self.trials():
-            s = st.trial_state(t)
-            if s == "FAIL" and t.user_attrs.get(st.ATTR_REASON) == "Interrupted":
-                s = "INTERRUPTED"
-            out[s] = out.get(s, 0) + 1
+            s: str = st.trial_state(t)
+            if s == TrialState.FAIL and t.user_attrs.get(st.ATTR_REASON) == "Interrupted":
+                s = INTERRUPTED
+            out[s] += 1
         return out
 
     def counted(self) -> int:
         """Trials that count against ``maxTrials``: every launched trial that ended."""
         c = self.counts()
-        return c["COMPLETE"] + c["INFEASIBLE"] + c["FAIL"] + c["PRUNED"]
+        return sum(c[s] for s in RESULT_STATES)
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -166,7 +181,7 @@ class Tuner:
                 problem = self.context.feasibility(point, budget.prescreen)
                 if problem is not None:
                     skips += 1
-                    self._tell_startup_failure(trial, point, "SKIPPED", problem.reason,
+                    self._tell_startup_failure(trial, point, TrialState.SKIPPED, problem.reason,
                                                problem.message)
                     continue
                 running.add(asyncio.create_task(self._run_one(trial, point)))
@@ -184,7 +199,7 @@ class Tuner:
         if self.stop_requested():
             return "stopped"
         c = self.counts()
-        if c["FAIL"] and c["FAIL"] >= budget.max_failed_trials:
+        if c[TrialState.FAIL] and c[TrialState.FAIL] >= budget.max_failed_trials:
             return "failures"
         if budget.max_duration and time.monotonic() - self.started >= budget.max_duration:
             return "duration"
@@ -209,10 +224,10 @@ class Tuner:
         since = 0
         for t in self.trials():
             state = st.trial_state(t)
-            if state not in ("COMPLETE", "INFEASIBLE", "PRUNED", "FAIL"):
+            if state not in RESULT_STATES:
                 continue
             v = t.user_attrs.get(st.ATTR_METRICS, {}).get(obj.key)
-            ok = state == "COMPLETE" and self._feasible(t) and v is not None
+            ok = state == TrialState.COMPLETE and self._feasible(t) and v is not None
             gain = self.spec.budget.min_improvement
             if ok and (not math.isfinite(best) or sign * v < best - abs(best) * gain):
                 best = sign * v
@@ -228,11 +243,12 @@ class Tuner:
         if trial.user_attrs.get(st.ATTR_BASELINE):
             return False
         for t in self.trials():
-            if t.number == trial.number or st.trial_state(t) not in ("COMPLETE", "INFEASIBLE"):
+            if t.number == trial.number or st.trial_state(t) not in (TrialState.COMPLETE,
+                                                                   TrialState.INFEASIBLE):
                 continue
             if st.point_of(t) != point or t.values is None:
                 continue
-            trial.set_user_attr(st.ATTR_STATE, "SKIPPED")
+            trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
             trial.set_user_attr(st.ATTR_REASON, "Duplicate")
             trial.set_user_attr(st.ATTR_MESSAGE, f"same configuration as trial {t.number}")
             trial.set_user_attr(st.ATTR_METRICS, t.user_attrs.get(st.ATTR_METRICS) or {})
@@ -275,21 +291,21 @@ class Tuner:
 
     async def _recover(self) -> None:
         for t in self.trials():
-            if t.state != TrialState.RUNNING:
+            if t.state != OptunaState.RUNNING:
                 continue
             point = st.point_of(t)
             plan = self.plan(t.number, point)
             result = await self.backend.recover(plan)
-            trial = optuna.Trial(self.study, t._trial_id)
+            trial = st.live_trial(self.study, self._storage, t.number)
             if result is not None:
                 self._tell(trial, point, result)
                 continue
-            trial.set_user_attr(st.ATTR_STATE, "FAIL")
+            trial.set_user_attr(st.ATTR_STATE, TrialState.FAIL.value)
             trial.set_user_attr(st.ATTR_REASON, "Interrupted")
             trial.set_user_attr(st.ATTR_MESSAGE, "the process running this trial stopped "
                                 "before it ended; its configuration was queued again")
-            self.study.tell(trial, state=TrialState.FAIL)
-            attrs = {st.ATTR_POINT: point}
+            self.study.tell(trial, state=OptunaState.FAIL)
+            attrs: dict[str, Any] = {st.ATTR_POINT: point}
             if t.user_attrs.get(st.ATTR_BASELINE):
                 attrs[st.ATTR_BASELINE] = True
             dists = space.distributions(self.params)
@@ -326,15 +342,15 @@ class Tuner:
                 self.backend.run_trial(plan, report if self._prunable() else None),
                 timeout=self.spec.budget.trial_timeout)
         except TimeoutError:
-            result = TrialResult("FAIL", reason="TrialTimeout",
+            result = TrialResult(TrialState.FAIL, reason="TrialTimeout",
                                  message=f"the trial did not end within "
                                          f"{self.spec.budget.trial_timeout:g} s (trialTimeout)")
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a broken trial, not a broken study
             log.exception("trial %d broke", trial.number)
-            result = TrialResult("FAIL", reason="BackendError", message=f"{type(e).__name__}: "
-                                                                          f"{e}")
+            result = TrialResult(TrialState.FAIL, reason="BackendError",
+                                 message=f"{type(e).__name__}: {e}")
         trial.set_user_attr(st.ATTR_TIMES, {"wall": time.monotonic() - t0,
                                             "startup": result.startup_seconds,
                                             "load": result.load_seconds})
@@ -344,9 +360,13 @@ class Tuner:
 
     def _tell(self, trial: optuna.Trial, point: dict[str, Any], result: TrialResult) -> None:
         baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
-        if result.state == "INFEASIBLE":
-            self._tell_startup_failure(trial, point, "INFEASIBLE", result.reason or "Startup",
-                                       result.message or "")
+        if result.steps:
+            summary = StepSummary.of(result.steps)
+            trial.set_user_attr(st.ATTR_STEPS, {"file": result.steps_file,
+                                                **dataclasses.asdict(summary)})
+        if result.state == TrialState.INFEASIBLE:
+            self._tell_startup_failure(trial, point, TrialState.INFEASIBLE,
+                                       result.reason or "Startup", result.message or "")
             return
         trial.set_user_attr(st.ATTR_METRICS, result.metrics)
         if result.server:
@@ -356,41 +376,41 @@ class Tuner:
         if result.message:
             trial.set_user_attr(st.ATTR_MESSAGE, result.message[-2000:])
         values = objective_values(self.objectives, result.metrics)
-        if result.state == "COMPLETE" and values is None:
-            result.state = "FAIL"
+        if result.state == TrialState.COMPLETE and values is None:
+            result.state = TrialState.FAIL
             trial.set_user_attr(st.ATTR_REASON, "NoMeasurements")
             trial.set_user_attr(st.ATTR_MESSAGE, "no request completed, so the objectives "
                                 "could not be measured")
-        trial.set_user_attr(st.ATTR_STATE, result.state)
-        if result.state == "COMPLETE":
+        trial.set_user_attr(st.ATTR_STATE, result.state.value)
+        if result.state == TrialState.COMPLETE:
             trial.set_constraint(STARTUP_CONSTRAINT, -1.0)
             for c in self.constraints:
                 trial.set_constraint(c.key, c.violation(result.metrics))
             if trial.user_attrs.get(st.ATTR_HIDDEN):
-                self.study.tell(trial, state=TrialState.FAIL)
+                self.study.tell(trial, state=OptunaState.FAIL)
             else:
                 self.study.tell(trial, values)
-        elif result.state == "PRUNED":
-            self.study.tell(trial, state=TrialState.PRUNED)
+        elif result.state == TrialState.PRUNED:
+            self.study.tell(trial, state=OptunaState.PRUNED)
         else:
-            self.study.tell(trial, state=TrialState.FAIL)
+            self.study.tell(trial, state=OptunaState.FAIL)
         self.on_event(TrialEvent("finished", trial.number, point, result.state, result.reason,
                                  result.message, result.metrics, baseline))
         self.on_update(self)
 
-    def _tell_startup_failure(self, trial: optuna.Trial, point: dict[str, Any], state: str,
+    def _tell_startup_failure(self, trial: optuna.Trial, point: dict[str, Any], state: TrialState,
                               reason: str, message: str) -> None:
         """A point the engine cannot start at: feasible = False through the constraint, with
         the worst objective values seen so far as placeholders (what the samplers compare)."""
         baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
-        trial.set_user_attr(st.ATTR_STATE, state)
+        trial.set_user_attr(st.ATTR_STATE, state.value)
         trial.set_user_attr(st.ATTR_REASON, reason)
         trial.set_user_attr(st.ATTR_MESSAGE, message[-2000:])
         trial.set_constraint(STARTUP_CONSTRAINT, 1.0)
         for c in self.constraints:
             trial.set_constraint(c.key, 1.0)
         if trial.user_attrs.get(st.ATTR_HIDDEN):
-            self.study.tell(trial, state=TrialState.FAIL)
+            self.study.tell(trial, state=OptunaState.FAIL)
         else:
             self.study.tell(trial, self._placeholder_values())
         self.on_event(TrialEvent("finished", trial.number, point, state, reason, message,
@@ -401,8 +421,8 @@ class Tuner:
         out = []
         for i, o in enumerate(self.objectives):
             seen = [t.values[i] for t in self.trials()
-                    if t.state == TrialState.COMPLETE and t.values is not None
-                    and st.trial_state(t) == "COMPLETE"]
+                    if t.state == OptunaState.COMPLETE and t.values is not None
+                    and st.trial_state(t) == TrialState.COMPLETE]
             if seen:
                 worst = max(seen) if o.direction == "minimize" else min(seen)
                 out.append(worst * 2 if o.direction == "minimize" else worst / 2)
@@ -424,8 +444,4 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def flags_of(point: dict[str, Any]) -> str:
-    return flags_line(point)
-
-
-__all__ = ["SpecError", "TrialEvent", "Tuner", "flags_of", "target_from_spec"]
+__all__ = ["SpecError", "TrialEvent", "Tuner", "target_from_spec"]

@@ -3,14 +3,13 @@ configurations vLLM refuses from ever being launched.
 
 A point is a dict ``{flag: value}`` keyed by the flag without dashes
 (``max-num-batched-tokens``). :func:`feasibility` runs, before any launch, the rules vLLM applies
-at start-up (``sim.config.check_scheduler_rules``), and — with ``prescreen`` and a model the
+at start-up (``core.engine_args.check_scheduler_rules``), and — with ``prescreen`` and a model the
 simulator knows — the start-up memory model, so a point predicted to run out of memory is
 recorded as such instead of costing a GPU start-up.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,29 +24,23 @@ from optuna.distributions import (
 )
 
 from chunktune.api.v1alpha1 import Parameter
-from chunktune.backends.base import EngineTarget
-from chunktune.errors import SpecError
-from chunktune.sim.args import parse_engine_flags
-from chunktune.sim.config import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
+from chunktune.core.engine_args import (
     EngineArgs,
     EngineStartupError,
-    batch_defaults,
     check_scheduler_rules,
     resolve,
 )
-from chunktune.sim.gpus import GPU, resolve_gpu
+from chunktune.core.errors import SpecError
+from chunktune.core.flags import FLAGS, engine_defaults, parse_argv
+from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.core.models import ModelConfig, from_hf_config, resolve_model
+from chunktune.core.trials import EngineTarget
 from chunktune.sim.memory import plan_memory
-from chunktune.sim.models import ModelConfig, from_hf_config, resolve_model
 
-#: Flag name -> EngineArgs field.
-FIELD = {
-    "max-num-batched-tokens": "max_num_batched_tokens",
-    "long-prefill-token-threshold": "long_prefill_token_threshold",
-    "max-num-seqs": "max_num_seqs",
-    "gpu-memory-utilization": "gpu_memory_utilization",
-    "max-model-len": "max_model_len",
-}
+
+def sim_part(point: dict[str, Any]) -> dict[str, Any]:
+    """The flags of a point the simulator's engine arguments take (SGLang's are left out)."""
+    return {k: v for k, v in point.items() if "sim" in FLAGS[k].engines}
 
 
 def distribution(p: Parameter) -> BaseDistribution:
@@ -112,7 +105,8 @@ class EngineContext:
 
     @classmethod
     def build(cls, target: EngineTarget) -> EngineContext:
-        fixed, _, _ = parse_engine_flags(list(target.fixed_args))
+        parsed = parse_argv(list(target.fixed_args), engine="sim")
+        fixed = EngineArgs.from_point(parsed.values)
         if target.tensor_parallel_size > 1:
             fixed.tensor_parallel_size = target.tensor_parallel_size
         model: ModelConfig | None
@@ -128,44 +122,35 @@ class EngineContext:
         return cls(target, fixed, model, gpu)
 
     def engine_args(self, point: dict[str, Any]) -> EngineArgs:
-        args = dataclasses.replace(self.fixed)
-        for flag, value in point.items():
-            if flag in FIELD:
-                setattr(args, FIELD[flag], value)
-        return args
+        """The fixed arguments with the point's flags set."""
+        return EngineArgs.from_point(sim_part(point), base=self.fixed)
+
+    def defaults(self, point: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Every flag's value when the engine starts with the fixed args and ``point``
+        (:func:`chunktune.core.flags.engine_defaults`)."""
+        engine = "sglang" if self.target.kind == "sglang" else "vllm"
+        given = {**parse_argv(list(self.target.fixed_args), engine=engine).values,
+                 **(point or {})}
+        return engine_defaults(given, self.gpu, self.model.max_position_embeddings
+                               if self.model else None, engine=engine,
+                               cpu=self.target.cpu is not None)
 
     def default_point(self, params: Sequence[Parameter]) -> dict[str, Any]:
-        """vLLM's defaults for the searched flags on this GPU class (facts §1): trial 0.
+        """The engine's defaults for the searched flags on this GPU class: trial 0
+        (docs/vllm-behaviour.md §2).
 
         Flags fixed in ``engine.args`` keep their fixed value. A flag whose default cannot be
         known here (``max-model-len`` of an unknown model) is left out: the engine decides.
         """
-        fixed = self.fixed
-        budget_default, seqs_default = batch_defaults(self.gpu) if self.gpu else (2048, 256)
-        max_len = fixed.max_model_len or (self.model.max_position_embeddings
-                                          if self.model else None)
-        budget = fixed.max_num_batched_tokens
-        if budget is None:
-            budget = (budget_default if fixed.enable_chunked_prefill
-                      else max(max_len or 2048, 2048))
-        values: dict[str, Any] = {
-            "max-num-batched-tokens": budget,
-            "max-num-seqs": fixed.max_num_seqs or min(seqs_default, budget),
-            "long-prefill-token-threshold": fixed.long_prefill_token_threshold,
-            "gpu-memory-utilization": fixed.gpu_memory_utilization
-            or DEFAULT_GPU_MEMORY_UTILIZATION,
-            "max-model-len": max_len,
-            # SGLang's default by GPU memory (facts §6): 8192 on 60-160 GB cards.
-            "chunked-prefill-size": 8192 if (self.gpu and self.gpu.memory_gib >= 60) else 4096,
-        }
+        values = self.defaults()
         return {p.name: values[p.name] for p in params if values.get(p.name) is not None}
 
     def feasibility(self, point: dict[str, Any], prescreen: bool) -> EngineStartupError | None:
         """Why the engine would refuse this point, or None. Always applies vLLM's scheduler
         rules; with ``prescreen`` and a known model and GPU, also the start-up memory model
         (reason prefixed ``Predicted``)."""
-        args = self.engine_args(point)
         try:
+            args = self.engine_args(point)
             args.check()
         except SpecError as e:
             return EngineStartupError("ConfigRejected", str(e))
@@ -180,12 +165,8 @@ class EngineContext:
                 except EngineStartupError as e:
                     return EngineStartupError("Predicted" + e.reason, e.message, e.hint)
             return None
-        budget = args.max_num_batched_tokens
-        seqs = args.max_num_seqs
-        if budget is None or seqs is None:
-            gb, gs = batch_defaults(self.gpu) if self.gpu else (2048, 256)
-            budget = budget or gb
-            seqs = seqs or min(gs, budget)
+        values = self.defaults(sim_part(point))
+        budget, seqs = values["max-num-batched-tokens"], values["max-num-seqs"]
         try:
             check_scheduler_rules(budget, seqs, args.max_model_len, args.enable_chunked_prefill,
                                   args.max_num_partial_prefills, args.max_long_partial_prefills)

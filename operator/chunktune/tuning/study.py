@@ -17,12 +17,14 @@ import optuna
 from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage
 
+from chunktune.api.metrics import Direction
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
+from chunktune.core.trials import TrialState
 from chunktune.tuning import space
 
 #: Trial user-attribute names (one vocabulary for the runner, the results and the status).
-ATTR_STATE = "chunktune_state"  # COMPLETE | INFEASIBLE | SKIPPED | FAIL | PRUNED | RUNNING
+ATTR_STATE = "chunktune_state"  # a TrialState value (INFEASIBLE, SKIPPED, FAIL, ...)
 ATTR_REASON = "reason"
 ATTR_MESSAGE = "message"
 ATTR_METRICS = "metrics"
@@ -31,6 +33,7 @@ ATTR_BASELINE = "baseline"
 ATTR_SERVER = "server"
 ATTR_OWNER = "owner"
 ATTR_TIMES = "times"
+ATTR_STEPS = "steps"  # vLLM's step log of the trial: {"file": ..., "steps": N, ...totals}
 #: The trial ran a point outside the search space (a baseline default that is not among the
 #: choices): told to Optuna as FAIL so samplers never see a trial missing a parameter (which
 #: would make GP and multivariate TPE sample that parameter at random); our own state is in
@@ -66,11 +69,11 @@ def storage_url(tuning: ChunkedPrefillTuning, override: str | None = None,
     return str(base / f"{ns}-{tuning.metadata.name}.journal")
 
 
-def open_storage(url: str) -> BaseStorage | str:
+def open_storage(url: str) -> BaseStorage:
     """An Optuna storage for a URL: ``sqlite:///...``/``postgresql://...`` as RDB, a path (or
     ``journal://PATH``) as a journal file — ~10x faster per trial than SQLite."""
     if "://" in url and not url.startswith(("journal://", "file://")):
-        return url
+        return optuna.storages.RDBStorage(url)
     path = Path(url.split("://", 1)[1] if "://" in url else url)
     path.parent.mkdir(parents=True, exist_ok=True)
     from optuna.storages.journal import JournalFileBackend
@@ -102,7 +105,8 @@ def make_sampler(tuning: ChunkedPrefillTuning, n_objectives: int,
             import torch  # noqa: F401
         except ImportError:
             raise SpecError("the gp sampler needs PyTorch, which is not installed: "
-                            "pip install torch (or use tpe)", field="spec.sampler.name") from None
+                            "pip install 'chunktune[gp]' (or use tpe)",
+                            field="spec.sampler.name") from None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=max(4, min(
@@ -167,7 +171,8 @@ def study_name(tuning: ChunkedPrefillTuning) -> str:
     return f"{tuning.metadata.namespace or 'default'}/{tuning.metadata.name}"
 
 
-def open_study(tuning: ChunkedPrefillTuning, storage: BaseStorage | str, directions: list[str],
+def open_study(tuning: ChunkedPrefillTuning, storage: BaseStorage | str,
+               directions: list[Direction],
                sampler: BaseSampler, pruner: optuna.pruners.BasePruner) -> optuna.Study:
     """Create the study, or load it to resume; refuses a storage holding the same study name
     with a different search (engine, space, workload, objectives, constraints)."""
@@ -193,18 +198,26 @@ def open_study(tuning: ChunkedPrefillTuning, storage: BaseStorage | str, directi
     return study
 
 
-def trial_state(t: optuna.trial.FrozenTrial) -> str:
+def live_trial(study: optuna.Study, storage: BaseStorage, number: int) -> optuna.Trial:
+    """A handle on trial ``number`` of ``study`` (stored in ``storage``) that can still record
+    attributes and be told, such as a RUNNING trial a previous process left behind. Uses the
+    storage's public lookups, not Optuna's private ``FrozenTrial._trial_id``."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return optuna.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, number))
+
+
+def trial_state(t: optuna.trial.FrozenTrial) -> TrialState:
     """chunktune's state of a trial (Optuna's, refined by our user attribute)."""
     if t.state == optuna.trial.TrialState.RUNNING:
-        return "RUNNING"
+        return TrialState.RUNNING
     if t.state == optuna.trial.TrialState.WAITING:
-        return "WAITING"
+        return TrialState.WAITING
     ours = t.user_attrs.get(ATTR_STATE)
     if ours:
-        return str(ours)
-    return {optuna.trial.TrialState.COMPLETE: "COMPLETE",
-            optuna.trial.TrialState.PRUNED: "PRUNED",
-            optuna.trial.TrialState.FAIL: "FAIL"}[t.state]
+        return TrialState(ours)
+    return {optuna.trial.TrialState.COMPLETE: TrialState.COMPLETE,
+            optuna.trial.TrialState.PRUNED: TrialState.PRUNED,
+            optuna.trial.TrialState.FAIL: TrialState.FAIL}[t.state]
 
 
 def point_of(t: optuna.trial.FrozenTrial) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from chunktune.load.stats import MetricStats, percentile, percentiles, summarize
+from chunktune.core.stats import MetricStats, percentile, percentiles, summarize
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 100, 1001])

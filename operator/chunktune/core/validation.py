@@ -1,8 +1,13 @@
-"""Pydantic's validation errors as ``(field path, message)`` problems.
+"""Pydantic's validation errors as ``(field path, message)`` problems: the one validation
+mechanism of the manifest and the workload profile.
 
-Paths use the manifest's camelCase names with list indices in brackets
+Paths use the fields' names (the manifest's camelCase aliases) with list indices in brackets
 (``spec.searchSpace[1].low``); messages are short and name the expected value, with a
-"did you mean" hint for unknown fields and misspelt choices, and never a pydantic URL.
+"did you mean" hint for unknown fields and misspelt choices, and never a pydantic URL. In a
+discriminated union (``Field(discriminator="dist")``) pydantic puts the member's tag into the
+error location; paths leave it out (``prompt_tokens.max``, not ``prompt_tokens.uniform.max``),
+a missing field says which member needs it (``is required for dist uniform``), and a bad or
+missing tag is reported at the discriminator field (``prompt_tokens.dist``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from chunktune.api._suggest import closest
+from chunktune.core.suggest import closest
 
 Problem = tuple[str, str]
 
@@ -36,9 +41,96 @@ def problems_from(err: ValidationError, root: type[BaseModel],
     ``prefix``."""
     out: list[Problem] = []
     for e in err.errors(include_url=False):
-        loc = tuple(e["loc"])
-        out.append((format_path((*prefix, *loc)), _message(e, root, loc)))
+        loc, tag = _untagged(root, tuple(e["loc"]))
+        kind = e["type"]
+        if kind in ("union_tag_invalid", "union_tag_not_found"):
+            ctx = e.get("ctx") or {}
+            field = str(ctx.get("discriminator", "")).strip("'")
+            expected = [t.strip().strip("'") for t in str(ctx.get("expected_tags", "")).split(",")
+                        if t.strip()] or _tags_at(root, loc, field)
+            got = ctx.get("tag")
+            msg = (f"must be one of {', '.join(expected)} (got {got!r})" if got is not None
+                   else f"is required: one of {', '.join(expected)}")
+            hint = closest(str(got), expected) if isinstance(got, str) else None
+            out.append((format_path((*prefix, *loc, field)),
+                        msg + (f"; did you mean {hint!r}?" if hint else "")))
+            continue
+        in_member = tag is not None and loc[:-1] == tag[0]
+        if kind == "extra_forbidden" and tag is not None and in_member:
+            allowed = sorted(n for n in tag[3].model_fields if n != tag[1])
+            msg = f"is not a field of {tag[1]} {tag[2]}; allowed: {', '.join(allowed)}"
+        else:
+            msg = _message(e, root, loc)
+        if kind == "missing" and tag is not None and in_member:
+            msg += f" for {tag[1]} {tag[2]}"
+        out.append((format_path((*prefix, *loc)), msg))
     return _dedupe(out)
+
+
+#: A discriminated-union member in an error location: (its location, discriminator, tag, model).
+_Tag = tuple[tuple[str | int, ...], str, str, type[BaseModel]]
+
+
+def _untagged(root: type[BaseModel], loc: tuple[str | int, ...]
+              ) -> tuple[tuple[str | int, ...], _Tag | None]:
+    """``loc`` without the tags pydantic inserts after a discriminated-union field, and the
+    last such member as ``(its location, discriminator field, tag)``."""
+    out: list[str | int] = []
+    tag: _Tag | None = None
+    cls: type[BaseModel] | None = root
+    i = 0
+    while i < len(loc):
+        part = loc[i]
+        out.append(part)
+        i += 1
+        if isinstance(part, int) or cls is None:
+            continue
+        field = next((f for n, f in cls.model_fields.items() if (f.alias or n) == part), None)
+        if field is None:
+            cls = None
+            continue
+        disc = field.discriminator if isinstance(field.discriminator, str) else None
+        members = _tagged_members(field.annotation, disc) if disc else {}
+        while i < len(loc) and isinstance(loc[i], int):  # list items of the field
+            out.append(loc[i])
+            i += 1
+        if members and i < len(loc) and loc[i] in members:
+            cls = members[str(loc[i])]
+            tag = (tuple(out), str(disc), str(loc[i]), cls)
+            i += 1
+        else:
+            cls = _model_in(field.annotation)
+    return tuple(out), tag
+
+
+def _tags_at(root: type[BaseModel], loc: tuple[str | int, ...], disc: str) -> list[str]:
+    """The tags of the discriminated union at ``loc`` (an untagged location)."""
+    cls: type[BaseModel] | None = root
+    members: dict[str, type[BaseModel]] = {}
+    for part in loc:
+        if isinstance(part, int) or cls is None:
+            continue
+        field = next((f for n, f in cls.model_fields.items() if (f.alias or n) == part), None)
+        if field is None:
+            return []
+        members = _tagged_members(field.annotation, disc)
+        cls = _model_in(field.annotation)
+    return list(members)
+
+
+def _tagged_members(tp: Any, disc: str) -> dict[str, type[BaseModel]]:
+    """The members of a discriminated union by tag."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _tagged_members(typing.get_args(tp)[0], disc)
+    if origin not in (typing.Union, types.UnionType):
+        return {}
+    out: dict[str, type[BaseModel]] = {}
+    for arg in typing.get_args(tp):
+        if isinstance(arg, type) and issubclass(arg, BaseModel) and disc in arg.model_fields:
+            for tag in typing.get_args(arg.model_fields[disc].annotation):
+                out[str(tag)] = arg
+    return out
 
 
 def _message(e: Any, root: type[BaseModel], loc: tuple[str | int, ...]) -> str:

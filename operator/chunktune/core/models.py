@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 
 DTYPE_BYTES: dict[str, float] = {
     "bfloat16": 2,

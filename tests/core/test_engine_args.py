@@ -1,13 +1,16 @@
-"""vLLM's defaults and start-up validation rules (facts §1)."""
+"""vLLM's defaults and start-up validation rules (docs/vllm-behaviour.md §2), and what the
+simulator refuses."""
 
 from __future__ import annotations
 
 import pytest
 
-from chunktune.errors import SpecError
-from chunktune.sim.config import EngineArgs, EngineStartupError, batch_defaults, resolve
-from chunktune.sim.gpus import resolve_gpu
-from chunktune.sim.models import resolve_model
+from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
+from chunktune.core.errors import SpecError
+from chunktune.core.flags import batch_defaults
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
+from chunktune.sim.engine import build_engine
 
 M = resolve_model("llama-3.1-8b")
 
@@ -96,3 +99,34 @@ def test_cudagraph_sizes_follow_vllm():
     assert cfg.cudagraph_capture_sizes[:4] == (1, 2, 4, 8) and max(cfg.cudagraph_capture_sizes) \
         == 128
     assert res(enforce_eager=True).cudagraph_capture_sizes == ()
+
+
+# ---- what vLLM takes but the simulator does not model: refused, never ignored ---------------
+
+
+@pytest.mark.parametrize(("kw", "field", "text"), [
+    (dict(enable_prefix_caching=True), "--enable-prefix-caching",
+     "the simulator does not model prefix caching"),
+    (dict(max_model_len=-1), "--max-model-len", "auto (-1) fits the length to the KV cache"),
+    (dict(kv_cache_dtype="float16"), "--kv-cache-dtype", "the simulator models auto, bfloat16"),
+])
+def test_simulator_refuses_what_it_does_not_model(kw, field, text):
+    args = EngineArgs(**kw)
+    args.check()  # vLLM takes it
+    with pytest.raises(SpecError) as e:
+        args.check_simulated()
+    assert e.value.problems[0][0] == field and text in e.value.problems[0][1]
+    with pytest.raises(SpecError):
+        build_engine(args, M, resolve_gpu("h100-sxm"))
+
+
+def test_prefix_caching_defaults_off_in_the_simulator_and_is_reported_as_such():
+    cfg = res()
+    assert cfg.enable_prefix_caching is False and EngineArgs().enable_prefix_caching is False
+    assert res(enable_prefix_caching=False).enable_prefix_caching is False
+
+
+def test_scheduling_policy_reaches_the_scheduler():
+    assert res(scheduling_policy="priority").scheduling_policy == "priority"
+    engine = build_engine(EngineArgs(scheduling_policy="priority"), M, resolve_gpu("h100-sxm"))
+    assert engine.scheduler.priority

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chunktune.errors import SpecError
+from chunktune.core.errors import SpecError
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chunktune.load.records import RequestRecord
-from chunktune.load.stats import MetricStats
+from chunktune.core.records import RequestRecord
+from chunktune.core.stats import MetricStats
 
 __all__ = [
     "SCHEMA_ID",

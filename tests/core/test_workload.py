@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import itertools
+import math
+import random
 import statistics
 
 import pytest
 import yaml
 
-from chunktune.errors import SpecError
-from chunktune.sim.workload import (
+from chunktune.core.errors import SpecError
+from chunktune.core.workload import (
     PROFILE_DIR,
+    Choice,
+    Constant,
+    Exponential,
+    LogNormal,
+    Normal,
+    Uniform,
     generate,
     load_profile,
+    parse_distribution,
     parse_duration,
     parse_profile,
 )
@@ -37,8 +46,9 @@ def test_shipped_profiles_load(name):
 def test_mixed_has_long_context_beside_chat():
     p = load_profile("mixed")
     long_ctx, chat = (c for c in p.classes)
-    assert long_ctx.prompt_tokens.min is None and long_ctx.prompt_tokens.params["min"] >= 8192
-    assert chat.prompt_tokens.max <= 1000
+    assert isinstance(long_ctx.prompt_tokens, Uniform) and long_ctx.prompt_tokens.low >= 8192
+    assert long_ctx.prompt_tokens.min is None  # uniform's min/max are its range, not a clip
+    assert isinstance(chat.prompt_tokens, LogNormal) and chat.prompt_tokens.max == 1000
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
@@ -67,6 +77,19 @@ def test_durations(text, seconds):
     (lambda d: d.update(warmup=200), "t.warmup", "shorter than duration"),
     (lambda d: d.update(extra=1), "t.extra", "unknown field"),
     (lambda d: d["classes"].append(dict(d["classes"][0])), "t.classes[1].name", "duplicate"),
+    (lambda d: d["classes"][0]["prompt_tokens"].pop("dist"), "t.classes[0].prompt_tokens.dist",
+     "is required: one of constant, uniform"),
+    (lambda d: d["classes"][0]["prompt_tokens"].update(sigma=2),
+     "t.classes[0].prompt_tokens.sigma", "not a field of dist uniform; allowed: max, min"),
+    (lambda d: d["classes"][0].update(output_tokens={"dist": "choice", "values": [1, 2],
+                                                    "weights": [1]}),
+     "t.classes[0].output_tokens.weights", "as many entries as values (2)"),
+    (lambda d: d["classes"][0].update(output_tokens={"dist": "normal", "mean": 9}),
+     "t.classes[0].output_tokens.std", "is required for dist normal"),
+    (lambda d: d["classes"][0].update(output_tokens="lots"), "t.classes[0].output_tokens",
+     "a number or a mapping"),
+    (lambda d: d["classes"][0].update(weight=True), "t.classes[0].weight", "must be a number"),
+    (lambda d: d.update(seed=1.5), "t.seed", "must be an integer"),
 ])
 def test_bad_profiles_name_the_field(mutate, path, fragment):
     d = base()
@@ -124,3 +147,24 @@ def test_class_weights_and_constant_arrivals():
 def test_round_trip_to_dict():
     p = load_profile("mixed")
     assert parse_profile(yaml.safe_load(yaml.safe_dump(p.to_dict())), source="mixed") == p
+
+
+@pytest.mark.parametrize(("raw", "kind", "mean"), [
+    ({"dist": "constant", "value": 64}, Constant, 64.0),
+    (64, Constant, 64.0),
+    ({"dist": "uniform", "min": 10, "max": 20}, Uniform, 15.0),
+    ({"dist": "normal", "mean": 100, "std": 10, "min": 50}, Normal, 100.0),
+    ({"dist": "lognormal", "mean": 500, "sigma": 0.5, "min": 200, "max": 1000}, LogNormal,
+     500.0),
+    ({"dist": "exponential", "mean": 30, "max": 90}, Exponential, 30.0),
+    ({"dist": "choice", "values": [10, 30], "weights": [3, 1]}, Choice, 15.0),
+])
+def test_each_distribution_is_its_own_type(raw, kind, mean):
+    d = parse_distribution(raw, "p")
+    assert (type(d), d.mean()) == (kind, mean)
+    assert parse_distribution(d.to_dict(), "p") == d  # to_dict is what parse reads back
+    rng = random.Random(7)
+    draws = [d.sample(rng) for _ in range(200)]
+    lo = raw["min"] if isinstance(raw, dict) and "min" in raw else 1
+    hi = raw["max"] if isinstance(raw, dict) and "max" in raw else math.inf
+    assert all(isinstance(x, int) and max(1, lo) <= x <= hi for x in draws)

@@ -2,22 +2,20 @@
 
 :class:`EngineArgs` holds what a user passes (``None`` = not given); :func:`resolve` turns it into
 a :class:`ResolvedConfig` the way vLLM's ``EngineArgs.get_batch_defaults`` and
-``SchedulerConfig.verify_max_model_len`` do (``../shared/reference/vllm-facts.md`` §1), raising
+``SchedulerConfig.verify_max_model_len`` do (``docs/vllm-behaviour.md`` §2), raising
 :class:`EngineStartupError` with vLLM's own message for a configuration vLLM refuses.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from chunktune.errors import ChunktuneError, SpecError
-from chunktune.sim.gpus import GPU
-from chunktune.sim.models import ModelConfig
-
-#: vLLM's default ``gpu_memory_utilization`` since v0.21 (PR #38284); 0.9 before.
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
-DEFAULT_BLOCK_SIZE = 16
+from chunktune.core.errors import ChunktuneError, SpecError
+from chunktune.core.flags import BY_ATTR, FLAGS, argv, engine_defaults
+from chunktune.core.gpus import GPU
+from chunktune.core.models import ModelConfig
 
 
 class EngineStartupError(ChunktuneError):
@@ -56,63 +54,105 @@ class EngineStartupError(ChunktuneError):
         ))
 
 
+def _default(name: str) -> Any:
+    return FLAGS[name].default
+
+
+#: The ``--kv-cache-dtype`` values the simulator models (vLLM takes more).
+SIM_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
 @dataclass
 class EngineArgs:
-    """The ``vllm serve`` arguments the simulator models. ``None`` means "vLLM's default"."""
+    """The ``vllm serve`` arguments the simulator models, one field per registry flag the
+    ``sim`` engine takes (:mod:`chunktune.core.flags`; a test keeps the two in step).
+    ``None`` means "the engine derives it" (:func:`chunktune.core.flags.engine_defaults`).
+
+    ``enable_prefix_caching`` defaults to off, unlike vLLM: the simulator does not model prefix
+    caching and refuses ``--enable-prefix-caching`` rather than ignore it."""
 
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
-    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold: int = _default("long-prefill-token-threshold")
     max_model_len: int | None = None
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    enable_chunked_prefill: bool = True
-    block_size: int = DEFAULT_BLOCK_SIZE
-    tensor_parallel_size: int = 1
-    max_num_partial_prefills: int = 1
-    max_long_partial_prefills: int = 1
-    enable_prefix_caching: bool = True
-    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float = _default("gpu-memory-utilization")
+    enable_chunked_prefill: bool = _default("enable-chunked-prefill")
+    block_size: int = _default("block-size")
+    tensor_parallel_size: int = _default("tensor-parallel-size")
+    max_num_partial_prefills: int = _default("max-num-partial-prefills")
+    max_long_partial_prefills: int = _default("max-long-partial-prefills")
+    enable_prefix_caching: bool = False
+    kv_cache_dtype: str = _default("kv-cache-dtype")
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
-    scheduling_policy: str = "fcfs"
-    enforce_eager: bool = False
+    scheduling_policy: str = _default("scheduling-policy")
+    enforce_eager: bool = _default("enforce-eager")
     max_cudagraph_capture_size: int | None = None
 
-    def check(self) -> None:
-        """Reject values no engine would take (wrong types, zero or negative sizes), naming the
-        flag. Rules vLLM itself enforces at start-up are in :func:`resolve` instead, since they
-        are results (the engine refuses), not input errors."""
+    @classmethod
+    def from_point(cls, point: Mapping[str, Any], base: EngineArgs | None = None) -> EngineArgs:
+        """``base`` (default: all defaults) with a point's flags set, each value of its flag's
+        type. Raises :class:`SpecError` naming the flag for a flag the simulator does not take
+        or a value the engine refuses."""
         problems: list[tuple[str, str]] = []
-        positive = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size",
-                    "tensor_parallel_size", "max_num_partial_prefills",
-                    "max_long_partial_prefills", "kv_cache_memory_bytes",
-                    "num_gpu_blocks_override", "max_cudagraph_capture_size")
-        for name in positive:
-            v = getattr(self, name)
-            if v is None:
+        values: dict[str, Any] = {}
+        for name, value in point.items():
+            f = FLAGS.get(name)
+            if f is None or "sim" not in f.engines:
+                problems.append(("--" + name, "the simulator does not take this flag"))
                 continue
-            if isinstance(v, bool) or not isinstance(v, int):
-                problems.append((flag(name), f"must be an integer (got {v!r})"))
-            elif v <= 0:
-                problems.append((flag(name), f"must be > 0 (got {v})"))
-        t = self.long_prefill_token_threshold
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            problems.append((flag("long_prefill_token_threshold"),
-                             f"must be an integer >= 0, 0 meaning no cap (got {t!r})"))
-        u = self.gpu_memory_utilization
-        if isinstance(u, bool) or not isinstance(u, int | float) or not 0 < u <= 1:
-            problems.append((flag("gpu_memory_utilization"),
-                             f"must be a fraction in (0, 1] (got {u!r})"))
-        if self.block_size not in (1, 8, 16, 32, 64, 128, 256):
-            problems.append((flag("block_size"),
-                             f"must be one of 1, 8, 16, 32, 64, 128, 256 (got {self.block_size})"))
-        if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"):
-            problems.append((flag("kv_cache_dtype"),
-                             f"must be auto, bfloat16, fp8, fp8_e4m3 or fp8_e5m2 "
-                             f"(got {self.kv_cache_dtype!r})"))
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            problems.append((flag("scheduling_policy"),
-                             f"must be fcfs or priority (got {self.scheduling_policy!r})"))
+            why = f.why(value)
+            if why is not None:
+                problems.append((f.option, why))
+                continue
+            values[f.attr] = f.coerce(value)
+        if problems:
+            raise SpecError(problems)
+        return replace(base if base is not None else cls(), **values)
+
+    def point(self, only_set: bool = True) -> dict[str, Any]:
+        """The arguments as a point (``{"max-num-seqs": 256}``), in registry order; with
+        ``only_set`` only those that differ from the defaults; never the unset (None) ones."""
+        default = EngineArgs()
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None or (only_set and v == getattr(default, f.name)):
+                continue
+            out[BY_ATTR[f.name].name] = v
+        return out
+
+    def check(self) -> None:
+        """Reject values no engine would take (wrong types, out of the flag's bounds), naming
+        the flag. Rules vLLM itself enforces at start-up are in :func:`resolve` instead, since
+        they are results (the engine refuses), not input errors."""
+        problems: list[tuple[str, str]] = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            flag = BY_ATTR[f.name]
+            if v is None and flag.default is None:
+                continue
+            why = flag.why(v)
+            if why is not None:
+                problems.append((flag.option, why))
+        if problems:
+            raise SpecError(problems)
+
+    def check_simulated(self) -> None:
+        """:meth:`check`, then refuse what vLLM takes but the simulator does not model (rather
+        than ignore it): prefix caching, ``--max-model-len auto``, KV-cache dtypes other than
+        :data:`SIM_KV_CACHE_DTYPES`."""
+        self.check()
+        problems: list[tuple[str, str]] = []
+        if self.max_model_len == -1:
+            problems.append(("--max-model-len", "auto (-1) fits the length to the KV cache, "
+                             "which the simulator does not model; give a length"))
+        if self.enable_prefix_caching:
+            problems.append(("--enable-prefix-caching", "the simulator does not model prefix "
+                             "caching; drop the flag (the simulator runs with it off)"))
+        if self.kv_cache_dtype not in SIM_KV_CACHE_DTYPES:
+            problems.append(("--kv-cache-dtype", f"the simulator models "
+                             f"{', '.join(SIM_KV_CACHE_DTYPES)} (got {self.kv_cache_dtype!r})"))
         if problems:
             raise SpecError(problems)
 
@@ -121,24 +161,7 @@ class EngineArgs:
 
     def to_cli(self, only_set: bool = True) -> list[str]:
         """The ``vllm serve`` flags for these arguments (defaults left out)."""
-        default = EngineArgs()
-        out: list[str] = []
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if only_set and v == getattr(default, f.name):
-                continue
-            if v is None:
-                continue
-            if isinstance(v, bool):
-                out.append(flag(f.name) if v else "--no-" + flag(f.name)[2:])
-            else:
-                out += [flag(f.name), str(v)]
-        return out
-
-
-def flag(name: str) -> str:
-    """``max_num_seqs`` -> ``--max-num-seqs``."""
-    return "--" + name.replace("_", "-")
+        return argv(self.point(only_set))
 
 
 @dataclass(frozen=True)
@@ -159,30 +182,40 @@ class ResolvedConfig:
     kv_cache_memory_bytes: int | None
     num_gpu_blocks_override: int | None
     enforce_eager: bool
+    scheduling_policy: str = "fcfs"
+    enable_prefix_caching: bool = False
     cudagraph_capture_sizes: tuple[int, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
 
     def flags(self) -> dict[str, Any]:
-        """The tuned knobs, by vLLM flag name."""
-        return {
-            "max-num-batched-tokens": self.max_num_batched_tokens,
-            "max-num-seqs": self.max_num_seqs,
-            "long-prefill-token-threshold": self.long_prefill_token_threshold,
-            "max-model-len": self.max_model_len,
-            "gpu-memory-utilization": self.gpu_memory_utilization,
-            "enable-chunked-prefill": self.enable_chunked_prefill,
-            "block-size": self.block_size,
-            "tensor-parallel-size": self.tensor_parallel_size,
-        }
+        """The engine flags as the engine runs with them, as a point
+        (``{"max-num-batched-tokens": 8192, ...}``), in registry order; unset ones left out."""
+        out: dict[str, Any] = {}
+        for f in FLAGS.values():
+            value = getattr(self, f.attr, None)
+            if "sim" in f.engines and value is not None:
+                out[f.name] = value
+        return out
 
 
-def batch_defaults(gpu: GPU) -> tuple[int, int]:
-    """``vllm serve``'s default (max_num_batched_tokens, max_num_seqs) for a GPU: 8192/1024 on
-    GPUs of >= 70 GiB whose name does not contain "a100", else 2048/256 (get_batch_defaults,
-    PR #17885)."""
-    if gpu.memory_gib >= 70 and "a100" not in gpu.device_name.lower():
-        return 8192, 1024
-    return 2048, 256
+def kv_cache_dtype_bytes(dtype: str, model_dtype_bytes: float) -> float:
+    """Bytes per cached K or V element for a ``--kv-cache-dtype``: the model's for ``auto``,
+    2 for 16-bit types, 1 for 8-bit ones, the bit width / 8 for the packed 3- and 4-bit ones
+    (the simulator itself runs only auto, bfloat16 and fp8; the rest serve the tuner's memory
+    prescreen of a real vLLM engine)."""
+    if dtype == "auto":
+        return model_dtype_bytes
+    if dtype in ("bfloat16", "float16"):
+        return 2.0
+    if dtype.startswith(("fp8", "int8")):
+        return 1.0
+    if dtype == "turboquant_3bit_nc":
+        return 3 / 8
+    if dtype == "turboquant_k3v4_nc":
+        return (3 + 4) / 16
+    if dtype == "turboquant_k8v4":
+        return (8 + 4) / 16
+    return 0.5  # int4_per_token_head, nvfp4*, turboquant_4bit_nc, ultraquant_4bit
 
 
 def cudagraph_sizes(max_num_seqs: int, max_num_batched_tokens: int,
@@ -236,7 +269,8 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
             f"divisible by tensor parallel size ({tp}).",
         )
     derived_len = model.max_position_embeddings
-    max_model_len = args.max_model_len if args.max_model_len is not None else derived_len
+    # None: the model's; -1 (auto): at most the model's, fitted to the KV cache by vLLM.
+    max_model_len = derived_len if args.max_model_len in (None, -1) else args.max_model_len
     if max_model_len > derived_len:
         raise EngineStartupError.value_error(
             "ModelConfig",
@@ -249,13 +283,8 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
             "absolute position encoding, positions exceeding derived_max_model_len will cause a "
             "CUDA array out-of-bounds error.",
         )
-    default_budget, default_seqs = batch_defaults(gpu)
-    budget = args.max_num_batched_tokens
-    if budget is None:
-        budget = default_budget if args.enable_chunked_prefill else max(max_model_len, 2048)
-    seqs = args.max_num_seqs
-    if seqs is None:
-        seqs = min(default_seqs, budget)
+    values = engine_defaults(args.point(only_set=False), gpu, max_model_len, engine="sim")
+    budget, seqs = values["max-num-batched-tokens"], values["max-num-seqs"]
     check_scheduler_rules(budget, seqs, max_model_len, args.enable_chunked_prefill,
                           args.max_num_partial_prefills, args.max_long_partial_prefills)
     warnings: list[str] = []
@@ -264,7 +293,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
             f"max_num_batched_tokens ({budget}) exceeds max_num_seqs * max_model_len "
             f"({seqs * max_model_len}). This may lead to unexpected behavior."
         )
-    kv_bytes = model.dtype_bytes if args.kv_cache_dtype in ("auto", "bfloat16") else 1.0
+    kv_bytes = kv_cache_dtype_bytes(args.kv_cache_dtype, model.dtype_bytes)
     graphs = () if args.enforce_eager else cudagraph_sizes(seqs, budget,
                                                            args.max_cudagraph_capture_size)
     return ResolvedConfig(
@@ -282,6 +311,8 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         enforce_eager=args.enforce_eager,
+        scheduling_policy=args.scheduling_policy,
+        enable_prefix_caching=args.enable_prefix_caching,
         cudagraph_capture_sizes=graphs,
         warnings=tuple(warnings),
     )

@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from chunktune.load.aggregate import RunInfo, build_summary, build_window, goodput
-from chunktune.load.records import RequestRecord
-from chunktune.load.summary import (
+from chunktune.core.records import RequestRecord
+from chunktune.core.summary import (
     SCHEMA_ID,
     SUMMARY_JSON_SCHEMA,
     ArrivalInfo,
     LoadSummary,
     Slo,
 )
+from chunktune.load.aggregate import RunInfo, build_summary, build_window, goodput
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -1,0 +1,536 @@
+"""The one registry of engine flags: spelling, type, parser, formatter, engines, bounds, default.
+
+Every other representation of an engine flag is derived from :data:`FLAGS`: the CRD's enum of
+searchable flags (:data:`TUNABLE`), the argparse options of ``chunktune sim run`` and
+``sim serve`` (:func:`add_argparse`), the manifest's ``engine.args`` check
+(:func:`parse_argv`), the search-space mapping onto the simulator's engine arguments
+(:attr:`Flag.attr`), the flags line shown everywhere (:func:`flags_line`) and the argv given to
+an engine process or pod (:func:`argv`). A *point* is a mapping ``{flag name: value}`` with the
+name as vLLM spells it without dashes (``max-num-batched-tokens``); strings appear only where a
+point crosses a process boundary.
+
+Parsers accept what vLLM 0.32's ``vllm serve`` accepts (``vllm/engine/arg_utils.py``,
+``vllm/utils/argparse_utils.py``): ``--max-num-batched-tokens`` and ``--kv-cache-memory-bytes``
+take vLLM's human-readable integers (``8k`` = 8000, ``8K`` = 8192, ``25.6k`` = 25600),
+``--max-model-len`` also ``auto`` / ``-1``, the other integer flags plain integers only; boolean
+flags take no value (``--enable-chunked-prefill`` / ``--no-enable-chunked-prefill``). Bounds
+are those of vLLM's config classes (``SchedulerConfig``, ``CacheConfig``, ``ParallelConfig``).
+
+vLLM's per-GPU defaults (``EngineArgs.get_batch_defaults`` and
+``_set_default_max_num_seqs_and_batched_tokens_args``) live in :func:`batch_defaults` and
+:func:`engine_defaults`, nowhere else. Adding a tunable knob is one :class:`Flag` entry here
+(plus, if the simulator takes it, its semantics in :mod:`chunktune.core.engine_args` and the
+simulator); the ``tests/core/test_flags.py`` round trip then covers it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from chunktune.core.gpus import GPU
+
+Engine = Literal["vllm", "sim", "sglang"]
+Kind = Literal["int", "float", "bool", "str"]
+DefaultRule = Literal["static", "batch_budget", "batch_seqs", "model_len", "sglang_chunk"]
+
+VLLM_ENGINES: tuple[Engine, ...] = ("vllm", "sim")
+
+
+class FlagValueError(ValueError):
+    """A flag's value that its engine would refuse; the message names the flag and the fix."""
+
+
+# ---- parsers (what vLLM's argparse types accept) ----------------------------------------------
+
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+
+
+def human_readable_int(text: str) -> int:
+    """vLLM's human-readable integer: ``8k`` = 8000, ``8K`` = 8192, ``25.6k`` = 25600 (a
+    decimal suffix allows a fraction and truncates; a binary one does not), otherwise Python's
+    ``int``. Raises :class:`ValueError`."""
+    text = text.strip()
+    m = _HUMAN.fullmatch(text)
+    if m is None:
+        return int(text)
+    number, suffix = m.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        raise ValueError(f"decimals are not allowed with binary suffixes like {suffix}; did you "
+                         f"mean {number}{suffix.lower()}?")
+    return int(number) * _BINARY[suffix]
+
+
+def human_readable_int_or_auto(text: str) -> int:
+    """:func:`human_readable_int`, plus ``auto`` (any case) or ``-1``, both giving -1."""
+    stripped = text.strip()
+    if stripped == "-1" or stripped.lower() == "auto":
+        return -1
+    return human_readable_int(stripped)
+
+
+def _no_value(text: str) -> Any:  # pragma: no cover - boolean flags never reach a parser
+    raise ValueError("takes no value")
+
+
+# ---- the flag ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One engine flag. ``name`` is vLLM's spelling without the dashes."""
+
+    name: str
+    kind: Kind
+    engines: tuple[Engine, ...]
+    help: str
+    parser: Callable[[str], Any] = _no_value
+    """Text -> value, as the engine's own argparse type does (raises ValueError)."""
+    accepts: str = ""
+    """What the parser accepts, for error messages (``an integer such as 2048, 8k or 8K``)."""
+    minimum: float | None = None
+    maximum: float | None = None
+    minimum_exclusive: bool = False
+    choices: tuple[Any, ...] = ()
+    forbidden: tuple[Any, ...] = ()
+    """Values inside the bounds that the engine still refuses."""
+    special: tuple[Any, ...] = ()
+    """Values outside the bounds that the engine takes with a meaning of their own."""
+    default: Any = None
+    """The static default (``default_rule == "static"``); None: the engine derives it."""
+    default_rule: DefaultRule = "static"
+    """How the default is derived: see :func:`engine_defaults`."""
+    tunable: bool = False
+    """Whether ``spec.searchSpace`` may search it (the CRD's enum)."""
+    aliases: tuple[str, ...] = ()
+    """Other spellings the engine accepts, with their dashes (``-tp``)."""
+
+    @property
+    def attr(self) -> str:
+        """The attribute name (``max_num_batched_tokens``), as in vLLM's ``EngineArgs``."""
+        return self.name.replace("-", "_")
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        """Every spelling the engine accepts on a command line (``--no-`` forms aside)."""
+        under = "--" + self.attr
+        return (self.option, *((under,) if under != self.option else ()), *self.aliases)
+
+    # -- text -> value --
+
+    def read(self, text: str) -> Any:
+        """The value ``--flag TEXT`` gives, as the engine's argparse type reads it (bounds are
+        checked later, as vLLM's config classes do). Raises :class:`FlagValueError` naming
+        the flag."""
+        if self.kind == "bool":
+            raise FlagValueError(f"{self.option} takes no value (use {self.option} or "
+                                 f"--no-{self.name})")
+        try:
+            return self.parser(text)
+        except ValueError as e:
+            plain = "invalid literal" in str(e) or "could not convert" in str(e)
+            detail = "" if plain else f": {e}"
+            raise FlagValueError(f"{self.option} takes {self.accepts} (got {text!r}){detail}") \
+                from None
+
+    def parse(self, text: str) -> Any:
+        """:meth:`read`, then the bounds: the value the engine runs with, or
+        :class:`FlagValueError`."""
+        return self.coerce(self.read(text))
+
+    # -- a point's value (from JSON, Optuna, a dataclass) -> value --
+
+    def coerce(self, value: Any) -> Any:
+        """``value`` as this flag's type: an integral float becomes an int for an int flag
+        (JSON and Optuna give ``4096.0``). Raises :class:`FlagValueError` for a value of the
+        wrong type or out of bounds."""
+        why = self.why(value)
+        if why is not None:
+            raise FlagValueError(f"{self.option} {why}")
+        if self.kind == "int":
+            return int(value)
+        if self.kind == "float":
+            return float(value)
+        return value
+
+    def why(self, value: Any) -> str | None:
+        """Why the engine refuses ``value`` given as data (wrong type, out of bounds), without
+        the flag's name (``must be >= 1 (got 0)``), or None."""
+        if self.kind == "bool":
+            return None if isinstance(value, bool) else \
+                f"is a switch: give true or false (got {value!r})"
+        if self.kind == "str":
+            if not isinstance(value, str):
+                return f"takes a string (got {value!r})"
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            return f"takes {self.accepts} (got {value!r})"
+        elif self.kind == "int" and isinstance(value, float) and not value.is_integer():
+            return f"takes an integer (got {value!r})"
+        problem = self.problem(value)
+        return None if problem is None else f"{problem} (got {self.text(value)})"
+
+    def problem(self, value: Any) -> str | None:
+        """Why the engine refuses ``value`` (of the flag's type) by its bounds, or None."""
+        if value in self.special:
+            return None
+        if self.choices and value not in self.choices:
+            return f"must be one of {', '.join(self.text(c) for c in self.choices)}"
+        if self.kind in ("int", "float"):
+            v = float(value)
+            low = self.minimum
+            if math.isnan(v) or (low is not None and (v <= low if self.minimum_exclusive
+                                                      else v < low)) \
+                    or (self.maximum is not None and v > self.maximum) or value in self.forbidden:
+                return f"must be {self.range_text()}"
+        return None
+
+    def range_text(self) -> str:
+        """``>= 1``, ``> 0 and <= 1``, ``>= -1, not 0``."""
+        parts = []
+        if self.minimum is not None:
+            parts.append(f"{'>' if self.minimum_exclusive else '>='} {self.minimum:g}")
+        if self.maximum is not None:
+            parts.append(f"<= {self.maximum:g}")
+        text = " and ".join(parts) or "a number"
+        if self.forbidden:
+            text += ", not " + ", ".join(self.text(x) for x in self.forbidden)
+        if self.special:
+            text += " (or " + ", ".join(self.text(x) for x in self.special) + ")"
+        return text
+
+    # -- value -> text --
+
+    def text(self, value: Any) -> str:
+        """The value as one command-line token (``4096``, ``0.92``, ``fcfs``). An int flag's
+        integral float prints as an int; a float prints the shortest text that parses back
+        to the same float."""
+        if self.kind == "bool":
+            return "true" if value else "false"
+        if self.kind == "int" and isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        if self.kind == "float" and isinstance(value, int | float) \
+                and not isinstance(value, bool):
+            return repr(float(value))
+        return str(value)
+
+    def format(self, value: Any) -> list[str]:
+        """``--flag VALUE`` as argv tokens; a switch is ``--flag`` or ``--no-flag``."""
+        if self.kind == "bool":
+            return [self.option if value else f"--no-{self.name}"]
+        return [self.option, self.text(value)]
+
+
+# ---- the registry ------------------------------------------------------------------------------
+
+_HUMAN_INT = "an integer such as 2048, 8k (8000) or 8K (8192)"
+_INT = "an integer"
+
+_ENTRIES: tuple[Flag, ...] = (
+    Flag("max-num-batched-tokens", "int", VLLM_ENGINES,
+         "token budget of one engine step, shared by decodes and prefill chunks",
+         human_readable_int, _HUMAN_INT, minimum=1, default_rule="batch_budget", tunable=True),
+    Flag("long-prefill-token-threshold", "int", VLLM_ENGINES,
+         "most prompt tokens one request may take in a step; 0 = no cap",
+         int, _INT, minimum=0, default=0, tunable=True),
+    Flag("max-num-seqs", "int", VLLM_ENGINES, "most running requests",
+         int, _INT, minimum=1, default_rule="batch_seqs", tunable=True),
+    Flag("gpu-memory-utilization", "float", VLLM_ENGINES,
+         "fraction of GPU memory the engine may use",
+         float, "a fraction such as 0.9", minimum=0, maximum=1, minimum_exclusive=True,
+         default=0.92, tunable=True,  # 0.92 since vLLM v0.21 (PR #38284); 0.9 before
+         aliases=("--device-memory-utilization",)),
+    Flag("max-model-len", "int", VLLM_ENGINES,
+         "longest prompt + output (default: the model's; auto or -1: what fits in memory)",
+         human_readable_int_or_auto, "an integer such as 32768, 32k or 32K, or auto",
+         minimum=1, special=(-1,), default_rule="model_len", tunable=True),
+    Flag("chunked-prefill-size", "int", ("sglang",),
+         "SGLang's prefill chunk size; -1 disables chunking",
+         int, _INT, minimum=-1, forbidden=(0,), default_rule="sglang_chunk", tunable=True),
+    Flag("enable-chunked-prefill", "bool", VLLM_ENGINES, "chunked prefill (default on)",
+         default=True),
+    Flag("block-size", "int", VLLM_ENGINES, "KV-cache block size in tokens",
+         int, _INT, choices=(1, 8, 16, 32, 64, 128, 256), default=16),
+    Flag("tensor-parallel-size", "int", VLLM_ENGINES, "tensor-parallel degree",
+         int, _INT, minimum=1, default=1, aliases=("-tp",)),
+    Flag("max-num-partial-prefills", "int", VLLM_ENGINES,
+         "concurrent partial prefills (V0 only; V1 refuses values other than 1)",
+         int, _INT, minimum=1, default=1),
+    Flag("max-long-partial-prefills", "int", VLLM_ENGINES,
+         "concurrent long partial prefills (V0 only; V1 refuses values other than 1)",
+         int, _INT, minimum=1, default=1),
+    Flag("kv-cache-dtype", "str", VLLM_ENGINES, "KV-cache data type",
+         str, "a data type name",
+         choices=("auto", "bfloat16", "float16", "fp8", "fp8_ds_mla", "fp8_e4m3", "fp8_e5m2",
+                  "fp8_inc", "fp8_per_token_head", "int4_per_token_head",
+                  "int8_per_token_head", "nvfp4", "nvfp4_4over6", "nvfp4_ds_mla",
+                  "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+                  "turboquant_k8v4", "ultraquant_4bit"),
+         default="auto"),
+    Flag("kv-cache-memory-bytes", "int", VLLM_ENGINES,
+         "KV-cache size in bytes (overrides --gpu-memory-utilization)",
+         human_readable_int, "a byte count such as 8G or 8589934592", minimum=1),
+    Flag("num-gpu-blocks-override", "int", VLLM_ENGINES, "force the KV block count",
+         int, _INT, minimum=1),
+    Flag("scheduling-policy", "str", VLLM_ENGINES,
+         "fcfs (arrival order) or priority (the request's priority, then arrival)",
+         str, "fcfs or priority", choices=("fcfs", "priority"), default="fcfs"),
+    Flag("enable-prefix-caching", "bool", VLLM_ENGINES,
+         "reuse KV blocks of shared prompt prefixes (vLLM: on by default)", default=True),
+    Flag("enforce-eager", "bool", VLLM_ENGINES,
+         "no CUDA graphs: no graph memory, more launch overhead per step", default=False),
+    Flag("max-cudagraph-capture-size", "int", VLLM_ENGINES, "largest CUDA-graph batch",
+         int, _INT, minimum=1),
+)
+
+#: Every engine flag, by name.
+FLAGS: dict[str, Flag] = {f.name: f for f in _ENTRIES}
+#: The same, by attribute name.
+BY_ATTR: dict[str, Flag] = {f.attr: f for f in _ENTRIES}
+#: The flags ``spec.searchSpace`` may search, in registry order (the CRD's enum).
+TUNABLE: tuple[str, ...] = tuple(f.name for f in _ENTRIES if f.tunable)
+
+_SPELLING: dict[str, Flag] = {s: f for f in _ENTRIES for s in f.spellings}
+
+
+def for_engine(engine: str) -> list[Flag]:
+    """The flags an engine kind (``vllm``, ``sim``, ``sglang``) takes, in registry order."""
+    return [f for f in _ENTRIES if engine in f.engines]
+
+
+def lookup(spelling: str) -> tuple[Flag | None, bool]:
+    """The flag a command-line spelling names (``--max-num-seqs``, ``--max_num_seqs``,
+    ``-tp``, ``--no-enable-chunked-prefill``) and whether it is the ``--no-`` form."""
+    if spelling in _SPELLING:
+        return _SPELLING[spelling], False
+    for prefix in ("--no-", "--no_"):
+        if spelling.startswith(prefix):
+            f = _SPELLING.get("--" + spelling[len(prefix):])
+            if f is not None and f.kind == "bool":
+                return f, True
+    return None, False
+
+
+# ---- point <-> argv ----------------------------------------------------------------------------
+
+
+def coerce_point(point: Mapping[str, Any]) -> dict[str, Any]:
+    """A point with every value of its flag's type (``{"max-num-seqs": 256.0}`` ->
+    ``{"max-num-seqs": 256}``). Raises :class:`FlagValueError` for an unknown flag or a bad
+    value."""
+    out: dict[str, Any] = {}
+    for name, value in point.items():
+        if name not in FLAGS:
+            raise FlagValueError(f"unknown engine flag {name!r}")
+        out[name] = FLAGS[name].coerce(value)
+    return out
+
+
+def argv(point: Mapping[str, Any]) -> list[str]:
+    """A point as command-line tokens, in the point's order:
+    ``{"max-num-seqs": 256}`` -> ``["--max-num-seqs", "256"]``."""
+    out: list[str] = []
+    for name, value in coerce_point(point).items():
+        out += FLAGS[name].format(value)
+    return out
+
+
+def flags_line(point: Mapping[str, Any]) -> str:
+    """The flags to paste into a ``vllm serve`` command line — in status, events, the CLI, the
+    output ConfigMap and the patched Deployment's annotation."""
+    return shlex.join(argv(point))
+
+
+@dataclass
+class ParsedArgs:
+    """An argument list read against the registry. Indices are positions in the list."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    """Registry flags given, by name, parsed."""
+    index: dict[str, int] = field(default_factory=dict)
+    """Where each registry flag was given (its last occurrence)."""
+    unknown: list[tuple[int, str]] = field(default_factory=list)
+    """Flags not in the registry (or not taken by the engine asked for): (index, spelling)."""
+    problems: list[tuple[int, str]] = field(default_factory=list)
+    """(index, message) for values of registry flags that the engine would refuse."""
+    stray: list[int] = field(default_factory=list)
+    """Tokens that are no flag and follow no flag that takes them (an unknown flag may take
+    several values, as vLLM's ``--api-key K1 K2`` does)."""
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_argv(args: Sequence[str], engine: str | None = None) -> ParsedArgs:
+    """Read ``--flag VALUE``, ``--flag=VALUE``, ``--switch`` / ``--no-switch`` tokens with the
+    registry's parsers. A flag the registry lacks (or ``engine`` does not take) is listed in
+    ``unknown`` and skipped with its value (the next token, unless it is itself a flag)."""
+    out = ParsedArgs()
+    i = 0
+    while i < len(args):
+        token, at = args[i], i
+        i += 1
+        if not token.startswith("-") or token == "-" or _is_number(token):
+            out.stray.append(at)
+            continue
+        spelling, eq, text = token.partition("=")
+        flag, negated = lookup(spelling)
+        if flag is None or (engine is not None and engine not in flag.engines):
+            out.unknown.append((at, spelling))
+            if not eq and i < len(args) and (not args[i].startswith("-") or _is_number(args[i])):
+                i += 1
+            continue
+        try:
+            if flag.kind == "bool":
+                if eq:
+                    raise FlagValueError(f"{flag.option} takes no value (use {flag.option} or "
+                                         f"--no-{flag.name})")
+                value: Any = not negated
+            else:
+                if not eq:
+                    if i >= len(args) or (args[i].startswith("-") and not _is_number(args[i])):
+                        raise FlagValueError(f"{flag.option} needs a value ({flag.accepts})")
+                    text = args[i]
+                    i += 1
+                value = flag.parse(text)
+        except FlagValueError as e:
+            out.problems.append((at, str(e)))
+            continue
+        out.values[flag.name] = value
+        out.index[flag.name] = at
+    return out
+
+
+# ---- argparse (chunktune sim run / sim serve) --------------------------------------------------
+
+
+def _argparse_type(flag: Flag) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return flag.read(text)
+        except FlagValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = flag.attr
+    return parse
+
+
+def add_argparse(group: argparse._ActionsContainer, engine: str = "sim",
+                 help_for: Mapping[str, str] | None = None) -> None:
+    """Add an option per registry flag ``engine`` takes: ``dest`` is the attribute name,
+    ``default`` None (= not given), the type the flag's parser; switches get
+    ``--flag`` / ``--no-flag``. ``help_for`` overrides a flag's help."""
+    for f in for_engine(engine):
+        help_ = (help_for or {}).get(f.name, f.help)
+        shown = [s for s in f.spellings if s.startswith("--") and "_" not in s]
+        hidden = [s for s in f.spellings if s not in shown]
+        if f.kind == "bool":
+            group.add_argument(*shown, dest=f.attr, action=argparse.BooleanOptionalAction,
+                               default=None, help=help_)
+            continue
+        kwargs: dict[str, Any] = {"dest": f.attr, "default": None,
+                                  "type": _argparse_type(f), "help": help_}
+        group.add_argument(*shown, **kwargs)
+        for s in hidden:
+            if s.startswith("-") and not s.startswith("--"):
+                group.add_argument(s, **{**kwargs, "help": argparse.SUPPRESS})
+
+
+def given(ns: argparse.Namespace, engine: str = "sim") -> dict[str, Any]:
+    """The registry flags set on an argparse namespace (see :func:`add_argparse`), by name."""
+    return {f.name: getattr(ns, f.attr) for f in for_engine(engine)
+            if getattr(ns, f.attr, None) is not None}
+
+
+# ---- defaults ----------------------------------------------------------------------------------
+
+_GIB = 2**30
+
+
+#: vLLM's CPU build, API server: 2048 tokens and 128 sequences per step
+#: (vllm/engine/arg_utils.py, ``EngineArgs.get_batch_defaults``, 0.32).
+CPU_BATCH_DEFAULTS = (2048, 128)
+
+
+def batch_defaults(gpu: GPU | None, cpu: bool = False) -> tuple[int, int]:
+    """``vllm serve``'s default (max_num_batched_tokens, max_num_seqs) on a GPU: 16384/1024
+    with >= 160 GiB, 8192/1024 with >= 70 GiB unless the name contains "a100" (PR #17885),
+    else 2048/256 — also when the GPU is unknown, as vLLM does when it cannot query one
+    (``EngineArgs.get_batch_defaults``, API-server usage context)."""
+    if cpu:
+        return CPU_BATCH_DEFAULTS
+    if gpu is None:
+        return 2048, 256
+    memory = gpu.memory_gib * _GIB
+    if memory >= 160 * _GIB:
+        return 16384, 1024
+    if memory >= 70 * _GIB and "a100" not in gpu.device_name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+def engine_defaults(given: Mapping[str, Any], gpu: GPU | None, model_max_len: int | None,
+                    engine: str = "vllm", cpu: bool = False) -> dict[str, Any]:
+    """Every flag ``engine`` takes, with the value the engine starts with when ``given`` (a
+    point) sets some — vLLM's start-up defaulting, in one place, by each flag's
+    ``default_rule``:
+
+    - ``static``: the flag's ``default`` (None: unset); for the simulator
+      ``enable-prefix-caching`` is off (it does not model prefix caching);
+    - ``model_len`` (``max-model-len``): the model's ``max_position_embeddings``
+      (``model_max_len``; None when unknown), also for ``auto`` / -1;
+    - ``batch_budget`` (``max-num-batched-tokens``): the GPU's default (:func:`batch_defaults`);
+      with chunked prefill off at least ``max-model-len``; at most
+      ``max-num-seqs * max-model-len``;
+    - ``batch_seqs`` (``max-num-seqs``): the GPU's default, at most the budget;
+    - ``sglang_chunk`` (SGLang's ``chunked-prefill-size``): 8192 on GPUs of >= 60 GiB, else 4096.
+    """
+    default_budget, default_seqs = batch_defaults(gpu, cpu)
+    values: dict[str, Any] = {}
+    rules: dict[DefaultRule, str] = {}
+    for f in for_engine(engine):
+        rules[f.default_rule] = f.name
+        if f.default_rule == "static":
+            values[f.name] = given.get(f.name, f.default)
+    if engine == "sim" and "enable-prefix-caching" not in given:
+        values["enable-prefix-caching"] = False
+    if "sglang_chunk" in rules:
+        name = rules["sglang_chunk"]
+        values[name] = given.get(name, 8192 if gpu is not None and gpu.memory_gib >= 60
+                                 else 4096)
+    max_len = model_max_len
+    if "model_len" in rules:
+        name = rules["model_len"]
+        if given.get(name) not in (None, -1):
+            max_len = given[name]
+        values[name] = max_len
+    if "batch_budget" in rules and "batch_seqs" in rules:
+        budget_name, seqs_name = rules["batch_budget"], rules["batch_seqs"]
+        seqs = given.get(seqs_name)
+        budget = given.get(budget_name)
+        if budget is None:
+            budget = default_budget
+            if not values.get("enable-chunked-prefill", True) and max_len is not None:
+                budget = max(max_len, budget)
+            if max_len is not None:
+                budget = min((seqs or default_seqs) * max_len, budget)
+        values[budget_name] = budget
+        values[seqs_name] = seqs if seqs is not None else min(default_seqs, budget)
+    return values

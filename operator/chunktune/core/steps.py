@@ -1,0 +1,132 @@
+"""vLLM's per-step log: one :class:`StepRecord` per engine step, parsed from its log lines.
+
+With ``--enable-logging-iteration-details`` vLLM (0.32) logs every engine step as::
+
+    (APIServer pid=8177) INFO 12-03 00:25:21 [loggers.py:199] Engine 000: Iteration(0):
+    1 context requests, 10 context tokens, 0 generation requests, 0 generation tokens,
+    iteration elapsed time: 10.80 ms, CPU KV cache usage: 0.0%
+
+(one line). "Context" is prefill (a chunk of a prompt), "generation" is decode. The sequence
+of records is a trace of the real scheduler and its step times: what the simulator's step
+plans are compared against and what its step-time model is calibrated from. Pure: text in,
+records out; :func:`write_steps` / :func:`read_steps` store them as JSON lines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: One ``Iteration(N)`` line (the prefix before ``Engine`` is free: pid, level, time, source).
+ITERATION_RE = re.compile(
+    r"(?:Engine (?P<engine>\d+): )?Iteration\((?P<iteration>\d+)\): "
+    r"(?P<context_requests>\d+) context requests?, (?P<context_tokens>\d+) context tokens?, "
+    r"(?P<generation_requests>\d+) generation requests?, "
+    r"(?P<generation_tokens>\d+) generation tokens?, "
+    r"iteration elapsed time: (?P<elapsed_ms>[0-9.]+) ms"
+    r"(?:, (?P<device>[A-Za-z]+) KV cache usage: (?P<kv_usage_pct>[0-9.]+)%)?"
+)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step as vLLM logged it."""
+
+    iteration: int
+    """vLLM's step counter (from 0 for each engine)."""
+    context_requests: int
+    """Requests with prompt tokens in this step (prefill chunks)."""
+    context_tokens: int
+    """Prompt tokens computed in this step."""
+    generation_requests: int
+    """Requests decoding in this step."""
+    generation_tokens: int
+    """Tokens generated in this step."""
+    elapsed_ms: float
+    """The step's wall time, as vLLM measured it."""
+    kv_usage_pct: float | None = None
+    """KV-cache usage after the step, percent (None when the line has none)."""
+    engine: int = 0
+    """The engine index (data parallel), ``Engine 000`` -> 0."""
+
+    @property
+    def tokens(self) -> int:
+        """Tokens scheduled in this step (what ``--max-num-batched-tokens`` bounds)."""
+        return self.context_tokens + self.generation_tokens
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> StepRecord:
+        return cls(**d)  # type: ignore[arg-type]
+
+
+def parse_line(line: str) -> StepRecord | None:
+    """The record of one log line, or None when the line is not an ``Iteration`` line."""
+    m = ITERATION_RE.search(line)
+    if m is None:
+        return None
+    kv = m["kv_usage_pct"]
+    return StepRecord(
+        iteration=int(m["iteration"]),
+        context_requests=int(m["context_requests"]),
+        context_tokens=int(m["context_tokens"]),
+        generation_requests=int(m["generation_requests"]),
+        generation_tokens=int(m["generation_tokens"]),
+        elapsed_ms=float(m["elapsed_ms"]),
+        kv_usage_pct=float(kv) if kv is not None else None,
+        engine=int(m["engine"]) if m["engine"] is not None else 0,
+    )
+
+
+def parse_steps(lines: Iterable[str]) -> list[StepRecord]:
+    """Every ``Iteration`` record in ``lines`` (other lines are skipped), in log order."""
+    return [r for r in map(parse_line, lines) if r is not None]
+
+
+def iteration_lines(lines: Iterable[str]) -> Iterator[str]:
+    """The raw ``Iteration`` lines of a log, unchanged (for keeping next to the parse)."""
+    return (line for line in lines if ITERATION_RE.search(line))
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """Totals over a step log: what a results table or a calibration check needs first."""
+
+    steps: int
+    context_tokens: int
+    generation_tokens: int
+    max_step_tokens: int
+    mean_elapsed_ms: float
+    total_elapsed_ms: float
+
+    @classmethod
+    def of(cls, records: list[StepRecord]) -> StepSummary:
+        total = sum(r.elapsed_ms for r in records)
+        return cls(
+            steps=len(records),
+            context_tokens=sum(r.context_tokens for r in records),
+            generation_tokens=sum(r.generation_tokens for r in records),
+            max_step_tokens=max((r.tokens for r in records), default=0),
+            mean_elapsed_ms=total / len(records) if records else 0.0,
+            total_elapsed_ms=total,
+        )
+
+
+def write_steps(path: str | Path, records: Iterable[StepRecord]) -> Path:
+    """Store records as JSON lines (one object per step)."""
+    p = Path(path)
+    p.write_text("".join(json.dumps(r.to_dict(), sort_keys=True) + "\n" for r in records))
+    return p
+
+
+def read_steps(path: str | Path) -> list[StepRecord]:
+    """Records from :func:`write_steps`'s file, or parsed from a raw vLLM log."""
+    text = Path(path).read_text(errors="replace").splitlines()
+    if text and text[0].lstrip().startswith("{"):
+        return [StepRecord.from_dict(json.loads(x)) for x in text if x.strip()]
+    return parse_steps(text)

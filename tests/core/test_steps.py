@@ -1,0 +1,63 @@
+"""vLLM's ``Iteration(N)`` step log: parsing real lines, storing and reading records."""
+
+from __future__ import annotations
+
+from chunktune.core.steps import (
+    StepRecord,
+    StepSummary,
+    iteration_lines,
+    parse_line,
+    parse_steps,
+    read_steps,
+    write_steps,
+)
+
+# Lines as vLLM 0.32's CPU build printed them (tiny model, --enable-logging-iteration-details).
+REAL = """\
+(APIServer pid=8177) INFO 12-03 00:25:09 [kv_cache_utils.py:2327] CPU KV cache size: 524,288 tokens
+INFO:     Application startup complete.
+(APIServer pid=8177) INFO 12-03 00:25:21 [loggers.py:199] Engine 000: Iteration(0): 1 context requests, 10 context tokens, 0 generation requests, 0 generation tokens, iteration elapsed time: 10.80 ms, CPU KV cache usage: 0.0%
+(APIServer pid=8177) INFO 12-03 00:25:21 [loggers.py:199] Engine 000: Iteration(1): 0 context requests, 0 context tokens, 1 generation requests, 1 generation tokens, iteration elapsed time: 10.56 ms, CPU KV cache usage: 0.0%
+INFO:     127.0.0.1:40000 - "POST /v1/completions HTTP/1.1" 200 OK
+(APIServer pid=8177) INFO 12-03 00:25:21 [loggers.py:199] Engine 000: Iteration(2): 0 context requests, 0 context tokens, 1 generation requests, 1 generation tokens, iteration elapsed time: 4.01 ms, CPU KV cache usage: 0.0%
+"""  # noqa: E501
+
+
+def test_parse_real_lines():
+    recs = parse_steps(REAL.splitlines())
+    assert [r.iteration for r in recs] == [0, 1, 2]
+    assert recs[0] == StepRecord(iteration=0, context_requests=1, context_tokens=10,
+                                 generation_requests=0, generation_tokens=0, elapsed_ms=10.8,
+                                 kv_usage_pct=0.0, engine=0)
+    assert recs[1].tokens == 1 and recs[1].generation_requests == 1
+    assert recs[2].elapsed_ms == 4.01
+
+
+def test_gpu_line_and_other_engine():
+    r = parse_line("Engine 001: Iteration(41): 2 context requests, 512 context tokens, "
+                   "30 generation requests, 30 generation tokens, iteration elapsed time: "
+                   "25.5 ms, GPU KV cache usage: 37.5%")
+    assert r is not None
+    assert (r.engine, r.iteration, r.tokens, r.kv_usage_pct) == (1, 41, 542, 37.5)
+
+
+def test_non_iteration_lines_are_skipped():
+    assert parse_line("INFO:     Application startup complete.") is None
+    assert parse_line("Iteration(x): nonsense") is None
+    assert len(list(iteration_lines(REAL.splitlines()))) == 3
+
+
+def test_round_trip_jsonl_and_raw(tmp_path):
+    recs = parse_steps(REAL.splitlines())
+    p = write_steps(tmp_path / "steps.jsonl", recs)
+    assert read_steps(p) == recs
+    raw = tmp_path / "engine.log"
+    raw.write_text(REAL)
+    assert read_steps(raw) == recs
+
+
+def test_summary():
+    s = StepSummary.of(parse_steps(REAL.splitlines()))
+    assert (s.steps, s.context_tokens, s.generation_tokens, s.max_step_tokens) == (3, 10, 2, 10)
+    assert abs(s.total_elapsed_ms - 25.37) < 1e-9
+    assert StepSummary.of([]).steps == 0
