@@ -170,7 +170,8 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
 
     - ``overhead + per_decode x decodes``;
     - prefill: causal FLOPs / (peak x compute_eff x u) with u = min(1, CTAs / (SMs x
-      occupancy)), CTAs = query tiles x heads, plus the context's KV read once per query tile
+      occupancy)), CTAs = query tiles x heads, plus the context's K and V read once per query
+      tile and query head (measured: prefill time follows the query heads, not the KV heads)
       and a cost per CTA;
     - decodes alone (split-KV decode kernel): KV bytes / (HBM x decode_memory_eff);
     - decodes beside a prefill (varlen prefill kernel, one CTA per sequence and query head):
@@ -178,6 +179,7 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
       heads / (SMs x mixed_occupancy)), plus a cost per (decode, head).
     """
     kv_token = 2.0 * s.kv_heads * s.head_dim * s.dtype_bytes
+    q_token = 2.0 * s.heads * s.head_dim * s.dtype_bytes
     F = gpu.bf16_tflops * 1e12
     B = gpu.hbm_tb_s * 1e12
     t = c.attn_overhead_s + c.attn_per_decode_s * num_decodes
@@ -186,7 +188,7 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
         for chunk, computed in prefill_chunks:
             tiles = math.ceil(chunk / Q_TILE)
             flops += 4.0 * s.head_dim * s.heads * (chunk * computed + chunk * (chunk + 1) / 2)
-            reads += tiles * (computed + chunk) * kv_token
+            reads += tiles * (computed + chunk) * q_token
             ctas += tiles * s.heads
         u = min(1.0, ctas / (gpu.sm_count * c.attn_prefill_occupancy))
         t += (flops / (F * c.attn_compute_eff * u) + reads / (B * c.attn_prefill_memory_eff)
@@ -217,7 +219,8 @@ def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: n
     ctas = tiles * s_heads
     u = np.clip(ctas / (sm_count * c["attn_prefill_occupancy"]), 1e-12, 1.0)
     pre = (flops / (peak * c["attn_compute_eff"] * u)
-           + tiles * (computed + chunk) * kv_token / (hbm * c["attn_prefill_memory_eff"])
+           + tiles * (computed + chunk) * 2.0 * s_heads * head_dim * dtype_bytes
+           / (hbm * c["attn_prefill_memory_eff"])
            + c["attn_prefill_per_cta_s"] * ctas)
     heads = decodes * s_heads
     um = np.clip(heads / (sm_count * c["attn_mixed_occupancy"]), 1e-12, 1.0)
