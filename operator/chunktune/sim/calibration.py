@@ -69,13 +69,13 @@ FIXED = {
     # --enforce-eager: ~10 kernels per layer launched from Python at ~4 us each.
     "eager_launch_overhead_per_layer_s": {"ampere": 4e-5, "hopper": 4e-5, "ada": 4e-5,
                                           "blackwell": 4e-5},
-    # vLLM's custom all-reduce (small messages inside CUDA graphs): ~10 us. Not measured here:
-    # Vidur's NCCL collectives (eager, 30-40 us for small messages) are reported beside it.
+    # vLLM's custom all-reduce (small messages inside CUDA graphs over NVLink): ~10 us, not
+    # measured here. Over PCIe the engine uses NCCL: ``cost_model.PCIE_ALLREDUCE_LATENCY_S``.
     "allreduce_latency_s": {"ampere": 1e-5, "hopper": 1e-5, "ada": 1e-5, "blackwell": 1e-5},
-    # ~70% of link bandwidth. Vidur's NCCL all-reduces (``fit_allreduce``, in the report) give
-    # 0.28 (A100) and 0.45 (H100) but a latency + bandwidth line fits them poorly (NCCL switches
-    # protocols with size), so they are reported, not applied.
-    "allreduce_link_eff": {"ampere": 0.7, "hopper": 0.7, "ada": 0.7, "blackwell": 0.7},
+    # Fraction of the link bandwidth an all-reduce reaches: Vidur's NCCL all-reduces on one
+    # NVLink node (``fit_allreduce``, reported by ``report --data``) give 0.28 on A100 and 0.45
+    # on H100. PCIe links use ``cost_model.PCIE_ALLREDUCE_LINK_EFF`` whatever the family.
+    "allreduce_link_eff": {"ampere": 0.28, "hopper": 0.45, "ada": 0.45, "blackwell": 0.45},
 }
 FITTED = ("gemm_compute_eff", "gemm_memory_eff", "gemm_overhead_s", "gemm_smoothness",
           "elementwise_memory_eff", "elementwise_overhead_s")

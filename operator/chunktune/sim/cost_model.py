@@ -137,6 +137,15 @@ def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     return t
 
 
+#: NCCL's small-message all-reduce latency (Vidur's measured medians: 28 us on H100, 37 us on
+#: A100), used where the GPUs share no NVLink and vLLM's custom all-reduce does not apply.
+PCIE_ALLREDUCE_LATENCY_S = 30e-6
+#: Fraction of a PCIe link's bandwidth an all-reduce reaches: Sarathi-Serve's published Yi-34B
+#: TP2 A100-PCIe prefill times (tests/sim/test_calibration.py) need ~0.7.
+PCIE_ALLREDUCE_LINK_EFF = 0.7
+#: Links slower than this (GB/s) are PCIe.
+NVLINK_MIN_GB_S = 200.0
+
 #: Query rows per FlashAttention CTA (tile) in the varlen prefill kernel.
 Q_TILE = 128
 ATTENTION_FIELDS = ("attn_overhead_s", "attn_per_decode_s", "attn_compute_eff",
@@ -257,8 +266,11 @@ class StepCostModel:
                              3 * v * 4 / self._B)
         # all-reduce: 2 per layer of T x hidden activations, ring over tp ranks
         if tp > 1:
-            link = gpu.link_gb_s * 1e9 * c.allreduce_link_eff
-            self._ar_fixed = 2 * layers * c.allreduce_latency_s
+            nvlink = gpu.link_gb_s >= NVLINK_MIN_GB_S
+            link = gpu.link_gb_s * 1e9 * (c.allreduce_link_eff if nvlink
+                                          else PCIE_ALLREDUCE_LINK_EFF)
+            lat = c.allreduce_latency_s if nvlink else PCIE_ALLREDUCE_LATENCY_S
+            self._ar_fixed = 2 * layers * lat
             self._ar_per_token = 2 * layers * 2 * (tp - 1) / tp * model.hidden_size * b / link
         else:
             self._ar_fixed = self._ar_per_token = 0.0
