@@ -53,7 +53,7 @@ GPUS: dict[str, GPU] = {
         GPU("a40", 44.34, 0.696, 149.7, 112.5, "ampere", 84, "NVIDIA A40"),
         # GeForce: 165.2 TF with fp32 accumulate, 330.3 TF with fp16 accumulate; the measured
         # vLLM GEMMs run above 165 TF, so the higher rate is the ceiling.
-        GPU("rtx4090", 23.52, 1.008, 330.3, 32.0, "ada", 128, "NVIDIA GeForce RTX 4090"),
+        GPU("rtx4090", 23.5165, 1.008, 330.3, 32.0, "ada", 128, "NVIDIA GeForce RTX 4090"),
         GPU("rtx-pro-6000", 94.97, 1.792, 503.8, 64.0, "blackwell", 188,
             "NVIDIA RTX PRO 6000 Blackwell Server Edition"),
     )
