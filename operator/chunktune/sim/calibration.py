@@ -426,6 +426,41 @@ def splitwise_report(pts: list[kd.SplitwisePoint]) -> list[ErrorRow]:
             for (g, tp, kind), e in sorted(errs.items())]
 
 
+def unseen_report(vidur_dir: Path) -> list[ErrorRow]:
+    """Vidur timings the fit never saw (``unseen/``): models on A100/H100 and everything on the
+    A40 (Ampere fit, A40 data sheet), each model built from the dimensions in its rows."""
+    from chunktune.sim.models import ModelConfig
+
+    acc: dict[tuple[str, str, int], dict[int, list[float]]] = defaultdict(
+        lambda: defaultdict(list))
+    shapes: dict[str, ModelConfig] = {}
+    for f in sorted((vidur_dir / "unseen").glob("*__*.mlp.csv")):
+        gpu, name = f.name.removesuffix(".mlp.csv").split("__")
+        with f.open() as fh:
+            for r in csv.DictReader(fh):
+                if name not in shapes:
+                    h, heads = int(r["n_embd"]), int(r["n_head"])
+                    shapes[name] = ModelConfig(
+                        name, h, 1, heads, int(r["n_kv_head"]), h // heads,
+                        int(r["n_expanded_embd"]), int(r["vocab_size"]), 4096,
+                        gated_mlp=r["use_gated_mlp"] == "True")
+                ms = sum(float(r[f"time_stats.{op}.median"]) for op in OPS
+                         if f"time_stats.{op}.median" in r and r[f"time_stats.{op}.median"])
+                key = ({"a100": "a100-sxm", "h100": "h100-sxm", "a40": "a40"}[gpu], name,
+                       int(r["num_tensor_parallel_workers"]))
+                acc[key][int(r["num_tokens"])].append(ms)
+    rows = []
+    by_slice: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
+    for (g, name, tp), by_tok in sorted(acc.items()):
+        tok = np.array(sorted(by_tok), float)
+        ms = np.array([statistics.fmean(by_tok[int(t)]) for t in tok])
+        c = coefficients(resolve_gpu(g).family)
+        by_slice[(g, name)].append(np.abs(predict_ms(c, g, shapes[name], tp, tok) / ms - 1.0))
+    for (g, name), errs in sorted(by_slice.items()):
+        rows.append(ErrorRow.of("vidur-unseen", f"{g} {name}", "held-out", np.concatenate(errs)))
+    return rows
+
+
 def full_report(data_root: Path | None, loo: bool = True) -> list[ErrorRow]:
     """Every dataset: from the raw data under ``data_root`` when given, else the committed
     derived tables (Vidur linear, the LLMServingSim sub-grid and linear points)."""
@@ -438,6 +473,7 @@ def full_report(data_root: Path | None, loo: bool = True) -> list[ErrorRow]:
     rows += linear_report("llmss-linear", lin, loo)
     rows += attention_report(att, loo)
     if data_root is not None:
+        rows += unseen_report(data_root / "vidur-profiling")
         rows += allreduce_report(kd.read_allreduce(data_root))
         rows += splitwise_report(kd.read_splitwise(data_root))
     return rows
