@@ -444,7 +444,8 @@ def unseen_report(vidur_dir: Path) -> list[ErrorRow]:
                         name, h, 1, heads, int(r["n_kv_head"]), h // heads,
                         int(r["n_expanded_embd"]), int(r["vocab_size"]), 4096,
                         gated_mlp=r["use_gated_mlp"] == "True")
-                ms = sum(float(r[f"time_stats.{op}.median"]) for op in OPS)
+                # phi-2 (attention and MLP in parallel) has no post-attention norm column
+                ms = sum(float(r.get(f"time_stats.{op}.median") or 0.0) for op in OPS)
                 key = ({"a100": "a100-sxm", "h100": "h100-sxm", "a40": "a40"}[gpu], name,
                        int(r["num_tensor_parallel_workers"]))
                 acc[key][int(r["num_tokens"])].append(ms)
