@@ -418,7 +418,7 @@ def splitwise_errors(pts: list[kd.SplitwisePoint]
 
 
 def splitwise_report(pts: list[kd.SplitwisePoint]) -> list[ErrorRow]:
-    seen = {}
+    seen: dict[tuple[str, int, int, int, int], kd.SplitwisePoint] = {}
     for p in pts:  # one row per static-batch shape: token_time does not depend on token_size
         seen.setdefault((p.gpu, p.tp, p.prompt, p.batch, p.generated), p)
     errs = splitwise_errors(list(seen.values()))
@@ -453,9 +453,10 @@ def unseen_report(vidur_dir: Path) -> list[ErrorRow]:
     by_slice: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
     for (g, name, tp), by_tok in sorted(acc.items()):
         tok = np.array(sorted(by_tok), float)
-        ms = np.array([statistics.fmean(by_tok[int(t)]) for t in tok])
+        meas = np.array([statistics.fmean(by_tok[int(t)]) for t in tok])
         c = coefficients(resolve_gpu(g).family)
-        by_slice[(g, name)].append(np.abs(predict_ms(c, g, shapes[name], tp, tok) / ms - 1.0))
+        by_slice[(g, name)].append(
+            np.abs(predict_ms(c, g, shapes[name], tp, tok) / meas - 1.0))
     for (g, name), errs in sorted(by_slice.items()):
         rows.append(ErrorRow.of("vidur-unseen", f"{g} {name}", "held-out", np.concatenate(errs)))
     return rows

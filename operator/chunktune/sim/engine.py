@@ -158,8 +158,9 @@ class Engine:
                 sched.add_request(heapq.heappop(deferred)[2])
             if not sched.has_work:
                 nxt = deferred[0][0] if deferred else float("inf")
-                if not closed and idx < n_specs:
-                    nxt = min(nxt, specs[idx].arrival)  # type: ignore[type-var]
+                arrival = specs[idx].arrival if not closed and idx < n_specs else None
+                if arrival is not None:
+                    nxt = min(nxt, arrival)
                 if nxt == float("inf"):
                     break
                 now = nxt

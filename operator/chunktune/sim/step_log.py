@@ -148,7 +148,8 @@ def fit_step_log(log: StepLog, cost: StepCostModel, source: str = "log") -> Step
         tr, te = folds != k, folds == k
         sc = _nnls_rel(x[tr], y[tr])
         cv.append(np.abs(x[te] @ sc / y[te] - 1.0))
-    return StepFit(*(float(v) for v in scales), num_steps=len(y),
+    return StepFit(float(scales[0]), float(scales[1]), float(scales[2]), float(scales[3]),
+                   num_steps=len(y),
                    median_rel_err=float(np.median(err)),
                    p90_rel_err=float(np.percentile(err, 90)),
                    cross_validated_median_rel_err=float(np.median(np.concatenate(cv))))
