@@ -18,15 +18,15 @@ SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 #: (``python -m chunktune.sim.calibration report``), per (dataset, mode), on the median over
 #: slices of the per-slice median relative error, and on the worst slice.
 THRESHOLDS = {
-    ("vidur-linear", "in-sample"): (0.045, 0.06),
-    ("vidur-linear", "loo-model"): (0.05, 0.06),
-    ("vidur-linear", "loo-gpu"): (0.05, 0.06),
-    ("llmss-linear", "in-sample"): (0.035, 0.04),
-    ("llmss-linear", "loo-model"): (0.05, 0.06),
+    ("vidur-linear", "in-sample"): (0.04, 0.045),
+    ("vidur-linear", "loo-model"): (0.045, 0.05),
+    ("vidur-linear", "loo-gpu"): (0.04, 0.05),
+    ("llmss-linear", "in-sample"): (0.03, 0.035),
+    ("llmss-linear", "loo-model"): (0.045, 0.05),
     ("llmss-linear", "loo-gpu"): (0.40, 0.46),
-    ("llmss-attention", "in-sample"): (0.16, 0.24),
-    ("llmss-attention", "loo-model"): (0.18, 0.28),
-    ("llmss-attention", "loo-gpu"): (0.25, 0.30),
+    ("llmss-attention", "in-sample"): (0.135, 0.15),
+    ("llmss-attention", "loo-model"): (0.13, 0.14),
+    ("llmss-attention", "loo-gpu"): (0.24, 0.29),
 }
 
 
