@@ -24,8 +24,8 @@ THRESHOLDS = {
     ("llmss-linear", "in-sample"): (0.03, 0.035),
     ("llmss-linear", "loo-model"): (0.045, 0.05),
     ("llmss-linear", "loo-gpu"): (0.40, 0.46),
-    ("llmss-attention", "in-sample"): (0.135, 0.15),
-    ("llmss-attention", "loo-model"): (0.13, 0.14),
+    ("llmss-attention", "in-sample"): (0.13, 0.20),
+    ("llmss-attention", "loo-model"): (0.125, 0.135),
     ("llmss-attention", "loo-gpu"): (0.24, 0.29),
 }
 
@@ -49,7 +49,8 @@ def test_calibration_report_regression(report_rows):
     assert all(r.n > 0 and r.p90_rel_err >= r.median_rel_err for r in report_rows)
     sets = {r.slice for r in report_rows
             if r.dataset == "llmss-attention" and r.mode == "in-sample"}
-    assert len(sets) == 7  # 4090 Llama-8B; PRO 6000 Llama-8B, Qwen3-32B, Qwen3-30B-A3B x TP 1/2
+    assert len([s for s in sets if " tp" in s]) == 7  # 4090 Llama-8B; PRO 6000: 3 models x TP 1/2
+    assert {"rtx4090 decodes alone", "rtx-pro-6000 mixed"} <= sets
 
 
 def test_vectorized_attention_matches_the_engine_path():

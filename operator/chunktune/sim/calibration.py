@@ -86,8 +86,8 @@ ATTENTION_X0 = {"attn_overhead_s": 8e-6, "attn_per_decode_s": 2e-7, "attn_comput
                 "attn_prefill_memory_eff": 0.7, "attn_prefill_occupancy": 2.0,
                 "attn_decode_memory_eff": 0.7, "attn_mixed_memory_eff": 1.0,
                 "attn_mixed_occupancy": 1.0, "attn_mixed_per_head_s": 1e-8,
-                "attn_prefill_per_cta_s": 1e-8}
-_ATTN_SCALE = np.array([1e-6, 1e-7, 0.1, 0.1, 1.0, 0.1, 0.3, 1.0, 1e-8, 1e-8])
+                "attn_prefill_per_cta_s": 1e-8, "attn_decode_alone_overhead_s": 2e-6}
+_ATTN_SCALE = np.array([1e-6, 1e-7, 0.1, 0.1, 1.0, 0.1, 0.3, 1.0, 1e-8, 1e-8, 1e-6])
 #: GPU families whose coefficients come from the LLMServingSim data, and the GPU measured.
 LLMSS_FAMILIES = {"rtx4090": "ada", "rtx-pro-6000": "blackwell"}
 
@@ -362,6 +362,15 @@ def attention_report(pts: list[kd.AttentionPoint], loo: bool = True) -> list[Err
         sel = [p for p in pts if (p.gpu, p.model, p.tp) == (g, m, tp)]
         rows.append(ErrorRow.of(ds, f"{g} {m} tp{tp}", "in-sample",
                                 attention_errors(attention_coeffs(resolve_gpu(g).family), sel)))
+    for g in sorted({s[0] for s in sets}):  # by batch kind: the grid is 98% mixed batches
+        coef = attention_coeffs(resolve_gpu(g).family)
+        for kind, keep in (("prefill alone", lambda p: p.decodes == 0),
+                           ("decodes alone", lambda p: p.chunk == 0),
+                           ("mixed", lambda p: p.chunk > 0 and p.decodes > 0)):
+            sel = [p for p in pts if p.gpu == g and keep(p)]
+            if sel:
+                rows.append(ErrorRow.of(ds, f"{g} {kind}", "in-sample",
+                                        attention_errors(coef, sel)))
     if not loo:
         return rows
     for g in sorted({s[0] for s in sets}):

@@ -59,6 +59,7 @@ class FamilyCoefficients:
     attn_mixed_occupancy: float
     attn_mixed_per_head_s: float
     attn_prefill_per_cta_s: float
+    attn_decode_alone_overhead_s: float
     step_overhead_s: float
     per_request_overhead_s: float
     eager_launch_overhead_per_layer_s: float
@@ -151,7 +152,8 @@ Q_TILE = 128
 ATTENTION_FIELDS = ("attn_overhead_s", "attn_per_decode_s", "attn_compute_eff",
                     "attn_prefill_memory_eff", "attn_prefill_occupancy",
                     "attn_decode_memory_eff", "attn_mixed_memory_eff", "attn_mixed_occupancy",
-                    "attn_mixed_per_head_s", "attn_prefill_per_cta_s")
+                    "attn_mixed_per_head_s", "attn_prefill_per_cta_s",
+                    "attn_decode_alone_overhead_s")
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,8 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
       occupancy)), CTAs = query tiles x heads, plus the context's K and V read once per query
       tile and query head (measured: prefill time follows the query heads, not the KV heads)
       and a cost per CTA;
-    - decodes alone (split-KV decode kernel): KV bytes / (HBM x decode_memory_eff);
+    - decodes alone (split-KV decode kernel): a fixed cost plus KV bytes / (HBM x
+      decode_memory_eff);
     - decodes beside a prefill (varlen prefill kernel, one CTA per sequence and query head):
       KV bytes x (heads / kv heads) / (HBM x mixed_memory_eff x u'), u' = min(1, decodes x
       heads / (SMs x mixed_occupancy)), plus a cost per (decode, head).
@@ -208,7 +211,8 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
             by = decode_context_tokens * 2.0 * s.heads * s.head_dim * s.dtype_bytes
             t += by / (B * c.attn_mixed_memory_eff * u) + c.attn_mixed_per_head_s * heads
     elif num_decodes:
-        t += decode_context_tokens * kv_token / (B * c.attn_decode_memory_eff)
+        t += (c.attn_decode_alone_overhead_s
+              + decode_context_tokens * kv_token / (B * c.attn_decode_memory_eff))
     return t
 
 
@@ -235,7 +239,8 @@ def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: n
     um = np.clip(heads / (sm_count * c["attn_mixed_occupancy"]), 1e-12, 1.0)
     mixed = (decode_context * 2.0 * s_heads * head_dim * dtype_bytes
              / (hbm * c["attn_mixed_memory_eff"] * um) + c["attn_mixed_per_head_s"] * heads)
-    alone = decode_context * kv_token / (hbm * c["attn_decode_memory_eff"])
+    alone = (c["attn_decode_alone_overhead_s"]
+             + decode_context * kv_token / (hbm * c["attn_decode_memory_eff"]))
     dec = np.where(decodes > 0, np.where(has_pre, mixed, alone), 0.0)
     return t + np.where(has_pre, pre, 0.0) + dec
 
