@@ -30,9 +30,9 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 def cpu_twin_rows() -> tuple[list[str], str | None]:
     """Held-out predictions of the CPU twin; (rows, reason it was not run)."""
-    return [], ("not run: `chunktune calibrate` (fitting the step-time model to an engine's step "
-                "log, issue #10 item 4) and the CPU-engine demonstration (item 5) are not built "
-                "in this tree yet")
+    return [], ("not run: the step-log fit exists (chunktune.sim.step_log) but the `chunktune "
+                "calibrate` command, its profile and the CPU-engine runs of issue #10 item 5 are "
+                "not built in this tree yet")
 
 
 def main() -> int:
