@@ -123,10 +123,22 @@ def step_features(log: StepLog, cost: StepCostModel) -> np.ndarray:
 
 
 def _nnls_rel(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    from scipy.optimize import nnls
-
-    w = 1.0 / y
-    return nnls(x * w[:, None], np.ones_like(y))[0]
+    """Non-negative least squares of ``x @ s / y - 1`` (numpy only: with four terms every
+    subset of free terms is tried, the best non-negative solution kept)."""
+    a = x / y[:, None]
+    b = np.ones_like(y)
+    n = a.shape[1]
+    best, best_err = np.zeros(n), float(b @ b)
+    for mask in range(1, 2**n):
+        cols = [i for i in range(n) if mask >> i & 1]
+        sol, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+        if (sol < 0).any():
+            continue
+        r = a[:, cols] @ sol - b
+        if (err := float(r @ r)) < best_err:
+            best, best_err = np.zeros(n), err
+            best[cols] = sol
+    return best
 
 
 def fit_step_log(log: StepLog, cost: StepCostModel, source: str = "log") -> StepFit:
