@@ -117,6 +117,22 @@ async def wait_phase(kube: KubeEmulator, name: str, phases: tuple[str, ...],
                             message=f"{name} reaching {'/'.join(phases)}")
 
 
+def journal_of(kube: KubeEmulator, state_dir: Path, name: str,
+               namespace: str = "default") -> Path:
+    """The default journal of tuning ``name``: named by its uid."""
+    uid = (kube.get("cpt", namespace, name) or {})["metadata"]["uid"]
+    return state_dir / f"{uid}.journal"
+
+
+def study_in(journal: Path, name: str, namespace: str = "default") -> Any:
+    """The Optuna study of tuning ``namespace/name`` in a journal file."""
+    import optuna
+
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal)))
+    return optuna.load_study(study_name=f"{namespace}/{name}", storage=storage)
+
+
 def trial_objects(kube: KubeEmulator, name: str) -> list[str]:
     """``kind/name`` of every trial object (pods, jobs, configmaps) of tuning ``name``."""
     out = []

@@ -7,7 +7,8 @@
 * ``@kopf.on.update`` of ``spec``: re-validate (same outcome for an invalid spec);
 * ``@kopf.daemon``: one per resource, :meth:`StudyController.serve` — the study itself;
 * ``@kopf.on.delete`` (the finalizer): wait for the daemon to stop its trials, delete every
-  trial object (ownerReferences are the second net) and the default study journal.
+  trial object (ownerReferences are the second net) and the resource's own default study
+  journal (named by its uid).
 
 Domain errors (:class:`~chunktune.errors.SpecError`) become kopf's at this boundary only.
 """
@@ -32,6 +33,7 @@ from chunktune.k8s.study import (
     StudyController,
     delete_study,
     generation,
+    owner_of,
     parse,
     problems_text,
 )
@@ -98,7 +100,8 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         tuning, problems = parse(body)
         if tuning is not None:
             try:
-                await asyncio.to_thread(op.check_study, tuning)
+                url = await op.storage(tuning, owner_of(body))
+                await asyncio.to_thread(op.check_study, tuning, url)
             except SpecError as e:
                 problems = e.problems
         if problems:
