@@ -107,7 +107,15 @@ class Operator:
             if not self.settings.allow_database_urls:
                 raise SpecError(f"database URLs are not allowed by this operator: "
                                 f"{storage.ALLOW_HINT}", field="spec.storageFrom")
-            secret = await self.api.get("secrets", owner.namespace, ref.name)
+            try:
+                secret = await self.api.get("secrets", owner.namespace, ref.name)
+            except ClusterApiError as e:
+                if e.status != 403:
+                    raise
+                raise SpecError(f"the operator may not read Secret {ref.name!r} ({e.message}); "
+                                "the chart grants get on Secrets with "
+                                "storage.allowDatabaseURLs=true",
+                                field="spec.storageFrom.secretKeyRef") from None
             secret_url = storage.secret_value(secret, ref.name, ref.key)
         if spec.storage is None and spec.storage_from is None:
             await asyncio.to_thread(storage.adopt_legacy, state_dir, owner.namespace,
