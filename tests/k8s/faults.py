@@ -223,16 +223,24 @@ def outcome(kube: KubeEmulator, state_dir: Path, name: str, fault: str,
     status = status_of(kube, name, namespace)
     study = study_in(journal_of(kube, state_dir, name, namespace), name, namespace)
     rows = [(t.number, trial_state(t), t.user_attrs.get(ATTR_REASON)) for t in study.trials]
-    measured = [t for t in study.trials if trial_state(t) in COUNTED]
+    counted = [t for t in study.trials if trial_state(t) in COUNTED]
+    # measured: a measurement was recorded (a failed point run again is not measured twice)
+    measured = [t for t in counted if trial_state(t) == "INFEASIBLE" or
+                (trial_state(t) in ("COMPLETE", "PRUNED") and t.user_attrs.get(ATTR_METRICS))]
     points = [json.dumps(point_of(t), sort_keys=True) for t in measured]
-    budget = sum(1 for t in measured if trial_state(t) in ("FAIL", "INFEASIBLE")
+    budget = sum(1 for t in counted if trial_state(t) in ("FAIL", "INFEASIBLE")
                  and t.user_attrs.get(ATTR_REASON) not in expected)
     by_number = {t.number: t for t in study.trials}
-    lost = sum(1 for n in faulted or set()
-               if n not in by_number or (trial_state(by_number[n]) != "COMPLETE" and
-                                         by_number[n].user_attrs.get(ATTR_REASON)
-                                         not in expected)
-               or not by_number[n].user_attrs.get(ATTR_METRICS))
+
+    def kept(n: int) -> bool:
+        t = by_number.get(n)
+        if t is None:
+            return False
+        if t.user_attrs.get(ATTR_REASON) in expected:
+            return True  # the failure is the trial's recorded result
+        return trial_state(t) == "COMPLETE" and bool(t.user_attrs.get(ATTR_METRICS))
+
+    lost = sum(1 for n in faulted or set() if not kept(n))
     return Outcome(fault=fault, phase=str(status.get("phase")), lost=lost,
                    duplicated=len(points) - len(set(points)), budget=budget,
                    recover_s=recover_s, left=trial_objects(kube, name), rows=rows,
@@ -362,3 +370,79 @@ async def deleted_during_outage(kube: KubeEmulator, state_dir: Path,
 def events_of(kube: KubeEmulator, name: str) -> list[dict[str, Any]]:
     return [e for e in kube.objects("events", "default")
             if (e.get("involvedObject") or {}).get("name") == name]
+
+
+# ---- engine and load faults: a ``chunktune`` wrapper first on the pods' PATH ----------------
+
+WRAPPER = '''#!{python}
+"""chunktune, except for the pods named here: their engine crashes, or their load fails."""
+import os, subprocess, sys, time
+REAL = {real!r}
+args, host = sys.argv[1:], os.environ.get("HOSTNAME", "")
+if args[:2] == ["sim", "serve"] and host in {crash!r}:
+    engine = subprocess.Popen([REAL, *args])
+    time.sleep({crash_after})
+    engine.kill()
+    print("INFO engine.py:88 step 412 done", flush=True)
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print('  File "engine.py", line 97, in step', file=sys.stderr)
+    print("RuntimeError: CUDA error: an illegal memory access was encountered (injected)",
+          file=sys.stderr)
+    print("INFO shutdown.py:20 releasing the KV cache", flush=True)
+    sys.exit(1)
+if args[:2] == ["load", "run"] and any(host.startswith(j + "-") for j in {fail!r}):
+    print("chunktune load run: starting", flush=True)
+    time.sleep(1)
+    print("error: injected load failure: the load driver lost its target", file=sys.stderr)
+    sys.exit(2)
+os.execv(REAL, [REAL, *args])
+'''
+
+
+def fault_path(folder: Path, bin_dir: str, crash: tuple[str, ...] = (),
+               fail_jobs: tuple[str, ...] = (), crash_after: float = 3.0) -> dict[str, str]:
+    """``extra_env`` for a :class:`~tests.kube.kubelet.FakeKubelet` whose pods run the
+    wrapper: engine pods named in ``crash`` die ``crash_after`` s after they start, with a
+    traceback; load pods of the Jobs in ``fail_jobs`` fail."""
+    import os
+    import sys
+
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "chunktune"
+    script.write_text(WRAPPER.format(python=sys.executable, real=str(Path(bin_dir) / "chunktune"),
+                                     crash=set(crash), fail=list(fail_jobs),
+                                     crash_after=crash_after))
+    script.chmod(0o755)
+    return {"PATH": os.pathsep.join([str(folder), bin_dir, os.environ.get("PATH", "")])}
+
+
+async def engine_crash(kube: KubeEmulator, state_dir: Path, name: str = "crash") -> Outcome:
+    """Trial 1's engine crashes with a traceback during its load (needs a kubelet running the
+    :func:`fault_path` wrapper with ``crash=("crash-t1",)``)."""
+    kube.create("cpt", small_tuning(name, budget={"maxTrials": 3, "parallelism": 1,
+                                                  "maxFailedTrials": 3}), "default")
+    since = time.monotonic()
+    async with running_operator(kube, operator_settings(state_dir)):
+        await wait_phase(kube, name, ("Succeeded", "Failed"), timeout=120)
+        await kube.until(lambda: not trial_objects(kube, name), timeout=30,
+                         message="trial objects deleted")
+    out = outcome(kube, state_dir, name, "engine crash mid-load (traceback)", faulted={1},
+                  expected=frozenset({"EngineCrashed"}), recover_s=0.0)
+    out.detail["events"] = events_of(kube, name)
+    out.detail["took"] = time.monotonic() - since
+    return out
+
+
+async def load_failure(kube: KubeEmulator, state_dir: Path, name: str = "loadfail") -> Outcome:
+    """Trial 1's load Job fails (needs a kubelet running the :func:`fault_path` wrapper with
+    ``fail_jobs=("loadfail-t1-load",)``)."""
+    kube.create("cpt", small_tuning(name, budget={"maxTrials": 3, "parallelism": 1,
+                                                  "maxFailedTrials": 3}), "default")
+    async with running_operator(kube, operator_settings(state_dir)):
+        await wait_phase(kube, name, ("Succeeded", "Failed"), timeout=120)
+        await kube.until(lambda: not trial_objects(kube, name), timeout=30,
+                         message="trial objects deleted")
+    out = outcome(kube, state_dir, name, "load Job fails", faulted={1},
+                  expected=frozenset({"LoadFailed"}), recover_s=0.0)
+    out.detail["events"] = events_of(kube, name)
+    return out

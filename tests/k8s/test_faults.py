@@ -27,6 +27,7 @@ from chunktune.tuning.runner import TrialEvent
 from chunktune.tuning.study import ATTR_SERVER, trial_state
 from tests.k8s import faults
 from tests.k8s.conftest import (
+    BIN,
     api_client_at,
     journal_of,
     operator_settings,
@@ -396,3 +397,35 @@ async def test_storage_outside_the_state_directory_is_refused_with_the_field(
     assert not (tmp_path.parent / "escaped-by-up").exists()
     assert not (tmp_path / "escaped-abs").exists() and not (tmp_path / "escaped.db").exists()
     assert all(not trial_objects(kube, name) for name in cases)
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_engine_crash_is_recorded_with_its_cause_and_the_study_goes_on(
+        kube: KubeEmulator, tmp_path: Path) -> None:
+    env = faults.fault_path(tmp_path / "bin", BIN, crash=("crash-t1",))
+    async with FakeKubelet(kube, extra_env=env, kill_timeout=2.0) as kubelet:
+        out = await faults.engine_crash(kube, tmp_path / "state")
+        assert kubelet.errors == []
+    assert out.phase == "Succeeded" and (out.lost, out.duplicated, out.budget, out.left) == (
+        0, 0, 0, []), out.rows
+    assert dict((n, (s, r)) for n, s, r in out.rows)[1] == ("FAIL", "EngineCrashed")
+    (event,) = [e for e in out.detail["events"] if e["reason"] == "TrialFail"]
+    assert "EngineCrashed" in event["message"]
+    assert "RuntimeError: CUDA error: an illegal memory access was encountered" in \
+        event["message"]  # the cause, not only the last log line
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_failed_load_is_recorded_and_the_study_goes_on(
+        kube: KubeEmulator, tmp_path: Path) -> None:
+    env = faults.fault_path(tmp_path / "bin", BIN, fail_jobs=("loadfail-t1-load",))
+    async with FakeKubelet(kube, extra_env=env, kill_timeout=2.0) as kubelet:
+        out = await faults.load_failure(kube, tmp_path / "state")
+        assert kubelet.errors == []
+    assert out.phase == "Succeeded" and (out.lost, out.duplicated, out.budget, out.left) == (
+        0, 0, 0, []), out.rows
+    assert dict((n, (s, r)) for n, s, r in out.rows)[1] == ("FAIL", "LoadFailed")
+    (event,) = [e for e in out.detail["events"] if e["reason"] == "TrialFail"]
+    assert "injected load failure" in event["message"]
