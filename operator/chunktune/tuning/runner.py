@@ -328,11 +328,15 @@ class Tuner:
         plan = self.plan(trial.number, point)
         obj = self.objectives[0]
 
+        reported: set[int] = set()
+
         def report(index: int, metrics: dict[str, float]) -> bool:
             v = metrics.get(obj.key)
             if v is None or not math.isfinite(v) or baseline:
                 return False
-            trial.report(v, index)
+            if index not in reported:  # a re-adopted trial's log repeats its windows
+                reported.add(index)
+                trial.report(v, index)
             return trial.should_prune()
 
         t0 = time.monotonic()
