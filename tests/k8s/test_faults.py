@@ -93,6 +93,44 @@ def test_refusals_are_not_retried(kube: KubeEmulator) -> None:
     asyncio.run(main())
 
 
+class NoObjectsApi:
+    """Enough of the API for the finalizer's work when no trial object exists."""
+
+    async def list(self, kind: str, namespace: str, selector: str | None = None) -> list[Any]:
+        return []
+
+    async def delete(self, *args: Any, **kwargs: Any) -> bool:
+        return False
+
+
+class FlakyDeletes(NoObjectsApi):
+    """Deletions fail with a 503 the first ``failures`` times."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.deleted: list[tuple[str, str]] = []
+
+    async def delete(self, kind: str, namespace: str, name: str,
+                     grace_seconds: int | None = None) -> bool:
+        if self.failures:
+            self.failures -= 1
+            raise ApiUnavailable(503, "injected")
+        self.deleted.append((kind, name))
+        return True
+
+
+def test_a_cleanup_the_api_refused_is_retried() -> None:
+    from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
+    from tests.k8s.test_manifests import OPTIONS
+
+    api = FlakyDeletes(1)
+    backend = KubernetesBackend(api, OWNER, BackendSettings(options=OPTIONS))  # type: ignore[arg-type]
+    assert asyncio.run(backend.cleanup(3)) is False
+    asyncio.run(backend.close())  # retried on close (and before the next trial)
+    assert {kind for kind, _ in api.deleted} == {"configmaps", "jobs", "pods"}
+    assert backend._unclean == set()
+
+
 # ---- finding 4: status patches retry in place on conflict ----------------------------------
 
 
@@ -166,16 +204,6 @@ def test_an_old_named_journal_is_adopted_once(tmp_path: Path) -> None:
     # another tuning's journal is never taken
     _journal_with(tmp_path / "x-y.journal", "x-y/other")
     assert storage.adopt_legacy(tmp_path, "x", "y", "u4") is None
-
-
-class NoObjectsApi:
-    """Enough of the API for the finalizer's work when no trial object exists."""
-
-    async def list(self, kind: str, namespace: str, selector: str | None = None) -> list[Any]:
-        return []
-
-    async def delete(self, *args: Any, **kwargs: Any) -> bool:
-        return False
 
 
 def test_deleting_a_tuning_removes_its_own_journal_only(tmp_path: Path) -> None:
