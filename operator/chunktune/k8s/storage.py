@@ -131,9 +131,10 @@ def adopt_legacy(state_dir: Path, namespace: str, name: str, uid: str) -> Path |
     if new.exists() or not old.exists():
         return None
     study = f"{namespace}/{name}"
+    from optuna.storages.journal import JournalFileBackend
+
     try:
-        storage = optuna.storages.JournalStorage(
-            optuna.storages.journal.JournalFileBackend(str(old)))
+        storage = optuna.storages.JournalStorage(JournalFileBackend(str(old)))
         names = [s.study_name for s in storage.get_all_studies()]
     except Exception as e:  # an unreadable file is left alone
         log.warning("cannot read the old journal %s: %s", old, e)
