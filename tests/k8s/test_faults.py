@@ -457,3 +457,11 @@ async def test_failed_load_is_recorded_and_the_study_goes_on(
     assert dict((n, (s, r)) for n, s, r in out.rows)[1] == ("FAIL", "LoadFailed")
     (event,) = [e for e in out.detail["events"] if e["reason"] == "TrialFail"]
     assert "injected load failure" in event["message"]
+
+
+def test_kopf_retries_its_own_requests_through_an_outage() -> None:
+    from chunktune.k8s.handlers import kopf_backoffs
+
+    delays = kopf_backoffs(600)
+    assert sum(delays) >= 600 * 0.9 and max(delays) <= 30 and len(delays) < 40
+    assert len(kopf_backoffs(0)) == 8  # kopf's own default steps

@@ -29,6 +29,8 @@ Environment variables (defaults in brackets):
 ``CHUNKTUNE_API_RETRY_SECONDS``    how long transient API errors (no answer, 429, 5xx) are
                                    retried in place before the trial waits for the API [30]
 ``CHUNKTUNE_API_TIMEOUT``          seconds one Kubernetes API request may take [30]
+``CHUNKTUNE_API_OUTAGE_SECONDS``   how long kopf retries its own requests (watches, events)
+                                   before giving up (the pod then restarts) [600]
 ``CHUNKTUNE_ALLOW_DATABASE_URLS``  allow RDB storage URLs (``sqlite:///...``,
                                    ``postgresql://...``) in ``spec.storage`` and
                                    ``spec.storageFrom`` [false: journal files in the state
@@ -119,6 +121,9 @@ class Settings:
     for the API and is re-adopted; never recorded as a failure)."""
     api_timeout: float = 30.0
     """Seconds one Kubernetes API request may take."""
+    api_outage_seconds: float = 600.0
+    """How long kopf retries its own failed requests (watch streams, events) before it gives
+    up on one; trials wait out any outage (they are re-adopted)."""
     allow_database_urls: bool = False
     """Allow RDB storage URLs in ``spec.storage`` (without a password) and
     ``spec.storageFrom`` (a Secret's key holding the URL). Off: only journal files confined to
@@ -175,6 +180,7 @@ class Settings:
             api_threads=get("CHUNKTUNE_API_THREADS", _count, 16),
             api_retry_seconds=get("CHUNKTUNE_API_RETRY_SECONDS", _non_negative, 30.0),
             api_timeout=get("CHUNKTUNE_API_TIMEOUT", _positive, 30.0),
+            api_outage_seconds=get("CHUNKTUNE_API_OUTAGE_SECONDS", _non_negative, 600.0),
             allow_database_urls=get("CHUNKTUNE_ALLOW_DATABASE_URLS", _bool, False),
             log_level=get("CHUNKTUNE_LOG_LEVEL", _level, "INFO"),
             watch=watch, trials=trials)
