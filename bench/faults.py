@@ -10,9 +10,10 @@ fault:
 * **dup**: points measured more than once;
 * **budget**: trials counted against ``maxTrials``/``maxFailedTrials`` that are faults, not
   results of their flags;
-* **recover s**: seconds from the fault's end until the study recorded progress again (the
-  trial in flight, adopted or re-adopted, was told to the study); ``-`` where the fault does
-  not stop progress;
+* **recover s**: seconds from the fault's end (an outage: the API back; a restart: the new
+  operator started; a storm: its first error) until the status showed the study's progress
+  again (the trial in flight, adopted or re-adopted, told to the study); ``-`` where the
+  fault does not stop progress;
 * **left**: trial objects left behind; **phase**: where the study ended.
 
 An engine crash and a failed load Job are the trial's genuine results (``FAIL``, counted);

@@ -125,12 +125,16 @@ class Storm:
     def __init__(self, statuses: Iterable[int]) -> None:
         self.pending = list(statuses)
         self.answered: list[int] = []
+        self.first: float | None = None
+        """``time.monotonic()`` of the first error answered."""
 
     def __call__(self, request: kmock.Request) -> Any:
         if not self.pending:
             raise NotImplementedError  # spent: the emulator answers as usual
         status = self.pending.pop(0)
         self.answered.append(status)
+        if self.first is None:
+            self.first = time.monotonic()
         reason = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError",
                   503: "ServiceUnavailable"}.get(status, "InternalError")
         raise api_error(status, reason, f"injected fault ({status})")
@@ -289,8 +293,8 @@ async def status_storm(kube: KubeEmulator, state_dir: Path, name: str = "storm",
                          message="trial 0 under load")
         before = _progress(kube, name)
         storm = error_storm(kube, "patch", statuses, subresource="status")
-        since = time.monotonic()
-        took = await _recovered(kube, name, before, since, timeout=60)
+        await _recovered(kube, name, before, time.monotonic(), timeout=60)
+        took = time.monotonic() - (storm.first or time.monotonic())  # from the first error
         await wait_phase(kube, name, ("Succeeded", "Failed"), timeout=60)
         await kube.until(lambda: not trial_objects(kube, name), timeout=30,
                          message="trial objects deleted")
