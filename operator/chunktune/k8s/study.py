@@ -166,6 +166,9 @@ class StudyController:
                     self.api_faults - 1, 8)) * random.uniform(0.5, 1.0)
                 log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
                             "%.1f s", self.owner.namespace, self.owner.name, e, delay)
+                if self.api_faults == 3:  # not a blip: say so where users look
+                    self.emit("Warning", "ApiError", f"the Kubernetes API keeps failing "
+                              f"({e}); the study retries with backoff and loses nothing")
                 await live.sleep(delay)
             else:
                 self.api_faults = 0
