@@ -226,8 +226,10 @@ def test_infrastructure_faults_are_not_results(make_tuning, tmp_path, monkeypatc
     monkeypatch.setattr(runner, "FAULT_RETRY_FIRST", 0.01)
 
     class Flaky(SimulatedBackend):
-        faults = 0
-        adopted: list[int] = []
+        def __init__(self):
+            super().__init__()
+            self.faults = 0
+            self.adopted: list[int] = []
 
         async def run_trial(self, plan, report=None):
             if plan.number == 1 and not self.faults:
