@@ -90,10 +90,14 @@ async def main_async(ns: argparse.Namespace) -> int:
             except Exception as e:  # a scenario that broke is a row, not a crash
                 rows.append((key, "-", "-", "-", "-", "-", f"ERROR {type(e).__name__}: {e}"[:60]))
                 continue
+            print(f"# {key}: {out.fault}; trials {out.rows}", flush=True)
+            study = out.detail.get("study")
+            for t in study.trials if study is not None else []:
+                if t.user_attrs.get("message"):
+                    print(f"#   trial {t.number}: {t.user_attrs['message'][-400:]!r}", flush=True)
         rec = "-" if not out.recover_s else f"{out.recover_s:.1f}"
         rows.append((key, str(out.lost), str(out.duplicated), str(out.budget), rec,
                      str(len(out.left)), f"{out.phase} ({time.monotonic() - t0:.0f} s)"))
-        print(f"# {key}: {out.fault}; trials {out.rows}", flush=True)
     head = ("fault", "lost", "dup", "budget", "recover s", "left", "phase (wall)")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, tuple("-" * w for w in widths), *rows]:
