@@ -88,6 +88,13 @@ RBAC rules on namespaced resources: a ClusterRole's when every namespace is watc
 watched namespace's Role otherwise. Least privilege; each rule says what needs it.
 */}}
 {{- define "chunktune.rules.namespaced" -}}
+{{- if .Values.storage.allowDatabaseURLs }}
+# spec.storageFrom: a study's database URL (with its credentials) from a Secret's key. Only
+# with storage.allowDatabaseURLs.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 # The tuning objects: kopf watches them and patches its annotations and finalizer onto them.
 - apiGroups: ["chunktune.dev"]
   resources: ["chunkedprefilltunings"]

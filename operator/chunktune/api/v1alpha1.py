@@ -52,7 +52,7 @@ __all__ = [
     "Constraint", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource", "GPUSpec", "KeyRef",
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
     "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "SamplerSpec", "Spec",
-    "WorkloadSpec", "parse_constraint_string",
+    "StorageSource", "WorkloadSpec", "parse_constraint_string",
 ]
 
 SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid", "cmaes"]
@@ -248,6 +248,14 @@ class PrunerSpec(Model):
     """Measurement windows a trial reports before it may be pruned."""
 
 
+class StorageSource(Model):
+    """Where the operator reads a study's storage URL from."""
+
+    secret_key_ref: KeyRef
+    """A key of a Secret in the tuning's namespace holding the URL (e.g.
+    ``postgresql://user:password@host/db``)."""
+
+
 class MetricsSpec(Model):
     """Where engine metrics are read from."""
 
@@ -329,7 +337,12 @@ class Spec(Model):
     """How trials are stopped early."""
     storage: str | None = Field(default=None, min_length=1, max_length=1024)
     """Optuna storage: an RDB URL (``sqlite:///study.db``, ``postgresql://...``) or a journal
-    file path. Default: chosen by the runner."""
+    file path. Default: chosen by the runner. In the operator, journal paths are confined to
+    its state directory and RDB URLs need its ``storage.allowDatabaseURLs`` and no inline
+    password."""
+    storage_from: StorageSource | None = None
+    """Operator only: the Optuna storage URL from a Secret's key (a database URL with
+    credentials), instead of ``storage``."""
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     """Where engine metrics come from."""
     output: OutputSpec = Field(default_factory=OutputSpec)

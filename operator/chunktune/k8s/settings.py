@@ -26,6 +26,15 @@ Environment variables (defaults in brackets):
 ``CHUNKTUNE_WATCH_SERVER_TIMEOUT`` kopf's watch server timeout, seconds [300]
 ``CHUNKTUNE_WATCH_CLIENT_TIMEOUT`` kopf's watch client timeout, seconds [330]
 ``CHUNKTUNE_API_THREADS``          threads for Kubernetes API calls [16]
+``CHUNKTUNE_API_RETRY_SECONDS``    how long transient API errors (no answer, 429, 5xx) are
+                                   retried in place before the trial waits for the API [30]
+``CHUNKTUNE_API_TIMEOUT``          seconds one Kubernetes API request may take [30]
+``CHUNKTUNE_API_OUTAGE_SECONDS``   how long kopf retries its own requests (watches, events)
+                                   before giving up (the pod then restarts) [600]
+``CHUNKTUNE_ALLOW_DATABASE_URLS``  allow RDB storage URLs (``sqlite:///...``,
+                                   ``postgresql://...``) in ``spec.storage`` and
+                                   ``spec.storageFrom`` [false: journal files in the state
+                                   directory only]
 ``CHUNKTUNE_LOG_LEVEL``            DEBUG, INFO, WARNING, ERROR [INFO]
 =================================  ==============================================================
 """
@@ -99,13 +108,26 @@ class Settings:
     """Namespaces to watch; empty: the whole cluster."""
     state_dir: Path = DEFAULT_STATE_DIR
     """Where studies without ``spec.storage`` keep their journal
-    (``<namespace>-<name>.journal``); mount a persistent volume here."""
+    (``<uid>.journal``, the resource's uid); mount a persistent volume here. ``spec.storage``
+    journal paths are confined to it."""
     standalone: bool = False
     """Run without kopf's peering (one replica, no ``KopfPeering`` objects needed)."""
     liveness: str | None = None
     """kopf's liveness endpoint (``http://0.0.0.0:8080/healthz``)."""
     api_threads: int = 16
     """Threads for the (synchronous) Kubernetes client's calls."""
+    api_retry_seconds: float = 30.0
+    """How long transient API errors are retried in place (then the trial in flight waits
+    for the API and is re-adopted; never recorded as a failure)."""
+    api_timeout: float = 30.0
+    """Seconds one Kubernetes API request may take."""
+    api_outage_seconds: float = 600.0
+    """How long kopf retries its own failed requests (watch streams, events) before it gives
+    up on one; trials wait out any outage (they are re-adopted)."""
+    allow_database_urls: bool = False
+    """Allow RDB storage URLs in ``spec.storage`` (without a password) and
+    ``spec.storageFrom`` (a Secret's key holding the URL). Off: only journal files confined to
+    :attr:`state_dir`."""
     log_level: str = "INFO"
     watch: WatchSettings = field(default_factory=WatchSettings)
     trials: TrialSettings = field(default_factory=TrialSettings)
@@ -156,6 +178,10 @@ class Settings:
             standalone=get("CHUNKTUNE_STANDALONE", _bool, False),
             liveness=get("CHUNKTUNE_LIVENESS", _optional, None),
             api_threads=get("CHUNKTUNE_API_THREADS", _count, 16),
+            api_retry_seconds=get("CHUNKTUNE_API_RETRY_SECONDS", _non_negative, 30.0),
+            api_timeout=get("CHUNKTUNE_API_TIMEOUT", _positive, 30.0),
+            api_outage_seconds=get("CHUNKTUNE_API_OUTAGE_SECONDS", _non_negative, 600.0),
+            allow_database_urls=get("CHUNKTUNE_ALLOW_DATABASE_URLS", _bool, False),
             log_level=get("CHUNKTUNE_LOG_LEVEL", _level, "INFO"),
             watch=watch, trials=trials)
         if problems:
@@ -219,6 +245,16 @@ def _positive(v: str) -> float:
         raise ValueError(f"must be a number of seconds (got {v!r})") from None
     if not x > 0:
         raise ValueError(f"must be > 0 (got {v!r})")
+    return x
+
+
+def _non_negative(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"must be a number of seconds (got {v!r})") from None
+    if not x >= 0:
+        raise ValueError(f"must be >= 0 (got {v!r})")
     return x
 
 
