@@ -69,18 +69,24 @@ class Flag:
         return text
 
 
+#: The largest token count a flag may take: 2**24 (16.8M), above the longest context any model
+#: ships (10M tokens); a larger value is a typo, not a setting.
+MAX_TOKENS = 2**24
+#: The largest ``--max-num-seqs``: 2**16 running requests.
+MAX_SEQS = 2**16
+
 FLAGS: dict[str, Flag] = {
     f.name: f
     for f in (
-        Flag("max-num-batched-tokens", "int", VLLM_ENGINES, 1, None,
+        Flag("max-num-batched-tokens", "int", VLLM_ENGINES, 1, MAX_TOKENS,
              "token budget of one engine step, shared by decodes and prefill chunks"),
-        Flag("long-prefill-token-threshold", "int", VLLM_ENGINES, 0, None,
+        Flag("long-prefill-token-threshold", "int", VLLM_ENGINES, 0, MAX_TOKENS,
              "most prompt tokens one request may take in a step; 0 = no cap"),
-        Flag("max-num-seqs", "int", VLLM_ENGINES, 1, None, "most running requests"),
+        Flag("max-num-seqs", "int", VLLM_ENGINES, 1, MAX_SEQS, "most running requests"),
         Flag("gpu-memory-utilization", "float", VLLM_ENGINES, 0, 1,
              "fraction of GPU memory the engine may use", minimum_exclusive=True),
-        Flag("max-model-len", "int", VLLM_ENGINES, 1, None, "longest prompt + output"),
-        Flag("chunked-prefill-size", "int", ("sglang",), -1, None,
+        Flag("max-model-len", "int", VLLM_ENGINES, 1, MAX_TOKENS, "longest prompt + output"),
+        Flag("chunked-prefill-size", "int", ("sglang",), -1, MAX_TOKENS,
              "SGLang's prefill chunk size; -1 disables chunking", forbidden=(0,)),
     )
 }
