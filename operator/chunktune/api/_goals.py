@@ -91,7 +91,7 @@ def parse_constraint_string(text: str) -> dict[str, Any]:
         value = _metrics.parse_value(metric, raw)
     except SpecError as e:
         raise ValueError(f"{e.problems[0][1]} (in {text!r})") from None
-    if len(text) > 256 or not _CONSTRAINT_FULL.match(text):
+    if len(text) > 256 or not _CONSTRAINT_FULL.fullmatch(text):
         raise ValueError(f"must look like {_CONSTRAINT_FORM}: a class of at most 63 "
                          f"characters, a number, percentage or duration such as 50ms, and no "
                          f"other characters (got {text[:80]!r})")

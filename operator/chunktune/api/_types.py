@@ -62,7 +62,7 @@ def _duration_validator(ceiling: int, positive: bool) -> Any:
     def check(v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, int | str):
             raise ValueError(f"must be a duration such as 60, '90s' or '10m' (got {v!r})")
-        if isinstance(v, str) and not (len(v) <= 40 and len(v) >= 2 and _DURATION_RE.match(v)):
+        if isinstance(v, str) and not (len(v) <= 40 and len(v) >= 2 and _DURATION_RE.fullmatch(v)):
             raise ValueError(f"must be a duration such as '90s', '10m', '1h30m' or '250ms': "
                              f"numbers with a unit h, m, s or ms, no spaces (got {v!r})")
         try:
@@ -127,7 +127,7 @@ QUANTITY_MAX = 10**12
 def _quantity(v: Any) -> int | str:
     if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= QUANTITY_MAX:
         return v
-    if isinstance(v, str) and len(v) <= 32 and QUANTITY_RE.match(v):
+    if isinstance(v, str) and len(v) <= 32 and QUANTITY_RE.fullmatch(v):
         return v
     raise ValueError(f"must be a Kubernetes quantity such as 2, '500m' or '16Gi' (got {v!r})")
 
@@ -147,7 +147,7 @@ _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 def check_object_name(v: str, what: str = "name") -> str:
     """Kubernetes object names: DNS-1123 subdomains (lower case, digits, '-', '.')."""
-    if len(v) > 253 or not _DNS1123_SUBDOMAIN.match(v):
+    if len(v) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(v):
         raise ValueError(f"must be a valid Kubernetes {what}: lower-case letters, digits, '-' "
                          f"and '.', starting and ending with a letter or digit (got {v!r})")
     return v
@@ -155,7 +155,7 @@ def check_object_name(v: str, what: str = "name") -> str:
 
 def check_label_name(v: str, what: str = "name") -> str:
     """DNS-1123 labels (namespaces, container names): at most 63 characters, no dots."""
-    if len(v) > 63 or not _DNS1123_LABEL.match(v):
+    if len(v) > 63 or not _DNS1123_LABEL.fullmatch(v):
         raise ValueError(f"must be a valid Kubernetes {what}: at most 63 lower-case letters, "
                          f"digits and '-', starting and ending with a letter or digit "
                          f"(got {v!r})")
@@ -185,7 +185,7 @@ def pattern_str(pattern: str, max_length: int, what: str, min_length: int = 1) -
             raise ValueError(f"must be a string (got {short_repr(v)}{quote})")
         if len(v) > max_length:
             raise ValueError(f"must be at most {max_length} characters (got {len(v)})")
-        if len(v) < min_length or not rx.match(v):
+        if len(v) < min_length or not rx.fullmatch(v):
             raise ValueError(f"must be {what} (got {short_repr(v)})")
         return v
 

@@ -301,6 +301,10 @@ def to_json_schema(node: dict[str, Any]) -> dict[str, Any]:
             out[key] = to_json_schema(value)
         elif key.startswith("x-kubernetes-") or key == "description":
             continue
+        elif key == "pattern" and value.endswith("$"):
+            # Python's '$' also matches before a final newline; RE2's (the API server's)
+            # does not.
+            out[key] = value[:-1] + r"\Z"
         else:
             out[key] = value
     if node.get("x-kubernetes-int-or-string"):

@@ -10,11 +10,13 @@ becomes its description in the CRD.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
+    PlainValidator,
     PrivateAttr,
     WithJsonSchema,
     field_serializer,
@@ -55,6 +57,7 @@ from chunktune.api._types import (
     check_object_name,
     duration_type,
     pattern_str,
+    short_repr,
 )
 from chunktune.api.flags import DEFAULT_SEARCH_SPACE, FLAGS, MAX_TOKENS, FlagName
 from chunktune.errors import SpecError
@@ -80,15 +83,49 @@ PrunerName = Literal["none", "median", "percentile", "hyperband"]
 #: path, or an RDB URL of a known scheme with a host and database but no password (sqlite: a
 #: relative file).
 _RDB_SCHEMES = "postgresql|postgres|mysql|mariadb|oracle|mssql"
+_REL = RELATIVE_PATH.removeprefix("^").removesuffix("$")
 STORAGE_PATTERN = (
-    RELATIVE_PATH[:-1] + "|"
-    r"^sqlite:///[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$|"
-    rf"^({_RDB_SCHEMES})(\+[a-z0-9_]+)?://([A-Za-z0-9_.-]+@)?[A-Za-z0-9]([A-Za-z0-9.-]*"
-    r"[A-Za-z0-9])?(:[0-9]{1,5})?/[A-Za-z0-9_.-]+(\?[A-Za-z0-9_.=&%-]*)?$"
+    f"^({_REL}|sqlite:///{_REL}|"
+    rf"({_RDB_SCHEMES})(\+[a-z0-9_]+)?://([A-Za-z0-9_.-]+@)?[A-Za-z0-9]([A-Za-z0-9.-]*"
+    r"[A-Za-z0-9])?(:[0-9]{1,5})?/[A-Za-z0-9_.-]+(\?[A-Za-z0-9_.=&%-]*)?)$"
 )
 STORAGE_FORMS = ("a journal path relative to the state directory (studies/x.journal; no '..', "
                  "no absolute path), sqlite:///relative.db, or an RDB URL such as "
                  "postgresql://host:5432/db (no password in the URL)")
+
+
+_STORAGE_RE = re.compile(STORAGE_PATTERN)
+
+
+def _check_storage(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"must be a string: {STORAGE_FORMS} (got {short_repr(v)})")
+    if len(v) > 1024:
+        raise ValueError(f"must be at most 1024 characters (got {len(v)})")
+    if _STORAGE_RE.fullmatch(v):
+        return v
+    scheme, sep, rest = v.partition("://")
+    if sep:
+        base = scheme.split("+", 1)[0]
+        if base not in ("sqlite", *_RDB_SCHEMES.split("|")):
+            raise ValueError(f"unknown storage scheme {base!r}: give an RDB URL "
+                             "(sqlite:///study.db, postgresql://host/db, mysql://host/db) or a "
+                             "journal file path")
+        if ":" in rest.split("@", 1)[0] and "@" in rest:
+            raise ValueError("must not carry a password: the operator reads database "
+                             "credentials from a Secret (got a URL with user:password@)")
+    elif v.startswith("/"):
+        raise ValueError(f"must be relative to the operator's state directory, not an absolute "
+                         f"path (got {short_repr(v)})")
+    if ".." in re.split(r"[/\\]", v):
+        raise ValueError(f"must not contain '..': journals stay inside the operator's state "
+                         f"directory (got {short_repr(v)})")
+    raise ValueError(f"must be {STORAGE_FORMS} (got {short_repr(v)})")
+
+
+#: ``spec.storage``: checked by the model and by the CRD's pattern alike.
+StorageRef = Annotated[str, PlainValidator(_check_storage), WithJsonSchema(
+    {"type": "string", "minLength": 1, "maxLength": 1024, "pattern": STORAGE_PATTERN})]
 
 
 def _immutable(what: str) -> dict[str, Any]:
@@ -431,7 +468,7 @@ class Spec(Model):
     """How trials are proposed."""
     pruner: PrunerSpec = Field(default_factory=PrunerSpec)
     """How trials are stopped early."""
-    storage: pattern_str(STORAGE_PATTERN, 1024, STORAGE_FORMS) | None = None  # type: ignore[valid-type]
+    storage: StorageRef | None = None
     """Optuna storage: a journal file path relative to the state directory
     (``studies/llama.journal``), or an RDB URL (``sqlite:///study.db``,
     ``postgresql://host:5432/db``; no password: credentials come from the operator). Default:

@@ -255,7 +255,7 @@ def _pull_policy(v: str) -> str | None:
 def _quantity(v: str) -> str:
     from chunktune.api._types import QUANTITY_RE
 
-    if not QUANTITY_RE.match(v):
+    if not QUANTITY_RE.fullmatch(v):
         raise ValueError(f"must be a Kubernetes quantity such as 8Gi (got {v!r})")
     return v
 
