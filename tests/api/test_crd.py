@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -232,3 +233,77 @@ def test_cel_rules_evaluate(schema: dict[str, Any], path: str, obj: Any, old: An
     # the first rules are the ones listed; the later ones (bounds) hold for these objects
     assert got[:len(expected)] == expected
     assert all(got[len(expected):])
+
+
+def _unbounded(node: dict[str, Any], path: str) -> list[str]:
+    out = []
+    for p, n in nodes(node, path):
+        if n.get("x-kubernetes-preserve-unknown-fields") and "properties" not in n:
+            if n.get("type") == "object" and "maxProperties" not in n:
+                out.append(f"{p} (free-form map)")
+            continue
+        kind = n.get("type")
+        if n.get("x-kubernetes-int-or-string"):
+            kind = "string"
+        if kind == "string" and "maxLength" not in n and "enum" not in n:
+            out.append(f"{p} (string)")
+        if kind == "array" and "maxItems" not in n:
+            out.append(f"{p} (list)")
+        if isinstance(n.get("additionalProperties"), dict) and "maxProperties" not in n:
+            out.append(f"{p} (map)")
+    return out
+
+
+def test_every_list_string_and_map_is_bounded(schema: dict[str, Any]) -> None:
+    """CEL cost estimates need bounded inputs: every list has maxItems, every string maxLength
+    (or an enum), every map maxProperties, in the spec and in the status."""
+    assert _unbounded(schema["properties"]["spec"], "spec") == []
+    assert _unbounded(schema["properties"]["status"], "status") == []
+
+
+def test_no_free_form_field_but_the_ones_without_a_schema(schema: dict[str, Any]) -> None:
+    free = [p for p, n in nodes(schema) if n.get("x-kubernetes-preserve-unknown-fields")]
+    assert free == [".spec.engine.modelConfig",
+                    ".spec.workload.inline.classes[].prompt_tokens",
+                    ".spec.workload.inline.classes[].output_tokens",
+                    ".status.kopf"]
+
+
+def test_cel_rules_stay_small(schema: dict[str, Any]) -> None:
+    """A rough static estimate of each rule's worst case: the product of the maxItems of the
+    lists it sits in and the lists it iterates (nested macros multiply), times the cost of
+    reading the longest string a rule compares (1024 characters at the API server's 0.1 per
+    character, plus one). The API server's limits are 10^7 per rule and 10^8 per CRD; we keep
+    every rule under 10^6 and the sum under 10^7."""
+    total = 0
+    for path, node in nodes(schema):
+        outer = 1
+        for part in re.findall(r"\w+(?=\[\])", path):
+            outer *= _max_items(schema, path, part)
+        for r in node.get("x-kubernetes-validations", []):
+            inner = 1
+            for lst in re.findall(r"self(?:\.\w+)*?\.(\w+)\.(?:all|exists|exists_one)\(",
+                                  r["rule"]):
+                sub = node.get("properties", {}).get(lst) or _find(node, lst)
+                inner *= (sub or {}).get("maxItems", 1)
+            if re.search(r"(?<!\.)self\.(all|exists|exists_one)\(", r["rule"]):
+                inner *= node.get("maxItems", 1)
+            if re.search(r"\.(all|exists|exists_one)\(\w+, self\.", r["rule"]) and \
+                    node.get("type") == "array":
+                inner *= node.get("maxItems", 1)
+            cost = outer * inner * 103
+            assert cost < 10**6, (path, r["rule"], cost)
+            total += cost
+    assert total < 10**7, total
+
+
+def _find(node: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for _, n in nodes(node):
+        if name in n.get("properties", {}):
+            return dict(n["properties"][name])
+    return None
+
+
+def _max_items(schema: dict[str, Any], path: str, name: str) -> int:
+    found = _find(schema, name)
+    return int((found or {}).get("maxItems", 1))

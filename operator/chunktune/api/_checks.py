@@ -33,6 +33,8 @@ from chunktune.sim.models import ModelConfig, catalog_names, from_hf_config, res
 from chunktune.sim.workload import Profile
 
 _IMAGES = {"vllm": "vllm/vllm-openai:v0.11.0", "sglang": "lmsysorg/sglang:latest"}
+#: The most traffic classes an inline profile may have (the CRD's maxItems).
+MAX_CLASSES = 32
 #: The most points a grid search may enumerate.
 GRID_POINTS_MAX = 100_000
 
@@ -112,6 +114,14 @@ def _engine(p: Parts, e: EngineSpec) -> None:
             if e.gpu.type not in GPU_TYPES:  # an alias in another spelling: the CRD's enum
                 p.add("spec.engine.gpu.type", f"write the GPU as {gpu.name!r} (names are "
                       f"lower-case, as listed: {', '.join(gpu_names())}; got {e.gpu.type!r})")
+    sc = e.security_context
+    if sc is not None:
+        if e.kind == "sim":
+            p.add("spec.engine.securityContext", "applies to vllm and sglang engines; simulated "
+                  "engines always run with the restricted profile (remove it)")
+        if sc.run_as_non_root and sc.run_as_user == 0:
+            p.add("spec.engine.securityContext", "runAsNonRoot: true cannot run as user 0; "
+                  "give another runAsUser (e.g. 1000)")
     count, tp = e.gpu.count or 0, e.tensor_parallel_size
     if count < tp:
         p.add("spec.engine.gpu.count", f"must be >= tensorParallelSize (got {count} < {tp})")
@@ -313,6 +323,11 @@ def _workload(p: Parts, w: WorkloadSpec) -> None:
     if w.profile is None and w.inline is None:
         p.add("spec.workload", "needs profile (a shipped profile name or a file path) or inline "
               "(a profile mapping)")
+        return
+    classes = (w.inline or {}).get("classes")
+    if isinstance(classes, list) and len(classes) > MAX_CLASSES:
+        p.add("spec.workload.inline.classes", f"must have at most {MAX_CLASSES} traffic classes "
+              f"(got {len(classes)})")
         return
     if w.rate is not None and w.concurrency is not None:
         p.add("spec.workload.concurrency", "cannot be combined with rate; give one of them")

@@ -61,13 +61,30 @@ _CONSTRAINT_RE = re.compile(
     r"\s*(?:(?P<cls>[A-Za-z0-9][A-Za-z0-9_.-]*)\.)?(?P<metric>[A-Za-z0-9_]+)\s*"
     r"(?P<op><=|>=|<|>|==|=)\s*(?P<value>\S.*?)\s*"
 )
-_VALUE = (r"([0-9]{1,9}(\.[0-9]{1,9})?([eE][-+]?[0-9]{1,2})?%?|"
-          r"([0-9]{1,7}(\.[0-9]{1,6})?(h|m|s|ms)){1,4})")
+_NUMBER = r"[0-9]{1,9}(\.[0-9]{1,9})?([eE][-+]?[0-9]{1,2})?"
+_DURATION = r"([0-9]{1,7}(\.[0-9]{1,6})?(h|m|s|ms)){1,4}"
+_FRACTION = r"(0(\.[0-9]{1,9})?|1(\.0{1,9})?|\.[0-9]{1,9})"
+_PERCENT_VALUE = r"(100(\.0{1,9})?|[0-9]{1,2}(\.[0-9]{1,9})?)%"
+
+
+def _names(unit: str | None) -> str:
+    """The metric names of ``unit`` (None: every unit but seconds and fractions), longest
+    first."""
+    names = [n for n, m in _metrics.METRICS.items()
+             if m.unit == unit or (unit is None and m.unit not in ("s", "fraction"))]
+    return "|".join(sorted(names, key=len, reverse=True))
+
+
 #: The compact constraint grammar, for the CRD: ``[CLASS.]METRIC <= VALUE`` or ``>=``, METRIC one
-#: of the known metrics, VALUE a number, a percentage or a duration.
-CONSTRAINT_PATTERN = (r"^ *([A-Za-z0-9][A-Za-z0-9_.-]{0,62}\.)?("
-                      + "|".join(sorted(_metrics.METRICS, key=len, reverse=True))
-                      + r") *(<=|>=) *" + _VALUE + " *$")
+#: of the known metrics; VALUE seconds or a duration for latencies, a number in [0, 1] or a
+#: percentage up to 100% for fractions, a number for the rest.
+CONSTRAINT_PATTERN = (
+    r"^ *([A-Za-z0-9][A-Za-z0-9_.-]{0,62}\.)?("
+    rf"({_names('s')}) *(<=|>=) *({_NUMBER}|{_DURATION})|"
+    rf"({_names('fraction')}) *(<=|>=) *({_FRACTION}|{_PERCENT_VALUE})|"
+    rf"({_names(None)}) *(<=|>=) *{_NUMBER}"
+    r") *$"
+)
 _CONSTRAINT_FULL = re.compile(CONSTRAINT_PATTERN)
 _CONSTRAINT_FORM = ("'[CLASS.]METRIC <= VALUE' or '... >= VALUE', e.g. 'chat.itl_p99 <= 50ms' "
                     "or 'error_rate <= 1%'")
@@ -154,7 +171,11 @@ class Constraint(Model):
         """The compact form without rounding (``chat.itl_p99 <= 0.05``), as written back
         into a manifest: the bound in the metric's base unit, seconds or a fraction."""
         op, v = ("<=", self.max) if self.max is not None else (">=", self.min)
-        return f"{self.key} {op} {float(v or 0):.9g}"
+        if _metrics.METRICS[self.metric].unit == "fraction":
+            text = f"{float(v or 0):.9f}".rstrip("0").rstrip(".")
+        else:
+            text = f"{float(v or 0):.9g}"
+        return f"{self.key} {op} {text}"
 
     def ok(self, value: float) -> bool:
         """Whether ``value`` meets the bound."""
