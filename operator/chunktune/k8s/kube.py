@@ -39,6 +39,7 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 _KINDS: dict[str, tuple[str, str]] = {
     "pods": ("core", "namespaced_pod"),
     "configmaps": ("core", "namespaced_config_map"),
+    "secrets": ("core", "namespaced_secret"),
     "events": ("core", "namespaced_event"),
     "jobs": ("batch", "namespaced_job"),
     "deployments": ("apps", "namespaced_deployment"),

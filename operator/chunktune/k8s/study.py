@@ -28,16 +28,19 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from chunktune.api.status import set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import flags_line
 from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
 from chunktune.errors import BackendUnavailable, SpecError
+from chunktune.k8s import policy
 from chunktune.k8s.outputs import write_outputs
 from chunktune.k8s.state import (
     TERMINAL,
     Operator,
     Problem,
     StatusWriter,
+    _now,
     generation,
     owner_of,
     parse,
@@ -121,6 +124,10 @@ class StudyController:
             if self.writer.phase in TERMINAL and self.writer.generation == gen:
                 await self._until(live, changed)
                 continue
+            if not await self._allowed(tuning, gen):
+                loop = asyncio.get_running_loop()
+                await self._until(live, policy.changed_or_due(changed, loop.time))
+                continue
             try:
                 await self._study(tuning, live)
             except SpecError as e:
@@ -129,6 +136,28 @@ class StudyController:
             except BackendUnavailable as e:
                 await self.invalid([("spec.engine", str(e))], gen)
                 await self._until(live, changed)
+
+    async def _allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> bool:
+        """The operator's policy (:mod:`.policy`) on what the trials reference: False (and a
+        ``PolicyAllowed=False`` condition naming the field and the fix, phase Pending) when it
+        refuses; the daemon re-checks every :data:`~.policy.RECHECK_SECONDS`."""
+        refused = await policy.check_trials(self.op.api, self.op.settings.policy, tuning,
+                                            self.owner, self.op.settings.trials.image)
+        was = next((c for c in self.writer.conditions if c.get("type") == policy.CONDITION),
+                   None)
+        if not refused:
+            if was is not None and was.get("status") != "True":
+                self.writer.conditions = set_condition(
+                    self.writer.conditions, policy.CONDITION, True, "Allowed",
+                    "the operator's policy allows what the trials reference", gen, _now())
+            return True
+        text = policy.refused_text(refused)
+        if was is None or was.get("message") != text:
+            self.emit("Warning", refused[0].reason, text)
+        self.writer.set("Pending", gen, f"refused by the operator's policy: {text}",
+                        **{policy.CONDITION: (False, refused[0].reason, text)})
+        await self.writer.write(None)
+        return False
 
     async def _study(self, tuning: ChunkedPrefillTuning, live: Live) -> None:
         backend = self.op.backend(tuning, self.owner)
