@@ -114,3 +114,11 @@ def test_the_chart_readme_documents_the_same_rules() -> None:
             group = "" if m.group(1) == "core" else m.group(1).strip("`")
             table.add(rule(group, m.group(2), *(v.strip() for v in m.group(3).split(","))))
     assert table == NAMESPACED | CLUSTER
+
+
+def test_secret_labels_are_read_only_when_opted_in(render: Render) -> None:
+    [role] = of_kind(render({"policy": {"secretOptInLabel": True}}), "ClusterRole")
+    assert rule("", "secrets", "get") in rules(role)
+    assert rules(role) - {rule("", "secrets", "get")} == NAMESPACED | CLUSTER
+    [role] = of_kind(render(), "ClusterRole")
+    assert not any(res == "secrets" for _, res, _ in rules(role))

@@ -48,7 +48,8 @@ def test_secret_rules() -> None:
                                        False)
     labelled = {"metadata": {"labels": {policy.ALLOW_REFERENCE_LABEL: "true"}}}
     plain = {"metadata": {"labels": {"app": "x"}}}
-    default = PolicySettings()
+    assert PolicySettings().secret_opt_in_label is False  # nothing is allowed by default
+    default = PolicySettings(secret_opt_in_label=True)
     assert policy.secret_refusal(field, "hf", "ml", labelled, default) is None
     r = policy.secret_refusal(field, "hf", "ml", plain, default)
     assert r is not None and r.field == field and r.reason == "SecretNotAllowed"
@@ -130,16 +131,19 @@ async def test_check_trials_reads_the_secrets_labels(kube: KubeEmulator) -> None
     try:
         owner = mf.Owner("t", "default", "u")
         t = with_secret()
-        [r] = await policy.check_trials(api, PolicySettings(), t, owner, OWN_IMAGE)
+        label = PolicySettings(secret_opt_in_label=True)
+        [r] = await policy.check_trials(api, label, t, owner, OWN_IMAGE)
         assert r.reason == "SecretNotFound"
         kube.create("secrets", {"metadata": {"name": "hf"}, "data": {
             "token": base64.b64encode(b"x").decode()}}, "default")
-        [r] = await policy.check_trials(api, PolicySettings(), t, owner, OWN_IMAGE)
+        [r] = await policy.check_trials(api, label, t, owner, OWN_IMAGE)
         assert r.reason == "SecretNotAllowed"
         kube.patch("secrets", "default", "hf", {"metadata": {"labels": {
             policy.ALLOW_REFERENCE_LABEL: "true"}}})
-        assert await policy.check_trials(api, PolicySettings(), t, owner, OWN_IMAGE) == []
-        strict = PolicySettings(allowed_registries=("nvcr.io",))
+        assert await policy.check_trials(api, label, t, owner, OWN_IMAGE) == []
+        [r] = await policy.check_trials(api, PolicySettings(), t, owner, OWN_IMAGE)
+        assert r.reason == "SecretNotAllowed" and "allow-list" in r.message  # label mode off
+        strict = PolicySettings(allowed_registries=("nvcr.io",), allowed_secrets=("hf",))
         [r] = await policy.check_trials(api, strict, t, owner, OWN_IMAGE)
         assert r.field == "spec.engine.image"
     finally:
@@ -207,7 +211,8 @@ async def test_refused_secret_then_labelled_runs_the_study(
     m["spec"]["engine"]["env"] = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
         "name": "hf", "key": "token"}}}]
     kube.create("cpt", m, "default")
-    async with running_operator(kube, operator_settings(tmp_path)):
+    settings = operator_settings(tmp_path).with_overrides(policy={"secret_opt_in_label": True})
+    async with running_operator(kube, settings):
         status = await kube.until(
             lambda: (s := status_of(kube, "refused")) and any(
                 c["type"] == "PolicyAllowed" and c["status"] == "False"

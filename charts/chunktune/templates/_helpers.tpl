@@ -126,7 +126,14 @@ watched namespace's Role otherwise. Least privilege; each rule says what needs i
   resources: ["deployments"]
   verbs: ["get", "list", "patch"]
 # No Secrets: trial pods only reference them (e.g. HF_TOKEN via secretKeyRef); the kubelet,
-# not the operator, reads them.
+# not the operator, reads them. The one opt-in exception follows.
+{{- if .Values.policy.secretOptInLabel }}
+# policy.secretOptInLabel: a trial may reference a Secret labelled
+# chunktune.dev/allow-reference: "true"; the operator reads the label before creating the pod.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 {{- end -}}
 
 {{/* RBAC rules on cluster-scoped resources: always in a ClusterRole. */}}

@@ -5,9 +5,10 @@ service account, so the operator holds each tuning to rules a namespace owner co
 
 * **Secrets**: a trial's engine may reference a Secret (``engine.env[].valueFrom.secretKeyRef``)
   only when the Secret is on the operator's allow-list (chart value ``policy.allowedSecrets``,
-  ``CHUNKTUNE_ALLOWED_SECRETS``) or carries the label :data:`ALLOW_REFERENCE_LABEL` ``"true"``
-  (checked unless ``policy.secretOptInLabel`` is false; the chart then grants ``get`` on
-  Secrets, of which the operator reads only the labels);
+  ``CHUNKTUNE_ALLOWED_SECRETS``), or, when ``policy.secretOptInLabel`` is on, carries the
+  label :data:`ALLOW_REFERENCE_LABEL` ``"true"`` (the chart then grants ``get`` on Secrets,
+  of which the operator reads only the labels). Both are empty/off by default: no Secret may be
+  referenced until an admin says which;
 * **images**: when ``policy.allowedRegistries`` (``CHUNKTUNE_ALLOWED_REGISTRIES``) lists
   registries or repositories, an engine image must come from one of them (the operator's own
   chunktune image always may);

@@ -29,7 +29,7 @@ Environment variables (defaults in brackets):
 ``CHUNKTUNE_LOG_LEVEL``            DEBUG, INFO, WARNING, ERROR [INFO]
 ``CHUNKTUNE_ALLOWED_SECRETS``      comma-separated Secrets any tuning may reference []
 ``CHUNKTUNE_SECRET_OPT_IN``        also allow Secrets labelled chunktune.dev/allow-reference
-                                   [true]
+                                   [false]
 ``CHUNKTUNE_ALLOWED_REGISTRIES``   comma-separated registries/repositories of engine images
                                    [any]
 =================================  ==============================================================
@@ -103,8 +103,9 @@ class PolicySettings:
 
     allowed_secrets: tuple[str, ...] = ()
     """Secret names any tuning may reference in its own namespace."""
-    secret_opt_in_label: bool = True
-    """Also allow Secrets labelled ``chunktune.dev/allow-reference: "true"``."""
+    secret_opt_in_label: bool = False
+    """Also allow Secrets labelled ``chunktune.dev/allow-reference: "true"`` (the operator then
+    needs ``get`` on Secrets, to read their labels)."""
     allowed_registries: tuple[str, ...] = ()
     """Registries or repositories engine images must come from (``docker.io/vllm``,
     ``nvcr.io``); empty: any."""
@@ -171,7 +172,7 @@ class Settings:
             client_timeout=get("CHUNKTUNE_WATCH_CLIENT_TIMEOUT", _positive, w.client_timeout))
         policy = PolicySettings(
             allowed_secrets=get("CHUNKTUNE_ALLOWED_SECRETS", _names, ()),
-            secret_opt_in_label=get("CHUNKTUNE_SECRET_OPT_IN", _bool, True),
+            secret_opt_in_label=get("CHUNKTUNE_SECRET_OPT_IN", _bool, False),
             allowed_registries=get("CHUNKTUNE_ALLOWED_REGISTRIES", _registries, ()))
         settings = cls(
             namespaces=get("CHUNKTUNE_NAMESPACES", _namespaces, ()),
