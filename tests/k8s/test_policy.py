@@ -4,6 +4,7 @@ the emulator (a condition naming the field and the fix; nothing created)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from pathlib import Path
 from typing import Any
@@ -232,21 +233,52 @@ async def test_refused_secret_then_labelled_runs_the_study(
     assert cond["status"] == "True"
 
 
+class _Live:
+    """The daemon's view of one resource in the emulator (no kopf), stopped by the test."""
+
+    def __init__(self, kube: KubeEmulator, name: str) -> None:
+        self.kube, self.name, self.stop = kube, name, False
+
+    def body(self) -> dict[str, Any]:
+        return self.kube.get("cpt", "default", self.name) or {}
+
+    def stopping(self) -> str | None:
+        return "exiting" if self.stop else None
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(min(seconds, 0.05))
+
+
 @pytest.mark.asyncio
 async def test_image_from_another_registry_is_refused(
         kube: KubeEmulator, tmp_path: Path) -> None:
+    """The study controller itself against the emulator: an engine image from a registry the
+    operator does not allow is a PolicyAllowed=False condition and a Warning event; no pod."""
+    from chunktune.k8s.study import Operator, StudyController
+
     m = tuning("evil", budget={"maxTrials": 1, "parallelism": 1})
     m["spec"]["engine"]["image"] = "evil.example.com/miner:latest"
     kube.create("cpt", m, "default")
     settings = operator_settings(tmp_path).with_overrides(
         policy={"allowed_registries": ("ghcr.io/chunktune",)})
-    async with running_operator(kube, settings):
+    op = Operator(settings=settings, api=KubeApi(kube.api_client()))
+    events: list[tuple[str, str, str]] = []
+    live = _Live(kube, "evil")
+    ctrl = StudyController(op, live.body(), lambda *e: events.append(e))
+    task = asyncio.create_task(ctrl.serve(live))
+    try:
         status = await kube.until(
             lambda: (s := status_of(kube, "evil")) and any(
                 c["type"] == "PolicyAllowed" for c in s.get("conditions", [])) and s,
-            timeout=30, interval=0.1, message="PolicyAllowed condition")
+            timeout=30, interval=0.05, message="PolicyAllowed condition")
+    finally:
+        live.stop = True
+        await asyncio.wait_for(task, 30)
+        await op.api.close()
     cond = next(c for c in status["conditions"] if c["type"] == "PolicyAllowed")
     assert (cond["status"], cond["reason"]) == ("False", "ImageNotAllowed")
     assert cond["message"].startswith("spec.engine.image 'evil.example.com/miner:latest'")
     assert "policy.allowedRegistries" in cond["message"]
+    assert status["phase"] == "Pending"
+    assert events == [("Warning", "ImageNotAllowed", cond["message"])]
     assert not kube.objects("pods", "default")
