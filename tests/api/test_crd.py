@@ -307,3 +307,19 @@ def _find(node: dict[str, Any], name: str) -> dict[str, Any] | None:
 def _max_items(schema: dict[str, Any], path: str, name: str) -> int:
     found = _find(schema, name)
     return int((found or {}).get("maxItems", 1))
+
+
+def test_a_huge_status_stays_within_the_schemas_bounds(schema: dict[str, Any]) -> None:
+    """The operator's status patch must pass the bounds the CRD now has: long messages are
+    cut, lists are capped."""
+    trials = [TrialRecord(i, {"max-num-batched-tokens": 512}, "FAIL", reason="x" * 10_000,
+                          metrics={"ttft_p99": 1.0 + i}) for i in range(1500)]
+    status = render_status(StudySummary(
+        phase="Failed", trials=trials, pareto=list(range(1500)), max_trials=1500,
+        message="m" * 100_000, trials_limit=5000,
+        conditions=[{"type": "SpecValid", "status": "False", "reason": "InvalidSpec",
+                     "message": "p" * 50_000, "lastTransitionTime": "2026-01-01T00:00:00Z"}]))
+    check({"apiVersion": "chunktune.dev/v1alpha1", "kind": "ChunkedPrefillTuning",
+           "metadata": {"name": "x"}, "spec": quickstart()["spec"], "status": status}, schema)
+    assert len(status["trials"]) == 1000 and len(status["paretoFront"]) == 1000
+    assert status["message"].endswith("(cut)")

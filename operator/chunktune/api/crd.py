@@ -8,11 +8,35 @@ applies the models' defaults, which depend on other fields; each description say
 default). The models carry the CEL rules (``x-kubernetes-validations``) for the cross-field
 checks CEL can express and for the fields that may not change under a running study.
 
-Two things stay with the operator because CEL cannot see them: a constraint may be a string
-(``"chat.itl_p99 <= 50ms"``) or a mapping, so constraint items are untyped
-(``x-kubernetes-preserve-unknown-fields``) and their "exactly one of max or min" rule is checked
-by :func:`chunktune.api.validation.validate`; the same goes for the inline profile and
-``modelConfig``, which are free-form mappings.
+Admission refuses what it can know, so that a bad manifest fails at ``kubectl apply`` rather
+than later in the operator: patterns for durations (``90s``, ``1h30m``; no spaces, no unknown
+units, at most seven digits), quantities (no negatives), image references, model and served
+model names (no spaces or control characters), engine arguments (no control characters),
+http(s) URLs without credentials, the storage forms (a relative journal path without ``..``,
+``sqlite:///relative.db``, or an RDB URL without a password), the constraint grammar (per
+metric unit) and Kubernetes names; bounds on every number (ranges within the flags' values up
+to 2^24 tokens, seeds within numpy's 32 bits); enums for flags, metrics and GPUs; CEL for the
+rules between fields (low <= high, choices xor a range, the flags' own limits, a duplicated
+parameter, warm-up < duration, positive durations with a ceiling of a week (30 days for
+``maxDuration``), image required for vLLM, gpu.count >= tensorParallelSize, managed flags and
+searched flags not in ``args``, unique env names). ``tests/api/corpus.py`` holds 149 bad
+manifests: the schema plus CEL refuses every one (``bench/admission.py``).
+
+What stays with the operator: the classes an objective or constraint names (they come from the
+workload profile), the profile file's content, the simulator's model and GPU memory checks, and
+``modelConfig`` and the inline profile's token distributions (a number or a mapping, which a
+structural schema cannot type; so they are ``x-kubernetes-preserve-unknown-fields``, with
+``maxProperties`` on ``modelConfig``). Constraints are strings in the CRD (the compact form);
+the mapping form remains for the Python API.
+
+CEL cost: the API server estimates each rule's worst case from the sizes the schema allows and
+refuses a CRD over 10^7 per rule or 10^8 in total, so every list, string and map that a rule
+can read has ``maxItems``/``maxLength``/``maxProperties`` (the status too, bounded by
+:data:`STATUS_BOUNDS`). The costliest rules are the pairwise ones: unique env names (64 x 64
+comparisons of names up to 256 characters) and searched flags not fixed in ``args`` (16
+parameters x 128 arguments of at most 1024 characters), each a few 10^5 cost units;
+``tests/api/test_crd.py`` keeps every rule under 10^6 and the sum under 10^7 by a conservative
+estimate.
 """
 
 from __future__ import annotations
@@ -24,7 +48,7 @@ from typing import Any
 import yaml
 
 from chunktune.api._types import DURATION_CEILING, DURATION_PATTERN, duration_rule
-from chunktune.api.status import Status
+from chunktune.api.status import MAX_LISTED, MAX_TEXT, Status
 from chunktune.api.v1alpha1 import API_GROUP, API_VERSION, KIND, Spec
 from chunktune.sim.workload import APIS, ARRIVAL_MODES
 
@@ -198,7 +222,7 @@ def _merge(inner: dict[str, Any], outer: dict[str, Any]) -> dict[str, Any]:
 
 #: Bounds given to status nodes that have none: the operator writes the status, and every
 #: list, string and map has a bound so that CEL cost estimates stay finite.
-STATUS_BOUNDS = {"string": ("maxLength", 4096), "array": ("maxItems", 1000),
+STATUS_BOUNDS = {"string": ("maxLength", MAX_TEXT), "array": ("maxItems", MAX_LISTED),
                  "map": ("maxProperties", 256)}
 
 
