@@ -85,13 +85,14 @@ PrunerName = Literal["none", "median", "percentile", "hyperband"]
 _RDB_SCHEMES = "postgresql|postgres|mysql|mariadb|oracle|mssql"
 _REL = RELATIVE_PATH.removeprefix("^").removesuffix("$")
 STORAGE_PATTERN = (
-    f"^({_REL}|sqlite:///{_REL}|"
+    f"^((journal://|file://)?{_REL}|sqlite:///{_REL}|"
     rf"({_RDB_SCHEMES})(\+[a-z0-9_]+)?://([A-Za-z0-9_.-]+@)?[A-Za-z0-9]([A-Za-z0-9.-]*"
     r"[A-Za-z0-9])?(:[0-9]{1,5})?/[A-Za-z0-9_.-]+(\?[A-Za-z0-9_.=&%-]*)?)$"
 )
-STORAGE_FORMS = ("a journal path relative to the state directory (studies/x.journal; no '..', "
-                 "no absolute path), sqlite:///relative.db, or an RDB URL such as "
-                 "postgresql://host:5432/db (no password in the URL)")
+STORAGE_FORMS = ("a journal path relative to the state directory (studies/x.journal, or "
+                 "journal://studies/x.journal; no '..', no absolute path), "
+                 "sqlite:///relative.db, or an RDB URL such as postgresql://host:5432/db (no "
+                 "password in the URL)")
 
 
 _STORAGE_RE = re.compile(STORAGE_PATTERN)
@@ -107,7 +108,7 @@ def _check_storage(v: Any) -> str:
     scheme, sep, rest = v.partition("://")
     if sep:
         base = scheme.split("+", 1)[0]
-        if base not in ("sqlite", *_RDB_SCHEMES.split("|")):
+        if base not in ("sqlite", "journal", "file", *_RDB_SCHEMES.split("|")):
             raise ValueError(f"unknown storage scheme {base!r}: give an RDB URL "
                              "(sqlite:///study.db, postgresql://host/db, mysql://host/db) or a "
                              "journal file path")
