@@ -23,6 +23,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict, JsonValue
 from pydantic_core import PydanticCustomError
 
 from chunktune.api._engine import (
@@ -144,7 +145,7 @@ def _cel_number(v: float) -> str:
     return repr(float(v))
 
 
-def _flag_value_rule(name: str) -> dict[str, str]:
+def _flag_value_rule(name: str) -> JsonDict:
     """The CEL rule holding a parameter of flag ``name`` to the values the engine takes."""
     f = FLAGS[name]
 
@@ -165,7 +166,7 @@ def _flag_value_rule(name: str) -> dict[str, str]:
                                      f"{f.range_text().removeprefix('must ')}"}
 
 
-def _parameter_rules() -> list[dict[str, str]]:
+def _parameter_rules() -> list[JsonValue]:
     ints = ", ".join(f"'{n}'" for n, f in FLAGS.items() if f.kind == "int")
     return [
         {"rule": "has(self.choices) ? !has(self.type) && !has(self.low) && !has(self.high) "
@@ -189,7 +190,7 @@ def _parameter_rules() -> list[dict[str, str]]:
 
 #: The most values one stepped range may have (a grid of more is a bomb, not a search).
 GRID_MAX = 100_000
-_VALUE_BOUNDS = {"minimum": -1, "maximum": MAX_TOKENS}
+_VALUE_BOUNDS: JsonDict = {"minimum": -1, "maximum": MAX_TOKENS}
 
 
 class Parameter(Model):
@@ -424,11 +425,12 @@ class Spec(Model):
     """What to tune, against which traffic, for which goal, within which budget."""
 
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
-        {"rule": f"has(self.{f}) == has(oldSelf.{f})",
-         "message": f"{f} cannot be added or removed after creation: it would invalidate the "
-                    "running study"}
-        for f in ("searchSpace", "objectives")
-    ] + [
+        {"rule": "has(self.searchSpace) == has(oldSelf.searchSpace)",
+         "message": "searchSpace cannot be added or removed after creation: it would "
+                    "invalidate the running study"},
+        {"rule": "has(self.objectives) == has(oldSelf.objectives)",
+         "message": "objectives cannot be added or removed after creation: it would "
+                    "invalidate the running study"},
         {"rule": "!has(self.searchSpace) || !has(self.engine.args) || self.searchSpace.all(p, "
                  "!self.engine.args.exists(a, a == '--' + p.name || "
                  "a.startsWith('--' + p.name + '=')))",
