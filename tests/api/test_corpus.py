@@ -90,3 +90,29 @@ def test_validate_prints_the_field_path(tmp_path: Path, capsys: pytest.CaptureFi
     err = capsys.readouterr().err
     assert "spec.engine.servedModelName must be a model name" in err
     assert "'llama\\nINJECTED'" in err
+
+
+def _valid_manifests() -> list[tuple[str, dict[str, object]]]:
+    import yaml
+
+    from chunktune.api.validation import parse_manifest
+    from tests.api.factories import EXAMPLES, quickstart, vllm_manifest
+
+    out: list[tuple[str, dict[str, object]]] = [("quickstart", quickstart()),
+                                                ("vllm", vllm_manifest())]
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "ChunkedPrefillTuning":
+                out.append((path.name, doc))
+    out += [(f"{name} (defaults filled in)", parse_manifest(m).to_manifest())
+            for name, m in list(out) if not validate(m)]
+    return out
+
+
+@pytest.mark.parametrize(("name", "manifest"), _valid_manifests(),
+                         ids=[n for n, _ in _valid_manifests()])
+def test_valid_manifests_pass_schema_and_cel(name: str, manifest: dict[str, object]) -> None:
+    """No rule refuses a manifest the validator accepts: the examples as written and with
+    every default filled in (what the operator writes back)."""
+    assert validate(manifest) == []
+    assert refusals(manifest) == []
