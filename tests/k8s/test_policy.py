@@ -198,6 +198,27 @@ async def test_outputs_refuse_foreign_configmaps_and_unannotated_deployments(
 
 
 @pytest.mark.asyncio
+async def test_outputs_are_checked_at_the_start(kube: KubeEmulator) -> None:
+    api = KubeApi(kube.api_client())
+    owner = make_owner(kube, "tune")
+    try:
+        m = tuning("tune", output={"configMap": "app-config",
+                                   "patchDeployment": {"name": "prod"}})
+        t = parse_manifest(m)
+        assert await policy.check_outputs(api, t, owner) == []  # neither exists yet
+        kube.create("configmaps", {"metadata": {"name": "app-config"}}, "default")
+        kube.create("deployments", {"metadata": {"name": "prod"}, "spec": {
+            "selector": {"matchLabels": {"app": "p"}}, "template": {
+                "metadata": {"labels": {"app": "p"}}, "spec": {"containers": [
+                    {"name": "engine", "image": "vllm/vllm-openai:v0.11.0"}]}}}}, "default")
+        found = await policy.check_outputs(api, t, owner)
+        assert [r.field for r in found] == ["spec.output.configMap",
+                                            "spec.output.patchDeployment.name"]
+    finally:
+        await api.close()
+
+
+@pytest.mark.asyncio
 @pytest.mark.slow
 async def test_refused_secret_then_labelled_runs_the_study(
         kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path,

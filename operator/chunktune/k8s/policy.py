@@ -19,7 +19,8 @@ service account, so the operator holds each tuning to rules a namespace owner co
 
 Every refusal is a :class:`Refusal` naming the field and the fix; the study controller turns
 the trial ones into a ``PolicyAllowed=False`` condition (the study waits, re-checking), the
-output ones into ``OutputWritten=False``. The checks are pure functions of the objects read;
+output ones into ``OutputAllowed=False`` at the start (a warning: the study runs) and
+``OutputWritten=False`` at the end. The checks are pure functions of the objects read;
 :func:`check_trials` does the reads.
 """
 
@@ -40,6 +41,8 @@ ALLOW_PATCH_ANNOTATION = "chunktune.dev/allow-patch"
 #: Seconds between re-checks of a refused tuning (a label added to a Secret changes no spec).
 RECHECK_SECONDS = 30.0
 CONDITION = "PolicyAllowed"
+#: The condition that warns, at the start, that ``spec.output`` would be refused.
+OUTPUT_CONDITION = "OutputAllowed"
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,27 @@ async def check_trials(api: Reader, policy: PolicySettings, tuning: ChunkedPrefi
     return out
 
 
+async def check_outputs(api: Reader, tuning: ChunkedPrefillTuning, owner: mf.Owner
+                        ) -> list[Refusal]:
+    """The refusals ``spec.output`` would meet if the study ended now (checked again when it
+    does): said at the start, so that nobody learns it after hours of trials."""
+    out: list[Refusal] = []
+    output = tuning.spec.output
+    if output.config_map:
+        existing = await api.get("configmaps", owner.namespace, output.config_map)
+        refusal = configmap_refusal(output.config_map, existing, owner)
+        if refusal is not None:
+            out.append(refusal)
+    if output.patch_deployment is not None:
+        name = output.patch_deployment.name
+        deploy = await api.get("deployments", owner.namespace, name)
+        if deploy is not None:
+            refusal = deployment_refusal(name, deploy, owner)
+            if refusal is not None:
+                out.append(refusal)
+    return out
+
+
 def refused_text(refusals: Sequence[Refusal]) -> str:
     return "; ".join(r.text() for r in refusals)
 
@@ -210,6 +234,7 @@ def changed_or_due(changed: Callable[[Mapping[str, Any]], bool], now: Callable[[
 
 
 __all__ = ["ALLOW_OUTPUT_LABEL", "ALLOW_PATCH_ANNOTATION", "ALLOW_REFERENCE_LABEL",
-           "CONDITION", "RECHECK_SECONDS", "PolicySettings", "Refusal", "changed_or_due",
-           "check_trials", "configmap_refusal", "deployment_refusal", "image_refusal",
-           "normalize_image", "refused_text", "secret_refs", "secret_refusal"]
+           "CONDITION", "OUTPUT_CONDITION", "RECHECK_SECONDS", "PolicySettings", "Refusal",
+           "changed_or_due", "check_outputs", "check_trials", "configmap_refusal",
+           "deployment_refusal", "image_refusal", "normalize_image", "refused_text",
+           "secret_refs", "secret_refusal"]

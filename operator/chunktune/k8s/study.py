@@ -150,6 +150,7 @@ class StudyController:
                 self.writer.conditions = set_condition(
                     self.writer.conditions, policy.CONDITION, True, "Allowed",
                     "the operator's policy allows what the trials reference", gen, _now())
+            await self._outputs_allowed(tuning, gen)
             return True
         text = policy.refused_text(refused)
         if was is None or was.get("message") != text:
@@ -158,6 +159,24 @@ class StudyController:
                         **{policy.CONDITION: (False, refused[0].reason, text)})
         await self.writer.write(None)
         return False
+
+    async def _outputs_allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> None:
+        """Warn at the start (``OutputAllowed=False`` and an event) when ``spec.output`` would
+        be refused; the study runs anyway."""
+        refused = await policy.check_outputs(self.op.api, tuning, self.owner)
+        was = next((c for c in self.writer.conditions
+                    if c.get("type") == policy.OUTPUT_CONDITION), None)
+        if refused:
+            text = policy.refused_text(refused)
+            if was is None or was.get("message") != text:
+                self.emit("Warning", refused[0].reason, text)
+            self.writer.conditions = set_condition(
+                self.writer.conditions, policy.OUTPUT_CONDITION, False, refused[0].reason, text,
+                gen, _now())
+        elif was is not None:
+            self.writer.conditions = set_condition(
+                self.writer.conditions, policy.OUTPUT_CONDITION, True, "Allowed",
+                "spec.output is allowed", gen, _now())
 
     async def _study(self, tuning: ChunkedPrefillTuning, live: Live) -> None:
         backend = self.op.backend(tuning, self.owner)
