@@ -116,3 +116,41 @@ def test_valid_manifests_pass_schema_and_cel(name: str, manifest: dict[str, obje
     every default filled in (what the operator writes back)."""
     assert validate(manifest) == []
     assert refusals(manifest) == []
+
+
+WEIRD: list[object] = [None, [], {}, "", "x" * 100_000, -1, 2**70, 1e308, float("nan"), True,
+                       {"a": [{"b": None}]}, ["--flag"] * 3, "\x00\n\t", "../../etc/passwd"]
+
+
+def _paths(value: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    out = [path] if path else []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _paths(v, (*path, i))
+    return out
+
+
+def test_no_value_anywhere_crashes_validate() -> None:
+    """Every field of two valid manifests, replaced by each of a set of hostile values: the
+    validator reports problems (or accepts), never raises."""
+    import copy
+
+    from tests.api.factories import quickstart, vllm_manifest
+
+    checked = 0
+    for base in (quickstart(), vllm_manifest()):
+        for path in _paths(base):
+            for value in WEIRD:
+                m = copy.deepcopy(base)
+                node = m
+                for key in path[:-1]:
+                    node = node[key]  # type: ignore[index]
+                node[path[-1]] = copy.deepcopy(value)  # type: ignore[index]
+                problems = validate(m)
+                assert all(isinstance(p, str) and isinstance(msg, str) and len(msg) < 2000
+                           for p, msg in problems), (path, value)
+                checked += 1
+    assert checked > 500

@@ -204,6 +204,18 @@ def _ordered(problems: list[Problem]) -> list[Problem]:
         m = re.match(re.escape(_SECTIONS[section]) + r"\[(\d+)\]", path) if section else None
         return section, int(m.group(1)) if m else -1, seq
 
-    unique = list(dict.fromkeys(problems))
+    unique = list(dict.fromkeys((path[:300], _short(m)) for path, m in problems))
     return [p for _, p in sorted(enumerate(unique), key=key)]
+
+
+_LONG_QUOTE = re.compile(r"""(['"])([^'"]{80})[^'"]{40,}\1""")
+
+
+def _short(message: str, limit: int = 1000) -> str:
+    """A message with long quoted values cut (a 1 MB value must not make a 1 MB message,
+    condition or event), and at most ``limit`` characters."""
+    if len(message) <= 300:
+        return message
+    message = _LONG_QUOTE.sub(lambda m: f"{m[1]}{m[2]}...{m[1]}", message)
+    return message if len(message) <= limit else message[:limit - 9] + " ... (cut)"
 
