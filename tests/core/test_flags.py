@@ -228,7 +228,7 @@ def test_values_and_spellings() -> None:
     parsed = parse_argv(["--swap-space", "4", "--max-num-seqs", "0", "--enforce-eager=1",
                          "stray"])
     assert parsed.unknown == [(0, "--swap-space")]
-    assert parsed.problems == [(2, "--max-num-seqs must be >= 1 (got 0)"),
+    assert parsed.problems == [(2, "--max-num-seqs must be >= 1 and <= 65536 (got 0)"),
                                (4, "--enforce-eager takes no value (use --enforce-eager or "
                                    "--no-enforce-eager)")]
     assert parsed.stray == [5]
