@@ -239,7 +239,7 @@ def test_values_and_spellings() -> None:
     assert FLAGS["max-num-seqs"].coerce(256.0) == 256
     assert parse_argv(["--chunked-prefill-size", "-1"]).values == {"chunked-prefill-size": -1}
     assert parse_argv(["--chunked-prefill-size", "0"]).problems == [
-        (0, "--chunked-prefill-size must be >= -1, not 0 (got 0)")]
+        (0, "--chunked-prefill-size must be >= -1 and <= 16777216, not 0 (got 0)")]
 
 
 # ---- defaults ----------------------------------------------------------------------------------

@@ -199,11 +199,14 @@ class Flag:
 
     def range_text(self) -> str:
         """``>= 1``, ``> 0 and <= 1``, ``>= -1, not 0``."""
+        def num(v: float) -> str:
+            return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
         parts = []
         if self.minimum is not None:
-            parts.append(f"{'>' if self.minimum_exclusive else '>='} {self.minimum:g}")
+            parts.append(f"{'>' if self.minimum_exclusive else '>='} {num(self.minimum)}")
         if self.maximum is not None:
-            parts.append(f"<= {self.maximum:g}")
+            parts.append(f"<= {num(self.maximum)}")
         text = " and ".join(parts) or "a number"
         if self.forbidden:
             text += ", not " + ", ".join(self.text(x) for x in self.forbidden)
