@@ -130,8 +130,8 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
        "spec.objectives[0])")]),
     ("bad duration",
      spec(lambda s: s["workload"].update(duration="2 minutes")),
-     [("spec.workload.duration", "must be a duration such as 60, '90s' or '10m' (got "
-       "'2 minutes')")]),
+     [("spec.workload.duration", "must be a duration such as '90s', '10m', '1h30m' or "
+       "'250ms': numbers with a unit h, m, s or ms, no spaces (got '2 minutes')")]),
     ("fractional duration needs the string form",
      spec(lambda s: s["workload"].update(warmup=1.5)),
      [("spec.workload.warmup", "must be a duration such as 60, '90s' or '10m' (got 1.5)")]),
@@ -223,7 +223,8 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
     ("sim without a gpu",
      spec(lambda s: s["engine"].pop("gpu")),
      [("spec.engine.gpu.type", "is required for engine kind sim: the simulated GPU, one of "
-       "a100-40g, a100-pcie, a100-sxm, a10g, h100-pcie, h100-sxm, h200, l4, l40s")]),
+       "a100-40g, a100-pcie, a100-sxm, a10g, a40, h100-pcie, h100-sxm, h200, l4, l40s, "
+       "rtx-pro-6000, rtx4090")]),
     ("missing image for vllm", _vllm,
      [("spec.engine.image", "is required for engine kind vllm (the server image, e.g. "
        "vllm/vllm-openai:v0.11.0)")]),

@@ -62,7 +62,10 @@ def test_trial_and_operator_environment(render: Render) -> None:
     env = env_of(container(render()))
     assert env == {"CHUNKTUNE_IMAGE": IMAGE, "CHUNKTUNE_IMAGE_PULL_POLICY": "IfNotPresent",
                    "CHUNKTUNE_SHM_SIZE": "8Gi", "CHUNKTUNE_KEEP_TRIAL_OBJECTS": "false",
-                   "CHUNKTUNE_PROMETHEUS_SELECT_BY": "pod", "CHUNKTUNE_LOG_LEVEL": "INFO"}
+                   "CHUNKTUNE_PROMETHEUS_SELECT_BY": "pod", "CHUNKTUNE_LOG_LEVEL": "INFO",
+                   "CHUNKTUNE_ALLOW_DATABASE_URLS": "false",
+                   "CHUNKTUNE_ALLOWED_SECRETS": "", "CHUNKTUNE_SECRET_OPT_IN": "false",
+                   "CHUNKTUNE_ALLOWED_REGISTRIES": ""}
     c = container(render({"trials": {"serviceAccountName": "trials", "shmSize": "16Gi",
                                      "keepObjects": True},
                           "operator": {"logLevel": "DEBUG",
@@ -78,9 +81,21 @@ def test_trial_and_operator_environment(render: Render) -> None:
     assert c["env"][-1] == {"name": "CHUNKTUNE_POLL_INTERVAL", "value": "2"}
 
 
+def test_policy_values_reach_the_operator(render: Render) -> None:
+    from chunktune.k8s.settings import PolicySettings, Settings
+
+    env = env_of(container(render({"policy": {
+        "allowedSecrets": ["hf-token", "db"], "secretOptInLabel": True,
+        "allowedRegistries": ["docker.io/vllm", "nvcr.io"]}})))
+    assert Settings.from_env(env).policy == PolicySettings(
+        ("hf-token", "db"), True, ("docker.io/vllm", "nvcr.io"))
+    assert Settings.from_env(env_of(container(render()))).policy == PolicySettings()
+
+
 @pytest.mark.parametrize("values", [{}, load_values("ci/ci-values.yaml"), {
     "trials": {"serviceAccountName": "trials", "keepObjects": True, "shmSize": "1Gi"},
-    "prometheus": {"selectBy": "instance"}, "operator": {"logLevel": "ERROR"}}],
+    "prometheus": {"selectBy": "instance"}, "operator": {"logLevel": "ERROR"},
+    "storage": {"allowDatabaseURLs": True}}],
     ids=["defaults", "ci", "custom"])
 def test_the_operator_settings_accept_the_environment(render: Render,
                                                       values: dict[str, Any]) -> None:
@@ -97,6 +112,7 @@ def test_the_operator_settings_accept_the_environment(render: Render,
     assert s.trials.keep_objects is (env["CHUNKTUNE_KEEP_TRIAL_OBJECTS"] == "true")
     assert s.trials.prometheus_select_by == env["CHUNKTUNE_PROMETHEUS_SELECT_BY"]
     assert s.log_level == env["CHUNKTUNE_LOG_LEVEL"]
+    assert s.allow_database_urls is (env["CHUNKTUNE_ALLOW_DATABASE_URLS"] == "true")
     assert s.state_dir == settings.DEFAULT_STATE_DIR
     assert str(settings.DEFAULT_STATE_DIR) == STATE_DIR
 

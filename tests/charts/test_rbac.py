@@ -114,3 +114,23 @@ def test_the_chart_readme_documents_the_same_rules() -> None:
             group = "" if m.group(1) == "core" else m.group(1).strip("`")
             table.add(rule(group, m.group(2), *(v.strip() for v in m.group(3).split(","))))
     assert table == NAMESPACED | CLUSTER
+
+
+@pytest.mark.parametrize("values", [{}, {"watchNamespaces": ["ml"]}], ids=["cluster", "ns"])
+def test_secrets_are_read_only_with_database_urls_allowed(render: Render,
+                                                          values: dict[str, Any]) -> None:
+    """``storage.allowDatabaseURLs`` adds exactly ``get`` on Secrets (for
+    ``spec.storageFrom``), in the role that holds the namespaced rules."""
+    objects = render({**values, "storage": {"allowDatabaseURLs": True}})
+    found = [(group, resource, verbs) for role in [*of_kind(objects, "ClusterRole"),
+                                                   *of_kind(objects, "Role")]
+             for group, resource, verbs in rules(role) if resource == "secrets"]
+    assert found == [("", "secrets", {"get"})] * (len(values.get("watchNamespaces", [])) or 1)
+
+
+def test_secret_labels_are_read_only_when_opted_in(render: Render) -> None:
+    [role] = of_kind(render({"policy": {"secretOptInLabel": True}}), "ClusterRole")
+    assert rule("", "secrets", "get") in rules(role)
+    assert rules(role) - {rule("", "secrets", "get")} == NAMESPACED | CLUSTER
+    [role] = of_kind(render(), "ClusterRole")
+    assert not any(res == "secrets" for _, res, _ in rules(role))

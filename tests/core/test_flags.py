@@ -235,7 +235,7 @@ def test_values_and_spellings() -> None:
     parsed = parse_argv(["--swap-space", "4", "--max-num-seqs", "0", "--enforce-eager=1",
                          "stray"])
     assert parsed.unknown == [(0, "--swap-space")]
-    assert parsed.problems == [(2, "--max-num-seqs must be >= 1 (got 0)"),
+    assert parsed.problems == [(2, "--max-num-seqs must be >= 1 and <= 65536 (got 0)"),
                                (4, "--enforce-eager takes no value (use --enforce-eager or "
                                    "--no-enforce-eager)")]
     assert parsed.stray == [5]
@@ -246,7 +246,7 @@ def test_values_and_spellings() -> None:
     assert FLAGS["max-num-seqs"].coerce(256.0) == 256
     assert parse_argv(["--chunked-prefill-size", "-1"]).values == {"chunked-prefill-size": -1}
     assert parse_argv(["--chunked-prefill-size", "0"]).problems == [
-        (0, "--chunked-prefill-size must be >= -1, not 0 (got 0)")]
+        (0, "--chunked-prefill-size must be >= -1 and <= 16777216, not 0 (got 0)")]
 
 
 # ---- defaults ----------------------------------------------------------------------------------

@@ -64,20 +64,43 @@ def operator_settings(state_dir: Path, **trials: Any) -> Any:
         "poll_interval": 0.1, "kv_sample_interval": 0.5, **trials})
 
 
+def api_client_at(kube: KubeEmulator, url: str) -> Any:
+    """A ``kubernetes`` client of the emulator's kubeconfig, with the server at ``url``."""
+    import tempfile
+
+    import kubernetes
+    import yaml
+
+    config = yaml.safe_load(kube.kubeconfig_path.read_text())
+    for cluster in config["clusters"]:
+        cluster["cluster"]["server"] = url
+    with tempfile.NamedTemporaryFile("w", suffix=".kubeconfig", delete=False) as f:
+        yaml.safe_dump(config, f)
+    try:
+        return kubernetes.config.new_client_from_config(config_file=f.name)
+    finally:
+        os.unlink(f.name)
+
+
 @contextlib.asynccontextmanager
-async def running_operator(kube: KubeEmulator, settings: Any) -> AsyncIterator[Any]:
+async def running_operator(kube: KubeEmulator, settings: Any,
+                           server: str | None = None) -> AsyncIterator[Any]:
     """The real operator (kopf + the official client) against the emulator, until the
-    block ends; yields the shared :class:`~chunktune.k8s.study.Operator` state."""
+    block ends; yields the shared :class:`~chunktune.k8s.study.Operator` state. ``server``:
+    reach the emulator at this URL instead (a fault-injecting proxy)."""
     import kopf
 
     from chunktune.k8s import runtime
 
+    url = server or kube.url
+
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=kube.url, token=kube.token)
+        return kopf.ConnectionInfo(server=url, token=kube.token)
 
     stop = asyncio.Event()
     ready = asyncio.Event()
-    registry, op = runtime.build(settings, kube.api_client(), login)
+    client = api_client_at(kube, url) if server else kube.api_client()
+    registry, op = runtime.build(settings, client, login)
     task = asyncio.create_task(kopf.operator(
         registry=registry, clusterwide=True, standalone=True, stop_flag=stop,
         ready_flag=ready))
@@ -115,6 +138,22 @@ async def wait_phase(kube: KubeEmulator, name: str, phases: tuple[str, ...],
     return await kube.until(lambda: (s := status_of(kube, name)).get("phase") in phases and s,
                             timeout=timeout, interval=0.1,
                             message=f"{name} reaching {'/'.join(phases)}")
+
+
+def journal_of(kube: KubeEmulator, state_dir: Path, name: str,
+               namespace: str = "default") -> Path:
+    """The default journal of tuning ``name``: named by its uid."""
+    uid = (kube.get("cpt", namespace, name) or {})["metadata"]["uid"]
+    return state_dir / f"{uid}.journal"
+
+
+def study_in(journal: Path, name: str, namespace: str = "default") -> Any:
+    """The Optuna study of tuning ``namespace/name`` in a journal file."""
+    import optuna
+
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal)))
+    return optuna.load_study(study_name=f"{namespace}/{name}", storage=storage)
 
 
 def trial_objects(kube: KubeEmulator, name: str) -> list[str]:

@@ -8,14 +8,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-import optuna
 import pytest
 
 from chunktune.tuning.study import point_of, trial_state
 from tests.k8s.conftest import (
+    journal_of,
     operator_settings,
     running_operator,
     status_of,
+    study_in,
     trial_objects,
     tuning,
     wait_phase,
@@ -33,7 +34,8 @@ def events(kube: KubeEmulator, name: str) -> list[dict[str, Any]]:
 
 async def test_study_succeeds_with_best_baseline_and_pareto_front(
         kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
-    kube.create("deployments", {"metadata": {"name": "vllm"}, "spec": {
+    kube.create("deployments", {"metadata": {"name": "vllm", "annotations": {
+        "chunktune.dev/allow-patch": "pareto"}}, "spec": {
         "replicas": 0, "selector": {"matchLabels": {"app": "vllm"}}, "template": {
             "metadata": {"labels": {"app": "vllm"}}, "spec": {"containers": [
                 {"name": "sidecar", "image": "busybox", "args": ["sleep", "1d"]},
@@ -82,9 +84,7 @@ async def test_study_succeeds_with_best_baseline_and_pareto_front(
     assert "Succeeded" in reasons
     await kube.until(lambda: not trial_objects(kube, "pareto"), message="trial objects gone")
     # the study storage: three measured trials, each point once
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
-        str(tmp_path / "default-pareto.journal")))
-    study = optuna.load_study(study_name="default/pareto", storage=storage)
+    study = study_in(journal_of(kube, tmp_path, "pareto"), "pareto")
     assert [trial_state(t) for t in study.trials] == ["COMPLETE"] * 3
     points = [json.dumps(point_of(t), sort_keys=True) for t in study.trials]
     assert len(set(points)) == 3

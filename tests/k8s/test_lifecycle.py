@@ -25,9 +25,11 @@ from chunktune.backends.manifests import TRIAL, TUNING
 from chunktune.tuning.study import ATTR_REASON, point_of, trial_state
 from tests.k8s.conftest import (
     POD_ENV,
+    journal_of,
     operator_settings,
     running_operator,
     status_of,
+    study_in,
     trial_objects,
     tuning,
     wait_phase,
@@ -57,10 +59,8 @@ def trial_under_load(kube: KubeEmulator, name: str, after: int) -> int | None:
     return None
 
 
-def study_of(state_dir: Path, name: str) -> optuna.Study:
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
-        str(state_dir / f"default-{name}.journal")))
-    return optuna.load_study(study_name=f"default/{name}", storage=storage)
+def study_of(kube: KubeEmulator, state_dir: Path, name: str) -> optuna.Study:
+    return study_in(journal_of(kube, state_dir, name), name)  # type: ignore[no-any-return]
 
 
 def operator_process(kube: KubeEmulator, state_dir: Path) -> subprocess.Popen[bytes]:
@@ -109,7 +109,7 @@ async def test_stopped_and_killed_operators_lose_and_repeat_nothing(
                          is None, message="the stray object swept")
         status = await wait_phase(kube, "restart", ("Succeeded", "Failed"), timeout=90)
     assert status["phase"] == "Succeeded", status.get("message")
-    study = study_of(tmp_path, "restart")
+    study = study_of(kube, tmp_path, "restart")
     measured = [t for t in study.trials if trial_state(t) != "SKIPPED"]
     states = [(t.number, trial_state(t), t.user_attrs.get(ATTR_REASON)) for t in measured]
     assert [n for n, _, _ in states][:2] == [0, 1] and second in [n for n, _, _ in states]
@@ -130,12 +130,13 @@ async def test_deleting_the_tuning_removes_every_trial_object(
         await kube.until(lambda: load_running(kube, "doomed-t0-load"), timeout=60,
                          message="trial 0 under load")
         assert len(trial_objects(kube, "doomed")) == 4  # pod, job, job's pod, configmap
-        assert (tmp_path / "default-doomed.journal").exists()
+        journal = journal_of(kube, tmp_path, "doomed")
+        assert journal.exists()
         kube.delete("cpt", "default", "doomed")
         await kube.until(lambda: kube.get("cpt", "default", "doomed") is None, timeout=30,
                          message="the finalizer let the resource go")
         assert trial_objects(kube, "doomed") == []
-    assert not (tmp_path / "default-doomed.journal").exists()
+    assert not journal.exists()
 
 
 async def test_suspend_stops_the_trial_and_resume_continues_the_study(
@@ -168,7 +169,7 @@ async def test_suspend_stops_the_trial_and_resume_continues_the_study(
         kube.patch("cpt", "default", "pausable", {"spec": {"suspend": False}})
         status = await wait_phase(kube, "pausable", ("Succeeded", "Failed"), timeout=120)
     assert status["phase"] == "Succeeded", status.get("message")
-    study = study_of(tmp_path, "pausable")
+    study = study_of(kube, tmp_path, "pausable")
     rows: list[tuple[str, Any]] = [(trial_state(t), t.user_attrs.get(ATTR_REASON))
                                    for t in study.trials]
     assert rows == [("FAIL", "Interrupted"), ("COMPLETE", None), ("COMPLETE", None)]

@@ -14,12 +14,18 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import optuna
 import pytest
 import yaml
 
 from chunktune.tuning.study import ATTR_SERVER, trial_state
-from tests.k8s.conftest import operator_settings, running_operator, tuning, wait_phase
+from tests.k8s.conftest import (
+    journal_of,
+    operator_settings,
+    running_operator,
+    study_in,
+    tuning,
+    wait_phase,
+)
 from tests.kube.emulator import KubeEmulator
 from tests.kube.kubelet import FakeKubelet
 
@@ -92,9 +98,7 @@ async def test_server_metrics_come_from_prometheus(
         with contextlib.suppress(asyncio.CancelledError):
             await discovery
     assert status["phase"] == "Succeeded", status.get("message")
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
-        str(tmp_path / "state" / "default-prom.journal")))
-    (trial,) = optuna.load_study(study_name="default/prom", storage=storage).trials
+    (trial,) = study_in(journal_of(kube, tmp_path / "state", "prom"), "prom").trials
     assert trial_state(trial) == "COMPLETE"
     server = trial.user_attrs[ATTR_SERVER]
     assert server["source"] == "prometheus"

@@ -51,7 +51,7 @@ def test_bad_input_names_the_field(capsys):
     assert main(["sim", "run", "--max-num-batched-token", "5"]) == 2
     assert "did you mean --max-num-batched-tokens?" in capsys.readouterr().err
     assert main(["sim", "run", "--max-num-seqs", "0"]) == 2
-    assert "--max-num-seqs: must be >= 1 (got 0)" in capsys.readouterr().err
+    assert "--max-num-seqs: must be >= 1 and <= 65536 (got 0)" in capsys.readouterr().err
     assert main(["sim", "run", "--workload", "nope"]) == 2
     assert "--workload: no profile file 'nope'" in capsys.readouterr().err
     assert main(["sim", "run", "--duration", "10", "--warmup", "20"]) == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from chunktune.core.engine_args import EngineArgs
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
@@ -58,3 +60,23 @@ def test_time_limit_stops_the_clock():
     specs = [RequestSpec(i, None, 500, 2000, 0) for i in range(50)]
     res = engine().replay(specs, concurrency=10, time_limit=5.0)
     assert 5.0 <= res.end_time < 5.5
+
+
+def test_server_overhead_delays_each_request_by_the_same_amount_at_idle():
+    """The pre-first-token server cost: at idle every TTFT and E2E grows by exactly it."""
+    from chunktune.core.workload import RequestSpec
+    from chunktune.sim.engine import API_SERVER_OVERHEAD_S
+
+    eng = build_engine(EngineArgs(max_model_len=8192), resolve_model("llama-3.1-8b"),
+                       resolve_gpu("h100-sxm"))
+    specs = [RequestSpec(i, 10.0 * i, 500, 20, 0) for i in range(3)]  # far apart: idle
+    base = eng.replay(specs)
+    eng2 = build_engine(EngineArgs(max_model_len=8192), resolve_model("llama-3.1-8b"),
+                        resolve_gpu("h100-sxm"))
+    slow = eng2.replay(specs, server_overhead_s=API_SERVER_OVERHEAD_S)
+    for a, b in zip(base.requests, slow.requests, strict=True):
+        assert a.arrival == b.arrival
+        assert b.first_token - a.first_token == pytest.approx(API_SERVER_OVERHEAD_S)
+        assert b.finish_time - a.finish_time == pytest.approx(API_SERVER_OVERHEAD_S)
+    closed = eng2.replay(specs, concurrency=1, server_overhead_s=0.05)
+    assert all(r.first_token - r.arrival >= 0.05 for r in closed.requests)

@@ -215,3 +215,41 @@ def test_grid_runs_to_exhaustion(make_tuning, tmp_path):
     measured = {st.point_of(t)["long-prefill-token-threshold"] for t in tuner.study.trials
                 if st.trial_state(t) == "COMPLETE"}
     assert measured == {0, 512, 1024}
+
+
+def test_infrastructure_faults_are_not_results(make_tuning, tmp_path, monkeypatch):
+    """A backend whose infrastructure fails (the cluster API unreachable) neither fails the
+    trial nor spends budget: the trial is re-adopted once the backend answers again."""
+    from chunktune.core.errors import InfrastructureFault
+    from chunktune.tuning import runner
+
+    monkeypatch.setattr(runner, "FAULT_RETRY_FIRST", 0.01)
+
+    class Flaky(SimulatedBackend):
+        def __init__(self):
+            super().__init__()
+            self.faults = 0
+            self.adopted: list[int] = []
+
+        async def run_trial(self, plan, report=None):
+            if plan.number == 1 and not self.faults:
+                self.faults += 1
+                raise InfrastructureFault("the API server does not answer")
+            return await super().run_trial(plan, report)
+
+        async def recover(self, plan, report=None):
+            if self.faults < 3:
+                self.faults += 1
+                raise InfrastructureFault("still no answer")
+            self.adopted.append(plan.number)
+            return await super().run_trial(plan, report)  # the trial went on meanwhile
+
+    backend = Flaky()
+    seen = []
+    tuner = Tuner(make_tuning(budget={"maxTrials": 3, "maxFailedTrials": 1}), backend,
+                  str(tmp_path / "s.journal"), on_fault=lambda n, m: seen.append((n, m)))
+    assert asyncio.run(tuner.run()) == "budget"
+    assert tuner.counts()["FAIL"] == 0 and tuner.counts()["COMPLETE"] == 3
+    assert [t.number for t in tuner.study.trials] == [0, 1, 2]  # trial 1 kept its number
+    assert backend.adopted == [1] and tuner.faults == 3
+    assert [n for n, m in seen if m is None] == [1] and len(seen) == 4

@@ -25,9 +25,12 @@ class TrialBackend(abc.ABC):
         """Start the engine with the plan's flags, wait until it serves (or record why it
         could not start), drive the workload, read metrics, clean up."""
 
-    async def recover(self, plan: TrialPlan) -> TrialResult | None:
-        """Re-attach to a trial a previous process left running (restart safety). The default
-        cannot: the caller re-runs the plan. Kubernetes adopts the trial's objects."""
+    async def recover(self, plan: TrialPlan, report: Reporter | None = None
+                      ) -> TrialResult | None:
+        """Re-attach to a trial a previous process left running (restart safety), or one whose
+        infrastructure failed for a while (:class:`~chunktune.core.errors.InfrastructureFault`).
+        The default cannot: the caller re-runs the plan. Kubernetes adopts the trial's
+        objects."""
         return None
 
     async def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default

@@ -32,7 +32,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,24 +41,41 @@ import aiohttp
 from chunktune.backends import manifests as mf
 from chunktune.backends.base import TrialBackend
 from chunktune.backends.classify import classify
+from chunktune.core.errors import InfrastructureFault
 from chunktune.core.flatten import flatten, flatten_window
 from chunktune.core.summary import LoadSummary, Window
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.metrics import promql
-from chunktune.metrics.client import PrometheusClient, scrape
+from chunktune.metrics.client import PrometheusClient, PrometheusError, scrape
 from chunktune.metrics.promtext import Scrape, server_metrics
 
 log = logging.getLogger(__name__)
 Body = dict[str, Any]
 
 
+#: HTTP statuses that say "try again later", not "this request is wrong": throttled (429)
+#: and server-side failures (5xx). Status 0 is a request that never got an answer
+#: (connection refused or reset, timeout).
+TRANSIENT_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
+
+
 class ClusterApiError(Exception):
-    """The API server refused a request (``status`` is the HTTP status)."""
+    """The API server refused a request (``status`` is the HTTP status; 0: no answer)."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
+        super().__init__(f"{status}: {message}" if status else message)
         self.status = status
         self.message = message
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying: no answer, throttled, or a server-side error."""
+        return self.status in TRANSIENT_STATUSES or self.status >= 500
+
+
+class ApiUnavailable(ClusterApiError, InfrastructureFault):
+    """Transient API errors went on past the retry bound: a fault of the cluster, which the
+    tuner never records as the trial's result."""
 
 
 class ClusterApi(Protocol):
@@ -120,11 +137,14 @@ class KubernetesBackend(TrialBackend):
     name = "kubernetes"
 
     def __init__(self, api: ClusterApi, owner: mf.Owner, settings: BackendSettings,
-                 resources: Mapping[str, Any] | None = None, max_parallel: int = 64) -> None:
+                 resources: Mapping[str, Any] | None = None, max_parallel: int = 64,
+                 security: Mapping[str, Any] | None = None) -> None:
         self.api = api
         self.owner = owner
         self.settings = settings
         self.resources = resources
+        self.security = security
+        """``engine.securityContext`` (camelCase), for vLLM/SGLang engine pods."""
         self.max_parallel = max_parallel
         self.detached = False
         """Set when the operator exits: cancelled trials keep their objects (for adoption)."""
@@ -133,6 +153,15 @@ class KubernetesBackend(TrialBackend):
                       if settings.prometheus_url else None)
         self.timings: dict[int, dict[str, float]] = {}
         """Per trial: wall seconds spent in each stage (for the overhead benchmark)."""
+        self.on_warning: Callable[[str, str], None] = lambda reason, message: None
+        """Told ``(reason, message)`` of a degradation the study goes on with (Prometheus
+        unreachable: the figures come from the engine's /metrics instead)."""
+        self.on_recovered: Callable[[str], None] = lambda reason: None
+        """Told ``reason`` when that degradation is over."""
+        self._before: dict[int, Scrape] = {}
+        """Per trial: the engine's /metrics before the load (kept across re-adoption)."""
+        self._unclean: set[int] = set()
+        """Trials whose objects could not be deleted yet."""
 
     @property
     def ns(self) -> str:
@@ -143,22 +172,32 @@ class KubernetesBackend(TrialBackend):
     async def run_trial(self, plan: TrialPlan, report: Reporter | None = None) -> TrialResult:
         t0 = time.monotonic()
         self.timings[plan.number] = {}
+        await self._retry_cleanups()
+        self._before.pop(plan.number, None)
+        fault = False
         try:
             await self._create_objects(plan)
             self._mark(plan.number, "created", t0)
             return await self._drive(plan, report, fresh=True, t0=t0)
+        except InfrastructureFault:
+            fault = True  # the objects stay, to be re-adopted once the API answers
+            raise
         finally:
-            await self._finish(plan.number)
+            if not fault:
+                await self._finish(plan.number)
 
-    async def recover(self, plan: TrialPlan) -> TrialResult | None:
-        """Re-attach to a trial left running by a previous operator: None when it has no
-        engine pod (it is then re-run)."""
+    async def recover(self, plan: TrialPlan, report: Reporter | None = None
+                      ) -> TrialResult | None:
+        """Re-attach to a trial left running (by a previous operator, or by this one while
+        the API was unreachable): None when it has no engine pod (it is then re-run).
+        ``report`` sees the windows not reported yet."""
         pods = await self.api.list("pods", self.ns, self._selector(plan.number, "engine"))
         if not pods:
             await self.cleanup(plan.number)
             return None
         log.info("adopting trial %d of %s/%s", plan.number, self.ns, self.owner.name)
         self.timings[plan.number] = {}
+        fault = False
         try:
             names = mf.trial_names(self.owner.name, plan.number)
             if await self.api.get("configmaps", self.ns, names.configmap) is None:
@@ -167,16 +206,23 @@ class KubernetesBackend(TrialBackend):
             t0 = time.monotonic() - max(0.0, time.time() - created) if created else \
                 time.monotonic()
             try:
-                return await asyncio.wait_for(self._drive(plan, None, fresh=False, t0=t0),
+                return await asyncio.wait_for(self._drive(plan, report, fresh=False, t0=t0),
                                               self.settings.trial_timeout)
             except TimeoutError:
                 return TrialResult(TrialState.FAIL, reason="TrialTimeout",
                                    message=f"the adopted trial did not end within "
                                            f"{self.settings.trial_timeout:g} s (trialTimeout)")
+        except InfrastructureFault:
+            fault = True
+            raise
         finally:
-            await self._finish(plan.number)
+            if not fault:
+                await self._finish(plan.number)
 
     async def close(self) -> None:
+        if not self.detached:
+            with contextlib.suppress(Exception):
+                await self._retry_cleanups()
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -207,7 +253,7 @@ class KubernetesBackend(TrialBackend):
     async def _create_objects(self, plan: TrialPlan) -> None:
         await self._create("configmaps", mf.workload_configmap(plan, self.owner))
         await self._create("pods", mf.engine_pod(plan, self.owner, self.settings.options,
-                                                 self.resources))
+                                                 self.resources, self.security))
 
     async def _finish(self, number: int) -> None:
         if self.detached or self.settings.keep_objects:
@@ -216,12 +262,26 @@ class KubernetesBackend(TrialBackend):
         await self.cleanup(number)
         self._mark(number, "cleanup", t)
 
-    async def cleanup(self, number: int) -> None:
-        """Delete one trial's Job (with its pods), Pod and ConfigMap."""
+    async def cleanup(self, number: int) -> bool:
+        """Delete one trial's Job (with its pods), Pod and ConfigMap. A deletion the API
+        refuses or does not answer is logged and retried before the next trial starts and when
+        the backend closes (and the next operator's sweep is the last net); False then."""
         names = mf.trial_names(self.owner.name, number)
-        await asyncio.gather(*(self.api.delete(kind, self.ns, name) for kind, name in (
+        results = await asyncio.gather(*(self.api.delete(kind, self.ns, name) for kind, name in (
             ("jobs", names.job), ("pods", names.pod), ("configmaps", names.configmap))),
             return_exceptions=True)
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors:
+            log.warning("cannot delete the objects of trial %d of %s/%s yet: %s", number,
+                        self.ns, self.owner.name, errors[0])
+            self._unclean.add(number)
+            return False
+        self._unclean.discard(number)
+        return True
+
+    async def _retry_cleanups(self) -> None:
+        for number in sorted(self._unclean):
+            await self.cleanup(number)
 
     async def sweep(self, keep: frozenset[int] | set[int] = frozenset()) -> int:
         """Delete every trial object of this tuning whose trial is not in ``keep``; returns how
@@ -263,7 +323,11 @@ class KubernetesBackend(TrialBackend):
         startup = time.monotonic() - t0
         ip = ready["status"]["podIP"]
         url = f"http://{ip}:{plan.target.port}"
-        before = await self._scrape(url) if fresh and self._prom is None else None
+        # NOTE: scraped with Prometheus too: the figures fall back to this scrape's delta when
+        # Prometheus cannot be reached after the load.
+        if fresh or plan.number not in self._before:
+            self._before[plan.number] = (await self._scrape(url) if fresh else None) or Scrape()
+        before = self._before[plan.number]
         job = await self.api.get("jobs", self.ns, names.job)
         if job is None:
             t = time.monotonic()
@@ -271,7 +335,8 @@ class KubernetesBackend(TrialBackend):
                                                          self.settings.options, url))
             self._mark(plan.number, "job_created", t)
         t1 = time.monotonic()
-        result = await self._follow(plan, names, url, report, before or Scrape(), ip)
+        result = await self._follow(plan, names, url, report, before, ip)
+        self._before.pop(plan.number, None)
         result.startup_seconds = startup
         result.load_seconds = result.load_seconds or time.monotonic() - t1
         return result
@@ -377,11 +442,10 @@ class KubernetesBackend(TrialBackend):
                 if crashed is not None:
                     await self.api.delete("jobs", self.ns, names.job)
                     return crashed
-                if self._prom is None:
-                    sample = await self._scrape(url)
-                    v = sample.total("vllm:kv_cache_usage_perc") if sample else None
-                    if v is not None:
-                        kv.append(v)
+                sample = await self._scrape(url)
+                v = sample.total("vllm:kv_cache_usage_perc") if sample else None
+                if v is not None:
+                    kv.append(v)
             await poll.sleep()
 
     async def _engine_gone(self, pod_name: str) -> TrialResult | None:
@@ -408,20 +472,32 @@ class KubernetesBackend(TrialBackend):
 
     async def _server(self, before: Scrape, kv: list[float], summary: LoadSummary | None,
                       pod: str, ip: str, url: str) -> dict[str, Any]:
-        if self._prom is not None:
-            if summary is None:
-                return {}
+        if self._prom is not None and summary is not None:
             start, end = _time(summary.started), _time(summary.ended)
             if start is None or end is None:
                 return {}
+            after = await self._scrape(url)  # the fallback's, taken before the wait
             await asyncio.sleep(max(0.0, end + self.settings.prometheus_delay - time.time()))
+            try:
+                await self._prom.query("vector(1)")
+            except PrometheusError as e:
+                fallback = self._scraped(before, after, kv, summary, "scrape")
+                self.on_warning("PrometheusUnreachable", (
+                    f"{e}; the trial's server-side figures come from the engine's /metrics "
+                    f"scraped directly instead (fallback: direct /metrics scrape"
+                    f"{'' if fallback else ', which also failed: no server-side figures'})"))
+                return {**fallback, "fallback": "prometheus unreachable"} if fallback else {}
+            self.on_recovered("PrometheusUnreachable")
             sel = promql.PodSelector(self.ns, pod, ip, self.settings.prometheus_select_by)
             return {**await self._prom.trial_metrics(sel, start, end), "source": "prometheus"}
-        after = await self._scrape(url)
+        return self._scraped(before, await self._scrape(url), kv, summary, "scrape")
+
+    def _scraped(self, before: Scrape, after: Scrape | None, kv: list[float],
+                 summary: LoadSummary | None, source: str) -> dict[str, Any]:
         if after is None:
             return {}
         seconds = summary.duration.elapsed if summary is not None else 0.0
-        return {**server_metrics(before, after, seconds, kv), "source": "scrape"}
+        return {**server_metrics(before, after, seconds, kv), "source": source}
 
 
 # ---- reading objects ----------------------------------------------------------------------------
@@ -476,4 +552,5 @@ def _time(value: str | None) -> float | None:
     return None
 
 
-__all__ = ["BackendSettings", "ClusterApi", "ClusterApiError", "KubernetesBackend"]
+__all__ = ["TRANSIENT_STATUSES", "ApiUnavailable", "BackendSettings", "ClusterApi",
+           "ClusterApiError", "KubernetesBackend"]

@@ -28,7 +28,7 @@ from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.core.workload import Profile, RequestSpec, generate
 from chunktune.load.aggregate import RunInfo, build_summary
-from chunktune.sim.engine import Engine, ReplayResult, build_engine
+from chunktune.sim.engine import API_SERVER_OVERHEAD_S, Engine, ReplayResult, build_engine
 from chunktune.sim.request import FINISHED, REJECTED, Request
 
 
@@ -86,7 +86,8 @@ class SimulatedBackend(TrialBackend):
         t1 = time.perf_counter()
         result = engine.replay(specs, concurrency=closed, time_limit=limit,
                                tick=plan.window_seconds if report else None, on_tick=on_tick,
-                               stop_arrivals=profile.duration)
+                               stop_arrivals=profile.duration,
+                               server_overhead_s=API_SERVER_OVERHEAD_S)
         if pruned_at:  # cut short: what had finished by then, as the pruner saw it
             done = [r for r in result.requests if r.status in (FINISHED, REJECTED)]
             summary = self._summary(plan, engine, done, result.end_time, result.end_time,

@@ -50,5 +50,11 @@ def _fmt(path: str, message: str) -> str:
     return f"{path}: {message}" if path else message
 
 
+class InfrastructureFault(ChunktuneError):
+    """The infrastructure a trial runs on failed for a while (the cluster's API server is
+    unreachable or keeps answering 429/5xx past the retry bound). Never a result of the
+    trial: the tuner keeps the trial in flight and re-adopts it once the API answers again."""
+
+
 class BackendUnavailable(ChunktuneError):
     """A trial backend cannot run trials at all (no cluster, no binary): retrying is useless."""

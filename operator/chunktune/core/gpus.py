@@ -1,11 +1,16 @@
 """GPU data-sheet figures: memory as the CUDA runtime reports it, HBM bandwidth, dense bf16
 tensor FLOP/s and the bandwidth of the link tensor-parallel all-reduces run over.
 
-Sources: NVIDIA data sheets (A100, H100, H200, L40S, L4, A10) and AWS's G5 page for the A10G.
+Sources: NVIDIA data sheets (A100, H100, H200, L40S, L4, A10, A40, GeForce RTX 4090, RTX PRO
+6000 Blackwell Server Edition) and AWS's G5 page for the A10G; SM counts from the same sheets
+(the attention term's occupancy depends on them). The RTX 4090's memory is the total its CUDA
+runtime reported in LLMServingSim's vLLM 0.19 run (25,250,627,584 bytes).
 ``memory_gib`` is what ``torch.cuda.mem_get_info`` reports as total (a little under the marketing
 figure), which is what vLLM multiplies by ``gpu_memory_utilization``. ``family`` picks the
-fitted efficiency coefficients of the step-time model (Ampere or Hopper; Ada GPUs use the
-Ampere fit, the closest measured architecture).
+fitted efficiency coefficients of the step-time model: ``ampere`` and ``hopper`` (Vidur's A100
+and H100 timings), ``ada`` (RTX 4090) and ``blackwell`` (RTX PRO 6000)
+from LLMServingSim's vLLM 0.19 timings; the A40 uses the Ampere fit (its own Vidur timings are
+held out to test that); L40S and L4 keep the Ampere fit they were tuned with.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ class GPU:
     bf16_tflops: float
     link_gb_s: float
     family: str
+    #: Streaming multiprocessors (data sheet).
+    sm_count: int
     #: The name as ``torch.cuda.get_device_name`` gives it (vLLM keys its defaults on it).
     device_name: str
 
@@ -34,15 +41,21 @@ class GPU:
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
-        GPU("a100-sxm", 79.15, 2.039, 312.0, 600.0, "ampere", "NVIDIA A100-SXM4-80GB"),
-        GPU("a100-pcie", 79.15, 1.935, 312.0, 64.0, "ampere", "NVIDIA A100 80GB PCIe"),
-        GPU("a100-40g", 39.39, 1.555, 312.0, 600.0, "ampere", "NVIDIA A100-SXM4-40GB"),
-        GPU("h100-sxm", 79.19, 3.35, 989.0, 900.0, "hopper", "NVIDIA H100 80GB HBM3"),
-        GPU("h100-pcie", 79.19, 2.0, 756.0, 128.0, "hopper", "NVIDIA H100 PCIe"),
-        GPU("h200", 139.8, 4.8, 989.0, 900.0, "hopper", "NVIDIA H200"),
-        GPU("l40s", 44.39, 0.864, 362.0, 64.0, "ampere", "NVIDIA L40S"),
-        GPU("l4", 22.04, 0.300, 121.0, 64.0, "ampere", "NVIDIA L4"),
-        GPU("a10g", 22.06, 0.600, 70.0, 64.0, "ampere", "NVIDIA A10G"),
+        GPU("a100-sxm", 79.15, 2.039, 312.0, 600.0, "ampere", 108, "NVIDIA A100-SXM4-80GB"),
+        GPU("a100-pcie", 79.15, 1.935, 312.0, 64.0, "ampere", 108, "NVIDIA A100 80GB PCIe"),
+        GPU("a100-40g", 39.39, 1.555, 312.0, 600.0, "ampere", 108, "NVIDIA A100-SXM4-40GB"),
+        GPU("h100-sxm", 79.19, 3.35, 989.0, 900.0, "hopper", 132, "NVIDIA H100 80GB HBM3"),
+        GPU("h100-pcie", 79.19, 2.0, 756.0, 128.0, "hopper", 114, "NVIDIA H100 PCIe"),
+        GPU("h200", 139.8, 4.8, 989.0, 900.0, "hopper", 132, "NVIDIA H200"),
+        GPU("l40s", 44.39, 0.864, 362.0, 64.0, "ampere", 142, "NVIDIA L40S"),
+        GPU("l4", 22.04, 0.300, 121.0, 64.0, "ampere", 58, "NVIDIA L4"),
+        GPU("a10g", 22.06, 0.600, 70.0, 64.0, "ampere", 80, "NVIDIA A10G"),
+        GPU("a40", 44.34, 0.696, 149.7, 112.5, "ampere", 84, "NVIDIA A40"),
+        # GeForce: 165.2 TF with fp32 accumulate, 330.3 TF with fp16 accumulate; the measured
+        # vLLM GEMMs run above 165 TF, so the higher rate is the ceiling.
+        GPU("rtx4090", 23.5165, 1.008, 330.3, 32.0, "ada", 128, "NVIDIA GeForce RTX 4090"),
+        GPU("rtx-pro-6000", 94.97, 1.792, 503.8, 64.0, "blackwell", 188,
+            "NVIDIA RTX PRO 6000 Blackwell Server Edition"),
     )
 }
 
@@ -52,7 +65,10 @@ _ALIASES = {
     "h100-80g": "h100-sxm", "h100-80g-sxm": "h100-sxm", "h100-sxm5": "h100-sxm",
     "h200-141g": "h200", "h200-sxm": "h200", "nvidia-h100-80gb-hbm3": "h100-sxm",
     "nvidia-a100-sxm4-80gb": "a100-sxm", "nvidia-l4": "l4", "nvidia-l40s": "l40s",
-    "nvidia-a10g": "a10g", "nvidia-h200": "h200",
+    "nvidia-a10g": "a10g", "nvidia-h200": "h200", "nvidia-a40": "a40", "a40-48g": "a40",
+    "rtx-4090": "rtx4090", "nvidia-geforce-rtx-4090": "rtx4090", "geforce-rtx-4090": "rtx4090",
+    "rtxpro6000": "rtx-pro-6000", "rtx-pro-6000-blackwell": "rtx-pro-6000",
+    "nvidia-rtx-pro-6000-blackwell-server-edition": "rtx-pro-6000",
 }
 
 

@@ -7,7 +7,8 @@
 * ``@kopf.on.update`` of ``spec``: re-validate (same outcome for an invalid spec);
 * ``@kopf.daemon``: one per resource, :meth:`StudyController.serve` — the study itself;
 * ``@kopf.on.delete`` (the finalizer): wait for the daemon to stop its trials, delete every
-  trial object (ownerReferences are the second net) and the default study journal.
+  trial object (ownerReferences are the second net) and the resource's own default study
+  journal (named by its uid).
 
 Domain errors (:class:`~chunktune.core.errors.SpecError`) become kopf's at this boundary only.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +34,7 @@ from chunktune.k8s.study import (
     StudyController,
     delete_study,
     generation,
+    owner_of,
     parse,
     problems_text,
 )
@@ -46,6 +49,7 @@ CANCELLATION_TIMEOUT = 60.0
 
 def configure_kopf(ours: Settings, settings: kopf.OperatorSettings) -> None:
     """Apply our settings to kopf's (the body of the startup handler)."""
+    settings.networking.error_backoffs = kopf_backoffs(ours.api_outage_seconds)
     settings.posting.enabled = True
     settings.posting.level = logging.WARNING  # kopf's own log lines; ours are explicit events
     settings.watching.server_timeout = ours.watch.server_timeout
@@ -55,6 +59,17 @@ def configure_kopf(ours: Settings, settings: kopf.OperatorSettings) -> None:
         prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+
+
+def kopf_backoffs(seconds: float) -> tuple[float, ...]:
+    """kopf's retry delays for its own API requests (watches, patches, events): kopf's
+    default (1, 1, 2, ... 21 s: 54 s in all), then 30 s steps until ``seconds`` are covered,
+    each jittered by up to 10%. Past them kopf gives up on a request (a watch failing for
+    that long stops the operator, and its pod restarts)."""
+    delays = [1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0]
+    while sum(delays) < seconds:
+        delays.append(30.0)
+    return tuple(round(d * random.uniform(0.9, 1.0), 2) for d in delays)
 
 
 def emitter(body: kopf.Body) -> Emit:
@@ -98,7 +113,8 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         tuning, problems = parse(body)
         if tuning is not None:
             try:
-                await asyncio.to_thread(op.check_study, tuning)
+                url = await op.storage(tuning, owner_of(body))
+                await asyncio.to_thread(op.check_study, tuning, url)
             except SpecError as e:
                 problems = e.problems
         if problems:
@@ -144,4 +160,4 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
 
 __all__ = ["ANNOTATION_PREFIX", "FINALIZER", "RESOURCE", "KopfLive", "configure_kopf",
-           "emitter", "register"]
+           "emitter", "kopf_backoffs", "register"]

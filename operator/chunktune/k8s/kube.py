@@ -5,7 +5,15 @@ pool of its own (so that long waits never starve kopf's default executor), reads
 plain JSON mappings (``_preload_content=False``: no model deserialisation, camelCase keys as
 the API sends them), and turns ``ApiException`` into
 :class:`~chunktune.backends.kubernetes.ClusterApiError` (404 becomes ``None``/``False`` where
-that reads better). A call that is cancelled mid-flight still completes before the
+that reads better); a request that got no answer (connection refused or reset, timeout) is a
+``ClusterApiError`` with status 0.
+
+Transient errors (no answer, 429, 5xx) are retried in place with jittered exponential backoff
+(0.2 s doubling up to 5 s, each sleep drawn from its upper half), every retry logged, for at
+most ``retry_seconds``; past that the call raises
+:class:`~chunktune.backends.kubernetes.ApiUnavailable`, which the tuner treats as a fault of
+the cluster, never as the trial's result. Every request has a timeout, so a hung API server
+is an error rather than a hang. A call that is cancelled mid-flight still completes before the
 cancellation propagates, so a caller's clean-up never races an object being created.
 
 The API objects (``ApiClient`` and the typed APIs) are built once per operator: the first one
@@ -19,16 +27,20 @@ import concurrent.futures
 import contextlib
 import functools
 import json
+import logging
+import random
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from chunktune.api.crd import PLURAL
 from chunktune.api.v1alpha1 import API_GROUP, API_VERSION
-from chunktune.backends.kubernetes import ClusterApiError
+from chunktune.backends.kubernetes import ApiUnavailable, ClusterApiError
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 Body = dict[str, Any]
 
@@ -39,10 +51,14 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 _KINDS: dict[str, tuple[str, str]] = {
     "pods": ("core", "namespaced_pod"),
     "configmaps": ("core", "namespaced_config_map"),
+    "secrets": ("core", "namespaced_secret"),
     "events": ("core", "namespaced_event"),
     "jobs": ("batch", "namespaced_job"),
     "deployments": ("apps", "namespaced_deployment"),
 }
+#: First retry delay and the cap of the doubling delays, seconds.
+RETRY_FIRST = 0.2
+RETRY_CAP = 5.0
 
 
 def make_api_client(kubeconfig: str | None = None, pool_size: int = 16) -> Any:
@@ -64,8 +80,13 @@ def make_api_client(kubeconfig: str | None = None, pool_size: int = 16) -> Any:
 class KubeApi:
     """Async calls on the official client; every result is a JSON mapping."""
 
-    def __init__(self, api_client: Any, threads: int = 16) -> None:
+    def __init__(self, api_client: Any, threads: int = 16, retry_seconds: float = 30.0,
+                 request_timeout: float = 30.0) -> None:
         self.client = api_client
+        self.retry_seconds = retry_seconds
+        """How long transient errors are retried before :class:`ApiUnavailable`."""
+        self.request_timeout = request_timeout
+        """Seconds one request may take (connect and read)."""
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.batch = kubernetes.client.BatchV1Api(api_client)
         self.apps = kubernetes.client.AppsV1Api(api_client)
@@ -85,16 +106,42 @@ class KubeApi:
                 await asyncio.wait_for(fut, 30)
             raise
 
+    async def _retrying(self, run: Callable[[], T], what: str) -> T:
+        """``run()`` in the pool; transient errors retried with jittered backoff for at most
+        :attr:`retry_seconds`, then :class:`ApiUnavailable`."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        delay = RETRY_FIRST
+        attempt = 0
+        while True:
+            try:
+                return await self._call(run)
+            except ClusterApiError as e:
+                if not e.transient or isinstance(e, ApiUnavailable):
+                    raise
+                attempt += 1
+                waited = loop.time() - start
+                if waited + delay > self.retry_seconds:
+                    raise ApiUnavailable(e.status, f"{what}: {e.message} (still failing after "
+                                                   f"{attempt} tries in {waited:.1f} s)") from e
+                sleep = delay * random.uniform(0.5, 1.0)
+                log.warning("%s: %s; retry %d in %.1f s", what, e, attempt, sleep)
+                await asyncio.sleep(sleep)
+                delay = min(RETRY_CAP, delay * 2)
+
     async def _json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         def run() -> Any:
             try:
-                resp = fn(*args, _preload_content=False, **kwargs)
+                resp = fn(*args, _preload_content=False,
+                          _request_timeout=self.request_timeout, **kwargs)
+                data = resp.data
             except ApiException as e:
                 raise _error(e) from None
-            data = resp.data
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                raise _unreachable(e) from None
             return json.loads(data) if data else None
 
-        return await self._call(run)
+        return await self._retrying(run, _describe(fn, args))
 
     def _method(self, verb: str, kind: str) -> Callable[..., Any]:
         api, suffix = _KINDS[kind]
@@ -143,17 +190,31 @@ class KubeApi:
             try:
                 resp = self.core.read_namespaced_pod_log(
                     name, namespace, container=container, tail_lines=tail_lines,
-                    _preload_content=False)
+                    _preload_content=False, _request_timeout=self.request_timeout)
+                data: Any = getattr(resp, "data", b"")
             except ApiException as e:
                 if e.status in (400, 404):  # not started yet, or gone
                     return ""
                 raise _error(e) from None
-            data: Any = getattr(resp, "data", b"")
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                raise _unreachable(e) from None
             return bytes(data or b"").decode("utf-8", errors="replace")
 
-        return await self._call(run)
+        return await self._retrying(run, f"read the log of pod {namespace}/{name}")
 
     # ---- the custom resource -----------------------------------------------------------------
+
+    async def get_tuning(self, namespace: str, name: str) -> Body | None:
+        """The resource as the API has it now (None: it is gone): the fresh read a status
+        patch retries from after a conflict."""
+        try:
+            body: Body = await self._json(self.custom.get_namespaced_custom_object,
+                                          API_GROUP, API_VERSION, namespace, PLURAL, name)
+            return body
+        except ClusterApiError as e:
+            if e.status == 404:
+                return None
+            raise
 
     async def patch_tuning_status(self, namespace: str, name: str, status: Body) -> Body | None:
         """Merge-patch ``status`` into the resource's status subresource (None: it is gone)."""
@@ -185,6 +246,20 @@ class KubeApi:
             self.client.close()
 
 
+def _unreachable(e: BaseException) -> ClusterApiError:
+    reason = getattr(e, "reason", None) or e
+    return ClusterApiError(0, f"no answer from the API server ({type(e).__name__}: {reason})")
+
+
+def _describe(fn: Callable[..., Any], args: tuple[Any, ...]) -> str:
+    """``patch_namespaced_pod default/t-t0`` for log lines."""
+    name = getattr(fn, "__name__", "call")
+    texts = [a for a in args if isinstance(a, str)]
+    if len(texts) >= 5:  # custom objects: group, version, namespace, plural, name
+        return f"{name} {texts[2]}/{texts[4]}"
+    return f"{name} {'/'.join(reversed(texts[:2]))}".strip() if texts else name
+
+
 def _error(e: ApiException) -> ClusterApiError:
     message = e.reason or ""
     with contextlib.suppress(Exception):
@@ -192,4 +267,5 @@ def _error(e: ApiException) -> ClusterApiError:
     return ClusterApiError(int(e.status or 0), str(message))
 
 
-__all__ = ["MERGE_PATCH", "STRATEGIC_PATCH", "KubeApi", "make_api_client"]
+__all__ = ["MERGE_PATCH", "RETRY_CAP", "RETRY_FIRST", "STRATEGIC_PATCH", "KubeApi",
+           "make_api_client"]

@@ -26,7 +26,9 @@ def build(settings: Settings, api_client: Any | None = None,
     """A registry with every handler, and the shared operator state."""
     client = api_client if api_client is not None else make_api_client(
         pool_size=settings.api_threads)
-    op = Operator(settings, KubeApi(client, settings.api_threads))
+    op = Operator(settings, KubeApi(client, settings.api_threads,
+                                    retry_seconds=settings.api_retry_seconds,
+                                    request_timeout=settings.api_timeout))
     registry = kopf.OperatorRegistry()
     handlers.register(registry, op)
     kopf.on.login(registry=registry)(login or kopf.login_via_client)

@@ -26,7 +26,21 @@ Environment variables (defaults in brackets):
 ``CHUNKTUNE_WATCH_SERVER_TIMEOUT`` kopf's watch server timeout, seconds [300]
 ``CHUNKTUNE_WATCH_CLIENT_TIMEOUT`` kopf's watch client timeout, seconds [330]
 ``CHUNKTUNE_API_THREADS``          threads for Kubernetes API calls [16]
+``CHUNKTUNE_API_RETRY_SECONDS``    how long transient API errors (no answer, 429, 5xx) are
+                                   retried in place before the trial waits for the API [30]
+``CHUNKTUNE_API_TIMEOUT``          seconds one Kubernetes API request may take [30]
+``CHUNKTUNE_API_OUTAGE_SECONDS``   how long kopf retries its own requests (watches, events)
+                                   before giving up (the pod then restarts) [600]
+``CHUNKTUNE_ALLOW_DATABASE_URLS``  allow RDB storage URLs (``sqlite:///...``,
+                                   ``postgresql://...``) in ``spec.storage`` and
+                                   ``spec.storageFrom`` [false: journal files in the state
+                                   directory only]
 ``CHUNKTUNE_LOG_LEVEL``            DEBUG, INFO, WARNING, ERROR [INFO]
+``CHUNKTUNE_ALLOWED_SECRETS``      comma-separated Secrets any tuning may reference []
+``CHUNKTUNE_SECRET_OPT_IN``        also allow Secrets labelled chunktune.dev/allow-reference
+                                   [false]
+``CHUNKTUNE_ALLOWED_REGISTRIES``   comma-separated registries/repositories of engine images
+                                   [any]
 =================================  ==============================================================
 """
 
@@ -92,6 +106,21 @@ class TrialSettings:
 
 
 @dataclass(frozen=True)
+class PolicySettings:
+    """What tunings may make the operator reference (chart values ``policy.*``; see
+    :mod:`chunktune.k8s.policy`)."""
+
+    allowed_secrets: tuple[str, ...] = ()
+    """Secret names any tuning may reference in its own namespace."""
+    secret_opt_in_label: bool = False
+    """Also allow Secrets labelled ``chunktune.dev/allow-reference: "true"`` (the operator then
+    needs ``get`` on Secrets, to read their labels)."""
+    allowed_registries: tuple[str, ...] = ()
+    """Registries or repositories engine images must come from (``docker.io/vllm``,
+    ``nvcr.io``); empty: any."""
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything ``chunktune operator run`` is configured with."""
 
@@ -99,16 +128,30 @@ class Settings:
     """Namespaces to watch; empty: the whole cluster."""
     state_dir: Path = DEFAULT_STATE_DIR
     """Where studies without ``spec.storage`` keep their journal
-    (``<namespace>-<name>.journal``); mount a persistent volume here."""
+    (``<uid>.journal``, the resource's uid); mount a persistent volume here. ``spec.storage``
+    journal paths are confined to it."""
     standalone: bool = False
     """Run without kopf's peering (one replica, no ``KopfPeering`` objects needed)."""
     liveness: str | None = None
     """kopf's liveness endpoint (``http://0.0.0.0:8080/healthz``)."""
     api_threads: int = 16
     """Threads for the (synchronous) Kubernetes client's calls."""
+    api_retry_seconds: float = 30.0
+    """How long transient API errors are retried in place (then the trial in flight waits
+    for the API and is re-adopted; never recorded as a failure)."""
+    api_timeout: float = 30.0
+    """Seconds one Kubernetes API request may take."""
+    api_outage_seconds: float = 600.0
+    """How long kopf retries its own failed requests (watch streams, events) before it gives
+    up on one; trials wait out any outage (they are re-adopted)."""
+    allow_database_urls: bool = False
+    """Allow RDB storage URLs in ``spec.storage`` (without a password) and
+    ``spec.storageFrom`` (a Secret's key holding the URL). Off: only journal files confined to
+    :attr:`state_dir`."""
     log_level: str = "INFO"
     watch: WatchSettings = field(default_factory=WatchSettings)
     trials: TrialSettings = field(default_factory=TrialSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
 
     @property
     def clusterwide(self) -> bool:
@@ -149,6 +192,10 @@ class Settings:
         watch = WatchSettings(
             server_timeout=get("CHUNKTUNE_WATCH_SERVER_TIMEOUT", _positive, w.server_timeout),
             client_timeout=get("CHUNKTUNE_WATCH_CLIENT_TIMEOUT", _positive, w.client_timeout))
+        policy = PolicySettings(
+            allowed_secrets=get("CHUNKTUNE_ALLOWED_SECRETS", _names, ()),
+            secret_opt_in_label=get("CHUNKTUNE_SECRET_OPT_IN", _bool, False),
+            allowed_registries=get("CHUNKTUNE_ALLOWED_REGISTRIES", _registries, ()))
         settings = cls(
             namespaces=get("CHUNKTUNE_NAMESPACES", _namespaces, ()),
             state_dir=get("CHUNKTUNE_STATE_DIR", lambda v: Path(_nonempty(v)),
@@ -156,8 +203,12 @@ class Settings:
             standalone=get("CHUNKTUNE_STANDALONE", _bool, False),
             liveness=get("CHUNKTUNE_LIVENESS", _optional, None),
             api_threads=get("CHUNKTUNE_API_THREADS", _count, 16),
+            api_retry_seconds=get("CHUNKTUNE_API_RETRY_SECONDS", _non_negative, 30.0),
+            api_timeout=get("CHUNKTUNE_API_TIMEOUT", _positive, 30.0),
+            api_outage_seconds=get("CHUNKTUNE_API_OUTAGE_SECONDS", _non_negative, 600.0),
+            allow_database_urls=get("CHUNKTUNE_ALLOW_DATABASE_URLS", _bool, False),
             log_level=get("CHUNKTUNE_LOG_LEVEL", _level, "INFO"),
-            watch=watch, trials=trials)
+            watch=watch, trials=trials, policy=policy)
         if problems:
             raise SpecError(problems)
         return settings.with_overrides(**overrides)
@@ -166,7 +217,7 @@ class Settings:
         """A copy with fields replaced (``trials``/``watch`` may be mappings of fields);
         checked as :meth:`from_env` checks the environment."""
         nested: dict[str, Any] = {}
-        for key in ("trials", "watch"):
+        for key in ("trials", "watch", "policy"):
             value = overrides.pop(key, None)
             if isinstance(value, Mapping):
                 nested[key] = replace(getattr(self, key), **value)
@@ -222,6 +273,16 @@ def _positive(v: str) -> float:
     return x
 
 
+def _non_negative(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"must be a number of seconds (got {v!r})") from None
+    if not x >= 0:
+        raise ValueError(f"must be >= 0 (got {v!r})")
+    return x
+
+
 def _seconds_or_none(v: str) -> float | None:
     if not v:
         return None
@@ -244,6 +305,27 @@ def _namespaces(v: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in v.split(",") if n.strip())
 
 
+def _names(v: str) -> tuple[str, ...]:
+    from chunktune.api._types import check_object_name
+
+    out = tuple(n.strip() for n in v.split(",") if n.strip())
+    for n in out:
+        check_object_name(n, "Secret name")
+    return out
+
+
+def _registries(v: str) -> tuple[str, ...]:
+    import re
+
+    out = tuple(n.strip().rstrip("/") for n in v.split(",") if n.strip())
+    for n in out:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?"
+                            r"(/[a-z0-9]+([._-]+[a-z0-9]+)*)*", n):
+            raise ValueError(f"must be registries or repositories such as docker.io/vllm or "
+                             f"nvcr.io, separated by commas (got {n!r})")
+    return out
+
+
 def _pull_policy(v: str) -> str | None:
     if not v:
         return None
@@ -255,7 +337,7 @@ def _pull_policy(v: str) -> str | None:
 def _quantity(v: str) -> str:
     from chunktune.api._types import QUANTITY_RE
 
-    if not QUANTITY_RE.match(v):
+    if not QUANTITY_RE.fullmatch(v):
         raise ValueError(f"must be a Kubernetes quantity such as 8Gi (got {v!r})")
     return v
 
@@ -273,4 +355,4 @@ def _level(v: str) -> str:
     return name
 
 
-__all__ = ["DEFAULT_STATE_DIR", "Settings", "TrialSettings", "WatchSettings"]
+__all__ = ["DEFAULT_STATE_DIR", "PolicySettings", "Settings", "TrialSettings", "WatchSettings"]

@@ -12,6 +12,8 @@ validated model, or every problem with its field path.
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,14 +23,19 @@ from chunktune.api.status import StudySummary, render_status, set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.api.validation import parse_manifest, validate
 from chunktune.backends import manifests as mf
-from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
+from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
+from chunktune.core.errors import SpecError
+from chunktune.k8s import storage
 from chunktune.k8s.kube import KubeApi
 from chunktune.k8s.settings import Settings
 from chunktune.tuning import study as st
 from chunktune.tuning.results import collect, summary
 from chunktune.tuning.runner import Tuner
 
+log = logging.getLogger(__name__)
 Problem = tuple[str, str]
+#: Tries of a status patch that meets conflicts (409), each after a fresh read.
+CONFLICT_RETRIES = 8
 TERMINAL = ("Succeeded", "Failed")
 
 
@@ -85,8 +92,37 @@ class Operator:
     exited: dict[str, asyncio.Event] = field(default_factory=dict)
     backends: list[KubernetesBackend] = field(default_factory=list)
 
-    def storage(self, tuning: ChunkedPrefillTuning) -> str:
-        return st.storage_url(tuning, default_dir=self.settings.state_dir)
+    async def storage(self, tuning: ChunkedPrefillTuning, owner: mf.Owner) -> str:
+        """The study's storage (:mod:`chunktune.k8s.storage`): its uid's journal, a confined
+        ``spec.storage``, or the URL in ``spec.storageFrom``'s Secret. Raises
+        :class:`SpecError` naming the field and the fix."""
+        spec = tuning.spec
+        state_dir = self.settings.state_dir
+        if spec.storage is not None and spec.storage_from is not None:
+            raise SpecError("give spec.storage or spec.storageFrom, not both",
+                            field="spec.storageFrom")
+        secret_url = None
+        if spec.storage_from is not None:
+            ref = spec.storage_from.secret_key_ref
+            if not self.settings.allow_database_urls:
+                raise SpecError(f"database URLs are not allowed by this operator: "
+                                f"{storage.ALLOW_HINT}", field="spec.storageFrom")
+            try:
+                secret = await self.api.get("secrets", owner.namespace, ref.name)
+            except ClusterApiError as e:
+                if e.status != 403:
+                    raise
+                raise SpecError(f"the operator may not read Secret {ref.name!r} ({e.message}); "
+                                "the chart grants get on Secrets with "
+                                "storage.allowDatabaseURLs=true",
+                                field="spec.storageFrom.secretKeyRef") from None
+            secret_url = storage.secret_value(secret, ref.name, ref.key)
+        if spec.storage is None and spec.storage_from is None:
+            await asyncio.to_thread(storage.adopt_legacy, state_dir, owner.namespace,
+                                    owner.name, owner.uid)
+        return storage.resolve(spec.storage, state_dir, owner.uid,
+                               allow_database_urls=self.settings.allow_database_urls,
+                               from_secret=secret_url)
 
     def writer(self, body: Mapping[str, Any]) -> StatusWriter:
         owner = owner_of(body)
@@ -106,15 +142,18 @@ class Operator:
             keep_objects=s.keep_objects, prometheus_url=spec.metrics.prometheus_url,
             prometheus_select_by=s.prometheus_select_by,
             prometheus_delay=spec.metrics.scrape_interval or 15.0,
-            trial_timeout=spec.budget.trial_timeout), resources=resources)
+            trial_timeout=spec.budget.trial_timeout), resources=resources,
+            security=(spec.engine.security_context.model_dump(mode="json", by_alias=True,
+                                                              exclude_none=True)
+                      if spec.engine.security_context else None))
 
-    def check_study(self, tuning: ChunkedPrefillTuning) -> None:
-        """Create or open the study (raises :class:`SpecError` if the storage holds this
-        study with another search)."""
+    def check_study(self, tuning: ChunkedPrefillTuning, url: str) -> None:
+        """Create or open the study in storage ``url`` (raises :class:`SpecError` if the
+        storage holds this study with another search)."""
         from chunktune.tuning.objectives import ObjectiveDef
 
         directions = [ObjectiveDef.from_spec(o).direction for o in tuning.spec.objectives]
-        st.open_study(tuning, st.open_storage(self.storage(tuning)), directions,
+        st.open_study(tuning, st.open_storage(url), directions,
                       st.make_sampler(tuning, len(directions), bool(tuning.spec.constraints)),
                       st.make_pruner(tuning, len(directions)))
 
@@ -138,11 +177,14 @@ class StatusWriter:
         self.message: str | None = current.get("message")
         self.generation: int | None = current.get("observedGeneration")
         self.lock = asyncio.Lock()
+        self.pending = False
+        """A phase was set that no successful write has carried yet."""
 
     def set(self, phase: str, generation: int, message: str | None = None,
             **conditions: tuple[bool, str, str]) -> None:
         """Phase, message and conditions (``Type=(status, reason, message)``)."""
         now = _now()
+        self.pending = True
         self.phase, self.generation, self.message = phase, generation, message
         for kind, (ok, reason, text) in conditions.items():
             self.conditions = set_condition(self.conditions, kind, ok, reason, text,
@@ -153,6 +195,18 @@ class StatusWriter:
             self.completion_time = self.completion_time or now.strftime("%Y-%m-%dT%H:%M:%SZ")
         else:
             self.completion_time = None
+
+    def condition(self, kind: str, ok: bool, reason: str, message: str,
+                  generation: int) -> None:
+        """Set one condition, leaving the phase alone (written with the next write)."""
+        self.conditions = set_condition(self.conditions, kind, ok, reason, message,
+                                        generation, _now())
+
+    def condition_status(self, kind: str) -> str | None:
+        for c in self.conditions:
+            if c.get("type") == kind:
+                return str(c.get("status"))
+        return None
 
     def render(self, tuner: Tuner | None) -> dict[str, Any]:
         kw: dict[str, Any] = {"conditions": self.conditions, "observed_generation":
@@ -165,17 +219,41 @@ class StatusWriter:
                                      tuner.spec.budget.max_trials, **kw))
 
     async def write(self, tuner: Tuner | None = None) -> None:
+        """Patch the status; a conflict (409) is retried in place after a fresh read of the
+        resource (what the merge patch drops is computed from what is really there), with
+        jittered backoff, :data:`CONFLICT_RETRIES` times; transient errors are retried by
+        the API wrapper. :attr:`pending` stays True until a write succeeds."""
         async with self.lock:
             status = self.render(tuner)
-            patch: dict[str, Any] = dict(status)
-            for key in self.last:
-                if key not in status:
-                    patch[key] = None  # merge patch: drop what the renderer no longer gives
-            if patch == self.last:
+            delay = 0.1
+            for attempt in range(1, CONFLICT_RETRIES + 1):
+                patch: dict[str, Any] = dict(status)
+                for key in self.last:
+                    if key not in status:
+                        patch[key] = None  # merge patch: drop what the renderer no longer gives
+                if patch == self.last:
+                    self.pending = False
+                    return
+                try:
+                    await self.api.patch_tuning_status(self.owner.namespace, self.owner.name,
+                                                       patch)
+                except ClusterApiError as e:
+                    if e.status != 409 or attempt == CONFLICT_RETRIES:
+                        raise
+                    log.warning("status of %s/%s: conflict (%s); retry %d after a fresh read",
+                                self.owner.namespace, self.owner.name, e.message, attempt)
+                    await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                    delay = min(2.0, delay * 2)
+                    fresh = await self.api.get_tuning(self.owner.namespace, self.owner.name)
+                    if fresh is None:
+                        self.pending = False
+                        return  # deleted meanwhile
+                    self.last = dict(fresh.get("status") or {})
+                    continue
+                self.last = status
+                self.pending = False
                 return
-            await self.api.patch_tuning_status(self.owner.namespace, self.owner.name, patch)
-            self.last = status
 
 
-__all__ = ["TERMINAL", "Operator", "Problem", "StatusWriter", "generation", "owner_of", "parse",
-           "problems_text"]
+__all__ = ["CONFLICT_RETRIES", "TERMINAL", "Operator", "Problem", "StatusWriter", "generation",
+           "owner_of", "parse", "problems_text"]

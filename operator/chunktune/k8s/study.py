@@ -25,20 +25,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from chunktune.api.status import set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
-from chunktune.core.errors import BackendUnavailable, SpecError
+from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
+from chunktune.core.errors import BackendUnavailable, InfrastructureFault, SpecError
 from chunktune.core.flags import flags_line
 from chunktune.core.trials import TrialState
+from chunktune.k8s import policy, storage
 from chunktune.k8s.outputs import write_outputs
 from chunktune.k8s.state import (
     TERMINAL,
     Operator,
     Problem,
     StatusWriter,
+    _now,
     generation,
     owner_of,
     parse,
@@ -49,6 +54,12 @@ from chunktune.tuning.results import collect
 from chunktune.tuning.runner import TrialEvent, Tuner
 
 log = logging.getLogger(__name__)
+#: Backoff of the daemon after an API error it could not absorb: first delay, cap (seconds).
+FAULT_BACKOFF_FIRST = 1.0
+FAULT_BACKOFF_CAP = 30.0
+#: A log line that names a failure's cause (an exception, a fatal signal, an OOM).
+CAUSE_LINE = re.compile(r"(\b\w*(Error|Exception)\b|Traceback|Segmentation fault|core dumped|"
+                        r"Killed|OOM|out of memory|FATAL|fatal|panic|Aborted|exit code \d+)")
 #: ``emit(type, reason, message)``: post a Kubernetes Event on the resource.
 Emit = Callable[[str, str, str], None]
 
@@ -69,6 +80,20 @@ def _changed_from(gen: int) -> Callable[[Mapping[str, Any]], bool]:
     return lambda body: generation(body) != gen
 
 
+def failure_lines(message: str, limit: int = 700) -> str:
+    """What an event shows of a failed trial's message: the classified cause's own line
+    first (vLLM's message, or the exception line of a traceback), then the last lines, up to
+    ``limit`` characters (events are capped at 1000)."""
+    lines = [x.rstrip() for x in message.strip().splitlines() if x.strip()]
+    cause = [x for x in lines if CAUSE_LINE.search(x)]
+    keep: list[str] = []
+    for x in cause[-2:] + lines[-4:]:
+        if x not in keep:
+            keep.append(x)
+    text = " | ".join(x.strip() for x in keep)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class StudyController:
     """Drives one resource's study; :meth:`serve` is the daemon's body."""
 
@@ -83,6 +108,10 @@ class StudyController:
         self.stop_cause: str | None = None
         self._flush: asyncio.Task[None] | None = None
         self._dirty = False
+        self.api_faults = 0
+        """API errors in a row that reached the daemon."""
+        self.faulted: set[int] = set()
+        """Trials waiting out an API fault."""
 
     # ---- phases --------------------------------------------------------------------------------
 
@@ -119,25 +148,90 @@ class StudyController:
                 continue
             # NOTE: the writer, not the body: the watch event of our own last write may not
             # have arrived yet (the writer starts from the body's status on a restart).
-            if self.writer.phase in TERMINAL and self.writer.generation == gen:
+            if self.writer.phase in TERMINAL and self.writer.generation == gen and \
+                    not self.writer.pending:
                 await self._until(live, changed)
                 continue
+            if not await self._allowed(tuning, gen):
+                loop = asyncio.get_running_loop()
+                await self._until(live, policy.changed_or_due(changed, loop.time))
+                continue
             try:
-                await self._study(tuning, live)
-            except SpecError as e:
-                await self.invalid(e.problems, gen)
-                await self._until(live, changed)
-            except BackendUnavailable as e:
-                await self.invalid([("spec.engine", str(e))], gen)
-                await self._until(live, changed)
+                try:
+                    await self._study(tuning, live)
+                except SpecError as e:
+                    await self.invalid(e.problems, gen)
+                    await self._until(live, changed)
+                except BackendUnavailable as e:
+                    await self.invalid([("spec.engine", str(e))], gen)
+                    await self._until(live, changed)
+            except (ClusterApiError, InfrastructureFault) as e:
+                # NOTE: any API error the layers below did not absorb: the daemon lives on and
+                # starts over from the study storage (running trials are adopted).
+                self.api_faults += 1
+                delay = min(FAULT_BACKOFF_CAP, FAULT_BACKOFF_FIRST * 2 ** min(
+                    self.api_faults - 1, 8)) * random.uniform(0.5, 1.0)
+                log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
+                            "%.1f s", self.owner.namespace, self.owner.name, e, delay)
+                if self.api_faults == 3:  # not a blip: say so where users look
+                    self.emit("Warning", "ApiError", f"the Kubernetes API keeps failing "
+                              f"({e}); the study retries with backoff and loses nothing")
+                await live.sleep(delay)
+            else:
+                self.api_faults = 0
+
+    async def _allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> bool:
+        """The operator's policy (:mod:`.policy`) on what the trials reference: False (and a
+        ``PolicyAllowed=False`` condition naming the field and the fix, phase Pending) when it
+        refuses; the daemon re-checks every :data:`~.policy.RECHECK_SECONDS`."""
+        refused = await policy.check_trials(self.op.api, self.op.settings.policy, tuning,
+                                            self.owner, self.op.settings.trials.image)
+        was = next((c for c in self.writer.conditions if c.get("type") == policy.CONDITION),
+                   None)
+        if not refused:
+            if was is not None and was.get("status") != "True":
+                self.writer.conditions = set_condition(
+                    self.writer.conditions, policy.CONDITION, True, "Allowed",
+                    "the operator's policy allows what the trials reference", gen, _now())
+            await self._outputs_allowed(tuning, gen)
+            return True
+        text = policy.refused_text(refused)
+        if was is None or was.get("message") != text:
+            self.emit("Warning", refused[0].reason, text)
+        self.writer.set("Pending", gen, f"refused by the operator's policy: {text}",
+                        **{policy.CONDITION: (False, refused[0].reason, text)})
+        await self.writer.write(None)
+        return False
+
+    async def _outputs_allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> None:
+        """Warn at the start (``OutputAllowed=False`` and an event) when ``spec.output`` would
+        be refused; the study runs anyway."""
+        refused = await policy.check_outputs(self.op.api, tuning, self.owner)
+        was = next((c for c in self.writer.conditions
+                    if c.get("type") == policy.OUTPUT_CONDITION), None)
+        if refused:
+            text = policy.refused_text(refused)
+            if was is None or was.get("message") != text:
+                self.emit("Warning", refused[0].reason, text)
+            self.writer.conditions = set_condition(
+                self.writer.conditions, policy.OUTPUT_CONDITION, False, refused[0].reason, text,
+                gen, _now())
+        elif was is not None:
+            self.writer.conditions = set_condition(
+                self.writer.conditions, policy.OUTPUT_CONDITION, True, "Allowed",
+                "spec.output is allowed", gen, _now())
 
     async def _study(self, tuning: ChunkedPrefillTuning, live: Live) -> None:
+        url = await self.op.storage(tuning, self.owner)
         backend = self.op.backend(tuning, self.owner)
+        backend.on_warning = self._degraded
+        backend.on_recovered = self._recovered
         self.op.backends.append(backend)
         try:
-            tuner = Tuner(tuning, backend, self.op.storage(tuning), on_event=self._event,
-                          on_update=lambda _: self._changed(),
-                          stop_requested=lambda: self._stop_requested(live))
+            tuner = await asyncio.to_thread(
+                Tuner, tuning, backend, url, on_event=self._event,
+                on_update=lambda _: self._changed(),
+                stop_requested=lambda: self._stop_requested(live), on_fault=self._fault)
             self.tuner, self.backend, self.stop_cause = tuner, backend, None
             running = {t.number for t in tuner.trials() if st.trial_state(t) == TrialState.RUNNING}
             swept = await backend.sweep(keep=running)
@@ -236,24 +330,67 @@ class StudyController:
             return True
         return False
 
+    def _fault(self, number: int, message: str | None) -> None:
+        """A trial waits out an API fault (``message``), or was re-adopted (None)."""
+        if message is not None:
+            if number not in self.faulted:
+                self.faulted.add(number)
+                self.emit("Warning", "ApiUnavailable",
+                          f"trial {number}: the Kubernetes API failed ({message}); the trial "
+                          f"stays in flight and is re-adopted when the API answers (not a "
+                          f"failure, no budget spent)")
+        elif number in self.faulted:
+            self.faulted.discard(number)
+            self.emit("Normal", "TrialReadopted",
+                      f"trial {number}: re-adopted after the Kubernetes API came back")
+
+    def _degraded(self, reason: str, message: str) -> None:
+        """The study goes on without something (Prometheus): a Warning event each time, and
+        a condition while it lasts."""
+        self.emit("Warning", reason, message)
+        if reason == "PrometheusUnreachable":
+            self.writer.condition("PrometheusReachable", False, reason, message, self.gen)
+            self._changed()
+
+    def _recovered(self, reason: str) -> None:
+        if reason == "PrometheusUnreachable" and self.writer.condition_status(
+                "PrometheusReachable") == "False":
+            self.writer.condition("PrometheusReachable", True, "Reachable",
+                                  "Prometheus answers; the figures come from it", self.gen)
+            self.emit("Normal", "PrometheusReachable", "Prometheus answers again")
+            self._changed()
+
     def _changed(self) -> None:
         self._dirty = True
         if self._flush is None or self._flush.done():
             self._flush = asyncio.get_running_loop().create_task(self._flusher())
 
     async def _flusher(self) -> None:
+        delay = FAULT_BACKOFF_FIRST
         while self._dirty:
             self._dirty = False
             try:
                 await self.writer.write(self.tuner)
-            except Exception:
-                log.exception("cannot write the status of %s/%s", self.owner.namespace,
-                              self.owner.name)
+                delay = FAULT_BACKOFF_FIRST
+            except Exception as e:
+                # NOTE: the status is rendered from the study storage, so nothing is lost:
+                # the next write (this retry, or the next trial's) carries everything.
+                log.warning("cannot write the status of %s/%s (%s); retrying in %.1f s",
+                            self.owner.namespace, self.owner.name, e, delay)
+                self._dirty = True
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(FAULT_BACKOFF_CAP, delay * 2)
 
-    async def _drain_flush(self) -> None:
-        if self._flush is not None:
-            with contextlib.suppress(Exception):
-                await self._flush
+    async def _drain_flush(self, timeout: float = 60.0) -> None:
+        if self._flush is not None and not self._flush.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._flush), timeout)
+            except TimeoutError:
+                self._flush.cancel()
+                log.warning("%s/%s: the status could not be written within %g s",
+                            self.owner.namespace, self.owner.name, timeout)
+            except Exception:
+                log.exception("status flush of %s/%s", self.owner.namespace, self.owner.name)
 
     def _event(self, e: TrialEvent) -> None:
         tag = " (baseline)" if e.baseline else ""
@@ -268,7 +405,7 @@ class StudyController:
             if key in e.metrics:
                 detail = f"; {key}={e.metrics[key]:.4g}"
         if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) and e.message:
-            detail += f": {e.message.strip().splitlines()[-1][:300]}"
+            detail += f": {failure_lines(e.message)}"
         kind = "Warning" if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) else "Normal"
         self.emit(kind, f"Trial{e.state.title()}",
                   f"trial {e.number}{tag}: {flags} -> {what}{detail}")
@@ -295,8 +432,9 @@ async def delete_study(op: Operator, body: Mapping[str, Any],
             left = await backend.remaining()
     finally:
         await backend.close()
-    if not (body.get("spec") or {}).get("storage"):
-        path = op.settings.state_dir / f"{owner.namespace}-{owner.name}.journal"
+    spec = body.get("spec") or {}
+    if not spec.get("storage") and not spec.get("storageFrom") and owner.uid:
+        path = storage.journal_path(op.settings.state_dir, owner.uid)  # its own, by uid
         for p in (path, path.with_name(path.name + ".lock")):
             with contextlib.suppress(OSError):
                 p.unlink()
@@ -305,4 +443,4 @@ async def delete_study(op: Operator, body: Mapping[str, Any],
 
 
 __all__ = ["Emit", "Live", "Operator", "StatusWriter", "StudyController", "delete_study",
-           "generation", "owner_of", "parse", "problems_text"]
+           "failure_lines", "generation", "owner_of", "parse", "problems_text"]

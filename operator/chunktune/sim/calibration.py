@@ -1,4 +1,9 @@
-"""Calibration of the step-time model against Vidur's GPU profiling data.
+"""Calibration of the step-time model against measured GPU timings, and its error report.
+
+Linear operators: Vidur (below); LLMServingSim's vLLM 0.19 ``dense.csv`` for the RTX 4090 and
+RTX PRO 6000. Attention: LLMServingSim's vLLM 0.19 attention grid (mixed chunked-prefill
+batches). All-reduce bandwidth: Vidur's NCCL collectives. See :mod:`chunktune.sim.kernel_data`
+for the sources and licences, ``docs/simulator.md`` for the measured errors.
 
 Source: microsoft/vidur, ``data/profiling/compute/{a100,h100}/<model>/mlp.csv`` (MIT licence),
 per-layer median timings of the linear operators measured on real A100 and H100 GPUs at TP 1, 2,
@@ -10,10 +15,9 @@ Two artefacts are committed, both derived from that data:
   operators' median times (duplicate measurements averaged), the quantity the model predicts;
 - ``data/step_time_coefficients.json``: the fitted efficiencies per GPU family.
 
-Regenerate both with ``python -m chunktune.sim.calibration fit --data DIR`` (``DIR`` holds the
-``<gpu>__<model>.mlp.csv`` files); ``python -m chunktune.sim.calibration report`` prints the
-error table, including a leave-one-model-out check that the fit generalizes to models it has not
-seen.
+Regenerate everything with ``python -m chunktune.sim.calibration fit --data ../shared/data``;
+``python -m chunktune.sim.calibration report [--data ../shared/data]`` prints, per dataset and
+slice, the median and p90 relative error in-sample and leave-one-out (by model and by GPU).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +37,14 @@ import numpy as np
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
+from chunktune.sim import kernel_data as kd
 from chunktune.sim.cost_model import (
+    ATTENTION_FIELDS,
     COEFFICIENTS_PATH,
+    AttentionShape,
     FamilyCoefficients,
+    _load_coefficients,
+    attention_grid_time,
     coefficients,
     linear_layer_time,
 )
@@ -53,22 +63,34 @@ VIDUR_MODELS = {
 VIDUR_GPUS = {"a100": "a100-sxm", "h100": "h100-sxm"}
 #: Coefficients not fitted here, with where they come from.
 FIXED = {
-    # FlashAttention-2 forward reaches 50-73% of A100 peak and FlashAttention-3 up to 75% of
-    # H100 peak on long sequences (Dao 2023, arXiv 2307.08691; Shah et al. 2024, arXiv
-    # 2407.08608); varlen/paged kernels in serving run lower, so we take ~0.5.
-    "attention_compute_eff": {"ampere": 0.5, "hopper": 0.45},
     # vLLM V1: "the GPU part of a Llama-8B step on H100 is as low as ~5 ms" and the CPU work
     # is overlapped or CUDA-graphed; ~1 ms per step plus a few us per request remains.
-    "step_overhead_s": {"ampere": 0.0012, "hopper": 0.001},
-    "per_request_overhead_s": {"ampere": 6e-6, "hopper": 5e-6},
+    "step_overhead_s": {"ampere": 0.0012, "hopper": 0.001, "ada": 0.0012, "blackwell": 0.001},
+    "per_request_overhead_s": {"ampere": 6e-6, "hopper": 5e-6, "ada": 6e-6, "blackwell": 5e-6},
     # --enforce-eager: ~10 kernels per layer launched from Python at ~4 us each.
-    "eager_launch_overhead_per_layer_s": {"ampere": 4e-5, "hopper": 4e-5},
-    # NCCL all-reduce: ~10 us latency on NVLink; ~70% of link bandwidth achieved.
-    "allreduce_latency_s": {"ampere": 1e-5, "hopper": 1e-5},
-    "allreduce_link_eff": {"ampere": 0.7, "hopper": 0.7},
+    "eager_launch_overhead_per_layer_s": {"ampere": 4e-5, "hopper": 4e-5, "ada": 4e-5,
+                                          "blackwell": 4e-5},
+    # vLLM's custom all-reduce (small messages inside CUDA graphs over NVLink): ~10 us, not
+    # measured here. Over PCIe the engine uses NCCL: ``cost_model.PCIE_ALLREDUCE_LATENCY_S``.
+    "allreduce_latency_s": {"ampere": 1e-5, "hopper": 1e-5, "ada": 1e-5, "blackwell": 1e-5},
+    # Fraction of the link bandwidth an all-reduce reaches: Vidur's NCCL all-reduces on one
+    # NVLink node (``fit_allreduce``, reported by ``report --data``) give 0.28 on A100 and 0.45
+    # on H100. PCIe links use ``cost_model.PCIE_ALLREDUCE_LINK_EFF`` whatever the family.
+    "allreduce_link_eff": {"ampere": 0.28, "hopper": 0.45, "ada": 0.45, "blackwell": 0.45},
 }
 FITTED = ("gemm_compute_eff", "gemm_memory_eff", "gemm_overhead_s", "gemm_smoothness",
           "elementwise_memory_eff", "elementwise_overhead_s")
+
+
+#: Starting point and scale of the attention fit (seconds, efficiencies, occupancies).
+ATTENTION_X0 = {"attn_overhead_s": 8e-6, "attn_per_decode_s": 2e-7, "attn_compute_eff": 0.5,
+                "attn_prefill_memory_eff": 0.7, "attn_prefill_occupancy": 2.0,
+                "attn_decode_memory_eff": 0.7, "attn_mixed_memory_eff": 1.0,
+                "attn_mixed_occupancy": 1.0, "attn_mixed_per_head_s": 1e-8,
+                "attn_prefill_per_cta_s": 1e-8, "attn_decode_alone_overhead_s": 2e-6}
+_ATTN_SCALE = np.array([1e-6, 1e-7, 0.1, 0.1, 1.0, 0.1, 0.3, 1.0, 1e-8, 1e-8, 1e-6])
+#: GPU families whose coefficients come from the LLMServingSim data, and the GPU measured.
+LLMSS_FAMILIES = {"rtx4090": "ada", "rtx-pro-6000": "blackwell"}
 
 
 @dataclass(frozen=True)
@@ -113,36 +135,43 @@ def read_derived(path: Path = DERIVED_PATH) -> list[Sample]:
                        float(r["per_layer_ms"])) for r in rows]
 
 
-def _groups(samples: list[Sample]) -> dict[tuple[str, str, int], tuple[np.ndarray, np.ndarray]]:
-    g: dict[tuple[str, str, int], list[Sample]] = defaultdict(list)
-    for s in samples:
+def vidur_points(samples: list[Sample]) -> list[kd.LinearPoint]:
+    """Vidur samples under our GPU and catalog names."""
+    return [kd.LinearPoint(VIDUR_GPUS[s.gpu], VIDUR_MODELS[s.model], s.tp, s.tokens,
+                           s.per_layer_ms) for s in samples]
+
+
+def _groups(points: list[kd.LinearPoint]
+            ) -> dict[tuple[str, str, int], tuple[np.ndarray, np.ndarray]]:
+    g: dict[tuple[str, str, int], list[kd.LinearPoint]] = defaultdict(list)
+    for s in points:
         g[(s.gpu, s.model, s.tp)].append(s)
     return {k: (np.array([s.tokens for s in v], float), np.array([s.per_layer_ms for s in v]))
             for k, v in g.items()}
 
 
-def _model(name: str) -> ModelConfig:
-    return resolve_model(VIDUR_MODELS[name])
-
-
-def predict_ms(c: FamilyCoefficients, gpu: str, model: str, tp: int,
+def predict_ms(c: FamilyCoefficients, gpu: str, model: str | ModelConfig, tp: int,
                tokens: np.ndarray) -> np.ndarray:
-    return linear_layer_time(_model(model), resolve_gpu(VIDUR_GPUS[gpu]), tp, tokens, c) * 1e3
+    m = model if isinstance(model, ModelConfig) else resolve_model(model)
+    return linear_layer_time(m, resolve_gpu(gpu), tp, tokens, c) * 1e3
 
 
 def _coeffs(x: np.ndarray, family: str) -> FamilyCoefficients:
     vals = dict(zip(FITTED, np.abs(x), strict=True))
     vals["gemm_smoothness"] = 1.0 + vals["gemm_smoothness"]
     vals.update({k: v[family] for k, v in FIXED.items()})
+    base = _load_coefficients()["families"].get(family, {})
+    for k in ATTENTION_FIELDS:  # not part of the linear fit: the committed values
+        vals[k] = float(base.get(k, ATTENTION_X0[k]))
     return FamilyCoefficients(**vals)
 
 
-def fit_family(samples: list[Sample], gpu: str) -> FamilyCoefficients:
-    """Least squares on the log ratio predicted/measured, every (model, TP) weighted equally."""
+def fit_linear(points: list[kd.LinearPoint], family: str) -> FamilyCoefficients:
+    """Least squares on the log ratio predicted/measured, every (GPU, model, TP) weighted
+    equally; efficiencies are fractions of each GPU's data-sheet figures."""
     from scipy.optimize import least_squares
 
-    family = resolve_gpu(VIDUR_GPUS[gpu]).family
-    groups = {k: v for k, v in _groups(samples).items() if k[0] == gpu}
+    groups = _groups(points)
 
     def resid(x: np.ndarray) -> np.ndarray:
         c = _coeffs(x, family)
@@ -157,86 +186,365 @@ def fit_family(samples: list[Sample], gpu: str) -> FamilyCoefficients:
     return _coeffs(res.x, family)
 
 
-def fit(samples: list[Sample]) -> dict[str, Any]:
+# ---- attention ---------------------------------------------------------------------------
+
+def _attention_arrays(points: list[kd.AttentionPoint]) -> dict[str, np.ndarray]:
+    cols: dict[str, list[float]] = defaultdict(list)
+    shapes: dict[tuple[str, int], AttentionShape] = {}
+    for p in points:
+        key = (p.model, p.tp)
+        if key not in shapes:
+            shapes[key] = AttentionShape.of(resolve_model(p.model), p.tp)
+        s, g = shapes[key], resolve_gpu(p.gpu)
+        for name, v in (("heads", s.heads), ("kv_heads", s.kv_heads), ("head_dim", s.head_dim),
+                        ("sm", g.sm_count), ("peak", g.bf16_tflops * 1e12),
+                        ("hbm", g.hbm_tb_s * 1e12), ("chunk", p.chunk),
+                        ("computed", p.kv_prefill), ("decodes", p.decodes),
+                        ("ctx", p.decodes * p.kv_decode), ("us", p.us)):
+            cols[name].append(v)
+    return {k: np.array(v, dtype=np.float64) for k, v in cols.items()}
+
+
+def predict_attention_us(coef: dict[str, Any], a: dict[str, np.ndarray]) -> np.ndarray:
+    return attention_grid_time(a["heads"], a["kv_heads"], a["head_dim"], 2.0, a["sm"],
+                               a["peak"], a["hbm"], coef, a["chunk"], a["computed"],
+                               a["decodes"], a["ctx"]) * 1e6
+
+
+def fit_attention(points: list[kd.AttentionPoint]) -> dict[str, float]:
+    """Fit the attention coefficients (log error, every (GPU, model, TP) set weighted
+    equally) to measured points; efficiencies are fractions of each GPU's data sheet."""
+    from scipy.optimize import least_squares
+
+    a = _attention_arrays(points)
+    keys = [(p.gpu, p.model, p.tp) for p in points]
+    ids = {k: i for i, k in enumerate(sorted(set(keys)))}
+    grp = np.array([ids[k] for k in keys])
+    w = 1.0 / np.sqrt(np.bincount(grp)[grp])
+    log_us = np.log(a["us"])
+
+    def coef(x: np.ndarray) -> dict[str, float]:
+        return dict(zip(ATTENTION_FIELDS, np.abs(x) + 1e-12, strict=True))
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        out: np.ndarray = (np.log(predict_attention_us(coef(x), a)) - log_us) * w
+        return out
+
+    x0 = np.array([ATTENTION_X0[k] for k in ATTENTION_FIELDS])
+    res = least_squares(resid, x0, x_scale=_ATTN_SCALE)
+    return {k: float(f"{v:.6g}") for k, v in coef(res.x).items()}
+
+
+def attention_errors(coef: dict[str, Any], points: list[kd.AttentionPoint]) -> np.ndarray:
+    a = _attention_arrays(points)
+    out: np.ndarray = np.abs(predict_attention_us(coef, a) / a["us"] - 1.0)
+    return out
+
+
+def attention_coeffs(family: str) -> dict[str, float]:
+    c = coefficients(family)
+    return {k: getattr(c, k) for k in ATTENTION_FIELDS}
+
+
+# ---- all-reduce --------------------------------------------------------------------------
+
+def fit_allreduce(points: list[kd.AllReducePoint], gpu: str) -> tuple[float, float]:
+    """(latency s, link efficiency) of ``latency + 2(n-1)/n x bytes / (link x eff)`` for one
+    GPU's NCCL all-reduces (fp16 elements), log error."""
+    from scipy.optimize import least_squares
+
+    pts = [p for p in points if p.gpu == gpu]
+    link = resolve_gpu(gpu).link_gb_s * 1e9
+    n = np.array([p.workers for p in pts], float)
+    by = np.array([p.elements * 2.0 for p in pts])
+    ms = np.array([p.ms for p in pts])
+
+    def pred(x: np.ndarray) -> np.ndarray:
+        out: np.ndarray = (abs(x[0]) * 1e-6 + 2 * (n - 1) / n * by / (link * abs(x[1]))) * 1e3
+        return out
+
+    res = least_squares(lambda x: np.log(pred(x) / ms), np.array([20.0, 0.5]))
+    return abs(res.x[0]) * 1e-6, abs(res.x[1])
+
+
+def allreduce_ms(points: list[kd.AllReducePoint], latency: float, eff: float) -> np.ndarray:
+    out = []
+    for p in points:
+        link = resolve_gpu(p.gpu).link_gb_s * 1e9
+        out.append((latency + 2 * (p.workers - 1) / p.workers * p.elements * 2 / (link * eff))
+                   * 1e3)
+    return np.array(out)
+
+
+# ---- the committed fit -------------------------------------------------------------------
+
+def fit(data_root: Path) -> dict[str, Any]:
+    """Fit every family from the raw data under ``data_root`` (the shared data folder)."""
+    vidur = vidur_points(derive(data_root / "vidur-profiling"))
+    llmss_att = kd.read_attention(data_root)
+    llmss_lin = kd.read_llmss_linear(data_root)
+    pooled_att = fit_attention(llmss_att)
     families: dict[str, Any] = {}
-    for gpu in sorted({s.gpu for s in samples}):
-        c = fit_family(samples, gpu)
-        families[resolve_gpu(VIDUR_GPUS[gpu]).family] = {
-            k: float(f"{getattr(c, k):.6g}") for k in FamilyCoefficients.__dataclass_fields__
-        }
+    for gpu in sorted({p.gpu for p in vidur}):
+        family = resolve_gpu(gpu).family
+        c = fit_linear([p for p in vidur if p.gpu == gpu], family)
+        d = {k: getattr(c, k) for k in FamilyCoefficients.__dataclass_fields__}
+        d.update(pooled_att)
+        families[family] = d
+    for gpu, family in LLMSS_FAMILIES.items():
+        c = fit_linear([p for p in llmss_lin if p.gpu == gpu], family)
+        d = {k: getattr(c, k) for k in FamilyCoefficients.__dataclass_fields__}
+        d.update(fit_attention([p for p in llmss_att if p.gpu == gpu]))
+        families[family] = d
+    families = {f: {k: float(f"{v:.6g}") for k, v in d.items()} for f, d in families.items()}
     return {
-        "source": "microsoft/vidur data/profiling/compute/{a100,h100}/*/mlp.csv (MIT licence); "
-                  "fitted by chunktune.sim.calibration",
-        "fitted": list(FITTED),
+        "source": "linear: microsoft/vidur data/profiling/compute/{a100,h100}/*/mlp.csv and "
+                  "casys-kaist/LLMServingSim profiler/perf/*/dense.csv; attention: "
+                  "LLMServingSim profiler/perf/*/attention.csv (vLLM 0.19; Ampere and Hopper "
+                  "use the fit pooled over both GPUs), all MIT licence; fitted by "
+                  "chunktune.sim.calibration",
+        "fitted": list(FITTED) + list(ATTENTION_FIELDS),
         "fixed_sources": "see chunktune.sim.calibration.FIXED",
         "families": families,
     }
 
 
+# ---- the error report --------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class ErrorRow:
-    gpu: str
-    model: str
-    tp: int
+    dataset: str
+    slice: str
+    mode: str
     n: int
     median_rel_err: float
-    max_rel_err: float
+    p90_rel_err: float
+
+    @classmethod
+    def of(cls, dataset: str, slice_: str, mode: str, err: np.ndarray) -> ErrorRow:
+        err = np.asarray(err, dtype=np.float64)
+        return cls(dataset, slice_, mode, len(err), float(np.median(err)),
+                   float(np.percentile(err, 90)))
 
 
-def error_table(samples: list[Sample],
-                coeffs: dict[str, FamilyCoefficients] | None = None) -> list[ErrorRow]:
-    """Relative error of the committed (or given) coefficients, per GPU, model and TP."""
+def _linear_err(c: FamilyCoefficients, pts: list[kd.LinearPoint]) -> np.ndarray:
+    out = [np.abs(predict_ms(c, g, m, tp, tok) / ms - 1.0)
+           for (g, m, tp), (tok, ms) in _groups(pts).items()]
+    return np.concatenate(out)
+
+
+def linear_report(dataset: str, pts: list[kd.LinearPoint], loo: bool = True) -> list[ErrorRow]:
     rows = []
-    for (g, m, tp), (tok, ms) in sorted(_groups(samples).items()):
-        family = resolve_gpu(VIDUR_GPUS[g]).family
-        c = coeffs[family] if coeffs else coefficients(family)
-        err = np.abs(predict_ms(c, g, m, tp, tok) / ms - 1.0)
-        rows.append(ErrorRow(g, m, tp, len(err), float(np.median(err)), float(err.max())))
+    gpus = sorted({p.gpu for p in pts})
+    for g in gpus:
+        fam = resolve_gpu(g).family
+        for m in sorted({p.model for p in pts if p.gpu == g}):
+            sel = [p for p in pts if p.gpu == g and p.model == m]
+            rows.append(ErrorRow.of(dataset, f"{g} {m}", "in-sample",
+                                    _linear_err(coefficients(fam), sel)))
+    if not loo:
+        return rows
+    for g in gpus:
+        fam = resolve_gpu(g).family
+        models = sorted({p.model for p in pts if p.gpu == g})
+        for m in models if len(models) > 1 else []:
+            c = fit_linear([p for p in pts if p.gpu == g and p.model != m], fam)
+            rows.append(ErrorRow.of(dataset, f"{g} {m}", "loo-model", _linear_err(
+                c, [p for p in pts if p.gpu == g and p.model == m])))
+    for g in gpus if len(gpus) > 1 else []:
+        c = fit_linear([p for p in pts if p.gpu != g], resolve_gpu(g).family)
+        rows.append(ErrorRow.of(dataset, g, "loo-gpu",
+                                _linear_err(c, [p for p in pts if p.gpu == g])))
     return rows
 
 
-def leave_one_model_out(samples: list[Sample]) -> list[ErrorRow]:
-    """Fit without each model in turn and measure the error on it: a model that is not in the
-    data is predicted from its config alone."""
+def attention_report(pts: list[kd.AttentionPoint], loo: bool = True) -> list[ErrorRow]:
+    ds = "llmss-attention"
     rows = []
-    for gpu in sorted({s.gpu for s in samples}):
-        family = resolve_gpu(VIDUR_GPUS[gpu]).family
-        models = sorted({s.model for s in samples if s.gpu == gpu})
-        for held in models:
-            train = [s for s in samples if s.gpu == gpu and s.model != held]
-            c = fit_family(train, gpu)
-            test = [s for s in samples if s.gpu == gpu and s.model == held]
-            for r in error_table(test, {family: c}):
-                rows.append(r)
+    sets = sorted({(p.gpu, p.model, p.tp) for p in pts})
+    for g, m, tp in sets:
+        sel = [p for p in pts if (p.gpu, p.model, p.tp) == (g, m, tp)]
+        rows.append(ErrorRow.of(ds, f"{g} {m} tp{tp}", "in-sample",
+                                attention_errors(attention_coeffs(resolve_gpu(g).family), sel)))
+    for g in sorted({s[0] for s in sets}):  # by batch kind: the grid is 98% mixed batches
+        coef = attention_coeffs(resolve_gpu(g).family)
+        kinds: tuple[tuple[str, Callable[[kd.AttentionPoint], bool]], ...] = (
+            ("prefill alone", lambda p: p.decodes == 0),
+            ("decodes alone", lambda p: p.chunk == 0),
+            ("mixed", lambda p: p.chunk > 0 and p.decodes > 0))
+        for kind, keep in kinds:
+            sel = [p for p in pts if p.gpu == g and keep(p)]
+            if sel:
+                rows.append(ErrorRow.of(ds, f"{g} {kind}", "in-sample",
+                                        attention_errors(coef, sel)))
+    if not loo:
+        return rows
+    for g in sorted({s[0] for s in sets}):
+        models = sorted({s[1] for s in sets if s[0] == g})
+        for m in models if len(models) > 1 else []:
+            c = fit_attention([p for p in pts if p.gpu == g and p.model != m])
+            rows.append(ErrorRow.of(ds, f"{g} {m}", "loo-model", attention_errors(
+                c, [p for p in pts if p.gpu == g and p.model == m])))
+        c = fit_attention([p for p in pts if p.gpu != g])
+        rows.append(ErrorRow.of(ds, g, "loo-gpu",
+                                attention_errors(c, [p for p in pts if p.gpu == g])))
     return rows
 
 
-def format_table(rows: list[ErrorRow], title: str) -> str:
-    out = [title, f"{'gpu':5} {'model':27} {'tp':>2} {'n':>4} {'median':>7} {'max':>7}"]
+def allreduce_report(pts: list[kd.AllReducePoint]) -> list[ErrorRow]:
+    rows = []
+    gpus = sorted({p.gpu for p in pts})
+    fits = {g: fit_allreduce(pts, g) for g in gpus}
+    for topo in sorted({p.topology for p in pts}):
+        sel = [p for p in pts if p.topology == topo]
+        g = sel[0].gpu
+        ms = np.array([p.ms for p in sel])
+        rows.append(ErrorRow.of("vidur-allreduce", f"{topo} (NCCL lat "
+                                f"{fits[g][0] * 1e6:.0f}us, eff {fits[g][1]:.2f})",
+                                "in-sample", np.abs(allreduce_ms(sel, *fits[g]) / ms - 1)))
+        other = [h for h in gpus if h != g]
+        if other:
+            lat, eff = fit_allreduce([p for p in pts if p.gpu != g], other[0])
+            rows.append(ErrorRow.of("vidur-allreduce", topo, "loo-gpu",
+                                    np.abs(allreduce_ms(sel, lat, eff) / ms - 1)))
+    return rows
+
+
+def splitwise_errors(pts: list[kd.SplitwisePoint]
+                     ) -> dict[tuple[str, int, str], np.ndarray]:
+    """Relative error of the step-time model on Splitwise's Llama-2-70B static batches:
+    decode iterations at the mean context ``prompt + generated / 2``, prefills of the batch."""
+    from chunktune.sim.cost_model import StepCostModel
+
+    model = resolve_model("llama-2-70b")
+    out: dict[tuple[str, int, str], list[float]] = defaultdict(list)
+    cms: dict[tuple[str, int], StepCostModel] = {}
+    for p in pts:
+        cm = cms.get((p.gpu, p.tp))
+        if cm is None:
+            cm = cms[(p.gpu, p.tp)] = StepCostModel(model, resolve_gpu(p.gpu), p.tp,
+                                                    max_tokens=16384)
+        b, ctx = p.batch, p.prompt + p.generated // 2
+        dec = cm.step_time(b, b, b, [], b, b * ctx) * 1e3
+        out[(p.gpu, p.tp, "decode")].append(abs(dec / p.token_ms - 1))
+        pre = cm.step_time(b * p.prompt, b, b, [(p.prompt, 0)] * b, 0, 0) * 1e3
+        out[(p.gpu, p.tp, "prefill")].append(abs(pre / p.prompt_ms - 1))
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def splitwise_report(pts: list[kd.SplitwisePoint]) -> list[ErrorRow]:
+    seen: dict[tuple[str, int, int, int, int], kd.SplitwisePoint] = {}
+    for p in pts:  # one row per static-batch shape: token_time does not depend on token_size
+        seen.setdefault((p.gpu, p.tp, p.prompt, p.batch, p.generated), p)
+    errs = splitwise_errors(list(seen.values()))
+    return [ErrorRow.of("splitwise-llama2-70b", f"{g} tp{tp} {kind}", "held-out", e)
+            for (g, tp, kind), e in sorted(errs.items())]
+
+
+def unseen_report(vidur_dir: Path) -> list[ErrorRow]:
+    """Vidur timings the fit never saw (``unseen/``): models on A100/H100 and everything on the
+    A40 (Ampere fit, A40 data sheet), each model built from the dimensions in its rows."""
+    from chunktune.core.models import ModelConfig
+
+    acc: dict[tuple[str, str, int], dict[int, list[float]]] = defaultdict(
+        lambda: defaultdict(list))
+    shapes: dict[str, ModelConfig] = {}
+    for f in sorted((vidur_dir / "unseen").glob("*__*.mlp.csv")):
+        gpu, name = f.name.removesuffix(".mlp.csv").split("__")
+        with f.open() as fh:
+            for r in csv.DictReader(fh):
+                if name not in shapes:
+                    h, heads = int(r["n_embd"]), int(r["n_head"])
+                    shapes[name] = ModelConfig(
+                        name, h, 1, heads, int(r["n_kv_head"]), h // heads,
+                        int(r["n_expanded_embd"]), int(r["vocab_size"]), 4096,
+                        gated_mlp=r["use_gated_mlp"] == "True")
+                # phi-2 (attention and MLP in parallel) has no post-attention norm column
+                ms = sum(float(r.get(f"time_stats.{op}.median") or 0.0) for op in OPS)
+                key = ({"a100": "a100-sxm", "h100": "h100-sxm", "a40": "a40"}[gpu], name,
+                       int(r["num_tensor_parallel_workers"]))
+                acc[key][int(r["num_tokens"])].append(ms)
+    rows = []
+    by_slice: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
+    for (g, name, tp), by_tok in sorted(acc.items()):
+        tok = np.array(sorted(by_tok), float)
+        meas = np.array([statistics.fmean(by_tok[int(t)]) for t in tok])
+        c = coefficients(resolve_gpu(g).family)
+        by_slice[(g, name)].append(
+            np.abs(predict_ms(c, g, shapes[name], tp, tok) / meas - 1.0))
+    for (g, name), errs in sorted(by_slice.items()):
+        rows.append(ErrorRow.of("vidur-unseen", f"{g} {name}", "held-out", np.concatenate(errs)))
+    return rows
+
+
+def full_report(data_root: Path | None, loo: bool = True) -> list[ErrorRow]:
+    """Every dataset: from the raw data under ``data_root`` when given, else the committed
+    derived tables (Vidur linear, the LLMServingSim sub-grid and linear points)."""
+    vidur = vidur_points(read_derived())
+    if data_root is not None:
+        att, lin = kd.read_attention(data_root), kd.read_llmss_linear(data_root)
+    else:
+        att, lin = kd.read_points()
+    rows = linear_report("vidur-linear", vidur, loo)
+    rows += linear_report("llmss-linear", lin, loo)
+    rows += attention_report(att, loo)
+    if data_root is not None:
+        rows += unseen_report(data_root / "vidur-profiling")
+        rows += allreduce_report(kd.read_allreduce(data_root))
+        rows += splitwise_report(kd.read_splitwise(data_root))
+    return rows
+
+
+def format_rows(rows: list[ErrorRow], title: str = "") -> str:
+    out = [title] if title else []
+    out.append(f"{'dataset':22} {'slice':44} {'mode':10} {'n':>6} {'median':>7} {'p90':>7}")
     for r in rows:
-        out.append(f"{r.gpu:5} {r.model:27} {r.tp:>2} {r.n:>4} {r.median_rel_err:>7.1%} "
-                   f"{r.max_rel_err:>7.1%}")
+        out.append(f"{r.dataset:22} {r.slice:44} {r.mode:10} {r.n:>6} "
+                   f"{r.median_rel_err:>7.1%} {r.p90_rel_err:>7.1%}")
     return "\n".join(out)
+
+
+def summarize(rows: list[ErrorRow]) -> dict[tuple[str, str], float]:
+    """Median over slices of the median error, per (dataset, mode)."""
+    acc: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        acc[(r.dataset, r.mode)].append(r.median_rel_err)
+    return {k: float(np.median(v)) for k, v in sorted(acc.items())}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m chunktune.sim.calibration")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fit", help="derive the table and fit the coefficients")
-    f.add_argument("--data", type=Path, required=True, help="folder of <gpu>__<model>.mlp.csv")
-    sub.add_parser("report", help="print the error tables for the committed coefficients")
+    f = sub.add_parser("fit", help="derive the tables and fit the coefficients")
+    f.add_argument("--data", type=Path, required=True,
+                   help="the shared data folder (vidur-profiling/, llmservingsim-vllm019/, ...)")
+    r = sub.add_parser("report", help="print the error tables for the committed coefficients")
+    r.add_argument("--data", type=Path, default=None,
+                   help="the shared data folder: report on the full raw data (default: the "
+                        "committed derived tables only)")
+    r.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
     a = ap.parse_args(argv)
     if a.cmd == "fit":
-        samples = derive(a.data)
+        for sub_dir in ("vidur-profiling", "llmservingsim-vllm019", "splitwise"):
+            if not (a.data / sub_dir).is_dir():
+                ap.error(f"--data {a.data}: no {sub_dir}/ folder; give the shared data folder")
+        samples = derive(a.data / "vidur-profiling")
         write_derived(samples)
-        COEFFICIENTS_PATH.write_text(json.dumps(fit(samples), indent=2) + "\n")
-        coefficients.__globals__["_load_coefficients"].cache_clear()
-        print(f"wrote {DERIVED_PATH.name} ({len(samples)} rows) and {COEFFICIENTS_PATH.name}")
-    samples = read_derived()
-    print(format_table(error_table(samples), "Fit error (committed coefficients)"))
-    if a.cmd == "report":
-        print()
-        print(format_table(leave_one_model_out(samples), "Leave-one-model-out error"))
+        att = kd.read_attention(a.data)
+        kd.write_points(kd.committed_subset(att), kd.read_llmss_linear(a.data))
+        COEFFICIENTS_PATH.write_text(json.dumps(fit(a.data), indent=2) + "\n")
+        _load_coefficients.cache_clear()
+        print(f"wrote {DERIVED_PATH.name}, {kd.POINTS_PATH.name} and {COEFFICIENTS_PATH.name}")
+        return 0
+    if a.data is not None and not (a.data / "llmservingsim-vllm019").is_dir():
+        ap.error(f"--data {a.data}: no llmservingsim-vllm019/ folder; give the shared data "
+                 "folder")
+    rows = full_report(a.data, loo=not a.no_loo)
+    print(format_rows(rows, "Step-time model: relative error per dataset and slice"))
+    print()
+    print("Median over slices:")
+    for (ds, mode), v in summarize(rows).items():
+        print(f"  {ds:22} {mode:10} {v:6.1%}")
     return 0
 
 

@@ -19,7 +19,7 @@ from chunktune.sim.args import (
     model_and_gpu,
     split_unknown,
 )
-from chunktune.sim.engine import build_engine
+from chunktune.sim.engine import API_SERVER_OVERHEAD_S, build_engine
 from chunktune.sim.report import format_summary, summarize
 
 #: The model ``sim run`` simulates when none is given.
@@ -106,7 +106,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     t0 = time.perf_counter()
     result = engine.replay(specs, concurrency=profile.arrival.concurrency,
                            time_limit=None if profile.arrival.mode != "concurrency"
-                           else profile.duration)
+                           else profile.duration, server_overhead_s=API_SERVER_OVERHEAD_S)
     wall = time.perf_counter() - t0
     summary: dict[str, Any] = summarize(engine, result, profile)
     summary["model"] = model.name

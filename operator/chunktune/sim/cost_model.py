@@ -6,9 +6,12 @@ A step's time is the sum of
   activation, residual add) as a function of the step's token count ``T`` — a roofline per
   operator, ``overhead + (compute^p + memory^p)^(1/p)``, with efficiency coefficients fitted per
   GPU family to Vidur's per-layer GPU timings (see :mod:`chunktune.sim.calibration`);
-- **attention**: for a prefill chunk of ``c`` tokens after ``p`` computed ones, the causal
-  FLOPs ``4 * head_dim * heads * (c*p + c*(c+1)/2)`` against the KV reads of the context; for
-  decodes, the KV bytes of their contexts (memory-bound);
+- **attention** (:func:`attention_layer_time`), fitted to vLLM 0.19's measured per-layer
+  attention times for mixed chunked-prefill batches: a prefill chunk of ``c`` tokens after ``p``
+  computed ones costs its causal FLOPs ``4 * head_dim * heads * (c*p + c*(c+1)/2)`` at a
+  utilisation that grows with its query tiles, plus the KV reads of its context; decodes alone
+  are memory-bound on their KV bytes; decodes beside a prefill run in the varlen prefill kernel,
+  one CTA per (sequence, query head), which re-reads their KV per query head;
 - **lm_head and sampling** for the rows that produce a token (decodes, last prefill chunks);
 - **tensor-parallel all-reduces**, two per layer, over the GPU link;
 - a fixed **per-step overhead** (scheduling, input preparation, launch) plus a small cost per
@@ -45,8 +48,18 @@ class FamilyCoefficients:
     gemm_smoothness: float
     elementwise_memory_eff: float
     elementwise_overhead_s: float
-    #: Not fitted (no attention timings in the data): FlashAttention's forward efficiency.
-    attention_compute_eff: float
+    #: Attention (per layer, per rank), fitted to LLMServingSim's vLLM 0.19 attention grid.
+    attn_overhead_s: float
+    attn_per_decode_s: float
+    attn_compute_eff: float
+    attn_prefill_memory_eff: float
+    attn_prefill_occupancy: float
+    attn_decode_memory_eff: float
+    attn_mixed_memory_eff: float
+    attn_mixed_occupancy: float
+    attn_mixed_per_head_s: float
+    attn_prefill_per_cta_s: float
+    attn_decode_alone_overhead_s: float
     step_overhead_s: float
     per_request_overhead_s: float
     eager_launch_overhead_per_layer_s: float
@@ -126,6 +139,114 @@ def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     return t
 
 
+#: NCCL's small-message all-reduce latency (Vidur's measured medians: 28 us on H100, 37 us on
+#: A100), used where the GPUs share no NVLink and vLLM's custom all-reduce does not apply.
+PCIE_ALLREDUCE_LATENCY_S = 30e-6
+#: Fraction of a PCIe link's bandwidth an all-reduce reaches: Sarathi-Serve's published Yi-34B
+#: TP2 A100-PCIe prefill times (tests/sim/test_calibration.py) need ~0.7.
+PCIE_ALLREDUCE_LINK_EFF = 0.7
+#: Links slower than this (GB/s) are PCIe.
+NVLINK_MIN_GB_S = 200.0
+
+#: Query rows per FlashAttention CTA (tile) in the varlen prefill kernel.
+Q_TILE = 128
+ATTENTION_FIELDS = ("attn_overhead_s", "attn_per_decode_s", "attn_compute_eff",
+                    "attn_prefill_memory_eff", "attn_prefill_occupancy",
+                    "attn_decode_memory_eff", "attn_mixed_memory_eff", "attn_mixed_occupancy",
+                    "attn_mixed_per_head_s", "attn_prefill_per_cta_s",
+                    "attn_decode_alone_overhead_s")
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What the attention term needs of a model on one rank."""
+
+    heads: float
+    kv_heads: float
+    head_dim: float
+    dtype_bytes: float
+
+    @classmethod
+    def of(cls, model: ModelConfig, tp: int) -> AttentionShape:
+        kv_heads = max(1, math.ceil(model.num_key_value_heads / tp))
+        return cls(model.num_attention_heads / tp, kv_heads, model.head_dim, model.dtype_bytes)
+
+
+def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
+                         prefill_chunks: list[tuple[int, int]], num_decodes: int,
+                         decode_context_tokens: int) -> float:
+    """Seconds ONE layer's attention takes on one rank for a (possibly mixed) batch.
+
+    ``prefill_chunks``: ``(chunk, computed)`` per prefilling request; the decodes read
+    ``decode_context_tokens`` KV tokens in all. Terms (coefficients fitted per GPU family):
+
+    - ``overhead + per_decode x decodes``;
+    - prefill: causal FLOPs / (peak x compute_eff x u) with u = min(1, CTAs / (SMs x
+      occupancy)), CTAs = query tiles x heads, plus the context's K and V read once per query
+      tile and query head (measured: prefill time follows the query heads, not the KV heads)
+      and a cost per CTA;
+    - decodes alone (split-KV decode kernel): a fixed cost plus KV bytes / (HBM x
+      decode_memory_eff);
+    - decodes beside a prefill (varlen prefill kernel, one CTA per sequence and query head):
+      KV bytes x (heads / kv heads) / (HBM x mixed_memory_eff x u'), u' = min(1, decodes x
+      heads / (SMs x mixed_occupancy)), plus a cost per (decode, head).
+    """
+    kv_token = 2.0 * s.kv_heads * s.head_dim * s.dtype_bytes
+    q_token = 2.0 * s.heads * s.head_dim * s.dtype_bytes
+    F = gpu.bf16_tflops * 1e12
+    B = gpu.hbm_tb_s * 1e12
+    t = c.attn_overhead_s + c.attn_per_decode_s * num_decodes
+    if prefill_chunks:
+        flops = reads = ctas = 0.0
+        for chunk, computed in prefill_chunks:
+            tiles = math.ceil(chunk / Q_TILE)
+            flops += 4.0 * s.head_dim * s.heads * (chunk * computed + chunk * (chunk + 1) / 2)
+            reads += tiles * (computed + chunk) * q_token
+            ctas += tiles * s.heads
+        u = min(1.0, ctas / (gpu.sm_count * c.attn_prefill_occupancy))
+        t += (flops / (F * c.attn_compute_eff * u) + reads / (B * c.attn_prefill_memory_eff)
+              + c.attn_prefill_per_cta_s * ctas)
+        if num_decodes:
+            heads = num_decodes * s.heads
+            u = min(1.0, heads / (gpu.sm_count * c.attn_mixed_occupancy))
+            by = decode_context_tokens * 2.0 * s.heads * s.head_dim * s.dtype_bytes
+            t += by / (B * c.attn_mixed_memory_eff * u) + c.attn_mixed_per_head_s * heads
+    elif num_decodes:
+        t += (c.attn_decode_alone_overhead_s
+              + decode_context_tokens * kv_token / (B * c.attn_decode_memory_eff))
+    return t
+
+
+def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: np.ndarray,
+                        dtype_bytes: float, sm_count: np.ndarray, peak: np.ndarray,
+                        hbm: np.ndarray, c: dict[str, Any], chunk: np.ndarray,
+                        computed: np.ndarray, decodes: np.ndarray,
+                        decode_context: np.ndarray) -> np.ndarray:
+    """:func:`attention_layer_time` over arrays of batches with at most one prefill chunk
+    (the measured grid's shape); ``c`` maps the ``attn_*`` names to scalars or arrays. Used by
+    the fit; ``tests/sim/test_calibration.py`` checks that both agree."""
+    kv_token = 2.0 * s_kv_heads * head_dim * dtype_bytes
+    tiles = np.ceil(chunk / Q_TILE)
+    has_pre = chunk > 0
+    t = c["attn_overhead_s"] + c["attn_per_decode_s"] * decodes
+    flops = 4.0 * head_dim * s_heads * (chunk * computed + chunk * (chunk + 1) / 2)
+    ctas = tiles * s_heads
+    u = np.clip(ctas / (sm_count * c["attn_prefill_occupancy"]), 1e-12, 1.0)
+    pre = (flops / (peak * c["attn_compute_eff"] * u)
+           + tiles * (computed + chunk) * 2.0 * s_heads * head_dim * dtype_bytes
+           / (hbm * c["attn_prefill_memory_eff"])
+           + c["attn_prefill_per_cta_s"] * ctas)
+    heads = decodes * s_heads
+    um = np.clip(heads / (sm_count * c["attn_mixed_occupancy"]), 1e-12, 1.0)
+    mixed = (decode_context * 2.0 * s_heads * head_dim * dtype_bytes
+             / (hbm * c["attn_mixed_memory_eff"] * um) + c["attn_mixed_per_head_s"] * heads)
+    alone = (c["attn_decode_alone_overhead_s"]
+             + decode_context * kv_token / (hbm * c["attn_decode_memory_eff"]))
+    dec = np.where(decodes > 0, np.where(has_pre, mixed, alone), 0.0)
+    out: np.ndarray = t + np.where(has_pre, pre, 0.0) + dec
+    return out
+
+
 class StepCostModel:
     """Predicts step times for one (model, GPU, TP, budget) engine."""
 
@@ -141,13 +262,9 @@ class StepCostModel:
         lin[0] = 0.0
         self._linear: list[float] = lin.tolist()
         b = model.dtype_bytes
-        self._F_attn = gpu.bf16_tflops * 1e12 * c.attention_compute_eff
         self._B = gpu.hbm_tb_s * 1e12 * c.gemm_memory_eff
-        heads = model.num_attention_heads / tp
-        #: attention FLOPs per (query token x key token) over all layers
-        self._attn_flops = 4.0 * model.head_dim * heads * layers
-        #: KV bytes per cached token over all layers, on one rank
-        self._kv_bytes = model.kv_bytes_per_token(tp)
+        self._attn_shape = AttentionShape.of(model, tp)
+        self._layers = layers
         # lm_head: [rows x hidden] x [hidden x vocab/tp], then fp32 logits through the sampler
         v = model.vocab_size / tp
         self._lm_weight_s = model.hidden_size * v * b / self._B
@@ -156,8 +273,11 @@ class StepCostModel:
                              3 * v * 4 / self._B)
         # all-reduce: 2 per layer of T x hidden activations, ring over tp ranks
         if tp > 1:
-            link = gpu.link_gb_s * 1e9 * c.allreduce_link_eff
-            self._ar_fixed = 2 * layers * c.allreduce_latency_s
+            nvlink = gpu.link_gb_s >= NVLINK_MIN_GB_S
+            link = gpu.link_gb_s * 1e9 * (c.allreduce_link_eff if nvlink
+                                          else PCIE_ALLREDUCE_LINK_EFF)
+            lat = c.allreduce_latency_s if nvlink else PCIE_ALLREDUCE_LATENCY_S
+            self._ar_fixed = 2 * layers * lat
             self._ar_per_token = 2 * layers * 2 * (tp - 1) / tp * model.hidden_size * b / link
         else:
             self._ar_fixed = self._ar_per_token = 0.0
@@ -174,19 +294,14 @@ class StepCostModel:
         per = (lin[self.max_tokens] - lin[self.max_tokens // 2]) / (self.max_tokens // 2)
         return lin[self.max_tokens] + per * (tokens - self.max_tokens)
 
-    def prefill_attention_time(self, chunk: int, computed: int) -> float:
-        """One prefill chunk's attention: causal FLOPs against the KV read of its context
-        (FlashAttention reads the context once per 128-row query tile)."""
-        flops = self._attn_flops * (chunk * computed + chunk * (chunk + 1) / 2)
-        reads = math.ceil(chunk / 128) * (computed + chunk) * self._kv_bytes
-        return max(flops / self._F_attn, reads / self._B)
-
-    def decode_attention_time(self, num_decodes: int, context_tokens: int) -> float:
-        """Decode attention is memory-bound: every decode reads its whole KV context."""
-        if num_decodes == 0:
+    def attention_time(self, prefill_chunks: list[tuple[int, int]], num_decodes: int,
+                       decode_context_tokens: int) -> float:
+        """All layers' attention for the batch (see :func:`attention_layer_time`)."""
+        if not prefill_chunks and not num_decodes:
             return 0.0
-        flops = self._attn_flops * context_tokens
-        return max(flops / self._F_attn, context_tokens * self._kv_bytes / self._B)
+        return self._layers * attention_layer_time(
+            self._attn_shape, self.gpu, self.c, prefill_chunks, num_decodes,
+            decode_context_tokens)
 
     def step_time(self, num_tokens: int, num_reqs: int, num_logits: int,
                   prefill_chunks: list[tuple[int, int]], num_decodes: int,
@@ -199,9 +314,7 @@ class StepCostModel:
         if num_tokens == 0:
             return 0.0
         t = self._overhead + self._per_req * num_reqs + self.linear_time(num_tokens)
-        for chunk, computed in prefill_chunks:
-            t += self.prefill_attention_time(chunk, computed)
-        t += self.decode_attention_time(num_decodes, decode_context_tokens)
+        t += self.attention_time(prefill_chunks, num_decodes, decode_context_tokens)
         if num_logits:
             t += self._lm_weight_s + self._lm_row_s * num_logits
         t += self._ar_fixed + self._ar_per_token * num_tokens

@@ -12,6 +12,11 @@ Restart safety: every trial's state lives in the study storage. A trial found RU
 loop starts was left by a process that died: the backend may re-attach to it
 (:meth:`TrialBackend.recover`); if it cannot, the trial is closed as FAIL with reason
 ``Interrupted`` (not counted) and its point is queued again, so nothing is lost or repeated.
+
+Faults are not results: a backend that raises :class:`~chunktune.core.errors.InfrastructureFault`
+(the cluster API unreachable past its retries) leaves the trial in flight — not told to
+Optuna, not counted against ``maxTrials`` or ``maxFailedTrials`` — and the trial is re-adopted
+once the backend answers again (:meth:`Tuner._readopt`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import dataclasses
 import logging
 import math
 import os
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -32,7 +38,7 @@ from optuna.trial import TrialState as OptunaState
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend
-from chunktune.core.errors import SpecError
+from chunktune.core.errors import InfrastructureFault, SpecError
 from chunktune.core.steps import StepSummary
 from chunktune.core.trials import (
     RESULT_STATES,
@@ -55,6 +61,9 @@ from chunktune.tuning.objectives import (
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 log = logging.getLogger(__name__)
 
+#: Backoff while a trial waits out an infrastructure fault: first delay, cap (seconds).
+FAULT_RETRY_FIRST = 1.0
+FAULT_RETRY_CAP = 30.0
 #: How many points may be skipped (refused or predicted to fail) per counted trial before the
 #: loop gives up on finding launchable points.
 MAX_SKIPS_PER_TRIAL = 5
@@ -98,7 +107,8 @@ class Tuner:
                  on_event: Callable[[TrialEvent], None] | None = None,
                  on_update: Callable[[Tuner], None] | None = None,
                  window_seconds: float | None = None,
-                 stop_requested: Callable[[], bool] | None = None) -> None:
+                 stop_requested: Callable[[], bool] | None = None,
+                 on_fault: Callable[[int, str | None], None] | None = None) -> None:
         self.tuning = tuning
         self.spec = tuning.spec
         self.backend = backend
@@ -106,6 +116,11 @@ class Tuner:
         self.on_event = on_event or (lambda e: None)
         self.on_update = on_update or (lambda t: None)
         self.stop_requested = stop_requested or (lambda: False)
+        self.on_fault = on_fault or (lambda number, message: None)
+        """Told ``(trial, message)`` when a trial waits out an infrastructure fault, and
+        ``(trial, None)`` when it was re-adopted."""
+        self.faults = 0
+        """Infrastructure faults waited out (none of them spent budget)."""
         self.params = list(self.spec.search_space or [])
         self.objectives = [ObjectiveDef.from_spec(o) for o in self.spec.objectives]
         self.constraints = [ConstraintDef.from_spec(c) for c in self.spec.constraints]
@@ -329,18 +344,25 @@ class Tuner:
         plan = self.plan(trial.number, point)
         obj = self.objectives[0]
 
+        reported: set[int] = set()
+
         def report(index: int, metrics: dict[str, float]) -> bool:
             v = metrics.get(obj.key)
             if v is None or not math.isfinite(v) or baseline:
                 return False
-            trial.report(v, index)
+            if index not in reported:  # a re-adopted trial's log repeats its windows
+                reported.add(index)
+                trial.report(v, index)
             return trial.should_prune()
 
         t0 = time.monotonic()
+        reporter = report if self._prunable() else None
         try:
-            result = await asyncio.wait_for(
-                self.backend.run_trial(plan, report if self._prunable() else None),
-                timeout=self.spec.budget.trial_timeout)
+            try:
+                result = await asyncio.wait_for(self.backend.run_trial(plan, reporter),
+                                                timeout=self.spec.budget.trial_timeout)
+            except InfrastructureFault as fault:
+                result = await self._readopt(plan, reporter, fault)
         except TimeoutError:
             result = TrialResult(TrialState.FAIL, reason="TrialTimeout",
                                  message=f"the trial did not end within "
@@ -355,6 +377,35 @@ class Tuner:
                                             "startup": result.startup_seconds,
                                             "load": result.load_seconds})
         self._tell(trial, point, result)
+
+    async def _readopt(self, plan: TrialPlan, report: Callable[[int, dict[str, float]], bool]
+                       | None, fault: InfrastructureFault) -> TrialResult:
+        """The backend's infrastructure failed under a trial (the cluster API is unreachable):
+        that is never the trial's result. Wait for it with capped, jittered backoff, then
+        re-adopt the trial where it is (its measurement is kept if the load finished) or, if
+        its objects are gone, run it again under the same trial number. Ends only with a
+        result, or when the study is stopped (cancellation)."""
+        delay = FAULT_RETRY_FIRST
+        attempt = 0
+        while True:
+            attempt += 1
+            self.faults += 1
+            log.warning("trial %d: %s; re-adopting it in %.0f s (try %d; the trial is not "
+                        "failed and no budget is spent)", plan.number, fault, delay, attempt)
+            self.on_fault(plan.number, str(fault))
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(FAULT_RETRY_CAP, delay * 2)
+            try:
+                result = await self.backend.recover(plan, report)
+                if result is None:
+                    log.warning("trial %d: its objects are gone; running it again",
+                                plan.number)
+                    result = await asyncio.wait_for(self.backend.run_trial(plan, report),
+                                                    timeout=self.spec.budget.trial_timeout)
+                self.on_fault(plan.number, None)
+                return result
+            except InfrastructureFault as again:
+                fault = again
 
     # ---- telling Optuna --------------------------------------------------------------------
 

@@ -1,0 +1,80 @@
+"""How faithful the simulator is: one table of every measured comparison.
+
+Usage: ``python bench/fidelity.py [--data ../shared/data] [--no-loo]``. Sections:
+
+1. kernel datasets (``chunktune.sim.calibration``): linear operators (Vidur A100/H100,
+   LLMServingSim RTX 4090 / RTX PRO 6000), attention (LLMServingSim vLLM 0.19 grid), NCCL
+   all-reduce (Vidur), Splitwise Llama-2-70B prefill and decode steps (held out), each in-sample
+   and leave-one-out by model and by GPU;
+2. LLMServingSim's end-to-end vLLM 0.19 runs replayed through the simulator: TTFT, TPOT and E2E
+   p50/p99, predicted vs measured (engine-side timestamps, so no server overhead is added);
+3. the CPU twin (``chunktune calibrate`` on the real CPU engine, issue #10 items 4-5): a hook,
+   "not run" until that exists.
+
+Without ``--data`` (the shared data folder beside the checkout) only the committed derived
+tables are used: section 1 without all-reduce and Splitwise, sections 2 skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from chunktune.sim import calibration, kernel_data
+from chunktune.sim.fidelity import compare_run
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def cpu_twin_rows() -> tuple[list[str], str | None]:
+    """Held-out predictions of the CPU twin; (rows, reason it was not run)."""
+    return [], ("not run: the step-log fit exists (chunktune.sim.step_log) but the `chunktune "
+                "calibrate` command, its profile and the CPU-engine runs of issue #10 item 5 are "
+                "not built in this tree yet")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                    help="the shared data folder (default: ../shared/data beside the checkout)")
+    ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
+    a = ap.parse_args()
+    data = a.data if (a.data / "llmservingsim-vllm019").is_dir() else None
+    t0 = time.perf_counter()
+    print("== 1. kernel datasets " + ("(raw data: " + str(a.data) + ")" if data else
+                                      "(committed derived tables only; no --data)"))
+    rows = calibration.full_report(data, loo=not a.no_loo)
+    print(calibration.format_rows(rows))
+    print("\nmedian over slices:")
+    for (ds, mode), v in calibration.summarize(rows).items():
+        print(f"  {ds:22} {mode:10} {v:6.1%}")
+
+    print("\n== 2. end-to-end vLLM 0.19 runs (LLMServingSim) replayed")
+    if data is None:
+        print("  not run: the raw runs are not beside this checkout (give --data)")
+    else:
+        print(f"  {'run':42} {'metric':6} {'pct':>4} {'measured':>10} {'simulated':>10} "
+              f"{'error':>7}")
+        for run in kernel_data.read_engine_runs(data):
+            if run.dp != 1:
+                print(f"  {run.name:42} not replayed: data parallel x{run.dp} with expert "
+                      "parallelism is not modelled")
+                continue
+            for c in compare_run(run):
+                print(f"  {c.run:42} {c.metric:6} p{c.percentile:<3} {c.measured_s:>9.3f}s "
+                      f"{c.predicted_s:>9.3f}s {c.rel_err:>+7.1%}")
+
+    print("\n== 3. CPU twin, held-out configurations (issue #10 item 5)")
+    twin, reason = cpu_twin_rows()
+    for line in twin:
+        print("  " + line)
+    if reason:
+        print("  " + reason)
+    print(f"\n({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Readers for the measured kernel and engine data the step-time model is fitted and checked on.
+
+Raw data (MIT-licensed, each folder with its PROVENANCE.md) lives beside the checkout in
+``../shared/data``; only small derived tables are committed (``data/kernel_points.csv``, with
+source and licence in its header). Datasets:
+
+- ``llmss``: casys-kaist/LLMServingSim (MIT, Copyright (c) 2024 CASYS Lab at KAIST), vLLM 0.19
+  per-layer timings on RTX 4090 and RTX PRO 6000: ``attention.csv`` (prefill chunk x its context
+  x decodes x their KV length -> one layer's attention time), ``dense.csv`` (linear operators);
+- ``splitwise``: Mutinifni/splitwise-sim ``data/perf_model.csv`` (MIT, Copyright (c) 2024
+  Pratyush Patel): Llama-2-70B prefill and decode-iteration times at TP 2/4/8 on A100/H100;
+- ``vidur-network``: microsoft/vidur ``data/profiling/network/*/all_reduce.csv`` (MIT, Copyright
+  (c) Microsoft Corporation): NCCL all-reduce times by message size and GPU count.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+POINTS_PATH = Path(__file__).with_name("data") / "kernel_points.csv"
+
+#: LLMServingSim's hardware folder -> our GPU name; model folder -> our catalog name.
+LLMSS_GPUS = {"RTX4090": "rtx4090", "RTXPRO6000": "rtx-pro-6000"}
+LLMSS_MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Qwen3-32B": "qwen3-32b",
+                "Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b"}
+#: dense.csv operators of one decoder layer (the norm runs twice: before attention and MLP).
+DENSE_LAYER_OPS = {"layernorm": 2, "qkv_proj": 1, "qk_norm": 1, "rotary_emb": 1, "o_proj": 1,
+                   "gate_up_proj": 1, "act_fn": 1, "down_proj": 1}
+#: The attention grid committed for the regression test (a sub-grid of the measured one).
+COMMITTED_CHUNKS = {0, 16, 64, 256, 1024, 2048}
+COMMITTED_KV = {0, 64, 1024, 4096, 16384}
+COMMITTED_DECODES = {0, 1, 4, 16, 64, 256}
+
+
+@dataclass(frozen=True)
+class AttentionPoint:
+    gpu: str
+    model: str
+    tp: int
+    chunk: int
+    kv_prefill: int
+    decodes: int
+    kv_decode: int
+    us: float
+
+
+@dataclass(frozen=True)
+class LinearPoint:
+    """Per-layer sum of the linear operators for ``tokens`` tokens (one rank)."""
+
+    gpu: str
+    model: str
+    tp: int
+    tokens: int
+    per_layer_ms: float
+
+
+def _llmss_sets(root: Path) -> Iterator[tuple[str, str, int, Path]]:
+    perf = root / "llmservingsim-vllm019" / "profiler" / "perf"
+    for tp_dir in sorted(perf.glob("*/*/*/bf16/tp*")):
+        hw, model = tp_dir.parts[-5], tp_dir.parts[-3]
+        if hw in LLMSS_GPUS and model in LLMSS_MODELS:
+            yield LLMSS_GPUS[hw], LLMSS_MODELS[model], int(tp_dir.name[2:]), tp_dir
+
+
+def read_attention(root: Path) -> list[AttentionPoint]:
+    """Every measured attention point under ``root`` (the shared data folder)."""
+    out = []
+    for gpu, model, tp, d in _llmss_sets(root):
+        with (d / "attention.csv").open() as fh:
+            for r in csv.DictReader(fh):
+                out.append(AttentionPoint(gpu, model, tp, int(r["prefill_chunk"]),
+                                          int(r["kv_prefill"]), int(r["n_decode"]),
+                                          int(r["kv_decode"]), float(r["time_us"])))
+    if not out:
+        raise FileNotFoundError(f"no llmservingsim-vllm019 attention.csv under {root}")
+    return out
+
+
+def read_llmss_linear(root: Path) -> list[LinearPoint]:
+    """Per-layer linear time from ``dense.csv`` (dense models; the MoE's experts are separate)."""
+    out = []
+    for gpu, model, tp, d in _llmss_sets(root):
+        if model == "qwen3-30b-a3b":
+            continue
+        acc: dict[int, float] = defaultdict(float)
+        with (d / "dense.csv").open() as fh:
+            for r in csv.DictReader(fh):
+                k = DENSE_LAYER_OPS.get(r["layer"], 0)
+                acc[int(r["tokens"])] += k * float(r["time_us"]) / 1e3
+        out += [LinearPoint(gpu, model, tp, t, ms) for t, ms in sorted(acc.items())]
+    return out
+
+
+def committed_subset(points: list[AttentionPoint]) -> list[AttentionPoint]:
+    return [p for p in points if p.chunk in COMMITTED_CHUNKS and p.kv_prefill in COMMITTED_KV
+            and p.decodes in COMMITTED_DECODES and p.kv_decode in COMMITTED_KV]
+
+
+def write_points(attention: list[AttentionPoint], linear: list[LinearPoint],
+                 path: Path = POINTS_PATH) -> None:
+    with path.open("w", newline="") as fh:
+        fh.write("# Derived from casys-kaist/LLMServingSim profiler/perf/*/bf16/tp*/"
+                 "{attention,dense}.csv (vLLM 0.19; MIT licence, Copyright (c) 2024 CASYS Lab "
+                 "at KAIST).\n")
+        fh.write("# kind=attention: a sub-grid of the measured points, time in us per layer; "
+                 "kind=linear: per-layer sum of dense.csv operators (norm x2), ms.\n")
+        w = csv.writer(fh)
+        w.writerow(["kind", "gpu", "model", "tp", "chunk", "kv_prefill", "decodes", "kv_decode",
+                    "value"])
+        for a in attention:
+            w.writerow(["attention", a.gpu, a.model, a.tp, a.chunk, a.kv_prefill, a.decodes,
+                        a.kv_decode, f"{a.us:.6g}"])
+        for s in linear:
+            w.writerow(["linear", s.gpu, s.model, s.tp, s.tokens, 0, 0, 0,
+                        f"{s.per_layer_ms:.6g}"])
+
+
+def read_points(path: Path = POINTS_PATH) -> tuple[list[AttentionPoint], list[LinearPoint]]:
+    att, lin = [], []
+    with path.open() as fh:
+        for r in csv.DictReader(line for line in fh if not line.startswith("#")):
+            if r["kind"] == "attention":
+                att.append(AttentionPoint(r["gpu"], r["model"], int(r["tp"]), int(r["chunk"]),
+                                          int(r["kv_prefill"]), int(r["decodes"]),
+                                          int(r["kv_decode"]), float(r["value"])))
+            else:
+                lin.append(LinearPoint(r["gpu"], r["model"], int(r["tp"]), int(r["chunk"]),
+                                       float(r["value"])))
+    return att, lin
+
+
+@dataclass(frozen=True)
+class SplitwisePoint:
+    gpu: str
+    tp: int
+    prompt: int
+    batch: int
+    generated: int
+    prompt_ms: float
+    token_ms: float
+
+
+SPLITWISE_GPUS = {"a100-80gb": "a100-sxm", "h100-80gb": "h100-sxm"}
+
+
+def read_splitwise(root: Path) -> list[SplitwisePoint]:
+    """Llama-2-70B points (median over repetitions); the power-capped H100 and BLOOM are left
+    out (no power model; ALiBi MHA is not a supported architecture)."""
+    acc: dict[tuple[str, int, int, int, int], list[tuple[float, float]]] = defaultdict(list)
+    with (root / "splitwise" / "perf_model.csv").open() as fh:
+        for r in csv.DictReader(fh):
+            if r["model"] != "llama2-70b" or r["hardware"] not in SPLITWISE_GPUS:
+                continue
+            key = (SPLITWISE_GPUS[r["hardware"]], int(r["tensor_parallel"]),
+                   int(r["prompt_size"]), int(r["batch_size"]), int(r["token_size"]))
+            acc[key].append((float(r["prompt_time"]), float(r["token_time"])))
+    return [SplitwisePoint(*k, statistics.median(v[0] for v in vs),
+                           statistics.median(v[1] for v in vs)) for k, vs in sorted(acc.items())]
+
+
+@dataclass(frozen=True)
+class AllReducePoint:
+    topology: str
+    gpu: str
+    workers: int
+    elements: int
+    ms: float
+
+
+NETWORK_GPUS = {"a100": "a100-sxm", "h100": "h100-sxm"}
+
+
+def read_allreduce(root: Path) -> list[AllReducePoint]:
+    """NCCL all-reduce medians (``size`` is a count of fp16 elements), single-node only."""
+    out = []
+    for f in sorted((root / "vidur-profiling" / "network").glob("*/all_reduce.csv")):
+        topo = f.parent.name
+        gpu = NETWORK_GPUS.get(topo.split("_")[0])
+        if gpu is None:
+            continue
+        with f.open() as fh:
+            for r in csv.DictReader(fh):
+                n = int(r["num_workers"])
+                if int(r["devices_per_node"]) != n or n > 8:  # one node: NVLink only
+                    continue
+                out.append(AllReducePoint(topo, gpu, n, int(r["size"]),
+                                          float(r["time_stats.all_reduce.median"])))
+    return out
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """One LLMServingSim end-to-end vLLM run: engine arguments and per-request timings."""
+
+    name: str
+    gpu: str
+    model: str
+    tp: int
+    dp: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int | None
+    kv_blocks: int | None
+    #: (arrival offset s, prompt tokens, output tokens, ttft s, e2e s)
+    requests: list[tuple[float, int, int, float, float]]
+
+
+def read_engine_runs(root: Path) -> list[EngineRun]:
+    import json
+
+    out = []
+    base = root / "llmservingsim-vllm019" / "bench" / "examples"
+    for d in sorted(base.glob("*/*/vllm")):
+        hw, model = d.parts[-3], d.parts[-2]
+        meta = json.loads((d / "meta.json").read_text())
+        kw = meta["engine_kwargs"]
+        rows = [json.loads(line) for line in (d / "requests.jsonl").read_text().splitlines()
+                if line.strip()]
+        t0 = min(r["arrival_time"] for r in rows)
+        reqs = [(r["arrival_time"] - t0, int(r["input_toks"]), int(r["output_toks"]),
+                 r["first_token_ts"] - r["queued_ts"], r["last_token_ts"] - r["queued_ts"])
+                for r in rows]
+        kv = (meta.get("kv_cache") or {}).get("num_gpu_blocks")
+        out.append(EngineRun(f"{hw}/{model}", LLMSS_GPUS[hw], LLMSS_MODELS[model],
+                             int(kw.get("tensor_parallel_size", 1)),
+                             int(kw.get("data_parallel_size", 1)), int(kw["max_num_seqs"]),
+                             int(kw["max_num_batched_tokens"]), kw.get("max_model_len"), kv,
+                             sorted(reqs)))
+    return out
