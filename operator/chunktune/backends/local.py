@@ -38,7 +38,7 @@ from chunktune.backends.base import TrialBackend
 from chunktune.backends.classify import classify
 from chunktune.core.errors import BackendUnavailable
 from chunktune.core.flatten import flatten, flatten_window
-from chunktune.core.steps import iteration_lines, parse_steps, write_steps
+from chunktune.core.steps import iteration_lines, parse_meta, parse_steps, write_steps
 from chunktune.core.summary import LoadSummary, Window
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.metrics.client import scrape
@@ -209,14 +209,16 @@ class LocalBackend(TrialBackend):
         """Attach the engine's ``Iteration`` lines to the result; keep them in steps_dir."""
         try:
             with log_path.open(errors="replace") as f:
-                raw = list(iteration_lines(f))
+                lines = f.readlines()
         except OSError:
             return
+        raw = list(iteration_lines(lines))
         result.steps = parse_steps(raw)
         if self.steps_dir is None or not raw:
             return
         self.steps_dir.mkdir(parents=True, exist_ok=True)
-        out = write_steps(self.steps_dir / f"{tag}.steps.jsonl", result.steps)
+        out = write_steps(self.steps_dir / f"{tag}.steps.jsonl", result.steps,
+                          parse_meta(lines))
         out.with_suffix(".log").write_text("".join(raw))
         result.steps_file = str(out)
 
