@@ -136,6 +136,12 @@ def fit_step_log(log: StepLog, cost: StepCostModel, source: str = "log") -> Step
     log = StepLog(steps, log.kv_capacity_tokens, log.meta)
     x = step_features(log, cost)
     y = np.array([s.elapsed_ms / 1e3 for s in steps])
+    return fit_arrays(x, y)
+
+
+def fit_arrays(x: np.ndarray, y: np.ndarray) -> StepFit:
+    """The scales of :func:`step_features` rows ``x`` that best give step times ``y``
+    (seconds), with in-sample and 5-fold cross-validated errors."""
     scales = _nnls_rel(x, y)
     err = np.abs(x @ scales / y - 1.0)
     folds = np.arange(len(y)) % 5
