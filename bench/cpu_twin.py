@@ -136,13 +136,14 @@ def simulate(c: tuple[int, int, int], profile_path: Path | None, duration: float
     return {f"{k}_p{p}": float(o[k][f"p{p}"]) for k in ("ttft", "itl", "e2e") for p in (50, 99)}
 
 
-def calibrate(real: dict[str, dict[str, Any]], out: Path, overhead: float | None) -> None:
+def calibrate(real: dict[str, dict[str, Any]], out: Path, overhead: float | None,
+              gap: float = 0.0) -> None:
     cmd = [sys.executable, "-m", "chunktune", "calibrate", "--log",
            *[real[config_name(c)]["steps_file"] for c in CALIBRATE_ON],
            "--model-config", ".chunktune/models/tiny/config.json", "--gpu", "cpu",
            "--out", str(out)]
     if overhead is not None:
-        cmd += ["--server-overhead", f"{overhead:.4f}"]
+        cmd += ["--server-overhead", f"{overhead:.4f}", "--step-gap", f"{gap:.5f}"]
     print("$ chunktune " + " ".join(cmd[3:]))
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     print(proc.stdout + proc.stderr, end="")
@@ -155,15 +156,33 @@ def report(real: dict[str, dict[str, Any]], store: Path, duration: float) -> int
     print("\n== calibrate on " + ", ".join(config_name(c) for c in CALIBRATE_ON))
     profile = store / "profile.json"
     calibrate(real, profile, None)
-    # the time before the first token beyond the prefill steps (HTTP, tokenization, the
-    # first chunk's streaming): measured TTFT p50 less the calibrated steps' TTFT p50, on the
-    # calibration runs only
+    # From the calibration runs' measured request latencies only: (1) the wall time between
+    # steps that vLLM's iteration time leaves out, the gap whose simulated E2E p50/p99 come
+    # closest (median |log ratio|) to the measured ones; (2) the time before the first token
+    # beyond the prefill steps (HTTP, tokenization, first chunk): measured TTFT p50 less the
+    # simulated one.
+    def e2e_miss(gap: float) -> float:
+        calibrate(real, profile, 0.0, gap)
+        miss = []
+        for c in CALIBRATE_ON:
+            sim, meas = simulate(c, profile, duration, 0.0), real[config_name(c)]["metrics"]
+            miss += [abs(float(np.log(sim[k] / meas[k]))) for k in ("e2e_p50", "e2e_p99")]
+        return float(np.median(miss))
+    print("\n-- fitting the step gap from the calibration runs' E2E (output hidden)")
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):
+        misses = {g: e2e_miss(g) for g in (0.0, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004)}
+    gap = min(misses, key=lambda g: misses[g])
+    print("  median |log(sim/real)| of E2E p50/p99 by gap: "
+          + ", ".join(f"{g * 1e3:g} ms {m:.3f}" for g, m in misses.items()))
+    calibrate(real, profile, 0.0, gap)
     gaps = [real[config_name(c)]["metrics"]["ttft_p50"]
             - simulate(c, profile, duration, 0.0)["ttft_p50"] for c in CALIBRATE_ON]
     overhead = max(0.0, float(np.median(gaps)))
-    print(f"server overhead before the first token: {overhead * 1e3:.1f} ms (median TTFT p50 "
-          "gap on the calibration runs)")
-    calibrate(real, profile, overhead)
+    print(f"step gap {gap * 1e3:g} ms; server overhead before the first token "
+          f"{overhead * 1e3:.1f} ms (median TTFT p50 gap on the calibration runs)\n")
+    calibrate(real, profile, overhead, gap)
     rows, errs = [], []
     print("\n== held-out configurations: real vLLM vs calibrated simulator")
     print(f"  {'config':16} {'metric':9} {'measured':>10} {'predicted':>10} {'error':>8}")
@@ -182,7 +201,7 @@ def report(real: dict[str, dict[str, Any]], store: Path, duration: float) -> int
     (store / "comparison.json").write_text(json.dumps(
         {"rows": rows, "median_abs_err": med, "calibrated_on": [config_name(c)
                                                                  for c in CALIBRATE_ON],
-         "server_overhead_s": overhead, "duration_s": duration,
+         "server_overhead_s": overhead, "step_gap_s": gap, "duration_s": duration,
          "profile": json.loads(profile.read_text())}, indent=2) + "\n")
     print(f"(real runs stored in {store}; rerunning this reuses them, --rerun redoes them)")
     return 0
