@@ -93,6 +93,15 @@ class LocalBackend(TrialBackend):
                 cfg = self.workdir / f"{plan.name or plan.number}-config.json"
                 cfg.write_text(json.dumps(t.hf_config))
                 cmd += ["--model-config", str(cfg)]
+            if t.calibration_ref is not None:
+                raise BackendUnavailable(
+                    f"spec.engine.calibration.configMapKeyRef: the ConfigMap "
+                    f"{t.calibration_ref[0]!r} is read by the kubernetes backend only; give "
+                    "the profile as spec.engine.calibration.file for the local backend")
+            if t.calibration is not None:
+                prof = self.workdir / f"{plan.name or plan.number}-calibration.json"
+                prof.write_text(json.dumps(t.calibration))
+                cmd += ["--calibration", str(prof)]
             return cmd
         if t.kind == "vllm":
             model, implied = vllm.resolve_model(t.model)

@@ -13,13 +13,13 @@ from chunktune.core.engine_args import EngineStartupError
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.flags import TUNABLE, flags_line
 from chunktune.core.workload import generate, load_profile, parse_duration
+from chunktune.sim import twin
 from chunktune.sim.args import (
     add_engine_args,
     engine_args_from,
     model_and_gpu,
     split_unknown,
 )
-from chunktune.sim import twin
 from chunktune.sim.engine import API_SERVER_OVERHEAD_S, build_engine
 from chunktune.sim.report import format_summary, summarize
 
