@@ -139,12 +139,13 @@ def simulate(c: tuple[int, int, int], profile_path: Path | None, duration: float
 def calibrate(real: dict[str, dict[str, Any]], out: Path, overhead: float | None,
               gap: float = 0.0) -> None:
     cmd = [sys.executable, "-m", "chunktune", "calibrate", "--log",
-           *[real[config_name(c)]["steps_file"] for c in CALIBRATE_ON],
+           *[os.path.relpath(real[config_name(c)]["steps_file"], ROOT) for c in CALIBRATE_ON],
            "--model-config", ".chunktune/models/tiny/config.json", "--gpu", "cpu",
            "--out", str(out)]
     if overhead is not None:
         cmd += ["--server-overhead", f"{overhead:.4f}", "--step-gap", f"{gap:.5f}"]
-    print("$ chunktune " + " ".join(cmd[3:]))
+    print("$ chunktune " + " ".join(os.path.relpath(x, ROOT) if x.startswith(str(ROOT)) else x
+                                   for x in cmd[3:]))
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     print(proc.stdout + proc.stderr, end="")
     if proc.returncode != 0:
@@ -198,12 +199,15 @@ def report(real: dict[str, dict[str, Any]], store: Path, duration: float) -> int
                   f"{err:>+8.1%}")
     med = float(np.nanmedian(errs))
     print(f"\nmedian |error| over {len(errs)} held-out figures: {med:.1%} (target <= 15%)")
-    (store / "comparison.json").write_text(json.dumps(
+    table = store / "comparison.json"
+    table.write_text(json.dumps(
         {"rows": rows, "median_abs_err": med, "calibrated_on": [config_name(c)
                                                                  for c in CALIBRATE_ON],
          "server_overhead_s": overhead, "step_gap_s": gap, "duration_s": duration,
          "profile": json.loads(profile.read_text())}, indent=2) + "\n")
-    print(f"(real runs stored in {store}; rerunning this reuses them, --rerun redoes them)")
+    print(f"(real runs stored in {os.path.relpath(store)}; rerunning this reuses them, --rerun "
+          f"redoes them; the table is {os.path.relpath(table)}: copy it to "
+          "bench/data/cpu_twin_comparison.json to publish it to bench/fidelity.py)")
     return 0
 
 
