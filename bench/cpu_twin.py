@@ -42,10 +42,14 @@ def config_name(c: tuple[int, int, int]) -> str:
 def manifest(c: tuple[int, int, int], duration: float) -> dict[str, Any]:
     m = yaml.safe_load(EXAMPLE.read_text())
     m["metadata"]["name"] = "cpu-twin-" + config_name(c)
-    m["spec"]["searchSpace"] = [
-        {"name": "max-num-batched-tokens", "choices": [c[0]]},
-        {"name": "long-prefill-token-threshold", "choices": [c[1]]},
-        {"name": "max-num-seqs", "choices": [c[2]]}]
+    # The configuration goes into the fixed engine args: a study's first trial is the
+    # baseline (vLLM's defaults for the searched flags), so searching them would measure the
+    # defaults. The one searched flag is the tiny model's own length (its default).
+    m["spec"]["engine"]["args"] = [*m["spec"]["engine"]["args"],
+                                   "--max-num-batched-tokens", str(c[0]),
+                                   "--long-prefill-token-threshold", str(c[1]),
+                                   "--max-num-seqs", str(c[2])]
+    m["spec"]["searchSpace"] = [{"name": "max-model-len", "choices": [8192]}]
     m["spec"]["workload"]["duration"] = f"{duration:g}s"
     m["spec"]["budget"] = {"maxTrials": 1, "parallelism": 1}
     m["spec"]["sampler"] = {"name": "random", "seed": 0}
@@ -83,6 +87,10 @@ def run_real(c: tuple[int, int, int], store: Path, duration: float, rerun: bool
     if st.trial_state(trial) != "COMPLETE":
         raise SystemExit(f"real run {config_name(c)}: trial ended {st.trial_state(trial)}: "
                          f"{trial.user_attrs.get(st.ATTR_MESSAGE)}")
+    steps = trial.user_attrs[st.ATTR_STEPS]
+    if steps.get("max_step_tokens", 0) > c[0]:
+        raise SystemExit(f"real run {config_name(c)}: a step of {steps['max_step_tokens']} "
+                         f"tokens, over the configured budget {c[0]}: the flags were not applied")
     result = {"config": list(c), "name": config_name(c), "duration_s": duration,
               "metrics": trial.user_attrs[st.ATTR_METRICS],
               "steps_file": trial.user_attrs[st.ATTR_STEPS]["file"],

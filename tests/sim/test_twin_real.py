@@ -30,9 +30,10 @@ def test_calibrates_from_a_real_step_log(tmp_path, capsys):
             "engine": {"kind": "vllm", "image": "vllm-cpu:test", "model": str(model),
                        "servedModelName": "tiny",
                        "args": ["--load-format", "dummy", "--enforce-eager",
-                                "--no-enable-prefix-caching"],
+                                "--no-enable-prefix-caching", "--max-num-batched-tokens", "256"],
                        "cpu": {"kvCacheSpace": "256Mi"}, "startupTimeout": "5m"},
-            "searchSpace": [{"name": "max-num-batched-tokens", "choices": [256]}],
+            # the study's one trial is its baseline: the searched flag at its default
+            "searchSpace": [{"name": "max-model-len", "choices": [8192]}],
             "workload": {"inline": {
                 "name": "cpu-small", "arrival": {"mode": "poisson", "rate": 3}, "seed": 3,
                 "classes": [{"name": "chat", "weight": 1.0, "api": "completions",
@@ -63,6 +64,7 @@ def test_calibrates_from_a_real_step_log(tmp_path, capsys):
     assert prof["fitted_on"]["steps"] == trial.user_attrs[st.ATTR_STEPS]["steps"] >= 20
     assert prof["fitted_on"]["vllm_version"] == head["vllm_version"]
     assert prof["kv_cache_tokens"] == head["kv_cache_tokens"]
+    assert trial.user_attrs[st.ATTR_STEPS]["max_step_tokens"] <= 256
     # the fitted steps add up to the measured ones (single CPU steps are noisy)
     assert prof["fit"]["total_ratio"] == pytest.approx(1.0, abs=0.05)
     assert prof["fit"]["cross_validated_total_ratio"] == pytest.approx(1.0, abs=0.25)
