@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,11 +105,16 @@ def test_enums_and_bounds(schema: dict[str, Any]) -> None:
     assert at(spec, "budget.maxTrials")["minimum"] == 1
     assert at(spec, "workload.rate").items() >= {"minimum": 0, "exclusiveMinimum": True}.items()
     assert at(spec, "workload.duration")["x-kubernetes-int-or-string"] is True
-    assert at(spec, "workload.inline")["x-kubernetes-preserve-unknown-fields"] is True
+    # the inline profile has a schema; only its distributions and modelConfig are free-form
+    assert "x-kubernetes-preserve-unknown-fields" not in at(spec, "workload.inline")
+    assert at(spec, "workload.inline.classes.[].prompt_tokens")[
+        "x-kubernetes-preserve-unknown-fields"] is True
     assert at(spec, "engine.modelConfig")["x-kubernetes-preserve-unknown-fields"] is True
+    assert at(spec, "engine.modelConfig")["maxProperties"] == 512
     assert at(spec, "searchSpace")["x-kubernetes-list-type"] == "map"
+    assert at(spec, "constraints.[]")["type"] == "string"
     status = schema["properties"]["status"]
-    assert status["x-kubernetes-preserve-unknown-fields"] is True
+    assert "x-kubernetes-preserve-unknown-fields" not in status
     assert at(status, "phase")["enum"] == ["Pending", "Running", "Succeeded", "Failed",
                                            "Suspended"]
     assert {"conditions", "observedGeneration", "trialsCompleted", "trialsSummary", "best",
@@ -191,13 +197,16 @@ def _cel_value(node: dict[str, Any], value: Any) -> Any:
     return value
 
 
+MNBT = "max-num-batched-tokens"
+
+
 @pytest.mark.parametrize(("path", "obj", "old", "expected"), [
-    ("searchSpace.[]", {"name": "a", "type": "int", "low": 512, "high": 4096, "step": 512},
+    ("searchSpace.[]", {"name": MNBT, "type": "int", "low": 512, "high": 4096, "step": 512},
      None, [True, True, True]),
-    ("searchSpace.[]", {"name": "a", "type": "int", "low": 8192, "high": 4096}, None,
+    ("searchSpace.[]", {"name": MNBT, "type": "int", "low": 8192, "high": 4096}, None,
      [True, False, True]),
-    ("searchSpace.[]", {"name": "a", "choices": [1], "low": 1}, None, [False, True, True]),
-    ("searchSpace.[]", {"name": "a", "type": "int", "low": 1, "high": 9, "log": True,
+    ("searchSpace.[]", {"name": MNBT, "choices": [1], "low": 1}, None, [False, True, True]),
+    ("searchSpace.[]", {"name": MNBT, "type": "int", "low": 1, "high": 9, "log": True,
                         "step": 2}, None, [True, True, False]),
     ("workload", {"profile": "x", "inline": {}}, None, [False, True]),
     ("workload", {"profile": "x", "rate": 1.5, "concurrency": 2}, None, [True, False]),
@@ -221,4 +230,96 @@ def test_cel_rules_evaluate(schema: dict[str, Any], path: str, obj: Any, old: An
         if old is not None:
             act["oldSelf"] = celpy.json_to_cel(_cel_value(node, old))
         got.append(bool(env.program(env.compile(r["rule"])).evaluate(act)))
-    assert got == expected
+    # the first rules are the ones listed; the later ones (bounds) hold for these objects
+    assert got[:len(expected)] == expected
+    assert all(got[len(expected):])
+
+
+def _unbounded(node: dict[str, Any], path: str) -> list[str]:
+    out = []
+    for p, n in nodes(node, path):
+        if n.get("x-kubernetes-preserve-unknown-fields") and "properties" not in n:
+            if n.get("type") == "object" and "maxProperties" not in n:
+                out.append(f"{p} (free-form map)")
+            continue
+        kind = n.get("type")
+        if n.get("x-kubernetes-int-or-string"):
+            kind = "string"
+        if kind == "string" and "maxLength" not in n and "enum" not in n:
+            out.append(f"{p} (string)")
+        if kind == "array" and "maxItems" not in n:
+            out.append(f"{p} (list)")
+        if isinstance(n.get("additionalProperties"), dict) and "maxProperties" not in n:
+            out.append(f"{p} (map)")
+    return out
+
+
+def test_every_list_string_and_map_is_bounded(schema: dict[str, Any]) -> None:
+    """CEL cost estimates need bounded inputs: every list has maxItems, every string maxLength
+    (or an enum), every map maxProperties, in the spec and in the status."""
+    assert _unbounded(schema["properties"]["spec"], "spec") == []
+    assert _unbounded(schema["properties"]["status"], "status") == []
+
+
+def test_no_free_form_field_but_the_ones_without_a_schema(schema: dict[str, Any]) -> None:
+    free = [p for p, n in nodes(schema) if n.get("x-kubernetes-preserve-unknown-fields")]
+    assert free == [".spec.engine.modelConfig",
+                    ".spec.workload.inline.classes[].prompt_tokens",
+                    ".spec.workload.inline.classes[].output_tokens",
+                    ".status.kopf"]
+
+
+def test_cel_rules_stay_small(schema: dict[str, Any]) -> None:
+    """A rough static estimate of each rule's worst case: the product of the maxItems of the
+    lists it sits in and the lists it iterates (nested macros multiply), times the cost of
+    reading the longest string a rule compares (1024 characters at the API server's 0.1 per
+    character, plus one). The API server's limits are 10^7 per rule and 10^8 per CRD; we keep
+    every rule under 10^6 and the sum under 10^7."""
+    total = 0
+    for path, node in nodes(schema):
+        outer = 1
+        for part in re.findall(r"\w+(?=\[\])", path):
+            outer *= _max_items(schema, path, part)
+        for r in node.get("x-kubernetes-validations", []):
+            inner = 1
+            for lst in re.findall(r"self(?:\.\w+)*?\.(\w+)\.(?:all|exists|exists_one)\(",
+                                  r["rule"]):
+                sub = node.get("properties", {}).get(lst) or _find(node, lst)
+                inner *= (sub or {}).get("maxItems", 1)
+            if re.search(r"(?<!\.)self\.(all|exists|exists_one)\(", r["rule"]):
+                inner *= node.get("maxItems", 1)
+            if re.search(r"\.(all|exists|exists_one)\(\w+, self\.", r["rule"]) and \
+                    node.get("type") == "array":
+                inner *= node.get("maxItems", 1)
+            cost = outer * inner * 103
+            assert cost < 10**6, (path, r["rule"], cost)
+            total += cost
+    assert total < 10**7, total
+
+
+def _find(node: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for _, n in nodes(node):
+        if name in n.get("properties", {}):
+            return dict(n["properties"][name])
+    return None
+
+
+def _max_items(schema: dict[str, Any], path: str, name: str) -> int:
+    found = _find(schema, name)
+    return int((found or {}).get("maxItems", 1))
+
+
+def test_a_huge_status_stays_within_the_schemas_bounds(schema: dict[str, Any]) -> None:
+    """The operator's status patch must pass the bounds the CRD now has: long messages are
+    cut, lists are capped."""
+    trials = [TrialRecord(i, {"max-num-batched-tokens": 512}, "FAIL", reason="x" * 10_000,
+                          metrics={"ttft_p99": 1.0 + i}) for i in range(1500)]
+    status = render_status(StudySummary(
+        phase="Failed", trials=trials, pareto=list(range(1500)), max_trials=1500,
+        message="m" * 100_000, trials_limit=5000,
+        conditions=[{"type": "SpecValid", "status": "False", "reason": "InvalidSpec",
+                     "message": "p" * 50_000, "lastTransitionTime": "2026-01-01T00:00:00Z"}]))
+    check({"apiVersion": "chunktune.dev/v1alpha1", "kind": "ChunkedPrefillTuning",
+           "metadata": {"name": "x"}, "spec": quickstart()["spec"], "status": status}, schema)
+    assert len(status["trials"]) == 1000 and len(status["paretoFront"]) == 1000
+    assert status["message"].endswith("(cut)")

@@ -130,8 +130,8 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
        "spec.objectives[0])")]),
     ("bad duration",
      spec(lambda s: s["workload"].update(duration="2 minutes")),
-     [("spec.workload.duration", "must be a duration such as 60, '90s' or '10m' (got "
-       "'2 minutes')")]),
+     [("spec.workload.duration", "must be a duration such as '90s', '10m', '1h30m' or "
+       "'250ms': numbers with a unit h, m, s or ms, no spaces (got '2 minutes')")]),
     ("fractional duration needs the string form",
      spec(lambda s: s["workload"].update(warmup=1.5)),
      [("spec.workload.warmup", "must be a duration such as 60, '90s' or '10m' (got 1.5)")]),

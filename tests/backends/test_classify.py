@@ -15,7 +15,7 @@ LOGS = {
     "KVCacheTooSmall": "INFO Available KV cache memory: -0.3 GiB\nValueError: No available "
                        "memory for the cache blocks. Try increasing `gpu_memory_utilization` "
                        "when initializing the engine.",
-    "MaxModelLenTooLarge": "ValueError: To serve at least one request with the models's max seq "
+    "MaxModelLenTooLarge": "ValueError: To serve at least one request with the model's max seq "
                            "len (8192), (0.35 GiB KV cache is needed, which is larger than the "
                            "available KV cache memory (0.29 GiB). Based on the available "
                            "memory, the estimated maximum model length is 6656.",

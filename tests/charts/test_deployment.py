@@ -63,7 +63,9 @@ def test_trial_and_operator_environment(render: Render) -> None:
     assert env == {"CHUNKTUNE_IMAGE": IMAGE, "CHUNKTUNE_IMAGE_PULL_POLICY": "IfNotPresent",
                    "CHUNKTUNE_SHM_SIZE": "8Gi", "CHUNKTUNE_KEEP_TRIAL_OBJECTS": "false",
                    "CHUNKTUNE_PROMETHEUS_SELECT_BY": "pod", "CHUNKTUNE_LOG_LEVEL": "INFO",
-                   "CHUNKTUNE_ALLOW_DATABASE_URLS": "false"}
+                   "CHUNKTUNE_ALLOW_DATABASE_URLS": "false",
+                   "CHUNKTUNE_ALLOWED_SECRETS": "", "CHUNKTUNE_SECRET_OPT_IN": "false",
+                   "CHUNKTUNE_ALLOWED_REGISTRIES": ""}
     c = container(render({"trials": {"serviceAccountName": "trials", "shmSize": "16Gi",
                                      "keepObjects": True},
                           "operator": {"logLevel": "DEBUG",
@@ -77,6 +79,17 @@ def test_trial_and_operator_environment(render: Render) -> None:
     assert env["CHUNKTUNE_LOG_LEVEL"] == "DEBUG"
     assert env["CHUNKTUNE_PROMETHEUS_SELECT_BY"] == "instance"
     assert c["env"][-1] == {"name": "CHUNKTUNE_POLL_INTERVAL", "value": "2"}
+
+
+def test_policy_values_reach_the_operator(render: Render) -> None:
+    from chunktune.k8s.settings import PolicySettings, Settings
+
+    env = env_of(container(render({"policy": {
+        "allowedSecrets": ["hf-token", "db"], "secretOptInLabel": True,
+        "allowedRegistries": ["docker.io/vllm", "nvcr.io"]}})))
+    assert Settings.from_env(env).policy == PolicySettings(
+        ("hf-token", "db"), True, ("docker.io/vllm", "nvcr.io"))
+    assert Settings.from_env(env_of(container(render()))).policy == PolicySettings()
 
 
 @pytest.mark.parametrize("values", [{}, load_values("ci/ci-values.yaml"), {

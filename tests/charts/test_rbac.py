@@ -126,3 +126,11 @@ def test_secrets_are_read_only_with_database_urls_allowed(render: Render,
                                                    *of_kind(objects, "Role")]
              for group, resource, verbs in rules(role) if resource == "secrets"]
     assert found == [("", "secrets", {"get"})] * (len(values.get("watchNamespaces", [])) or 1)
+
+
+def test_secret_labels_are_read_only_when_opted_in(render: Render) -> None:
+    [role] = of_kind(render({"policy": {"secretOptInLabel": True}}), "ClusterRole")
+    assert rule("", "secrets", "get") in rules(role)
+    assert rules(role) - {rule("", "secrets", "get")} == NAMESPACED | CLUSTER
+    [role] = of_kind(render(), "ClusterRole")
+    assert not any(res == "secrets" for _, res, _ in rules(role))

@@ -207,6 +207,34 @@ def test_notes(render_files: RenderFiles) -> None:
     assert "prometheusURL: http://prometheus-operated.monitoring:9090" in notes
 
 
+def test_notes_name_what_a_first_install_needs(render_files: RenderFiles) -> None:
+    notes = render_files()["chunktune/templates/NOTES.txt"]
+    # the default repository has no published image: how to build, push and point at one
+    assert "docker build -t REGISTRY/chunktune:" in notes
+    assert "--set image.repository=REGISTRY/chunktune --set image.tag=" in notes
+    assert "storage class" in notes and "the cluster's default" in notes
+    assert "GPU node" in notes and "engine.kind: vllm" in notes
+    assert "--set policy.allowedSecrets={hf-token}" in notes
+    notes = render_files({"image": {"repository": "registry.example.com/ml/chunktune",
+                                    "tag": "0.1.0"},
+                          "persistence": {"storageClass": "fast-ssd"},
+                          "policy": {"allowedSecrets": ["hf-token"]}})[
+        "chunktune/templates/NOTES.txt"]
+    assert "docker build" not in notes
+    assert "class fast-ssd" in notes and "allowed: hf-token" in notes
+
+
+def test_readmes_explain_the_cluster_path() -> None:
+    from tests.charts import CHART_DIR
+
+    for readme in (CHART_DIR.parents[1] / "README.md", CHART_DIR / "README.md"):
+        text = readme.read_text()
+        assert "docker build -t REGISTRY/chunktune:" in text, readme
+        assert "--set image.repository=REGISTRY/chunktune --set image.tag=" in text, readme
+        assert "GPU node" in text and "storage class" in text, readme
+        assert "policy.allowedSecrets" in text, readme
+
+
 def test_crds_come_separately(chart: helm.Chart, render_files: RenderFiles) -> None:
     """The CRD sits in crds/ (installed before the templates, never templated)."""
     assert [c["filename"] for c in chart.crds] == [

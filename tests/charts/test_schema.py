@@ -40,7 +40,7 @@ def leaves(node: dict[str, Any] = SCHEMA, path: str = "") -> Iterator[str]:
     """The keys a user sets: properties whose node is not a closed object of properties."""
     for key, sub in node.get("properties", {}).items():
         sub_path = f"{path}.{key}" if path else key
-        if "properties" in sub and sub_path != "resources":
+        if "properties" in sub and sub_path != "resources" and sub_path not in KUBERNETES_OBJECTS:
             yield from leaves(sub, sub_path)
         else:
             yield sub_path
@@ -149,6 +149,26 @@ BAD_VALUES = [
      "does not match pattern"),
     ({"prometheus": {"url": "prometheus:9090"}}, "/prometheus/url", "does not match pattern"),
     ({"prometheus": {"selectBy": "ip"}}, "/prometheus/selectBy", "must be one of"),
+    ({"policy": {"allowedSecrets": "hf-token"}}, "/policy/allowedSecrets", "want array"),
+    ({"policy": {"allowedSecrets": ["HF_TOKEN"]}}, "/policy/allowedSecrets/0",
+     "does not match pattern"),
+    ({"policy": {"allowedRegistries": ["https://docker.io"]}}, "/policy/allowedRegistries/0",
+     "does not match pattern"),
+    ({"policy": {"secretOptInLabel": "yes"}}, "/policy/secretOptInLabel", "want boolean"),
+    # a privileged or root operator only with securityContext.allowRoot: true
+    ({"securityContext": {"privileged": True}}, "/securityContext/privileged",
+     "value must be false"),
+    ({"securityContext": {"runAsUser": 0}}, "/securityContext/runAsUser", "minimum"),
+    ({"securityContext": {"runAsNonRoot": False}}, "/securityContext/runAsNonRoot",
+     "value must be true"),
+    ({"securityContext": {"allowPrivilegeEscalation": True}},
+     "/securityContext/allowPrivilegeEscalation", "value must be false"),
+    ({"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}},
+     "/securityContext/capabilities/add", "maxItems"),
+    ({"podSecurityContext": {"runAsUser": 0}}, "/podSecurityContext/runAsUser", "minimum"),
+    ({"podSecurityContext": {"runAsNonRoot": False}}, "/podSecurityContext/runAsNonRoot",
+     "value must be true"),
+    ({"securityContext": {"allowRoot": "yes"}}, "/securityContext/allowRoot", "want boolean"),
 ]
 
 
@@ -167,3 +187,15 @@ def test_install_refuses_bad_values(render: Render) -> None:
     """`helm install` checks the schema before rendering anything."""
     with pytest.raises(helm.HelmValuesError, match="'bogus' not allowed"):
         render({"persistence": {"bogus": True}})
+
+
+def test_root_operator_only_when_explicitly_requested(chart: helm.Chart, render: Render
+                                                      ) -> None:
+    root = {"securityContext": {"allowRoot": True, "runAsNonRoot": False, "runAsUser": 0},
+            "podSecurityContext": {"runAsNonRoot": False, "runAsUser": 0}}
+    chart.validate_schema({**load_values("values.yaml"), **root})
+    from tests.charts.helpers import container
+
+    sc = container(render(root))["securityContext"]
+    assert sc["runAsUser"] == 0 and "allowRoot" not in sc
+    assert "allowRoot" not in container(render())["securityContext"]

@@ -40,10 +40,10 @@ def test_no_chunked_prefill_budget_is_max_model_len():
 
 @pytest.mark.parametrize(("kw", "text"), [
     (dict(max_num_batched_tokens=128, max_num_seqs=256),
-     "ValueError: max_num_batched_tokens (128) must be greater than or equal to max_num_seqs "
-     "(256)."),
+     "Value error, max_num_batched_tokens (128) must be greater than or equal to max_num_seqs "
+     "(256). [type=value_error, "),
     (dict(enable_chunked_prefill=False, max_num_batched_tokens=4096, max_model_len=8192),
-     "ValueError: max_num_batched_tokens (4096) is smaller than max_model_len (8192)."),
+     "Value error, max_num_batched_tokens (4096) is smaller than max_model_len (8192)."),
     (dict(max_num_partial_prefills=2), "Concurrent Partial Prefill is not supported"),
     (dict(max_model_len=200_000), "User-specified max_model_len (200000) is greater than the "
                                   "derived max_model_len"),
@@ -55,6 +55,22 @@ def test_config_rejected_like_vllm(kw, text):
         res(**kw)
     assert e.value.reason == "ConfigRejected"
     assert text in e.value.message
+
+
+def test_config_dataclass_rules_print_pydantic_s_validation_error():
+    """vLLM 0.32 validates SchedulerConfig/ModelConfig with pydantic: the traceback ends in a
+    ValidationError naming the config class and the "Value error, ..." line."""
+    with pytest.raises(EngineStartupError) as e:
+        res(max_num_batched_tokens=128, max_num_seqs=256)
+    first, second, third = e.value.lines
+    assert first == ("pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                     "SchedulerConfig")
+    assert second == "  " + e.value.message
+    assert second.endswith("input_type=ArgsKwargs]")
+    assert third.startswith("    For further information visit https://errors.pydantic.dev/")
+    with pytest.raises(EngineStartupError) as e:
+        res(max_model_len=200_000)
+    assert e.value.lines[0].endswith("1 validation error for ModelConfig")
 
 
 @pytest.mark.parametrize(("kw", "field"), [

@@ -39,7 +39,8 @@ from tests.k8s.conftest import (
     tuning,
     wait_phase,
 )
-from tests.kube.emulator import KubeEmulator, api_error
+from tests.kube.emulator import KubeEmulator
+from tests.kube.objects import api_error
 
 #: Trial states that count against maxTrials.
 COUNTED = ("COMPLETE", "PRUNED", "INFEASIBLE", "FAIL")

@@ -34,7 +34,8 @@ def events(kube: KubeEmulator, name: str) -> list[dict[str, Any]]:
 
 async def test_study_succeeds_with_best_baseline_and_pareto_front(
         kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
-    kube.create("deployments", {"metadata": {"name": "vllm"}, "spec": {
+    kube.create("deployments", {"metadata": {"name": "vllm", "annotations": {
+        "chunktune.dev/allow-patch": "pareto"}}, "spec": {
         "replicas": 0, "selector": {"matchLabels": {"app": "vllm"}}, "template": {
             "metadata": {"labels": {"app": "vllm"}}, "spec": {"containers": [
                 {"name": "sidecar", "image": "busybox", "args": ["sleep", "1d"]},

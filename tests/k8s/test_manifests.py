@@ -262,7 +262,90 @@ def test_examples_make_valid_trial_objects(name: str) -> None:
     if target.kind == "vllm":
         assert c["command"] == ["vllm", "serve"] and c["image"].startswith("vllm/vllm-openai:v")
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
-        assert c["env"][1]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+        hf = next(e for e in c["env"] if e["name"] == "HF_TOKEN")
+        assert hf["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
     else:
         assert c["command"] == ["chunktune", "sim", "serve"]
         assert "nvidia.com/gpu" not in json.dumps(c)
+
+
+# ---- least privilege ----------------------------------------------------------------------
+
+
+def _pod_specs(engine_plan: TrialPlan, security: dict[str, Any] | None = None
+               ) -> dict[str, dict[str, Any]]:
+    return {"engine": valid(mf.engine_pod(engine_plan, OWNER, OPTIONS, None, security))["spec"],
+            "load": valid(mf.load_job(engine_plan, OWNER, OPTIONS, "http://10.0.0.1:8000"))[
+                "spec"]["template"]["spec"]}
+
+
+def test_the_checker_catches_each_restricted_control() -> None:
+    from tests.k8s import pss
+
+    good = _pod_specs(plan(SIM, 3))["engine"]
+    assert pss.violations(good) == []
+    broken = json.loads(json.dumps(good))
+    c = broken["containers"][0]["securityContext"]
+    c.update(allowPrivilegeEscalation=True, privileged=True,
+             capabilities={"add": ["SYS_ADMIN"], "drop": []})
+    broken["securityContext"] = {"runAsUser": 0, "seccompProfile": {"type": "Unconfined"}}
+    broken["hostNetwork"] = True
+    broken["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    found = "\n".join(pss.violations(broken))
+    for control in ("hostNetwork", "hostPath", "privileged", "allowPrivilegeEscalation",
+                    "runAsNonRoot", "runAsUser must not be 0", "seccompProfile",
+                    "drop must include ALL", "capabilities.add"):
+        assert control in found, control
+
+
+def test_load_jobs_and_simulated_engines_meet_the_restricted_profile() -> None:
+    from tests.k8s import pss
+
+    for kind, spec in _pod_specs(plan(SIM, 3)).items():
+        assert pss.violations(spec) == [], kind
+        assert pss.read_only_root(spec) == [], kind
+        mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+        assert "/tmp" in mounts, kind  # writable scratch with a read-only root
+        assert spec["securityContext"]["runAsUser"] == mf.CHUNKTUNE_UID
+    load = _pod_specs(plan(SIM, 3))["load"]
+    assert "/var/run/chunktune" in {m["mountPath"] for m in load["containers"][0]["volumeMounts"]}
+
+
+def test_vllm_engines_get_the_strictest_context_vllm_runs_with() -> None:
+    from tests.k8s import pss
+
+    spec = _pod_specs(plan())["engine"]
+    sc = spec["containers"][0]["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # the one documented looser control: the image's user (vllm/vllm-openai runs as root)
+    assert pss.violations(spec) == [
+        "spec.containers[0].securityContext.runAsNonRoot must be true (here or in "
+        "spec.securityContext)"]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["HOME"] == mf.CACHE_DIR and env["HF_HOME"].startswith(mf.CACHE_DIR)
+    mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    assert {mf.CACHE_DIR, "/tmp", "/dev/shm"} <= mounts
+    # per tuning: fully restricted as a non-root user ...
+    strict = _pod_specs(plan(), {"runAsNonRoot": True, "runAsUser": 1000,
+                                 "runAsGroup": 1000, "fsGroup": 1000})["engine"]
+    assert pss.violations(strict) == []
+    assert strict["securityContext"]["runAsUser"] == 1000
+    # ... or looser where an image needs it: a writable root file system, IPC_LOCK for RDMA
+    loose = _pod_specs(plan(), {"readOnlyRootFilesystem": False,
+                                "addCapabilities": ["IPC_LOCK"]})["engine"]
+    lsc = loose["containers"][0]["securityContext"]
+    assert lsc["readOnlyRootFilesystem"] is False
+    assert lsc["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert lsc["allowPrivilegeEscalation"] is False
+
+
+def test_a_cache_variable_the_manifest_sets_wins() -> None:
+    from dataclasses import replace
+
+    p = plan()
+    target = replace(p.target, env=(*p.target.env, {"name": "HF_HOME", "value": "/models"}))
+    spec = mf.engine_pod(replace(p, target=target), OWNER, OPTIONS)["spec"]
+    homes = [e for e in spec["containers"][0]["env"] if e["name"] == "HF_HOME"]
+    assert homes == [{"name": "HF_HOME", "value": "/models"}]

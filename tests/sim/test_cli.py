@@ -41,7 +41,7 @@ def test_startup_failure_prints_vllm_message_and_exits_nonzero(capsys):
                "--workload", "smoke"])
     err = capsys.readouterr().err
     assert rc == 1
-    assert "ValueError: To serve at least one request with the models's max seq len" in err
+    assert "ValueError: To serve at least one request with the model's max seq len" in err
 
 
 def test_bad_input_names_the_field(capsys):
@@ -51,7 +51,7 @@ def test_bad_input_names_the_field(capsys):
     assert main(["sim", "run", "--max-num-batched-token", "5"]) == 2
     assert "did you mean --max-num-batched-tokens?" in capsys.readouterr().err
     assert main(["sim", "run", "--max-num-seqs", "0"]) == 2
-    assert "--max-num-seqs: must be >= 1 (got 0)" in capsys.readouterr().err
+    assert "--max-num-seqs: must be >= 1 and <= 65536 (got 0)" in capsys.readouterr().err
     assert main(["sim", "run", "--workload", "nope"]) == 2
     assert "--workload: no profile file 'nope'" in capsys.readouterr().err
     assert main(["sim", "run", "--duration", "10", "--warmup", "20"]) == 2
@@ -70,3 +70,17 @@ def test_model_config_file(tmp_path, capsys):
     bad.write_text(json.dumps({"hidden_size": 2048}))
     assert main(["sim", "run", "--model-config", str(bad), "--workload", "smoke"]) == 2
     assert "num_hidden_layers: is missing" in capsys.readouterr().err
+
+
+def test_flags_vllm_0_32_does_not_know_exit_2_like_vllm(capsys):
+    """--max-num-partial-prefills was removed in vLLM 0.32: its parser answers
+    "unrecognized arguments" and exits 2; a vLLM flag the simulator only ignores still runs."""
+    rc = main(["sim", "run", "--model", "llama-3.1-8b", "--workload", "smoke", "--duration", "5",
+               "--max-num-partial-prefills", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "error: unrecognized arguments: --max-num-partial-prefills 2" in err
+    rc = main(["sim", "run", "--model", "llama-3.1-8b", "--workload", "smoke", "--duration", "5",
+               "--disable-log-stats"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err

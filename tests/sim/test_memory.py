@@ -69,7 +69,7 @@ def test_max_model_len_does_not_fit():
     with pytest.raises(EngineStartupError) as e:
         plan(gpu="l4", max_model_len=65536)
     assert e.value.reason == "MaxModelLenTooLarge"
-    assert "To serve at least one request with the models's max seq len (65536)" in e.value.message
+    assert "To serve at least one request with the model's max seq len (65536)" in e.value.message
     assert "the estimated maximum model length is" in e.value.message
 
 

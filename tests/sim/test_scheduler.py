@@ -33,9 +33,11 @@ def test_invariants(reqs, budget, threshold, seqs, blocks, block_size, policy):
                              max_num_seqs=seqs, long_prefill_token_threshold=threshold,
                              block_size=block_size, max_model_len=3200,
                              scheduling_policy=policy)
-    # Every request must fit the cache alone, as vLLM guarantees via max_model_len at start-up.
+    # Every request must fit the cache alone, as vLLM guarantees via max_model_len at start-up
+    # (one of the blocks is vLLM's null block, never handed out).
+    usable = blocks - 1
     requests = [Request(i, i * 1e-3, p, o, priority=pr) for i, (p, o, pr) in enumerate(reqs)
-                if -(-(p + o) // block_size) <= blocks]
+                if -(-(p + o) // block_size) <= usable]
     pool = sched.pool
 
     def check(s: Scheduler, plan) -> None:
@@ -46,7 +48,9 @@ def test_invariants(reqs, budget, threshold, seqs, blocks, block_size, policy):
         assert len(s.running) <= seqs
         for r, n in plan.scheduled:
             assert n >= 1
-            if threshold:
+            # vLLM 0.32 applies the threshold only with more than one request in the system
+            # (scheduling moves requests between WAITING and RUNNING, never adds or drops).
+            if threshold and len(s.running) + len(s.waiting) > 1:
                 assert n <= threshold, "chunk cap violated"
             assert r.num_blocks * block_size >= r.num_computed + n
         if plan.preempted:
@@ -60,7 +64,7 @@ def test_invariants(reqs, budget, threshold, seqs, blocks, block_size, policy):
     assert all(r.status == FINISHED and r.num_output == r.max_tokens for r in requests)
     assert pool.free == pool.total
     # Preemption only when blocks run out: if everything fits at once, nothing is preempted.
-    if sum(-(-(r.prompt_len + r.max_tokens) // block_size) for r in requests) <= blocks:
+    if sum(-(-(r.prompt_len + r.max_tokens) // block_size) for r in requests) <= usable:
         assert sched.num_preemptions == 0
 
 
@@ -114,6 +118,41 @@ def test_long_prompt_blocks_later_arrivals_without_threshold():
             assert dict((r.rid, n) for r, n in plan.scheduled)[0] == threshold
 
 
+def test_threshold_is_not_applied_to_a_lone_request():
+    """vLLM 0.32 (scheduler.py: ``num_eligible_reqs > 1``): a lone 1000-token prompt at budget
+    64, threshold 32 runs as 15 x 64 + 40, not 32-token chunks; a second request brings the
+    threshold back."""
+    sched = create_scheduler(max_num_batched_tokens=64, max_num_seqs=4,
+                             long_prefill_token_threshold=32)
+    lone = Request(0, 0.0, 1000, 1)
+    sched.add_request(lone)
+    chunks = []
+    now = 0.0
+    while sched.has_work:
+        plan = sched.schedule(now)
+        chunks.append(plan.num_tokens)
+        now += 0.01
+        sched.apply(plan, now)
+    assert chunks == [64] * 15 + [40]
+    sched = create_scheduler(max_num_batched_tokens=64, max_num_seqs=4,
+                             long_prefill_token_threshold=32)
+    sched.add_request(Request(0, 0.0, 1000, 1))
+    sched.add_request(Request(1, 0.0, 1000, 1))
+    assert [n for _, n in sched.schedule(0.0).scheduled] == [32, 32]
+
+
+def test_admission_needs_blocks_for_the_whole_prompt():
+    """``scheduler_reserve_full_isl`` (on in vLLM 0.32): a prompt is admitted only when blocks
+    for all of it are free, even if its first chunk would fit."""
+    sched = create_scheduler(num_blocks=1 + 10, max_num_batched_tokens=64, block_size=16)
+    big = Request(0, 0.0, 16 * 11, 1)  # needs 11 blocks, 10 usable
+    small = Request(1, 0.0, 16, 1)
+    sched.add_request(big)
+    sched.add_request(small)
+    plan = sched.schedule(0.0)
+    assert plan.scheduled == [] and sched.pool.free == 10
+
+
 def test_max_num_seqs_caps_running():
     sched = create_scheduler(max_num_batched_tokens=8192, max_num_seqs=3)
     for r in create_requests(10, prompt_len=10, max_tokens=5):
@@ -135,7 +174,8 @@ def test_no_chunked_prefill_does_not_split_prompts():
 def test_preempted_request_recomputes_and_keeps_its_tokens():
     sched = create_scheduler(num_blocks=20, max_num_batched_tokens=512, max_num_seqs=4,
                              block_size=16)
-    a, b = Request(0, 0, 150, 100), Request(1, 0, 150, 100)
+    # Both prompts fit at once (7 + 7 of 19 usable blocks); their growth does not.
+    a, b = Request(0, 0, 100, 200), Request(1, 0, 100, 200)
     run_to_completion(sched, [a, b])
     assert sched.num_preemptions >= 1
     victim = b if b.num_preemptions else a
@@ -145,7 +185,7 @@ def test_preempted_request_recomputes_and_keeps_its_tokens():
 
 
 def test_fcfs_victim_is_last_admitted():
-    sched = create_scheduler(num_blocks=24, max_num_batched_tokens=1024, max_num_seqs=4,
+    sched = create_scheduler(num_blocks=1 + 24, max_num_batched_tokens=1024, max_num_seqs=4,
                              block_size=16)
     reqs = [Request(i, 0, 120, 200) for i in range(3)]  # 8 blocks each, grow by decoding
     for r in reqs:

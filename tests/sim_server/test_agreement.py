@@ -57,7 +57,8 @@ def _served_run(specs: list[RequestSpec], virtual: dict[str, list[float]]) -> No
         assert rec.usage == {"prompt_tokens": spec.prompt_tokens,
                              "completion_tokens": spec.output_tokens,
                              "total_tokens": spec.prompt_tokens + spec.output_tokens,
-                             "prompt_tokens_details": None}
+                             "prompt_tokens_details": None,
+                             "completion_tokens_details": None}
     result = compare(served_latencies(records), virtual)
     # What the machine added, by the server's own clock: the timeline's total slip for the
     # latencies that span many steps (TTFT, E2E), the median step's wake-up lateness for ITL.

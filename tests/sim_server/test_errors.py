@@ -168,3 +168,15 @@ def test_tokenize(sim):
     assert chat["count"] == 3 + 4 + 3 == len(chat["tokens"])
     r = post(sim, "/tokenize", {"model": "nope", "prompt": "x"})
     assert _error(r, 404, "NotFoundError", "model")
+
+
+def test_detokenize_needs_a_tokenizer(sim):
+    """Without a tokenizer (this server counts by words) /detokenize answers 400 saying how to
+    give one; with one it decodes (tests/conformance/test_metrics.py, against real vLLM)."""
+    r = post(sim, "/detokenize", {"model": MODEL, "tokens": [5, 6, 7]})
+    assert _error(r, 400, "BadRequestError", "tokens")
+    assert "--tokenizer" in r.json()["error"]["message"]
+    r = post(sim, "/detokenize", {"model": MODEL, "tokens": "abc"})
+    assert r.status_code == 400
+    r = post(sim, "/detokenize", {"model": "nope", "tokens": [1]})
+    assert _error(r, 404, "NotFoundError", "model")

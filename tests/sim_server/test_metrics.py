@@ -1,5 +1,7 @@
 """``GET /metrics`` read with a plain Prometheus text parser: vLLM's family names, types, labels
-and bucket boundaries; the counts move after requests; always text format 0.0.4."""
+and bucket boundaries; the counts move after requests; always text format 1.0.0 (vLLM 0.32's).
+The full family and label sets are checked against a real vLLM scrape in
+tests/conformance/test_metrics.py."""
 
 from __future__ import annotations
 
@@ -39,6 +41,10 @@ FAMILIES = {
     "vllm:prompt_tokens": "counter",
     "vllm:generation_tokens": "counter",
     "vllm:request_success": "counter",
+    "vllm:request_num_preemptions": "histogram",
+    "vllm:request_prefill_kv_computed_tokens": "histogram",
+    "vllm:prompt_tokens_by_source": "counter",
+    "vllm:num_requests_waiting_by_reason": "gauge",
     "chunktune_sim_info": "gauge",
     "chunktune_sim_step_overhead_seconds": "histogram",
 }
@@ -56,11 +62,11 @@ def _bounds(fam, sample: str) -> list[float]:
             if s.name == sample and s.labels["le"] != "+Inf"]
 
 
-def test_text_format_0_0_4_even_when_openmetrics_is_asked_for(sim):
+def test_text_format_1_0_0_even_when_openmetrics_is_asked_for(sim):
     accept = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
               "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
     r, _ = _families(sim, accept)
-    assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert r.headers["Content-Type"] == "text/plain; version=1.0.0; charset=utf-8"
     assert "vllm:time_to_first_token_seconds_bucket{" in r.text
     assert "vllm_time_to_first_token" not in r.text
     assert "# EOF" not in r.text
@@ -133,13 +139,20 @@ def test_counts_move_after_requests(sim):
     assert delta("vllm:e2e_request_latency_seconds_count") == n
     assert delta("vllm:request_queue_time_seconds_count") == n
     assert delta("vllm:inter_token_latency_seconds_count") == sum(o - 1 for _, o in sizes)
-    assert delta("vllm:request_time_per_output_token_seconds_count") == 2  # those with > 1
+    # vLLM observes every finished request's mean time per output token (0 for one token).
+    assert delta("vllm:request_time_per_output_token_seconds_count") == n
     assert delta("vllm:request_prompt_tokens_sum") == sum(p for p, _ in sizes)
     assert delta("vllm:request_generation_tokens_sum") == sum(o for _, o in sizes)
     assert delta("vllm:request_params_max_tokens_sum") == sum(o for _, o in sizes)
-    # One step per token at least (each request ran alone); each step observed once.
-    assert delta("vllm:iteration_tokens_total_count") >= sum(o for _, o in sizes)
-    assert delta("vllm:iteration_tokens_total_sum") == sum(p + o - 1 for p, o in sizes)
+    assert delta("vllm:prompt_tokens_by_source_total", source="local_compute") == sum(
+        p for p, _ in sizes)
+    assert delta("vllm:request_num_preemptions_count") == n
+    assert delta("vllm:request_prefill_kv_computed_tokens_sum") == sum(p for p, _ in sizes)
+    # vLLM 0.32: one observation per step that produced a token, holding the prompt of a
+    # prefill that finished in it plus the tokens generated. Each request ran alone with its
+    # prompt in one step: o observations, p + 1 then o - 1 single tokens.
+    assert delta("vllm:iteration_tokens_total_count") == sum(o for _, o in sizes)
+    assert delta("vllm:iteration_tokens_total_sum") == sum(p + o for p, o in sizes)
     assert delta("chunktune_sim_step_overhead_seconds_count") == delta(
         "vllm:iteration_tokens_total_count")
     assert delta("vllm:time_to_first_token_seconds_sum") > 0

@@ -47,9 +47,9 @@ def _run_watching_port(args: list[str], port: int, timeout: float = 30.0
 @pytest.mark.parametrize(("flags", "message"), [
     (["--gpu-memory-utilization", "0.2"],
      "ValueError: No available memory for the cache blocks. Try increasing "
-     "`gpu_memory_utilization` when initializing the engine."),
+     "`gpu_memory_utilization` when initializing the engine (this flag also controls "),
     (["--gpu", "l4"],
-     "ValueError: To serve at least one request with the models's max seq len (131072)"),
+     "ValueError: To serve at least one request with the model's max seq len (131072)"),
 ])
 def test_memory_failure_exits_1_with_vllms_message_and_never_opens_the_port(flags, message):
     port = free_port()
@@ -70,11 +70,21 @@ def test_config_rejection_fails_before_the_model_load():
     t0 = time.monotonic()
     rc, out, err, opened = _run_watching_port(
         ["llama-3.1-8b", "--host", "127.0.0.1", "--port", str(port), "--load-time", "20",
-         "--max-num-partial-prefills", "2"], port)
+         "--max-num-batched-tokens", "2", "--max-num-seqs", "4"], port)
     assert rc == 1 and not opened
     assert "Starting to load model" not in out  # refused before the model load began
     assert time.monotonic() - t0 < 19  # so it did not sit through the 20 s load delay
-    assert "NotImplementedError: Concurrent Partial Prefill is not supported." in err
+    assert "max_num_batched_tokens (2) must be greater than or equal to max_num_seqs (4)" in err
+
+
+def test_a_flag_vllm_0_32_removed_is_an_unrecognized_argument():
+    """vLLM 0.32 has no --max-num-partial-prefills: its parser exits 2 before anything."""
+    port = free_port()
+    rc, _, err, opened = _run_watching_port(
+        ["llama-3.1-8b", "--host", "127.0.0.1", "--port", str(port), "--load-time", "20",
+         "--max-num-partial-prefills", "2"], port)
+    assert rc == 2 and not opened
+    assert "error: unrecognized arguments: --max-num-partial-prefills" in err
 
 
 def test_port_opens_only_when_ready_and_logs_like_vllm():

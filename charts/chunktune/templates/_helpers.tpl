@@ -88,9 +88,12 @@ RBAC rules on namespaced resources: a ClusterRole's when every namespace is watc
 watched namespace's Role otherwise. Least privilege; each rule says what needs it.
 */}}
 {{- define "chunktune.rules.namespaced" -}}
-{{- if .Values.storage.allowDatabaseURLs }}
-# spec.storageFrom: a study's database URL (with its credentials) from a Secret's key. Only
-# with storage.allowDatabaseURLs.
+{{- if or .Values.storage.allowDatabaseURLs .Values.policy.secretOptInLabel }}
+# Secrets, read only, in two opt-in cases: storage.allowDatabaseURLs (spec.storageFrom: a
+# study's database URL with its credentials from a Secret's key) and policy.secretOptInLabel
+# (a trial may reference a Secret labelled chunktune.dev/allow-reference: "true"; the operator
+# reads the label before creating the pod). Otherwise no Secrets: trial pods only reference
+# them (e.g. HF_TOKEN via secretKeyRef) and the kubelet, not the operator, reads them.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
@@ -132,8 +135,6 @@ watched namespace's Role otherwise. Least privilege; each rule says what needs i
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "patch"]
-# No Secrets: trial pods only reference them (e.g. HF_TOKEN via secretKeyRef); the kubelet,
-# not the operator, reads them.
 {{- end -}}
 
 {{/* RBAC rules on cluster-scoped resources: always in a ClusterRole. */}}

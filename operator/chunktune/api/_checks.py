@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunktune.api import metrics as _metrics
+from chunktune.api._engine import GPU_TYPES
 from chunktune.api.flags import MANAGED_FLAGS
 from chunktune.api.v1alpha1 import (
+    GRID_MAX,
     Budget,
     Constraint,
     EngineSpec,
@@ -32,7 +34,10 @@ from chunktune.core.validation import Problem
 from chunktune.core.workload import Profile
 
 _IMAGES = {"vllm": "vllm/vllm-openai:v0.11.0", "sglang": "lmsysorg/sglang:latest"}
-_STORAGE_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
+#: The most traffic classes an inline profile may have (the CRD's maxItems).
+MAX_CLASSES = 32
+#: The most points a grid search may enumerate.
+GRID_POINTS_MAX = 100_000
 
 
 @dataclass
@@ -79,15 +84,8 @@ def check(p: Parts) -> list[Problem]:
             and p.pruner.name != "none":
         p.add("spec.pruner.name", f"Optuna cannot prune a study with several objectives "
               f"(got {p.n_objectives}); set it to none")
-    if p.storage is not None and "://" in p.storage:
-        scheme = p.storage.split("://", 1)[0].split("+", 1)[0]
-        if scheme not in _STORAGE_SCHEMES:
-            p.add("spec.storage", f"unknown storage scheme {scheme!r}: give an RDB URL "
-                  "(sqlite:///study.db, postgresql://host/db, mysql://host/db) or a journal "
-                  "file path")
-    url = p.prometheus_url
-    if isinstance(url, str) and not url.startswith(("http://", "https://")):
-        p.add("spec.metrics.prometheusURL", f"must be an http:// or https:// URL (got {url!r})")
+    # NOTE: spec.storage and spec.metrics.prometheusURL are checked by their models (the same
+    # patterns as the CRD's).
     return p.problems
 
 
@@ -108,11 +106,23 @@ def _engine(p: Parts, e: EngineSpec) -> None:
                   f"one of {', '.join(gpu_names())}")
     if e.gpu.type is not None:
         try:
-            resolve_gpu(e.gpu.type)
+            gpu = resolve_gpu(e.gpu.type)
         except SpecError:
             hint = closest(e.gpu.type.lower(), gpu_names())
             tail = f"did you mean {hint!r}?" if hint else f"use one of {', '.join(gpu_names())}"
             p.add("spec.engine.gpu.type", f"unknown GPU {e.gpu.type!r}; {tail}")
+        else:
+            if e.gpu.type not in GPU_TYPES:  # an alias in another spelling: the CRD's enum
+                p.add("spec.engine.gpu.type", f"write the GPU as {gpu.name!r} (names are "
+                      f"lower-case, as listed: {', '.join(gpu_names())}; got {e.gpu.type!r})")
+    sc = e.security_context
+    if sc is not None:
+        if e.kind == "sim":
+            p.add("spec.engine.securityContext", "applies to vllm and sglang engines; simulated "
+                  "engines always run with the restricted profile (remove it)")
+        if sc.run_as_non_root and sc.run_as_user == 0:
+            p.add("spec.engine.securityContext", "runAsNonRoot: true cannot run as user 0; "
+                  "give another runAsUser (e.g. 1000)")
     count, tp = e.gpu.count or 0, e.tensor_parallel_size
     if count < tp:
         p.add("spec.engine.gpu.count", f"must be >= tensorParallelSize (got {count} < {tp})")
@@ -310,6 +320,10 @@ def _range(p: Parts, path: str, prm: Parameter) -> None:
         if problem:
             p.add(f"{path}.{key}", problem)
     eff = prm.effective_step
+    if eff is not None and eff > 0 and (high - low) / eff > GRID_MAX:
+        p.add(f"{path}.step", f"gives {(high - low) / eff:.3g} values from {_text(prm.name, low)} "
+              f"to {_text(prm.name, high)}; at most {GRID_MAX}: use a larger step")
+        return
     if eff is not None and eff > 0 and not prm.log:
         n = (high - low) / eff
         if abs(n - round(n)) > 1e-9:
@@ -349,6 +363,11 @@ def _workload(p: Parts, w: WorkloadSpec) -> None:
     if w.profile is None and w.inline is None:
         p.add("spec.workload", "needs profile (a shipped profile name or a file path) or inline "
               "(a profile mapping)")
+        return
+    classes = (w.inline or {}).get("classes")
+    if isinstance(classes, list) and len(classes) > MAX_CLASSES:
+        p.add("spec.workload.inline.classes", f"must have at most {MAX_CLASSES} traffic classes "
+              f"(got {len(classes)})")
         return
     if w.rate is not None and w.concurrency is not None:
         p.add("spec.workload.concurrency", "cannot be combined with rate; give one of them")
@@ -442,7 +461,15 @@ def _sampler(p: Parts, s: SamplerSpec) -> None:
             p.add(where, "cmaes searches int and float ranges, but every parameter here is a "
                   "list of choices, which it samples at random; use tpe")
     if s.name == "grid":
+        points = 1.0
         for i, prm in p.params:
             if not prm.is_finite:
                 p.add(where, f"grid needs finitely many values, but spec.searchSpace[{i}] "
                       f"({prm.name}) is a float range without step; add step or use choices")
+            elif prm.choices is not None:
+                points *= len(prm.choices)
+            elif prm.low is not None and prm.high is not None and prm.effective_step:
+                points *= max(1.0, (prm.high - prm.low) / prm.effective_step + 1)
+        if points > GRID_POINTS_MAX:
+            p.add(where, f"grid would enumerate {points:.3g} points (at most "
+                  f"{GRID_POINTS_MAX}); use larger steps, fewer choices or another sampler")

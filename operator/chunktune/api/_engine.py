@@ -9,7 +9,17 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chunktune import __version__
-from chunktune.api._types import Duration, Model, Quantity
+from chunktune.api._types import (
+    DNS1123_SUBDOMAIN,
+    IMAGE_REF,
+    MODEL_NAME,
+    PRINTABLE,
+    Duration,
+    Model,
+    Quantity,
+    pattern_str,
+)
+from chunktune.core import gpus as _gpus
 
 #: The image that runs the simulated engine (``engine.kind: sim``) by default.
 DEFAULT_SIM_IMAGE = f"ghcr.io/chunktune/chunktune:{__version__}"
@@ -18,13 +28,27 @@ EngineKind = Literal["vllm", "sim", "sglang"]
 
 _ENV_NAME_RE = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 
+#: The GPU names a manifest may give: the simulator's catalogue and its aliases, exactly as
+#: listed (the CRD's enum; ``chunktune validate`` suggests the closest for anything else).
+GPU_TYPES: tuple[str, ...] = tuple(sorted({*_gpus.gpu_names(),
+                                          *getattr(_gpus, "_ALIASES", {})}))
+
+#: One engine argument: printable text, no control characters (a newline in an argument
+#: would forge lines in the engine's log and in events).
+EngineArg = pattern_str(PRINTABLE, 1024, "printable text without control characters",
+                        min_length=0)
+#: Capabilities an engine container may add back (everything else stays dropped).
+AddCapability = Literal["IPC_LOCK", "SYS_NICE"]
+
 
 class KeyRef(Model):
     """A key of a Secret or ConfigMap in the same namespace."""
 
-    name: str = Field(min_length=1, max_length=253)
+    name: pattern_str(DNS1123_SUBDOMAIN, 253,  # type: ignore[valid-type]
+                      "a Secret or ConfigMap name (lower-case letters, digits, '-', '.')")
     """Name of the Secret or ConfigMap."""
-    key: str = Field(min_length=1, max_length=253)
+    key: pattern_str(r"^[-._a-zA-Z0-9]+$", 253,  # type: ignore[valid-type]
+                     "a key of letters, digits, '-', '_' or '.'")
     """Key inside it."""
     optional: bool | None = None
     """Start even when the key is missing."""
@@ -32,6 +56,10 @@ class KeyRef(Model):
 
 class EnvVarSource(Model):
     """Where an environment variable's value comes from (only references are stored)."""
+
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+        {"rule": "has(self.secretKeyRef) != has(self.configMapKeyRef)",
+         "message": "give exactly one of secretKeyRef or configMapKeyRef"}]}}
 
     secret_key_ref: KeyRef | None = None
     """A key of a Secret (e.g. an ``HF_TOKEN``); the value itself is never copied."""
@@ -42,9 +70,14 @@ class EnvVarSource(Model):
 class EnvVar(Model):
     """An environment variable of the engine container, as in a Kubernetes pod."""
 
-    name: str = Field(min_length=1, max_length=256)
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+        {"rule": "has(self.value) != has(self.valueFrom)",
+         "message": "give exactly one of value or valueFrom"}]}}
+
+    name: str = Field(min_length=1, max_length=256,
+                      json_schema_extra={"pattern": "^" + _ENV_NAME_RE.pattern + "$"})
     """Variable name."""
-    value: str | None = None
+    value: str | None = Field(default=None, max_length=32768)
     """A literal value."""
     value_from: EnvVarSource | None = None
     """A reference to a Secret or ConfigMap key, instead of ``value``."""
@@ -60,7 +93,8 @@ class EnvVar(Model):
 class GPUSpec(Model):
     """The accelerators each trial's engine gets."""
 
-    type: str | None = Field(default=None, min_length=1, max_length=128)
+    type: str | None = Field(default=None, min_length=1, max_length=128,
+                             json_schema_extra={"enum": list(GPU_TYPES)})
     """GPU model (``h100-sxm``, ``a100-80g``, ``l4``, ...; see ``chunktune.core.gpus``). Required
     for engine kind sim; for vLLM it enables the memory prescreen."""
     count: int | None = Field(default=None, ge=1, le=64)
@@ -139,6 +173,35 @@ class CPUSpec(Model):
     @property
     def kv_cache_bytes(self) -> int:
         return quantity_bytes(self.kv_cache_space)
+class SecurityContext(Model):
+    """Where a vLLM or SGLang engine container may be looser than the default (see
+    :func:`chunktune.backends.manifests.engine_security`). The default already drops every
+    capability, forbids privilege escalation, uses the RuntimeDefault seccomp profile and a
+    read-only root file system (with writable cache, ``/tmp`` and ``/dev/shm`` volumes), and
+    runs as the image's user. Privileged containers and privilege escalation cannot be asked
+    for."""
+
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+        {"rule": "!(has(self.runAsNonRoot) && self.runAsNonRoot && has(self.runAsUser) && "
+                 "self.runAsUser == 0)",
+         "message": "runAsNonRoot: true cannot run as user 0"}]}}
+
+    run_as_non_root: bool | None = None
+    """Require a non-root user (the restricted Pod Security profile). Needs an image whose
+    user is not root, or ``runAsUser``."""
+    run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
+    """User id of the engine process (e.g. 1000 to run the root-user vLLM image as
+    non-root)."""
+    run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
+    """Group id of the engine process."""
+    fs_group: int | None = Field(default=None, ge=0, le=2147483647)
+    """Group that owns the pod's volumes."""
+    read_only_root_filesystem: bool | None = None
+    """Default true: HOME and the model caches point at a writable ``emptyDir``. Set false
+    for an image that writes elsewhere."""
+    add_capabilities: list[AddCapability] = Field(
+        default_factory=list, max_length=2, json_schema_extra={"x-kubernetes-list-type": "set"})
+    """Capabilities to add back: ``IPC_LOCK`` (pinned memory for RDMA), ``SYS_NICE``."""
 
 
 class CalibrationSpec(Model):
@@ -156,23 +219,51 @@ class CalibrationSpec(Model):
 class EngineSpec(Model):
     """The inference server each trial starts."""
 
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+        {"rule": "(has(self.kind) && self.kind == 'sim') || has(self.image)",
+         "message": "image is required for engine kinds vllm and sglang (the server image, "
+                    "e.g. vllm/vllm-openai:v0.11.0)"},
+        {"rule": "!has(self.modelConfig) || (has(self.kind) && self.kind == 'sim')",
+         "message": "modelConfig is only used by engine kind sim"},
+        {"rule": "!has(self.kind) || self.kind != 'sim' || (has(self.gpu) && "
+                 "has(self.gpu.type))",
+         "message": "gpu.type is required for engine kind sim (the simulated GPU)"},
+        {"rule": "!has(self.gpu) || !has(self.gpu.count) || self.gpu.count >= "
+                 "(has(self.tensorParallelSize) ? self.tensorParallelSize : 1)",
+         "message": "gpu.count must be >= tensorParallelSize"},
+        {"rule": "!has(self.securityContext) || !has(self.kind) || self.kind != 'sim'",
+         "message": "securityContext applies to vllm and sglang engines; simulated engines "
+                    "always run with the restricted profile"},
+        {"rule": "!has(self.args) || self.args.all(a, !a.matches("
+                 "'^--(model|port|tensor-parallel-size|served-model-name)(=.*)?$'))",
+         "message": "args must not set --model, --port, --tensor-parallel-size or "
+                    "--served-model-name: the manifest's own fields set them"},
+        {"rule": "!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+         "message": "env names must be unique"},
+    ]}}
+
     kind: EngineKind = "vllm"
     """``vllm`` (a real vLLM server), ``sim`` (chunktune's simulated vLLM, no GPU needed) or
     ``sglang`` (accepted in manifests; the tuner may not run it yet)."""
-    image: str | None = Field(default=None, min_length=1, max_length=1024)
+    image: pattern_str(IMAGE_REF, 512,  # type: ignore[valid-type]
+                       "a container image such as vllm/vllm-openai:v0.11.0") | None = None
     """Container image. Required for vllm and sglang; for sim the chunktune image."""
-    model: str = Field(min_length=1, max_length=512)
+    model: pattern_str(MODEL_NAME, 512,  # type: ignore[valid-type]
+                       "a model id or path of letters, digits and _ . / @ : + - (no spaces)")
     """Hugging Face repo id or local path; for sim a catalog name (``llama-3.1-8b``)."""
-    hf_config: dict[str, Any] | None = Field(default=None, alias="modelConfig")
+    hf_config: dict[str, Any] | None = Field(default=None, alias="modelConfig",
+                                             json_schema_extra={"maxProperties": 512})
     """Sim only: the model's Hugging Face ``config.json`` inline, for models outside the
     catalog."""
-    served_model_name: str | None = Field(default=None, min_length=1, max_length=512)
+    served_model_name: pattern_str(  # type: ignore[valid-type]
+        MODEL_NAME, 256, "a model name of letters, digits and _ . / @ : + - (no spaces or "
+        "control characters)") | None = None
     """The model name clients send. Default: ``model``."""
     gpu: GPUSpec = Field(default_factory=GPUSpec)
     """Accelerators per trial."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     """``--tensor-parallel-size``."""
-    args: list[str] = Field(default_factory=list, max_length=128)
+    args: list[EngineArg] = Field(default_factory=list, max_length=128)  # type: ignore[valid-type]
     """Extra engine flags every trial uses, e.g. ``["--max-model-len", "32768"]``. Quote
     numbers. A searched flag must not appear here."""
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
@@ -188,6 +279,9 @@ class EngineSpec(Model):
     cpu: CPUSpec | None = None
     """Run vLLM's CPU build (``pip install 'chunktune[cpu]'``): its KV space and thread
     binding. ``cpu: {}`` takes the defaults. Only for engine kind vllm without a GPU."""
+    security_context: SecurityContext | None = None
+    """vLLM/SGLang only: where the engine container may be looser (or stricter) than the
+    default security context."""
 
     @model_validator(mode="after")
     def _defaults(self) -> EngineSpec:

@@ -38,7 +38,8 @@ class Objective(Model):
     direction: Literal["minimize", "maximize"] | None = None
     """Default: the metric's own (latencies and error rate minimize, throughput and goodput
     maximize)."""
-    class_: str | None = Field(default=None, alias="class", max_length=253)
+    class_: str | None = Field(default=None, alias="class", max_length=253,
+                               json_schema_extra={"pattern": "^" + _CLASS_RE.pattern + "$"})
     """Only the requests of this traffic class of the workload (``chat``)."""
 
     _metric = field_validator("metric", mode="before")(_check_metric)
@@ -60,6 +61,31 @@ _CONSTRAINT_RE = re.compile(
     r"\s*(?:(?P<cls>[A-Za-z0-9][A-Za-z0-9_.-]*)\.)?(?P<metric>[A-Za-z0-9_]+)\s*"
     r"(?P<op><=|>=|<|>|==|=)\s*(?P<value>\S.*?)\s*"
 )
+_NUMBER = r"[0-9]{1,9}(\.[0-9]{1,9})?([eE][-+]?[0-9]{1,2})?"
+_DURATION = r"([0-9]{1,7}(\.[0-9]{1,6})?(h|m|s|ms)){1,4}"
+_FRACTION = r"(0(\.[0-9]{1,9})?|1(\.0{1,9})?|\.[0-9]{1,9})"
+_PERCENT_VALUE = r"(100(\.0{1,9})?|[0-9]{1,2}(\.[0-9]{1,9})?)%"
+
+
+def _names(unit: str | None) -> str:
+    """The metric names of ``unit`` (None: every unit but seconds and fractions), longest
+    first."""
+    names = [n for n, m in _metrics.METRICS.items()
+             if m.unit == unit or (unit is None and m.unit not in ("s", "fraction"))]
+    return "|".join(sorted(names, key=len, reverse=True))
+
+
+#: The compact constraint grammar, for the CRD: ``[CLASS.]METRIC <= VALUE`` or ``>=``, METRIC one
+#: of the known metrics; VALUE seconds or a duration for latencies, a number in [0, 1] or a
+#: percentage up to 100% for fractions, a number for the rest.
+CONSTRAINT_PATTERN = (
+    r"^ *([A-Za-z0-9][A-Za-z0-9_.-]{0,62}\.)?("
+    rf"({_names('s')}) *(<=|>=) *({_NUMBER}|{_DURATION})|"
+    rf"({_names('fraction')}) *(<=|>=) *({_FRACTION}|{_PERCENT_VALUE})|"
+    rf"({_names(None)}) *(<=|>=) *{_NUMBER}"
+    r") *$"
+)
+_CONSTRAINT_FULL = re.compile(CONSTRAINT_PATTERN)
 _CONSTRAINT_FORM = ("'[CLASS.]METRIC <= VALUE' or '... >= VALUE', e.g. 'chat.itl_p99 <= 50ms' "
                     "or 'error_rate <= 1%'")
 
@@ -82,6 +108,10 @@ def parse_constraint_string(text: str) -> dict[str, Any]:
         value = _metrics.parse_value(metric, raw)
     except SpecError as e:
         raise ValueError(f"{e.problems[0][1]} (in {text!r})") from None
+    if len(text) > 256 or not _CONSTRAINT_FULL.fullmatch(text):
+        raise ValueError(f"must look like {_CONSTRAINT_FORM}: a class of at most 63 "
+                         f"characters, a number, percentage or duration such as 50ms, and no "
+                         f"other characters (got {text[:80]!r})")
     out: dict[str, Any] = {"metric": metric, "max" if m["op"] == "<=" else "min": value}
     if m["cls"]:
         out["class"] = m["cls"]
@@ -137,6 +167,16 @@ class Constraint(Model):
         op, v = ("<=", self.max) if self.max is not None else (">=", self.min)
         return f"{self.key} {op} {_metrics.format_value(self.metric, float(v or 0))}"
 
+    def manifest_text(self) -> str:
+        """The compact form without rounding (``chat.itl_p99 <= 0.05``), as written back
+        into a manifest: the bound in the metric's base unit, seconds or a fraction."""
+        op, v = ("<=", self.max) if self.max is not None else (">=", self.min)
+        if _metrics.METRICS[self.metric].unit == "fraction":
+            text = f"{float(v or 0):.9f}".rstrip("0").rstrip(".")
+        else:
+            text = f"{float(v or 0):.9g}"
+        return f"{self.key} {op} {text}"
+
     def ok(self, value: float) -> bool:
         """Whether ``value`` meets the bound."""
         if self.max is not None and value > self.max:
@@ -144,12 +184,16 @@ class Constraint(Model):
         return not (self.min is not None and value < self.min)
 
 
-#: In the CRD a constraint item is a string or a mapping, which a structural schema can only
-#: leave untyped; :func:`chunktune.api.validation.validate` checks it.
+#: In the CRD a constraint item is the compact string, checked against the grammar. (A
+#: structural schema cannot type "a string or a mapping"; leaving the item untyped would let
+#: any value in, so the cluster takes the string form, the one every example uses. The mapping
+#: form stays available to the Python API and local runs.)
 CONSTRAINT_ITEM_SCHEMA: dict[str, Any] = {
-    "x-kubernetes-preserve-unknown-fields": True,
-    "description": "An SLO: a string '[CLASS.]METRIC <= VALUE' or '... >= VALUE' (e.g. "
-                   "'chat.itl_p99 <= 50ms', 'error_rate <= 1%'), or a mapping {metric, class, "
-                   "max | min}. Latency bounds take seconds or '50ms'/'4s'; fractions take 0.01 "
-                   "or '1%'.",
+    "type": "string",
+    "description": "An SLO: '[CLASS.]METRIC <= VALUE' or '... >= VALUE' (e.g. "
+                   "'chat.itl_p99 <= 50ms', 'error_rate <= 1%'). Latency bounds take seconds or "
+                   "a duration ('50ms', '4s'); fractions take 0.01 or '1%'.",
+    "minLength": 1,
+    "maxLength": 256,
+    "pattern": CONSTRAINT_PATTERN,
 }

@@ -8,11 +8,35 @@ applies the models' defaults, which depend on other fields; each description say
 default). The models carry the CEL rules (``x-kubernetes-validations``) for the cross-field
 checks CEL can express and for the fields that may not change under a running study.
 
-Two things stay with the operator because CEL cannot see them: a constraint may be a string
-(``"chat.itl_p99 <= 50ms"``) or a mapping, so constraint items are untyped
-(``x-kubernetes-preserve-unknown-fields``) and their "exactly one of max or min" rule is checked
-by :func:`chunktune.api.validation.validate`; the same goes for the inline profile and
-``modelConfig``, which are free-form mappings.
+Admission refuses what it can know, so that a bad manifest fails at ``kubectl apply`` rather
+than later in the operator: patterns for durations (``90s``, ``1h30m``; no spaces, no unknown
+units, at most seven digits), quantities (no negatives), image references, model and served
+model names (no spaces or control characters), engine arguments (no control characters),
+http(s) URLs without credentials, the storage forms (a relative journal path without ``..``,
+``sqlite:///relative.db``, or an RDB URL without a password), the constraint grammar (per
+metric unit) and Kubernetes names; bounds on every number (ranges within the flags' values up
+to 2^24 tokens, seeds within numpy's 32 bits); enums for flags, metrics and GPUs; CEL for the
+rules between fields (low <= high, choices xor a range, the flags' own limits, a duplicated
+parameter, warm-up < duration, positive durations with a ceiling of a week (30 days for
+``maxDuration``), image required for vLLM, gpu.count >= tensorParallelSize, managed flags and
+searched flags not in ``args``, unique env names). ``tests/api/corpus.py`` holds 149 bad
+manifests: the schema plus CEL refuses every one (``bench/admission.py``).
+
+What stays with the operator: the classes an objective or constraint names (they come from the
+workload profile), the profile file's content, the simulator's model and GPU memory checks, and
+``modelConfig`` and the inline profile's token distributions (a number or a mapping, which a
+structural schema cannot type; so they are ``x-kubernetes-preserve-unknown-fields``, with
+``maxProperties`` on ``modelConfig``). Constraints are strings in the CRD (the compact form);
+the mapping form remains for the Python API.
+
+CEL cost: the API server estimates each rule's worst case from the sizes the schema allows and
+refuses a CRD over 10^7 per rule or 10^8 in total, so every list, string and map that a rule
+can read has ``maxItems``/``maxLength``/``maxProperties`` (the status too, bounded by
+:data:`STATUS_BOUNDS`). The costliest rules are the pairwise ones: unique env names (64 x 64
+comparisons of names up to 256 characters) and searched flags not fixed in ``args`` (16
+parameters x 128 arguments of at most 1024 characters), each a few 10^5 cost units;
+``tests/api/test_crd.py`` keeps every rule under 10^6 and the sum under 10^7 by a conservative
+estimate.
 """
 
 from __future__ import annotations
@@ -23,8 +47,10 @@ from typing import Any
 
 import yaml
 
-from chunktune.api.status import Status
+from chunktune.api._types import DURATION_CEILING, DURATION_PATTERN, duration_rule
+from chunktune.api.status import MAX_LISTED, MAX_TEXT, Status
 from chunktune.api.v1alpha1 import API_GROUP, API_VERSION, KIND, Spec
+from chunktune.core.workload import APIS, ARRIVAL_MODES
 
 PLURAL = "chunkedprefilltunings"
 SINGULAR = "chunkedprefilltuning"
@@ -59,8 +85,12 @@ class SchemaError(ValueError):
 def openapi_schema() -> dict[str, Any]:
     """The structural ``openAPIV3Schema`` of the resource."""
     spec = _structural(Spec.model_json_schema(by_alias=True, mode="validation"))
-    status = _structural(Status.model_json_schema(by_alias=True, mode="serialization"))
-    status["x-kubernetes-preserve-unknown-fields"] = True
+    status = _bounded(_structural(Status.model_json_schema(by_alias=True,
+                                                          mode="serialization")))
+    # kopf's own status field (it may touch status.kopf); everything else is typed.
+    status["properties"]["kopf"] = {
+        "type": "object", "description": "Written by kopf, the operator framework.",
+        "maxProperties": 16, "x-kubernetes-preserve-unknown-fields": True}
     return {
         "type": "object",
         "description": "A study that tunes an inference server's chunked-prefill flags by "
@@ -114,6 +144,11 @@ def _structural(root: dict[str, Any]) -> dict[str, Any]:
 
 def _node(node: dict[str, Any], defs: dict[str, Any], where: str) -> dict[str, Any]:
     node = dict(node)
+    if node.get("x-chunktune-schema") == "profile":
+        node = {k: v for k, v in node.items() if k not in ("x-chunktune-schema", "type",
+                                                            "additionalProperties", "anyOf")}
+        return {**copy.deepcopy(INLINE_PROFILE_SCHEMA), **{
+            k: v for k, v in node.items() if k == "description"}}
     if "$ref" in node:
         node = _merge(defs[node.pop("$ref").rsplit("/", 1)[-1]], node)
     if "anyOf" in node:
@@ -185,6 +220,96 @@ def _merge(inner: dict[str, Any], outer: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: Bounds given to status nodes that have none: the operator writes the status, and every
+#: list, string and map has a bound so that CEL cost estimates stay finite.
+STATUS_BOUNDS = {"string": ("maxLength", MAX_TEXT), "array": ("maxItems", MAX_LISTED),
+                 "map": ("maxProperties", 256)}
+
+
+def _bounded(node: dict[str, Any]) -> dict[str, Any]:
+    """``node`` with a bound on every string, list and map that lacks one (see
+    :data:`STATUS_BOUNDS`)."""
+    out = dict(node)
+    kind = "map" if isinstance(out.get("additionalProperties"), dict) else out.get("type")
+    if kind in STATUS_BOUNDS and "enum" not in out and "format" not in out:
+        key, value = STATUS_BOUNDS[kind]
+        out.setdefault(key, value)
+    if "properties" in out:
+        out["properties"] = {k: _bounded(v) for k, v in out["properties"].items()}
+    for key in ("items", "additionalProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = _bounded(out[key])
+    return out
+
+
+# ---- the inline workload profile ----------------------------------------------------------------
+
+_DURATION_FIELD = {"x-kubernetes-int-or-string": True, "pattern": DURATION_PATTERN,
+                   "maxLength": 40, "minimum": 0, "maximum": DURATION_CEILING,
+                   "x-kubernetes-validations": [duration_rule(DURATION_CEILING, False)]}
+_DISTRIBUTION = {
+    "description": "A token count: a number, or a mapping {dist: constant|uniform|normal|"
+                   "lognormal|exponential|choice, value|min|max|mean|std|sigma|values|"
+                   "weights}. Checked by the operator (a structural schema cannot type a "
+                   "number-or-mapping).",
+    "x-kubernetes-preserve-unknown-fields": True,
+}
+#: The schema of ``spec.workload.inline`` (the ``loadtest/profiles`` format), so that the API
+#: server checks its shape and bounds; the distributions stay untyped (number or mapping) and
+#: :func:`chunktune.core.workload.parse_profile` checks them.
+INLINE_PROFILE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A profile mapping inline (classes, arrival, duration, ...).",
+    "required": ["classes"],
+    "properties": {
+        "name": {"type": "string", "description": "Profile name.", "maxLength": 253},
+        "description": {"type": "string", "description": "What the traffic is.",
+                        "maxLength": 4096},
+        "arrival": {
+            "type": "object", "description": "How requests arrive.",
+            "properties": {
+                "mode": {"type": "string", "description": "Arrival process.",
+                         "enum": list(ARRIVAL_MODES)},
+                "rate": {"type": "number", "description": "Requests per second.",
+                         "minimum": 0, "exclusiveMinimum": True, "maximum": 100000},
+                "concurrency": {"type": "integer", "description": "Requests in flight.",
+                                "minimum": 1, "maximum": 100000},
+            },
+        },
+        "duration": {**_DURATION_FIELD, "description": "How long each trial sends traffic.",
+                     "minimum": 1,
+                     "x-kubernetes-validations": [duration_rule(DURATION_CEILING, True)]},
+        "warmup": {**_DURATION_FIELD, "description": "Requests before this are not measured."},
+        "seed": {"type": "integer", "description": "Random seed.", "minimum": 0,
+                 "maximum": 2**32 - 1},
+        "classes": {
+            "type": "array", "description": "Traffic classes.", "minItems": 1, "maxItems": 32,
+            "items": {
+                "type": "object", "description": "One traffic class.",
+                "required": ["name", "prompt_tokens", "output_tokens"],
+                "properties": {
+                    "name": {"type": "string", "description": "Class name.", "maxLength": 63,
+                             "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+                    "weight": {"type": "number", "description": "Share of the requests.",
+                               "minimum": 0, "exclusiveMinimum": True, "maximum": 1000000},
+                    "api": {"type": "string", "description": "OpenAI API.",
+                            "enum": list(APIS)},
+                    "prompt_tokens": {**_DISTRIBUTION},
+                    "output_tokens": {**_DISTRIBUTION},
+                },
+            },
+        },
+    },
+    "x-kubernetes-validations": [
+        {"rule": "!has(self.warmup) || !has(self.duration) || "
+                 "(type(self.warmup) == string ? duration(self.warmup) : "
+                 "duration(string(self.warmup) + 's')) < (type(self.duration) == string ? "
+                 "duration(self.duration) : duration(string(self.duration) + 's'))",
+         "message": "warmup must be shorter than duration"},
+    ],
+}
+
+
 # ---- structural OpenAPI -> JSON Schema (for checking manifests offline) ------------------------
 
 
@@ -200,6 +325,10 @@ def to_json_schema(node: dict[str, Any]) -> dict[str, Any]:
             out[key] = to_json_schema(value)
         elif key.startswith("x-kubernetes-") or key == "description":
             continue
+        elif key == "pattern" and value.endswith("$"):
+            # Python's '$' also matches before a final newline; RE2's (the API server's)
+            # does not.
+            out[key] = value[:-1] + r"\Z"
         else:
             out[key] = value
     if node.get("x-kubernetes-int-or-string"):

@@ -30,6 +30,10 @@ PHASES: tuple[str, ...] = ("Pending", "Running", "Succeeded", "Failed", "Suspend
 LISTED_STATES: tuple[TrialState, ...] = tuple(s for s in TrialState if s is not TrialState.WAITING)
 #: How many trials the status lists by default (the counts cover all of them).
 DEFAULT_TRIALS_LIMIT = 50
+#: The CRD's bounds on status lists and strings (:data:`chunktune.api.crd.STATUS_BOUNDS`): the
+#: renderer stays within them, or the API server would refuse the status patch.
+MAX_LISTED = 1000
+MAX_TEXT = 4096
 
 _COUNT_FIELD = {TrialState.COMPLETE: "completed", TrialState.PRUNED: "pruned",
                 TrialState.INFEASIBLE: "infeasible", TrialState.FAIL: "failed",
@@ -186,23 +190,24 @@ def render_status(summary: StudySummary) -> dict[str, Any]:
     keep = list(dict.fromkeys([*keys, *summary.key_metrics]))
     baseline = by_number.get(summary.baseline) if summary.baseline is not None else None
     best = by_number.get(summary.best) if summary.best is not None else None
-    listed = sorted(summary.trials, key=lambda t: t.number)[-summary.trials_limit:] \
-        if summary.trials_limit > 0 else []
+    limit = min(summary.trials_limit, MAX_LISTED)
+    listed = sorted(summary.trials, key=lambda t: t.number)[-limit:] if limit > 0 else []
     status = Status(
         phase=summary.phase,  # type: ignore[arg-type]
-        message=summary.message,
+        message=_cut(summary.message),
         observed_generation=summary.observed_generation,
-        conditions=[Condition.model_validate(c) for c in summary.conditions],
+        conditions=[Condition.model_validate({**c, "message": _cut(c.get("message")) or ""})
+                    for c in summary.conditions],
         trials_completed=finished,
         trials_summary=f"{finished}/{summary.max_trials}" if summary.max_trials else str(finished),
         counts=counts,
         baseline=_point(baseline) if baseline else None,
         best=_point(best, baseline, summary.objectives) if best else None,
         pareto_front=[_point(by_number[n], baseline, summary.objectives)
-                      for n in summary.pareto if n in by_number] or None,
+                      for n in summary.pareto if n in by_number][:MAX_LISTED] or None,
         trials=[TrialStatus(number=t.number, parameters=dict(t.params),
                             state=t.state,
-                            reason=t.reason,
+                            reason=_cut(t.reason),
                             metrics={k: v for k, v in _finite(t.metrics).items()
                                      if not keep or k in keep})
                 for t in listed],
@@ -210,6 +215,13 @@ def render_status(summary: StudySummary) -> dict[str, Any]:
         completion_time=_time(summary.completion_time),
     )
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _cut(text: str | None, limit: int = MAX_TEXT) -> str | None:
+    """``text`` within the CRD's bound on status strings."""
+    if text is None or len(text) <= limit:
+        return text
+    return text[:limit - 20] + " ... (cut)"
 
 
 def improvement(value: float, baseline: float) -> str | None:

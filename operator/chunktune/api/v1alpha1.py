@@ -10,10 +10,20 @@ becomes its description in the CRD.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    Field,
+    PlainValidator,
+    PrivateAttr,
+    WithJsonSchema,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from pydantic.config import JsonDict, JsonValue
 from pydantic_core import PydanticCustomError
 
 from chunktune.api._engine import (
@@ -35,10 +45,24 @@ from chunktune.api._goals import (
     Objective,
     parse_constraint_string,
 )
-from chunktune.api._types import Duration, Model, Number, check_label_name, check_object_name
+from chunktune.api._types import (
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    HTTP_URL,
+    RELATIVE_PATH,
+    Duration,
+    DurationOrZero,
+    Model,
+    Number,
+    check_label_name,
+    check_object_name,
+    duration_type,
+    pattern_str,
+    short_repr,
+)
 from chunktune.api.flags import DEFAULT_SEARCH_SPACE
 from chunktune.core.errors import SpecError
-from chunktune.core.flags import TUNABLE
+from chunktune.core.flags import FLAGS, MAX_TOKENS, TUNABLE
 from chunktune.core.suggest import closest
 from chunktune.core.workload import Profile, load_profile, parse_profile
 
@@ -59,6 +83,56 @@ SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid", "cmaes"]
 PrunerName = Literal["none", "median", "percentile", "hyperband"]
 
 
+#: The forms ``spec.storage`` takes (the CRD's pattern, and the model's): a relative journal
+#: path, or an RDB URL of a known scheme with a host and database but no password (sqlite: a
+#: relative file).
+_RDB_SCHEMES = "postgresql|postgres|mysql|mariadb|oracle|mssql"
+_REL = RELATIVE_PATH.removeprefix("^").removesuffix("$")
+STORAGE_PATTERN = (
+    f"^((journal://|file://)?{_REL}|sqlite:///{_REL}|"
+    rf"({_RDB_SCHEMES})(\+[a-z0-9_]+)?://([A-Za-z0-9_.-]+@)?[A-Za-z0-9]([A-Za-z0-9.-]*"
+    r"[A-Za-z0-9])?(:[0-9]{1,5})?/[A-Za-z0-9_.-]+(\?[A-Za-z0-9_.=&%-]*)?)$"
+)
+STORAGE_FORMS = ("a journal path relative to the state directory (studies/x.journal, or "
+                 "journal://studies/x.journal; no '..', no absolute path), "
+                 "sqlite:///relative.db, or an RDB URL such as postgresql://host:5432/db (no "
+                 "password in the URL)")
+
+
+_STORAGE_RE = re.compile(STORAGE_PATTERN)
+
+
+def _check_storage(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"must be a string: {STORAGE_FORMS} (got {short_repr(v)})")
+    if len(v) > 1024:
+        raise ValueError(f"must be at most 1024 characters (got {len(v)})")
+    if _STORAGE_RE.fullmatch(v):
+        return v
+    scheme, sep, rest = v.partition("://")
+    if sep:
+        base = scheme.split("+", 1)[0]
+        if base not in ("sqlite", "journal", "file", *_RDB_SCHEMES.split("|")):
+            raise ValueError(f"unknown storage scheme {base!r}: give an RDB URL "
+                             "(sqlite:///study.db, postgresql://host/db, mysql://host/db) or a "
+                             "journal file path")
+        if ":" in rest.split("@", 1)[0] and "@" in rest:
+            raise ValueError("must not carry a password: the operator reads database "
+                             "credentials from a Secret (got a URL with user:password@)")
+    elif v.startswith("/"):
+        raise ValueError(f"must be relative to the operator's state directory, not an absolute "
+                         f"path (got {short_repr(v)})")
+    if ".." in re.split(r"[/\\]", v):
+        raise ValueError(f"must not contain '..': journals stay inside the operator's state "
+                         f"directory (got {short_repr(v)})")
+    raise ValueError(f"must be {STORAGE_FORMS} (got {short_repr(v)})")
+
+
+#: ``spec.storage``: checked by the model and by the CRD's pattern alike.
+StorageRef = Annotated[str, PlainValidator(_check_storage), WithJsonSchema(
+    {"type": "string", "minLength": 1, "maxLength": 1024, "pattern": STORAGE_PATTERN})]
+
+
 def _immutable(what: str) -> dict[str, Any]:
     return {"x-kubernetes-validations": [{
         "rule": "self == oldSelf",
@@ -70,11 +144,35 @@ def _immutable(what: str) -> dict[str, Any]:
 # ---- search space -----------------------------------------------------------------------------
 
 
-class Parameter(Model):
-    """One searched engine flag: an int or float range (``type``, ``low``, ``high``), or a
-    list of ``choices``."""
+def _cel_number(v: float) -> str:
+    return repr(float(v))
 
-    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+
+def _flag_value_rule(name: str) -> JsonDict:
+    """The CEL rule holding a parameter of flag ``name`` to the values the engine takes."""
+    f = FLAGS[name]
+
+    def ok(x: str) -> str:
+        parts = [] if f.minimum is None else [
+            f"{x} {'>' if f.minimum_exclusive else '>='} {_cel_number(f.minimum)}"]
+        if f.maximum is not None:
+            parts.append(f"{x} <= {_cel_number(f.maximum)}")
+        parts += [f"{x} != {_cel_number(bad)}" for bad in f.forbidden]
+        if f.kind == "int":
+            parts.append(f"{x} == double(int({x}))")
+        inside = " && ".join(parts) or "true"
+        return " || ".join([f"({inside})", *(f"{x} == {_cel_number(v)}" for v in f.special)])
+
+    rule = (f"self.name != '{name}' || ((!has(self.low) || {ok('self.low')}) && "
+            f"(!has(self.high) || {ok('self.high')}) && "
+            f"(!has(self.choices) || self.choices.all(c, {ok('c')})))")
+    whole = "whole numbers " if f.kind == "int" else ""
+    return {"rule": rule, "message": f"{name} takes {whole}values {f.range_text()}"}
+
+
+def _parameter_rules() -> list[JsonValue]:
+    ints = ", ".join(f"'{n}'" for n in TUNABLE if FLAGS[n].kind == "int")
+    return [
         {"rule": "has(self.choices) ? !has(self.type) && !has(self.low) && !has(self.high) "
                  "&& !has(self.step) : has(self.type) && has(self.low) && has(self.high)",
          "message": "give either choices, or type with low and high"},
@@ -82,22 +180,45 @@ class Parameter(Model):
          "message": "low must be <= high"},
         {"rule": "!has(self.log) || !self.log || !has(self.step) || self.step == 1.0",
          "message": "log: true needs step 1 (Optuna cannot sample a stepped log scale)"},
-    ]}}
+        {"rule": "!has(self.log) || !self.log || !has(self.low) || self.low > 0.0",
+         "message": "log: true needs low > 0"},
+        {"rule": f"!has(self.type) || self.type == (self.name in [{ints}] ? 'int' : 'float')",
+         "message": "type must be int for a token or sequence count, float for "
+                    "gpu-memory-utilization"},
+        {"rule": "!has(self.step) || !has(self.low) || !has(self.high) || "
+                 f"(self.high - self.low) / self.step <= {_cel_number(GRID_MAX)}",
+         "message": f"a range may have at most {GRID_MAX} steps; use a larger step"},
+        *(_flag_value_rule(n) for n in TUNABLE),
+    ]
+
+
+#: The most values one stepped range may have (a grid of more is a bomb, not a search).
+GRID_MAX = 100_000
+_VALUE_BOUNDS: JsonDict = {"minimum": -1, "maximum": MAX_TOKENS}
+
+
+class Parameter(Model):
+    """One searched engine flag: an int or float range (``type``, ``low``, ``high``), or a
+    list of ``choices``."""
+
+    model_config = Model.model_config | {"json_schema_extra": {
+        "x-kubernetes-validations": _parameter_rules()}}
 
     name: str = Field(json_schema_extra={"enum": list(TUNABLE)})
     """The engine flag without its leading dashes (``max-num-batched-tokens``)."""
     type: Literal["int", "float"] | None = None
     """Range type."""
-    low: Number | None = None
+    low: Number | None = Field(default=None, json_schema_extra=_VALUE_BOUNDS)
     """Smallest value (inclusive)."""
-    high: Number | None = None
+    high: Number | None = Field(default=None, json_schema_extra=_VALUE_BOUNDS)
     """Largest value (inclusive)."""
     step: Number | None = Field(
-        default=None, json_schema_extra={"minimum": 0, "exclusiveMinimum": True})
+        default=None, json_schema_extra={"minimum": 0, "exclusiveMinimum": True,
+                                         "maximum": MAX_TOKENS})
     """Spacing of the values. Default: 1 for int, continuous for float."""
     log: bool = False
     """Sample on a log scale (needs ``low > 0`` and step 1)."""
-    choices: list[Number] | None = Field(
+    choices: list[Annotated[Number, Field(json_schema_extra=_VALUE_BOUNDS)]] | None = Field(
         None, min_length=1, max_length=256, json_schema_extra={"x-kubernetes-list-type": "set"}
     )
     """An explicit list of values instead of a range."""
@@ -145,6 +266,11 @@ class Parameter(Model):
 # ---- workload ---------------------------------------------------------------------------------
 
 
+def _seconds(x: str) -> str:
+    """CEL: a duration field (an integer of seconds, or a duration string) as a duration."""
+    return f"(type({x}) == string ? duration({x}) : duration(string({x}) + 's'))"
+
+
 class WorkloadSpec(Model):
     """The traffic each trial replays: a profile (``loadtest/profiles`` format), plus
     overrides."""
@@ -154,22 +280,29 @@ class WorkloadSpec(Model):
          "message": "give exactly one of profile or inline"},
         {"rule": "!(has(self.rate) && has(self.concurrency))",
          "message": "give rate or concurrency, not both"},
+        {"rule": "!has(self.warmup) || !has(self.duration) || "
+                 f"{_seconds('self.warmup')} < {_seconds('self.duration')}",
+         "message": "warmup must be shorter than duration"},
     ]}}
 
-    profile: str | None = Field(default=None, min_length=1, max_length=1024)
-    """A shipped profile name (``mixed``, ``chat``, ``long-context``, ``smoke``) or a path to a
-    profile YAML file."""
-    inline: dict[str, Any] | None = None
+    profile: pattern_str(  # type: ignore[valid-type]
+        RELATIVE_PATH, 1024, "a shipped profile name (mixed, chat, long-context, smoke) or a "
+        "relative path to a profile file: names of letters, digits, '_', '-' and '.', no "
+        "'..' and no absolute path") | None = None
+    """A shipped profile name (``mixed``, ``chat``, ``long-context``, ``smoke``) or a relative
+    path to a profile YAML file."""
+    inline: dict[str, Any] | None = Field(default=None,
+                                          json_schema_extra={"x-chunktune-schema": "profile"})
     """A profile mapping inline (``classes``, ``arrival``, ``duration``, ...)."""
     duration: Duration | None = None
     """Override: how long each trial sends traffic."""
-    warmup: Duration | None = None
+    warmup: DurationOrZero | None = None
     """Override: requests arriving before this are not measured."""
-    rate: float | None = Field(default=None, gt=0)
+    rate: float | None = Field(default=None, gt=0, le=100_000)
     """Override: open-loop arrival rate, requests per second."""
-    concurrency: int | None = Field(default=None, ge=1)
+    concurrency: int | None = Field(default=None, ge=1, le=100_000)
     """Override: closed-loop mode with this many requests in flight."""
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**32 - 1)
     """Override: the profile's random seed."""
 
     _base_dir: Path | None = PrivateAttr(None)
@@ -215,15 +348,15 @@ class Budget(Model):
     """Trials to run (the baseline trial included)."""
     parallelism: int = Field(default=1, ge=1, le=64)
     """Trials running at once (each needs its own GPUs)."""
-    max_failed_trials: int = Field(default=5, ge=0)
+    max_failed_trials: int = Field(default=5, ge=0, le=10000)
     """Stop after this many crashed trials (infeasible or pruned trials do not count)."""
     trial_timeout: Duration = 1200.0
     """Wall-clock limit of one trial, engine start-up included. Default: 20m."""
-    max_duration: Duration | None = None
+    max_duration: duration_type(ceiling=30 * 24 * 3600) | None = None  # type: ignore[valid-type]
     """Wall-clock limit of the whole study."""
     prescreen: bool = True
     """Skip points the simulator's memory model predicts to fail at start-up."""
-    patience: int | None = Field(default=None, ge=1)
+    patience: int | None = Field(default=None, ge=1, le=10000)
     """Stop when this many trials in a row improve the best by less than ``minImprovement``."""
     min_improvement: float = Field(default=0.01, ge=0, lt=1)
     """Relative improvement that resets ``patience`` (0.01 = 1%)."""
@@ -234,8 +367,8 @@ class SamplerSpec(Model):
 
     name: SamplerName = "tpe"
     """``tpe`` (default), ``gp``, ``nsga2``, ``random``, ``grid`` or ``cmaes``."""
-    seed: int = 0
-    """Sampler seed, so a study reproduces."""
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    """Sampler seed, so a study reproduces (0 to 2^32-1, numpy's range)."""
 
 
 class PrunerSpec(Model):
@@ -244,7 +377,7 @@ class PrunerSpec(Model):
     name: PrunerName = "median"
     """``none``, ``median`` (default; ``none`` for several objectives, which Optuna cannot
     prune), ``percentile`` or ``hyperband``."""
-    warmup_windows: int = Field(default=2, ge=0)
+    warmup_windows: int = Field(default=2, ge=0, le=10000)
     """Measurement windows a trial reports before it may be pruned."""
 
 
@@ -259,18 +392,23 @@ class StorageSource(Model):
 class MetricsSpec(Model):
     """Where engine metrics are read from."""
 
-    prometheus_url: str | None = Field(default=None, alias="prometheusURL", max_length=1024)
+    prometheus_url: pattern_str(  # type: ignore[valid-type]
+        HTTP_URL, 1024, "an http:// or https:// URL of a host (no credentials), e.g. "
+        "http://prometheus-operated.monitoring:9090") | None = Field(
+        default=None, alias="prometheusURL")
     """A Prometheus server to query; default: scrape each trial's ``/metrics`` directly."""
-    scrape_interval: Duration | None = None
+    scrape_interval: duration_type(ceiling=3600) | None = None  # type: ignore[valid-type]
     """How often engine metrics are sampled."""
 
 
 class PatchDeployment(Model):
     """A Deployment to update with the best flags when the study succeeds."""
 
-    name: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253,
+                      json_schema_extra={"pattern": DNS1123_SUBDOMAIN})
     """Deployment name (same namespace)."""
-    container: str | None = Field(default=None, min_length=1, max_length=63)
+    container: str | None = Field(default=None, min_length=1, max_length=63,
+                                  json_schema_extra={"pattern": DNS1123_LABEL})
     """Container whose args to patch. Default: the first."""
 
     _name = field_validator("name")(lambda v: check_object_name(v, "Deployment name"))
@@ -281,7 +419,8 @@ class PatchDeployment(Model):
 class OutputSpec(Model):
     """Where the result goes besides the status."""
 
-    config_map: str | None = Field(default=None, min_length=1, max_length=253)
+    config_map: str | None = Field(default=None, min_length=1, max_length=253,
+                                   json_schema_extra={"pattern": DNS1123_SUBDOMAIN})
     """Write the best flags and metrics to this ConfigMap."""
     patch_deployment: PatchDeployment | None = None
     """Patch the best flags into this Deployment."""
@@ -298,10 +437,16 @@ class Spec(Model):
     """What to tune, against which traffic, for which goal, within which budget."""
 
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
-        {"rule": f"has(self.{f}) == has(oldSelf.{f})",
-         "message": f"{f} cannot be added or removed after creation: it would invalidate the "
-                    "running study"}
-        for f in ("searchSpace", "objectives")
+        {"rule": "has(self.searchSpace) == has(oldSelf.searchSpace)",
+         "message": "searchSpace cannot be added or removed after creation: it would "
+                    "invalidate the running study"},
+        {"rule": "has(self.objectives) == has(oldSelf.objectives)",
+         "message": "objectives cannot be added or removed after creation: it would "
+                    "invalidate the running study"},
+        {"rule": "!has(self.searchSpace) || !has(self.engine.args) || self.searchSpace.all(p, "
+                 "!self.engine.args.exists(a, a == '--' + p.name || "
+                 "a.startsWith('--' + p.name + '=')))",
+         "message": "a searched flag must not also be fixed in engine.args"},
     ]}}
 
     engine: EngineSpec = Field(json_schema_extra={"x-kubernetes-validations": [
@@ -315,7 +460,10 @@ class Spec(Model):
     search_space: list[Parameter] | None = Field(
         None, min_length=1, max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
-                           **_immutable("searchSpace")},
+                           "x-kubernetes-validations": [
+                               *_immutable("searchSpace")["x-kubernetes-validations"],
+                               {"rule": "self.all(p, self.exists_one(q, q.name == p.name))",
+                                "message": "each flag may be searched once"}]},
     )
     """The flags to search. Default: max-num-batched-tokens 512..16384 step 512,
     long-prefill-token-threshold in [0, 256, 512, 1024, 2048, 4096], max-num-seqs in
@@ -335,11 +483,11 @@ class Spec(Model):
     """How trials are proposed."""
     pruner: PrunerSpec = Field(default_factory=PrunerSpec)
     """How trials are stopped early."""
-    storage: str | None = Field(default=None, min_length=1, max_length=1024)
-    """Optuna storage: an RDB URL (``sqlite:///study.db``, ``postgresql://...``) or a journal
-    file path. Default: chosen by the runner. In the operator, journal paths are confined to
-    its state directory and RDB URLs need its ``storage.allowDatabaseURLs`` and no inline
-    password."""
+    storage: StorageRef | None = None
+    """Optuna storage: a journal file path relative to the state directory
+    (``studies/llama.journal``), or an RDB URL (``sqlite:///study.db``,
+    ``postgresql://host:5432/db``; no password: credentials come from the operator). Default:
+    chosen by the runner."""
     storage_from: StorageSource | None = None
     """Operator only: the Optuna storage URL from a Secret's key (a database URL with
     credentials), instead of ``storage``."""
@@ -349,6 +497,11 @@ class Spec(Model):
     """Where the result goes besides the status."""
     suspend: bool = False
     """Pause the study: no new trials start."""
+
+    @field_serializer("constraints")
+    def _constraints_out(self, constraints: list[Constraint]) -> list[str]:
+        """Constraints in the compact string form, the one the CRD takes."""
+        return [c.manifest_text() for c in constraints]
 
     @model_validator(mode="after")
     def _defaults(self) -> Spec:

@@ -41,12 +41,39 @@ _SECTIONS = ("", "apiVersion", "kind", "metadata",
              *(f"spec.{f.alias or n}" for n, f in Spec.model_fields.items()), "spec")
 
 
+#: The deepest nesting a manifest may have (the deepest real one is about 8 levels); deeper
+#: input is refused before anything walks it recursively.
+MAX_DEPTH = 64
+
+
+def too_deep(obj: Any, limit: int = MAX_DEPTH) -> str | None:
+    """The path of the first value nested more than ``limit`` levels deep, or None. Iterative:
+    a document nested 100,000 levels deep costs no stack."""
+    stack: list[tuple[Any, str, int]] = [(obj, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > limit:
+            return path
+        # NOTE: the path names the field (three levels), not the whole way down.
+        if isinstance(value, dict):
+            stack += [(v, (f"{path}.{k}" if path else str(k)) if depth < 3 else path,
+                       depth + 1) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, f"{path}[{i}]" if depth < 3 else path, depth + 1)
+                      for i, v in enumerate(value)]
+    return None
+
+
 def validate(obj: Any, base_dir: str | Path | None = None) -> list[Problem]:
     """Every problem of a manifest mapping, as ``(path, message)``; empty when it is valid.
 
     ``base_dir`` resolves a relative ``spec.workload.profile`` path (the manifest's folder)."""
     if not isinstance(obj, dict):
         return [("", f"must be a mapping: a {KIND} manifest (got {type(obj).__name__})")]
+    deep = too_deep(obj)
+    if deep is not None:
+        return [(deep, f"is nested more than {MAX_DEPTH} levels deep; a manifest never "
+                       "needs that")]
     problems: list[Problem] = []
     try:
         ChunkedPrefillTuning.model_validate(obj, by_name=False)
@@ -80,6 +107,9 @@ def read_manifest(path: str | Path, name: str | None = None) -> dict[str, Any]:
         raise SpecError(f"cannot read: {e.strerror or e}", field=str(p)) from None
     except yaml.YAMLError as e:
         raise SpecError(f"is not valid YAML: {e}", field=str(p)) from None
+    except RecursionError:
+        raise SpecError(f"is nested too deeply to read (more than {MAX_DEPTH} levels are "
+                        "refused anyway)", field=str(p)) from None
     if len(docs) == 1 and isinstance(docs[0], dict) and "kind" not in docs[0]:
         return docs[0]  # let validate() report the missing kind
     ours = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
@@ -174,6 +204,18 @@ def _ordered(problems: list[Problem]) -> list[Problem]:
         m = re.match(re.escape(_SECTIONS[section]) + r"\[(\d+)\]", path) if section else None
         return section, int(m.group(1)) if m else -1, seq
 
-    unique = list(dict.fromkeys(problems))
+    unique = list(dict.fromkeys((path[:300], _short(m)) for path, m in problems))
     return [p for _, p in sorted(enumerate(unique), key=key)]
+
+
+_LONG_QUOTE = re.compile(r"""(['"])([^'"]{80})[^'"]{40,}\1""")
+
+
+def _short(message: str, limit: int = 1000) -> str:
+    """A message with long quoted values cut (a 1 MB value must not make a 1 MB message,
+    condition or event), and at most ``limit`` characters."""
+    if len(message) <= 300:
+        return message
+    message = _LONG_QUOTE.sub(lambda m: f"{m[1]}{m[2]}...{m[1]}", message)
+    return message if len(message) <= limit else message[:limit - 9] + " ... (cut)"
 

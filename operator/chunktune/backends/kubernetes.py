@@ -137,11 +137,14 @@ class KubernetesBackend(TrialBackend):
     name = "kubernetes"
 
     def __init__(self, api: ClusterApi, owner: mf.Owner, settings: BackendSettings,
-                 resources: Mapping[str, Any] | None = None, max_parallel: int = 64) -> None:
+                 resources: Mapping[str, Any] | None = None, max_parallel: int = 64,
+                 security: Mapping[str, Any] | None = None) -> None:
         self.api = api
         self.owner = owner
         self.settings = settings
         self.resources = resources
+        self.security = security
+        """``engine.securityContext`` (camelCase), for vLLM/SGLang engine pods."""
         self.max_parallel = max_parallel
         self.detached = False
         """Set when the operator exits: cancelled trials keep their objects (for adoption)."""
@@ -250,7 +253,7 @@ class KubernetesBackend(TrialBackend):
     async def _create_objects(self, plan: TrialPlan) -> None:
         await self._create("configmaps", mf.workload_configmap(plan, self.owner))
         await self._create("pods", mf.engine_pod(plan, self.owner, self.settings.options,
-                                                 self.resources))
+                                                 self.resources, self.security))
 
     async def _finish(self, number: int) -> None:
         if self.detached or self.settings.keep_objects:

@@ -61,7 +61,78 @@ CALIBRATION_DIR = "/etc/chunktune-calibration"
 RESULTS_DIR = "/var/run/chunktune"
 SUMMARY_PATH = f"{RESULTS_DIR}/summary.json"
 SHM_DIR = "/dev/shm"
+TMP_DIR = "/tmp"
+#: The writable home of a vLLM/SGLang engine whose root file system is read-only: HOME and the
+#: model, compile and kernel caches point here (an ``emptyDir``).
+CACHE_DIR = "/var/cache/engine"
 GPU_RESOURCE = "nvidia.com/gpu"
+#: The chunktune image's user and group (the Dockerfile's numeric ``USER``).
+CHUNKTUNE_UID = 10001
+
+# ---- security contexts (the restricted Pod Security profile) ------------------------------------
+#
+# Load Jobs and simulated engines run the chunktune image and meet the restricted profile:
+# non-root (uid 10001), RuntimeDefault seccomp, no privilege escalation, every capability
+# dropped, and a read-only root file system with emptyDirs where they write (/tmp, the load's
+# results, /dev/shm).
+#
+# vLLM and SGLang engines get the same, with two differences documented in the chart README:
+# the user is the image's own (vllm/vllm-openai runs as root, so runAsNonRoot is not set unless
+# spec.engine.securityContext asks for it, e.g. runAsNonRoot: true with runAsUser: 1000), and
+# HOME plus the Hugging Face, vLLM, Triton and XDG cache variables point at an emptyDir
+# (CACHE_DIR), since vLLM downloads the model and compiles kernels into them.
+
+#: Environment of a vLLM/SGLang engine with a read-only root file system: every cache vLLM and
+#: its libraries write goes under :data:`CACHE_DIR` (a variable the manifest's env sets wins).
+ENGINE_CACHE_ENV: tuple[tuple[str, str], ...] = (
+    ("HOME", CACHE_DIR),
+    ("XDG_CACHE_HOME", f"{CACHE_DIR}/.cache"),
+    ("XDG_CONFIG_HOME", f"{CACHE_DIR}/.config"),
+    ("HF_HOME", f"{CACHE_DIR}/huggingface"),
+    ("VLLM_CACHE_ROOT", f"{CACHE_DIR}/vllm"),
+    ("VLLM_CONFIG_ROOT", f"{CACHE_DIR}/.config/vllm"),
+    ("TRITON_CACHE_DIR", f"{CACHE_DIR}/triton"),
+    ("TORCHINDUCTOR_CACHE_DIR", f"{CACHE_DIR}/torchinductor"),
+)
+
+
+def restricted_pod_security(uid: int | None = CHUNKTUNE_UID) -> dict[str, Any]:
+    """The pod-level security context of the restricted profile (``uid``: None keeps the
+    image's user and does not require non-root)."""
+    out: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if uid is not None:
+        out = {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, **out}
+    return out
+
+
+def restricted_container_security(read_only: bool = True) -> dict[str, Any]:
+    """The container-level security context of the restricted profile, with a read-only root
+    file system."""
+    return {"allowPrivilegeEscalation": False, "privileged": False,
+            "readOnlyRootFilesystem": read_only, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def engine_security(kind: str, override: Mapping[str, Any] | None = None
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(pod securityContext, container securityContext)`` of an engine. A simulated engine
+    runs the chunktune image under the restricted profile (``override`` is refused for it by
+    the manifest's checks); vLLM/SGLang get the strictest context they run with, loosened or
+    tightened by ``spec.engine.securityContext`` (``override``, camelCase keys)."""
+    if kind == "sim":
+        return restricted_pod_security(), restricted_container_security()
+    o = dict(override or {})
+    pod = restricted_pod_security(uid=None)
+    for key in ("runAsUser", "runAsGroup", "fsGroup"):
+        if o.get(key) is not None:
+            pod[key] = o[key]
+    if o.get("runAsNonRoot") is not None:
+        pod["runAsNonRoot"] = bool(o["runAsNonRoot"])
+    container = restricted_container_security(
+        read_only=o.get("readOnlyRootFilesystem") is not False)
+    if o.get("addCapabilities"):
+        container["capabilities"]["add"] = list(o["addCapabilities"])
+    return pod, container
 
 #: Start of the log line that carries the load run's summary JSON (one line).
 SUMMARY_MARKER = "chunktune.dev/load-summary:"
@@ -125,6 +196,9 @@ class TrialOptions:
     """``ttlSecondsAfterFinished`` of load Jobs (a net for Jobs the operator never deletes)."""
     gpu_tolerations: bool = True
     """Tolerate the ``nvidia.com/gpu`` NoSchedule taint on GPU pods."""
+    tmp_size: str = "1Gi"
+    """``sizeLimit`` of the ``/tmp`` ``emptyDir`` of trial containers (their root file system
+    is read-only)."""
 
 
 @dataclass(frozen=True)
@@ -253,13 +327,17 @@ def _resources(plan: TrialPlan, extra: Mapping[str, Any] | None) -> dict[str, An
 
 
 def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
-               resources: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               resources: Mapping[str, Any] | None = None,
+               security: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The engine Pod of a trial. ``resources``: ``engine.resources`` (``{"requests": {"cpu":
-    ..., "memory": ...}, "limits": {...}}``); GPUs come from the target."""
+    ..., "memory": ...}, "limits": {...}}``); GPUs come from the target. ``security``:
+    ``engine.securityContext`` (see :func:`engine_security`)."""
     t = plan.target
     names = trial_names(owner.name, plan.number)
     command, args = engine_command(plan, options)
     image = t.image or options.load_image
+    pod_security, container_security = engine_security(t.kind, security)
+    given = {v.get("name") for v in t.env}
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     if t.cpu is not None:
         cpu_env = vllm.cpu_env_and_flags(t.cpu)[0]
@@ -268,9 +346,16 @@ def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
     given = {v.get("name") for v in t.env}
     env = [v for v in env if v["name"] not in given or v["name"] == "PYTHONUNBUFFERED"]
     env += [dict(v) for v in t.env if v.get("name") != "PYTHONUNBUFFERED"]
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": SHM_DIR}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": SHM_DIR},
+                                    {"name": "tmp", "mountPath": TMP_DIR}]
     volumes: list[dict[str, Any]] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}]
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": options.tmp_size}}]
+    if t.kind != "sim":
+        env += [{"name": k, "value": v} for k, v in ENGINE_CACHE_ENV if k not in given]
+        mounts.append({"name": "cache", "mountPath": CACHE_DIR})
+        volumes.append({"name": "cache", "emptyDir": {}})
+    env += [dict(v) for v in t.env if v.get("name") != "PYTHONUNBUFFERED"]
     if t.kind == "sim" and (t.hf_config or t.calibration):
         mounts.append({"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True})
         volumes.append({"name": "workload", "configMap": {"name": names.configmap}})
@@ -287,6 +372,7 @@ def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
         "startupProbe": _probe(10, startup_failure_threshold(t.startup_timeout)),
         "readinessProbe": _probe(5, 3),
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security,
     }
     if options.image_pull_policy:
         container["imagePullPolicy"] = options.image_pull_policy
@@ -298,6 +384,7 @@ def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 30,
+        "securityContext": pod_security,
         "containers": [container],
         "volumes": volumes,
     }
@@ -339,8 +426,10 @@ def load_job(plan: TrialPlan, owner: Owner, options: TrialOptions,
         "volumeMounts": [
             {"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True},
             {"name": "results", "mountPath": RESULTS_DIR},
+            {"name": "tmp", "mountPath": TMP_DIR},
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": restricted_container_security(),
     }
     if options.image_pull_policy:
         container["imagePullPolicy"] = options.image_pull_policy
@@ -351,9 +440,11 @@ def load_job(plan: TrialPlan, owner: Owner, options: TrialOptions,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 10,
+        "securityContext": restricted_pod_security(),
         "containers": [container],
         "volumes": [{"name": "workload", "configMap": {"name": names.configmap}},
-                    {"name": "results", "emptyDir": {}}],
+                    {"name": "results", "emptyDir": {"sizeLimit": "64Mi"}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": options.tmp_size}}],
     }
     if options.service_account:
         pod_spec["serviceAccountName"] = options.service_account
@@ -479,8 +570,28 @@ def _set_in_string(command: str, flag: Flag, value: str) -> str:
 
 
 __all__ = [
-    "LOAD_SCRIPT", "SUMMARY_MARKER", "LoadLog", "Owner", "TrialNames", "TrialOptions",
-    "engine_command", "engine_pod", "label_value", "labels", "load_args", "load_job",
-    "output_configmap", "parse_load_log", "set_flags", "startup_failure_threshold",
-    "trial_names", "workload_configmap",
+    "CACHE_DIR",
+    "CHUNKTUNE_UID",
+    "ENGINE_CACHE_ENV",
+    "LOAD_SCRIPT",
+    "SUMMARY_MARKER",
+    "LoadLog",
+    "Owner",
+    "TrialNames",
+    "TrialOptions",
+    "engine_command",
+    "engine_pod",
+    "engine_security",
+    "label_value",
+    "labels",
+    "load_args",
+    "load_job",
+    "output_configmap",
+    "parse_load_log",
+    "restricted_container_security",
+    "restricted_pod_security",
+    "set_flags",
+    "startup_failure_threshold",
+    "trial_names",
+    "workload_configmap",
 ]

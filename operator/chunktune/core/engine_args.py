@@ -24,14 +24,34 @@ class EngineStartupError(ChunktuneError):
     ``message`` is the line vLLM itself prints."""
 
     def __init__(self, reason: str, message: str, hint: str = "",
-                 preceding: tuple[str, ...] = ()) -> None:
+                 preceding: tuple[str, ...] = (), lines: tuple[str, ...] = ()) -> None:
         self.reason = reason
         self.message = message
         #: What to change, in our words (vLLM's message is kept verbatim in ``message``).
         self.hint = hint
         #: Log lines vLLM prints just before the error (e.g. the memory figures).
         self.preceding = preceding
+        #: The end of vLLM's traceback as it prints it (default: ``message`` alone).
+        self.lines = lines or (message,)
         super().__init__(message)
+
+    @classmethod
+    def value_error(cls, config: str, text: str, hint: str = "") -> EngineStartupError:
+        """A rule a vLLM 0.32 config dataclass enforces (``SchedulerConfig``,
+        ``ModelConfig``): pydantic wraps the ``ValueError`` and the server exits 1 with::
+
+            pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig
+              Value error, <text> [type=value_error, input_value=ArgsKwargs(...), ...]
+                For further information visit https://errors.pydantic.dev/2.14/v/value_error
+
+        ``message`` is the ``Value error, ...`` line, the one a log classifier finds."""
+        message = (f"Value error, {text} [type=value_error, input_value=ArgsKwargs((), {{...}}), "
+                   "input_type=ArgsKwargs]")
+        return cls("ConfigRejected", message, hint=hint, lines=(
+            f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {config}",
+            "  " + message,
+            "    For further information visit https://errors.pydantic.dev/2.14/v/value_error",
+        ))
 
 
 def _default(name: str) -> Any:
@@ -221,17 +241,17 @@ def check_scheduler_rules(budget: int, seqs: int, max_model_len: int | None,
             "engine)",
         )
     if not chunked and max_model_len is not None and budget < max_model_len:
-        raise EngineStartupError(
-            "ConfigRejected",
-            f"ValueError: max_num_batched_tokens ({budget}) is smaller than max_model_len "
+        raise EngineStartupError.value_error(
+            "SchedulerConfig",
+            f"max_num_batched_tokens ({budget}) is smaller than max_model_len "
             f"({max_model_len}). This effectively limits the maximum sequence length to "
             "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
             "max_num_batched_tokens or decrease max_model_len.",
         )
     if budget < seqs:
-        raise EngineStartupError(
-            "ConfigRejected",
-            f"ValueError: max_num_batched_tokens ({budget}) must be greater than or equal to "
+        raise EngineStartupError.value_error(
+            "SchedulerConfig",
+            f"max_num_batched_tokens ({budget}) must be greater than or equal to "
             f"max_num_seqs ({seqs}).",
         )
 
@@ -252,12 +272,16 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
     # None: the model's; -1 (auto): at most the model's, fitted to the KV cache by vLLM.
     max_model_len = derived_len if args.max_model_len in (None, -1) else args.max_model_len
     if max_model_len > derived_len:
-        raise EngineStartupError(
-            "ConfigRejected",
-            f"ValueError: User-specified max_model_len ({max_model_len}) is greater than the "
-            f"derived max_model_len (max_position_embeddings={derived_len} or "
+        raise EngineStartupError.value_error(
+            "ModelConfig",
+            f"User-specified max_model_len ({max_model_len}) is greater than the "
+            f"derived max_model_len (max_position_embeddings={float(derived_len)} or "
             "model_max_length=None in model's config.json). To allow overriding this maximum, "
-            "set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.",
+            "set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN "
+            "must be used with extreme caution. If the model uses relative position encoding "
+            "(RoPE), positions exceeding derived_max_model_len lead to nan. If the model uses "
+            "absolute position encoding, positions exceeding derived_max_model_len will cause a "
+            "CUDA array out-of-bounds error.",
         )
     values = engine_defaults(args.point(only_set=False), gpu, max_model_len, engine="sim")
     budget, seqs = values["max-num-batched-tokens"], values["max-num-seqs"]

@@ -199,11 +199,14 @@ class Flag:
 
     def range_text(self) -> str:
         """``>= 1``, ``> 0 and <= 1``, ``>= -1, not 0``."""
+        def num(v: float) -> str:
+            return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
         parts = []
         if self.minimum is not None:
-            parts.append(f"{'>' if self.minimum_exclusive else '>='} {self.minimum:g}")
+            parts.append(f"{'>' if self.minimum_exclusive else '>='} {num(self.minimum)}")
         if self.maximum is not None:
-            parts.append(f"<= {self.maximum:g}")
+            parts.append(f"<= {num(self.maximum)}")
         text = " and ".join(parts) or "a number"
         if self.forbidden:
             text += ", not " + ", ".join(self.text(x) for x in self.forbidden)
@@ -235,18 +238,25 @@ class Flag:
 
 # ---- the registry ------------------------------------------------------------------------------
 
+#: The largest token count a flag may take: 2**24 (16.8M), above the longest context any model
+#: ships (10M tokens); a larger value is a typo, not a setting.
+MAX_TOKENS = 2**24
+#: The largest ``--max-num-seqs``: 2**16 running requests.
+MAX_SEQS = 2**16
+
 _HUMAN_INT = "an integer such as 2048, 8k (8000) or 8K (8192)"
 _INT = "an integer"
 
 _ENTRIES: tuple[Flag, ...] = (
     Flag("max-num-batched-tokens", "int", VLLM_ENGINES,
          "token budget of one engine step, shared by decodes and prefill chunks",
-         human_readable_int, _HUMAN_INT, minimum=1, default_rule="batch_budget", tunable=True),
+         human_readable_int, _HUMAN_INT, minimum=1, maximum=MAX_TOKENS,
+         default_rule="batch_budget", tunable=True),
     Flag("long-prefill-token-threshold", "int", VLLM_ENGINES,
          "most prompt tokens one request may take in a step; 0 = no cap",
-         int, _INT, minimum=0, default=0, tunable=True),
+         int, _INT, minimum=0, maximum=MAX_TOKENS, default=0, tunable=True),
     Flag("max-num-seqs", "int", VLLM_ENGINES, "most running requests",
-         int, _INT, minimum=1, default_rule="batch_seqs", tunable=True),
+         int, _INT, minimum=1, maximum=MAX_SEQS, default_rule="batch_seqs", tunable=True),
     Flag("gpu-memory-utilization", "float", VLLM_ENGINES,
          "fraction of GPU memory the engine may use",
          float, "a fraction such as 0.9", minimum=0, maximum=1, minimum_exclusive=True,
@@ -255,10 +265,11 @@ _ENTRIES: tuple[Flag, ...] = (
     Flag("max-model-len", "int", VLLM_ENGINES,
          "longest prompt + output (default: the model's; auto or -1: what fits in memory)",
          human_readable_int_or_auto, "an integer such as 32768, 32k or 32K, or auto",
-         minimum=1, special=(-1,), default_rule="model_len", tunable=True),
+         minimum=1, maximum=MAX_TOKENS, special=(-1,), default_rule="model_len", tunable=True),
     Flag("chunked-prefill-size", "int", ("sglang",),
          "SGLang's prefill chunk size; -1 disables chunking",
-         int, _INT, minimum=-1, forbidden=(0,), default_rule="sglang_chunk", tunable=True),
+         int, _INT, minimum=-1, maximum=MAX_TOKENS, forbidden=(0,), default_rule="sglang_chunk",
+         tunable=True),
     Flag("enable-chunked-prefill", "bool", VLLM_ENGINES, "chunked prefill (default on)",
          default=True),
     Flag("block-size", "int", VLLM_ENGINES, "KV-cache block size in tokens",

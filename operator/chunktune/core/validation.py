@@ -197,7 +197,8 @@ def _show(v: Any) -> str:
         return "a mapping"
     if isinstance(v, list):
         return "a list"
-    return repr(v)
+    text = repr(v)  # cut: a 1 MB value must not become a 1 MB message, event or condition
+    return text if len(text) <= 200 else f"{text[:200]}... ({len(text)} characters)"
 
 
 def _dedupe(problems: list[Problem]) -> list[Problem]:

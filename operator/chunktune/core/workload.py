@@ -40,7 +40,7 @@ import random
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -349,10 +349,17 @@ DistributionSpec = Annotated[
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
+Api = Literal["completions", "chat"]
+ArrivalMode = Literal["poisson", "constant", "concurrency"]
+#: The request APIs and arrival modes a profile may name (the CRD's enums).
+APIS: tuple[str, ...] = get_args(Api)
+ARRIVAL_MODES: tuple[str, ...] = get_args(ArrivalMode)
+
+
 class TrafficClassSpec(_Spec):
     name: str
     weight: Positive = 1.0
-    api: Literal["completions", "chat"] = "completions"
+    api: Api = "completions"
     prompt_tokens: DistributionSpec
     output_tokens: DistributionSpec
 
@@ -365,7 +372,7 @@ class TrafficClassSpec(_Spec):
 
 
 class ArrivalSpec(_Spec):
-    mode: Literal["poisson", "constant", "concurrency"] = "poisson"
+    mode: ArrivalMode = "poisson"
     rate: Positive | None = Field(default=None, validate_default=True)
     """Requests per second, for the open-loop modes."""
     concurrency: int | None = Field(default=None, gt=0, validate_default=True)

@@ -7,7 +7,8 @@ of the ``kubernetes`` client). Its modules:
 - :mod:`.kube`: the asynchronous view of the API over the official client;
 - :mod:`.state`: what the handlers share, the resource's parsing, and its status writer;
 - :mod:`.study`: one ``ChunkedPrefillTuning``'s study — the tuner, its phases, events (no
-  kopf); :mod:`.outputs`: ``spec.output`` (ConfigMap, Deployment patch);
+  kopf); :mod:`.outputs`: ``spec.output`` (ConfigMap, Deployment patch); :mod:`.policy`: what a
+  tuning may make the operator reference or write (Secrets, images, outputs);
 - :mod:`.handlers`: the thin kopf handlers (startup, create/update validation, the study
   daemon, the deletion finalizer);
 - :mod:`.runtime`: builds the registry and runs kopf; :mod:`.cli`: ``chunktune operator run``.

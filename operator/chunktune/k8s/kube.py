@@ -51,10 +51,10 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 _KINDS: dict[str, tuple[str, str]] = {
     "pods": ("core", "namespaced_pod"),
     "configmaps": ("core", "namespaced_config_map"),
+    "secrets": ("core", "namespaced_secret"),
     "events": ("core", "namespaced_event"),
     "jobs": ("batch", "namespaced_job"),
     "deployments": ("apps", "namespaced_deployment"),
-    "secrets": ("core", "namespaced_secret"),
 }
 #: First retry delay and the cap of the doubling delays, seconds.
 RETRY_FIRST = 0.2

@@ -1,11 +1,15 @@
 """Where a finished study's result goes besides the status: ``spec.output``.
 
 * ``configMap``: a ConfigMap with ``flags`` (``--max-num-batched-tokens 4096
-  --long-prefill-token-threshold 512``), ``best.json`` and ``pareto.json``; created or
-  updated, not owned by the tuning (the result outlives it);
+  --long-prefill-token-threshold 512``), ``best.json`` and ``pareto.json``; created, or
+  updated when this tuning wrote it before or it carries the ``chunktune.dev/allow-output:
+  "true"`` label (:func:`chunktune.k8s.policy.configmap_refusal`); not owned by the tuning
+  (the result outlives it);
 * ``patchDeployment``: the best flags set on a Deployment's container (by name, or the
   first): existing values of those flags replaced, missing ones appended
-  (:func:`chunktune.backends.manifests.set_flags`), so the Deployment rolls out with them.
+  (:func:`chunktune.backends.manifests.set_flags`), so the Deployment rolls out with them;
+  only a Deployment annotated ``chunktune.dev/allow-patch`` (``"true"`` or this tuning's
+  name) is touched.
 
 Each returns a problem message instead of raising: a missing Deployment must not turn a
 finished study into a failed one; the handler records it as a condition and a warning event.
@@ -19,6 +23,7 @@ from chunktune.api.v1alpha1 import OutputSpec
 from chunktune.backends import manifests as mf
 from chunktune.backends.kubernetes import ClusterApiError
 from chunktune.core.flags import flags_line
+from chunktune.k8s import policy
 from chunktune.k8s.kube import KubeApi
 from chunktune.tuning.results import Results, to_json
 
@@ -37,18 +42,31 @@ async def write_outputs(api: KubeApi, owner: mf.Owner, output: OutputSpec,
     doc = to_json(results)
     flags = flags_line(dict(best.params))
     if output.config_map:
-        body = mf.output_configmap(output.config_map, owner, flags, doc["best"],
-                                   doc["pareto_front"])
-        try:
-            await api.apply_configmap(owner.namespace, body)
-        except ClusterApiError as e:
-            problems.append(f"ConfigMap {output.config_map}: {e.message}")
+        problem = await write_configmap(api, owner, mf.output_configmap(
+            output.config_map, owner, flags, doc["best"], doc["pareto_front"]))
+        if problem:
+            problems.append(problem)
     if output.patch_deployment is not None:
         problem = await patch_deployment(api, owner, output.patch_deployment.name,
                                          output.patch_deployment.container, dict(best.params))
         if problem:
             problems.append(problem)
     return problems
+
+
+async def write_configmap(api: KubeApi, owner: mf.Owner, body: dict[str, Any]) -> str | None:
+    """Create the output ConfigMap, or update it when the policy allows
+    (:func:`chunktune.k8s.policy.configmap_refusal`); a problem message, or None."""
+    name = body["metadata"]["name"]
+    try:
+        existing = await api.get("configmaps", owner.namespace, name)
+        refusal = policy.configmap_refusal(name, existing, owner)
+        if refusal is not None:
+            return refusal.text()
+        await api.apply_configmap(owner.namespace, body)
+    except ClusterApiError as e:
+        return f"ConfigMap {name}: {e.message}"
+    return None
 
 
 async def patch_deployment(api: KubeApi, owner: mf.Owner, name: str, container: str | None,
@@ -60,6 +78,9 @@ async def patch_deployment(api: KubeApi, owner: mf.Owner, name: str, container: 
         return f"Deployment {name}: {e.message}"
     if deploy is None:
         return f"Deployment {name} not found in namespace {owner.namespace}"
+    refusal = policy.deployment_refusal(name, deploy, owner)
+    if refusal is not None:
+        return refusal.text()
     containers = ((deploy.get("spec") or {}).get("template") or {}).get("spec", {}).get(
         "containers") or []
     target = next((c for c in containers if c.get("name") == container), None) \
@@ -83,4 +104,4 @@ async def patch_deployment(api: KubeApi, owner: mf.Owner, name: str, container: 
     return None
 
 
-__all__ = ["TUNED_BY", "TUNED_FLAGS", "patch_deployment", "write_outputs"]
+__all__ = ["TUNED_BY", "TUNED_FLAGS", "patch_deployment", "write_configmap", "write_outputs"]

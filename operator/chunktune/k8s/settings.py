@@ -36,6 +36,11 @@ Environment variables (defaults in brackets):
                                    ``spec.storageFrom`` [false: journal files in the state
                                    directory only]
 ``CHUNKTUNE_LOG_LEVEL``            DEBUG, INFO, WARNING, ERROR [INFO]
+``CHUNKTUNE_ALLOWED_SECRETS``      comma-separated Secrets any tuning may reference []
+``CHUNKTUNE_SECRET_OPT_IN``        also allow Secrets labelled chunktune.dev/allow-reference
+                                   [false]
+``CHUNKTUNE_ALLOWED_REGISTRIES``   comma-separated registries/repositories of engine images
+                                   [any]
 =================================  ==============================================================
 """
 
@@ -101,6 +106,21 @@ class TrialSettings:
 
 
 @dataclass(frozen=True)
+class PolicySettings:
+    """What tunings may make the operator reference (chart values ``policy.*``; see
+    :mod:`chunktune.k8s.policy`)."""
+
+    allowed_secrets: tuple[str, ...] = ()
+    """Secret names any tuning may reference in its own namespace."""
+    secret_opt_in_label: bool = False
+    """Also allow Secrets labelled ``chunktune.dev/allow-reference: "true"`` (the operator then
+    needs ``get`` on Secrets, to read their labels)."""
+    allowed_registries: tuple[str, ...] = ()
+    """Registries or repositories engine images must come from (``docker.io/vllm``,
+    ``nvcr.io``); empty: any."""
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything ``chunktune operator run`` is configured with."""
 
@@ -131,6 +151,7 @@ class Settings:
     log_level: str = "INFO"
     watch: WatchSettings = field(default_factory=WatchSettings)
     trials: TrialSettings = field(default_factory=TrialSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
 
     @property
     def clusterwide(self) -> bool:
@@ -171,6 +192,10 @@ class Settings:
         watch = WatchSettings(
             server_timeout=get("CHUNKTUNE_WATCH_SERVER_TIMEOUT", _positive, w.server_timeout),
             client_timeout=get("CHUNKTUNE_WATCH_CLIENT_TIMEOUT", _positive, w.client_timeout))
+        policy = PolicySettings(
+            allowed_secrets=get("CHUNKTUNE_ALLOWED_SECRETS", _names, ()),
+            secret_opt_in_label=get("CHUNKTUNE_SECRET_OPT_IN", _bool, False),
+            allowed_registries=get("CHUNKTUNE_ALLOWED_REGISTRIES", _registries, ()))
         settings = cls(
             namespaces=get("CHUNKTUNE_NAMESPACES", _namespaces, ()),
             state_dir=get("CHUNKTUNE_STATE_DIR", lambda v: Path(_nonempty(v)),
@@ -183,7 +208,7 @@ class Settings:
             api_outage_seconds=get("CHUNKTUNE_API_OUTAGE_SECONDS", _non_negative, 600.0),
             allow_database_urls=get("CHUNKTUNE_ALLOW_DATABASE_URLS", _bool, False),
             log_level=get("CHUNKTUNE_LOG_LEVEL", _level, "INFO"),
-            watch=watch, trials=trials)
+            watch=watch, trials=trials, policy=policy)
         if problems:
             raise SpecError(problems)
         return settings.with_overrides(**overrides)
@@ -192,7 +217,7 @@ class Settings:
         """A copy with fields replaced (``trials``/``watch`` may be mappings of fields);
         checked as :meth:`from_env` checks the environment."""
         nested: dict[str, Any] = {}
-        for key in ("trials", "watch"):
+        for key in ("trials", "watch", "policy"):
             value = overrides.pop(key, None)
             if isinstance(value, Mapping):
                 nested[key] = replace(getattr(self, key), **value)
@@ -280,6 +305,27 @@ def _namespaces(v: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in v.split(",") if n.strip())
 
 
+def _names(v: str) -> tuple[str, ...]:
+    from chunktune.api._types import check_object_name
+
+    out = tuple(n.strip() for n in v.split(",") if n.strip())
+    for n in out:
+        check_object_name(n, "Secret name")
+    return out
+
+
+def _registries(v: str) -> tuple[str, ...]:
+    import re
+
+    out = tuple(n.strip().rstrip("/") for n in v.split(",") if n.strip())
+    for n in out:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?"
+                            r"(/[a-z0-9]+([._-]+[a-z0-9]+)*)*", n):
+            raise ValueError(f"must be registries or repositories such as docker.io/vllm or "
+                             f"nvcr.io, separated by commas (got {n!r})")
+    return out
+
+
 def _pull_policy(v: str) -> str | None:
     if not v:
         return None
@@ -291,7 +337,7 @@ def _pull_policy(v: str) -> str | None:
 def _quantity(v: str) -> str:
     from chunktune.api._types import QUANTITY_RE
 
-    if not QUANTITY_RE.match(v):
+    if not QUANTITY_RE.fullmatch(v):
         raise ValueError(f"must be a Kubernetes quantity such as 8Gi (got {v!r})")
     return v
 
@@ -309,4 +355,4 @@ def _level(v: str) -> str:
     return name
 
 
-__all__ = ["DEFAULT_STATE_DIR", "Settings", "TrialSettings", "WatchSettings"]
+__all__ = ["DEFAULT_STATE_DIR", "PolicySettings", "Settings", "TrialSettings", "WatchSettings"]

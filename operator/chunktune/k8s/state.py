@@ -142,7 +142,10 @@ class Operator:
             keep_objects=s.keep_objects, prometheus_url=spec.metrics.prometheus_url,
             prometheus_select_by=s.prometheus_select_by,
             prometheus_delay=spec.metrics.scrape_interval or 15.0,
-            trial_timeout=spec.budget.trial_timeout), resources=resources)
+            trial_timeout=spec.budget.trial_timeout), resources=resources,
+            security=(spec.engine.security_context.model_dump(mode="json", by_alias=True,
+                                                              exclude_none=True)
+                      if spec.engine.security_context else None))
 
     def check_study(self, tuning: ChunkedPrefillTuning, url: str) -> None:
         """Create or open the study in storage ``url`` (raises :class:`SpecError` if the

@@ -30,18 +30,20 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from chunktune.api.status import set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
 from chunktune.core.errors import BackendUnavailable, InfrastructureFault, SpecError
 from chunktune.core.flags import flags_line
 from chunktune.core.trials import TrialState
-from chunktune.k8s import storage
+from chunktune.k8s import policy, storage
 from chunktune.k8s.outputs import write_outputs
 from chunktune.k8s.state import (
     TERMINAL,
     Operator,
     Problem,
     StatusWriter,
+    _now,
     generation,
     owner_of,
     parse,
@@ -150,6 +152,10 @@ class StudyController:
                     not self.writer.pending:
                 await self._until(live, changed)
                 continue
+            if not await self._allowed(tuning, gen):
+                loop = asyncio.get_running_loop()
+                await self._until(live, policy.changed_or_due(changed, loop.time))
+                continue
             try:
                 try:
                     await self._study(tuning, live)
@@ -173,6 +179,47 @@ class StudyController:
                 await live.sleep(delay)
             else:
                 self.api_faults = 0
+
+    async def _allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> bool:
+        """The operator's policy (:mod:`.policy`) on what the trials reference: False (and a
+        ``PolicyAllowed=False`` condition naming the field and the fix, phase Pending) when it
+        refuses; the daemon re-checks every :data:`~.policy.RECHECK_SECONDS`."""
+        refused = await policy.check_trials(self.op.api, self.op.settings.policy, tuning,
+                                            self.owner, self.op.settings.trials.image)
+        was = next((c for c in self.writer.conditions if c.get("type") == policy.CONDITION),
+                   None)
+        if not refused:
+            if was is not None and was.get("status") != "True":
+                self.writer.conditions = set_condition(
+                    self.writer.conditions, policy.CONDITION, True, "Allowed",
+                    "the operator's policy allows what the trials reference", gen, _now())
+            await self._outputs_allowed(tuning, gen)
+            return True
+        text = policy.refused_text(refused)
+        if was is None or was.get("message") != text:
+            self.emit("Warning", refused[0].reason, text)
+        self.writer.set("Pending", gen, f"refused by the operator's policy: {text}",
+                        **{policy.CONDITION: (False, refused[0].reason, text)})
+        await self.writer.write(None)
+        return False
+
+    async def _outputs_allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> None:
+        """Warn at the start (``OutputAllowed=False`` and an event) when ``spec.output`` would
+        be refused; the study runs anyway."""
+        refused = await policy.check_outputs(self.op.api, tuning, self.owner)
+        was = next((c for c in self.writer.conditions
+                    if c.get("type") == policy.OUTPUT_CONDITION), None)
+        if refused:
+            text = policy.refused_text(refused)
+            if was is None or was.get("message") != text:
+                self.emit("Warning", refused[0].reason, text)
+            self.writer.conditions = set_condition(
+                self.writer.conditions, policy.OUTPUT_CONDITION, False, refused[0].reason, text,
+                gen, _now())
+        elif was is not None:
+            self.writer.conditions = set_condition(
+                self.writer.conditions, policy.OUTPUT_CONDITION, True, "Allowed",
+                "spec.output is allowed", gen, _now())
 
     async def _study(self, tuning: ChunkedPrefillTuning, live: Live) -> None:
         url = await self.op.storage(tuning, self.owner)

@@ -7,18 +7,24 @@ The engine flags, their spellings, parsers and help come from the registry
 one. Flags only the simulator has (``--gpu``, ``--model-config``, ``--load-time``) sit in their
 own group. A vLLM flag the simulator does not model is accepted with one warning; a near-miss of
 a modeled flag is an error with the suggestion, since a typo would otherwise silently tune
-nothing.
+nothing. A flag vLLM 0.32 itself does not know (``data/vllm_0_32_flags.txt``, every option
+string of its API server's parser) is refused as vLLM refuses it: ``error: unrecognized
+arguments: ...``, exit status 2 — so ``--max-num-partial-prefills`` and
+``--max-long-partial-prefills``, which 0.32 removed, fail exactly as on a real engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
 
 from chunktune.core import flags
 from chunktune.core.engine_args import EngineArgs
-from chunktune.core.errors import Problems
+from chunktune.core.errors import Problems, SpecError
 from chunktune.core.gpus import GPU, gpu_names, resolve_gpu
 from chunktune.core.models import ModelConfig, catalog_names, resolve_model
 
@@ -41,6 +47,14 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = False) 
                        help="model, as `vllm serve MODEL` takes it")
     g.add_argument("--model", help=f"catalog name or HF repo id ({', '.join(catalog_names())})")
     flags.add_argparse(g, "sim", help_for=_HELP)
+    # Registry flags vLLM 0.32 no longer has (--max-num-partial-prefills, ...) are not options
+    # here: they reach split_unknown and are refused as vLLM 0.32 refuses them (exit 2).
+    for action in list(g._group_actions):
+        if action.option_strings and not set(action.option_strings) & vllm_flags():
+            g._group_actions.remove(action)
+            p._remove_action(action)
+            for o in action.option_strings:
+                p._option_string_actions.pop(o, None)
     s = p.add_argument_group("simulator only")
     s.add_argument("--gpu", default="h100-sxm", help=f"GPU type ({', '.join(gpu_names())})")
     s.add_argument("--model-config", help="a Hugging Face config.json for a model not in the "
@@ -53,9 +67,17 @@ def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
 
 
 def model_and_gpu(ns: argparse.Namespace) -> tuple[ModelConfig, GPU]:
+    """The model (a catalog name, or — as vLLM takes it — a model directory holding a
+    ``config.json``, or ``--model-config PATH``) and the GPU."""
     name = getattr(ns, "model", None) or getattr(ns, "model_tag", None)
+    config_path = ns.model_config
+    if config_path is None and name and Path(name).is_dir():
+        config_path = Path(name) / "config.json"
+        if not config_path.is_file():
+            raise SpecError(f"model directory {name!r} has no config.json", field="MODEL")
+        name = Path(name).resolve().name
     problems = Problems()
-    model = problems.attempt(resolve_model, name, ns.model_config)
+    model = problems.attempt(resolve_model, name, config_path)
     gpu = problems.attempt(resolve_gpu, ns.gpu)
     problems.check()
     assert model is not None and gpu is not None
@@ -73,18 +95,62 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+@functools.cache
+def vllm_flags() -> frozenset[str]:
+    """Every option string vLLM 0.32's API server accepts (``data/vllm_0_32_flags.txt``)."""
+    text = resources.files("chunktune.sim").joinpath("data/vllm_0_32_flags.txt").read_text()
+    return frozenset(line.strip() for line in text.splitlines()
+                     if line.strip() and not line.startswith("#"))
+
+
+def unrecognized_by_vllm(args: Sequence[str]) -> list[str]:
+    """The arguments vLLM 0.32 would answer ``unrecognized arguments`` to: each flag it does
+    not know (underscore spellings normalised, as vLLM's parser does), with the values after
+    it."""
+    known = vllm_flags()
+    out: list[str] = []
+    taking_values = False
+    for a in normalize_argv(args):
+        if a.startswith("-") and not _is_number(a):
+            taking_values = a.split("=", 1)[0] not in known
+            if taking_values:
+                out.append(a)
+        elif taking_values:
+            out.append(a)
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def unrecognized_message(prog: str, args: Sequence[str]) -> str:
+    """argparse's (and so vLLM's) line for arguments it does not know."""
+    return f"{prog}: error: unrecognized arguments: {' '.join(args)}"
+
+
 def split_unknown(parser: argparse.ArgumentParser,
                   unknown: list[str]) -> tuple[list[str], list[str]]:
-    """Sort leftover arguments into (ignored vLLM flags, errors with suggestions)."""
+    """Sort leftover arguments into (ignored vLLM flags, errors). Errors: a near-miss of one of
+    our flags (with the suggestion), then, as vLLM words it, the flags vLLM 0.32 does not know
+    either (``unrecognized arguments: ...``)."""
     known = [s for a in parser._actions for s in a.option_strings]
     ignored, errors = [], []
-    for a in unknown:
-        if not a.startswith("-"):
+    refused = unrecognized_by_vllm(unknown)
+    for a in normalize_argv(unknown):
+        if not a.startswith("-") or _is_number(a):
             continue  # a value of an ignored flag
         name = a.split("=", 1)[0]
+        if name in vllm_flags():
+            ignored.append(name)  # a real vLLM flag, even if it looks like one of ours
+            continue
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.88)
         if close:
             errors.append(f"unknown flag {name}; did you mean {close[0]}?")
-        else:
-            ignored.append(name)
+    if refused:
+        errors.append(f"unrecognized arguments: {' '.join(refused)}")
     return ignored, errors

@@ -82,7 +82,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     ignored, errors = split_unknown(ns.parser, unknown)
     if errors:
         for e in errors:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"{ns.parser.prog}: error: {e}", file=sys.stderr)
         return 2
     for flag in ignored:
         print(f"WARNING: {flag} is a vLLM flag the simulator does not model; ignored",
@@ -132,7 +132,8 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     except EngineStartupError as e:
         for line in e.preceding:
             print(f"INFO {line}", file=sys.stderr)
-        print(e.message, file=sys.stderr)
+        for line in e.lines:
+            print(line, file=sys.stderr)
         if e.hint:
             print(f"chunktune: engine start-up failed ({e.reason}): {e.hint}", file=sys.stderr)
         return 1

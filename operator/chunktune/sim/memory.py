@@ -145,29 +145,40 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
         raise EngineStartupError(
             "KVCacheTooSmall",
             "ValueError: No available memory for the cache blocks. Try increasing "
-            "`gpu_memory_utilization` when initializing the engine.",
+            "`gpu_memory_utilization` when initializing the engine (this flag also controls "
+            "CPU memory reservation on the CPU backend, despite its name). See "
+            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
             hint="weights, the activation peak of max_num_batched_tokens / max_num_seqs and "
                  "CUDA graphs leave nothing for the KV cache: lower max-num-batched-tokens or "
                  "max-num-seqs, or raise gpu-memory-utilization",
             preceding=tuple(plan.log_lines()[:2]),
         )
-    need_blocks = math.ceil(cfg.max_model_len / cfg.block_size)
+    # vLLM 0.32 sizes one request as its blocks plus the null block (kv_cache_utils.py
+    # _check_enough_kv_cache_memory / estimate_max_model_len).
+    need_blocks = math.ceil(cfg.max_model_len / cfg.block_size) + 1
     if blocks < need_blocks:
         need = need_blocks * per_block
         have = blocks * per_block
-        est = blocks * cfg.block_size
+        est = max(blocks - 1, 0) * cfg.block_size
+        estimated = (f"Based on the available memory, the estimated maximum model length is "
+                     f"{est}. " if est > 0 else "")
         raise EngineStartupError(
             "MaxModelLenTooLarge",
-            f"ValueError: To serve at least one request with the models's max seq len "
-            f"({cfg.max_model_len}), ({need / GiB:.2f} GiB KV cache is needed, which is larger "
-            f"than the available KV cache memory ({have / GiB:.2f} GiB). Based on the available "
-            f"memory, the estimated maximum model length is {est}. Try increasing "
-            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
-            "engine.",
+            f"ValueError: To serve at least one request with the model's max seq len "
+            f"({cfg.max_model_len}), ({_gib(need)} GiB KV cache is needed, which is larger "
+            f"than the available KV cache memory ({_gib(have)} GiB). {estimated}Try increasing "
+            "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or "
+            "decreasing `max_model_len` when initializing the engine. See "
+            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
             hint=f"lower --max-model-len to at most {est}, or free memory for the KV cache",
             preceding=tuple(plan.log_lines()[:3]),
         )
     return plan
+
+
+def _gib(b: float) -> str:
+    """vLLM's ``format_gib``: GiB rounded to 2 decimals, as ``str(round(...))`` prints it."""
+    return f"{round(b / GiB, 2)}"
 
 
 def _torch_oom(alloc: float, total: float, free: float, in_use: float) -> None:

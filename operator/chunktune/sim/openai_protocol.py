@@ -2,11 +2,15 @@
 response shapes. Pure (no I/O, no aiohttp): :mod:`chunktune.sim.server` is the HTTP application
 that reads the bytes, calls these functions and writes what they return.
 
-Token counting (there is no tokenizer): a text prompt counts
-:func:`chunktune.core.tokens.count_tokens` tokens (one per word, one per punctuation
-character); a chat prompt :func:`~chunktune.core.tokens.count_chat_tokens` (contents + 4 per
-message + 3); a prompt given as token ids counts exactly ``len(ids)``. Use token ids when the
-count has to be exact on a real vLLM too. A batch (a list of several prompts) is refused
+Token counting (:mod:`chunktune.sim.tokenizer`): with the model's tokenizer when ``serve`` was
+given one (``--tokenizer``, or a model directory holding ``tokenizer.json``) — text prompts as
+vLLM tokenizes them, chat prompts through the chat template — so counts, ``usage``,
+``/tokenize`` and ``/detokenize`` agree with a real vLLM serving that model. Without one, the
+word rule: a text prompt counts :func:`chunktune.core.tokens.count_tokens` tokens (one per
+word, one per punctuation character), a chat prompt
+:func:`~chunktune.core.tokens.count_chat_tokens` (contents + 4 per message + 3), and
+``/detokenize`` answers 400. A prompt given as token ids counts exactly ``len(ids)`` either
+way. A batch (a list of several prompts) is refused
 (400), as is ``n`` other than 1: the simulator runs one sequence per request.
 
 Generation: there is no model, so no EOS — every request generates exactly its ``max_tokens``
@@ -44,7 +48,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from chunktune.core.tokens import count_chat_tokens, count_tokens
+from chunktune.sim.tokenizer import HFTokenizer, WordCounter
 
 #: vLLM's ``CompletionRequest.max_tokens`` default.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -66,6 +70,8 @@ class ServerConfig:
     model_root: str
     max_model_len: int
     vocab_size: int = 32000
+    #: How prompts are counted (None: the word rule over ``vocab_size``).
+    tokenizer: HFTokenizer | WordCounter | None = None
     api_keys: tuple[str, ...] = ()
     default_max_tokens: int = DEFAULT_MAX_TOKENS_CAP
     seed: int = 0
@@ -373,12 +379,16 @@ def _is_ids(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
 
 
-def _prompt_tokens(prompt: Any) -> int:
+def _counter(cfg: ServerConfig) -> HFTokenizer | WordCounter:
+    return cfg.tokenizer if cfg.tokenizer is not None else WordCounter(cfg.vocab_size)
+
+
+def _prompt_tokens(prompt: Any, counter: HFTokenizer | WordCounter) -> int:
     """Tokens of a completions ``prompt`` (text, token ids, or a batch of one)."""
     if isinstance(prompt, TokenIds):
         return int(prompt)
     if isinstance(prompt, str):
-        return count_tokens(prompt)
+        return counter.count(prompt)
     if _is_ids(prompt):
         return len(prompt)
     if isinstance(prompt, list) and all(isinstance(p, str) or _is_ids(p) for p in prompt):
@@ -386,13 +396,18 @@ def _prompt_tokens(prompt: Any) -> int:
             raise ApiError(f"batched prompts are not supported by the chunktune simulator "
                            f"(got {len(prompt)} prompts); send one prompt per request",
                            param="prompt")
-        return _prompt_tokens(prompt[0])
+        return _prompt_tokens(prompt[0], counter)
     raise validation_error([{"type": "value_error", "loc": ("body", "prompt"),
                              "msg": "Input should be a valid string, a list of token ids, or a "
                                     "list of one of those"}])
 
 
-def _messages_tokens(messages: Any) -> int:
+def _messages_tokens(messages: Any, counter: HFTokenizer | WordCounter) -> int:
+    _check_messages(messages)
+    return counter.count_chat(messages)
+
+
+def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list):
         raise validation_error([{"type": "list_type", "loc": ("body", "messages"),
                                  "msg": "Input should be a valid list"}])
@@ -407,7 +422,6 @@ def _messages_tokens(messages: Any) -> int:
                                      "loc": ("body", "messages", i, "content"),
                                      "msg": "Input should be a valid string or a list of "
                                             "content parts"}])
-    return count_chat_tokens(messages)
 
 
 def parse_generation(body: dict[str, Any], cfg: ServerConfig, chat: bool) -> Parsed:
@@ -462,7 +476,9 @@ def parse_generation(body: dict[str, Any], cfg: ServerConfig, chat: bool) -> Par
         raise model_not_found(model)
     name = model or cfg.served_model_names[0]
 
-    tokens = _messages_tokens(body["messages"]) if chat else _prompt_tokens(body.get("prompt"))
+    counter = _counter(cfg)
+    tokens = (_messages_tokens(body["messages"], counter) if chat
+              else _prompt_tokens(body.get("prompt"), counter))
     if tokens == 0:
         raise ApiError("The decoder prompt cannot be empty", param="prompt")
     limit = cfg.max_model_len
@@ -522,21 +538,15 @@ def model_list(cfg: ServerConfig, created: int) -> dict[str, Any]:
 
 
 def tokenize(body: dict[str, Any], cfg: ServerConfig) -> dict[str, Any]:
-    """``POST /tokenize``: the token ids the simulator counts (one id per piece, stable)."""
+    """``POST /tokenize``: the token ids prompts are counted with (the model's tokenizer, or
+    one stable id per word-rule piece)."""
     model = body.get("model")
     if model and model not in cfg.served_model_names:
         raise model_not_found(model)
-    vocab = max(cfg.vocab_size, 2000)
+    counter = _counter(cfg)
     if "messages" in body:
-        n = _messages_tokens(body["messages"])
-        pieces: list[str] = []
-        for m in body["messages"]:
-            c = m.get("content")
-            text = c if isinstance(c, str) else " ".join(
-                str(p.get("text", "")) for p in (c or []) if isinstance(p, dict))
-            pieces += ["<|msg|>"] * 4 + _pieces(text)
-        pieces += ["<|assistant|>"] * (n - len(pieces))
-        tokens = [_piece_id(p, vocab) for p in pieces]
+        _check_messages(body["messages"])
+        tokens = counter.encode_chat(body["messages"])
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and not _is_ids(prompt):
@@ -544,7 +554,7 @@ def tokenize(body: dict[str, Any], cfg: ServerConfig) -> dict[str, Any]:
         if isinstance(prompt, list) and _is_ids(prompt):
             tokens = [int(t) for t in prompt]
         elif isinstance(prompt, str):
-            tokens = [_piece_id(p, vocab) for p in _pieces(prompt)]
+            tokens = counter.encode(prompt)
         else:
             raise validation_error([{"type": "value_error", "loc": ("body", "prompt"),
                                      "msg": "Input should be a valid string or a list of "
@@ -553,21 +563,27 @@ def tokenize(body: dict[str, Any], cfg: ServerConfig) -> dict[str, Any]:
             "tokens": tokens, "token_strs": None}
 
 
-_PIECE_RE = re.compile(r"\w+|[^\w\s]")
-
-
-def _pieces(text: str) -> list[str]:
-    """The pieces :func:`count_tokens` counts (one token each)."""
-    return _PIECE_RE.findall(text)
-
-
-def _piece_id(piece: str, vocab: int) -> int:
-    return 1000 + zlib.crc32(piece.encode()) % (vocab - 1000)
+def detokenize(body: dict[str, Any], cfg: ServerConfig) -> dict[str, Any]:
+    """``POST /detokenize``: ``{"prompt": text}`` of the token ids (needs a tokenizer)."""
+    model = body.get("model")
+    if model and model not in cfg.served_model_names:
+        raise model_not_found(model)
+    tokens = body.get("tokens")
+    if not _is_ids(tokens):
+        raise validation_error([{"type": "list_type", "loc": ("body", "tokens"),
+                                 "msg": "Input should be a valid list of integers"}])
+    counter = _counter(cfg)
+    if not counter.can_decode:
+        raise ApiError("this chunktune simulator counts tokens by words and cannot "
+                       "detokenize; start it with --tokenizer DIR|tokenizer.json (or a model "
+                       "directory holding tokenizer.json)", param="tokens")
+    return {"prompt": counter.decode(tokens)}
 
 
 def usage(p: Parsed, completion: int) -> dict[str, Any]:
     return {"prompt_tokens": p.prompt_tokens, "total_tokens": p.prompt_tokens + completion,
-            "completion_tokens": completion, "prompt_tokens_details": None}
+            "completion_tokens": completion, "prompt_tokens_details": None,
+            "completion_tokens_details": None}
 
 
 def completion(p: Parsed, produced: int, request_id: str, created: int,

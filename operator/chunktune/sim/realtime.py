@@ -68,12 +68,15 @@ def _sleep_until(deadline: float) -> None:
 class LiveRequest(Request):
     """A scheduler request with a back-reference to the stream its tokens go to."""
 
-    __slots__ = ("stream",)
+    __slots__ = ("reported_preemptions", "stream")
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, max_tokens: int,
                  stream: Stream, priority: int = 0) -> None:
         super().__init__(rid, arrival, prompt_len, max_tokens, priority=priority)
         self.stream = stream
+        #: preemptions already counted in vllm:num_preemptions_total (vLLM counts one with
+        #: the preempted request's next output, not in the step that preempted it)
+        self.reported_preemptions = 0
 
 
 class Stream:
@@ -253,9 +256,7 @@ class RealtimeEngine:
         if self.metrics is not None:
             self.metrics.on_abort()
             sched = self.scheduler
-            self.metrics.running.set(len(sched.running))
-            self.metrics.waiting.set(len(sched.waiting))
-            self.metrics.kv_usage.set(sched.pool.usage)
+            self.metrics.set_queue(len(sched.running), len(sched.waiting), sched.pool.usage)
         stream._wake()
 
     # ---- the loop --------------------------------------------------------------------------
@@ -320,7 +321,11 @@ class RealtimeEngine:
                 self._bias = min(max(b, 0.0), MAX_BIAS_S)
             w2 = perf()
             out = sched.apply(plan, end)
+            reported = 0
             for req in out.produced:
+                if req.num_preemptions != req.reported_preemptions:  # type: ignore[attr-defined]
+                    reported += req.num_preemptions - req.reported_preemptions  # type: ignore[attr-defined]
+                    req.reported_preemptions = req.num_preemptions  # type: ignore[attr-defined]
                 s = req.stream  # type: ignore[attr-defined]
                 s.produced += 1
                 if s.produced == 1:
@@ -340,11 +345,11 @@ class RealtimeEngine:
                         arrival=s.arrival, scheduled=req.first_scheduled,
                         first_token=s.first_token, last_token=s.last_token,
                         prompt_tokens=req.prompt_len, generation_tokens=req.num_output,
-                        max_tokens=req.max_tokens)
+                        max_tokens=req.max_tokens, num_preemptions=req.num_preemptions)
                 s._wake()
             if metrics is not None:
-                metrics.on_step(plan.num_tokens, out.num_generated, len(plan.preempted),
-                                len(sched.running), len(sched.waiting), pool.usage)
+                metrics.on_step(out.num_generated, reported, len(sched.running),
+                                len(sched.waiting), pool.usage)
             w3 = perf()
             overhead = (w1 - w0) + (w3 - w2)
             lateness = woke - end

@@ -2,22 +2,28 @@
 
 This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (``docs/vllm-behaviour.md`` §3):
 
-1. ``token_budget = max_num_batched_tokens``.
+1. ``token_budget = max_num_batched_tokens``. The ``long_prefill_token_threshold`` applies only
+   when more than one request is in the system (running + waiting) at the start of the step:
+   vLLM 0.32 lets a lone request use the whole budget, as there is nobody to starve.
 2. RUNNING requests first, in order: each asks for ``num_tokens - num_computed`` tokens, capped by
-   ``long_prefill_token_threshold`` (when > 0) and by what is left of the budget. If its KV blocks
-   do not fit, the scheduler preempts a victim — freeing its blocks and resetting it to
-   recompute — until they fit, or until the victim is the request itself. Under ``fcfs`` the
-   victim is the *last* running request; under ``priority`` the running request with the
-   largest ``(priority, arrival)``, and if it was already scheduled in this step its tokens go
-   back to the budget.
+   the threshold (when it applies), by what is left of the budget and by
+   ``max_model_len - num_computed - 1``. If its KV blocks do not fit, the scheduler preempts a
+   victim — freeing its blocks and resetting it to recompute — until they fit, or until the
+   victim is the request itself. Under ``fcfs`` the victim is the *last* running request; under
+   ``priority`` the running request with the largest ``(priority, arrival)``, and if it was
+   already scheduled in this step its tokens go back to the budget.
 3. WAITING requests are admitted only if nothing was preempted in this step, while the running
    set is below ``max_num_seqs`` and budget is left; each takes its (capped) chunk, or stops the
-   admission when its blocks do not fit. With chunked prefill off a prompt that does not fit the
-   remaining budget stops the admission instead of being split. WAITING is a FIFO under
-   ``fcfs`` and ordered by ``(priority, arrival)`` under ``priority``
-   (``vllm/v1/core/sched/request_queue.py``: ``FCFSRequestQueue``, ``PriorityRequestQueue``).
+   admission when the blocks for its *whole* current sequence (prompt plus tokens generated so
+   far) do not fit (``scheduler_reserve_full_isl``, on by default in 0.32). With chunked prefill
+   off a prompt that does not fit the remaining budget stops the admission instead of being
+   split. WAITING is a FIFO under ``fcfs`` and ordered by ``(priority, arrival)`` under
+   ``priority`` (``vllm/v1/core/sched/request_queue.py``: ``FCFSRequestQueue``,
+   ``PriorityRequestQueue``).
 4. Preempted requests go back to WAITING: to its head under ``fcfs``, in their
    ``(priority, arrival)`` place under ``priority``.
+5. Like vLLM's ``BlockPool``, one of the ``num_gpu_blocks`` blocks is the reserved null block:
+   requests share the other ``num_gpu_blocks - 1``.
 
 NOTE: with the default threshold of 0 a long prompt takes *all* budget left after the decodes
 scheduled before it — decodes admitted after it in the running list, and new arrivals, wait:
@@ -114,7 +120,9 @@ class Scheduler:
         self.max_num_seqs = cfg.max_num_seqs
         self.chunked = cfg.enable_chunked_prefill
         self.priority = cfg.scheduling_policy == "priority"
-        self.pool = BlockPool(num_blocks, cfg.block_size)
+        self.max_model_len = cfg.max_model_len
+        # vLLM's BlockPool keeps block 0 as the null block, never handed to a request.
+        self.pool = BlockPool(max(num_blocks - 1, 1), cfg.block_size)
         self.waiting: deque[Request] | PriorityQueue = \
             PriorityQueue() if self.priority else deque()
         self.running: list[Request] = []
@@ -144,7 +152,10 @@ class Scheduler:
     def schedule(self, now: float) -> StepPlan:
         plan = StepPlan()
         budget = self.budget
-        thr = self.threshold
+        # The threshold exists to stop a long prefill from starving others: with one request
+        # in the system vLLM 0.32 does not apply it.
+        thr = self.threshold if len(self.running) + len(self.waiting) > 1 else 0
+        max_len = self.max_model_len
         pool = self.pool
         bs = pool.block_size
         running = self.running
@@ -168,6 +179,8 @@ class Scheduler:
                 n = thr
             if n > budget:
                 n = budget
+            if n > max_len - computed - 1:
+                n = max_len - computed - 1
             if n <= 0:
                 i += 1
                 continue
@@ -234,6 +247,10 @@ class Scheduler:
                     if not chunked:
                         break
                     n = budget
+                # The whole current sequence must fit before the request is admitted.
+                if -(-min(req.prompt_len + req.num_output, max_len) // bs) - req.num_blocks \
+                        > pool.free:
+                    break
                 need = -(-(computed + n) // bs) - req.num_blocks
                 if need > pool.free:
                     break

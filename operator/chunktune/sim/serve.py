@@ -51,6 +51,7 @@ from chunktune.sim.server import (
     create_app,
     guard_request_heads,
 )
+from chunktune.sim.tokenizer import resolve_tokenizer
 
 DEFAULT_LOAD_TIME_S = 2.0
 
@@ -70,6 +71,10 @@ def register(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="model name(s) the API answers to (default: the model as given)")
     g.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/* (also $VLLM_API_KEY)")
+    g.add_argument("--tokenizer", default=None, metavar="DIR|FILE",
+                   help="count prompt tokens with this tokenizer (a directory holding "
+                        "tokenizer.json, or the file), as vLLM counts them; default: the model "
+                        "directory's, else one token per word")
     g.add_argument("--seed", type=int, default=0,
                    help="random seed (the simulator is deterministic; seeds the request ids)")
     s = p.add_argument_group("simulator only (serve)")
@@ -112,7 +117,8 @@ def _startup_failed(e: EngineStartupError, where: str) -> int:
     for line in e.preceding:
         _err(f"INFO {ts} [gpu_worker.py] {line}")
     _err(f"ERROR {ts} [{where}] EngineCore failed to start.")
-    _err(e.message)
+    for line in e.lines:
+        _err(line)
     if e.hint:
         _err(f"chunktune: engine start-up failed ({e.reason}): {e.hint}")
     return 1
@@ -121,8 +127,9 @@ def _startup_failed(e: EngineStartupError, where: str) -> int:
 def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
     ignored, errors = split_unknown(ns.parser, unknown)
     if errors:
+        _err(ns.parser.format_usage().rstrip())
         for e in errors:
-            _err(f"error: {e}")
+            _err(f"{ns.parser.prog}: error: {e}")
         return 2
     if ignored:
         log("the simulator does not model these vLLM flags; ignored: " + " ".join(ignored),
@@ -144,6 +151,7 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         calib = twin.read_profile(ns.calibration) if ns.calibration else None
         if calib is not None:
             args = twin.engine_args(args, calib)
+        counter = resolve_tokenizer(ns.tokenizer, ns.model or ns.model_tag, model.vocab_size)
     except SpecError as e:
         for path, msg in e.problems:
             _err(f"error: {path}: {msg}" if path else f"error: {msg}")
@@ -155,6 +163,7 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
     log(f"vLLM API server version {__version__}+chunktune.sim (simulated engine)")
     set_args = {FLAGS[k].attr: v for k, v in args.point().items()}
     log(f"non-default args: {({'model': model_tag, **set_args})}")
+    log(counter.describe(), where="tokenizer.py")
     try:
         resolve(args, model, gpu)  # argument validation fails before the model load, as in vLLM
     except EngineStartupError as e:
@@ -182,18 +191,21 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         log(line, where="gpu_worker.py")
     cfg = ServerConfig(served_model_names=served, model_root=model_tag,
                        max_model_len=engine.cfg.max_model_len,
-                       vocab_size=model.vocab_size, api_keys=keys,
+                       vocab_size=model.vocab_size, tokenizer=counter, api_keys=keys,
                        default_max_tokens=ns.default_max_tokens, seed=ns.seed)
     try:
         limits = HttpLimits(header_timeout=ns.header_timeout, body_timeout=ns.body_timeout)
-        return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3, limits))
+        return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3, limits,
+                                  user_specified_block_size=ns.block_size is not None))
     except KeyboardInterrupt:  # pragma: no cover - signal handlers normally catch it
         return 0
 
 
 async def _serve(engine: Engine, cfg: ServerConfig, host: str, port: int, slack: float,
-                 limits: HttpLimits) -> int:
-    metrics = VllmMetrics(engine.cfg, engine.memory, cfg.served_model_names[0])
+                 limits: HttpLimits, user_specified_block_size: bool = False) -> int:
+    metrics = VllmMetrics(engine.cfg, engine.memory, cfg.served_model_names[0],
+                          enable_prefix_caching=engine.cfg.enable_prefix_caching,
+                          user_specified_block_size=user_specified_block_size)
     rt = RealtimeEngine(engine, metrics, slack=slack)
     app = create_app(rt, cfg, metrics, limits)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
@@ -214,7 +226,7 @@ async def _serve(engine: Engine, cfg: ServerConfig, host: str, port: int, slack:
     shown = f"[{host}]" if ":" in host else host
     log(f"Starting vLLM API server 0 on http://{shown}:{bound}")
     log("Available routes are: /health, /version, /v1/models, /v1/completions, "
-        "/v1/chat/completions, /tokenize, /metrics", where="launcher.py")
+        "/v1/chat/completions, /tokenize, /detokenize, /metrics", where="launcher.py")
     print(f"INFO:     Started server process [{os.getpid()}]", flush=True)
     print("INFO:     Waiting for application startup.", flush=True)
     print("INFO:     Application startup complete.", flush=True)

@@ -10,8 +10,9 @@ Endpoints:
   ``max_model_len``; ``GET /version``.
 - ``POST /v1/completions``, ``POST /v1/chat/completions`` — streaming (SSE: one
   ``data: {json}\\n\\n`` event per token, ``data: [DONE]`` at the end) or not.
-- ``POST /tokenize`` — ``{"count", "max_model_len", "tokens", "token_strs"}`` like vLLM's.
-- ``GET /metrics`` — vLLM's families (:mod:`chunktune.sim.metrics`), text format 0.0.4 always.
+- ``POST /tokenize`` — ``{"count", "max_model_len", "tokens", "token_strs"}`` like vLLM's;
+  ``POST /detokenize`` — ``{"prompt": text}`` (needs a tokenizer).
+- ``GET /metrics`` — vLLM's families (:mod:`chunktune.sim.metrics`), text format 1.0.0 always.
 - ``GET /sim/stats`` (simulator only) — the engine loop's per-step Python overhead, simulated
   step time and wake-up lateness (:meth:`~chunktune.sim.realtime.LoopStats.summary`), JSON.
 
@@ -270,7 +271,7 @@ class SimServer:
         return _json(proto.model_list(self.cfg, self.created))
 
     async def metrics_page(self, _: web.Request) -> web.Response:
-        # Always text format 0.0.4, whatever Accept says (see chunktune.sim.metrics).
+        # Always text format 1.0.0, whatever Accept says (see chunktune.sim.metrics).
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def sim_stats(self, _: web.Request) -> web.Response:
@@ -278,6 +279,9 @@ class SimServer:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         return _json(proto.tokenize(await _json_body(request), self.cfg))
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        return _json(proto.detokenize(await _json_body(request), self.cfg))
 
     # -- generation --
 
@@ -387,6 +391,7 @@ def create_app(rt: RealtimeEngine, cfg: ServerConfig, metrics: VllmMetrics,
     app.router.add_get("/metrics", srv.metrics_page)
     app.router.add_get("/sim/stats", srv.sim_stats)
     app.router.add_post("/tokenize", srv.tokenize)
+    app.router.add_post("/detokenize", srv.detokenize)
     app.router.add_post("/v1/completions", srv.completions)
     app.router.add_post("/v1/chat/completions", srv.chat_completions)
 

@@ -48,7 +48,8 @@ def fingerprint(tuning: ChunkedPrefillTuning) -> str:
     objectives and constraints (budget, sampler seed and output may change)."""
     s = tuning.spec
     keep = {
-        "engine": s.engine.model_dump(mode="json", by_alias=True, exclude={"startup_timeout"}),
+        "engine": s.engine.model_dump(mode="json", by_alias=True,
+                                      exclude={"startup_timeout", "security_context"}),
         "searchSpace": [p.model_dump(mode="json", by_alias=True) for p in s.search_space or []],
         "workload": s.workload.model_dump(mode="json", by_alias=True),
         "objectives": [o.model_dump(mode="json", by_alias=True) for o in s.objectives],
