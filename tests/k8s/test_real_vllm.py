@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +71,22 @@ def real_tuning(model: Path) -> dict[str, Any]:
         sampler={"name": "random", "seed": 0})
 
 
+@pytest.fixture
+def model_dir() -> Iterator[Path]:
+    """The tiny model outside ``/tmp``: the engine pod mounts an ``emptyDir`` on ``/tmp`` (its
+    read-only root file system needs one), and the test kubelet, having no mount namespace,
+    maps every path under a mount into the pod's own directory, so a model under pytest's
+    ``/tmp`` folder would not be found. On a cluster the model comes from a volume."""
+    base = Path(tempfile.mkdtemp(prefix="chunktune-tiny-", dir="/var/tmp"))
+    try:
+        yield write_tiny_model(base / "tiny")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 async def test_real_vllm_trial_completes_and_refused_flags_are_infeasible(
-        kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
-    model = write_tiny_model(tmp_path / "tiny")
+        kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path, model_dir: Path) -> None:
+    model = model_dir
     kube.create("cpt", real_tuning(model), "default")
     logs: dict[str, str] = {}  # the trial pods' logs, kept for the failure message
 

@@ -343,9 +343,7 @@ def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
         cpu_env = vllm.cpu_env_and_flags(t.cpu)[0]
         env += [{"name": k, "value": v} for k, v in cpu_env.items() if v is not None]
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
-    given = {v.get("name") for v in t.env}
     env = [v for v in env if v["name"] not in given or v["name"] == "PYTHONUNBUFFERED"]
-    env += [dict(v) for v in t.env if v.get("name") != "PYTHONUNBUFFERED"]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": SHM_DIR},
                                     {"name": "tmp", "mountPath": TMP_DIR}]
     volumes: list[dict[str, Any]] = [
