@@ -50,7 +50,7 @@ def test_parses_vllm_iteration_lines():
     s = log.steps[0]
     assert (s.context_requests, s.context_tokens, s.generation_requests,
             s.generation_tokens) == (2, 2048, 30, 30)
-    assert s.elapsed_s == pytest.approx(0.04152) and s.kv_usage == pytest.approx(0.125)
+    assert s.elapsed_ms == pytest.approx(41.52) and s.kv_usage_pct == pytest.approx(12.5)
 
 
 @pytest.mark.parametrize(("lines", "message"), [

@@ -128,6 +128,15 @@ def _engine(p: Parts, e: EngineSpec) -> None:
         p.add("spec.engine.gpu.count", f"must be >= tensorParallelSize (got {count} < {tp})")
     if e.startup_timeout <= 0:
         p.add("spec.engine.startupTimeout", "must be > 0")
+    if e.calibration is not None:
+        c = e.calibration
+        if e.kind != "sim":
+            p.add("spec.engine.calibration", f"is only used by engine kind sim (the profile "
+                  f"makes the simulator cost steps like a measured engine); remove it for "
+                  f"engine kind {e.kind}")
+        if (c.file is None) == (c.config_map_key_ref is None):
+            p.add("spec.engine.calibration", "give exactly one of file (a profile JSON from "
+                  "`chunktune calibrate`) or configMapKeyRef (a ConfigMap key holding one)")
     if e.cpu is not None:
         if e.kind != "vllm":
             p.add("spec.engine.cpu", f"is only used by engine kind vllm (vLLM's CPU build); "

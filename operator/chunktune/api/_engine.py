@@ -204,6 +204,18 @@ class SecurityContext(Model):
     """Capabilities to add back: ``IPC_LOCK`` (pinned memory for RDMA), ``SYS_NICE``."""
 
 
+class CalibrationSpec(Model):
+    """A calibration profile (``chunktune calibrate``: the step-time model fitted to a real
+    engine's step log) the simulated engine costs its steps with. Give exactly one source."""
+
+    file: str | None = Field(default=None, min_length=1, max_length=1024)
+    """A profile JSON file, read where the study runs (``chunktune tune``'s local and
+    simulated backends; relative paths from the working directory)."""
+    config_map_key_ref: KeyRef | None = None
+    """A key of a ConfigMap in the study's namespace holding the profile JSON (the
+    kubernetes backend mounts it into each simulated engine)."""
+
+
 class EngineSpec(Model):
     """The inference server each trial starts."""
 
@@ -262,6 +274,8 @@ class EngineSpec(Model):
     """How long a trial's engine may take to become ready. Default: 15m."""
     resources: Resources | None = None
     """Extra CPU/memory requests and limits for the engine container."""
+    calibration: CalibrationSpec | None = None
+    """Sim only: a calibration profile fitted to a real engine (see docs/simulator.md)."""
     cpu: CPUSpec | None = None
     """Run vLLM's CPU build (``pip install 'chunktune[cpu]'``): its KV space and thread
     binding. ``cpu: {}`` takes the defaults. Only for engine kind vllm without a GPU."""

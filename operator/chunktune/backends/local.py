@@ -38,7 +38,7 @@ from chunktune.backends.base import TrialBackend
 from chunktune.backends.classify import classify
 from chunktune.core.errors import BackendUnavailable
 from chunktune.core.flatten import flatten, flatten_window
-from chunktune.core.steps import iteration_lines, parse_steps, write_steps
+from chunktune.core.steps import iteration_lines, parse_meta, parse_steps, write_steps
 from chunktune.core.summary import LoadSummary, Window
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.metrics.client import scrape
@@ -93,6 +93,15 @@ class LocalBackend(TrialBackend):
                 cfg = self.workdir / f"{plan.name or plan.number}-config.json"
                 cfg.write_text(json.dumps(t.hf_config))
                 cmd += ["--model-config", str(cfg)]
+            if t.calibration_ref is not None:
+                raise BackendUnavailable(
+                    f"spec.engine.calibration.configMapKeyRef: the ConfigMap "
+                    f"{t.calibration_ref[0]!r} is read by the kubernetes backend only; give "
+                    "the profile as spec.engine.calibration.file for the local backend")
+            if t.calibration is not None:
+                prof = self.workdir / f"{plan.name or plan.number}-calibration.json"
+                prof.write_text(json.dumps(t.calibration))
+                cmd += ["--calibration", str(prof)]
             return cmd
         if t.kind == "vllm":
             model, implied = vllm.resolve_model(t.model)
@@ -209,14 +218,16 @@ class LocalBackend(TrialBackend):
         """Attach the engine's ``Iteration`` lines to the result; keep them in steps_dir."""
         try:
             with log_path.open(errors="replace") as f:
-                raw = list(iteration_lines(f))
+                lines = f.readlines()
         except OSError:
             return
+        raw = list(iteration_lines(lines))
         result.steps = parse_steps(raw)
         if self.steps_dir is None or not raw:
             return
         self.steps_dir.mkdir(parents=True, exist_ok=True)
-        out = write_steps(self.steps_dir / f"{tag}.steps.jsonl", result.steps)
+        out = write_steps(self.steps_dir / f"{tag}.steps.jsonl", result.steps,
+                          parse_meta(lines))
         out.with_suffix(".log").write_text("".join(raw))
         result.steps_file = str(out)
 

@@ -54,6 +54,10 @@ LOAD_CONTAINER = "load"
 WORKLOAD_DIR = "/etc/chunktune"
 PROFILE_FILE = "profile.yaml"
 MODEL_CONFIG_FILE = "model-config.json"
+#: A simulated engine's calibration profile (spec.engine.calibration), in the workload ConfigMap
+#: when given as a file, else mounted from the user's ConfigMap under CALIBRATION_DIR.
+CALIBRATION_FILE = "calibration.json"
+CALIBRATION_DIR = "/etc/chunktune-calibration"
 RESULTS_DIR = "/var/run/chunktune"
 SUMMARY_PATH = f"{RESULTS_DIR}/summary.json"
 SHM_DIR = "/dev/shm"
@@ -260,6 +264,8 @@ def workload_configmap(plan: TrialPlan, owner: Owner) -> dict[str, Any]:
     data = {PROFILE_FILE: yaml.safe_dump(plan.profile.to_dict(), sort_keys=False)}
     if plan.target.kind == "sim" and plan.target.hf_config:
         data[MODEL_CONFIG_FILE] = json.dumps(plan.target.hf_config, sort_keys=True)
+    if plan.target.kind == "sim" and plan.target.calibration:
+        data[CALIBRATION_FILE] = json.dumps(plan.target.calibration, sort_keys=True)
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _metadata(owner, names.configmap, plan.number, "workload"),
             "data": data}
@@ -279,6 +285,10 @@ def engine_command(plan: TrialPlan, options: TrialOptions) -> tuple[list[str], l
             extra += ["--load-time", f"{options.sim_load_time:g}"]
         if t.hf_config:
             extra += ["--model-config", f"{WORKLOAD_DIR}/{MODEL_CONFIG_FILE}"]
+        if t.calibration:
+            extra += ["--calibration", f"{WORKLOAD_DIR}/{CALIBRATION_FILE}"]
+        elif t.calibration_ref is not None:
+            extra += ["--calibration", f"{CALIBRATION_DIR}/{CALIBRATION_FILE}"]
         return (["chunktune", "sim", "serve"],
                 ["--model", t.model, "--gpu", t.gpu or "h100-sxm", *where, *served, *extra,
                  *plan.engine_flags()])
@@ -344,9 +354,14 @@ def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
         mounts.append({"name": "cache", "mountPath": CACHE_DIR})
         volumes.append({"name": "cache", "emptyDir": {}})
     env += [dict(v) for v in t.env if v.get("name") != "PYTHONUNBUFFERED"]
-    if t.kind == "sim" and t.hf_config:
+    if t.kind == "sim" and (t.hf_config or t.calibration):
         mounts.append({"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True})
         volumes.append({"name": "workload", "configMap": {"name": names.configmap}})
+    if t.kind == "sim" and t.calibration_ref is not None and not t.calibration:
+        cm, key = t.calibration_ref
+        mounts.append({"name": "calibration", "mountPath": CALIBRATION_DIR, "readOnly": True})
+        volumes.append({"name": "calibration", "configMap": {
+            "name": cm, "items": [{"key": key, "path": CALIBRATION_FILE}]}})
     container: dict[str, Any] = {
         "name": ENGINE_CONTAINER, "image": image, "command": command, "args": args,
         "ports": [{"name": "http", "containerPort": t.port, "protocol": "TCP"}],

@@ -25,9 +25,10 @@ from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import from_hf_config, resolve_model
 from chunktune.core.records import RequestRecord
 from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
-from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
+from chunktune.core.trials import EngineTarget, Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.core.workload import Profile, RequestSpec, generate
 from chunktune.load.aggregate import RunInfo, build_summary
+from chunktune.sim import twin
 from chunktune.sim.engine import API_SERVER_OVERHEAD_S, Engine, ReplayResult, build_engine
 from chunktune.sim.request import FINISHED, REJECTED, Request
 
@@ -56,7 +57,12 @@ class SimulatedBackend(TrialBackend):
             model = (from_hf_config(target.hf_config, name=target.model) if target.hf_config
                      else resolve_model(target.model, field="spec.engine.model"))
             gpu = resolve_gpu(target.gpu or "h100-sxm", field="spec.engine.gpu.type")
+            calib = calibration(target)
+            if calib is not None:
+                args = twin.engine_args(args, calib)
             engine = build_engine(args, model, gpu)
+            if calib is not None:
+                twin.apply(engine, calib, "spec.engine.calibration")
         except EngineStartupError as e:
             return TrialResult(TrialState.INFEASIBLE, reason=e.reason, message=e.message,
                                startup_seconds=time.perf_counter() - t0)
@@ -87,7 +93,9 @@ class SimulatedBackend(TrialBackend):
         result = engine.replay(specs, concurrency=closed, time_limit=limit,
                                tick=plan.window_seconds if report else None, on_tick=on_tick,
                                stop_arrivals=profile.duration,
-                               server_overhead_s=API_SERVER_OVERHEAD_S)
+                               server_overhead_s=API_SERVER_OVERHEAD_S
+                               if calib is None or calib.server_overhead_s is None
+                               else calib.server_overhead_s)
         if pruned_at:  # cut short: what had finished by then, as the pruner saw it
             done = [r for r in result.requests if r.status in (FINISHED, REJECTED)]
             summary = self._summary(plan, engine, done, result.end_time, result.end_time,
@@ -182,3 +190,15 @@ def _server(engine: Engine, result: ReplayResult | None, now: float) -> dict[str
         out["steps"] = len(result.steps)
         out["simulated_seconds"] = result.end_time
     return out
+
+
+def calibration(target: EngineTarget) -> twin.CalibrationProfile | None:
+    """The target's calibration profile; :class:`SpecError` for a ConfigMap reference, which
+    only the kubernetes backend can read."""
+    if target.calibration_ref is not None:
+        raise SpecError(f"the ConfigMap {target.calibration_ref[0]!r} is read by the kubernetes "
+                        "backend only; give the profile as a file for this backend",
+                        field="spec.engine.calibration.configMapKeyRef")
+    if target.calibration is None:
+        return None
+    return twin.parse_profile(target.calibration, "the profile", "spec.engine.calibration")

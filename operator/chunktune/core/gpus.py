@@ -56,6 +56,12 @@ GPUS: dict[str, GPU] = {
         GPU("rtx4090", 23.5165, 1.008, 330.3, 32.0, "ada", 128, "NVIDIA GeForce RTX 4090"),
         GPU("rtx-pro-6000", 94.97, 1.792, 503.8, 64.0, "blackwell", 188,
             "NVIDIA RTX PRO 6000 Blackwell Server Edition"),
+        # vLLM's CPU engine: no data sheet applies. Nominal figures (DDR bandwidth, AVX-512
+        # bf16 rate of a few cores) only give the step-time terms their shape; use it with a
+        # calibration profile from `chunktune calibrate`, which scales every term to the
+        # measured steps. Memory: the KV cache is VLLM_CPU_KVCACHE_SPACE (the profile carries
+        # the capacity the engine logged).
+        GPU("cpu", 16.0, 0.02, 1.0, 10.0, "ampere", 2, "cpu"),
     )
 }
 

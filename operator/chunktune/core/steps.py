@@ -26,7 +26,7 @@ ITERATION_RE = re.compile(
     r"(?P<context_requests>\d+) context requests?, (?P<context_tokens>\d+) context tokens?, "
     r"(?P<generation_requests>\d+) generation requests?, "
     r"(?P<generation_tokens>\d+) generation tokens?, "
-    r"iteration elapsed time: (?P<elapsed_ms>[0-9.]+) ms"
+    r"iteration elapsed time: (?P<elapsed_ms>[0-9.]+) ms(?P<dummy> \(dummy\))?"
     r"(?:, (?P<device>[A-Za-z]+) KV cache usage: (?P<kv_usage_pct>[0-9.]+)%)?"
 )
 
@@ -66,9 +66,10 @@ class StepRecord:
 
 
 def parse_line(line: str) -> StepRecord | None:
-    """The record of one log line, or None when the line is not an ``Iteration`` line."""
+    """The record of one log line, or None when the line is not an ``Iteration`` line (or is
+    a data-parallel engine's ``(dummy)`` step, which runs no request)."""
     m = ITERATION_RE.search(line)
-    if m is None:
+    if m is None or m["dummy"]:
         return None
     kv = m["kv_usage_pct"]
     return StepRecord(
@@ -117,16 +118,80 @@ class StepSummary:
         )
 
 
-def write_steps(path: str | Path, records: Iterable[StepRecord]) -> Path:
-    """Store records as JSON lines (one object per step)."""
+#: vLLM's start-up lines that say which engine wrote a log (v0.32: ``Initializing a V1 LLM
+#: engine (v0.32.0) with config: model='...', ...`` and ``CPU KV cache size: 130,944 tokens``).
+ENGINE_RE = re.compile(r"Initializing a V\d+ LLM engine \(v(?P<version>[^)]+)\) with config: "
+                       r"model='(?P<model>[^']*)'")
+KV_SIZE_RE = re.compile(r"(?P<device>[A-Za-z]+)(?: \+ host)? KV cache size: (?P<n>[0-9,]+) tokens")
+
+
+@dataclass(frozen=True)
+class StepLogMeta:
+    """What a log says about the engine that wrote it (None where it does not say)."""
+
+    model: str | None = None
+    """The model vLLM loaded (its ``--model``: a repo id or a directory)."""
+    vllm_version: str | None = None
+    kv_cache_tokens: int | None = None
+    """KV-cache capacity in tokens (what turns the steps' usage % into tokens)."""
+    device: str | None = None
+    """``CPU`` or ``GPU``, from the KV-cache size line."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def merged(self, other: StepLogMeta) -> StepLogMeta:
+        """This, with the fields it lacks taken from ``other``."""
+        return StepLogMeta(self.model or other.model, self.vllm_version or other.vllm_version,
+                           self.kv_cache_tokens or other.kv_cache_tokens,
+                           self.device or other.device)
+
+
+def parse_meta(lines: Iterable[str]) -> StepLogMeta:
+    """The engine's identity from a vLLM log's start-up lines."""
+    model = version = device = None
+    kv = None
+    for line in lines:
+        if (m := ENGINE_RE.search(line)) is not None:
+            model, version = m["model"], m["version"]
+        elif (k := KV_SIZE_RE.search(line)) is not None:
+            kv, device = int(k["n"].replace(",", "")), k["device"]
+    return StepLogMeta(model, version, kv, device)
+
+
+def write_steps(path: str | Path, records: Iterable[StepRecord],
+                meta: StepLogMeta | None = None) -> Path:
+    """Store records as JSON lines (one object per step), after a ``{"meta": ...}`` line
+    when ``meta`` says anything."""
     p = Path(path)
-    p.write_text("".join(json.dumps(r.to_dict(), sort_keys=True) + "\n" for r in records))
+    head = json.dumps({"meta": meta.to_dict()}, sort_keys=True) + "\n" \
+        if meta is not None and meta.to_dict() else ""
+    p.write_text(head + "".join(json.dumps(r.to_dict(), sort_keys=True) + "\n"
+                                for r in records))
     return p
+
+
+def read_step_log(path: str | Path) -> tuple[list[StepRecord], StepLogMeta]:
+    """Records and engine identity from :func:`write_steps`'s file or a raw vLLM log.
+    Raises ValueError (naming the line) for a JSON-lines file with a line that is not a step."""
+    text = Path(path).read_text(errors="replace").splitlines()
+    if not (text and text[0].lstrip().startswith("{")):
+        return parse_steps(text), parse_meta(text)
+    records, meta = [], StepLogMeta()
+    for n, line in enumerate(text, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            if isinstance(d, dict) and set(d) == {"meta"}:
+                meta = StepLogMeta(**d["meta"])
+            else:
+                records.append(StepRecord.from_dict(d))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"line {n} is not a step record ({e})") from None
+    return records, meta
 
 
 def read_steps(path: str | Path) -> list[StepRecord]:
     """Records from :func:`write_steps`'s file, or parsed from a raw vLLM log."""
-    text = Path(path).read_text(errors="replace").splitlines()
-    if text and text[0].lstrip().startswith("{"):
-        return [StepRecord.from_dict(json.loads(x)) for x in text if x.strip()]
-    return parse_steps(text)
+    return read_step_log(path)[0]

@@ -67,6 +67,10 @@ class EngineTarget:
     startup_timeout: float = 900.0
     cpu: CpuTarget | None = None
     """vLLM's CPU build and its settings (``spec.engine.cpu``); None: a GPU engine."""
+    calibration: dict[str, Any] | None = None
+    """A simulated engine's calibration profile (``spec.engine.calibration.file``, read)."""
+    calibration_ref: tuple[str, str] | None = None
+    """``(ConfigMap name, key)`` of a calibration profile the cluster holds."""
 
 
 @dataclass(frozen=True)

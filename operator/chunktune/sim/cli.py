@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.core.engine_args import EngineStartupError
-from chunktune.core.errors import Problems
+from chunktune.core.errors import Problems, SpecError
 from chunktune.core.flags import TUNABLE, flags_line
 from chunktune.core.workload import generate, load_profile, parse_duration
+from chunktune.sim import twin
 from chunktune.sim.args import (
     add_engine_args,
     engine_args_from,
@@ -44,7 +45,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
     w.add_argument("--seed", type=int, help="workload seed (default: profile's)")
     run.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
+    run.add_argument("--calibration", metavar="PROFILE",
+                     help="a calibration profile from `chunktune calibrate` (its model and "
+                          "--gpu): steps cost what the profiled engine's steps cost")
     run.set_defaults(func=cmd_run, parser=run, accepts_unknown=True)
+    cal = sub.add_parser(
+        "calibrate", help="fit the step-time model to a real engine's step log",
+        description="Fit the simulator's step-time model to a real vLLM engine's step log "
+                    "(--enable-logging-iteration-details lines, or the .steps.jsonl files the "
+                    "backends keep per trial) and write a calibration profile.",
+        allow_abbrev=False)
+    cal.add_argument("--log", nargs="+", required=True, metavar="FILE",
+                     help="vLLM logs or .steps.jsonl files of the same model and device")
+    cal.add_argument("--model", help="catalog model the engine served")
+    cal.add_argument("--model-config", metavar="PATH",
+                     help="the served model's config.json (e.g. the tiny model's)")
+    cal.add_argument("--gpu", required=True, help="device the engine ran on (cpu for vLLM's "
+                                                  "CPU build)")
+    cal.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    cal.add_argument("--server-overhead", type=float, metavar="SECONDS",
+                     help="measured per-request time before the first token beyond the "
+                          "prefill steps (HTTP, tokenization), kept in the profile")
+    cal.add_argument("--step-gap", type=float, default=0.0, metavar="SECONDS",
+                     help="measured wall time between steps beyond vLLM's iteration elapsed "
+                          "time (output processing), kept in the profile")
+    cal.add_argument("--out", required=True, metavar="PROFILE", help="profile JSON to write")
+    cal.set_defaults(func=cmd_calibrate)
     try:
         from chunktune.sim import serve
     except ImportError:  # pragma: no cover - serve needs the server extras
@@ -88,8 +114,21 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
         return 2
     assert mg is not None and args is not None and profile is not None
     model, gpu = mg
+    calib = None
+    if ns.calibration:
+        try:
+            calib = twin.read_profile(ns.calibration)
+        except SpecError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        args = twin.engine_args(args, calib)
     try:
         engine = build_engine(args, model, gpu)
+        if calib is not None:
+            twin.apply(engine, calib)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except EngineStartupError as e:
         for line in e.preceding:
             print(f"INFO {line}", file=sys.stderr)
@@ -106,7 +145,9 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     t0 = time.perf_counter()
     result = engine.replay(specs, concurrency=profile.arrival.concurrency,
                            time_limit=None if profile.arrival.mode != "concurrency"
-                           else profile.duration, server_overhead_s=API_SERVER_OVERHEAD_S)
+                           else profile.duration, server_overhead_s=API_SERVER_OVERHEAD_S
+                           if calib is None or calib.server_overhead_s is None
+                           else calib.server_overhead_s)
     wall = time.perf_counter() - t0
     summary: dict[str, Any] = summarize(engine, result, profile)
     summary["model"] = model.name
@@ -121,4 +162,42 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     print(f"(replayed in {wall:.2f} s wall, {result.end_time / max(wall, 1e-9):,.0f}x real time)")
     if ns.json:
         Path(ns.json).write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> int:
+    """``chunktune calibrate``: fit the step-time model to step logs, write the profile."""
+    from chunktune.core.gpus import resolve_gpu
+    from chunktune.core.models import resolve_model
+    from chunktune.sim.cost_model import StepCostModel
+    try:
+        if ns.tensor_parallel_size < 1:
+            raise SpecError(f"must be >= 1 (got {ns.tensor_parallel_size})",
+                            field="--tensor-parallel-size")
+        model = resolve_model(ns.model, ns.model_config)
+        gpu = resolve_gpu(ns.gpu)
+        declared = ns.model or model.name
+        logs = twin.load_logs(ns.log, model, declared)
+        budget = max(max(s.tokens for s in log.steps) for log in logs)
+        cost = StepCostModel(model, gpu, ns.tensor_parallel_size, max_tokens=max(budget, 16))
+        fit = twin.fit_logs(logs, cost)
+        if ns.server_overhead is not None and ns.server_overhead < 0:
+            raise SpecError(f"must be >= 0 (got {ns.server_overhead})", field="--server-overhead")
+        if ns.step_gap < 0:
+            raise SpecError(f"must be >= 0 (got {ns.step_gap})", field="--step-gap")
+        prof = twin.build_profile(ns.log, logs, fit, cost, model, gpu.name,
+                                  ns.tensor_parallel_size, ns.server_overhead, ns.step_gap)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    twin.write_profile(ns.out, prof)
+    c = prof.coefficients
+    print(f"calibrated {model.name} on {gpu.name} from {prof.fitted_on['steps']} steps in "
+          f"{len(ns.log)} file(s) (vLLM {prof.fitted_on['vllm_version'] or 'version unknown'})")
+    print("  coefficients: " + ", ".join(f"{k} {v:.3g}" for k, v in c.items()))
+    print(f"  step error: median {fit.median_rel_err:.1%}, p90 {fit.p90_rel_err:.1%}, total "
+          f"{fit.total_ratio - 1:+.1%} in sample; median "
+          f"{fit.cross_validated_median_rel_err:.1%}, total "
+          f"{fit.cross_validated_total_ratio - 1:+.1%} cross-validated (5-fold)")
+    print(f"wrote {ns.out}")
     return 0

@@ -286,6 +286,17 @@ class StepCostModel:
             self._overhead += c.eager_launch_overhead_per_layer_s * layers
         self._per_req = c.per_request_overhead_s
         self.max_tokens = max_tokens
+        self.calibration: tuple[float, ...] | None = None
+        """A calibration profile's coefficients (see :mod:`chunktune.sim.twin`): scales of the
+        (step overhead, per-request, linear, attention) terms, then seconds per scheduled
+        token, per prefill query-key pair and per decode KV token, then the wall time between
+        steps; when set, a step costs exactly that sum."""
+
+    def calibrate(self, coefficients: tuple[float, ...]) -> None:
+        """Cost steps with a calibration profile's eight coefficients from now on."""
+        if len(coefficients) != 8:
+            raise ValueError(f"8 calibration coefficients expected, got {len(coefficients)}")
+        self.calibration = tuple(coefficients)
 
     def linear_time(self, tokens: int) -> float:
         if tokens <= self.max_tokens:
@@ -313,6 +324,15 @@ class StepCostModel:
         """
         if num_tokens == 0:
             return 0.0
+        if self.calibration is not None:
+            s0, s1, s2, s3, per_tok, per_pair, per_kv, gap = self.calibration
+            pairs = sum(c * (done + (c + 1) / 2) for c, done in prefill_chunks)
+            return (s0 * self.c.step_overhead_s + s1 * self._per_req * num_reqs
+                    + s2 * self.linear_time(num_tokens)
+                    + s3 * self.attention_time(prefill_chunks, num_decodes,
+                                               decode_context_tokens)
+                    + per_tok * num_tokens + per_pair * pairs
+                    + per_kv * decode_context_tokens + gap)
         t = self._overhead + self._per_req * num_reqs + self.linear_time(num_tokens)
         t += self.attention_time(prefill_chunks, num_decodes, decode_context_tokens)
         if num_logits:

@@ -577,6 +577,7 @@ def detokenize(body: dict[str, Any], cfg: ServerConfig) -> dict[str, Any]:
         raise ApiError("this chunktune simulator counts tokens by words and cannot "
                        "detokenize; start it with --tokenizer DIR|tokenizer.json (or a model "
                        "directory holding tokenizer.json)", param="tokens")
+    assert tokens is not None  # _is_ids above
     return {"prompt": counter.decode(tokens)}
 
 

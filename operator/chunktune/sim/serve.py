@@ -38,6 +38,7 @@ from chunktune import __version__
 from chunktune.core.engine_args import EngineStartupError, resolve
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS
+from chunktune.sim import twin
 from chunktune.sim.args import add_engine_args, engine_args_from, model_and_gpu, split_unknown
 from chunktune.sim.engine import Engine, build_engine
 from chunktune.sim.memory import GiB
@@ -77,6 +78,10 @@ def register(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     g.add_argument("--seed", type=int, default=0,
                    help="random seed (the simulator is deterministic; seeds the request ids)")
     s = p.add_argument_group("simulator only (serve)")
+    s.add_argument("--calibration", metavar="PROFILE",
+                   help="a calibration profile from `chunktune calibrate`: steps cost what the "
+                        "profiled engine's steps cost (its server overhead is not added: this "
+                        "server pays its own HTTP costs)")
     s.add_argument("--load-time", type=float, default=DEFAULT_LOAD_TIME_S, metavar="SECONDS",
                    help=f"simulated model-load delay before the port opens "
                         f"(default {DEFAULT_LOAD_TIME_S:g}; 0 allowed)")
@@ -143,6 +148,9 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         model, gpu = model_and_gpu(ns)
         args = engine_args_from(ns)
         args.check_simulated()
+        calib = twin.read_profile(ns.calibration) if ns.calibration else None
+        if calib is not None:
+            args = twin.engine_args(args, calib)
         counter = resolve_tokenizer(ns.tokenizer, ns.model or ns.model_tag, model.vocab_size)
     except SpecError as e:
         for path, msg in e.problems:
@@ -167,8 +175,14 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         time.sleep(ns.load_time)
     try:
         engine = build_engine(args, model, gpu)
+        if calib is not None:
+            twin.apply(engine, calib)
     except EngineStartupError as e:
         return _startup_failed(e, "core.py")
+    except SpecError as e:
+        for path, msg in e.problems:
+            _err(f"error: {path}: {msg}" if path else f"error: {msg}")
+        return 2
     log(f"Model loading took {engine.memory.weights / GiB:.4f} GiB and "
         f"{time.monotonic() - t0:.6f} seconds", where="gpu_model_runner.py")
     for w in engine.cfg.warnings:

@@ -7,7 +7,9 @@ vLLM (v0.32, ``--enable-logging-iteration-details``) logs one line per engine st
 
 (``vllm/v1/metrics/loggers.py::_log_iteration_details``; a context request is one still in
 prefill, so a chunked prompt's later chunks count as context). The start-up line ``GPU KV cache
-size: N tokens`` gives the capacity that turns the usage into KV tokens.
+size: N tokens`` (``CPU ...`` on the CPU engine) gives the capacity that turns the usage into KV
+tokens. Lines are parsed by :mod:`chunktune.core.steps` (the parser the backends use when they
+keep a trial's steps); this module adds the checks and the fit.
 
 The log has no per-request positions, so the fit keeps the model's shape and scales its terms:
 
@@ -21,64 +23,45 @@ Pure functions: parsing takes lines, fitting takes parsed steps.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from chunktune.core.errors import SpecError
+from chunktune.core.steps import StepLogMeta, StepRecord, parse_meta, parse_steps
 from chunktune.sim.cost_model import StepCostModel
 
-ITERATION_RE = re.compile(
-    r"Iteration\((?P<i>\d+)\): (?P<cr>\d+) context requests, (?P<ct>\d+) context tokens, "
-    r"(?P<gr>\d+) generation requests, (?P<gt>\d+) generation tokens, iteration elapsed time: "
-    r"(?P<ms>[0-9.]+) ms(?P<dummy> \(dummy\))?, \S* ?KV cache usage: (?P<kv>[0-9.]+)%")
-KV_SIZE_RE = re.compile(r"GPU KV cache size: (?P<n>[0-9,]+) tokens")
 MIN_STEPS = 20
 
 
 @dataclass(frozen=True)
-class StepSample:
-    context_requests: int
-    context_tokens: int
-    generation_requests: int
-    generation_tokens: int
-    elapsed_s: float
-    kv_usage: float  # fraction
-
-
-@dataclass(frozen=True)
 class StepLog:
-    steps: list[StepSample]
+    steps: list[StepRecord]
     kv_capacity_tokens: int | None
+    meta: StepLogMeta = field(default_factory=StepLogMeta)
 
 
-def parse_step_log(lines: Iterable[str], source: str = "log") -> StepLog:
-    """Steps of a vLLM log (dummy data-parallel steps dropped). Raises :class:`SpecError`
-    naming ``source`` when the log is empty or holds no iteration lines."""
-    steps: list[StepSample] = []
-    capacity = None
-    seen_any = False
-    for line in lines:
-        seen_any = seen_any or bool(line.strip())
-        m = ITERATION_RE.search(line)
-        if m:
-            if m["dummy"]:
-                continue
-            steps.append(StepSample(int(m["cr"]), int(m["ct"]), int(m["gr"]), int(m["gt"]),
-                                    float(m["ms"]) / 1e3, float(m["kv"]) / 100))
-            continue
-        k = KV_SIZE_RE.search(line)
-        if k:
-            capacity = int(k["n"].replace(",", ""))
+def check_steps(steps: list[StepRecord], meta: StepLogMeta, seen_any: bool,
+                source: str = "log") -> StepLog:
+    """A :class:`StepLog` of parsed steps; raises :class:`SpecError` naming ``source`` when
+    the log was empty or held no iteration lines."""
     if not seen_any:
         raise SpecError(f"{source} is empty", field="--log")
     if not steps:
         raise SpecError(f"{source} has no vLLM step lines ('Iteration(N): ... context "
                         "requests ...'): start vLLM with --enable-logging-iteration-details",
                         field="--log")
-    return StepLog(steps, capacity)
+    return StepLog(steps, meta.kv_cache_tokens, meta)
+
+
+def parse_step_log(lines: Iterable[str], source: str = "log") -> StepLog:
+    """Steps of a vLLM log (parsed by :mod:`chunktune.core.steps`; dummy data-parallel steps
+    dropped). Raises :class:`SpecError` naming ``source`` when the log is empty or holds no
+    iteration lines."""
+    text = list(lines)
+    return check_steps(parse_steps(text), parse_meta(text), any(x.strip() for x in text),
+                       source)
 
 
 @dataclass(frozen=True)
@@ -107,13 +90,13 @@ def step_features(log: StepLog, cost: StepCostModel) -> np.ndarray:
     rows = []
     for s in log.steps:
         reqs = s.context_requests + s.generation_requests
-        tokens = s.context_tokens + s.generation_tokens
+        tokens = s.tokens
         chunks: list[tuple[int, int]] = []
         if s.context_requests:
             each = max(1, s.context_tokens // s.context_requests)
             chunks = [(each, 0)] * s.context_requests
-        if log.kv_capacity_tokens and s.generation_requests:
-            in_use = s.kv_usage * log.kv_capacity_tokens
+        if log.kv_capacity_tokens and s.generation_requests and s.kv_usage_pct is not None:
+            in_use = s.kv_usage_pct / 100 * log.kv_capacity_tokens
             dec_ctx = max(s.generation_requests, int(in_use) - s.context_tokens)
         else:
             dec_ctx = 0
@@ -145,14 +128,20 @@ def _nnls_rel(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def fit_step_log(log: StepLog, cost: StepCostModel, source: str = "log") -> StepFit:
     """Fit the four scales to ``log``. Raises :class:`SpecError` when there are too few steps
     to fit (fewer than :data:`MIN_STEPS`, or no step with any tokens)."""
-    steps = [s for s in log.steps if s.context_tokens + s.generation_tokens > 0]
+    steps = [s for s in log.steps if s.tokens > 0]
     if len(steps) < MIN_STEPS:
         raise SpecError(f"{source}: {len(steps)} steps with tokens; at least {MIN_STEPS} are "
                         "needed to fit (run the engine longer or under more load)",
                         field="--log")
-    log = StepLog(steps, log.kv_capacity_tokens)
+    log = StepLog(steps, log.kv_capacity_tokens, log.meta)
     x = step_features(log, cost)
-    y = np.array([s.elapsed_s for s in steps])
+    y = np.array([s.elapsed_ms / 1e3 for s in steps])
+    return fit_arrays(x, y)
+
+
+def fit_arrays(x: np.ndarray, y: np.ndarray) -> StepFit:
+    """The scales of :func:`step_features` rows ``x`` that best give step times ``y``
+    (seconds), with in-sample and 5-fold cross-validated errors."""
     scales = _nnls_rel(x, y)
     err = np.abs(x @ scales / y - 1.0)
     folds = np.arange(len(y)) % 5

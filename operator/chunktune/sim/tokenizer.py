@@ -86,7 +86,7 @@ class HFTokenizer:
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
         self.chat_template: str | None = template if isinstance(template, str) else None
-        self._template = None
+        self._template: Any = None  # a jinja2 Template, compiled on first use
 
     @classmethod
     def load(cls, path: str | Path, field: str = "--tokenizer") -> HFTokenizer:
@@ -149,8 +149,9 @@ class HFTokenizer:
         specials = {k: _token_text(self.config.get(k)) for k in
                     ("bos_token", "eos_token", "unk_token", "pad_token")}
         msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
-        return self._template.render(messages=msgs, add_generation_prompt=add_generation_prompt,
-                                     **specials)
+        rendered: str = self._template.render(
+            messages=msgs, add_generation_prompt=add_generation_prompt, **specials)
+        return rendered
 
     def encode_chat(self, messages: list[dict[str, Any]],
                     add_generation_prompt: bool = True) -> list[int]:

@@ -89,14 +89,14 @@ def run_batch(cfg: ResolvedConfig, num_gpu_blocks: int,
         trace.steps.append(iteration_counts(plan))
         trace.preempted.append(len(plan.preempted))
         now += 1.0
-        out = sched.apply(plan, now)
+        outcome = sched.apply(plan, now)
         reported = 0
-        for req in out.produced:
+        for req in outcome.produced:
             if req.num_preemptions != seen.get(req.rid, 0):
                 reported += req.num_preemptions - seen.get(req.rid, 0)
                 seen[req.rid] = req.num_preemptions
         trace.reported.append(reported)
-        for req in out.finished:
+        for req in outcome.finished:
             rid = ids[req.rid]
             trace.finished.append(rid)
             trace.request_preemptions[rid] = req.num_preemptions

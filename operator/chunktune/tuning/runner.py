@@ -48,6 +48,7 @@ from chunktune.core.trials import (
     TrialResult,
     TrialState,
 )
+from chunktune.sim import twin
 from chunktune.tuning import space
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (
@@ -85,8 +86,18 @@ class TrialEvent:
     baseline: bool = False
 
 
+def calibration_of(tuning: ChunkedPrefillTuning) -> dict[str, Any] | None:
+    """The profile ``spec.engine.calibration.file`` names, read and checked (SpecError naming
+    that field otherwise)."""
+    c = tuning.spec.engine.calibration
+    if c is None or c.file is None:
+        return None
+    return twin.read_profile(c.file, "spec.engine.calibration.file").to_dict()
+
+
 def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
     e = tuning.spec.engine
+    ref = e.calibration.config_map_key_ref if e.calibration else None
     return EngineTarget(
         kind=e.kind, model=e.model, served_model_name=e.served_model_name or e.model,
         gpu=e.gpu.type, gpu_count=e.gpu.count or e.tensor_parallel_size,
@@ -96,6 +107,8 @@ def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
         hf_config=e.hf_config, port=e.port, startup_timeout=e.startup_timeout,
         cpu=(CpuTarget(kv_cache_bytes=e.cpu.kv_cache_bytes,
                        omp_threads_bind=e.cpu.omp_threads_bind) if e.cpu else None),
+        calibration=calibration_of(tuning),
+        calibration_ref=(ref.name, ref.key) if ref is not None else None,
     )
 
 

@@ -1,0 +1,223 @@
+"""The CPU twin: calibrate the simulator on the real CPU engine, predict configurations it has
+not seen (issue #10 item 5).
+
+Usage: ``python bench/cpu_twin.py [--store DIR] [--duration 45] [--rerun]``.
+
+1. Runs real vLLM (its CPU build, the tiny model, ``examples/cpu-vllm.yaml``'s workload) on the
+   local backend for six configurations, one ``chunktune tune`` trial each, keeping every
+   trial's step log and metrics in ``--store`` (default ``.chunktune/cpu-twin``). A
+   configuration whose result is already stored is reused, not rerun (``--rerun`` redoes them).
+2. ``chunktune calibrate`` on the step logs (and measured request latencies) of the first three.
+3. Replays the same workload in the simulator with that profile for the other three and
+   prints measured vs predicted TTFT, ITL and E2E p50/p99 and the median |error|. The table is
+   also written to ``DIR/comparison.json`` (what ``bench/fidelity.py`` shows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "cpu-vllm.yaml"
+
+#: (max-num-batched-tokens, long-prefill-token-threshold, max-num-seqs)
+CALIBRATE_ON = [(256, 0, 64), (2048, 0, 128), (512, 256, 16)]
+HELD_OUT = [(1024, 128, 64), (4096, 512, 128), (256, 128, 16)]
+METRICS = [f"{m}_p{p}" for m in ("ttft", "itl", "e2e") for p in (50, 99)]
+
+
+def config_name(c: tuple[int, int, int]) -> str:
+    return f"b{c[0]}-t{c[1]}-s{c[2]}"
+
+
+def manifest(c: tuple[int, int, int], duration: float) -> dict[str, Any]:
+    m = yaml.safe_load(EXAMPLE.read_text())
+    m["metadata"]["name"] = "cpu-twin-" + config_name(c)
+    # The configuration goes into the fixed engine args: a study's first trial is the
+    # baseline (vLLM's defaults for the searched flags), so searching them would measure the
+    # defaults. The one searched flag is the tiny model's own length (its default).
+    m["spec"]["engine"]["args"] = [*m["spec"]["engine"]["args"],
+                                   "--max-num-batched-tokens", str(c[0]),
+                                   "--long-prefill-token-threshold", str(c[1]),
+                                   "--max-num-seqs", str(c[2])]
+    m["spec"]["searchSpace"] = [{"name": "max-model-len", "choices": [8192]}]
+    m["spec"]["workload"]["duration"] = f"{duration:g}s"
+    m["spec"]["budget"] = {"maxTrials": 1, "parallelism": 1}
+    m["spec"]["sampler"] = {"name": "random", "seed": 0}
+    return dict(m)
+
+
+def run_real(c: tuple[int, int, int], store: Path, duration: float, rerun: bool
+             ) -> dict[str, Any]:
+    """The stored result of configuration ``c``, running the real engine when there is none."""
+    out = store / f"{config_name(c)}.json"
+    if out.exists() and not rerun:
+        print(f"  {config_name(c)}: reusing the stored real run {out}")
+        return dict(json.loads(out.read_text()))
+    import optuna
+
+    from chunktune.tuning import study as st
+    store.mkdir(parents=True, exist_ok=True)
+    mpath = store / f"{config_name(c)}.yaml"
+    mpath.write_text(yaml.safe_dump(manifest(c, duration)))
+    storage = store / f"{config_name(c)}.journal"
+    for p in (storage, Path(str(storage) + ".lock")):
+        if p.exists():
+            p.unlink()
+    t0 = time.time()
+    print(f"  {config_name(c)}: running real vLLM ({duration:g} s of load) ...", flush=True)
+    proc = subprocess.run([sys.executable, "-m", "chunktune", "tune", str(mpath), "--storage",
+                           str(storage)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ))
+    if proc.returncode != 0:
+        raise SystemExit(f"real run {config_name(c)} failed (rc {proc.returncode}):\n"
+                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    study = optuna.load_study(study_name=f"default/cpu-twin-{config_name(c)}",
+                              storage=st.open_storage(str(storage)))
+    (trial,) = study.trials
+    if st.trial_state(trial) != "COMPLETE":
+        raise SystemExit(f"real run {config_name(c)}: trial ended {st.trial_state(trial)}: "
+                         f"{trial.user_attrs.get(st.ATTR_MESSAGE)}")
+    steps = trial.user_attrs[st.ATTR_STEPS]
+    if steps.get("max_step_tokens", 0) > c[0]:
+        raise SystemExit(f"real run {config_name(c)}: a step of {steps['max_step_tokens']} "
+                         f"tokens, over the configured budget {c[0]}: the flags were not applied")
+    result = {"config": list(c), "name": config_name(c), "duration_s": duration,
+              "metrics": trial.user_attrs[st.ATTR_METRICS],
+              "steps_file": trial.user_attrs[st.ATTR_STEPS]["file"],
+              "wall_s": time.time() - t0}
+    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"  {config_name(c)}: done in {time.time() - t0:.0f} s", flush=True)
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", type=Path, default=ROOT / ".chunktune" / "cpu-twin")
+    ap.add_argument("--duration", type=float, default=45.0, help="seconds of load per run")
+    ap.add_argument("--rerun", action="store_true", help="rerun stored real runs")
+    ap.add_argument("--real-only", action="store_true", help="only collect the real runs")
+    a = ap.parse_args()
+    print("== real runs (vLLM CPU, tiny model, examples/cpu-vllm.yaml workload)")
+    real = {config_name(c): run_real(c, a.store, a.duration, a.rerun)
+            for c in CALIBRATE_ON + HELD_OUT}
+    if a.real_only:
+        return 0
+    return report(real, a.store, a.duration)
+
+
+def simulate(c: tuple[int, int, int], profile_path: Path | None, duration: float,
+             server_overhead_s: float) -> dict[str, float]:
+    """Overall p50/p99 of TTFT, ITL, E2E (seconds) of the workload replayed on the simulated
+    CPU engine with configuration ``c`` and the calibration profile."""
+    from chunktune.core.engine_args import EngineArgs
+    from chunktune.core.gpus import resolve_gpu
+    from chunktune.core.models import resolve_model
+    from chunktune.core.workload import generate, parse_profile
+    from chunktune.sim import twin
+    from chunktune.sim.engine import build_engine
+    from chunktune.sim.report import summarize
+
+    m = manifest(c, duration)
+    wl = parse_profile(m["spec"]["workload"]["inline"], "workload").with_overrides(
+        duration=duration, warmup=5.0)
+    model = resolve_model(None, ROOT / ".chunktune" / "models" / "tiny" / "config.json")
+    args = EngineArgs(max_num_batched_tokens=c[0], long_prefill_token_threshold=c[1],
+                      max_num_seqs=c[2], enforce_eager=True, max_model_len=8192)
+    prof = twin.read_profile(profile_path) if profile_path else None
+    if prof is not None:
+        args = twin.engine_args(args, prof)
+    engine = build_engine(args, model, resolve_gpu("cpu"))
+    if prof is not None:
+        twin.apply(engine, prof)
+    res = engine.replay(generate(wl), server_overhead_s=server_overhead_s)
+    o = summarize(engine, res, wl)["overall"]
+    return {f"{k}_p{p}": float(o[k][f"p{p}"]) for k in ("ttft", "itl", "e2e") for p in (50, 99)}
+
+
+def calibrate(real: dict[str, dict[str, Any]], out: Path, overhead: float | None,
+              gap: float = 0.0) -> None:
+    cmd = [sys.executable, "-m", "chunktune", "calibrate", "--log",
+           *[os.path.relpath(real[config_name(c)]["steps_file"], ROOT) for c in CALIBRATE_ON],
+           "--model-config", ".chunktune/models/tiny/config.json", "--gpu", "cpu",
+           "--out", str(out)]
+    if overhead is not None:
+        cmd += ["--server-overhead", f"{overhead:.4f}", "--step-gap", f"{gap:.5f}"]
+    print("$ chunktune " + " ".join(os.path.relpath(x, ROOT) if x.startswith(str(ROOT)) else x
+                                   for x in cmd[3:]))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    print(proc.stdout + proc.stderr, end="")
+    if proc.returncode != 0:
+        raise SystemExit("chunktune calibrate failed")
+
+
+def report(real: dict[str, dict[str, Any]], store: Path, duration: float) -> int:
+    import numpy as np
+    print("\n== calibrate on " + ", ".join(config_name(c) for c in CALIBRATE_ON))
+    profile = store / "profile.json"
+    calibrate(real, profile, None)
+    # From the calibration runs' measured request latencies only: (1) the wall time between
+    # steps that vLLM's iteration time leaves out, the gap whose simulated E2E p50/p99 come
+    # closest (median |log ratio|) to the measured ones; (2) the time before the first token
+    # beyond the prefill steps (HTTP, tokenization, first chunk): measured TTFT p50 less the
+    # simulated one.
+    def e2e_miss(gap: float) -> float:
+        calibrate(real, profile, 0.0, gap)
+        miss = []
+        for c in CALIBRATE_ON:
+            sim, meas = simulate(c, profile, duration, 0.0), real[config_name(c)]["metrics"]
+            miss += [abs(float(np.log(sim[k] / meas[k]))) for k in ("e2e_p50", "e2e_p99")]
+        return float(np.median(miss))
+    print("\n-- fitting the step gap from the calibration runs' E2E (output hidden)")
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):
+        misses = {g: e2e_miss(g) for g in (0.0, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004)}
+    gap = min(misses, key=lambda g: misses[g])
+    print("  median |log(sim/real)| of E2E p50/p99 by gap: "
+          + ", ".join(f"{g * 1e3:g} ms {m:.3f}" for g, m in misses.items()))
+    calibrate(real, profile, 0.0, gap)
+    gaps = [real[config_name(c)]["metrics"]["ttft_p50"]
+            - simulate(c, profile, duration, 0.0)["ttft_p50"] for c in CALIBRATE_ON]
+    overhead = max(0.0, float(np.median(gaps)))
+    print(f"step gap {gap * 1e3:g} ms; server overhead before the first token "
+          f"{overhead * 1e3:.1f} ms (median TTFT p50 gap on the calibration runs)\n")
+    calibrate(real, profile, overhead, gap)
+    rows, errs = [], []
+    print("\n== held-out configurations: real vLLM vs calibrated simulator")
+    print(f"  {'config':16} {'metric':9} {'measured':>10} {'predicted':>10} {'error':>8}")
+    for c in HELD_OUT:
+        meas = real[config_name(c)]["metrics"]
+        pred = simulate(c, profile, duration, overhead)
+        for k in METRICS:
+            err = pred[k] / meas[k] - 1.0 if meas[k] > 0 else float("nan")
+            errs.append(abs(err))
+            rows.append({"config": config_name(c), "metric": k, "measured_s": meas[k],
+                         "predicted_s": pred[k], "rel_err": err})
+            print(f"  {config_name(c):16} {k:9} {meas[k] * 1e3:>8.1f}ms {pred[k] * 1e3:>8.1f}ms "
+                  f"{err:>+8.1%}")
+    med = float(np.nanmedian(errs))
+    print(f"\nmedian |error| over {len(errs)} held-out figures: {med:.1%} (target <= 15%)")
+    table = store / "comparison.json"
+    table.write_text(json.dumps(
+        {"rows": rows, "median_abs_err": med, "calibrated_on": [config_name(c)
+                                                                 for c in CALIBRATE_ON],
+         "server_overhead_s": overhead, "step_gap_s": gap, "duration_s": duration,
+         "profile": json.loads(profile.read_text())}, indent=2) + "\n")
+    print(f"(real runs stored in {os.path.relpath(store)}; rerunning this reuses them, --rerun "
+          f"redoes them; the table is {os.path.relpath(table)}: copy it to "
+          "bench/data/cpu_twin_comparison.json to publish it to bench/fidelity.py)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
