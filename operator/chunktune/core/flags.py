@@ -381,7 +381,8 @@ class ParsedArgs:
     several values, as vLLM's ``--api-key K1 K2`` does)."""
 
 
-def _is_number(text: str) -> bool:
+def is_number(text: str) -> bool:
+    """Whether a command-line token is a number (``-1`` is a value, not a flag)."""
     try:
         float(text)
     except ValueError:
@@ -398,14 +399,14 @@ def parse_argv(args: Sequence[str], engine: str | None = None) -> ParsedArgs:
     while i < len(args):
         token, at = args[i], i
         i += 1
-        if not token.startswith("-") or token == "-" or _is_number(token):
+        if not token.startswith("-") or token == "-" or is_number(token):
             out.stray.append(at)
             continue
         spelling, eq, text = token.partition("=")
         flag, negated = lookup(spelling)
         if flag is None or (engine is not None and engine not in flag.engines):
             out.unknown.append((at, spelling))
-            if not eq and i < len(args) and (not args[i].startswith("-") or _is_number(args[i])):
+            if not eq and i < len(args) and (not args[i].startswith("-") or is_number(args[i])):
                 i += 1
             continue
         try:
@@ -416,7 +417,7 @@ def parse_argv(args: Sequence[str], engine: str | None = None) -> ParsedArgs:
                 value: Any = not negated
             else:
                 if not eq:
-                    if i >= len(args) or (args[i].startswith("-") and not _is_number(args[i])):
+                    if i >= len(args) or (args[i].startswith("-") and not is_number(args[i])):
                         raise FlagValueError(f"{flag.option} needs a value ({flag.accepts})")
                     text = args[i]
                     i += 1

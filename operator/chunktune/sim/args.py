@@ -111,21 +111,13 @@ def unrecognized_by_vllm(args: Sequence[str]) -> list[str]:
     out: list[str] = []
     taking_values = False
     for a in normalize_argv(args):
-        if a.startswith("-") and not _is_number(a):
+        if a.startswith("-") and not flags.is_number(a):
             taking_values = a.split("=", 1)[0] not in known
             if taking_values:
                 out.append(a)
         elif taking_values:
             out.append(a)
     return out
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def unrecognized_message(prog: str, args: Sequence[str]) -> str:
@@ -142,7 +134,7 @@ def split_unknown(parser: argparse.ArgumentParser,
     ignored, errors = [], []
     refused = unrecognized_by_vllm(unknown)
     for a in normalize_argv(unknown):
-        if not a.startswith("-") or _is_number(a):
+        if not a.startswith("-") or flags.is_number(a):
             continue  # a value of an ignored flag
         name = a.split("=", 1)[0]
         if name in vllm_flags():
