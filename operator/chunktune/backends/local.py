@@ -9,8 +9,8 @@ process), samples ``/metrics`` while it runs (for the KV-usage peak), scrapes ag
 the engine (its whole process group). An engine that exits before it serves is classified from
 its exit code and log (:mod:`chunktune.backends.classify`): vLLM's OOM, KV-cache and
 configuration messages make the point ``INFEASIBLE``, anything else is a failed trial (a port
-taken in the meantime is retried on another port). A real vLLM engine logs every step
-(``--enable-logging-iteration-details``); the trial's result carries those steps
+taken in the meantime is retried on another port). An engine (vLLM or ``sim serve``) logs every
+step (``--enable-logging-iteration-details``); the trial's result carries those steps
 (:mod:`chunktune.core.steps`) and, with ``steps_dir``, they are kept as files.
 ``parallelism`` trials run side by side, each on its own ports.
 """
@@ -38,7 +38,7 @@ from chunktune.backends.base import TrialBackend
 from chunktune.backends.classify import classify
 from chunktune.core.errors import BackendUnavailable
 from chunktune.core.flatten import flatten, flatten_window
-from chunktune.core.steps import iteration_lines, parse_meta, parse_steps, write_steps
+from chunktune.core.steps import keep_step_log
 from chunktune.core.summary import LoadSummary, Window
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.metrics.client import scrape
@@ -46,6 +46,9 @@ from chunktune.metrics.promtext import server_metrics
 
 #: Seconds between /metrics samples during the load (KV-usage peak).
 SAMPLE_INTERVAL = 1.0
+
+#: Engine kinds that log their steps (``--enable-logging-iteration-details``).
+STEP_LOG_KINDS = vllm.STEP_LOG_KINDS
 
 #: Start-up attempts when the engine's port was taken between choosing and binding it.
 PORT_ATTEMPTS = 3
@@ -70,7 +73,7 @@ class LocalBackend(TrialBackend):
         self.python = python
         self.keep_logs = keep_logs
         self.steps_dir = Path(steps_dir) if steps_dir is not None else None
-        """Where each vLLM trial's step log is kept (``<trial>.steps.jsonl`` and ``.log``)."""
+        """Where each trial's step log is kept (``<trial>.steps.jsonl`` and ``.log``)."""
         self.vllm_python = vllm_python
         """The interpreter holding vLLM (default ``$CHUNKTUNE_VLLM_PYTHON``, else this one)."""
         self._vllm: vllm.VllmInstall | None = None
@@ -88,7 +91,7 @@ class LocalBackend(TrialBackend):
         if t.kind == "sim":
             cmd = [self.python, "-m", "chunktune", "sim", "serve", "--model", t.model,
                    "--gpu", t.gpu or "h100-sxm", "--host", self.host, "--port", str(port),
-                   "--load-time", str(self.load_time), *served, *flags]
+                   "--load-time", str(self.load_time), *served, *vllm.with_step_log(flags)]
             if t.hf_config:
                 cfg = self.workdir / f"{plan.name or plan.number}-config.json"
                 cfg.write_text(json.dumps(t.hf_config))
@@ -204,7 +207,7 @@ class LocalBackend(TrialBackend):
         finally:
             await self._stop(engine)
             self._procs.discard(engine)
-            if plan.target.kind == "vllm" and result is not None:
+            if plan.target.kind in STEP_LOG_KINDS and result is not None:
                 self._keep_steps(tag, log_path, result)
             if not self.keep_logs:
                 with contextlib.suppress(OSError):
@@ -221,15 +224,9 @@ class LocalBackend(TrialBackend):
                 lines = f.readlines()
         except OSError:
             return
-        raw = list(iteration_lines(lines))
-        result.steps = parse_steps(raw)
-        if self.steps_dir is None or not raw:
-            return
-        self.steps_dir.mkdir(parents=True, exist_ok=True)
-        out = write_steps(self.steps_dir / f"{tag}.steps.jsonl", result.steps,
-                          parse_meta(lines))
-        out.with_suffix(".log").write_text("".join(raw))
-        result.steps_file = str(out)
+        result.steps, out = keep_step_log(lines, self.steps_dir, tag)
+        if out is not None:
+            result.steps_file = str(out)
 
     async def _wait_ready(self, proc: asyncio.subprocess.Process, http: aiohttp.ClientSession,
                           url: str, timeout: float) -> bool:

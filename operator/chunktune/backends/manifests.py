@@ -291,7 +291,7 @@ def engine_command(plan: TrialPlan, options: TrialOptions) -> tuple[list[str], l
             extra += ["--calibration", f"{CALIBRATION_DIR}/{CALIBRATION_FILE}"]
         return (["chunktune", "sim", "serve"],
                 ["--model", t.model, "--gpu", t.gpu or "h100-sxm", *where, *served, *extra,
-                 *plan.engine_flags()])
+                 *vllm.with_step_log(plan.engine_flags())])
     flags = vllm.with_step_log(plan.engine_flags())
     if t.cpu is not None:
         # vLLM's CPU build: the module entry point works in every vLLM image, while the

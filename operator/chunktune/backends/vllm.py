@@ -14,8 +14,8 @@
   (:func:`check_model`): a missing directory or an unreadable ``config.json`` is an error of
   the manifest, not an infeasible configuration.
 
-Every trial engine logs its steps (``--enable-logging-iteration-details``, see
-:mod:`chunktune.core.steps`).
+Every trial engine, vLLM or ``chunktune sim serve``, logs its steps
+(``--enable-logging-iteration-details``, see :mod:`chunktune.core.steps`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ from chunktune.core.trials import CpuTarget
 
 #: The flag that makes vLLM log one ``Iteration(N)`` line per engine step.
 STEP_LOG_FLAG = "--enable-logging-iteration-details"
+
+#: The engine kinds that take :data:`STEP_LOG_FLAG` (``chunktune sim serve`` logs the same lines).
+STEP_LOG_KINDS = ("vllm", "sim")
 
 #: The module entry point that takes the same flags as ``vllm serve``.
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"

@@ -88,6 +88,8 @@ class EngineArgs:
     scheduling_policy: str = _default("scheduling-policy")
     enforce_eager: bool = _default("enforce-eager")
     max_cudagraph_capture_size: int | None = None
+    enable_logging_iteration_details: bool = _default("enable-logging-iteration-details")
+    """Only ``sim serve`` reads it: its step log (:mod:`chunktune.core.steps`)."""
 
     @classmethod
     def from_point(cls, point: Mapping[str, Any], base: EngineArgs | None = None) -> EngineArgs:

@@ -304,6 +304,9 @@ _ENTRIES: tuple[Flag, ...] = (
          "no CUDA graphs: no graph memory, more launch overhead per step", default=False),
     Flag("max-cudagraph-capture-size", "int", VLLM_ENGINES, "largest CUDA-graph batch",
          int, _INT, minimum=1),
+    Flag("enable-logging-iteration-details", "bool", VLLM_ENGINES,
+         "log one Iteration(N) line per engine step (the step log chunktune keeps of every "
+         "trial); changes nothing else", default=False),
 )
 
 #: Every engine flag, by name.

@@ -84,6 +84,19 @@ def parse_line(line: str) -> StepRecord | None:
     )
 
 
+def format_line(record: StepRecord, device: str = "GPU") -> str:
+    """The ``Iteration`` text vLLM 0.32 logs for a record (after its ``INFO ... [loggers.py]``
+    prefix): :func:`parse_line`'s inverse, up to the rounding of the time (0.01 ms) and the KV
+    usage (0.1 %). ``device`` names the KV cache (``GPU``/``CPU``); a record without a usage
+    gets 0.0 %, as vLLM always logs one."""
+    return (f"Engine {record.engine:03d}: Iteration({record.iteration}): "
+            f"{record.context_requests} context requests, {record.context_tokens} context tokens, "
+            f"{record.generation_requests} generation requests, "
+            f"{record.generation_tokens} generation tokens, "
+            f"iteration elapsed time: {record.elapsed_ms:.2f} ms, "
+            f"{device} KV cache usage: {record.kv_usage_pct or 0.0:.1f}%")
+
+
 def parse_steps(lines: Iterable[str]) -> list[StepRecord]:
     """Every ``Iteration`` record in ``lines`` (other lines are skipped), in log order."""
     return [r for r in map(parse_line, lines) if r is not None]
@@ -169,6 +182,33 @@ def write_steps(path: str | Path, records: Iterable[StepRecord],
     p.write_text(head + "".join(json.dumps(r.to_dict(), sort_keys=True) + "\n"
                                 for r in records))
     return p
+
+
+#: The file a trial's step records go to in a steps directory (the raw lines: same name, ``.log``).
+STEPS_SUFFIX = ".steps.jsonl"
+
+
+def step_log_path(steps_dir: str | Path, tag: str) -> Path:
+    """Where :func:`keep_step_log` keeps the steps of the trial named ``tag``."""
+    return Path(steps_dir) / f"{tag}{STEPS_SUFFIX}"
+
+
+def keep_step_log(lines: Iterable[str], steps_dir: str | Path | None, tag: str
+                  ) -> tuple[list[StepRecord], Path | None]:
+    """A trial engine's log -> its step records, and, with ``steps_dir``, the file they were
+    kept in: ``<tag>.steps.jsonl`` (:func:`write_steps`, with the log's :class:`StepLogMeta`)
+    and the raw ``Iteration`` lines beside it (``<tag>.steps.log``). No file when the log has
+    no steps. The backends' one writer (local processes, Kubernetes pods)."""
+    lines = list(lines)
+    raw = list(iteration_lines(lines))
+    records = parse_steps(raw)
+    if steps_dir is None or not raw:
+        return records, None
+    out = step_log_path(steps_dir, tag)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_steps(out, records, parse_meta(lines))
+    out.with_suffix(".log").write_text("".join(x if x.endswith("\n") else x + "\n" for x in raw))
+    return records, out
 
 
 def read_step_log(path: str | Path) -> tuple[list[StepRecord], StepLogMeta]:

@@ -29,6 +29,13 @@ below the simulated step time (typically tens of microseconds against millisecon
 
 Token times seen by a client are the loop's wake-up times after each step's end, i.e. the step
 end plus the wake-up jitter; the engine's own request records keep the exact step ends.
+
+Step log. With a ``step_log`` stream (``sim serve --enable-logging-iteration-details``) every
+step writes the line vLLM 0.32 logs for it (:class:`IterationLog`): ``Iteration(N)`` with the
+context/generation counts of :func:`~chunktune.sim.trace.iteration_counts` (read before the
+step is applied, as vLLM counts them), the *simulated* step time as the elapsed time and the
+KV-cache usage after the step. Lines are flushed when the engine goes idle and at least every
+:data:`STEP_LOG_FLUSH_S`, so a pod's log holds them while the engine still runs.
 """
 
 from __future__ import annotations
@@ -39,11 +46,13 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
+from chunktune.core.steps import StepRecord, format_line
 from chunktune.sim.request import FINISHED, RUNNING, WAITING, Request
+from chunktune.sim.trace import StepCounts, iteration_counts
 
 if TYPE_CHECKING:
     from chunktune.sim.engine import Engine
@@ -57,6 +66,36 @@ BIAS_STEP_S = 10e-6
 MAX_BIAS_S = 0.002
 #: Steps kept for :meth:`LoopStats.summary` (a ring buffer; the histograms keep everything).
 STATS_WINDOW = 200_000
+#: Longest time a step-log line waits in the stream's buffer while the engine is busy.
+STEP_LOG_FLUSH_S = 0.1
+
+
+class IterationLog:
+    """Writes vLLM's per-step ``Iteration(N)`` lines (:func:`chunktune.core.steps.format_line`,
+    behind vLLM's ``INFO MM-DD HH:MM:SS [loggers.py:199]`` prefix) to a text stream."""
+
+    def __init__(self, out: TextIO, device: str = "GPU") -> None:
+        self.out = out
+        self.device = device
+        self.iteration = 0
+        """The next step's number (vLLM counts from 0)."""
+        self._flushed = time.monotonic()
+
+    def step(self, counts: StepCounts, elapsed_s: float, kv_usage: float) -> None:
+        """One step: its iteration counts, simulated time (seconds), KV usage after it (0-1)."""
+        record = StepRecord(self.iteration, *counts, elapsed_ms=elapsed_s * 1e3,
+                            kv_usage_pct=kv_usage * 100)
+        self.iteration += 1
+        self.out.write(f"INFO {time.strftime('%m-%d %H:%M:%S')} [loggers.py:199] "
+                       f"{format_line(record, self.device)}\n")
+        now = time.monotonic()
+        if now - self._flushed >= STEP_LOG_FLUSH_S:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken stdout: no log
+            self.out.flush()
+        self._flushed = time.monotonic() if now is None else now
 
 
 def _sleep_until(deadline: float) -> None:
@@ -173,7 +212,7 @@ class RealtimeEngine:
 
     def __init__(self, engine: Engine, metrics: VllmMetrics | None = None, *,
                  slack: float = DEFAULT_SLACK_S, precise: bool = True,
-                 compensate: bool = True) -> None:
+                 compensate: bool = True, step_log: TextIO | None = None) -> None:
         self.engine = engine
         self.scheduler = engine.scheduler
         self.metrics = metrics
@@ -191,6 +230,8 @@ class RealtimeEngine:
         #: Aim wake-ups this much before a step's end (tracks the median lateness).
         self.compensate = compensate
         self._bias = 0.0
+        #: vLLM's ``Iteration(N)`` line per step (``--enable-logging-iteration-details``).
+        self.step_log = IterationLog(step_log) if step_log is not None else None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -212,6 +253,8 @@ class RealtimeEngine:
         if self._clock_thread is not None:
             self._clock_thread.shutdown(wait=False)
             self._clock_thread = None
+        if self.step_log is not None:
+            self.step_log.flush()
 
     @property
     def running(self) -> bool:
@@ -273,9 +316,12 @@ class RealtimeEngine:
         s_over, s_dt, s_late = stats.overhead, stats.step_time, stats.lateness
         live = self._live
         slack = self.slack
+        step_log = self.step_log
         free_at = clock()  # when the simulated GPU finished its last step
         while True:
             if not sched.has_work:
+                if step_log is not None:
+                    step_log.flush()
                 self._wake.clear()
                 await self._wake.wait()
                 now = clock()
@@ -302,6 +348,7 @@ class RealtimeEngine:
                 continue
             dt = step_time(plan)
             end = start + dt
+            counts = iteration_counts(plan) if step_log is not None else None
             w1 = perf()
             target = end - self._bias
             delay = target - clock()
@@ -350,6 +397,8 @@ class RealtimeEngine:
             if metrics is not None:
                 metrics.on_step(out.num_generated, reported, len(sched.running),
                                 len(sched.waiting), pool.usage)
+            if step_log is not None and counts is not None:
+                step_log.step(counts, dt, pool.usage)
             w3 = perf()
             overhead = (w1 - w0) + (w3 - w2)
             lateness = woke - end

@@ -18,6 +18,11 @@ Start-up, in vLLM's order:
    ``Starting vLLM API server 0 on http://HOST:PORT`` (the bound port, also for ``--port 0``)
    and ``Application startup complete.``
 
+With ``--enable-logging-iteration-details`` every engine step logs vLLM's ``Iteration(N)`` line
+(the simulated step time as its elapsed time; :mod:`chunktune.core.steps` parses it), and the
+start-up lines a step log's reader takes the engine's identity from (``Initializing a V1 LLM
+engine (vVERSION+chunktune.sim) with config: model='...'``, ``GPU KV cache size: N tokens``).
+
 SIGTERM/SIGINT stop it: in-flight requests are aborted, the loop's per-step Python overhead is
 logged, exit status 0. Logs go to stdout (as vLLM's logger does); start-up errors to stderr.
 """
@@ -168,6 +173,9 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         resolve(args, model, gpu)  # argument validation fails before the model load, as in vLLM
     except EngineStartupError as e:
         return _startup_failed(e, "api_server.py")
+    log(f"Initializing a V1 LLM engine (v{__version__}+chunktune.sim) with config: "
+        f"model='{model_tag}', tensor_parallel_size={args.tensor_parallel_size}, "
+        f"enable_chunked_prefill={args.enable_chunked_prefill}", where="core.py")
     log(f"Starting to load model {model_tag} ({model.name} on {gpu.name} "
         f"x{args.tensor_parallel_size})...", where="gpu_model_runner.py")
     t0 = time.monotonic()
@@ -196,17 +204,20 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
     try:
         limits = HttpLimits(header_timeout=ns.header_timeout, body_timeout=ns.body_timeout)
         return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3, limits,
-                                  user_specified_block_size=ns.block_size is not None))
+                                  user_specified_block_size=ns.block_size is not None,
+                                  step_log=args.enable_logging_iteration_details))
     except KeyboardInterrupt:  # pragma: no cover - signal handlers normally catch it
         return 0
 
 
 async def _serve(engine: Engine, cfg: ServerConfig, host: str, port: int, slack: float,
-                 limits: HttpLimits, user_specified_block_size: bool = False) -> int:
+                 limits: HttpLimits, user_specified_block_size: bool = False,
+                 step_log: bool = False) -> int:
     metrics = VllmMetrics(engine.cfg, engine.memory, cfg.served_model_names[0],
                           enable_prefix_caching=engine.cfg.enable_prefix_caching,
                           user_specified_block_size=user_specified_block_size)
-    rt = RealtimeEngine(engine, metrics, slack=slack)
+    rt = RealtimeEngine(engine, metrics, slack=slack,
+                        step_log=sys.stdout if step_log else None)
     app = create_app(rt, cfg, metrics, limits)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=5.0, **limits.runner_kwargs())
