@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from chunktune.core.steps import read_steps
 from chunktune.tuning.study import point_of, trial_state
 from tests.k8s.conftest import (
     journal_of,
@@ -89,6 +90,11 @@ async def test_study_succeeds_with_best_baseline_and_pareto_front(
     points = [json.dumps(point_of(t), sort_keys=True) for t in study.trials]
     assert len(set(points)) == 3
     assert status_of(kube, "pareto")["phase"] == "Succeeded"
+    # each trial's engine step log, beside the journal (storage.steps_dir)
+    journal = journal_of(kube, tmp_path, "pareto")
+    kept = sorted(journal.with_name(journal.name + ".steps").glob("*.steps.jsonl"))
+    assert [p.name for p in kept] == [f"pareto-t{n}-{n}.steps.jsonl" for n in range(3)]
+    assert all(read_steps(p) for p in kept)
 
 
 

@@ -211,10 +211,18 @@ def test_deleting_a_tuning_removes_its_own_journal_only(tmp_path: Path) -> None:
     one = {"metadata": {"name": "c", "namespace": "a-b", "uid": "u-one"}, "spec": {}}
     two = {"metadata": {"name": "b-c", "namespace": "a", "uid": "u-two"}, "spec": {}}
     for body in (one, two):
-        (tmp_path / f"{body['metadata']['uid']}.journal").write_text("{}\n")
+        uid = body["metadata"]["uid"]
+        (tmp_path / f"{uid}.journal").write_text("{}\n")
+        for steps in (tmp_path / f"{uid}.journal.steps", tmp_path / f"{uid}.steps"):
+            steps.mkdir()
+            (steps / "x-t1-1.steps.jsonl").write_text("")
     assert asyncio.run(delete_study(op, one)) == []
     assert not (tmp_path / "u-one.journal").exists()
     assert (tmp_path / "u-two.journal").exists()
+    # its engines' step logs go with it (storage.steps_dir: beside its journal, or by uid)
+    assert not (tmp_path / "u-one.journal.steps").exists()
+    assert not (tmp_path / "u-one.steps").exists()
+    assert (tmp_path / "u-two.journal.steps").is_dir() and (tmp_path / "u-two.steps").is_dir()
 
 
 # ---- finding 3: spec.storage confined to the state directory -------------------------------

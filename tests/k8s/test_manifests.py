@@ -123,7 +123,8 @@ def test_sim_engine_pod_runs_chunktune_sim_serve_without_gpus() -> None:
         "--model", "llama-3.1-8b", "--gpu", "l4", "--host", "0.0.0.0", "--port", "8000",
         "--served-model-name", "llama-3.1-8b", "--load-time", "0.5",
         "--model-config", "/etc/chunktune/model-config.json", "--tensor-parallel-size", "1",
-        "--max-num-batched-tokens", "4096", "--long-prefill-token-threshold", "512"]
+        "--max-num-batched-tokens", "4096", "--long-prefill-token-threshold", "512",
+        "--enable-logging-iteration-details"]  # its step log, as a vLLM engine's
     assert "resources" not in c and "tolerations" not in pod["spec"]
     assert {"name": "workload", "configMap": {"name": "llama-tune-t3-workload"}} in \
         pod["spec"]["volumes"]

@@ -221,7 +221,7 @@ class PodApi:
         return self.pod if kind == "pods" else None
 
     async def pod_log(self, namespace: str, name: str, container: str | None = None,
-                      tail_lines: int | None = None) -> str:
+                      tail_lines: int | None = None, limit_bytes: int | None = None) -> str:
         return self.log
 
 

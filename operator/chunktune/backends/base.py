@@ -12,6 +12,11 @@ import abc
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult
 
 
+def trial_tag(plan: TrialPlan) -> str:
+    """A trial's name in its files (engine logs, step logs): ``<plan name>-<number>``."""
+    return f"{plan.name or 'trial'}-{plan.number}"
+
+
 class TrialBackend(abc.ABC):
     """Runs trials. Implementations: simulated, local, kubernetes."""
 

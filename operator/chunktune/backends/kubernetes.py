@@ -12,8 +12,14 @@ A trial (:meth:`KubernetesBackend.run_trial`):
    the pod IP, and follow it: its log's windows go to ``report`` (pruning deletes the Job),
    ``/metrics`` is sampled for the KV-usage peak, and the engine is watched for a crash;
 4. when the Job completes, read the summary from its log, take the server-side figures
-   (``/metrics`` delta, or Prometheus over the run's wall-clock window), and delete the
-   trial's objects.
+   (``/metrics`` delta, or Prometheus over the run's wall-clock window);
+5. read the engine's log once (its first :attr:`BackendSettings.step_log_limit_bytes`), keep
+   its ``Iteration(N)`` lines (vLLM and ``sim serve`` engines run with
+   ``--enable-logging-iteration-details``) as the result's steps and, with
+   :attr:`BackendSettings.steps_dir`, as ``<trial>.steps.jsonl`` there
+   (:func:`chunktune.core.steps.keep_step_log`); a log that cannot be read leaves the steps
+   empty (a warning), never fails the trial;
+6. delete the trial's objects.
 
 Restart safety: everything needed to go on is in the cluster. :meth:`recover` finds a trial's
 objects by label and continues from wherever they are (waiting for readiness, creating or
@@ -34,15 +40,18 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
 from chunktune.backends import manifests as mf
-from chunktune.backends.base import TrialBackend
+from chunktune.backends.base import TrialBackend, trial_tag
 from chunktune.backends.classify import classify
+from chunktune.backends.vllm import STEP_LOG_FLAG, STEP_LOG_KINDS
 from chunktune.core.errors import InfrastructureFault
 from chunktune.core.flatten import flatten, flatten_window
+from chunktune.core.steps import keep_step_log, parse_steps
 from chunktune.core.summary import LoadSummary, Window
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.metrics import promql
@@ -92,7 +101,7 @@ class ClusterApi(Protocol):
                      grace_seconds: int | None = None) -> bool: ...
 
     async def pod_log(self, namespace: str, name: str, container: str | None = None,
-                      tail_lines: int | None = None) -> str: ...
+                      tail_lines: int | None = None, limit_bytes: int | None = None) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,11 @@ class BackendSettings:
     trial_timeout: float = 1200.0
     """Bound of a re-attached trial (``budget.trialTimeout``)."""
     http_timeout: float = 5.0
+    steps_dir: Path | None = None
+    """Where each trial's engine step log is kept (``<trial>.steps.jsonl`` and ``.log``); None:
+    the steps are only in the trial's result."""
+    step_log_limit_bytes: int = 64 * 2**20
+    """Most bytes of an engine's log read for its steps (a longer log: its first steps)."""
 
 
 _KINDS = ("jobs", "pods", "configmaps")
@@ -337,9 +351,45 @@ class KubernetesBackend(TrialBackend):
         t1 = time.monotonic()
         result = await self._follow(plan, names, url, report, before, ip)
         self._before.pop(plan.number, None)
+        if plan.target.kind in STEP_LOG_KINDS:
+            t = time.monotonic()
+            await self._keep_steps(plan, names.pod, result)
+            self._mark(plan.number, "steps", t)
         result.startup_seconds = startup
         result.load_seconds = result.load_seconds or time.monotonic() - t1
         return result
+
+    async def _keep_steps(self, plan: TrialPlan, pod: str, result: TrialResult) -> None:
+        """Read the engine's log once (before its pod is deleted) and keep its steps: in
+        ``result.steps`` and, with ``steps_dir``, in a file (``result.steps_file``). Nothing
+        here fails the trial: a log that cannot be read or kept is a warning."""
+        limit = self.settings.step_log_limit_bytes
+        where = f"trial {plan.number} of {self.ns}/{self.owner.name}"
+        try:
+            text = await self.api.pod_log(self.ns, pod, mf.ENGINE_CONTAINER, limit_bytes=limit)
+        except Exception as e:  # any failure: no steps, the trial stands
+            log.warning("%s: cannot read the engine's log for its step log (%s); the trial "
+                        "keeps no steps", where, e)
+            return
+        if len(text.encode()) >= limit:
+            text = text[:text.rfind("\n") + 1]  # the API stops inside a line
+            log.warning("%s: the engine's log is over %d bytes (step_log_limit_bytes); its "
+                        "step log is truncated to the first %d steps", where, limit,
+                        text.count("Iteration("))
+        lines = text.splitlines(keepends=True)
+        try:
+            result.steps, out = await asyncio.to_thread(keep_step_log, lines,
+                                                        self.settings.steps_dir, trial_tag(plan))
+        except OSError as e:
+            result.steps = parse_steps(lines)
+            log.warning("%s: cannot write its step log to %s (%s); the steps are in the "
+                        "result only", where, self.settings.steps_dir, e)
+            return
+        if out is not None:
+            result.steps_file = str(out)
+        elif text.strip() and not result.steps and result.state == TrialState.COMPLETE:
+            log.warning("%s: the engine's log holds no Iteration lines (does the engine run "
+                        "with %s?)", where, STEP_LOG_FLAG)
 
     async def _wait_ready(self, plan: TrialPlan, pod_name: str, t0: float) -> Body | TrialResult:
         timeout = plan.target.startup_timeout

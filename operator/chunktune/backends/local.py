@@ -34,7 +34,7 @@ import aiohttp
 import yaml
 
 from chunktune.backends import vllm
-from chunktune.backends.base import TrialBackend
+from chunktune.backends.base import TrialBackend, trial_tag
 from chunktune.backends.classify import classify
 from chunktune.core.errors import BackendUnavailable
 from chunktune.core.flatten import flatten, flatten_window
@@ -170,7 +170,7 @@ class LocalBackend(TrialBackend):
     # ---- a trial ---------------------------------------------------------------------------
 
     async def run_trial(self, plan: TrialPlan, report: Reporter | None = None) -> TrialResult:
-        tag = f"{plan.name or 'trial'}-{plan.number}"
+        tag = trial_tag(plan)
         t0 = time.monotonic()
         try:
             self.preflight(plan)

@@ -184,13 +184,15 @@ class KubeApi:
                                 _content_type=content_type)
 
     async def pod_log(self, namespace: str, name: str, container: str | None = None,
-                      tail_lines: int | None = None) -> str:
-        """The pod's log ("" when the pod or its log is not there yet)."""
+                      tail_lines: int | None = None, limit_bytes: int | None = None) -> str:
+        """The pod's log ("" when the pod or its log is not there yet); ``limit_bytes``: its
+        first bytes only (the API server stops there, maybe inside a line)."""
         def run() -> str:
             try:
                 resp = self.core.read_namespaced_pod_log(
                     name, namespace, container=container, tail_lines=tail_lines,
-                    _preload_content=False, _request_timeout=self.request_timeout)
+                    limit_bytes=limit_bytes, _preload_content=False,
+                    _request_timeout=self.request_timeout)
                 data: Any = getattr(resp, "data", b"")
             except ApiException as e:
                 if e.status in (400, 404):  # not started yet, or gone

@@ -17,6 +17,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from chunktune.api.status import StudySummary, render_status, set_condition
@@ -131,7 +132,10 @@ class Operator:
                                                    dict(body.get("status") or {}))
         return self.writers[owner.uid]
 
-    def backend(self, tuning: ChunkedPrefillTuning, owner: mf.Owner) -> KubernetesBackend:
+    def backend(self, tuning: ChunkedPrefillTuning, owner: mf.Owner,
+                steps_dir: Path | None = None) -> KubernetesBackend:
+        """The study's trial backend; ``steps_dir``: where it keeps the engines' step logs
+        (:func:`chunktune.k8s.storage.steps_dir`)."""
         s = self.settings.trials
         spec = tuning.spec
         resources = (spec.engine.resources.model_dump(mode="json", exclude_none=True)
@@ -142,7 +146,8 @@ class Operator:
             keep_objects=s.keep_objects, prometheus_url=spec.metrics.prometheus_url,
             prometheus_select_by=s.prometheus_select_by,
             prometheus_delay=spec.metrics.scrape_interval or 15.0,
-            trial_timeout=spec.budget.trial_timeout), resources=resources,
+            trial_timeout=spec.budget.trial_timeout, steps_dir=steps_dir),
+            resources=resources,
             security=(spec.engine.security_context.model_dump(mode="json", by_alias=True,
                                                               exclude_none=True)
                       if spec.engine.security_context else None))

@@ -18,6 +18,11 @@ this resource's study alone, copied when other studies share it (they keep the o
   confined like journals.
 
 Every refusal is a :class:`~chunktune.core.errors.SpecError` naming the field and the fix.
+
+Each trial engine's step log (:mod:`chunktune.core.steps`) is kept in the state directory too
+(:func:`steps_dir`): beside the default journal (``<uid>.journal.steps/``, where ``chunktune``'s
+CLI looks beside a journal), else in ``<uid>.steps/`` (a database, or a journal other studies
+may share). Both go with the resource (:func:`remove_steps`).
 """
 
 from __future__ import annotations
@@ -108,6 +113,22 @@ def _database(url: str, state_dir: Path, allowed: bool, field: str, inline: bool
     return url
 
 
+def steps_dir(url: str, state_dir: Path, uid: str) -> Path:
+    """Where the trials of the resource with this uid and storage ``url`` (:func:`resolve`'s)
+    keep their engines' step logs."""
+    journal = journal_path(state_dir, uid)
+    if url == str(journal):
+        return journal.with_name(journal.name + ".steps")
+    return journal.with_name(f"{uid}.steps")
+
+
+def remove_steps(state_dir: Path, uid: str) -> None:
+    """Delete the step logs of the resource with this uid (both of :func:`steps_dir`'s)."""
+    journal = journal_path(state_dir, uid)
+    for d in (journal.with_name(journal.name + ".steps"), journal.with_name(f"{uid}.steps")):
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def secret_value(secret: dict[str, object] | None, name: str, key: str) -> str:
     """The decoded ``key`` of a Secret as the API returns it."""
     field = "spec.storageFrom.secretKeyRef"
@@ -154,4 +175,4 @@ def adopt_legacy(state_dir: Path, namespace: str, name: str, uid: str) -> Path |
 
 
 __all__ = ["ALLOW_HINT", "adopt_legacy", "confine", "journal_path", "legacy_journal_path",
-           "resolve", "secret_value"]
+           "remove_steps", "resolve", "secret_value", "steps_dir"]

@@ -223,7 +223,8 @@ class StudyController:
 
     async def _study(self, tuning: ChunkedPrefillTuning, live: Live) -> None:
         url = await self.op.storage(tuning, self.owner)
-        backend = self.op.backend(tuning, self.owner)
+        backend = self.op.backend(tuning, self.owner, storage.steps_dir(
+            url, self.op.settings.state_dir, self.owner.uid))
         backend.on_warning = self._degraded
         backend.on_recovered = self._recovered
         self.op.backends.append(backend)
@@ -438,6 +439,8 @@ async def delete_study(op: Operator, body: Mapping[str, Any],
         for p in (path, path.with_name(path.name + ".lock")):
             with contextlib.suppress(OSError):
                 p.unlink()
+    if owner.uid:
+        await asyncio.to_thread(storage.remove_steps, op.settings.state_dir, owner.uid)
     op.forget(owner.uid)
     return left
 
