@@ -80,14 +80,19 @@ class IterationLog:
         self.iteration = 0
         """The next step's number (vLLM counts from 0)."""
         self._flushed = time.monotonic()
+        self._second = -1
+        self._prefix = ""
 
     def step(self, counts: StepCounts, elapsed_s: float, kv_usage: float) -> None:
         """One step: its iteration counts, simulated time (seconds), KV usage after it (0-1)."""
         record = StepRecord(self.iteration, *counts, elapsed_ms=elapsed_s * 1e3,
                             kv_usage_pct=kv_usage * 100)
         self.iteration += 1
-        self.out.write(f"INFO {time.strftime('%m-%d %H:%M:%S')} [loggers.py:199] "
-                       f"{format_line(record, self.device)}\n")
+        second = int(time.time())
+        if second != self._second:  # the prefix changes once a second
+            self._second = second
+            self._prefix = f"INFO {time.strftime('%m-%d %H:%M:%S')} [loggers.py:199] "
+        self.out.write(f"{self._prefix}{format_line(record, self.device)}\n")
         now = time.monotonic()
         if now - self._flushed >= STEP_LOG_FLUSH_S:
             self.flush(now)
