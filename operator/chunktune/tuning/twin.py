@@ -546,7 +546,9 @@ def candidates(results: Any, measured: list[dict[str, Any]], m: int) -> list[Tri
     def key(t: TrialRecord) -> float:
         return sign * t.metrics.get(o.key, math.inf * sign)
 
-    done = [t for t in results.trials if t.state == TrialState.COMPLETE and o.key in t.metrics]
+    seen = [dict(p) for p in measured]
+    done = [t for t in results.trials if t.state == TrialState.COMPLETE and o.key in t.metrics
+            and dict(t.params) not in seen]
     feasible = sorted((t for t in done if t.constraints_ok), key=key)
     front = [t for t in feasible if t.number in results.pareto]
     if len(front) > m > 0:
@@ -555,7 +557,6 @@ def candidates(results: Any, measured: list[dict[str, Any]], m: int) -> list[Tri
     order = front + [t for t in feasible if t not in front] + \
         sorted((t for t in done if not t.constraints_ok), key=key)
     out: list[TrialRecord] = []
-    seen = [dict(p) for p in measured]
     for t in order:
         if len(out) >= m:
             break
