@@ -22,6 +22,7 @@ from chunktune.api.v1alpha1 import (
     Parameter,
     PrunerSpec,
     SamplerSpec,
+    StrategySpec,
     WorkloadSpec,
 )
 from chunktune.core.engine_args import EngineArgs
@@ -61,6 +62,7 @@ class Parts:
     prometheus_url: Any
     model: ModelConfig | None = None
     profile: Profile | None = None
+    strategy: StrategySpec | None = None
     problems: list[Problem] = field(default_factory=list)
 
     def add(self, path: str, message: str) -> None:
@@ -80,6 +82,8 @@ def check(p: Parts) -> list[Problem]:
         _budget(p, p.budget)
     if p.sampler is not None:
         _sampler(p, p.sampler)
+    if p.strategy is not None and p.strategy.name == "twin":
+        _twin(p, p.strategy)
     if p.pruner is not None and p.pruner_explicit and p.n_objectives > 1 \
             and p.pruner.name != "none":
         p.add("spec.pruner.name", f"Optuna cannot prune a study with several objectives "
@@ -473,3 +477,43 @@ def _sampler(p: Parts, s: SamplerSpec) -> None:
         if points > GRID_POINTS_MAX:
             p.add(where, f"grid would enumerate {points:.3g} points (at most "
                   f"{GRID_POINTS_MAX}); use larger steps, fewer choices or another sampler")
+
+
+# ---- strategy -----------------------------------------------------------------------------------
+
+#: ``spec.engine.model`` prefix of the tiny model ``chunktune model tiny DIR`` writes.
+TINY_PREFIX = "tiny:"
+
+
+def _twin(p: Parts, s: StrategySpec) -> None:
+    """A twin-first study: the engine must write vLLM's step log, the simulator must know the
+    model and the device, and the real-trial budget must hold calibration and confirmation."""
+    where = "spec.strategy"
+    if p.budget is not None and s.calibration_trials + s.confirm_trials > p.budget.max_trials:
+        p.add(f"{where}.confirmTrials",
+              f"calibrationTrials ({s.calibration_trials}) + confirmTrials ({s.confirm_trials}) "
+              f"must be <= budget.maxTrials ({p.budget.max_trials}), the real-trial budget of a "
+              "twin study; lower them or raise maxTrials")
+    e = p.engine
+    if e is None:
+        return
+    if e.kind == "sglang":
+        p.add(f"{where}.name", "twin calibrates the simulator on vLLM's step log "
+              "(--enable-logging-iteration-details), which engine kind sglang does not write; "
+              "use strategy real")
+        return
+    if e.kind != "vllm":
+        return
+    if e.cpu is None and e.gpu.type is None:
+        p.add("spec.engine.gpu.type", "is required for strategy twin: the twin simulates the "
+              f"engine on this GPU (one of {', '.join(gpu_names())}), or give spec.engine.cpu "
+              "for vLLM's CPU build")
+    m = e.model
+    if m.startswith(TINY_PREFIX) or m.startswith(("/", "./", "../", "~")):
+        return  # the model's own config.json is read when the study runs
+    try:
+        resolve_model(m)
+    except SpecError:
+        p.add("spec.engine.model", f"strategy twin needs the model's architecture, and the "
+              f"simulator does not know {m!r}: give a local model directory (./path with its "
+              f"config.json) or a catalogued model ({', '.join(catalog_names())})")

@@ -72,7 +72,8 @@ def _build() -> dict[str, Metric]:
         Metric("preemptions_per_minute", "1/min", "minimize",
                "engine preemptions per minute (vllm:num_preemptions)", per_class=False),
         Metric("kv_cache_usage_peak", "fraction", "minimize",
-               "peak KV-cache usage, 0..1 (vllm:kv_cache_usage_perc)", per_class=False),
+               "peak KV-cache usage, 0..1 (the largest of vllm:kv_cache_usage_perc as sampled "
+               "and the per-step usage of vLLM's step log, when kept)", per_class=False),
     )
     for m in extra:
         out[m.name] = m

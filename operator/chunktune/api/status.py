@@ -55,6 +55,11 @@ class TrialRecord:
     metrics: Mapping[str, float] = field(default_factory=dict)
     """Measured values by metric key (``ttft_p99``, ``chat.itl_p99``)."""
     constraints_ok: bool = True
+    phase: str | None = None
+    """Twin-first studies: the phase that ran the trial (``calibrate``, ``confirm``,
+    ``fallback``)."""
+    predicted: Mapping[str, float] = field(default_factory=dict)
+    """Twin-first studies: the twin's prediction of ``metrics`` for a confirmed trial."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,8 @@ class StudySummary:
     completion_time: datetime | str | None = None
     message: str | None = None
     trials_limit: int = DEFAULT_TRIALS_LIMIT
+    twin: Mapping[str, Any] | None = None
+    """Twin-first studies: the :class:`TwinStatus` fields (phase, round, counts, error)."""
 
 
 # ---- output: the status shape -----------------------------------------------------------------
@@ -132,6 +139,28 @@ class TrialPoint(_StatusModel):
     """Change of the first objective against the baseline (``-34%``)."""
 
 
+class TwinStatus(_StatusModel):
+    """A twin-first study (``spec.strategy.name: twin``): where it is and how far the twin's
+    predictions were from the measurements."""
+
+    phase: Literal["calibrate", "search", "confirm", "fallback", "done"]
+    """calibrate (real trials that record the step log), search (simulated trials in the
+    calibrated twin), confirm (the twin's best run for real), fallback (ordinary real trials
+    after the twin erred too much), done."""
+    round: int = 0
+    """Search round (1 the first search; each refine round adds one)."""
+    real_trials: int = 0
+    """Real trials that ended (what ``budget.maxTrials`` counts)."""
+    simulated_trials: int = 0
+    """Simulated trials over all search rounds."""
+    twin_error: dict[str, float] = Field(default_factory=dict)
+    """Median relative error |predicted / measured - 1| of the confirmed trials, per
+    metric."""
+    trusted: bool | None = None
+    """False when the twin's error exceeded ``spec.strategy.maxTwinError``."""
+    message: str | None = None
+
+
 class TrialStatus(_StatusModel):
     """One listed trial."""
 
@@ -142,6 +171,10 @@ class TrialStatus(_StatusModel):
     reason: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     """The objective and constraint metrics."""
+    phase: str | None = None
+    """Twin-first studies: the phase that ran the trial."""
+    predicted: dict[str, float] | None = None
+    """Twin-first studies: the twin's prediction of the same metrics (confirmed trials)."""
 
 
 class Status(_StatusModel):
@@ -170,6 +203,8 @@ class Status(_StatusModel):
     """The Pareto-optimal trials, for several objectives."""
     trials: list[TrialStatus] = Field(default_factory=list)
     """The latest trials (bounded; ``counts`` covers all)."""
+    twin: TwinStatus | None = None
+    """Twin-first studies: phase, round, trial counts and the twin's measured error."""
     start_time: str | None = None
     completion_time: str | None = None
 
@@ -209,8 +244,14 @@ def render_status(summary: StudySummary) -> dict[str, Any]:
                             state=t.state,
                             reason=_cut(t.reason),
                             metrics={k: v for k, v in _finite(t.metrics).items()
-                                     if not keep or k in keep})
+                                     if not keep or k in keep},
+                            phase=t.phase,
+                            predicted={k: v for k, v in _finite(t.predicted).items()
+                                       if not keep or k in keep} or None)
                 for t in listed],
+        twin=TwinStatus.model_validate({**summary.twin,
+                                        "message": _cut(summary.twin.get("message"))})
+        if summary.twin else None,
         start_time=_time(summary.start_time),
         completion_time=_time(summary.completion_time),
     )

@@ -76,7 +76,7 @@ __all__ = [
     "Constraint", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource", "GPUSpec", "KeyRef",
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
     "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "SamplerSpec", "Spec",
-    "StorageSource", "WorkloadSpec", "parse_constraint_string",
+    "StorageSource", "StrategySpec", "WorkloadSpec", "parse_constraint_string",
 ]
 
 SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid", "cmaes"]
@@ -362,6 +362,43 @@ class Budget(Model):
     """Relative improvement that resets ``patience`` (0.01 = 1%)."""
 
 
+StrategyName = Literal["real", "twin"]
+
+
+class StrategySpec(Model):
+    """How the study spends real engine time.
+
+    ``real`` (default): every trial starts the engine. ``twin``: a few real trials calibrate a
+    simulator on the engine's own step log, the full search runs in that twin, and only the
+    twin's best configurations run for real (phases ``calibrate``, ``search``, ``confirm``,
+    then optional ``refine`` rounds). ``budget.maxTrials`` counts real trials in both; the
+    answer is always a measured trial, never a prediction."""
+
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+        {"rule": "(has(self.calibrationTrials) ? self.calibrationTrials : 4) >= 2",
+         "message": "calibrationTrials must be >= 2 (the step-time fit needs several step "
+                    "shapes)"},
+    ]}}
+
+    name: StrategyName = "real"
+    """``real`` (every trial runs the engine) or ``twin`` (twin-first)."""
+    calibration_trials: int = Field(default=4, ge=2, le=64)
+    """Twin: real trials that calibrate the twin (the engine's defaults plus points spread
+    over the search space)."""
+    simulated_trials: int = Field(default=200, ge=1, le=100000)
+    """Twin: simulated trials per search round."""
+    confirm_trials: int = Field(default=3, ge=1, le=64)
+    """Twin: the twin's best configurations (its Pareto front for several objectives) run for
+    real after each search round."""
+    refine_rounds: int = Field(default=1, ge=0, le=16)
+    """Twin: rounds that recalibrate on every real trial so far, search again and confirm
+    again; stop early when the measured best stops improving."""
+    max_twin_error: float = Field(default=0.25, gt=0, le=10)
+    """Twin: the median relative error of the twin's predictions (objectives and constraint
+    metrics of the confirmed trials) above which the study warns that the twin is not
+    trustworthy and spends what is left of ``budget.maxTrials`` on ordinary real trials."""
+
+
 class SamplerSpec(Model):
     """The Optuna sampler that proposes trials."""
 
@@ -481,6 +518,9 @@ class Spec(Model):
     """Trial counts and time limits."""
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     """How trials are proposed."""
+    strategy: StrategySpec = Field(default_factory=StrategySpec)
+    """All-real trials (default) or twin-first: search in a calibrated simulator, confirm the
+    best few for real."""
     pruner: PrunerSpec = Field(default_factory=PrunerSpec)
     """How trials are stopped early."""
     storage: StorageRef | None = None

@@ -30,6 +30,7 @@ from chunktune.api.v1alpha1 import (
     PrunerSpec,
     SamplerSpec,
     Spec,
+    StrategySpec,
     WorkloadSpec,
 )
 from chunktune.core.errors import SpecError
@@ -184,6 +185,7 @@ def _parts(spec: dict[str, Any], base_dir: Path | None) -> _checks.Parts:
         n_constraints=len(raw_constraints) if isinstance(raw_constraints, list) else 0,
         budget=_try(Budget, spec.get("budget")),
         sampler=_try(SamplerSpec, spec.get("sampler")),
+        strategy=_try(StrategySpec, spec.get("strategy")),
         pruner=_try(PrunerSpec, pruner_raw),
         pruner_explicit=isinstance(pruner_raw, dict) and "name" in pruner_raw,
         storage=spec.get("storage") if isinstance(spec.get("storage"), str) else None,

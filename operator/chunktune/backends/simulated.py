@@ -6,12 +6,18 @@ for every trial, so trials differ only by their flags — and summarize them wit
 and population rules as the Locust driver (:mod:`chunktune.load.aggregate`). Requests still
 running ``drain_timeout`` after the arrival window count as ``timeout`` failures, as they would
 for the load driver. A trial costs well under a second of CPU.
+
+With ``keep_steps`` the trial also returns the engine's step log as vLLM's
+``--enable-logging-iteration-details`` would give it (:class:`~chunktune.core.steps.StepRecord`,
+simulated step times), kept as a file in ``steps_dir``: the simulated engine can then stand in
+for a real one wherever a step log is needed (a twin-first study's calibration).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +30,7 @@ from chunktune.core.flatten import flatten
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import from_hf_config, resolve_model
 from chunktune.core.records import RequestRecord
+from chunktune.core.steps import StepLogMeta, StepRecord, write_steps
 from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
 from chunktune.core.trials import EngineTarget, Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.core.workload import Profile, RequestSpec, generate
@@ -36,8 +43,11 @@ from chunktune.sim.request import FINISHED, REJECTED, Request
 class SimulatedBackend(TrialBackend):
     name = "simulated"
 
-    def __init__(self, max_parallel: int = 1) -> None:
+    def __init__(self, max_parallel: int = 1, keep_steps: bool = False,
+                 steps_dir: str | Path | None = None) -> None:
         self.max_parallel = max_parallel
+        self.keep_steps = keep_steps
+        self.steps_dir = Path(steps_dir) if steps_dir is not None else None
         self._specs: dict[str, list[RequestSpec]] = {}
 
     def _requests(self, profile: Profile) -> list[RequestSpec]:
@@ -95,7 +105,8 @@ class SimulatedBackend(TrialBackend):
                                stop_arrivals=profile.duration,
                                server_overhead_s=API_SERVER_OVERHEAD_S
                                if calib is None or calib.server_overhead_s is None
-                               else calib.server_overhead_s)
+                               else calib.server_overhead_s,
+                               log_iterations=self.keep_steps)
         if pruned_at:  # cut short: what had finished by then, as the pruner saw it
             done = [r for r in result.requests if r.status in (FINISHED, REJECTED)]
             summary = self._summary(plan, engine, done, result.end_time, result.end_time,
@@ -106,10 +117,34 @@ class SimulatedBackend(TrialBackend):
         server = _server(engine, result, result.end_time)
         metrics = flatten(summary, server)
         state = TrialState.PRUNED if pruned_at else TrialState.COMPLETE
-        return TrialResult(state, metrics=metrics, summary=summary, server=server,
-                           reason="Pruned" if pruned_at else None,
-                           startup_seconds=startup, load_seconds=time.perf_counter() - t1,
-                           pruned_at=pruned_at[0] if pruned_at else None)
+        out = TrialResult(state, metrics=metrics, summary=summary, server=server,
+                          reason="Pruned" if pruned_at else None,
+                          startup_seconds=startup, load_seconds=time.perf_counter() - t1,
+                          pruned_at=pruned_at[0] if pruned_at else None)
+        if self.keep_steps:
+            self._keep_steps(plan, engine, result, out)
+        return out
+
+    def _keep_steps(self, plan: TrialPlan, engine: Engine, replay: ReplayResult,
+                    out: TrialResult) -> None:
+        """The replay's steps as vLLM's iteration log records (and a file in steps_dir)."""
+        pool = engine.scheduler.pool
+        tr = replay.steps
+        out.steps = [StepRecord(iteration=i, context_requests=c[0], context_tokens=c[1],
+                                generation_requests=c[2], generation_tokens=c[3],
+                                elapsed_ms=tr.duration[i] * 1e3,
+                                kv_usage_pct=100.0 * tr.iteration_kv[i]
+                                / (pool.total * pool.block_size))
+                     for i, c in enumerate(tr.iterations)]
+        if self.steps_dir is None:
+            return
+        self.steps_dir.mkdir(parents=True, exist_ok=True)
+        cfg = engine.cfg
+        meta = StepLogMeta(model=cfg.model.name, kv_cache_tokens=pool.total * cfg.block_size,
+                           device="CPU" if cfg.gpu.name == "cpu" else "GPU")
+        path = write_steps(self.steps_dir / f"{plan.name or plan.number}.steps.jsonl",
+                           out.steps, meta)
+        out.steps_file = str(path)
 
     def _summary(self, plan: TrialPlan, engine: Engine, reqs: list[Request], dispatch_end: float,
                  now: float, complete: bool) -> LoadSummary:

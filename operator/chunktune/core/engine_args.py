@@ -230,7 +230,8 @@ def cudagraph_sizes(max_num_seqs: int, max_num_batched_tokens: int,
 
 
 def check_scheduler_rules(budget: int, seqs: int, max_model_len: int | None,
-                          chunked: bool = True, partial: int = 1, long_partial: int = 1) -> None:
+                          chunked: bool = True, partial: int = 1, long_partial: int = 1,
+                          threshold: int = 0) -> None:
     """vLLM's scheduler-config checks (``SchedulerConfig.verify_max_model_len`` and V1's
     feature check), usable without a model: raises :class:`EngineStartupError`
     (``ConfigRejected``) with vLLM's message. ``max_model_len`` None skips the rule that
@@ -255,6 +256,12 @@ def check_scheduler_rules(budget: int, seqs: int, max_model_len: int | None,
             "SchedulerConfig",
             f"max_num_batched_tokens ({budget}) must be greater than or equal to "
             f"max_num_seqs ({seqs}).",
+        )
+    if max_model_len is not None and threshold > max_model_len:
+        raise EngineStartupError.value_error(
+            "SchedulerConfig",
+            f"long_prefill_token_threshold ({threshold}) cannot be greater than the "
+            f"max_model_len ({max_model_len}).",
         )
 
 
@@ -288,7 +295,8 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
     values = engine_defaults(args.point(only_set=False), gpu, max_model_len, engine="sim")
     budget, seqs = values["max-num-batched-tokens"], values["max-num-seqs"]
     check_scheduler_rules(budget, seqs, max_model_len, args.enable_chunked_prefill,
-                          args.max_num_partial_prefills, args.max_long_partial_prefills)
+                          args.max_num_partial_prefills, args.max_long_partial_prefills,
+                          values.get("long-prefill-token-threshold") or 0)
     warnings: list[str] = []
     if budget > seqs * max_model_len:
         warnings.append(

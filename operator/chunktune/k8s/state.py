@@ -220,6 +220,8 @@ class StatusWriter:
         if tuner is None:
             return render_status(StudySummary(phase=self.phase or "Pending", **kw))
         results = collect(tuner.study, tuner.objectives, tuner.constraints)
+        if tuner.twin is not None:
+            kw["twin"] = tuner.twin.status()
         return render_status(summary(results, self.phase or "Pending",
                                      tuner.spec.budget.max_trials, **kw))
 

@@ -276,6 +276,7 @@ class StudyController:
         if best is not None and reason != "failures":
             why = {"budget": "the trial budget is spent", "converged": "the study converged",
                    "exhausted": "the search space is exhausted",
+                   "rounds": "the twin-first rounds are confirmed",
                    "duration": "the study's maxDuration passed"}.get(reason, reason)
             message = f"{why}: best trial {best.number} ({flags_line(dict(best.params))})"
             problems = await write_outputs(self.op.api, self.owner, tuner.spec.output, results)
@@ -394,6 +395,12 @@ class StudyController:
                 log.exception("status flush of %s/%s", self.owner.namespace, self.owner.name)
 
     def _event(self, e: TrialEvent) -> None:
+        if e.kind == "phase":  # a twin-first study's phase, or its warning
+            if e.reason == "untrusted":
+                self.emit("Warning", "TwinUntrusted", e.message or "")
+            else:
+                self.emit("Normal", "TwinPhase", f"{e.reason}: {e.message}")
+            return
         tag = " (baseline)" if e.baseline else ""
         flags = flags_line(e.point)
         if e.kind == "started":

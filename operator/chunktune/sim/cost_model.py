@@ -298,6 +298,47 @@ class StepCostModel:
             raise ValueError(f"8 calibration coefficients expected, got {len(coefficients)}")
         self.calibration = tuple(coefficients)
 
+    def log_features(self, ctx_reqs: int, ctx_tokens: int, gen_reqs: int, gen_tokens: int,
+                     kv_tokens: float | None) -> tuple[float, ...]:
+        """A step's seven calibration features from what vLLM's iteration log says of it
+        (context requests and tokens, generation requests and tokens, KV tokens in use after
+        scheduling; None: not logged): step overhead, per-request overhead, linear and
+        attention seconds of the unscaled model, then scheduled tokens, prefill query-key
+        pairs and the decodes' KV tokens.
+
+        The log does not say where in its prompt a chunk starts, so every context request
+        gets an even share of the context tokens from position 0, and the decodes' context is
+        the KV in use less the context tokens (which then includes the earlier chunks of
+        prompts still prefilling). The fit (:func:`chunktune.sim.twin.twin_features`) and a
+        calibrated replay (:meth:`calibrated_step_time`) both cost a step from these
+        features, so a replay reproduces the fit's accuracy instead of mixing two views."""
+        tokens = ctx_tokens + gen_tokens
+        chunks: list[tuple[int, int]] = []
+        pairs = 0.0
+        if ctx_reqs:
+            each = max(1, ctx_tokens // ctx_reqs)
+            chunks = [(each, 0)] * ctx_reqs
+            share = ctx_tokens / ctx_reqs
+            pairs = ctx_reqs * share * (share + 1) / 2
+        dec_ctx, kv = 0, 0.0
+        if gen_reqs and kv_tokens is not None:
+            dec_ctx = max(gen_reqs, int(kv_tokens) - ctx_tokens)
+            kv = max(float(gen_reqs), kv_tokens - ctx_tokens)
+        attn = self.attention_time(chunks, gen_reqs, dec_ctx)
+        return (self.c.step_overhead_s, self.c.per_request_overhead_s * (ctx_reqs + gen_reqs),
+                self.linear_time(tokens) if tokens else 0.0, attn, float(tokens), pairs, kv)
+
+    def calibrated_step_time(self, ctx_reqs: int, ctx_tokens: int, gen_reqs: int,
+                             gen_tokens: int, kv_tokens: float) -> float:
+        """Seconds for one step under a calibration profile (:meth:`calibrate`), from the
+        step's iteration-log view (:meth:`log_features`), plus the profile's step gap."""
+        assert self.calibration is not None
+        if ctx_tokens + gen_tokens == 0:
+            return 0.0
+        f = self.log_features(ctx_reqs, ctx_tokens, gen_reqs, gen_tokens, kv_tokens)
+        return sum(c * x for c, x in zip(self.calibration[:7], f, strict=True)) \
+            + self.calibration[7]
+
     def linear_time(self, tokens: int) -> float:
         if tokens <= self.max_tokens:
             return self._linear[tokens]

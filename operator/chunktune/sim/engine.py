@@ -23,6 +23,7 @@ from chunktune.sim.cost_model import StepCostModel
 from chunktune.sim.memory import MemoryPlan, plan_memory
 from chunktune.sim.request import REJECTED, Request
 from chunktune.sim.scheduler import Scheduler, StepPlan
+from chunktune.sim.trace import StepCounts, iteration_counts
 
 #: The server-side time before a request reaches the engine's scheduler that a served vLLM pays
 #: and an offline engine does not: HTTP parsing, chat template and tokenization in the API
@@ -47,6 +48,10 @@ class StepRecord:
     waiting: list[int] = field(default_factory=list)
     kv_used_blocks: list[int] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
+    iterations: list[StepCounts] = field(default_factory=list)
+    """vLLM's iteration-log counts per step (``replay(log_iterations=True)`` only)."""
+    iteration_kv: list[int] = field(default_factory=list)
+    """KV tokens in use after each step was scheduled (``log_iterations`` only)."""
 
     def __len__(self) -> int:
         return len(self.start)
@@ -73,6 +78,12 @@ class Engine:
                                   enforce_eager=cfg.enforce_eager)
         self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
 
+    def kv_tokens_in_use(self) -> int:
+        """KV-cache tokens allocated now (after a step is scheduled: what vLLM's iteration log
+        reports as KV cache usage)."""
+        pool = self.scheduler.pool
+        return (pool.total - pool.free) * pool.block_size
+
     def validate_request(self, prompt_len: int, max_tokens: int) -> str | None:
         """vLLM's 400 message for a request that cannot fit ``max_model_len``, else None (the
         same wording ``chunktune sim serve`` answers with)."""
@@ -88,6 +99,10 @@ class Engine:
         return None
 
     def step_time(self, plan: StepPlan) -> float:
+        if self.cost.calibration is not None:  # costed as the calibration log saw steps
+            ctx_reqs, ctx_tokens, gen_reqs, gen_tokens = iteration_counts(plan)
+            return self.cost.calibrated_step_time(ctx_reqs, ctx_tokens, gen_reqs, gen_tokens,
+                                                  self.kv_tokens_in_use())
         return self.cost.step_time(
             plan.num_tokens, len(plan.scheduled), plan.num_logits, plan.prefill_chunks,
             plan.num_decodes, plan.decode_context_tokens,
@@ -98,7 +113,8 @@ class Engine:
                tick: float | None = None,
                on_tick: Callable[[float, list[Request]], bool] | None = None,
                stop_arrivals: float | None = None,
-               server_overhead_s: float = 0.0) -> ReplayResult:
+               server_overhead_s: float = 0.0,
+               log_iterations: bool = False) -> ReplayResult:
         """Run ``specs`` to completion (or until ``time_limit`` of virtual time).
 
         Open loop: each spec arrives at its ``arrival``. Closed loop (``concurrency``): the
@@ -107,6 +123,8 @@ class Engine:
         virtual time; returning True stops the replay there (pruning).
         ``server_overhead_s``: each request reaches the scheduler this long after it arrives
         (see :data:`API_SERVER_OVERHEAD_S`); its latencies still count from its arrival.
+        ``log_iterations``: also record each step's counts as vLLM's iteration log gives them
+        (:func:`chunktune.sim.trace.iteration_counts`; read before the step is applied).
         """
         sched = self.scheduler
         reqs: list[Request] = []
@@ -175,6 +193,9 @@ class Engine:
                                    f"{len(sched.running)} running, {len(sched.waiting)} waiting")
             dt = step_fn(plan)
             end = now + dt
+            if log_iterations:
+                steps.iterations.append(iteration_counts(plan))
+                steps.iteration_kv.append(self.kv_tokens_in_use())
             out = sched.apply(plan, end)
             if rec:
                 s_start.append(now)

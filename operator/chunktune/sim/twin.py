@@ -41,7 +41,7 @@ from chunktune.core.models import ModelConfig
 from chunktune.core.steps import read_step_log
 from chunktune.sim.cost_model import StepCostModel
 from chunktune.sim.engine import Engine
-from chunktune.sim.step_log import MIN_STEPS, StepLog, check_steps, step_features
+from chunktune.sim.step_log import MIN_STEPS, StepLog, check_steps
 
 PROFILE_KIND = "chunktune-calibration"
 PROFILE_VERSION = 1
@@ -69,22 +69,18 @@ class TwinFit:
 
 
 def twin_features(log: StepLog, cost: StepCostModel) -> np.ndarray:
-    """Per step (steps with tokens only): the four model terms of
-    :func:`~chunktune.sim.step_log.step_features`, then scheduled tokens, prefill query-key
-    pairs (each context request's even share of the tokens, from position 0) and the decodes'
-    KV tokens (KV in use less the context tokens)."""
-    steps = [s for s in log.steps if s.tokens > 0]
-    base = step_features(StepLog(steps, log.kv_capacity_tokens, log.meta), cost)
-    direct = []
-    for s in steps:
-        each = s.context_tokens / s.context_requests if s.context_requests else 0.0
-        pairs = s.context_requests * each * (each + 1) / 2
-        kv = 0.0
-        if log.kv_capacity_tokens and s.generation_requests and s.kv_usage_pct is not None:
-            kv = max(float(s.generation_requests),
-                     s.kv_usage_pct / 100 * log.kv_capacity_tokens - s.context_tokens)
-        direct.append((s.tokens, pairs, kv))
-    return np.column_stack([base, np.array(direct, dtype=np.float64).reshape(-1, 3)])
+    """Per step with tokens: the seven calibration features of
+    :meth:`~chunktune.sim.cost_model.StepCostModel.log_features` (the four model terms, then
+    scheduled tokens, prefill query-key pairs and the decodes' KV tokens), from the step's
+    iteration-log counts and KV usage. A calibrated replay costs its steps from the same
+    features."""
+    cap = log.kv_capacity_tokens
+    rows = [cost.log_features(s.context_requests, s.context_tokens, s.generation_requests,
+                              s.generation_tokens,
+                              s.kv_usage_pct / 100 * cap if cap and s.kv_usage_pct is not None
+                              else None)
+            for s in log.steps if s.tokens > 0]
+    return np.array(rows, dtype=np.float64).reshape(-1, 7)
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -51,13 +51,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def make_backend(kind: str, engine_kind: str, parallelism: int,
-                 steps_dir: Path | None = None) -> TrialBackend:
+                 steps_dir: Path | None = None, keep_steps: bool = False) -> TrialBackend:
+    """``keep_steps``: the simulated backend also returns (and keeps in ``steps_dir``) its
+    step log, as a twin-first study's calibration needs."""
     if kind == "auto":
         kind = "simulated" if engine_kind == "sim" else "local"
     if kind == "simulated":
         from chunktune.backends.simulated import SimulatedBackend
 
-        return SimulatedBackend(max_parallel=parallelism)
+        return SimulatedBackend(max_parallel=parallelism, keep_steps=keep_steps,
+                                steps_dir=steps_dir if keep_steps else None)
     from chunktune.backends.local import LocalBackend
 
     return LocalBackend(max_parallel=parallelism, steps_dir=steps_dir)
@@ -96,6 +99,11 @@ class Progress:
         self.t0 = time.monotonic()
 
     def event(self, e: Any) -> None:
+        if e.kind == "phase":
+            if not self.quiet or e.reason == "untrusted":
+                tag = "WARNING" if e.reason == "untrusted" else f"phase {e.reason}"
+                print(f"== {tag} ({time.monotonic() - self.t0:.0f} s): {e.message}", flush=True)
+            return
         if self.quiet or e.kind != "finished":
             return
         t = self.tuner
@@ -107,7 +115,8 @@ class Progress:
         tag = " (baseline)" if e.baseline else ""
         what = e.state if e.state == TrialState.COMPLETE else f"{e.state} {e.reason or ''}".strip()
         best = self.best_text()
-        print(f"[{done}/{budget}] trial {e.number}{tag}: {flags_line(e.point)} -> {what}"
+        twin = t.twin.phase + " " if t.twin is not None else ""
+        print(f"[{twin}{done}/{budget}] trial {e.number}{tag}: {flags_line(e.point)} -> {what}"
               + (f"; {shown}" if shown else "") + (f" | best: {best}" if best else ""),
               flush=True)
         if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) and e.message:
@@ -138,7 +147,8 @@ def cmd_tune(ns: argparse.Namespace) -> int:
             tuning.spec.budget.max_trials = ns.max_trials
         storage = storage_url(tuning, ns.storage)
         backend = make_backend(ns.backend, tuning.spec.engine.kind,
-                               tuning.spec.budget.parallelism, steps_dir_for(storage, ns.out))
+                               tuning.spec.budget.parallelism, steps_dir_for(storage, ns.out),
+                               keep_steps=tuning.spec.strategy.name == "twin")
         stop = {"flag": False}
         tuner = Tuner(tuning, backend, storage, stop_requested=lambda: stop["flag"])
         preflight = getattr(backend, "preflight", None)
@@ -173,11 +183,20 @@ def cmd_tune(ns: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, old)
     results = collect(tuner.study, tuner.objectives, tuner.constraints)
     elapsed = time.monotonic() - progress.t0
-    print(f"\nstudy stopped: {why} ({tuner.counted()} trials in {elapsed:.1f} s)")
+    extra: dict[str, Any] = {}
+    sims = ""
+    if tuning.spec.strategy.name == "twin":
+        from chunktune.tuning.twin import twin_report
+
+        extra["twin"] = twin_report(tuner.study, tuner.twin.goal_keys() if tuner.twin else [],
+                                    tuning.spec.strategy.max_twin_error)
+        sims = f" and {extra['twin']['simulated_trials']} simulated"
+    print(f"\nstudy stopped: {why} ({tuner.counted()} real trials{sims} in {elapsed:.1f} s)")
     print(format_results(results))
     if ns.out:
         files = write_outputs(Path(ns.out), results, tuner.study, stop_reason=why,
-                              storage=storage, name=tuning.metadata.name)
+                              storage=storage, name=tuning.metadata.name, wall_s=elapsed,
+                              **extra)
         print(f"\nwrote {', '.join(str(f) for f in files)}")
     if why == "failures":
         return 1

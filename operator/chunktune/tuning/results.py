@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +67,11 @@ def record(t: optuna.trial.FrozenTrial) -> TrialRecord:
     reason = t.user_attrs.get(st.ATTR_REASON)
     if state == TrialState.COMPLETE and not ok and not reason:
         reason = "SLOViolated"
+    predicted = {k: float(v) for k, v in (t.user_attrs.get(st.ATTR_PREDICTED) or {}).items()
+                 if isinstance(v, int | float) and math.isfinite(v)}
     return TrialRecord(number=t.number, params=st.point_of(t), state=state, reason=reason,
-                       metrics=metrics, constraints_ok=ok)
+                       metrics=metrics, constraints_ok=ok, phase=t.user_attrs.get(st.ATTR_PHASE),
+                       predicted=predicted)
 
 
 def collect(study: optuna.Study, objectives: Sequence[ObjectiveDef],
@@ -171,7 +175,35 @@ def format_results(results: Results) -> str:
             vals = "  ".join(f"{_fmt(o.key, front.metrics.get(o.key)):>16}"
                              for o in results.objectives)
             lines.append(f"  {n:>5}  {vals}  {flags_line(dict(front.params))}")
+    lines += _twin_lines(results, keys)
     return "\n".join(lines)
+
+
+def _twin_lines(results: Results, keys: list[str]) -> list[str]:
+    """A twin-first study's confirmed trials: the twin's prediction beside the measurement,
+    per goal metric, and the median error per metric."""
+    rows = [t for t in results.trials if t.predicted and t.state == TrialState.COMPLETE]
+    if not rows:
+        return []
+    keys = [k for k in keys if any(k in t.predicted for t in rows)]
+    out = ["", f"twin: predicted vs measured ({len(rows)} confirmed trials; error = "
+               "predicted / measured - 1)"]
+    w = max(len(k) for k in keys) + 2 if keys else 8
+    out.append(f"  {'trial':>5}  {'metric':{w}} {'predicted':>10} {'measured':>10} {'error':>7}")
+    errs: dict[str, list[float]] = {}
+    for t in rows:
+        for k in keys:
+            p, m = t.predicted.get(k), t.metrics.get(k)
+            if p is None or m is None:
+                continue
+            e = p / m - 1 if m > 0 else math.nan
+            if math.isfinite(e):
+                errs.setdefault(k, []).append(abs(e))
+            out.append(f"  {t.number:>5}  {k:{w}} {_fmt(k, p):>10} {_fmt(k, m):>10} "
+                       f"{e:>+7.0%}")
+    out.append("  median |error|: " + ", ".join(f"{k} {statistics.median(v):.0%}"
+                                                 for k, v in errs.items()))
+    return out
 
 
 def to_json(results: Results, **extra: Any) -> dict[str, Any]:

@@ -121,7 +121,11 @@ class Tuner:
                  on_update: Callable[[Tuner], None] | None = None,
                  window_seconds: float | None = None,
                  stop_requested: Callable[[], bool] | None = None,
-                 on_fault: Callable[[int, str | None], None] | None = None) -> None:
+                 on_fault: Callable[[int, str | None], None] | None = None,
+                 target: EngineTarget | None = None, study_name: str | None = None) -> None:
+        """``target`` and ``study_name`` override the spec's engine and the study's name: a
+        twin-first study runs its simulated search as such a second tuner in the same
+        storage."""
         self.tuning = tuning
         self.spec = tuning.spec
         self.backend = backend
@@ -137,7 +141,7 @@ class Tuner:
         self.params = list(self.spec.search_space or [])
         self.objectives = [ObjectiveDef.from_spec(o) for o in self.spec.objectives]
         self.constraints = [ConstraintDef.from_spec(c) for c in self.spec.constraints]
-        self.target = target_from_spec(tuning)
+        self.target = target or target_from_spec(tuning)
         self.context = space.EngineContext.build(self.target)
         self.profile = self.spec.workload.resolve()
         self.slos = slos_for_goodput(self.constraints)
@@ -147,10 +151,14 @@ class Tuner:
         sampler = st.make_sampler(tuning, len(directions), bool(self.constraints))
         pruner = st.make_pruner(tuning, len(directions))
         self._storage = st.open_storage(storage)
-        self.study = st.open_study(tuning, self._storage, directions, sampler, pruner)
+        self.study = st.open_study(tuning, self._storage, directions, sampler, pruner,
+                                   name=study_name)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
         self.started = time.monotonic()
         self.stop_reason: str | None = None
+        self.twin: Any = None
+        """The :class:`~chunktune.tuning.twin.TwinDriver` of a twin-first study (its phase,
+        round and error), once :meth:`run` started it."""
 
     # ---- counts ----------------------------------------------------------------------------
 
@@ -177,15 +185,34 @@ class Tuner:
 
     async def run(self) -> str:
         """Run until done; returns why it stopped (``budget``, ``converged``, ``failures``,
-        ``duration``, ``exhausted``, ``stopped``)."""
+        ``duration``, ``exhausted``, ``stopped``; a twin-first study also ``rounds``: its
+        search-and-confirm rounds are done)."""
         await self._recover()
+        if self.spec.strategy.name == "twin":
+            from chunktune.tuning.twin import TwinDriver
+
+            self.twin = TwinDriver(self)
+            self.stop_reason = await self.twin.run()
+            self.on_update(self)
+            return self.stop_reason
         self._enqueue_baseline()
+        return await self.loop()
+
+    def waiting(self) -> int:
+        """Queued trials not started yet."""
+        return sum(1 for t in self.trials() if t.state == OptunaState.WAITING)
+
+    async def loop(self, queued_only: bool = False) -> str:
+        """Ask, launch, tell until a stop condition holds. ``queued_only``: run only the trials
+        already queued in the study (a twin-first phase's points), then stop with ``queued``."""
         budget = self.spec.budget
         parallel = max(1, min(budget.parallelism, self.backend.max_parallel))
         running: set[asyncio.Task[None]] = set()
         skips = 0
+        self.stop_reason = None
         while True:
             reason = self._should_stop(len(running))
+            drained = queued_only and not self.waiting()
             if reason:
                 if not running:
                     self.stop_reason = reason
@@ -197,7 +224,10 @@ class Tuner:
                     running.clear()
                     self.stop_reason = reason
                     break
-            elif len(running) < parallel:
+            elif drained and not running:
+                self.stop_reason = "queued"
+                break
+            elif len(running) < parallel and not drained:
                 if skips > MAX_SKIPS_PER_TRIAL * budget.max_trials:
                     self.stop_reason = "exhausted"
                     break
@@ -334,8 +364,9 @@ class Tuner:
                                 "before it ended; its configuration was queued again")
             self.study.tell(trial, state=OptunaState.FAIL)
             attrs: dict[str, Any] = {st.ATTR_POINT: point}
-            if t.user_attrs.get(st.ATTR_BASELINE):
-                attrs[st.ATTR_BASELINE] = True
+            for key in (st.ATTR_BASELINE, *st.QUEUED_ATTRS):
+                if t.user_attrs.get(key) is not None:
+                    attrs[key] = t.user_attrs[key]
             dists = space.distributions(self.params)
             self.study.enqueue_trial(
                 {k: v for k, v in point.items() if k in dists and space.contains(dists[k], v)},
@@ -428,6 +459,12 @@ class Tuner:
             summary = StepSummary.of(result.steps)
             trial.set_user_attr(st.ATTR_STEPS, {"file": result.steps_file,
                                                 **dataclasses.asdict(summary)})
+            # The step log has the KV usage of every step; the /metrics gauge is only sampled
+            # (and misses the peak of short bursts).
+            kv = [s.kv_usage_pct for s in result.steps if s.kv_usage_pct is not None]
+            if kv and result.state == TrialState.COMPLETE:
+                result.metrics["kv_cache_usage_peak"] = max(
+                    result.metrics.get("kv_cache_usage_peak", 0.0), max(kv) / 100)
         if result.state == TrialState.INFEASIBLE:
             self._tell_startup_failure(trial, point, TrialState.INFEASIBLE,
                                        result.reason or "Startup", result.message or "")

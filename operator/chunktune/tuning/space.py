@@ -169,7 +169,8 @@ class EngineContext:
         budget, seqs = values["max-num-batched-tokens"], values["max-num-seqs"]
         try:
             check_scheduler_rules(budget, seqs, args.max_model_len, args.enable_chunked_prefill,
-                                  args.max_num_partial_prefills, args.max_long_partial_prefills)
+                                  args.max_num_partial_prefills, args.max_long_partial_prefills,
+                                  values.get("long-prefill-token-threshold") or 0)
         except EngineStartupError as e:
             return e
         return None

@@ -34,6 +34,11 @@ ATTR_SERVER = "server"
 ATTR_OWNER = "owner"
 ATTR_TIMES = "times"
 ATTR_STEPS = "steps"  # vLLM's step log of the trial: {"file": ..., "steps": N, ...totals}
+ATTR_PHASE = "phase"  # twin-first: calibrate | confirm | fallback
+ATTR_ROUND = "twin_round"  # twin-first: the search round a confirmed trial came from
+ATTR_PREDICTED = "predicted"  # twin-first: the twin's metrics for a confirmed trial
+#: What a queued trial carries besides its point (kept when an interrupted trial is re-queued).
+QUEUED_ATTRS = (ATTR_PHASE, ATTR_ROUND, ATTR_PREDICTED)
 #: The trial ran a point outside the search space (a baseline default that is not among the
 #: choices): told to Optuna as FAIL so samplers never see a trial missing a parameter (which
 #: would make GP and multivariate TPE sample that parameter at random); our own state is in
@@ -55,6 +60,8 @@ def fingerprint(tuning: ChunkedPrefillTuning) -> str:
         "objectives": [o.model_dump(mode="json", by_alias=True) for o in s.objectives],
         "constraints": [c.model_dump(mode="json", by_alias=True) for c in s.constraints],
     }
+    if s.strategy.name != "real":  # (absent for all-real studies: their fingerprints stay)
+        keep["strategy"] = s.strategy.name
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -174,10 +181,12 @@ def study_name(tuning: ChunkedPrefillTuning) -> str:
 
 def open_study(tuning: ChunkedPrefillTuning, storage: BaseStorage | str,
                directions: list[Direction],
-               sampler: BaseSampler, pruner: optuna.pruners.BasePruner) -> optuna.Study:
-    """Create the study, or load it to resume; refuses a storage holding the same study name
-    with a different search (engine, space, workload, objectives, constraints)."""
-    name = study_name(tuning)
+               sampler: BaseSampler, pruner: optuna.pruners.BasePruner,
+               name: str | None = None) -> optuna.Study:
+    """Create the study (named ``name``, default :func:`study_name`), or load it to resume;
+    refuses a storage holding the same study name with a different search (engine, space,
+    workload, objectives, constraints)."""
+    name = name or study_name(tuning)
     fp = fingerprint(tuning)
     study = optuna.create_study(storage=storage, study_name=name, directions=directions,
                                 sampler=sampler, pruner=pruner, load_if_exists=True)

@@ -1,0 +1,134 @@
+"""Twin-first against all-real tuning on the real CPU engine (issue #11 item 5).
+
+Usage: ``python bench/twin_vs_real.py [--store DIR] [--seeds 1 2 3] [--rerun]``.
+
+1. Reference: ``examples/cpu-vllm.yaml`` (real vLLM, its CPU build, the tiny model) as an
+   all-real TPE study of 24 trials; its best measured objective is the reference.
+2. Twin-first: ``examples/cpu-vllm-twin.yaml`` (the same engine, workload, space and goals,
+   ``spec.strategy.name: twin``, at most 8 real trials) once per sampler seed.
+3. Prints, per twin-first run, its best *measured* objective as a ratio to the reference's,
+   its real and simulated trial counts and its wall time against the reference's, then the
+   median over the seeds. Target: within 5% of the reference's best (median of the seeds)
+   with at most a third of its real trials.
+
+Every run is a ``chunktune tune`` process whose storage, ``result.json`` and wall time are kept
+in ``--store`` (default ``.chunktune/twin-vs-real``); a run already there is reused, not rerun
+(``--rerun`` redoes them), and the output says which figures were reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT / "examples" / "cpu-vllm.yaml"
+TWIN = ROOT / "examples" / "cpu-vllm-twin.yaml"
+REFERENCE_TRIALS = 24
+RAN = ("COMPLETE", "INFEASIBLE", "FAIL", "PRUNED")
+
+
+def manifest(src: Path, name: str, seed: int, max_trials: int | None = None) -> dict[str, Any]:
+    m = yaml.safe_load(src.read_text())
+    m["metadata"]["name"] = name
+    m["spec"]["sampler"] = {**m["spec"].get("sampler", {}), "name": "tpe", "seed": seed}
+    if max_trials is not None:
+        m["spec"]["budget"]["maxTrials"] = max_trials
+    return dict(m)
+
+
+def run(name: str, m: dict[str, Any], store: Path, rerun: bool) -> dict[str, Any]:
+    """The stored outcome of run ``name``, running ``chunktune tune`` when there is none."""
+    done = store / f"{name}.run.json"
+    if done.exists() and not rerun:
+        out = dict(json.loads(done.read_text()))
+        out["reused"] = True
+        return out
+    store.mkdir(parents=True, exist_ok=True)
+    path = store / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(m, sort_keys=False))
+    storage = store / f"{name}.journal"
+    for p in (storage, Path(f"{storage}.lock")):
+        p.unlink(missing_ok=True)
+    out_dir = store / name
+    print(f"  {name}: running `chunktune tune` ...", flush=True)
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "chunktune", "tune", str(path), "--storage",
+                           str(storage), "--out", str(out_dir), "-q"], cwd=ROOT,
+                          capture_output=True, text=True, env=dict(os.environ), timeout=3600)
+    wall = time.time() - t0
+    (store / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    result = json.loads((out_dir / "result.json").read_text())
+    key = result["objectives"][0]["key"]
+    best = result["best"]
+    outcome = {"name": name, "wall_s": wall, "objective": key,
+               "best": best["metrics"][key] if best else None,
+               "best_flags": best["flags"] if best else None,
+               "real_trials": sum(1 for t in result["trials"] if t["state"] in RAN),
+               "twin": result.get("twin"), "stop_reason": result.get("stop_reason")}
+    done.write_text(json.dumps(outcome, indent=2) + "\n")
+    print(f"  {name}: done in {wall:.0f} s", flush=True)
+    return outcome
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", type=Path, default=ROOT / ".chunktune" / "twin-vs-real")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--rerun", action="store_true", help="rerun stored runs")
+    ap.add_argument("--twin-first", action="store_true",
+                    help="run the twin-first seeds before the reference")
+    a = ap.parse_args()
+    twins_m = {s: manifest(TWIN, f"twin-s{s}", s) for s in a.seeds}
+    ref_m = manifest(REAL, "reference", 1, REFERENCE_TRIALS)
+    order: list[tuple[str, dict[str, Any]]] = [("reference", ref_m)]
+    order += [(f"twin-s{s}", m) for s, m in twins_m.items()]
+    if a.twin_first:
+        order = order[1:] + order[:1]
+    print("== runs (real vLLM CPU build, tiny model, examples/cpu-vllm*.yaml)")
+    runs = {name: run(name, m, a.store, a.rerun) for name, m in order}
+    ref = runs["reference"]
+    print(f"\n== reference: all-real TPE, {ref['real_trials']} real trials, "
+          f"{ref['wall_s'] / 60:.1f} min{' (stored run reused)' if ref.get('reused') else ''}")
+    print(f"   best {ref['objective']} = {ref['best'] * 1e3:.2f} ms: {ref['best_flags']}")
+    print(f"\n{'run':10} {'best':>9} {'ratio':>7} {'real':>5} {'sim':>5} {'wall':>8} "
+          f"{'wall/ref':>8} {'twin err':>8}  best flags")
+    ratios, reals, walls = [], [], []
+    for s in a.seeds:
+        r = runs[f"twin-s{s}"]
+        ratio = r["best"] / ref["best"] if r["best"] and ref["best"] else float("nan")
+        twin = r.get("twin") or {}
+        err = twin.get("overall_error")
+        ratios.append(ratio)
+        reals.append(r["real_trials"])
+        walls.append(r["wall_s"])
+        print(f"{r['name']:10} {r['best'] * 1e3 if r['best'] else float('nan'):>7.2f}ms "
+              f"{ratio:>7.3f} {r['real_trials']:>5} {twin.get('simulated_trials', 0):>5} "
+              f"{r['wall_s'] / 60:>6.1f}min {r['wall_s'] / ref['wall_s']:>8.2f} "
+              f"{err if err is None else f'{err:.0%}':>8}  {r['best_flags']}"
+              + ("  (stored)" if r.get("reused") else ""))
+    med = statistics.median(ratios)
+    print(f"\nmedian over {len(a.seeds)} seeds: best/reference {med:.3f} (target <= 1.05), "
+          f"real trials {statistics.median(reals):g} vs {ref['real_trials']} "
+          f"({statistics.median(reals) / ref['real_trials']:.2f} of the reference's; target "
+          f"<= 1/3), wall {statistics.median(walls) / 60:.1f} min vs "
+          f"{ref['wall_s'] / 60:.1f} min")
+    print(f"(runs stored in {os.path.relpath(a.store, ROOT)}; rerunning reuses them, --rerun "
+          "redoes them)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

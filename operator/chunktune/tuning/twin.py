@@ -1,0 +1,644 @@
+"""Twin-first tuning (``spec.strategy.name: twin``): search in a simulator calibrated on the
+engine's own step log, spend real engine time only on confirming the twin's best.
+
+Phases, each a state the study storage records (so a restarted process resumes where it was
+and runs nothing twice):
+
+1. **calibrate**: ``calibrationTrials`` real trials (the engine's defaults, then points spread
+   over the search space by a Latin hypercube), queued in the study and run like any trial;
+   each keeps vLLM's per-step log (``--enable-logging-iteration-details``).
+2. **search** (round ``r``): the step-time model is fitted to every real step log so far
+   (:mod:`chunktune.sim.twin`), the wall time between steps and the time before the first token
+   to the measured latencies (:func:`fit_latency_terms`); the profile is stored in the study.
+   Then a second Optuna study in the same storage (``<study>#twin-search-<r>``) runs
+   ``simulatedTrials`` trials of the same space, objectives and constraints in that twin.
+3. **confirm**: the twin's ``confirmTrials`` best configurations not yet measured (its Pareto
+   front for several objectives) are queued in the real study with the twin's prediction, and
+   run for real.
+4. **refine**: ``refineRounds`` more rounds of 2-3, each recalibrating on every real trial so
+   far; the study stops early when a round does not improve the measured best.
+
+After each confirmation the twin's error (median ``|predicted / measured - 1|`` over the
+objectives and constraint metrics of the confirmed trials) is compared with
+``maxTwinError``: above it the twin is not trusted, and the rest of ``budget.maxTrials`` goes to
+ordinary real trials (phase **fallback**, the spec's sampler on the real study). The answer is
+always the best *measured* trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import optuna
+
+from chunktune.api.status import TrialRecord
+from chunktune.api.v1alpha1 import ChunkedPrefillTuning, PrunerSpec, StrategySpec
+from chunktune.backends.simulated import SimulatedBackend
+from chunktune.core.errors import SpecError
+from chunktune.core.flags import argv, parse_argv
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import ModelConfig, from_hf_config, resolve_model
+from chunktune.core.trials import EngineTarget, TrialState
+from chunktune.sim import twin as sim_twin
+from chunktune.sim.cost_model import StepCostModel
+from chunktune.tuning import space
+from chunktune.tuning import study as st
+from chunktune.tuning.results import collect, record
+
+if TYPE_CHECKING:
+    from chunktune.tuning.runner import Tuner
+
+log = logging.getLogger(__name__)
+
+#: Study user attributes of a twin-first study (the real one).
+ATTR_CALIBRATION = "twin_calibration"  # the calibration points, once queued
+ATTR_ROUND_PROFILE = "twin_round_{}_profile"  # the profile fitted for round r
+ATTR_ROUND_CONFIRM = "twin_round_{}_confirm"  # the points queued for confirmation in round r
+ATTR_ROUND_DONE = "twin_round_{}_done"  # {"best": value or None} when round r is confirmed
+ATTR_UNTRUSTED = "twin_untrusted"  # the message, once the twin's error passed the threshold
+#: The wall time between steps tried when fitting it to measured latencies (seconds).
+STEP_GAPS = (0.0, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.006)
+#: Standard latency metrics whose twin error is reported besides the goals'.
+REPORTED = tuple(f"{m}_p{p}" for m in ("ttft", "itl", "e2e") for p in (50, 99))
+#: Tiny-model prefix of ``spec.engine.model`` (``chunktune model tiny``).
+TINY_PREFIX = "tiny:"
+
+
+class TwinError(Exception):
+    """The twin cannot be built or fitted (too few step logs, an unknown model): the study
+    falls back to real trials and says why."""
+
+
+# ---- the twin's engine ------------------------------------------------------------------------
+
+
+def twin_model(target: EngineTarget) -> ModelConfig:
+    """The model the twin simulates: the target's ``modelConfig``, the tiny model's or a local
+    directory's ``config.json``, or a catalogued model."""
+    if target.hf_config:
+        return from_hf_config(target.hf_config, name=target.model)
+    m = target.model
+    if m.startswith(TINY_PREFIX):
+        where = Path(m[len(TINY_PREFIX):] or ".chunktune/models/tiny")
+        if (where / "config.json").is_file():
+            return resolve_model(None, where / "config.json")
+        from chunktune.modelgen.tiny import TINY
+
+        return from_hf_config(TINY.config(), name=where.name or "tiny")
+    path = Path(m).expanduser()
+    if (path / "config.json").is_file():
+        return resolve_model(None, path / "config.json")
+    try:
+        return resolve_model(m, field="spec.engine.model")
+    except SpecError as e:
+        raise TwinError(f"the simulator does not know the model {m!r}: {e}") from None
+
+
+def twin_target(target: EngineTarget, profile: dict[str, Any] | None) -> EngineTarget:
+    """The real engine as the simulator runs it: the same model, device and the fixed flags the
+    simulator models (others, such as ``--load-format``, do not change the schedule and are
+    dropped), costed with the calibration ``profile``."""
+    if target.kind == "sim":
+        return dataclasses.replace(target, calibration=profile, calibration_ref=None)
+    model = twin_model(target)
+    gpu = "cpu" if target.cpu is not None else target.gpu
+    if gpu is None:
+        raise TwinError("spec.engine.gpu.type is not set: the twin cannot know the device")
+    resolve_gpu(gpu, field="spec.engine.gpu.type")
+    parsed = parse_argv(list(target.fixed_args), engine="sim")
+    kept = {k: v for k, v in parsed.values.items() if k != "tensor-parallel-size"}
+    return dataclasses.replace(
+        target, kind="sim", model=model.name, hf_config=_config_of(model, target), gpu=gpu,
+        fixed_args=tuple(argv(kept)), image=None, calibration=profile, calibration_ref=None)
+
+
+def _config_of(model: ModelConfig, target: EngineTarget) -> dict[str, Any]:
+    """The Hugging Face config the twin target carries (so the simulated backend builds the
+    same model without reading files again)."""
+    if target.hf_config:
+        return dict(target.hf_config)
+    m = target.model
+    path = Path(m[len(TINY_PREFIX):] or ".chunktune/models/tiny") if m.startswith(TINY_PREFIX) \
+        else Path(m).expanduser()
+    if (path / "config.json").is_file():
+        return dict(json.loads((path / "config.json").read_text()))
+    if m.startswith(TINY_PREFIX):
+        from chunktune.modelgen.tiny import TINY
+
+        return dict(TINY.config())
+    from chunktune.core.models import _ALIASES, CATALOG_HF
+
+    key = m.strip().lower()
+    key = key if key in CATALOG_HF else _ALIASES.get(key, key)
+    return dict(CATALOG_HF[key])
+
+
+# ---- calibration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """A real trial the twin learns from: its point, its measured metrics and its step log."""
+
+    number: int
+    point: dict[str, Any]
+    metrics: dict[str, float]
+    steps_file: str
+
+
+def measured_runs(tuner: Tuner) -> list[MeasuredRun]:
+    """Every completed real trial with a step log on disk."""
+    out = []
+    for t in tuner.trials():
+        if st.trial_state(t) != TrialState.COMPLETE:
+            continue
+        steps = t.user_attrs.get(st.ATTR_STEPS) or {}
+        f = steps.get("file")
+        if f and Path(f).is_file():
+            out.append(MeasuredRun(t.number, st.point_of(t),
+                                   dict(t.user_attrs.get(st.ATTR_METRICS) or {}), f))
+    return out
+
+
+def fit_profile(target: EngineTarget, runs: Sequence[MeasuredRun], simulate: Any,
+                ) -> sim_twin.CalibrationProfile:
+    """The twin's profile from ``runs``: the step-time model fitted to their step logs, then
+    the wall time between steps and the time before the first token to their measured
+    latencies (:func:`fit_latency_terms`). ``simulate(point, profile) -> metrics``."""
+    if not runs:
+        raise TwinError("no completed real trial kept a step log: nothing to calibrate on")
+    model = twin_model(target)
+    gpu = resolve_gpu("cpu" if target.cpu is not None else (target.gpu or "h100-sxm"))
+    paths = [r.steps_file for r in runs]
+    try:
+        logs = sim_twin.load_logs(paths, model, target.model if target.kind != "sim"
+                                  else model.name)
+        budget = max(max((s.tokens for s in log.steps), default=16) for log in logs)
+        cost = StepCostModel(model, gpu, target.tensor_parallel_size,
+                             max_tokens=max(budget, 16))
+        fit = sim_twin.fit_logs(logs, cost)
+    except SpecError as e:
+        raise TwinError(f"the step logs cannot calibrate the twin: {e}") from None
+    base = sim_twin.build_profile(paths, logs, fit, cost, model, gpu.name,
+                                  target.tensor_parallel_size, 0.0, 0.0)
+    return fit_latency_terms(base, runs, simulate)
+
+
+def fit_latency_terms(base: sim_twin.CalibrationProfile, runs: Sequence[MeasuredRun],
+                      simulate: Any) -> sim_twin.CalibrationProfile:
+    """``base`` with the two per-run terms a step log does not show, fitted to the runs'
+    measured request latencies: the wall time between steps (output processing, scheduling;
+    the gap of :data:`STEP_GAPS` whose simulated E2E p50/p99 come closest, by median
+    ``|log(sim / measured)|``), then the time before the first token beyond the prefill
+    steps (HTTP, tokenization, first chunk: the median of measured less simulated TTFT p50,
+    at least 0)."""
+    def miss(profile: sim_twin.CalibrationProfile) -> float:
+        out = []
+        for r in runs:
+            sim = simulate(r.point, profile)
+            for k in ("e2e_p50", "e2e_p99"):
+                if sim.get(k, 0) > 0 and r.metrics.get(k, 0) > 0:
+                    out.append(abs(math.log(sim[k] / r.metrics[k])))
+        return statistics.median(out) if out else math.inf
+
+    tried = {g: miss(dataclasses.replace(base, step_gap_s=g, server_overhead_s=0.0))
+             for g in STEP_GAPS}
+    gap = min(tried, key=lambda g: tried[g])
+    with_gap = dataclasses.replace(base, step_gap_s=gap, server_overhead_s=0.0)
+    gaps = [r.metrics["ttft_p50"] - sim["ttft_p50"] for r in runs
+            if "ttft_p50" in r.metrics and "ttft_p50" in (sim := simulate(r.point, with_gap))]
+    overhead = max(0.0, statistics.median(gaps)) if gaps else 0.0
+    extra = {**base.extra, "latency_fit": {
+        "step_gap_miss": {f"{g * 1e3:g}ms": round(v, 4) for g, v in tried.items()},
+        "runs": [r.number for r in runs]}}
+    return dataclasses.replace(base, step_gap_s=gap, server_overhead_s=overhead, extra=extra)
+
+
+def calibration_points(tuner: Tuner, k: int, context: space.EngineContext,
+                       seed: int) -> list[dict[str, Any]]:
+    """The engine's defaults, then ``k - 1`` points spread over the space (a Latin hypercube:
+    each parameter's range cut into ``k - 1`` strata, one point per stratum, strata shuffled
+    per parameter), skipping points the twin's engine rules refuse."""
+    params = tuner.params
+    points = [tuner.context.default_point(params)]
+    rng = np.random.default_rng(seed)
+    n = k - 1
+    tries = 0
+    while len(points) < k and tries < 50:
+        tries += 1
+        perms = {p.name: rng.permutation(n) for p in params}
+        for i in range(n):
+            if len(points) >= k:
+                break
+            pt = {p.name: _stratum_value(p, (perms[p.name][i] + rng.random()) / n)
+                  for p in params}
+            if pt in points or context.feasibility(pt, True) is not None:
+                continue
+            points.append(pt)
+    return points
+
+
+def _stratum_value(p: Any, u: float) -> Any:
+    """The value of parameter ``p`` at quantile ``u`` of its range (choices in order; int
+    ranges on their step, log ranges in log space)."""
+    u = min(max(u, 0.0), 1.0 - 1e-9)
+    d = space.distribution(p)
+    if isinstance(d, optuna.distributions.CategoricalDistribution):
+        return d.choices[int(u * len(d.choices))]
+    assert isinstance(d, optuna.distributions.IntDistribution
+                      | optuna.distributions.FloatDistribution)
+    lo, hi = float(d.low), float(d.high)
+    v = math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))) if d.log and lo > 0 \
+        else lo + u * (hi - lo)
+    if d.step:
+        v = min(max(lo + round((v - lo) / d.step) * d.step, lo), hi)
+    if isinstance(d, optuna.distributions.IntDistribution):
+        return round(v)
+    return v
+
+
+# ---- the driver -------------------------------------------------------------------------------
+
+
+@dataclass
+class RoundState:
+    number: int
+    simulated: int = 0
+    confirmed: list[int] = dataclasses.field(default_factory=list)
+    best: float | None = None
+
+
+class TwinDriver:
+    """Runs a twin-first study's phases on the real :class:`Tuner` (whose study holds every
+    real trial) and a simulated tuner per search round."""
+
+    def __init__(self, real: Tuner) -> None:
+        self.real = real
+        self.strategy: StrategySpec = real.spec.strategy
+        self.phase = "calibrate"
+        self.round = 0
+        self.simulated = 0
+        self.message: str | None = None
+        self.search: Tuner | None = None
+        self.started = time.monotonic()
+
+    # ---- reporting -------------------------------------------------------------------------
+
+    def _enter(self, phase: str, message: str) -> None:
+        from chunktune.tuning.runner import TrialEvent
+
+        self.phase = phase
+        self.message = message
+        log.info("%s: phase %s: %s", self.real.tuning.metadata.name, phase, message)
+        self.real.on_event(TrialEvent("phase", -1, {}, message=message, reason=phase))
+        self.real.on_update(self.real)
+
+    def status(self) -> dict[str, Any]:
+        """The :class:`~chunktune.api.status.TwinStatus` fields."""
+        err = twin_error(self.real.study)
+        keys = self.goal_keys()
+        untrusted = self.real.study.user_attrs.get(ATTR_UNTRUSTED)
+        return {"phase": self.phase, "round": self.round,
+                "realTrials": self.real.counted(), "simulatedTrials": self.simulated_total(),
+                "twinError": {k: v for k, v in err.items() if k in keys or k in REPORTED},
+                "trusted": None if not err else untrusted is None,
+                "message": untrusted or self.message}
+
+    def goal_keys(self) -> list[str]:
+        return list(dict.fromkeys([o.key for o in self.real.objectives]
+                                  + [c.key for c in self.real.constraints]))
+
+    def simulated_total(self) -> int:
+        total = self.simulated
+        if self.search is not None:
+            total += self.search.counted()
+        return total
+
+    # ---- phases ----------------------------------------------------------------------------
+
+    async def run(self) -> str:
+        real, s = self.real, self.strategy
+        study = real.study
+        if ATTR_CALIBRATION not in study.user_attrs:
+            ctx = self._twin_context()
+            points = calibration_points(real, s.calibration_trials, ctx, real.spec.sampler.seed)
+            for i, pt in enumerate(points):
+                self._enqueue(pt, {st.ATTR_PHASE: "calibrate", **({st.ATTR_BASELINE: True}
+                                                                   if i == 0 else {})})
+            study.set_user_attr(ATTR_CALIBRATION, points)
+        n_cal = len(study.user_attrs[ATTR_CALIBRATION])
+        self._enter("calibrate", f"{n_cal} real trials record the engine's step log "
+                                 f"(the engine's defaults and {n_cal - 1} points spread over "
+                                 "the space)")
+        why = await real.loop(queued_only=True)
+        if why != "queued":
+            return why
+        best_before: float | None = None
+        for r in range(1, 2 + s.refine_rounds):
+            self.round = r
+            done = study.user_attrs.get(ATTR_ROUND_DONE.format(r))
+            if done is not None:  # a restarted process: this round was confirmed already
+                self.simulated += int(done.get("simulated", 0))
+                best_before = self._improved(best_before, done.get("best"))
+                if done.get("stop"):
+                    return str(done["stop"])
+                continue
+            if study.user_attrs.get(ATTR_UNTRUSTED):
+                break
+            if real.counted() >= real.spec.budget.max_trials:
+                return "budget"
+            try:
+                profile = self._profile(r)
+            except TwinError as e:
+                self._untrusted(f"the twin could not be calibrated: {e}")
+                break
+            why = await self._search(r, profile)
+            if why in ("stopped", "duration", "failures"):
+                return why
+            queued = self._queue_confirmations(r)
+            self._enter("confirm", f"round {r}: {queued} of the twin's best configurations "
+                                   "run for real")
+            why = await real.loop(queued_only=True)
+            if why != "queued":
+                return why
+            best = best_value(real)
+            err = overall_error(real.study, self.goal_keys())
+            stop = None
+            if err is not None and err > s.max_twin_error:
+                self._untrusted(f"the twin's median error on the confirmed trials is "
+                                f"{err:.0%}, above maxTwinError {s.max_twin_error:.0%}: it "
+                                "is not trusted here; the rest of the budget runs real "
+                                "trials")
+            elif r > 1 and best_before is not None and self._improved(best_before, best) \
+                    == best_before:
+                stop = "converged"
+            study.set_user_attr(ATTR_ROUND_DONE.format(r), {
+                "best": best, "error": err, "simulated": self.search.counted()
+                if self.search else 0, "stop": stop})
+            self.simulated += self.search.counted() if self.search else 0
+            self.search = None
+            best_before = self._improved(best_before, best)
+            if stop:
+                self._enter("done", f"round {r} did not improve the measured best: converged")
+                return stop
+        if study.user_attrs.get(ATTR_UNTRUSTED) and real.counted() < real.spec.budget.max_trials:
+            self._enter("fallback", f"{real.spec.budget.max_trials - real.counted()} ordinary "
+                                    "real trials (the twin is not trusted)")
+            why = await real.loop()
+            self._enter("done", f"fallback ended: {why}")
+            return why
+        self._enter("done", "every search round was confirmed for real")
+        return "rounds"
+
+    def _improved(self, before: float | None, now: float | None) -> float | None:
+        """The better of two best values (None: none measured), by the first objective's
+        direction and ``budget.minImprovement``."""
+        if now is None:
+            return before
+        if before is None:
+            return now
+        sign = 1.0 if self.real.objectives[0].direction == "minimize" else -1.0
+        gain = self.real.spec.budget.min_improvement
+        return now if sign * now < sign * before - abs(before) * gain else before
+
+    def _untrusted(self, message: str) -> None:
+        log.warning("%s: %s", self.real.tuning.metadata.name, message)
+        self.real.study.set_user_attr(ATTR_UNTRUSTED, message)
+        self.message = message
+        from chunktune.tuning.runner import TrialEvent
+
+        self.real.on_event(TrialEvent("phase", -1, {}, message=message, reason="untrusted"))
+
+    def _enqueue(self, point: dict[str, Any], attrs: dict[str, Any]) -> None:
+        dists = space.distributions(self.real.params)
+        self.real.study.enqueue_trial(
+            {k: v for k, v in point.items() if k in dists and space.contains(dists[k], v)},
+            user_attrs={st.ATTR_POINT: point, **attrs}, skip_if_exists=False)
+
+    def _twin_context(self) -> space.EngineContext:
+        try:
+            return space.EngineContext.build(twin_target(self.real.target, None))
+        except (TwinError, SpecError):
+            return self.real.context
+
+    def _profile(self, r: int) -> sim_twin.CalibrationProfile:
+        key = ATTR_ROUND_PROFILE.format(r)
+        stored = self.real.study.user_attrs.get(key)
+        if stored is not None:
+            return sim_twin.parse_profile(stored, f"round {r}'s stored profile")
+        runs = measured_runs(self.real)
+        self._enter("search", f"round {r}: calibrating the twin on the step logs of "
+                              f"{len(runs)} real trials")
+        backend = SimulatedBackend()
+        plan0 = self.real.plan(0, {})
+
+        def simulate(point: dict[str, Any], prof: sim_twin.CalibrationProfile
+                     ) -> dict[str, float]:
+            tgt = twin_target(self.real.target, prof.to_dict())
+            plan = dataclasses.replace(plan0, params=point, target=tgt, window_seconds=None)
+            res = backend.run_sync(plan)
+            return res.metrics if res.state == TrialState.COMPLETE else {}
+
+        t0 = time.monotonic()
+        try:
+            profile = fit_profile(self.real.target, runs, simulate)
+        except SpecError as e:
+            raise TwinError(str(e)) from None
+        log.info("%s: round %d profile fitted in %.1f s (step median error %.1f%%, gap %.2f ms, "
+                 "overhead %.1f ms)", self.real.tuning.metadata.name, r, time.monotonic() - t0,
+                 100 * profile.fit["median_rel_err"], 1e3 * profile.step_gap_s,
+                 1e3 * (profile.server_overhead_s or 0.0))
+        self.real.study.set_user_attr(key, profile.to_dict())
+        self._write_profile(r, profile)
+        return profile
+
+    def _write_profile(self, r: int, profile: sim_twin.CalibrationProfile) -> None:
+        """Keep the round's profile beside a journal storage (``<storage>.twin/``), a file
+        ``chunktune sim run --calibration`` reads."""
+        url = self.real.storage_url
+        if "://" in url and not url.startswith(("journal://", "file://")):
+            return
+        path = Path((url.split("://", 1)[1] if "://" in url else url) + ".twin")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            sim_twin.write_profile(path / f"round-{r}.profile.json", profile)
+        except OSError as e:
+            log.warning("could not keep round %d's profile in %s: %s", r, path, e)
+
+    def search_name(self, r: int) -> str:
+        return f"{self.real.study.study_name}#twin-search-{r}"
+
+    def search_tuner(self, r: int, profile: sim_twin.CalibrationProfile) -> Tuner:
+        from chunktune.tuning.runner import Tuner
+
+        real = self.real
+        tuning: ChunkedPrefillTuning = real.tuning.model_copy(deep=True)
+        spec = tuning.spec
+        spec.budget = real.spec.budget.model_copy(update={
+            "max_trials": self.strategy.simulated_trials, "parallelism": 1,
+            "max_failed_trials": max(5, self.strategy.simulated_trials // 10),
+            "max_duration": None, "patience": None})
+        spec.pruner = PrunerSpec(name="none")
+        spec.strategy = StrategySpec()
+        spec.sampler = spec.sampler.model_copy(update={"seed": (spec.sampler.seed + r)
+                                                       % 2**32})
+        target = twin_target(real.target, profile.to_dict())
+        return Tuner(tuning, SimulatedBackend(), real.storage_url, target=target,
+                     study_name=self.search_name(r),
+                     stop_requested=lambda: real.stop_requested() or self._out_of_time(),
+                     on_update=lambda _: self.real.on_update(self.real))
+
+    def _out_of_time(self) -> bool:
+        d = self.real.spec.budget.max_duration
+        return bool(d) and time.monotonic() - self.real.started >= d  # type: ignore[operator]
+
+    async def _search(self, r: int, profile: sim_twin.CalibrationProfile) -> str:
+        n = self.strategy.simulated_trials
+        self._enter("search", f"round {r}: {n} simulated trials in the twin")
+        import asyncio
+
+        self.search = await asyncio.to_thread(self.search_tuner, r, profile)
+        t0 = time.monotonic()
+        why = await self.search.run()
+        log.info("%s: round %d search: %d simulated trials in %.1f s (%s)",
+                 self.real.tuning.metadata.name, r, self.search.counted(),
+                 time.monotonic() - t0, why)
+        return why
+
+    def _queue_confirmations(self, r: int) -> int:
+        """Queue the twin's best unmeasured configurations (once per round); returns how many
+        round ``r`` queued."""
+        key = ATTR_ROUND_CONFIRM.format(r)
+        study = self.real.study
+        if key in study.user_attrs:
+            return len(study.user_attrs[key])
+        assert self.search is not None
+        left = self.real.spec.budget.max_trials - self.real.counted()
+        m = max(0, min(self.strategy.confirm_trials, left))
+        measured = [st.point_of(t) for t in self.real.trials()
+                    if t.state != optuna.trial.TrialState.WAITING]
+        picks = candidates(collect(self.search.study, self.real.objectives,
+                                   self.real.constraints), measured, m)
+        for c in picks:
+            self._enqueue(dict(c.params), {st.ATTR_PHASE: "confirm", st.ATTR_ROUND: r,
+                                           st.ATTR_PREDICTED: dict(c.metrics)})
+        study.set_user_attr(key, [dict(c.params) for c in picks])
+        return len(picks)
+
+
+def candidates(results: Any, measured: list[dict[str, Any]], m: int) -> list[TrialRecord]:
+    """The twin's ``m`` best distinct configurations not in ``measured``: feasible ones by the
+    first objective (for several objectives the Pareto front first, spread along it), then, if
+    the twin found too few feasible ones, the rest by the first objective."""
+    o = results.objectives[0]
+    sign = 1.0 if o.direction == "minimize" else -1.0
+
+    def key(t: TrialRecord) -> float:
+        return sign * t.metrics.get(o.key, math.inf * sign)
+
+    seen = [dict(p) for p in measured]
+    done = [t for t in results.trials if t.state == TrialState.COMPLETE and o.key in t.metrics
+            and dict(t.params) not in seen]
+    feasible = sorted((t for t in done if t.constraints_ok), key=key)
+    front = [t for t in feasible if t.number in results.pareto]
+    if len(front) > m > 0:
+        idx = sorted({round(i * (len(front) - 1) / max(1, m - 1)) for i in range(m)})
+        front = [front[i] for i in idx]
+    order = front + [t for t in feasible if t not in front] + \
+        sorted((t for t in done if not t.constraints_ok), key=key)
+    out: list[TrialRecord] = []
+    for t in order:
+        if len(out) >= m:
+            break
+        p = dict(t.params)
+        if p in seen:
+            continue
+        seen.append(p)
+        out.append(t)
+    return out
+
+
+# ---- predicted against measured -----------------------------------------------------------------
+
+
+def confirmed(study: optuna.Study) -> list[TrialRecord]:
+    """The real trials that carry a twin prediction and were measured."""
+    return [r for r in (record(t) for t in study.get_trials(deepcopy=False)
+                        if t.user_attrs.get(st.ATTR_PREDICTED))
+            if r.state == TrialState.COMPLETE]
+
+
+def errors(records: Sequence[TrialRecord]) -> dict[str, list[float]]:
+    """``predicted / measured - 1`` per metric over ``records``."""
+    out: dict[str, list[float]] = {}
+    for r in records:
+        for k, pred in r.predicted.items():
+            meas = r.metrics.get(k)
+            if meas is None or not meas > 0 or not math.isfinite(pred):
+                continue
+            out.setdefault(k, []).append(pred / meas - 1.0)
+    return out
+
+
+def twin_error(study: optuna.Study) -> dict[str, float]:
+    """Median ``|predicted / measured - 1|`` per metric over the confirmed trials."""
+    return {k: statistics.median(abs(x) for x in v) for k, v in errors(confirmed(study)).items()}
+
+
+def overall_error(study: optuna.Study, keys: Sequence[str]) -> float | None:
+    """The median relative error over the metrics ``keys`` (the objectives and constraint
+    metrics) of every confirmed trial (None before any confirmation)."""
+    errs = [abs(x) for k, v in errors(confirmed(study)).items() if k in keys for x in v]
+    return statistics.median(errs) if errs else None
+
+
+def best_value(tuner: Tuner) -> float | None:
+    """The first objective's value of the best measured feasible trial."""
+    res = collect(tuner.study, tuner.objectives, tuner.constraints)
+    b = res.best_trial
+    return b.metrics.get(tuner.objectives[0].key) if b is not None else None
+
+
+def twin_report(study: optuna.Study, keys: Sequence[str], max_twin_error: float,
+                ) -> dict[str, Any]:
+    """What ``result.json`` keeps of a twin-first study: per round the profile's fit and what
+    was confirmed, per confirmed trial the prediction beside the measurement, and the twin's
+    error (``keys``: the goal metrics the trust decision uses)."""
+    rounds = []
+    r = 1
+    while (prof := study.user_attrs.get(ATTR_ROUND_PROFILE.format(r))) is not None:
+        done = study.user_attrs.get(ATTR_ROUND_DONE.format(r)) or {}
+        rounds.append({"round": r, "fit": prof.get("fit"), "step_gap_s": prof.get("step_gap_s"),
+                       "server_overhead_s": prof.get("server_overhead_s"),
+                       "simulated_trials": done.get("simulated"),
+                       "confirmed": study.user_attrs.get(ATTR_ROUND_CONFIRM.format(r)),
+                       "best": done.get("best"), "error": done.get("error")})
+        r += 1
+    rows = []
+    for rec in confirmed(study):
+        rows.append({"trial": rec.number, "params": dict(rec.params),
+                     "predicted": dict(rec.predicted),
+                     "measured": {k: rec.metrics[k] for k in rec.predicted if k in rec.metrics}})
+    real = [t for t in study.get_trials(deepcopy=False)
+            if st.trial_state(t) in (TrialState.COMPLETE, TrialState.INFEASIBLE,
+                                     TrialState.PRUNED, TrialState.FAIL)
+            and t.user_attrs.get(st.ATTR_REASON) != "Interrupted"]
+    return {"strategy": "twin", "rounds": rounds, "confirmed": rows,
+            "twin_error": twin_error(study), "overall_error": overall_error(study, keys),
+            "untrusted": study.user_attrs.get(ATTR_UNTRUSTED),
+            "max_twin_error": max_twin_error, "real_trials": len(real),
+            "simulated_trials": sum(int(r["simulated_trials"] or 0) for r in rounds)}
+
+
+__all__ = ["MeasuredRun", "TwinDriver", "TwinError", "candidates",
+           "fit_latency_terms", "fit_profile", "twin_error", "twin_report", "twin_target"]

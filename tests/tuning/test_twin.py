@@ -1,0 +1,205 @@
+"""Twin-first tuning (``spec.strategy.name: twin``) on the simulated engine, which keeps a step
+log like vLLM's: phases, predictions beside measurements, budgets, restart safety, fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from chunktune.api.validation import parse_manifest, validate
+from chunktune.backends.simulated import SimulatedBackend
+from chunktune.core.trials import TrialState
+from chunktune.tuning import study as st
+from chunktune.tuning import twin
+from chunktune.tuning.results import collect, format_results
+from chunktune.tuning.runner import TrialEvent, Tuner
+from tests.tuning.conftest import manifest
+
+STRATEGY = {"name": "twin", "calibrationTrials": 3, "simulatedTrials": 25, "confirmTrials": 2,
+            "refineRounds": 1}
+
+
+def twin_manifest(**strategy: Any) -> dict[str, Any]:
+    return manifest(strategy={**STRATEGY, **strategy},
+                    workload={"profile": "mixed", "duration": "30s", "warmup": "5s"},
+                    budget={"maxTrials": 8})
+
+
+def make_tuner(tmp_path: Path, m: dict[str, Any], events: list[TrialEvent] | None = None,
+               stop: Any = None) -> Tuner:
+    tuning = parse_manifest(m)
+    backend = SimulatedBackend(keep_steps=True, steps_dir=tmp_path / "steps")
+    return Tuner(tuning, backend, str(tmp_path / "s.journal"),
+                 on_event=(events.append if events is not None else None),
+                 stop_requested=stop)
+
+
+def real_trials(tuner: Tuner) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in tuner.trials() if st.trial_state(t) != TrialState.WAITING]
+
+
+def test_phases_run_in_order_and_the_answer_is_measured(tmp_path: Path) -> None:
+    events: list[TrialEvent] = []
+    tuner = make_tuner(tmp_path, twin_manifest(), events)
+    why = asyncio.run(tuner.run())
+    assert why in ("rounds", "converged")
+    phases = [e.reason for e in events if e.kind == "phase"]
+    assert phases[0] == "calibrate" and "search" in phases and "confirm" in phases
+    assert phases[-1] == "done"
+    trials = real_trials(tuner)
+    assert len(trials) <= 8
+    by_phase: dict[str, list[optuna.trial.FrozenTrial]] = {}
+    for t in trials:
+        by_phase.setdefault(t.user_attrs[st.ATTR_PHASE], []).append(t)
+    assert len(by_phase["calibrate"]) == 3
+    assert by_phase["calibrate"][0].user_attrs.get(st.ATTR_BASELINE)  # vLLM's defaults first
+    confirm = by_phase["confirm"]
+    assert 2 <= len(confirm) <= 4
+    # every confirmed trial carries the twin's prediction of the measured metrics
+    for t in confirm:
+        pred, meas = t.user_attrs[st.ATTR_PREDICTED], t.user_attrs[st.ATTR_METRICS]
+        assert pred["chat.ttft_p99"] > 0 and meas["chat.ttft_p99"] > 0
+    # no point ran twice for real
+    points = [json.dumps(st.point_of(t), sort_keys=True) for t in trials]
+    assert len(points) == len(set(points))
+    # the simulated searches are studies of their own in the same storage, one per round
+    names = optuna.get_all_study_names(st.open_storage(str(tmp_path / "s.journal")))
+    assert sorted(n for n in names if "#twin-search-" in n) == \
+        [f"test/t#twin-search-{r}" for r in range(1, len(names))]
+    # the best is a real, measured trial
+    res = collect(tuner.study, tuner.objectives, tuner.constraints)
+    assert res.best_trial is not None and res.best_trial.number in {t.number for t in trials}
+    text = format_results(res)
+    assert "twin: predicted vs measured" in text and "median |error|" in text
+    report = twin.twin_report(tuner.study, ["chat.ttft_p99", "chat.itl_p99"], 0.25)
+    assert report["rounds"] and report["rounds"][0]["fit"]["num_steps"] > 100
+    assert report["simulated_trials"] >= 25 and report["real_trials"] == len(trials)
+    # a twin of the simulator itself: the calibrated replay stays close to the measurement
+    assert report["overall_error"] is not None and report["overall_error"] < 0.25
+    status = tuner.twin.status()
+    assert status["phase"] == "done" and status["realTrials"] == len(trials)
+    assert set(status["twinError"]) >= {"chat.ttft_p99"}
+
+
+def test_calibration_profile_is_stored_and_kept_as_a_file(tmp_path: Path) -> None:
+    tuner = make_tuner(tmp_path, twin_manifest(refineRounds=0))
+    asyncio.run(tuner.run())
+    stored = tuner.study.user_attrs[twin.ATTR_ROUND_PROFILE.format(1)]
+    on_disk = json.loads((tmp_path / "s.journal.twin" / "round-1.profile.json").read_text())
+    assert stored["coefficients"] == on_disk["coefficients"]
+    assert on_disk["kind"] == "chunktune-calibration" and on_disk["gpu"] == "h100-sxm"
+    # fitted on the calibration trials' step logs (3 files), with the latency terms
+    assert len(on_disk["fitted_on"]["files"]) == 3
+    assert on_disk["server_overhead_s"] is not None and on_disk["step_gap_s"] >= 0
+
+
+def test_a_stopped_study_resumes_in_its_phase_and_runs_nothing_twice(tmp_path: Path) -> None:
+    m = twin_manifest()
+    stop = {"now": False}
+    events: list[TrialEvent] = []
+
+    def on_event(e: TrialEvent) -> None:
+        events.append(e)
+        if e.kind == "phase" and e.reason == "search" and "simulated" in (e.message or ""):
+            stop["now"] = True  # the process stops during the first search
+
+    tuner = make_tuner(tmp_path, m, stop=lambda: stop["now"])
+    tuner.on_event = on_event
+    assert asyncio.run(tuner.run()) == "stopped"
+    first = real_trials(tuner)
+    assert [t.user_attrs[st.ATTR_PHASE] for t in first] == ["calibrate"] * 3
+    launched_before = {t.number: t.datetime_start for t in first}
+
+    events2: list[TrialEvent] = []
+    again = make_tuner(tmp_path, m, events2)
+    why = asyncio.run(again.run())
+    assert why in ("rounds", "converged")
+    trials = real_trials(again)
+    # the calibration trials were not rerun: same numbers, same start times, still three
+    assert [t for t in trials if t.user_attrs[st.ATTR_PHASE] == "calibrate"] == \
+        [t for t in trials if t.number in launched_before]
+    for t in trials:
+        if t.number in launched_before:
+            assert t.datetime_start == launched_before[t.number]
+    assert sum(1 for t in trials if t.user_attrs[st.ATTR_PHASE] == "calibrate") == 3
+    started = [e.number for e in events2 if e.kind == "started"]
+    assert not set(started) & set(launched_before)
+    # the first search's study is continued, not restarted: at most simulatedTrials counted
+    search = optuna.load_study(study_name="test/t#twin-search-1",
+                               storage=st.open_storage(str(tmp_path / "s.journal")))
+    counted = [t for t in search.trials if st.trial_state(t) in (
+        TrialState.COMPLETE, TrialState.INFEASIBLE, TrialState.PRUNED, TrialState.FAIL)]
+    assert len(counted) <= STRATEGY["simulatedTrials"]
+
+
+def test_an_untrusted_twin_falls_back_to_real_trials(tmp_path: Path) -> None:
+    events: list[TrialEvent] = []
+    tuner = make_tuner(tmp_path, twin_manifest(maxTwinError=0.0001, refineRounds=2), events)
+    asyncio.run(tuner.run())
+    warnings = [e for e in events if e.kind == "phase" and e.reason == "untrusted"]
+    assert warnings and "maxTwinError" in (warnings[0].message or "")
+    phases = [t.user_attrs.get(st.ATTR_PHASE) for t in real_trials(tuner)]
+    # the rest of the real budget ran as ordinary trials (no phase of the twin)
+    assert len(phases) == 8 and phases.count(None) == 8 - 3 - 2
+    assert tuner.twin.status()["trusted"] is False
+    assert tuner.study.user_attrs.get(twin.ATTR_ROUND_DONE.format(2)) is None  # no more rounds
+
+
+def test_candidates_skip_measured_points_and_spread_a_pareto_front() -> None:
+    from chunktune.api.status import TrialRecord
+    from chunktune.tuning.objectives import ObjectiveDef
+    from chunktune.tuning.results import Results
+
+    objs = [ObjectiveDef("a", None, "minimize"), ObjectiveDef("b", None, "minimize")]
+
+    def rec(n: int, a: float, b: float, ok: bool = True) -> TrialRecord:
+        return TrialRecord(number=n, params={"x": n}, state=TrialState.COMPLETE,
+                           metrics={"a": a, "b": b}, constraints_ok=ok)
+
+    trials = [rec(i, float(i), float(10 - i)) for i in range(10)] + [rec(10, 0.0, 0.0, False)]
+    res = Results(trials, objs, [], None, 0, list(range(10)))
+    picks = twin.candidates(res, measured=[{"x": 0}], m=3)
+    assert [p.number for p in picks] == [1, 5, 9]  # spread over the front, measured 0 skipped
+    assert all(p.constraints_ok for p in picks)
+    assert twin.candidates(res, [], 0) == []
+
+
+@pytest.mark.parametrize(("strategy", "budget", "engine", "path", "words"), [
+    ({"confirmTrials": 6}, {"maxTrials": 8}, None, "spec.strategy.confirmTrials",
+     "calibrationTrials (4) + confirmTrials (6) must be <= budget.maxTrials (8)"),
+    ({}, None, {"kind": "sglang", "image": "lmsysorg/sglang:latest", "model": "m"},
+     "spec.strategy.name", "sglang does not write"),
+    ({}, None, {"kind": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                "model": "meta-llama/Llama-3.1-8B-Instruct"},
+     "spec.engine.gpu.type", "is required for strategy twin"),
+    ({}, None, {"kind": "vllm", "image": "vllm/vllm-openai:v0.11.0", "model": "org/unknown",
+                "gpu": {"type": "h100-sxm"}},
+     "spec.engine.model", "the simulator does not know 'org/unknown'"),
+])
+def test_strategy_errors_name_the_field(strategy: dict[str, Any], budget: Any, engine: Any,
+                                        path: str, words: str) -> None:
+    m = manifest(strategy={"name": "twin", **strategy}, budget=budget or {"maxTrials": 30})
+    if engine is not None:
+        m["spec"]["engine"] = engine
+    problems = validate(m)
+    assert any(p == path and words in msg for p, msg in problems), problems
+
+
+def test_strategy_bounds_come_from_the_schema() -> None:
+    problems = validate(manifest(strategy={"name": "twin", "calibrationTrials": 1}))
+    assert any(p == "spec.strategy.calibrationTrials" for p, _ in problems), problems
+    problems = validate(manifest(strategy={"name": "sometimes"}))
+    assert any(p == "spec.strategy.name" for p, _ in problems), problems
+
+
+def test_all_real_studies_keep_their_fingerprint() -> None:
+    """Adding spec.strategy must not invalidate storages of studies made before it."""
+    plain = parse_manifest(manifest())
+    explicit = parse_manifest(manifest(strategy={"name": "real"}))
+    twin_study = parse_manifest(manifest(strategy={"name": "twin"}))
+    assert st.fingerprint(plain) == st.fingerprint(explicit) != st.fingerprint(twin_study)
