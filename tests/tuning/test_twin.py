@@ -203,3 +203,34 @@ def test_all_real_studies_keep_their_fingerprint() -> None:
     explicit = parse_manifest(manifest(strategy={"name": "real"}))
     twin_study = parse_manifest(manifest(strategy={"name": "twin"}))
     assert st.fingerprint(plain) == st.fingerprint(explicit) != st.fingerprint(twin_study)
+
+
+def test_calibrate_study_fits_a_profile_from_a_studys_real_trials(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from chunktune.cli import main
+
+    tuner = make_tuner(tmp_path, twin_manifest(refineRounds=0))
+    asyncio.run(tuner.run())
+    out = tmp_path / "p.json"
+    assert main(["calibrate-study", str(tmp_path / "s.journal"), "--out", str(out)]) == 0
+    prof = json.loads(out.read_text())
+    n_real = len([t for t in real_trials(tuner)
+                  if st.trial_state(t) == TrialState.COMPLETE])
+    assert len(prof["fitted_on"]["files"]) == n_real  # calibration and confirmed trials
+    assert prof["extra"]["latency_fit"]["runs"] and prof["server_overhead_s"] is not None
+    assert "fitted to their measured latencies" in capsys.readouterr().out
+
+
+def test_calibrate_study_without_step_logs_says_so(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from chunktune.cli import main
+
+    tuning = parse_manifest(manifest(budget={"maxTrials": 2},
+                                     workload={"profile": "mixed", "duration": "20s",
+                                               "warmup": "5s"}))
+    tuner = Tuner(tuning, SimulatedBackend(), str(tmp_path / "s.journal"))  # keeps no steps
+    asyncio.run(tuner.run())
+    assert main(["calibrate-study", str(tmp_path / "s.journal"), "--out",
+                 str(tmp_path / "p.json")]) == 1
+    assert "no completed real trial kept a step log" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()

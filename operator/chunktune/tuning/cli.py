@@ -48,6 +48,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("--trials", action="store_true", help="list every trial")
     r.add_argument("--out", metavar="DIR", help="also write result.json and plots")
     r.set_defaults(func=cmd_results)
+    c = sub.add_parser(
+        "calibrate-study", help="fit a calibration profile from a study's real trials",
+        description="Fit the simulator to the engine a study measured: the step-time model to "
+                    "the step logs its real trials kept, then the wall time between steps and "
+                    "the time before the first token to the same trials' measured latencies "
+                    "(what a twin-first study does each round). Writes a profile that "
+                    "`chunktune sim run --calibration` and spec.engine.calibration read.")
+    c.add_argument("source", metavar="FILE|STORAGE")
+    c.add_argument("--storage", help="storage, when giving a manifest with another storage")
+    c.add_argument("--out", required=True, metavar="PROFILE", help="profile JSON to write")
+    c.set_defaults(func=cmd_calibrate_study)
 
 
 def make_backend(kind: str, engine_kind: str, parallelism: int,
@@ -257,4 +268,63 @@ def cmd_results(ns: argparse.Namespace) -> int:
                   f"{flags_line(dict(t.params))}  {vals}")
     if ns.out:
         write_outputs(Path(ns.out), results, study)
+    return 0
+
+
+def _tuning_of(source: str, storage: str | None) -> tuple[Any, str]:
+    """The study's manifest and storage: from a manifest (and its default storage) or from a
+    storage (the spec the study recorded)."""
+    from chunktune.api.v1alpha1 import API_GROUP, API_VERSION, KIND, ChunkedPrefillTuning
+    from chunktune.tuning import study as st
+
+    src = Path(source)
+    if src.suffix in (".yaml", ".yml"):
+        tuning = _load(source, None)
+        url = st.storage_url(tuning, storage)
+        if "://" not in url and not Path(url).exists():
+            raise SpecError(f"no study storage at {url}: run `chunktune tune {src}` first",
+                            field="storage")
+        return tuning, url
+    if "://" not in source and not src.exists():
+        raise SpecError(f"no such file {source!r}", field="FILE|STORAGE")
+    import optuna
+
+    names = [n for n in optuna.get_all_study_names(st.open_storage(source)) if "#" not in n]
+    if not names:
+        raise SpecError("the storage holds no study", field="FILE|STORAGE")
+    ns, _, name = names[0].rpartition("/")
+    study = optuna.load_study(study_name=names[0], storage=st.open_storage(source))
+    tuning = ChunkedPrefillTuning.model_validate({
+        "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
+        "metadata": {"name": name, "namespace": ns or "default"},
+        "spec": study.user_attrs[st.STUDY_SPEC]})
+    return tuning, source
+
+
+def cmd_calibrate_study(ns: argparse.Namespace) -> int:
+    from chunktune.backends.simulated import SimulatedBackend
+    from chunktune.sim import twin as sim_twin
+    from chunktune.tuning.runner import Tuner
+    from chunktune.tuning.twin import TwinError, measured_runs, study_profile
+
+    try:
+        tuning, url = _tuning_of(ns.source, ns.storage)
+        tuner = Tuner(tuning, SimulatedBackend(), url)
+        runs = measured_runs(tuner)
+        profile = study_profile(tuner, runs)
+    except SpecError as e:
+        _print_problems(e)
+        return 1
+    except TwinError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    sim_twin.write_profile(ns.out, profile)
+    f = profile.fit
+    print(f"calibrated {profile.model} on {profile.gpu} from {f['num_steps']:.0f} steps of "
+          f"{len(runs)} real trials ({', '.join(str(r.number) for r in runs)})")
+    print(f"  step error: median {f['median_rel_err']:.1%} in sample, "
+          f"{f['cross_validated_median_rel_err']:.1%} cross-validated; step gap "
+          f"{profile.step_gap_s * 1e3:.2f} ms, time before the first token "
+          f"{(profile.server_overhead_s or 0) * 1e3:.1f} ms (fitted to their measured latencies)")
+    print(f"wrote {ns.out}")
     return 0

@@ -224,6 +224,27 @@ def fit_latency_terms(base: sim_twin.CalibrationProfile, runs: Sequence[Measured
     return dataclasses.replace(base, step_gap_s=gap, server_overhead_s=overhead, extra=extra)
 
 
+def study_profile(tuner: Tuner, runs: Sequence[MeasuredRun] | None = None,
+                  ) -> sim_twin.CalibrationProfile:
+    """The twin's profile for ``tuner``'s study from ``runs`` (default: every completed real
+    trial with a step log), simulating with the same backend the search uses. Raises
+    :class:`TwinError`."""
+    runs = measured_runs(tuner) if runs is None else runs
+    backend = SimulatedBackend()
+    plan0 = tuner.plan(0, {})
+
+    def simulate(point: dict[str, Any], prof: sim_twin.CalibrationProfile) -> dict[str, float]:
+        tgt = twin_target(tuner.target, prof.to_dict())
+        plan = dataclasses.replace(plan0, params=point, target=tgt, window_seconds=None)
+        res = backend.run_sync(plan)
+        return res.metrics if res.state == TrialState.COMPLETE else {}
+
+    try:
+        return fit_profile(tuner.target, runs, simulate)
+    except SpecError as e:
+        raise TwinError(str(e)) from None
+
+
 def calibration_points(tuner: Tuner, k: int, context: space.EngineContext,
                        seed: int) -> list[dict[str, Any]]:
     """The engine's defaults, then ``k - 1`` points spread over the space (a Latin hypercube:
@@ -358,7 +379,7 @@ class TwinDriver:
             if real.counted() >= real.spec.budget.max_trials:
                 return "budget"
             try:
-                profile = self._profile(r)
+                profile = await self._profile(r)
             except TwinError as e:
                 self._untrusted(f"the twin could not be calibrated: {e}")
                 break
@@ -431,7 +452,7 @@ class TwinDriver:
         except (TwinError, SpecError):
             return self.real.context
 
-    def _profile(self, r: int) -> sim_twin.CalibrationProfile:
+    async def _profile(self, r: int) -> sim_twin.CalibrationProfile:
         key = ATTR_ROUND_PROFILE.format(r)
         stored = self.real.study.user_attrs.get(key)
         if stored is not None:
@@ -439,21 +460,11 @@ class TwinDriver:
         runs = measured_runs(self.real)
         self._enter("search", f"round {r}: calibrating the twin on the step logs of "
                               f"{len(runs)} real trials")
-        backend = SimulatedBackend()
-        plan0 = self.real.plan(0, {})
-
-        def simulate(point: dict[str, Any], prof: sim_twin.CalibrationProfile
-                     ) -> dict[str, float]:
-            tgt = twin_target(self.real.target, prof.to_dict())
-            plan = dataclasses.replace(plan0, params=point, target=tgt, window_seconds=None)
-            res = backend.run_sync(plan)
-            return res.metrics if res.state == TrialState.COMPLETE else {}
+        import asyncio
 
         t0 = time.monotonic()
-        try:
-            profile = fit_profile(self.real.target, runs, simulate)
-        except SpecError as e:
-            raise TwinError(str(e)) from None
+        # seconds of fitting and simulating: off the event loop (the operator's heartbeat)
+        profile = await asyncio.to_thread(study_profile, self.real, runs)
         log.info("%s: round %d profile fitted in %.1f s (step median error %.1f%%, gap %.2f ms, "
                  "overhead %.1f ms)", self.real.tuning.metadata.name, r, time.monotonic() - t0,
                  100 * profile.fit["median_rel_err"], 1e3 * profile.step_gap_s,
