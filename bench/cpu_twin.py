@@ -1,7 +1,14 @@
 """The CPU twin: calibrate the simulator on the real CPU engine, predict configurations it has
 not seen (issue #10 item 5).
 
-Usage: ``python bench/cpu_twin.py [--store DIR] [--duration 45] [--rerun]``.
+Usage: ``python bench/cpu_twin.py [--store DIR] [--duration 45] [--rerun]``, or
+``python bench/cpu_twin.py --study STORAGE [--calibrate-on N]``.
+
+With ``--study`` the real runs are a stored study's trials instead (e.g. the all-real reference
+study of ``bench/twin_vs_real.py``, ``.chunktune/twin-vs-real/reference.journal``): the twin is
+calibrated on its first N completed trials (``chunktune calibrate-study``'s fit: step logs,
+then step gap and time before the first token from their latencies) and predicts every other
+completed trial, costing no engine time.
 
 1. Runs real vLLM (its CPU build, the tiny model, ``examples/cpu-vllm.yaml``'s workload) on the
    local backend for six configurations, one ``chunktune tune`` trial each, keeping every
@@ -106,7 +113,12 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=45.0, help="seconds of load per run")
     ap.add_argument("--rerun", action="store_true", help="rerun stored real runs")
     ap.add_argument("--real-only", action="store_true", help="only collect the real runs")
+    ap.add_argument("--study", metavar="STORAGE", help="take the real runs from this study")
+    ap.add_argument("--calibrate-on", type=int, default=3, metavar="N",
+                    help="with --study: calibrate on the first N completed trials")
     a = ap.parse_args()
+    if a.study:
+        return from_study(a.study, a.calibrate_on)
     print("== real runs (vLLM CPU, tiny model, examples/cpu-vllm.yaml workload)")
     real = {config_name(c): run_real(c, a.store, a.duration, a.rerun)
             for c in CALIBRATE_ON + HELD_OUT}
@@ -216,6 +228,52 @@ def report(real: dict[str, dict[str, Any]], store: Path, duration: float) -> int
     print(f"(real runs stored in {os.path.relpath(store)}; rerunning this reuses them, --rerun "
           f"redoes them; the table is {os.path.relpath(table)}: copy it to "
           "bench/data/cpu_twin_comparison.json to publish it to bench/fidelity.py)")
+    return 0
+
+
+def from_study(storage: str, n: int) -> int:
+    """Calibrate on a stored study's first ``n`` completed trials, predict the others."""
+    import numpy as np
+
+    from chunktune.backends.simulated import SimulatedBackend
+    from chunktune.tuning.cli import _tuning_of
+    from chunktune.tuning.runner import Tuner
+    from chunktune.tuning.twin import measured_runs, study_profile, twin_target
+
+    tuning, url = _tuning_of(storage, None)
+    tuner = Tuner(tuning, SimulatedBackend(), url)
+    runs = measured_runs(tuner)
+    if len(runs) <= n:
+        raise SystemExit(f"{storage}: {len(runs)} completed trials with step logs; need > {n}")
+    calib, held = runs[:n], runs[n:]
+    print(f"== calibrate on trials {', '.join(str(r.number) for r in calib)} of {storage}")
+    t0 = time.time()
+    prof = study_profile(tuner, calib)
+    print(f"  {prof.fit['num_steps']:.0f} steps, step error median "
+          f"{prof.fit['median_rel_err']:.1%}"
+          f"; step gap {prof.step_gap_s * 1e3:.2f} ms, time before the first token "
+          f"{(prof.server_overhead_s or 0) * 1e3:.1f} ms ({time.time() - t0:.0f} s)")
+    import dataclasses
+
+    backend = SimulatedBackend()
+    plan0 = tuner.plan(0, {})
+    target = twin_target(tuner.target, prof.to_dict())
+    errs: dict[str, list[float]] = {k: [] for k in METRICS}
+    print(f"\n== {len(held)} held-out trials: median |error| per figure")
+    for r in held:
+        res = backend.run_sync(dataclasses.replace(plan0, params=r.point, target=target))
+        for k in METRICS:
+            if r.metrics.get(k, 0) > 0 and k in res.metrics:
+                errs[k].append(res.metrics[k] / r.metrics[k] - 1)
+    allerr = []
+    for k, v in errs.items():
+        if v:
+            a = np.abs(v)
+            allerr += list(a)
+            print(f"  {k:9} median |err| {np.median(a):6.1%}  p90 {np.percentile(a, 90):6.1%}  "
+                  f"median signed {np.median(v):+6.1%}  (n={len(v)})")
+    print(f"\nmedian |error| over {len(allerr)} held-out figures: {np.median(allerr):.1%} "
+          "(target <= 15%)")
     return 0
 
 
