@@ -234,3 +234,18 @@ def test_calibrate_study_without_step_logs_says_so(tmp_path: Path,
                  str(tmp_path / "p.json")]) == 1
     assert "no completed real trial kept a step log" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
+
+
+def test_results_of_a_twin_storage_read_the_real_study(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from chunktune.cli import main
+
+    tuner = make_tuner(tmp_path, twin_manifest(refineRounds=0))
+    asyncio.run(tuner.run())
+    out = tmp_path / "out"
+    assert main(["results", str(tmp_path / "s.journal"), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "study test/t\n" in text and "twin: predicted vs measured" in text
+    report = json.loads((out / "result.json").read_text())["twin"]
+    assert report["confirmed"] and report["confirmed"][0]["predicted"]
+    assert report["max_twin_error"] == 0.25

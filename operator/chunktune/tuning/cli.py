@@ -244,7 +244,7 @@ def cmd_results(ns: argparse.Namespace) -> int:
             if "://" not in str(src) and not src.exists():
                 raise SpecError(f"no such file {str(src)!r}", field="FILE|STORAGE")
             storage = st.open_storage(str(src))
-            names = optuna.get_all_study_names(storage)
+            names = [n for n in optuna.get_all_study_names(storage) if "#" not in n]
             if not names:
                 raise SpecError("the storage holds no study", field="FILE|STORAGE")
             study = optuna.load_study(study_name=names[0], storage=storage)
@@ -267,7 +267,16 @@ def cmd_results(ns: argparse.Namespace) -> int:
             print(f"  {t.number:>4} {t.state:<10} {t.reason or '':<20} "
                   f"{flags_line(dict(t.params))}  {vals}")
     if ns.out:
-        write_outputs(Path(ns.out), results, study)
+        extra: dict[str, Any] = {}
+        spec_d = study.user_attrs.get(st.STUDY_SPEC) or {}
+        strategy = spec_d.get("strategy") or {}
+        if strategy.get("name") == "twin":
+            from chunktune.tuning.twin import twin_report
+
+            keys = list(dict.fromkeys([o.key for o in objectives]
+                                      + [c.key for c in constraints]))
+            extra["twin"] = twin_report(study, keys, float(strategy.get("maxTwinError", 0.25)))
+        write_outputs(Path(ns.out), results, study, **extra)
     return 0
 
 
