@@ -249,3 +249,4 @@ def test_results_of_a_twin_storage_read_the_real_study(tmp_path: Path,
     report = json.loads((out / "result.json").read_text())["twin"]
     assert report["confirmed"] and report["confirmed"][0]["predicted"]
     assert report["max_twin_error"] == 0.25
+    assert (out / "twin.png").stat().st_size > 0 and (out / "twin.html").exists()

@@ -19,6 +19,7 @@ from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 
 if TYPE_CHECKING:
+    from chunktune.api.status import TrialRecord
     from chunktune.tuning.results import Results
 
 
@@ -141,6 +142,50 @@ def write(out: Path, study: optuna.Study, results: Results) -> list[Path]:
         ax.set_title("Pareto front")
         ax.legend(fontsize=8)
         written.append(_png(f, out / "pareto.png"))
+
+    # -- twin: predicted against measured --------------------------------------------------
+    confirmed = [t for t in results.trials if t.predicted and t.state == TrialState.COMPLETE]
+    keys = [k for k in dict.fromkeys([*(x.key for x in results.objectives),
+                                      *(c.key for c in results.constraints)])
+            if any(k in t.predicted and k in t.metrics for t in confirmed)]
+    if keys:
+        written += _twin(out, confirmed, keys)
+    return written
+
+
+def _twin(out: Path, confirmed: list[TrialRecord], keys: list[str]) -> list[Path]:
+    """``twin.{html,png}``: per goal metric, each confirmed trial's twin prediction against its
+    measurement, with the diagonal (a perfect twin) and the median error in the title."""
+    import statistics
+
+    import matplotlib.pyplot as plt
+    from plotly.subplots import make_subplots
+
+    written: list[Path] = []
+    fig = make_subplots(rows=1, cols=len(keys), subplot_titles=keys)
+    f, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 4), squeeze=False)
+    for i, k in enumerate(keys):
+        pts = [t for t in confirmed if k in t.predicted and k in t.metrics]
+        xs, ys = [t.metrics[k] for t in pts], [t.predicted[k] for t in pts]
+        err = statistics.median(abs(y / x - 1) for x, y in zip(xs, ys, strict=True) if x > 0) \
+            if any(x > 0 for x in xs) else math.nan
+        lo, hi = min(xs + ys), max(xs + ys)
+        fig.add_scatter(x=xs, y=ys, mode="markers", name=f"{k} (median error {err:.0%})",
+                        text=[f"#{t.number} {dict(t.params)}" for t in pts], row=1, col=i + 1)
+        fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", showlegend=False,
+                        line={"dash": "dot"}, row=1, col=i + 1)
+        ax = axes[0][i]
+        ax.scatter(xs, ys)
+        ax.plot([lo, hi], [lo, hi], ":", color="gray")
+        for t, x, y in zip(pts, xs, ys, strict=True):
+            ax.annotate(f"#{t.number}", (x, y), fontsize=7)
+        ax.set_xlabel(f"measured {k}")
+        ax.set_ylabel(f"twin's prediction of {k}")
+        ax.set_title(f"{k}: median |error| {err:.0%}", fontsize=9)
+    fig.update_layout(title="Twin: predicted against measured (confirmed trials)")
+    written.append(_html(fig, out / "twin.html"))
+    f.suptitle("Twin: predicted against measured (confirmed trials)")
+    written.append(_png(f, out / "twin.png"))
     return written
 
 
