@@ -394,9 +394,10 @@ class StrategySpec(Model):
     """Twin: rounds that recalibrate on every real trial so far, search again and confirm
     again; stop early when the measured best stops improving."""
     max_twin_error: float = Field(default=0.25, gt=0, le=10)
-    """Twin: the median relative error of the twin's predictions (objectives and constraint
-    metrics of the confirmed trials) above which the study warns that the twin is not
-    trustworthy and spends what is left of ``budget.maxTrials`` on ordinary real trials."""
+    """Twin: when the median relative error of the twin's predictions of any objective or
+    constraint metric (over the confirmed trials) is above this, the study warns that the twin
+    is not trustworthy and spends what is left of ``budget.maxTrials`` on ordinary real
+    trials."""
 
 
 class SamplerSpec(Model):

@@ -269,6 +269,16 @@ def calibration_points(tuner: Tuner, k: int, context: space.EngineContext,
     return points
 
 
+def space_size(params: Sequence[Any]) -> int | None:
+    """How many points a finite search space has (None: a continuous range)."""
+    n = 1
+    for p in params:
+        if not p.is_finite:
+            return None
+        n *= len(p.grid_values())
+    return n
+
+
 def _stratum_value(p: Any, u: float) -> Any:
     """The value of parameter ``p`` at quantile ``u`` of its range (choices in order; int
     ranges on their step, log ranges in log space)."""
@@ -396,10 +406,12 @@ class TwinDriver:
             err = overall_error(real.study, self.goal_keys())
             stop = None
             if err is not None and err > s.max_twin_error:
+                worst = max(((k, v) for k, v in twin_error(real.study).items()
+                             if k in self.goal_keys()), key=lambda kv: kv[1])
                 self._untrusted(f"the twin's median error on the confirmed trials is "
-                                f"{err:.0%}, above maxTwinError {s.max_twin_error:.0%}: it "
-                                "is not trusted here; the rest of the budget runs real "
-                                "trials")
+                                f"{err:.0%} for {worst[0]}, above maxTwinError "
+                                f"{s.max_twin_error:.0%}: it is not trusted here; the rest of "
+                                "the budget runs real trials")
             elif r > 1 and best_before is not None and self._improved(best_before, best) \
                     == best_before:
                 stop = "converged"
@@ -501,8 +513,13 @@ class TwinDriver:
             "max_duration": None, "patience": None})
         spec.pruner = PrunerSpec(name="none")
         spec.strategy = StrategySpec()
-        spec.sampler = spec.sampler.model_copy(update={"seed": (spec.sampler.seed + r)
-                                                       % 2**32})
+        seed = (spec.sampler.seed + r) % 2**32
+        size = space_size(real.params)
+        if size is not None and size <= self.strategy.simulated_trials:
+            # the whole space fits the round's budget: simulate all of it, once each
+            spec.sampler = spec.sampler.model_copy(update={"name": "grid", "seed": seed})
+        else:
+            spec.sampler = spec.sampler.model_copy(update={"seed": seed})
         target = twin_target(real.target, profile.to_dict())
         return Tuner(tuning, SimulatedBackend(), real.storage_url, target=target,
                      study_name=self.search_name(r),
@@ -607,10 +624,13 @@ def twin_error(study: optuna.Study) -> dict[str, float]:
 
 
 def overall_error(study: optuna.Study, keys: Sequence[str]) -> float | None:
-    """The median relative error over the metrics ``keys`` (the objectives and constraint
-    metrics) of every confirmed trial (None before any confirmation)."""
-    errs = [abs(x) for k, v in errors(confirmed(study)).items() if k in keys for x in v]
-    return statistics.median(errs) if errs else None
+    """The twin's error on the goals: the largest, over the metrics ``keys`` (the objectives
+    and constraint metrics), of the median relative error of the confirmed trials (None before
+    any confirmation). The largest, not a median over metrics: a twin that predicts the
+    constraints well but misses the objective cannot rank configurations."""
+    errs = [statistics.median(abs(x) for x in v) for k, v in errors(confirmed(study)).items()
+            if k in keys and v]
+    return max(errs) if errs else None
 
 
 def best_value(tuner: Tuner) -> float | None:
