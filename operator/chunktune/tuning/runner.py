@@ -158,7 +158,12 @@ class Tuner:
         self.stop_reason: str | None = None
         self.twin: Any = None
         """The :class:`~chunktune.tuning.twin.TwinDriver` of a twin-first study (its phase,
-        round and error), once :meth:`run` started it."""
+        round and error; from the start, so that a restarted process reports where the study
+        is before :meth:`run` gets there)."""
+        if self.spec.strategy.name == "twin":
+            from chunktune.tuning.twin import TwinDriver
+
+            self.twin = TwinDriver(self)
 
     # ---- counts ----------------------------------------------------------------------------
 
@@ -188,10 +193,7 @@ class Tuner:
         ``duration``, ``exhausted``, ``stopped``; a twin-first study also ``rounds``: its
         search-and-confirm rounds are done)."""
         await self._recover()
-        if self.spec.strategy.name == "twin":
-            from chunktune.tuning.twin import TwinDriver
-
-            self.twin = TwinDriver(self)
+        if self.twin is not None:
             self.stop_reason = await self.twin.run()
             self.on_update(self)
             return self.stop_reason

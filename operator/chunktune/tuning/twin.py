@@ -27,6 +27,7 @@ always the best *measured* trial.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -48,7 +49,7 @@ from chunktune.core.errors import SpecError
 from chunktune.core.flags import argv, parse_argv
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import ModelConfig, from_hf_config, resolve_model
-from chunktune.core.trials import EngineTarget, TrialState
+from chunktune.core.trials import RESULT_STATES, EngineTarget, TrialState
 from chunktune.sim import twin as sim_twin
 from chunktune.sim.cost_model import StepCostModel
 from chunktune.tuning import space
@@ -319,9 +320,41 @@ class TwinDriver:
         self.phase = "calibrate"
         self.round = 0
         self.simulated = 0
+        """Simulated trials of the rounds confirmed so far."""
+        self.searched = 0
+        """Counted trials of the current round's search study before its tuner is opened."""
         self.message: str | None = None
         self.search: Tuner | None = None
         self.started = time.monotonic()
+        self._resume()
+
+    def _resume(self) -> None:
+        """Where the storage says the study is (a restarted process reports its phase, round
+        and counts from the start, before :meth:`run` gets there): the first round not
+        confirmed, and the phase that round is in."""
+        attrs = self.real.study.user_attrs
+        if ATTR_CALIBRATION not in attrs or self._calibrating():
+            return
+        r, stop = 1, None
+        while (done := attrs.get(ATTR_ROUND_DONE.format(r))) is not None:
+            self.simulated += int(done.get("simulated", 0))
+            stop = stop or done.get("stop")
+            r += 1
+        last = 1 + self.strategy.refine_rounds
+        self.round = min(r, last)
+        if stop or r > last:
+            self.phase = "done"
+        elif attrs.get(ATTR_UNTRUSTED):
+            self.phase = "fallback"
+        else:
+            self.phase = "confirm" if ATTR_ROUND_CONFIRM.format(r) in attrs else "search"
+            self.searched = _counted_in(self.real, self.search_name(r))
+
+    def _calibrating(self) -> bool:
+        """Calibration trials are queued or in flight."""
+        return any(t.user_attrs.get(st.ATTR_PHASE) == "calibrate" and t.state in (
+            optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)
+            for t in self.real.trials())
 
     # ---- reporting -------------------------------------------------------------------------
 
@@ -350,10 +383,8 @@ class TwinDriver:
                                   + [c.key for c in self.real.constraints]))
 
     def simulated_total(self) -> int:
-        total = self.simulated
-        if self.search is not None:
-            total += self.search.counted()
-        return total
+        return self.simulated + (self.search.counted() if self.search is not None
+                                 else self.searched)
 
     # ---- phases ----------------------------------------------------------------------------
 
@@ -367,19 +398,21 @@ class TwinDriver:
                 self._enqueue(pt, {st.ATTR_PHASE: "calibrate", **({st.ATTR_BASELINE: True}
                                                                    if i == 0 else {})})
             study.set_user_attr(ATTR_CALIBRATION, points)
-        n_cal = len(study.user_attrs[ATTR_CALIBRATION])
-        self._enter("calibrate", f"{n_cal} real trials record the engine's step log "
-                                 f"(the engine's defaults and {n_cal - 1} points spread over "
-                                 "the space)")
-        why = await real.loop(queued_only=True)
-        if why != "queued":
-            return why
+        # NOTE: a restarted process whose calibration is done does not announce it again
+        # (its queued trials, if any, are re-runs of the phase it resumes in).
+        if self._calibrating():
+            n_cal = len(study.user_attrs[ATTR_CALIBRATION])
+            self._enter("calibrate", f"{n_cal} real trials record the engine's step log "
+                                     f"(the engine's defaults and {n_cal - 1} points spread "
+                                     "over the space)")
+            why = await real.loop(queued_only=True)
+            if why != "queued":
+                return why
         best_before: float | None = None
         for r in range(1, 2 + s.refine_rounds):
             self.round = r
             done = study.user_attrs.get(ATTR_ROUND_DONE.format(r))
-            if done is not None:  # a restarted process: this round was confirmed already
-                self.simulated += int(done.get("simulated", 0))
+            if done is not None:  # this round was confirmed already (counted by _resume)
                 best_before = self._improved(best_before, done.get("best"))
                 if done.get("stop"):
                     return str(done["stop"])
@@ -393,9 +426,13 @@ class TwinDriver:
             except TwinError as e:
                 self._untrusted(f"the twin could not be calibrated: {e}")
                 break
-            why = await self._search(r, profile)
-            if why in ("stopped", "duration", "failures"):
-                return why
+            if ATTR_ROUND_CONFIRM.format(r) in study.user_attrs:
+                # a restarted process: the search ended and its best were queued already
+                self.search = await asyncio.to_thread(self.search_tuner, r, profile)
+            else:
+                why = await self._search(r, profile)
+                if why in ("stopped", "duration", "failures"):
+                    return why
             queued = self._queue_confirmations(r)
             self._enter("confirm", f"round {r}: {queued} of the twin's best configurations "
                                    "run for real")
@@ -419,7 +456,7 @@ class TwinDriver:
                 "best": best, "error": err, "simulated": self.search.counted()
                 if self.search else 0, "stop": stop})
             self.simulated += self.search.counted() if self.search else 0
-            self.search = None
+            self.search, self.searched = None, 0
             best_before = self._improved(best_before, best)
             if stop:
                 self._enter("done", f"round {r} did not improve the measured best: converged")
@@ -465,6 +502,9 @@ class TwinDriver:
             return self.real.context
 
     async def _profile(self, r: int) -> sim_twin.CalibrationProfile:
+        """Round ``r``'s profile: the stored one, else fitted now (in a worker thread: the fit
+        simulates every measured run at several step gaps, seconds of CPU that must not stall
+        the caller's event loop, such as the operator's)."""
         key = ATTR_ROUND_PROFILE.format(r)
         stored = self.real.study.user_attrs.get(key)
         if stored is not None:
@@ -475,7 +515,6 @@ class TwinDriver:
         import asyncio
 
         t0 = time.monotonic()
-        # seconds of fitting and simulating: off the event loop (the operator's heartbeat)
         profile = await asyncio.to_thread(study_profile, self.real, runs)
         log.info("%s: round %d profile fitted in %.1f s (step median error %.1f%%, gap %.2f ms, "
                  "overhead %.1f ms)", self.real.tuning.metadata.name, r, time.monotonic() - t0,
@@ -533,8 +572,6 @@ class TwinDriver:
     async def _search(self, r: int, profile: sim_twin.CalibrationProfile) -> str:
         n = self.strategy.simulated_trials
         self._enter("search", f"round {r}: {n} simulated trials in the twin")
-        import asyncio
-
         self.search = await asyncio.to_thread(self.search_tuner, r, profile)
         t0 = time.monotonic()
         why = await self.search.run()
@@ -562,6 +599,16 @@ class TwinDriver:
                                            st.ATTR_PREDICTED: dict(c.metrics)})
         study.set_user_attr(key, [dict(c.params) for c in picks])
         return len(picks)
+
+
+def _counted_in(real: Tuner, name: str) -> int:
+    """Counted trials of study ``name`` in ``real``'s storage (0 when there is none)."""
+    try:
+        trials = optuna.load_study(study_name=name, storage=real._storage).get_trials(
+            deepcopy=False)
+    except KeyError:
+        return 0
+    return sum(1 for t in trials if st.trial_state(t) in RESULT_STATES)
 
 
 def candidates(results: Any, measured: list[dict[str, Any]], m: int) -> list[TrialRecord]:
