@@ -57,7 +57,7 @@ GPUS: dict[str, GPU] = {
         GPU("rtx4090", 23.5165, 1.008, 165.2, 32.0, "ada", 128, "NVIDIA GeForce RTX 4090"),
         # Server Edition (the device LLMServingSim measured): 1597 GB/s GDDR7 (the Workstation
         # Edition's 1792 GB/s is another SKU); 503.8 TF dense bf16 with fp32 accumulate.
-        GPU("rtx-pro-6000", 94.97, 1.597, 503.8, 64.0, "blackwell", 188,
+        GPU("rtx-pro-6000", 94.97, 1.597, 483.6, 64.0, "blackwell", 188,
             "NVIDIA RTX PRO 6000 Blackwell Server Edition"),
         # vLLM's CPU engine: no data sheet applies. Nominal figures (DDR bandwidth, AVX-512
         # bf16 rate of a few cores) only give the step-time terms their shape; use it with a
