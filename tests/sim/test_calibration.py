@@ -23,10 +23,10 @@ THRESHOLDS = {
     ("vidur-linear", "loo-gpu"): (0.04, 0.05),
     ("llmss-linear", "in-sample"): (0.03, 0.035),
     ("llmss-linear", "loo-model"): (0.045, 0.05),
-    ("llmss-linear", "loo-gpu"): (0.40, 0.46),
-    ("llmss-attention", "in-sample"): (0.13, 0.20),
-    ("llmss-attention", "loo-model"): (0.125, 0.135),
-    ("llmss-attention", "loo-gpu"): (0.24, 0.29),
+    ("llmss-linear", "loo-gpu"): (0.15, 0.18),
+    ("llmss-attention", "in-sample"): (0.105, 0.135),
+    ("llmss-attention", "loo-model"): (0.08, 0.10),
+    ("llmss-attention", "loo-gpu"): (0.135, 0.14),
 }
 
 

@@ -28,15 +28,15 @@ def run(budget: int, threshold: int = 0) -> dict:
 
 
 def test_larger_budget_lowers_long_prompt_ttft():
-    """A larger budget lowers the long prompts' TTFT p50 (0.92 s -> 0.90 s). With the attention
-    term fitted to vLLM 0.19's measured mixed batches (decodes beside a prefill cost several
-    times more than alone, see test_calibration) the mean no longer falls (0.949 s and 0.953 s);
-    before that fit it did."""
+    """A larger budget lowers the long prompts' TTFT p50 (0.96 s -> 0.86 s) and mean (1.01 s ->
+    0.91 s). Under the previous attention form (exact FLOPs at an occupancy-scaled efficiency,
+    decodes beside a prefill at an occupancy-scaled HBM bandwidth) the mean stayed flat (0.949 s
+    and 0.953 s); the varlen-kernel form fitted since (see test_calibration) lowers it again."""
     small, large = run(2048), run(8192)
     assert large["classes"]["long-context"]["ttft"]["p50"] < \
         small["classes"]["long-context"]["ttft"]["p50"]
-    assert large["classes"]["long-context"]["ttft"]["mean"] == pytest.approx(
-        small["classes"]["long-context"]["ttft"]["mean"], rel=0.05)
+    assert large["classes"]["long-context"]["ttft"]["mean"] < \
+        small["classes"]["long-context"]["ttft"]["mean"]
 
 
 def test_larger_budget_raises_chat_p99_itl():

@@ -51,10 +51,13 @@ GPUS: dict[str, GPU] = {
         GPU("l4", 22.04, 0.300, 121.0, 64.0, "ampere", 58, "NVIDIA L4"),
         GPU("a10g", 22.06, 0.600, 70.0, 64.0, "ampere", 80, "NVIDIA A10G"),
         GPU("a40", 44.34, 0.696, 149.7, 112.5, "ampere", 84, "NVIDIA A40"),
-        # GeForce: 165.2 TF with fp32 accumulate, 330.3 TF with fp16 accumulate; the measured
-        # vLLM GEMMs run above 165 TF, so the higher rate is the ceiling.
-        GPU("rtx4090", 23.5165, 1.008, 330.3, 32.0, "ada", 128, "NVIDIA GeForce RTX 4090"),
-        GPU("rtx-pro-6000", 94.97, 1.792, 503.8, 64.0, "blackwell", 188,
+        # GeForce: bf16 tensor math accumulates in fp32, which runs at half rate: 165.2 TF
+        # (330.3 TF is fp16 with fp16 accumulate, which vLLM does not use). LLMServingSim's
+        # vLLM 0.19 GEMMs reach 165 TF at 2048 tokens (boost clocks above the sheet's 2520 MHz).
+        GPU("rtx4090", 23.5165, 1.008, 165.2, 32.0, "ada", 128, "NVIDIA GeForce RTX 4090"),
+        # Server Edition (the device LLMServingSim measured): 1597 GB/s GDDR7 (the Workstation
+        # Edition's 1792 GB/s is another SKU); 503.8 TF dense bf16 with fp32 accumulate.
+        GPU("rtx-pro-6000", 94.97, 1.597, 483.6, 64.0, "blackwell", 188,
             "NVIDIA RTX PRO 6000 Blackwell Server Edition"),
         # vLLM's CPU engine: no data sheet applies. Nominal figures (DDR bandwidth, AVX-512
         # bf16 rate of a few cores) only give the step-time terms their shape; use it with a

@@ -7,11 +7,12 @@ A step's time is the sum of
   operator, ``overhead + (compute^p + memory^p)^(1/p)``, with efficiency coefficients fitted per
   GPU family to Vidur's per-layer GPU timings (see :mod:`chunktune.sim.calibration`);
 - **attention** (:func:`attention_layer_time`), fitted to vLLM 0.19's measured per-layer
-  attention times for mixed chunked-prefill batches: a prefill chunk of ``c`` tokens after ``p``
-  computed ones costs its causal FLOPs ``4 * head_dim * heads * (c*p + c*(c+1)/2)`` at a
-  utilisation that grows with its query tiles, plus the KV reads of its context; decodes alone
-  are memory-bound on their KV bytes; decodes beside a prefill run in the varlen prefill kernel,
-  one CTA per (sequence, query head), which re-reads their KV per query head;
+  attention times for mixed chunked-prefill batches. With a prefill chunk in the batch the
+  varlen kernel runs one CTA per 64-row query tile and query head (a decode is a one-row
+  tile): the soft maximum of its padded FLOPs (all CTAs at the bf16 peak, or the longest CTA
+  at one SM's share) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
+  per KV head from HBM and re-read per query head through L2 at a rate per SM); decodes alone
+  are memory-bound on their KV bytes;
 - **lm_head and sampling** for the rows that produce a token (decodes, last prefill chunks);
 - **tensor-parallel all-reduces**, two per layer, over the GPU link;
 - a fixed **per-step overhead** (scheduling, input preparation, launch) plus a small cost per
@@ -51,15 +52,20 @@ class FamilyCoefficients:
     #: Attention (per layer, per rank), fitted to LLMServingSim's vLLM 0.19 attention grid.
     attn_overhead_s: float
     attn_per_decode_s: float
+    #: fraction of the bf16 peak the varlen kernel's (padded) FLOPs run at, in all and per CTA
     attn_compute_eff: float
-    attn_prefill_memory_eff: float
-    attn_prefill_occupancy: float
-    attn_decode_memory_eff: float
+    attn_cta_eff: float
+    #: HBM fraction for the K/V each query tile and query head reads (above 1: L2 hits)
+    attn_tile_memory_eff: float
+    #: effective HBM fraction for a mixed batch's decode KV (first read of each KV head)
     attn_mixed_memory_eff: float
-    attn_mixed_occupancy: float
-    attn_mixed_per_head_s: float
-    attn_prefill_per_cta_s: float
+    #: L2 bytes/s per SM for the re-reads of a KV head by its other query heads
+    attn_reread_l2_bytes_per_sm_s: float
+    #: exponent of the soft maximum of compute and memory time (1: they add)
+    attn_smoothness: float
+    attn_per_cta_s: float
     attn_decode_alone_overhead_s: float
+    attn_decode_memory_eff: float
     step_overhead_s: float
     per_request_overhead_s: float
     eager_launch_overhead_per_layer_s: float
@@ -148,13 +154,15 @@ PCIE_ALLREDUCE_LINK_EFF = 0.7
 #: Links slower than this (GB/s) are PCIe.
 NVLINK_MIN_GB_S = 200.0
 
-#: Query rows per FlashAttention CTA (tile) in the varlen prefill kernel.
-Q_TILE = 128
-ATTENTION_FIELDS = ("attn_overhead_s", "attn_per_decode_s", "attn_compute_eff",
-                    "attn_prefill_memory_eff", "attn_prefill_occupancy",
-                    "attn_decode_memory_eff", "attn_mixed_memory_eff", "attn_mixed_occupancy",
-                    "attn_mixed_per_head_s", "attn_prefill_per_cta_s",
-                    "attn_decode_alone_overhead_s")
+#: Query rows per CTA (tile) of the varlen FlashAttention kernel vLLM runs for chunked
+#: prefills: 64 on the measured RTX cards (a 16- or 64-token chunk takes the time of one tile;
+#: on the RTX 4090 a 256-token chunk's 4 x 32 heads = 128 CTAs fill its 128 SMs in one wave and
+#: a 512-token chunk takes two).
+Q_TILE = 64
+ATTENTION_FIELDS = ("attn_overhead_s", "attn_per_decode_s", "attn_compute_eff", "attn_cta_eff",
+                    "attn_tile_memory_eff", "attn_mixed_memory_eff",
+                    "attn_reread_l2_bytes_per_sm_s", "attn_smoothness", "attn_per_cta_s",
+                    "attn_decode_alone_overhead_s", "attn_decode_memory_eff")
 
 
 @dataclass(frozen=True)
@@ -178,39 +186,50 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
     """Seconds ONE layer's attention takes on one rank for a (possibly mixed) batch.
 
     ``prefill_chunks``: ``(chunk, computed)`` per prefilling request; the decodes read
-    ``decode_context_tokens`` KV tokens in all. Terms (coefficients fitted per GPU family):
+    ``decode_context_tokens`` KV tokens in all. With a prefill in the batch, everything runs in
+    the varlen prefill kernel: one CTA per query tile of ``Q_TILE`` rows and query head, a
+    decode being a one-row tile. Each tile attends its causal keys (``computed`` plus the
+    chunk up to its last row), padded to ``Q_TILE`` rows. Terms (coefficients fitted per GPU
+    family; GPU figures from its data sheet):
 
     - ``overhead + per_decode x decodes``;
-    - prefill: causal FLOPs / (peak x compute_eff x u) with u = min(1, CTAs / (SMs x
-      occupancy)), CTAs = query tiles x heads, plus the context's K and V read once per query
-      tile and query head (measured: prefill time follows the query heads, not the KV heads)
-      and a cost per CTA;
+    - compute: the larger of all CTAs' padded FLOPs at ``peak x compute_eff`` and the longest
+      CTA's at one SM's share ``peak / SMs x cta_eff`` (few CTAs leave SMs idle);
+    - memory: the tiles' K/V reads at a fraction of HBM (above 1 where L2 serves them); the
+      decodes' KV read once per KV head from HBM and re-read by the other query heads of its
+      group from L2, at a rate per SM;
+    - compute and memory combine as a soft maximum, plus a cost per CTA;
     - decodes alone (split-KV decode kernel): a fixed cost plus KV bytes / (HBM x
-      decode_memory_eff);
-    - decodes beside a prefill (varlen prefill kernel, one CTA per sequence and query head):
-      KV bytes x (heads / kv heads) / (HBM x mixed_memory_eff x u'), u' = min(1, decodes x
-      heads / (SMs x mixed_occupancy)), plus a cost per (decode, head).
+      decode_memory_eff).
     """
     kv_token = 2.0 * s.kv_heads * s.head_dim * s.dtype_bytes
-    q_token = 2.0 * s.heads * s.head_dim * s.dtype_bytes
     F = gpu.bf16_tflops * 1e12
     B = gpu.hbm_tb_s * 1e12
     t = c.attn_overhead_s + c.attn_per_decode_s * num_decodes
     if prefill_chunks:
-        flops = reads = ctas = 0.0
+        keys = tiles = 0.0
+        longest = float(decode_context_tokens) / num_decodes if num_decodes else 0.0
         for chunk, computed in prefill_chunks:
-            tiles = math.ceil(chunk / Q_TILE)
-            flops += 4.0 * s.head_dim * s.heads * (chunk * computed + chunk * (chunk + 1) / 2)
-            reads += tiles * (computed + chunk) * q_token
-            ctas += tiles * s.heads
-        u = min(1.0, ctas / (gpu.sm_count * c.attn_prefill_occupancy))
-        t += (flops / (F * c.attn_compute_eff * u) + reads / (B * c.attn_prefill_memory_eff)
-              + c.attn_prefill_per_cta_s * ctas)
-        if num_decodes:
-            heads = num_decodes * s.heads
-            u = min(1.0, heads / (gpu.sm_count * c.attn_mixed_occupancy))
-            by = decode_context_tokens * 2.0 * s.heads * s.head_dim * s.dtype_bytes
-            t += by / (B * c.attn_mixed_memory_eff * u) + c.attn_mixed_per_head_s * heads
+            n = math.ceil(chunk / Q_TILE)
+            keys += n * computed + Q_TILE * (n - 1) * n / 2 + chunk
+            tiles += n
+            longest = max(longest, float(computed + chunk))
+        keys += decode_context_tokens
+        tiles += num_decodes
+        per_key = 4.0 * s.head_dim * Q_TILE
+        comp = max(per_key * s.heads * keys / (F * c.attn_compute_eff),
+                   per_key * longest / (F / gpu.sm_count * c.attn_cta_eff))
+        head_bytes = 2.0 * s.head_dim * s.dtype_bytes
+        group = s.heads / s.kv_heads
+        dec_bytes = s.heads * decode_context_tokens * head_bytes
+        mem = (s.heads * (keys - decode_context_tokens) * head_bytes
+               / (B * c.attn_tile_memory_eff)
+               + dec_bytes / group / (B * c.attn_mixed_memory_eff)
+               + dec_bytes * (group - 1) / group
+               / (gpu.sm_count * c.attn_reread_l2_bytes_per_sm_s))
+        p, top = c.attn_smoothness, max(comp, mem)
+        t += (top * ((comp / top) ** p + (mem / top) ** p) ** (1.0 / p)
+              + c.attn_per_cta_s * s.heads * tiles)
     elif num_decodes:
         t += (c.attn_decode_alone_overhead_s
               + decode_context_tokens * kv_token / (B * c.attn_decode_memory_eff))
@@ -226,24 +245,30 @@ def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: n
     (the measured grid's shape); ``c`` maps the ``attn_*`` names to scalars or arrays. Used by
     the fit; ``tests/sim/test_calibration.py`` checks that both agree."""
     kv_token = 2.0 * s_kv_heads * head_dim * dtype_bytes
-    tiles = np.ceil(chunk / Q_TILE)
+    n = np.ceil(chunk / Q_TILE)
     has_pre = chunk > 0
     t = c["attn_overhead_s"] + c["attn_per_decode_s"] * decodes
-    flops = 4.0 * head_dim * s_heads * (chunk * computed + chunk * (chunk + 1) / 2)
-    ctas = tiles * s_heads
-    u = np.clip(ctas / (sm_count * c["attn_prefill_occupancy"]), 1e-12, 1.0)
-    pre = (flops / (peak * c["attn_compute_eff"] * u)
-           + tiles * (computed + chunk) * 2.0 * s_heads * head_dim * dtype_bytes
-           / (hbm * c["attn_prefill_memory_eff"])
-           + c["attn_prefill_per_cta_s"] * ctas)
-    heads = decodes * s_heads
-    um = np.clip(heads / (sm_count * c["attn_mixed_occupancy"]), 1e-12, 1.0)
-    mixed = (decode_context * 2.0 * s_heads * head_dim * dtype_bytes
-             / (hbm * c["attn_mixed_memory_eff"] * um) + c["attn_mixed_per_head_s"] * heads)
+    tile_keys = n * computed + Q_TILE * (n - 1) * n / 2 + chunk
+    keys = tile_keys + decode_context
+    per_dec = np.where(decodes > 0, decode_context / np.maximum(decodes, 1), 0.0)
+    longest = np.maximum(computed + chunk, per_dec)
+    per_key = 4.0 * head_dim * Q_TILE
+    comp = np.maximum(per_key * s_heads * keys / (peak * c["attn_compute_eff"]),
+                      per_key * longest / (peak / sm_count * c["attn_cta_eff"]))
+    head_bytes = 2.0 * head_dim * dtype_bytes
+    group = s_heads / s_kv_heads
+    dec_bytes = s_heads * decode_context * head_bytes
+    mem = (s_heads * tile_keys * head_bytes / (hbm * c["attn_tile_memory_eff"])
+           + dec_bytes / group / (hbm * c["attn_mixed_memory_eff"])
+           + dec_bytes * (group - 1) / group
+           / (sm_count * c["attn_reread_l2_bytes_per_sm_s"]))
+    p, top = c["attn_smoothness"], np.maximum(np.maximum(comp, mem), 1e-30)
+    var = (top * ((comp / top) ** p + (mem / top) ** p) ** (1.0 / p)
+           + c["attn_per_cta_s"] * s_heads * (n + decodes))
     alone = (c["attn_decode_alone_overhead_s"]
              + decode_context * kv_token / (hbm * c["attn_decode_memory_eff"]))
-    dec = np.where(decodes > 0, np.where(has_pre, mixed, alone), 0.0)
-    out: np.ndarray = t + np.where(has_pre, pre, 0.0) + dec
+    dec = np.where(decodes > 0, alone, 0.0)
+    out: np.ndarray = t + np.where(has_pre, var, dec)
     return out
 
 
