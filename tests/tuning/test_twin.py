@@ -250,3 +250,18 @@ def test_results_of_a_twin_storage_read_the_real_study(tmp_path: Path,
     assert report["confirmed"] and report["confirmed"][0]["predicted"]
     assert report["max_twin_error"] == 0.25
     assert (out / "twin.png").stat().st_size > 0 and (out / "twin.html").exists()
+
+
+def test_the_round_that_spends_the_budget_is_still_judged(tmp_path: Path) -> None:
+    """calibration 3 + confirmation 2 = maxTrials 5: the last confirmation spends the budget;
+    the round is still recorded and the twin's error still checked (here: untrusted)."""
+    events: list[TrialEvent] = []
+    m = twin_manifest(maxTwinError=0.0001)
+    m["spec"]["budget"] = {"maxTrials": 5}
+    tuner = make_tuner(tmp_path, m, events)
+    assert asyncio.run(tuner.run()) == "budget"
+    done = tuner.study.user_attrs[twin.ATTR_ROUND_DONE.format(1)]
+    assert done["error"] is not None and done["simulated"] > 0
+    assert any(e.kind == "phase" and e.reason == "untrusted" for e in events)
+    assert tuner.twin.status()["phase"] == "done"
+    assert len(real_trials(tuner)) == 5

@@ -437,8 +437,9 @@ class TwinDriver:
             self._enter("confirm", f"round {r}: {queued} of the twin's best configurations "
                                    "run for real")
             why = await real.loop(queued_only=True)
-            if why != "queued":
+            if why != "queued" and not (why == "budget" and not real.waiting()):
                 return why
+            # every confirmation ran (the last may have spent the budget): close the round
             best = best_value(real)
             err = overall_error(real.study, self.goal_keys())
             stop = None
@@ -461,6 +462,9 @@ class TwinDriver:
             if stop:
                 self._enter("done", f"round {r} did not improve the measured best: converged")
                 return stop
+            if why == "budget":
+                self._enter("done", "the real-trial budget is spent")
+                return why
         if study.user_attrs.get(ATTR_UNTRUSTED) and real.counted() < real.spec.budget.max_trials:
             self._enter("fallback", f"{real.spec.budget.max_trials - real.counted()} ordinary "
                                     "real trials (the twin is not trusted)")
