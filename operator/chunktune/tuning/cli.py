@@ -202,7 +202,8 @@ def cmd_tune(ns: argparse.Namespace) -> int:
         extra["twin"] = twin_report(tuner.study, tuner.twin.goal_keys() if tuner.twin else [],
                                     tuning.spec.strategy.max_twin_error)
         sims = f" and {extra['twin']['simulated_trials']} simulated"
-    print(f"\nstudy stopped: {why} ({tuner.counted()} real trials{sims} in {elapsed:.1f} s)")
+    print(f"\nstudy stopped: {why} ({tuner.counted()} {'real ' if sims else ''}trials{sims} "
+          f"in {elapsed:.1f} s)")
     print(format_results(results))
     if ns.out:
         files = write_outputs(Path(ns.out), results, tuner.study, stop_reason=why,
