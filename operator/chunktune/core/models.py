@@ -239,6 +239,13 @@ def catalog_names() -> list[str]:
     return sorted(CATALOG_HF)
 
 
+def catalog_key(name: str) -> str:
+    """The catalog's key for a catalog name or a catalogued Hugging Face repo id (or name
+    itself, lower-cased, when the catalog does not know it)."""
+    key = name.strip().lower()
+    return key if key in CATALOG_HF else _ALIASES.get(key, key)
+
+
 def resolve_model(name: str | None = None, config_path: str | Path | None = None,
                   field: str = "--model") -> ModelConfig:
     """The model for a catalog name, a Hugging Face repo id of a catalog model, or a
@@ -255,8 +262,7 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
         return from_hf_config(cfg, name=name or p.parent.name or p.stem)
     if not name:
         raise SpecError("a model is required: a catalog name or --model-config PATH", field=field)
-    key = name.strip().lower()
-    key = key if key in CATALOG_HF else _ALIASES.get(key, key)
+    key = catalog_key(name)
     if key not in CATALOG_HF:
         raise SpecError(
             f"unknown model {name!r}; use one of {', '.join(catalog_names())}, "

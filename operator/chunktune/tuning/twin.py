@@ -137,11 +137,9 @@ def _config_of(model: ModelConfig, target: EngineTarget) -> dict[str, Any]:
         from chunktune.modelgen.tiny import TINY
 
         return dict(TINY.config())
-    from chunktune.core.models import _ALIASES, CATALOG_HF
+    from chunktune.core.models import CATALOG_HF, catalog_key
 
-    key = m.strip().lower()
-    key = key if key in CATALOG_HF else _ALIASES.get(key, key)
-    return dict(CATALOG_HF[key])
+    return dict(CATALOG_HF[catalog_key(m)])
 
 
 # ---- calibration ------------------------------------------------------------------------------
