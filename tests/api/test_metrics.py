@@ -19,7 +19,8 @@ def test_registry() -> None:
     assert METRICS["error_rate"].unit == "fraction"
     assert not METRICS["preemptions_per_minute"].per_class
     assert not METRICS["kv_cache_usage_peak"].per_class
-    assert len(METRICS) == 24
+    assert not METRICS["engine_itl_p99"].per_class and METRICS["engine_itl_p99"].unit == "s"
+    assert len(METRICS) == 25
     assert metric_key("itl_p99", "chat") == "chat.itl_p99" and metric_key("itl_p99") == "itl_p99"
     with pytest.raises(SpecError, match="did you mean 'goodput'"):
         get_metric("goodpt")

@@ -117,6 +117,15 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
      spec(lambda s: s["constraints"].__setitem__(0, "chatbot.itl_p99 <= 60ms")),
      [("spec.constraints[0].class", "unknown class 'chatbot'; the workload's classes are "
        "long-context, chat; did you mean 'chat'?")]),
+    ("engine ITL without a step log",
+     lambda m: (m["spec"].update(engine={"kind": "sglang", "image": "lmsysorg/sglang:v0.5.0",
+                                         "model": "meta-llama/Llama-3.1-8B-Instruct"},
+                                 searchSpace=[{"name": "chunked-prefill-size",
+                                               "choices": [2048, 4096]}]),
+                m["spec"]["objectives"].append({"metric": "engine_itl_p99"})),
+     [("spec.objectives[1].metric", "engine_itl_p99 comes from vLLM's step log "
+       "(--enable-logging-iteration-details), which engine kind sglang does not write; use "
+       "itl_p99")]),
     ("class on an engine-wide metric",
      spec(lambda s: s["constraints"].append("chat.kv_cache_usage_peak <= 95%")),
      [("spec.constraints[2].class", "kv_cache_usage_peak is engine-wide; it has no per-class "

@@ -44,3 +44,17 @@ def test_summarize() -> None:
     for q, got in ((50, s.p50), (90, s.p90), (95, s.p95), (99, s.p99)):
         assert got == pytest.approx(float(np.percentile(values, q)))
     assert MetricStats.from_dict(s.to_dict()) == s
+
+
+def test_weighted_percentile_counts_each_value_by_its_weight() -> None:
+    from chunktune.core.stats import weighted_percentile
+
+    assert weighted_percentile([1.0, 2.0, 3.0], [1, 1, 1], 50) == 2.0
+    assert weighted_percentile([3.0, 1.0], [1, 9], 90) == 1.0
+    assert weighted_percentile([3.0, 1.0], [1, 9], 91) == 3.0
+    assert weighted_percentile([5.0], [0], 99) is None  # nothing weighs anything
+    assert weighted_percentile([1.0, 7.0], [0, 2], 1) == 7.0  # zero weight is left out
+    with pytest.raises(ValueError, match="weights"):
+        weighted_percentile([1.0], [1, 2], 50)
+    with pytest.raises(ValueError, match="within"):
+        weighted_percentile([1.0], [1], 101)

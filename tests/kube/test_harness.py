@@ -396,9 +396,9 @@ def test_request_history_is_trimmed(kube: KubeEmulator) -> None:
     url = f'{kube.url}/api/v1/namespaces/default'
 
     def per_request() -> float:
-        """Seconds per GET, the best of three batches of 20 (a busy machine's spikes aside)."""
+        """Seconds per GET, the best of five batches of 20 (a busy machine's spikes aside)."""
         best = float('inf')
-        for _ in range(3):
+        for _ in range(5):
             start = time.monotonic()
             for _ in range(20):
                 urllib.request.urlopen(url).read()
@@ -410,9 +410,10 @@ def test_request_history_is_trimmed(kube: KubeEmulator) -> None:
         urllib.request.urlopen(url).read()
     assert len(list(kube.server)) <= kube.server.history_limit
     # An untrimmed history made every request scan it (22 ms a GET after 300 requests): a GET
-    # now costs what it did with a short history, on this machine, in this test.
+    # now costs about what it did with a short history, on this machine, in this test (with
+    # room for a busy 2-core machine: the untrimmed history cost 10-20 times more).
     late = per_request()
-    assert late < 2 * early + 0.002, (late, early)
+    assert late < 3 * early + 0.005, (late, early)
 
 
 def test_emulators_side_by_side_stop_in_any_order() -> None:

@@ -265,3 +265,44 @@ def test_the_round_that_spends_the_budget_is_still_judged(tmp_path: Path) -> Non
     assert any(e.kind == "phase" and e.reason == "untrusted" for e in events)
     assert tuner.twin.status()["phase"] == "done"
     assert len(real_trials(tuner)) == 5
+
+
+class NoisyHost(SimulatedBackend):
+    """The simulated engine on a busy host: from trial ``from_trial`` on, clients see every
+    inter-token gap tail ``factor`` times longer than the engine's steps gave (as on the real
+    CPU engine beside other work), while the step log stays the engine's."""
+
+    def __init__(self, from_trial: int, factor: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.from_trial, self.factor = from_trial, factor
+
+    def run_sync(self, plan: Any, report: Any = None) -> Any:
+        res = super().run_sync(plan, report)
+        if plan.number >= self.from_trial and res.state == TrialState.COMPLETE:
+            for k in [k for k in res.metrics if k.endswith("itl_p99") and k != "engine_itl_p99"]:
+                res.metrics[k] *= self.factor
+        return res
+
+
+def test_measurements_the_host_set_are_flagged_and_not_the_twins_error(tmp_path: Path) -> None:
+    m = twin_manifest(refineRounds=0)
+    events: list[TrialEvent] = []
+    tuner = Tuner(parse_manifest(m), NoisyHost(3, 6.0, keep_steps=True,
+                                               steps_dir=tmp_path / "steps"),
+                  str(tmp_path / "s.journal"), on_event=events.append)
+    asyncio.run(tuner.run())
+    trials = real_trials(tuner)
+    confirm = [t for t in trials if t.user_attrs.get(st.ATTR_PHASE) == "confirm"]
+    assert confirm
+    for t in trials:  # every real trial has the engine's own ITL from its step log
+        met = t.user_attrs[st.ATTR_METRICS]
+        assert 0 < met["engine_itl_p99"] <= 1.1 * met["itl_p99"]
+    # the confirmations' ITL is 6x what their steps gave: flagged, listed, not counted
+    report = twin.twin_report(tuner.study, ["chat.ttft_p99", "chat.itl_p99"], 0.25)
+    assert all("outside_engine" in row for row in report["confirmed"])
+    assert "chat.itl_p99" not in report["twin_error"]
+    # ... so the twin is not judged on the host's noise (with them counted its ITL error would
+    # be ~83% and the study would fall back to real trials)
+    assert not [e for e in events if e.kind == "phase" and e.reason == "untrusted"]
+    text = format_results(collect(tuner.study, tuner.objectives, tuner.constraints))
+    assert "(host)" in text and "noisy:" in text and "engine_itl_p99" in text

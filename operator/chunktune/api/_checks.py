@@ -403,11 +403,19 @@ def _class(p: Parts, path: str, metric: str, cls: str | None) -> None:
         p.add(path, f"unknown class {cls!r}; the workload's classes are {', '.join(names)}{tail}")
 
 
+def _step_log_metric(p: Parts, path: str, metric: str) -> None:
+    if metric == "engine_itl_p99" and p.kind == "sglang":
+        p.add(path, "engine_itl_p99 comes from vLLM's step log "
+              "(--enable-logging-iteration-details), which engine kind sglang does not write; "
+              "use itl_p99")
+
+
 def _objectives(p: Parts) -> None:
     seen: dict[str, int] = {}
     for i, o in p.objectives:
         path = f"spec.objectives[{i}]"
         _class(p, f"{path}.class", o.metric, o.class_)
+        _step_log_metric(p, f"{path}.metric", o.metric)
         if o.key in seen:
             p.add(path, f"duplicate objective {o.key} (also spec.objectives[{seen[o.key]}])")
         seen.setdefault(o.key, i)
@@ -428,6 +436,7 @@ def _constraints(p: Parts) -> None:
                                                            else ""))
             continue
         _class(p, f"{path}.class", c.metric, c.class_)
+        _step_log_metric(p, f"{path}.metric", c.metric)
         side = "max" if c.max is not None else "min"
         if (c.key, side) in seen:
             p.add(path, f"duplicate constraint on {c.key} {side} (also spec.constraints"

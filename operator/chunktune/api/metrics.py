@@ -74,6 +74,11 @@ def _build() -> dict[str, Metric]:
         Metric("kv_cache_usage_peak", "fraction", "minimize",
                "peak KV-cache usage, 0..1 (the largest of vllm:kv_cache_usage_perc as sampled "
                "and the per-step usage of vLLM's step log, when kept)", per_class=False),
+        Metric("engine_itl_p99", "s", "minimize",
+               "p99 inter-token latency as the engine's own steps gave it: vLLM's step log, "
+               "each step's time counted once per request decoding in it (only for trials "
+               "that keep a step log); free of the API server, network, load client and other "
+               "work on the host", per_class=False),
     )
     for m in extra:
         out[m.name] = m

@@ -30,6 +30,7 @@ from chunktune.core.flatten import flatten
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import from_hf_config, resolve_model
 from chunktune.core.records import RequestRecord
+from chunktune.core.stats import weighted_percentile
 from chunktune.core.steps import StepLogMeta, StepRecord, write_steps
 from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
 from chunktune.core.trials import EngineTarget, Reporter, TrialPlan, TrialResult, TrialState
@@ -116,6 +117,13 @@ class SimulatedBackend(TrialBackend):
                                     result.end_time, complete=True)
         server = _server(engine, result, result.end_time)
         metrics = flatten(summary, server)
+        # What vLLM's step log would give: its elapsed time leaves out the wall time between
+        # steps that a calibration profile adds to every step.
+        gap = calib.step_gap_s if calib is not None else 0.0
+        engine_itl = weighted_percentile([d - gap for d in result.steps.duration],
+                                         result.steps.decodes, 99.0)
+        if engine_itl is not None:
+            metrics["engine_itl_p99"] = engine_itl
         state = TrialState.PRUNED if pruned_at else TrialState.COMPLETE
         out = TrialResult(state, metrics=metrics, summary=summary, server=server,
                           reason="Pruned" if pruned_at else None,

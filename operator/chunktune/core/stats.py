@@ -12,7 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["PERCENTILES", "MetricStats", "percentile", "percentiles", "summarize"]
+__all__ = ["PERCENTILES", "MetricStats", "percentile", "percentiles", "summarize",
+           "weighted_percentile"]
 
 #: The percentiles every summary reports.
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
@@ -46,6 +47,29 @@ def percentiles(values: Iterable[float], qs: Sequence[float] = PERCENTILES) -> l
     if not s:
         raise ValueError("percentile of no values")
     return [_at(s, q) for q in qs]
+
+
+def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: float,
+                        ) -> float | None:
+    """The ``q``-th percentile (0-100) of ``values`` where value ``i`` counts ``weights[i]``
+    times: the smallest value whose cumulative weight reaches ``q`` % of the total (no
+    interpolation). None when the weights sum to 0. Raises ``ValueError`` for ``q`` outside
+    [0, 100] or lengths that differ."""
+    if not 0.0 <= q <= 100.0 or math.isnan(q):
+        raise ValueError(f"percentile must be within [0, 100] (got {q})")
+    if len(values) != len(weights):
+        raise ValueError(f"{len(values)} values but {len(weights)} weights")
+    pairs = sorted((v, w) for v, w in zip(values, weights, strict=True) if w > 0)
+    total = sum(w for _, w in pairs)
+    if total <= 0:
+        return None
+    need = total * q / 100.0
+    acc = 0.0
+    for v, w in pairs:
+        acc += w
+        if acc >= need:
+            return v
+    return pairs[-1][0]
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from chunktune.core.stats import weighted_percentile
+
 #: One ``Iteration(N)`` line (the prefix before ``Engine`` is free: pid, level, time, source).
 ITERATION_RE = re.compile(
     r"(?:Engine (?P<engine>\d+): )?Iteration\((?P<iteration>\d+)\): "
@@ -129,6 +131,40 @@ class StepSummary:
             mean_elapsed_ms=total / len(records) if records else 0.0,
             total_elapsed_ms=total,
         )
+
+
+def engine_itl(records: Iterable[StepRecord], q: float = 99.0) -> float | None:
+    """The inter-token latency the engine itself gave, in seconds: the ``q``-th percentile of
+    step time over the decoded tokens (each step counted once per request decoding in it).
+    A client cannot see tokens faster than this; what it sees beyond it was added outside the
+    engine's steps (scheduling between steps, the API server, the network, the client, or
+    other work on the host). None when no step decoded."""
+    recs = list(records)
+    return weighted_percentile([r.elapsed_ms / 1e3 for r in recs],
+                               [r.generation_requests for r in recs], q)
+
+
+#: :func:`outside_engine`: client ITL p99 above ``HOST_FACTOR`` times the engine's own plus
+#: ``HOST_SLACK_S`` is flagged (the slack leaves room for the engine's own work between steps,
+#: scheduling and output processing, which its step times leave out). On the real CPU engine
+#: (2 shared cores) undisturbed runs saw 1.1-1.6 times the engine's figure and runs beside
+#: other work 2.4-5.7 times (docs/tuning.md, "Noisy measurements").
+HOST_FACTOR = 2.0
+HOST_SLACK_S = 0.005
+
+
+def outside_engine(metrics: dict[str, float]) -> str | None:
+    """Why a trial's measured latencies were set outside the engine, or None: the clients'
+    ITL p99 (``itl_p99``) far above what the engine's steps gave (``engine_itl_p99``, from its
+    step log). Such a measurement says more about the host than about the configuration."""
+    client, engine = metrics.get("itl_p99"), metrics.get("engine_itl_p99")
+    if client is None or engine is None or not engine > 0:
+        return None
+    if client <= HOST_FACTOR * engine + HOST_SLACK_S:
+        return None
+    return (f"clients saw ITL p99 {client * 1e3:.1f} ms while the engine's own steps gave "
+            f"{engine * 1e3:.1f} ms: {client / engine:.1f}x, the rest added outside the engine "
+            "(API server, network, load client or other work on the host)")
 
 
 #: vLLM's start-up lines that say which engine wrote a log (v0.32: ``Initializing a V1 LLM

@@ -19,6 +19,7 @@ import optuna
 from chunktune.api.metrics import format_value
 from chunktune.api.status import StudySummary, TrialRecord, improvement
 from chunktune.core.flags import flags_line
+from chunktune.core.steps import outside_engine
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
@@ -176,6 +177,7 @@ def format_results(results: Results) -> str:
                              for o in results.objectives)
             lines.append(f"  {n:>5}  {vals}  {flags_line(dict(front.params))}")
     lines += _twin_lines(results, keys)
+    lines += _noise_lines(results)
     return "\n".join(lines)
 
 
@@ -191,19 +193,44 @@ def _twin_lines(results: Results, keys: list[str]) -> list[str]:
     w = max(len(k) for k in keys) + 2 if keys else 8
     out.append(f"  {'trial':>5}  {'metric':{w}} {'predicted':>10} {'measured':>10} {'error':>7}")
     errs: dict[str, list[float]] = {}
+    host = []
     for t in rows:
+        noisy = outside_engine(dict(t.metrics)) is not None
+        if noisy:
+            host.append(t.number)
         for k in keys:
             p, m = t.predicted.get(k), t.metrics.get(k)
             if p is None or m is None:
                 continue
             e = p / m - 1 if m > 0 else math.nan
-            if math.isfinite(e):
+            if math.isfinite(e) and not noisy:
                 errs.setdefault(k, []).append(abs(e))
             out.append(f"  {t.number:>5}  {k:{w}} {_fmt(k, p):>10} {_fmt(k, m):>10} "
-                       f"{e:>+7.0%}")
-    out.append("  median |error|: " + ", ".join(f"{k} {statistics.median(v):.0%}"
-                                                 for k, v in errs.items()))
+                       f"{e:>+7.0%}" + ("  (host)" if noisy else ""))
+    out.append("  median |error|: " + (", ".join(f"{k} {statistics.median(v):.0%}"
+                                                  for k, v in errs.items()) or "-"))
+    if host:
+        out.append(f"  (host): trial{'s' if len(host) > 1 else ''} "
+                   f"{', '.join(map(str, host))} measured latencies set outside the engine "
+                   "(clients' ITL p99 over twice the engine's own steps'): not counted in the "
+                   "twin's error")
     return out
+
+
+def _noise_lines(results: Results) -> list[str]:
+    """Trials whose measured latencies the host set rather than the engine (see
+    :func:`~chunktune.core.steps.outside_engine`), with what to do about them."""
+    host = [t.number for t in results.trials
+            if t.state == TrialState.COMPLETE and outside_engine(dict(t.metrics))]
+    if not host:
+        return []
+    done = sum(1 for t in results.trials if t.state == TrialState.COMPLETE)
+    return ["", f"noisy: {len(host)} of {done} measured trials "
+                f"({', '.join(map(str, host))}) saw clients' ITL p99 over twice what the "
+                "engine's own steps gave (engine_itl_p99): the gap was added outside the "
+                "engine (API server, network, load client or other work on the host), so "
+                "their latencies say little about their configurations; measure on a quiet "
+                "node, or compare engine_itl_p99"]
 
 
 def to_json(results: Results, **extra: Any) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from optuna.trial import TrialState as OptunaState
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend
 from chunktune.core.errors import InfrastructureFault, SpecError
-from chunktune.core.steps import StepSummary
+from chunktune.core.steps import StepSummary, engine_itl, outside_engine
 from chunktune.core.trials import (
     RESULT_STATES,
     CpuTarget,
@@ -467,6 +467,13 @@ class Tuner:
             if kv and result.state == TrialState.COMPLETE:
                 result.metrics["kv_cache_usage_peak"] = max(
                     result.metrics.get("kv_cache_usage_peak", 0.0), max(kv) / 100)
+            itl = engine_itl(result.steps)
+            if itl is not None and result.state == TrialState.COMPLETE:
+                result.metrics["engine_itl_p99"] = itl
+                why = outside_engine(result.metrics)
+                if why:
+                    log.warning("trial %d: %s; its latencies are noisy, not the configuration's",
+                                trial.number, why)
         if result.state == TrialState.INFEASIBLE:
             self._tell_startup_failure(trial, point, TrialState.INFEASIBLE,
                                        result.reason or "Startup", result.message or "")

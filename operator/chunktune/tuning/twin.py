@@ -49,6 +49,7 @@ from chunktune.core.errors import SpecError
 from chunktune.core.flags import argv, parse_argv
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import ModelConfig, from_hf_config, resolve_model
+from chunktune.core.steps import outside_engine
 from chunktune.core.trials import RESULT_STATES, EngineTarget, TrialState
 from chunktune.sim import twin as sim_twin
 from chunktune.sim.cost_model import StepCostModel
@@ -656,9 +657,13 @@ def confirmed(study: optuna.Study) -> list[TrialRecord]:
 
 
 def errors(records: Sequence[TrialRecord]) -> dict[str, list[float]]:
-    """``predicted / measured - 1`` per metric over ``records``."""
+    """``predicted / measured - 1`` per metric over ``records``, leaving out the trials whose
+    measured latencies were set outside the engine (:func:`outside_engine`: the twin models
+    the engine, not other work on the host; they are listed in the report instead)."""
     out: dict[str, list[float]] = {}
     for r in records:
+        if outside_engine(dict(r.metrics)):
+            continue  # the host, not the engine, set this measurement (see outside_engine)
         for k, pred in r.predicted.items():
             meas = r.metrics.get(k)
             if meas is None or not meas > 0 or not math.isfinite(pred):
@@ -706,9 +711,13 @@ def twin_report(study: optuna.Study, keys: Sequence[str], max_twin_error: float,
         r += 1
     rows = []
     for rec in confirmed(study):
-        rows.append({"trial": rec.number, "params": dict(rec.params),
-                     "predicted": dict(rec.predicted),
-                     "measured": {k: rec.metrics[k] for k in rec.predicted if k in rec.metrics}})
+        row = {"trial": rec.number, "params": dict(rec.params),
+               "predicted": dict(rec.predicted),
+               "measured": {k: rec.metrics[k] for k in rec.predicted if k in rec.metrics}}
+        host = outside_engine(dict(rec.metrics))
+        if host:
+            row["outside_engine"] = host  # not counted in twin_error
+        rows.append(row)
     real = [t for t in study.get_trials(deepcopy=False)
             if st.trial_state(t) in (TrialState.COMPLETE, TrialState.INFEASIBLE,
                                      TrialState.PRUNED, TrialState.FAIL)
