@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from chunktune.cli import main
-from chunktune.core.steps import read_steps
+from chunktune.core.steps import engine_itl, read_steps
 from chunktune.modelgen.tiny import write_tiny_model
 from chunktune.tuning import study as st
 
@@ -70,6 +70,10 @@ def test_real_trial_keeps_its_step_log_and_survives_a_broken_model(tmp_path, cap
     assert steps["max_step_tokens"] <= BUDGET
     assert sum(r.context_tokens for r in records) >= 300
     assert any(r.context_tokens == BUDGET or r.context_requests > 1 for r in records)
+    # the engine's own ITL p99 comes from those steps (each counted per request decoding)
+    met = t0.user_attrs[st.ATTR_METRICS]
+    assert met["engine_itl_p99"] == pytest.approx(engine_itl(records))
+    assert 0 < met["engine_itl_p99"] <= max(r.elapsed_ms for r in records) / 1e3
     # the model directory breaks: a clear error, nothing measured is lost
     (model / "config.json").write_text("{")
     rc = main(["tune", str(path), "--storage", str(storage), "--max-trials", "2"])

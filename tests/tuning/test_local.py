@@ -35,4 +35,7 @@ def test_tune_with_local_backend(tmp_path, capsys):
         m = t["metrics"]
         assert m["chat.ttft_p99"] > 0 and m["error_rate"] <= 0.05
         assert "kv_cache_usage_peak" in m  # read from the engine's /metrics
+        # the engine's own ITL, from the step log the trial kept: below what the clients saw
+        # (up to the coarser percentile of a step-weighted sample)
+        assert 0 < m["engine_itl_p99"] <= 1.2 * m["itl_p99"]
     assert (out / "history.png").stat().st_size > 1000
