@@ -169,6 +169,29 @@ def test_candidates_skip_measured_points_and_spread_a_pareto_front() -> None:
     assert twin.candidates(res, [], 0) == []
 
 
+def test_candidates_measure_each_simulated_behaviour_once() -> None:
+    from chunktune.api.status import TrialRecord
+    from chunktune.tuning.objectives import ObjectiveDef
+    from chunktune.tuning.results import Results
+
+    def rec(n: int, budget: int, seqs: int, itl: float) -> TrialRecord:
+        return TrialRecord(number=n, params={"budget": budget, "seqs": seqs},
+                           state=TrialState.COMPLETE, metrics={"itl": itl, "ttft": 2 * itl})
+
+    # max-num-seqs never binds under this load: the twin gives the same outcome for every
+    # value, so each budget is one behaviour
+    trials = [rec(0, 4096, 128, 0.0144), rec(1, 4096, 64, 0.0144), rec(2, 2048, 64, 0.0148),
+              rec(3, 2048, 128, 0.0148), rec(4, 1024, 16, 0.0162), rec(5, 1024, 64, 0.0162)]
+    res = Results(trials, [ObjectiveDef("itl", None, "minimize")], [], None, 0, [0])
+    # 2048/128 was measured (vLLM's defaults): 2048/64 is not worth a real trial
+    picks = twin.candidates(res, measured=[{"budget": 2048, "seqs": 128}], m=3)
+    assert [dict(p.params) for p in picks] == [{"budget": 4096, "seqs": 128},
+                                               {"budget": 1024, "seqs": 16}]
+    # nothing left that behaves differently from what was measured
+    measured = [{"budget": b, "seqs": 128} for b in (4096, 2048)] + [{"budget": 1024, "seqs": 16}]
+    assert twin.candidates(res, measured, 3) == []
+
+
 @pytest.mark.parametrize(("strategy", "budget", "engine", "path", "words"), [
     ({"confirmTrials": 6}, {"maxTrials": 8}, None, "spec.strategy.confirmTrials",
      "calibrationTrials (4) + confirmTrials (6) must be <= budget.maxTrials (8)"),

@@ -433,6 +433,18 @@ class TwinDriver:
                 if why in ("stopped", "duration", "failures"):
                     return why
             queued = self._queue_confirmations(r)
+            if queued == 0:
+                # every configuration the twin ranks best behaves like one measured already
+                self.simulated += self.search.counted() if self.search else 0
+                study.set_user_attr(ATTR_ROUND_DONE.format(r), {
+                    "best": best_value(real), "error": overall_error(real.study,
+                                                                     self.goal_keys()),
+                    "simulated": self.search.counted() if self.search else 0,
+                    "stop": "converged"})
+                self.search, self.searched = None, 0
+                self._enter("done", f"round {r}: the twin's best configurations all behave like "
+                                    "ones measured already: converged")
+                return "converged"
             self._enter("confirm", f"round {r}: {queued} of the twin's best configurations "
                                    "run for real")
             why = await real.loop(queued_only=True)
@@ -614,10 +626,20 @@ def _counted_in(real: Tuner, name: str) -> int:
     return sum(1 for t in trials if st.trial_state(t) in RESULT_STATES)
 
 
+def outcome(t: TrialRecord) -> tuple[tuple[str, float], ...]:
+    """What the twin says a configuration does: every simulated metric (to 9 significant
+    digits). Two configurations with the same outcome ran the same schedule in the twin (a flag
+    that never binds under this workload, such as a ``max-num-seqs`` above the concurrency the
+    load reaches), so measuring both spends a real trial on one behaviour twice."""
+    return tuple(sorted((k, float(f"{v:.9g}")) for k, v in t.metrics.items()))
+
+
 def candidates(results: Any, measured: list[dict[str, Any]], m: int) -> list[TrialRecord]:
     """The twin's ``m`` best distinct configurations not in ``measured``: feasible ones by the
     first objective (for several objectives the Pareto front first, spread along it), then, if
-    the twin found too few feasible ones, the rest by the first objective."""
+    the twin found too few feasible ones, the rest by the first objective. A configuration
+    whose simulated :func:`outcome` equals one already measured or picked is left out (the
+    twin says it behaves the same), so fewer than ``m`` may come back."""
     o = results.objectives[0]
     sign = 1.0 if o.direction == "minimize" else -1.0
 
@@ -625,8 +647,12 @@ def candidates(results: Any, measured: list[dict[str, Any]], m: int) -> list[Tri
         return sign * t.metrics.get(o.key, math.inf * sign)
 
     seen = [dict(p) for p in measured]
-    done = [t for t in results.trials if t.state == TrialState.COMPLETE and o.key in t.metrics
-            and dict(t.params) not in seen]
+    done = [t for t in results.trials if t.state == TrialState.COMPLETE and o.key in t.metrics]
+    behaviours = {outcome(t) for t in done if dict(t.params) in seen}
+    first: dict[tuple[tuple[str, float], ...], TrialRecord] = {}
+    for t in sorted(done, key=lambda t: t.number):
+        first.setdefault(outcome(t), t)
+    done = [t for b, t in first.items() if b not in behaviours and dict(t.params) not in seen]
     feasible = sorted((t for t in done if t.constraints_ok), key=key)
     front = [t for t in feasible if t.number in results.pareto]
     if len(front) > m > 0:
@@ -634,16 +660,7 @@ def candidates(results: Any, measured: list[dict[str, Any]], m: int) -> list[Tri
         front = [front[i] for i in idx]
     order = front + [t for t in feasible if t not in front] + \
         sorted((t for t in done if not t.constraints_ok), key=key)
-    out: list[TrialRecord] = []
-    for t in order:
-        if len(out) >= m:
-            break
-        p = dict(t.params)
-        if p in seen:
-            continue
-        seen.append(p)
-        out.append(t)
-    return out
+    return order[:m] if m > 0 else []
 
 
 # ---- predicted against measured -----------------------------------------------------------------
