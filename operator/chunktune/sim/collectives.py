@@ -82,9 +82,6 @@ VIDUR_TOPOLOGIES = {
     "a100_pairwise_nvlink": Interconnect(600.0, 2, "nvlink-bridge", 64.0),
     "h100_pairwise_nvlink": Interconnect(600.0, 2, "nvlink-bridge", 128.0),
 }
-#: The GPU each of them holds.
-VIDUR_TOPOLOGY_GPUS = {"a100_dgx": "a100-sxm", "h100_dgx": "h100-sxm",
-                       "a100_pairwise_nvlink": "a100-pcie", "h100_pairwise_nvlink": "h100-pcie"}
 
 
 @dataclass(frozen=True)
@@ -153,7 +150,8 @@ def gpu_interconnect(gpu: GPU) -> Interconnect:
     """The interconnect a GPU of the catalog sits on: NVSwitch of its family's NVLink
     generation when its link is NVLink (SXM boards; a family without a fitted NVSwitch gets the
     NVLink efficiency of the bridges, which both measured generations share), else PCIe at its
-    link figure."""
+    link figure. Rings beyond one NVSwitch node (8 GPUs) cross the network, which is not
+    measured here; they are priced at the node's own link figure and the PCIe efficiency."""
     if gpu.link_gb_s >= NVLINK_MIN_GB_S:
         return Interconnect(gpu.link_gb_s, 8, NVSWITCH_KIND.get(gpu.family, "nvlink-bridge"),
                             gpu.link_gb_s)
