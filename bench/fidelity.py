@@ -13,7 +13,8 @@ Usage: ``python bench/fidelity.py [--data ../shared/data] [--no-loo]``. Sections
    ``.chunktune/cpu-twin``); "not run" with the command when it has not been run here.
 
 Without ``--data`` (the shared data folder beside the checkout) only the committed derived
-tables are used: section 1 without all-reduce and Splitwise, sections 2 skipped.
+tables are used: section 1 without Splitwise (all-reduce on its committed sub-sample), section 2
+skipped.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Linear operators: Vidur (below); LLMServingSim's vLLM 0.19 ``dense.csv`` for the RTX 4090 and
 RTX PRO 6000. Attention: LLMServingSim's vLLM 0.19 attention grid (mixed chunked-prefill
-batches). All-reduce bandwidth: Vidur's NCCL collectives. See :mod:`chunktune.sim.kernel_data`
-for the sources and licences, ``docs/simulator.md`` for the measured errors.
+batches). All-reduce: Vidur's NCCL collectives (:mod:`chunktune.sim.collectives`). See
+:mod:`chunktune.sim.kernel_data` for the sources and licences, ``docs/simulator.md`` for the
+measured errors.
 
 Source: microsoft/vidur, ``data/profiling/compute/{a100,h100}/<model>/mlp.csv`` (MIT licence),
 per-layer median timings of the linear operators measured on real A100 and H100 GPUs at TP 1, 2,
@@ -37,6 +38,7 @@ import numpy as np
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
+from chunktune.sim import collectives as col
 from chunktune.sim import kernel_data as kd
 from chunktune.sim.cost_model import (
     ATTENTION_FIELDS,
@@ -71,12 +73,8 @@ FIXED = {
     "eager_launch_overhead_per_layer_s": {"ampere": 4e-5, "hopper": 4e-5, "ada": 4e-5,
                                           "blackwell": 4e-5},
     # vLLM's custom all-reduce (small messages inside CUDA graphs over NVLink): ~10 us, not
-    # measured here. Over PCIe the engine uses NCCL: ``cost_model.PCIE_ALLREDUCE_LATENCY_S``.
+    # measured here. Its bandwidth, NCCL's (larger messages, PCIe): ``sim.collectives``.
     "allreduce_latency_s": {"ampere": 1e-5, "hopper": 1e-5, "ada": 1e-5, "blackwell": 1e-5},
-    # Fraction of the link bandwidth an all-reduce reaches: Vidur's NCCL all-reduces on one
-    # NVLink node (``fit_allreduce``, reported by ``report --data``) give 0.28 on A100 and 0.45
-    # on H100. PCIe links use ``cost_model.PCIE_ALLREDUCE_LINK_EFF`` whatever the family.
-    "allreduce_link_eff": {"ampere": 0.28, "hopper": 0.45, "ada": 0.45, "blackwell": 0.45},
 }
 FITTED = ("gemm_compute_eff", "gemm_memory_eff", "gemm_overhead_s", "gemm_smoothness",
           "elementwise_memory_eff", "elementwise_overhead_s")
@@ -255,32 +253,72 @@ def attention_coeffs(family: str) -> dict[str, float]:
 
 # ---- all-reduce --------------------------------------------------------------------------
 
-def fit_allreduce(points: list[kd.AllReducePoint], gpu: str) -> tuple[float, float]:
-    """(latency s, link efficiency) of ``latency + 2(n-1)/n x bytes / (link x eff)`` for one
-    GPU's NCCL all-reduces (fp16 elements), log error."""
+def _allreduce_arrays(points: list[kd.AllReducePoint]
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """(bytes, ranks, per-direction link bytes/s, link kind, ms) per point."""
+    links = [col.VIDUR_TOPOLOGIES[p.topology].bottleneck(p.workers) for p in points]
+    return (np.array([p.nbytes for p in points], float),
+            np.array([p.workers for p in points], float),
+            np.array([b for b, _ in links]), [k for _, k in links],
+            np.array([p.ms for p in points]))
+
+
+def _allreduce_coef(x: np.ndarray) -> col.CollectiveCoefficients:
+    v = np.abs(x)
+    return col.CollectiveCoefficients(
+        float(v[0]) * 1e-6, float(v[1]) * 1e3,
+        {k: float(e) for k, e in zip(col.LINK_KINDS, v[2:6], strict=True)},
+        float(v[6]) * 1e-6, 1.0 + float(v[7]))
+
+
+def allreduce_pred_ms(c: col.CollectiveCoefficients, points: list[kd.AllReducePoint]
+                      ) -> np.ndarray:
+    """The measured quantity (host floor and device time, soft maximum), ms."""
+    nbytes, n, link, kinds, _ = _allreduce_arrays(points)
+    eff = np.array([c.link_eff[k] for k in kinds])
+    return col.measured_allreduce_s(nbytes, n, link, eff, c) * 1e3
+
+
+def fit_allreduce(points: list[kd.AllReducePoint]) -> col.CollectiveCoefficients:
+    """Least squares on the log ratio predicted/measured, every (topology, ranks) sweep weighted
+    equally: one latency, chunk, host floor and soft-maximum exponent for all, one efficiency
+    per kind of link. A kind without points keeps its starting value (see ``loo``)."""
     from scipy.optimize import least_squares
 
-    pts = [p for p in points if p.gpu == gpu]
-    link = resolve_gpu(gpu).link_gb_s * 1e9
-    n = np.array([p.workers for p in pts], float)
-    by = np.array([p.elements * 2.0 for p in pts])
-    ms = np.array([p.ms for p in pts])
+    nbytes, n, link, kinds, ms = _allreduce_arrays(points)
+    key = [(p.topology, p.workers) for p in points]
+    ids = {k: i for i, k in enumerate(sorted(set(key)))}
+    grp = np.array([ids[k] for k in key])
+    w = 1.0 / np.sqrt(np.bincount(grp)[grp])
+    kind_idx = np.array([col.LINK_KINDS.index(k) for k in kinds])
 
-    def pred(x: np.ndarray) -> np.ndarray:
-        out: np.ndarray = (abs(x[0]) * 1e-6 + 2 * (n - 1) / n * by / (link * abs(x[1]))) * 1e3
+    def resid(x: np.ndarray) -> np.ndarray:
+        c = _allreduce_coef(x)
+        eff = np.abs(x[2:6])[kind_idx]
+        pred = col.measured_allreduce_s(nbytes, n, link, eff, c) * 1e3
+        out: np.ndarray = np.log(pred / ms) * w
         return out
 
-    res = least_squares(lambda x: np.log(pred(x) / ms), np.array([20.0, 0.5]))
-    return abs(res.x[0]) * 1e-6, abs(res.x[1])
+    x0 = np.array([20.0, 100.0, 0.6, 0.6, 0.6, 0.7, 30.0, 3.0])
+    res = least_squares(resid, x0, x_scale=np.array([10.0, 100.0, 0.1, 0.1, 0.1, 0.1, 10.0, 1.0]))
+    c = _allreduce_coef(res.x)
+    return col.CollectiveCoefficients(
+        float(f"{c.latency_s:.4g}"), float(f"{c.chunk_bytes:.4g}"),
+        {k: float(f"{v:.4g}") for k, v in c.link_eff.items()},
+        float(f"{c.host_floor_s:.4g}"), float(f"{c.smoothness:.4g}"))
 
 
-def allreduce_ms(points: list[kd.AllReducePoint], latency: float, eff: float) -> np.ndarray:
-    out = []
-    for p in points:
-        link = resolve_gpu(p.gpu).link_gb_s * 1e9
-        out.append((latency + 2 * (p.workers - 1) / p.workers * p.elements * 2 / (link * eff))
-                   * 1e3)
-    return np.array(out)
+def allreduce_document(points: list[kd.AllReducePoint]) -> dict[str, Any]:
+    """The committed ``data/allreduce_coefficients.json``."""
+    return {
+        "source": "microsoft/vidur data/profiling/network/{a100_dgx,a100_pairwise_nvlink,"
+                  "h100_dgx,h100_pairwise_nvlink}/all_reduce.csv (MIT licence, Copyright (c) "
+                  "Microsoft Corporation), one node; fitted by chunktune.sim.calibration "
+                  "(fit_allreduce); the model is chunktune.sim.collectives",
+        "units": "latency_s, host_floor_s: seconds; chunk_bytes: bytes; link_eff: fraction of "
+                 "the per-direction data-sheet bandwidth of the ring's slowest link",
+        "coefficients": fit_allreduce(points).to_dict(),
+    }
 
 
 # ---- the committed fit -------------------------------------------------------------------
@@ -398,22 +436,39 @@ def attention_report(pts: list[kd.AttentionPoint], loo: bool = True) -> list[Err
     return rows
 
 
-def allreduce_report(pts: list[kd.AllReducePoint]) -> list[ErrorRow]:
+def allreduce_report(pts: list[kd.AllReducePoint], loo: bool = True,
+                     c: col.CollectiveCoefficients | None = None) -> list[ErrorRow]:
+    """Per (topology, ranks): the committed curve in sample, then each GPU generation predicted
+    from a fit to the other's machines and its own data sheet. The held-out generation's
+    NVSwitch is unseen: its efficiency is the NVLink bridges' (the NVLink efficiency both
+    generations share), as for an SXM GPU of a family without a fitted NVSwitch."""
+    ds = "vidur-allreduce"
+    c = c or col.collective_coefficients()
     rows = []
-    gpus = sorted({p.gpu for p in pts})
-    fits = {g: fit_allreduce(pts, g) for g in gpus}
-    for topo in sorted({p.topology for p in pts}):
-        sel = [p for p in pts if p.topology == topo]
-        g = sel[0].gpu
-        ms = np.array([p.ms for p in sel])
-        rows.append(ErrorRow.of("vidur-allreduce", f"{topo} (NCCL lat "
-                                f"{fits[g][0] * 1e6:.0f}us, eff {fits[g][1]:.2f})",
-                                "in-sample", np.abs(allreduce_ms(sel, *fits[g]) / ms - 1)))
-        other = [h for h in gpus if h != g]
-        if other:
-            lat, eff = fit_allreduce([p for p in pts if p.gpu != g], other[0])
-            rows.append(ErrorRow.of("vidur-allreduce", topo, "loo-gpu",
-                                    np.abs(allreduce_ms(sel, lat, eff) / ms - 1)))
+    sweeps = sorted({(p.topology, p.workers) for p in pts})
+
+    def err(coef: col.CollectiveCoefficients, sel: list[kd.AllReducePoint]) -> np.ndarray:
+        out: np.ndarray = np.abs(allreduce_pred_ms(coef, sel) / np.array([p.ms for p in sel])
+                                 - 1.0)
+        return out
+
+    for topo, n in sweeps:
+        sel = [p for p in pts if (p.topology, p.workers) == (topo, n)]
+        rows.append(ErrorRow.of(ds, f"{topo} n{n}", "in-sample", err(c, sel)))
+    gens = sorted({p.gpu for p in pts})
+    if not loo or len(gens) < 2:
+        return rows
+    for g in gens:
+        other = fit_allreduce([p for p in pts if p.gpu != g])
+        seen = {k for p in pts if p.gpu != g
+                for k in [col.VIDUR_TOPOLOGIES[p.topology].bottleneck(p.workers)[1]]}
+        eff = {k: other.link_eff[k if k in seen else "nvlink-bridge"] for k in col.LINK_KINDS}
+        held = col.CollectiveCoefficients(other.latency_s, other.chunk_bytes, eff,
+                                          other.host_floor_s, other.smoothness)
+        for topo, n in sweeps:
+            if topo.split("_")[0] == g:
+                sel = [p for p in pts if (p.topology, p.workers) == (topo, n)]
+                rows.append(ErrorRow.of(ds, f"{topo} n{n}", "loo-gpu", err(held, sel)))
     return rows
 
 
@@ -495,9 +550,10 @@ def full_report(data_root: Path | None, loo: bool = True) -> list[ErrorRow]:
     rows = linear_report("vidur-linear", vidur, loo)
     rows += linear_report("llmss-linear", lin, loo)
     rows += attention_report(att, loo)
+    rows += allreduce_report(kd.read_allreduce(data_root) if data_root is not None
+                             else kd.read_committed_allreduce(), loo)
     if data_root is not None:
         rows += unseen_report(data_root / "vidur-profiling")
-        rows += allreduce_report(kd.read_allreduce(data_root))
         rows += splitwise_report(kd.read_splitwise(data_root))
     return rows
 
@@ -541,7 +597,13 @@ def main(argv: list[str] | None = None) -> int:
         kd.write_points(kd.committed_subset(att), kd.read_llmss_linear(a.data))
         COEFFICIENTS_PATH.write_text(json.dumps(fit(a.data), indent=2) + "\n")
         _load_coefficients.cache_clear()
-        print(f"wrote {DERIVED_PATH.name}, {kd.POINTS_PATH.name} and {COEFFICIENTS_PATH.name}")
+        ar = kd.read_allreduce(a.data)
+        kd.write_allreduce(kd.allreduce_subsample(ar))
+        col.COLLECTIVE_COEFFICIENTS_PATH.write_text(
+            json.dumps(allreduce_document(ar), indent=2) + "\n")
+        col._load.cache_clear()
+        print(f"wrote {DERIVED_PATH.name}, {kd.POINTS_PATH.name}, {COEFFICIENTS_PATH.name}, "
+              f"{kd.ALLREDUCE_PATH.name} and {col.COLLECTIVE_COEFFICIENTS_PATH.name}")
         return 0
     if a.data is not None and not (a.data / "llmservingsim-vllm019").is_dir():
         ap.error(f"--data {a.data}: no llmservingsim-vllm019/ folder; give the shared data "

@@ -14,7 +14,9 @@ A step's time is the sum of
   per KV head from HBM and re-read per query head through L2 at a rate per SM); decodes alone
   are memory-bound on their KV bytes;
 - **lm_head and sampling** for the rows that produce a token (decodes, last prefill chunks);
-- **tensor-parallel all-reduces**, two per layer, over the GPU link;
+- **tensor-parallel all-reduces**, two per layer of the step's activations
+  (:func:`chunktune.sim.collectives.tp_allreduce_s`: vLLM's custom all-reduce on NVLink, NCCL
+  as Vidur measured it beyond 8 MiB and over PCIe);
 - a fixed **per-step overhead** (scheduling, input preparation, launch) plus a small cost per
   scheduled request.
 
@@ -35,6 +37,7 @@ import numpy as np
 
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig
+from chunktune.sim.collectives import Interconnect, tp_allreduce_s
 
 COEFFICIENTS_PATH = Path(__file__).with_name("data") / "step_time_coefficients.json"
 
@@ -69,8 +72,8 @@ class FamilyCoefficients:
     step_overhead_s: float
     per_request_overhead_s: float
     eager_launch_overhead_per_layer_s: float
+    #: vLLM's custom all-reduce latency on NVLink (not measured here: ``calibration.FIXED``)
     allreduce_latency_s: float
-    allreduce_link_eff: float
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FamilyCoefficients:
@@ -144,15 +147,6 @@ def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     t += 5 * c.elementwise_overhead_s + ew_bytes / (B * c.elementwise_memory_eff)
     return t
 
-
-#: NCCL's small-message all-reduce latency (Vidur's measured medians: 28 us on H100, 37 us on
-#: A100), used where the GPUs share no NVLink and vLLM's custom all-reduce does not apply.
-PCIE_ALLREDUCE_LATENCY_S = 30e-6
-#: Fraction of a PCIe link's bandwidth an all-reduce reaches: Sarathi-Serve's published Yi-34B
-#: TP2 A100-PCIe prefill times (tests/sim/test_calibration.py) need ~0.7.
-PCIE_ALLREDUCE_LINK_EFF = 0.7
-#: Links slower than this (GB/s) are PCIe.
-NVLINK_MIN_GB_S = 200.0
 
 #: Query rows per CTA (tile) of the varlen FlashAttention kernel vLLM runs for chunked
 #: prefills: 64 on the measured RTX cards (a 16- or 64-token chunk takes the time of one tile;
@@ -276,7 +270,7 @@ class StepCostModel:
     """Predicts step times for one (model, GPU, TP, budget) engine."""
 
     def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
-                 enforce_eager: bool = False) -> None:
+                 enforce_eager: bool = False, interconnect: Interconnect | None = None) -> None:
         self.model = model
         self.gpu = gpu
         self.tp = tp
@@ -296,16 +290,11 @@ class StepCostModel:
         self._lm_row_s = max(2.0 * model.hidden_size * v / (gpu.bf16_tflops * 1e12
                                                             * c.gemm_compute_eff),
                              3 * v * 4 / self._B)
-        # all-reduce: 2 per layer of T x hidden activations, ring over tp ranks
-        if tp > 1:
-            nvlink = gpu.link_gb_s >= NVLINK_MIN_GB_S
-            link = gpu.link_gb_s * 1e9 * (c.allreduce_link_eff if nvlink
-                                          else PCIE_ALLREDUCE_LINK_EFF)
-            lat = c.allreduce_latency_s if nvlink else PCIE_ALLREDUCE_LATENCY_S
-            self._ar_fixed = 2 * layers * lat
-            self._ar_per_token = 2 * layers * 2 * (tp - 1) / tp * model.hidden_size * b / link
-        else:
-            self._ar_fixed = self._ar_per_token = 0.0
+        # all-reduce: 2 per layer of T x hidden activations (after attention and after the MLP)
+        ar = 2 * layers * tp_allreduce_s(tokens * model.hidden_size * b, tp, gpu,
+                                         c.allreduce_latency_s, interconnect=interconnect)
+        ar[0] = 0.0
+        self._allreduce: list[float] = ar.tolist()
         self._overhead = c.step_overhead_s
         if enforce_eager:
             self._overhead += c.eager_launch_overhead_per_layer_s * layers
@@ -371,6 +360,14 @@ class StepCostModel:
         per = (lin[self.max_tokens] - lin[self.max_tokens // 2]) / (self.max_tokens // 2)
         return lin[self.max_tokens] + per * (tokens - self.max_tokens)
 
+    def allreduce_time(self, tokens: int) -> float:
+        """All layers' tensor-parallel all-reduces for a step of ``tokens`` tokens."""
+        if tokens <= self.max_tokens:
+            return self._allreduce[tokens]
+        ar = self._allreduce
+        per = (ar[self.max_tokens] - ar[self.max_tokens // 2]) / (self.max_tokens // 2)
+        return ar[self.max_tokens] + per * (tokens - self.max_tokens)
+
     def attention_time(self, prefill_chunks: list[tuple[int, int]], num_decodes: int,
                        decode_context_tokens: int) -> float:
         """All layers' attention for the batch (see :func:`attention_layer_time`)."""
@@ -403,7 +400,7 @@ class StepCostModel:
         t += self.attention_time(prefill_chunks, num_decodes, decode_context_tokens)
         if num_logits:
             t += self._lm_weight_s + self._lm_row_s * num_logits
-        t += self._ar_fixed + self._ar_per_token * num_tokens
+        t += self.allreduce_time(num_tokens)
         return t
 
     def prefill_time(self, prompt: int, chunk: int | None = None) -> float:

@@ -10,7 +10,8 @@ source and licence in its header). Datasets:
 - ``splitwise``: Mutinifni/splitwise-sim ``data/perf_model.csv`` (MIT, Copyright (c) 2024
   Pratyush Patel): Llama-2-70B prefill and decode-iteration times at TP 2/4/8 on A100/H100;
 - ``vidur-network``: microsoft/vidur ``data/profiling/network/*/all_reduce.csv`` (MIT, Copyright
-  (c) Microsoft Corporation): NCCL all-reduce times by message size and GPU count.
+  (c) Microsoft Corporation): NCCL all-reduce times by message size (bytes) and GPU count; a
+  sub-sample is committed as ``data/vidur_allreduce_ms.csv``.
 """
 
 from __future__ import annotations
@@ -167,31 +168,69 @@ def read_splitwise(root: Path) -> list[SplitwisePoint]:
 @dataclass(frozen=True)
 class AllReducePoint:
     topology: str
+    #: the GPU generation (``a100``, ``h100``): what leave-one-GPU-out holds out
     gpu: str
     workers: int
-    elements: int
+    nbytes: int
     ms: float
 
 
-NETWORK_GPUS = {"a100": "a100-sxm", "h100": "h100-sxm"}
+ALLREDUCE_PATH = Path(__file__).with_name("data") / "vidur_allreduce_ms.csv"
+#: Every how many sizes of a (topology, ranks) sweep the committed sub-sample keeps.
+ALLREDUCE_STRIDE = 20
 
 
 def read_allreduce(root: Path) -> list[AllReducePoint]:
-    """NCCL all-reduce medians (``size`` is a count of fp16 elements), single-node only."""
+    """NCCL all-reduce medians, one node only (``devices_per_node == num_workers``; Vidur's
+    ``size`` is in bytes), sorted by (topology, ranks, size)."""
     out = []
     for f in sorted((root / "vidur-profiling" / "network").glob("*/all_reduce.csv")):
         topo = f.parent.name
-        gpu = NETWORK_GPUS.get(topo.split("_")[0])
-        if gpu is None:
-            continue
         with f.open() as fh:
             for r in csv.DictReader(fh):
                 n = int(r["num_workers"])
-                if int(r["devices_per_node"]) != n or n > 8:  # one node: NVLink only
+                if int(r["devices_per_node"]) != n:
                     continue
-                out.append(AllReducePoint(topo, gpu, n, int(r["size"]),
+                out.append(AllReducePoint(topo, topo.split("_")[0], n, int(r["size"]),
                                           float(r["time_stats.all_reduce.median"])))
+    if not out:
+        raise FileNotFoundError(f"no vidur-profiling/network/*/all_reduce.csv under {root}")
+    return sorted(out, key=lambda p: (p.topology, p.workers, p.nbytes))
+
+
+def allreduce_subsample(points: list[AllReducePoint]) -> list[AllReducePoint]:
+    """Every ``ALLREDUCE_STRIDE``-th size of each (topology, ranks) sweep, and its largest."""
+    groups: dict[tuple[str, int], list[AllReducePoint]] = defaultdict(list)
+    for p in points:
+        groups[(p.topology, p.workers)].append(p)
+    out = []
+    for _, pts in sorted(groups.items()):
+        pts = sorted(pts, key=lambda p: p.nbytes)
+        keep = pts[::ALLREDUCE_STRIDE]
+        if keep[-1] is not pts[-1]:
+            keep.append(pts[-1])
+        out += keep
     return out
+
+
+def write_allreduce(points: list[AllReducePoint], path: Path = ALLREDUCE_PATH) -> None:
+    with path.open("w", newline="") as fh:
+        fh.write("# Derived from microsoft/vidur data/profiling/network/*/all_reduce.csv (MIT "
+                 "licence, Copyright (c) Microsoft Corporation):\n")
+        fh.write(f"# one node (devices_per_node == num_workers), every {ALLREDUCE_STRIDE}th size "
+                 "of each sweep and its largest; size in bytes, median NCCL kernel time in ms.\n")
+        w = csv.writer(fh)
+        w.writerow(["topology", "num_workers", "size_bytes", "median_ms"])
+        for p in points:
+            w.writerow([p.topology, p.workers, p.nbytes, f"{p.ms:.6g}"])
+
+
+def read_committed_allreduce(path: Path = ALLREDUCE_PATH) -> list[AllReducePoint]:
+    with path.open() as fh:
+        rows = csv.DictReader(line for line in fh if not line.startswith("#"))
+        return [AllReducePoint(r["topology"], r["topology"].split("_")[0],
+                               int(r["num_workers"]), int(r["size_bytes"]),
+                               float(r["median_ms"])) for r in rows]
 
 
 @dataclass(frozen=True)

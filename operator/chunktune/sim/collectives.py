@@ -1,0 +1,180 @@
+"""Tensor-parallel all-reduce time, modelled on NCCL's measured collectives.
+
+Measured: microsoft/vidur ``data/profiling/network/<topology>/all_reduce.csv`` (MIT licence,
+Copyright (c) Microsoft Corporation): NCCL all-reduce kernel times (``torch.distributed``, eager,
+the median of 11 back-to-back calls) for messages of 2 KB to 64 MB (512 MB on one machine) over
+2, 4 and 8 GPUs of one node. Vidur's profiler records ``size`` in **bytes** (its
+``collectives_wrapper.py``: ``"size": self._size * 2  # bytes`` for fp16 elements). Four
+machines: DGX A100 and DGX H100 (every GPU on NVSwitches), and 4-GPU boxes of PCIe A100s and
+H100s joined in pairs by NVLink bridges, where a 4-GPU ring crosses PCIe.
+
+The model, per GPU, for ``S`` bytes over ``n`` ranks:
+
+    ring(n) = 2 (n - 1) / n                        bytes each GPU sends (and receives) per byte
+    device  = latency + 2 (n - 1) x chunk / (eff x B) + ring(n) x S / (eff x B)
+
+``B`` is the per-direction bandwidth of the slowest link the ring crosses (data sheet: half of
+the bidirectional NVLink or PCIe figure), ``eff`` the fraction of it a ring reaches (fitted per
+kind of link), ``chunk`` the bytes that must cross each of the ring's ``2 (n - 1)`` steps before
+it streams (pipeline fill: a latency that grows with the ranks and shrinks with the bandwidth).
+What Vidur's eager loop records is a soft maximum of that device time and a host floor (the
+rate at which ``torch.distributed`` issues calls and the ranks' skew, 20-60 us on these
+machines), which is fitted but not simulated: vLLM runs its collectives inside CUDA graphs.
+
+For vLLM, :func:`tp_allreduce_s`: on NVLink, messages up to ``CUSTOM_AR_MAX_BYTES`` go through
+vLLM's custom all-reduce (a one-shot or two-stage kernel over peer memory; its latency is a
+coefficient of the step-time model, not measured here) at the NVLink ring bandwidth; larger
+messages, and every message over PCIe, through NCCL as measured.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chunktune.core.gpus import GPU
+
+COLLECTIVE_COEFFICIENTS_PATH = Path(__file__).with_name("data") / "allreduce_coefficients.json"
+
+#: Kinds of link a ring's slowest hop can be, each with its own fitted efficiency.
+LINK_KINDS = ("nvswitch-nvlink3", "nvswitch-nvlink4", "nvlink-bridge", "pcie")
+#: Links slower than this (GB/s, both directions) are PCIe (or a bridge vLLM treats alike).
+NVLINK_MIN_GB_S = 200.0
+#: vLLM's custom all-reduce handles messages up to this size (``CustomAllreduce.max_size``,
+#: 8 MiB); larger ones go to NCCL.
+CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+#: NVSwitch generation by GPU family (A100 SXM: NVLink 3, H100/H200 SXM: NVLink 4).
+NVSWITCH_KIND = {"ampere": "nvswitch-nvlink3", "hopper": "nvswitch-nvlink4"}
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """How the GPUs of one node are linked (data-sheet figures, both directions, GB/s)."""
+
+    #: NVLink bandwidth per GPU (0: none)
+    nvlink_gb_s: float
+    #: GPUs one NVLink domain joins: 8 on an NVSwitch board, 2 with NVLink bridges
+    nvlink_gpus: int
+    #: kind of the NVLink domain: one of ``LINK_KINDS`` except ``pcie``
+    nvlink_kind: str
+    #: PCIe bandwidth per GPU (x16)
+    pcie_gb_s: float
+
+    def bottleneck(self, n: int) -> tuple[float, str]:
+        """(per-direction bytes/s, link kind) of the slowest hop of an ``n``-rank ring."""
+        if self.nvlink_gb_s > 0 and n <= self.nvlink_gpus:
+            return self.nvlink_gb_s * 1e9 / 2, self.nvlink_kind
+        return self.pcie_gb_s * 1e9 / 2, "pcie"
+
+
+#: The machines of Vidur's collectives (data sheets): DGX A100 (12 NVLink 3 links of 50 GB/s
+#: per GPU through six NVSwitches: 600 GB/s; PCIe Gen4 x16: 64 GB/s), DGX H100 (18 NVLink 4
+#: links: 900 GB/s; PCIe Gen5: 128 GB/s), and A100 80GB PCIe / H100 PCIe cards joined in pairs by
+#: NVLink bridges (600 GB/s between the two; PCIe Gen4 / Gen5 beyond).
+VIDUR_TOPOLOGIES = {
+    "a100_dgx": Interconnect(600.0, 8, "nvswitch-nvlink3", 64.0),
+    "h100_dgx": Interconnect(900.0, 8, "nvswitch-nvlink4", 128.0),
+    "a100_pairwise_nvlink": Interconnect(600.0, 2, "nvlink-bridge", 64.0),
+    "h100_pairwise_nvlink": Interconnect(600.0, 2, "nvlink-bridge", 128.0),
+}
+
+
+@dataclass(frozen=True)
+class CollectiveCoefficients:
+    """The shared NCCL curve (``data/allreduce_coefficients.json``)."""
+
+    latency_s: float
+    chunk_bytes: float
+    #: fraction of the per-direction bandwidth a ring reaches, per ``LINK_KINDS`` entry
+    link_eff: dict[str, float]
+    #: the measurement's host floor and the soft maximum's exponent (fit and report only)
+    host_floor_s: float
+    smoothness: float
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CollectiveCoefficients:
+        return cls(float(d["latency_s"]), float(d["chunk_bytes"]),
+                   {k: float(d["link_eff"][k]) for k in LINK_KINDS},
+                   float(d["host_floor_s"]), float(d["smoothness"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"latency_s": self.latency_s, "chunk_bytes": self.chunk_bytes,
+                "link_eff": dict(self.link_eff), "host_floor_s": self.host_floor_s,
+                "smoothness": self.smoothness}
+
+
+@lru_cache(maxsize=1)
+def _load() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(COLLECTIVE_COEFFICIENTS_PATH.read_text())
+    return data
+
+
+def collective_coefficients() -> CollectiveCoefficients:
+    return CollectiveCoefficients.from_dict(_load()["coefficients"])
+
+
+def ring_factor(n: int | np.ndarray) -> Any:
+    """Bytes each GPU sends per byte reduced by a ring all-reduce of ``n`` ranks (0 for 1)."""
+    return 2.0 * (np.asarray(n, dtype=np.float64) - 1.0) / np.asarray(n, dtype=np.float64)
+
+
+def nccl_allreduce_s(nbytes: float | np.ndarray, n: int, link_bytes_s: float, eff: float,
+                     c: CollectiveCoefficients) -> Any:
+    """Device time of an NCCL ring all-reduce of ``nbytes`` over ``n`` ranks whose slowest hop
+    carries ``link_bytes_s`` per direction at efficiency ``eff`` (0 for one rank)."""
+    if n <= 1:
+        return np.zeros_like(np.asarray(nbytes, dtype=np.float64))
+    bw = link_bytes_s * eff
+    return (c.latency_s + 2.0 * (n - 1) * c.chunk_bytes / bw
+            + ring_factor(n) * np.asarray(nbytes, dtype=np.float64) / bw)
+
+
+def measured_allreduce_s(nbytes: np.ndarray, n: np.ndarray, link_bytes_s: np.ndarray,
+                         eff: np.ndarray, c: CollectiveCoefficients) -> np.ndarray:
+    """What Vidur's eager loop records: the soft maximum of the host floor and the device
+    time (arrays of one entry per measurement)."""
+    n = np.asarray(n, dtype=np.float64)
+    bw = link_bytes_s * eff
+    dev = c.latency_s + 2.0 * (n - 1) * c.chunk_bytes / bw + ring_factor(n) * nbytes / bw
+    p = c.smoothness
+    out: np.ndarray = (c.host_floor_s**p + dev**p) ** (1.0 / p)
+    return out
+
+
+def gpu_interconnect(gpu: GPU) -> Interconnect:
+    """The interconnect a GPU of the catalog sits on: NVSwitch of its family's NVLink
+    generation when its link is NVLink (SXM boards; a family without a fitted NVSwitch gets the
+    NVLink efficiency of the bridges, which both measured generations share), else PCIe at its
+    link figure. Rings beyond one NVSwitch node (8 GPUs) cross the network, which is not
+    measured here; they are priced at the node's own link figure and the PCIe efficiency."""
+    if gpu.link_gb_s >= NVLINK_MIN_GB_S:
+        return Interconnect(gpu.link_gb_s, 8, NVSWITCH_KIND.get(gpu.family, "nvlink-bridge"),
+                            gpu.link_gb_s)
+    return Interconnect(0.0, 1, "nvlink-bridge", gpu.link_gb_s)
+
+
+def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU, custom_latency_s: float,
+                   c: CollectiveCoefficients | None = None,
+                   interconnect: Interconnect | None = None) -> Any:
+    """Seconds one tensor-parallel all-reduce of ``nbytes`` per rank takes in vLLM (0 at TP 1):
+    the custom all-reduce on NVLink up to ``CUSTOM_AR_MAX_BYTES`` (``custom_latency_s`` plus
+    the ring's bytes at the NVLink efficiency), else NCCL. ``interconnect``: how the GPUs are
+    linked when the catalog's figure does not say (PCIe cards with NVLink bridges); default
+    :func:`gpu_interconnect`."""
+    s = np.asarray(nbytes, dtype=np.float64)
+    if tp <= 1:
+        return np.zeros_like(s)
+    c = c or collective_coefficients()
+    ic = interconnect or gpu_interconnect(gpu)
+    link, kind = ic.bottleneck(tp)
+    eff = c.link_eff[kind]
+    nccl = nccl_allreduce_s(s, tp, link, eff, c)
+    if kind == "pcie":
+        return nccl
+    custom = custom_latency_s + ring_factor(tp) * s / (link * eff)
+    return np.where(s <= CUSTOM_AR_MAX_BYTES, custom, nccl)
