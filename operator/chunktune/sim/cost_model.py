@@ -11,7 +11,8 @@ A step's time is the sum of
   varlen kernel runs one CTA per 64-row query tile and query head (a decode is a one-row
   tile): the soft maximum of its padded FLOPs (all CTAs at the bf16 peak, or the longest CTA
   at one SM's share) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
-  per KV head from HBM and re-read per query head through L2 at a rate per SM); decodes alone
+  per KV head from HBM and re-read per query head through L2 at a rate per SM, as far as one
+  KV head's KV fits the L2), plus a fixed cost per wave of CTAs over the SMs; decodes alone
   are memory-bound on their KV bytes;
 - **lm_head and sampling** for the rows that produce a token (decodes, last prefill chunks);
 - **tensor-parallel all-reduces**, two per layer, over the GPU link;
@@ -63,7 +64,8 @@ class FamilyCoefficients:
     attn_reread_l2_bytes_per_sm_s: float
     #: exponent of the soft maximum of compute and memory time (1: they add)
     attn_smoothness: float
-    attn_per_cta_s: float
+    #: fixed seconds per wave of CTAs (``ceil(CTAs / SMs)``): a CTA's prologue and epilogue
+    attn_per_wave_s: float
     attn_decode_alone_overhead_s: float
     attn_decode_memory_eff: float
     step_overhead_s: float
@@ -161,7 +163,7 @@ NVLINK_MIN_GB_S = 200.0
 Q_TILE = 64
 ATTENTION_FIELDS = ("attn_overhead_s", "attn_per_decode_s", "attn_compute_eff", "attn_cta_eff",
                     "attn_tile_memory_eff", "attn_mixed_memory_eff",
-                    "attn_reread_l2_bytes_per_sm_s", "attn_smoothness", "attn_per_cta_s",
+                    "attn_reread_l2_bytes_per_sm_s", "attn_smoothness", "attn_per_wave_s",
                     "attn_decode_alone_overhead_s", "attn_decode_memory_eff")
 
 
@@ -197,8 +199,11 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
       CTA's at one SM's share ``peak / SMs x cta_eff`` (few CTAs leave SMs idle);
     - memory: the tiles' K/V reads at a fraction of HBM (above 1 where L2 serves them); the
       decodes' KV read once per KV head from HBM and re-read by the other query heads of its
-      group from L2, at a rate per SM;
-    - compute and memory combine as a soft maximum, plus a cost per CTA;
+      group: from L2 at a rate per SM while one KV head's KV of all the decodes fits the L2
+      (the CTAs of one query head run together, the group's other heads follow), the rest
+      from HBM again (:func:`l2_hit_fraction`);
+    - compute and memory combine as a soft maximum, plus a cost per wave of CTAs over the
+      SMs (``ceil(CTAs / SMs)``, one CTA per SM at a time);
     - decodes alone (split-KV decode kernel): a fixed cost plus KV bytes / (HBM x
       decode_memory_eff).
     """
@@ -222,23 +227,34 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
         head_bytes = 2.0 * s.head_dim * s.dtype_bytes
         group = s.heads / s.kv_heads
         dec_bytes = s.heads * decode_context_tokens * head_bytes
+        hit = float(l2_hit_fraction(gpu.l2_mib * 2**20, decode_context_tokens * head_bytes))
+        reread = dec_bytes * (group - 1) / group
         mem = (s.heads * (keys - decode_context_tokens) * head_bytes
                / (B * c.attn_tile_memory_eff)
-               + dec_bytes / group / (B * c.attn_mixed_memory_eff)
-               + dec_bytes * (group - 1) / group
-               / (gpu.sm_count * c.attn_reread_l2_bytes_per_sm_s))
+               + (dec_bytes / group + reread * (1.0 - hit)) / (B * c.attn_mixed_memory_eff)
+               + reread * hit / (gpu.sm_count * c.attn_reread_l2_bytes_per_sm_s))
         p, top = c.attn_smoothness, max(comp, mem)
         t += (top * ((comp / top) ** p + (mem / top) ** p) ** (1.0 / p)
-              + c.attn_per_cta_s * s.heads * tiles)
+              + c.attn_per_wave_s * math.ceil(s.heads * tiles / gpu.sm_count))
     elif num_decodes:
         t += (c.attn_decode_alone_overhead_s
               + decode_context_tokens * kv_token / (B * c.attn_decode_memory_eff))
     return t
 
 
+def l2_hit_fraction(l2_bytes: float | np.ndarray, working_set_bytes: float | np.ndarray
+                    ) -> np.ndarray:
+    """Fraction of the decodes' per-query-head KV re-reads the L2 serves: all of them while
+    the working set (one KV head's K and V for every decode in the batch) fits the L2, then
+    ``L2 / working set``."""
+    ws = np.maximum(np.asarray(working_set_bytes, dtype=np.float64), 1.0)
+    out: np.ndarray = np.minimum(1.0, np.asarray(l2_bytes, dtype=np.float64) / ws)
+    return out
+
+
 def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: np.ndarray,
                         dtype_bytes: float, sm_count: np.ndarray, peak: np.ndarray,
-                        hbm: np.ndarray, c: dict[str, Any], chunk: np.ndarray,
+                        hbm: np.ndarray, l2: np.ndarray, c: dict[str, Any], chunk: np.ndarray,
                         computed: np.ndarray, decodes: np.ndarray,
                         decode_context: np.ndarray) -> np.ndarray:
     """:func:`attention_layer_time` over arrays of batches with at most one prefill chunk
@@ -258,13 +274,14 @@ def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: n
     head_bytes = 2.0 * head_dim * dtype_bytes
     group = s_heads / s_kv_heads
     dec_bytes = s_heads * decode_context * head_bytes
+    hit = l2_hit_fraction(l2, decode_context * head_bytes)
+    reread = dec_bytes * (group - 1) / group
     mem = (s_heads * tile_keys * head_bytes / (hbm * c["attn_tile_memory_eff"])
-           + dec_bytes / group / (hbm * c["attn_mixed_memory_eff"])
-           + dec_bytes * (group - 1) / group
-           / (sm_count * c["attn_reread_l2_bytes_per_sm_s"]))
+           + (dec_bytes / group + reread * (1.0 - hit)) / (hbm * c["attn_mixed_memory_eff"])
+           + reread * hit / (sm_count * c["attn_reread_l2_bytes_per_sm_s"]))
     p, top = c["attn_smoothness"], np.maximum(np.maximum(comp, mem), 1e-30)
     var = (top * ((comp / top) ** p + (mem / top) ** p) ** (1.0 / p)
-           + c["attn_per_cta_s"] * s_heads * (n + decodes))
+           + c["attn_per_wave_s"] * np.ceil(s_heads * (n + decodes) / sm_count))
     alone = (c["attn_decode_alone_overhead_s"]
              + decode_context * kv_token / (hbm * c["attn_decode_memory_eff"]))
     dec = np.where(decodes > 0, alone, 0.0)
