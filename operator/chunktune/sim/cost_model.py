@@ -10,7 +10,8 @@ A step's time is the sum of
   attention times for mixed chunked-prefill batches. With a prefill chunk in the batch the
   varlen kernel runs one CTA per 64-row query tile and query head (a decode is a one-row
   tile): the soft maximum of its padded FLOPs (all CTAs at the bf16 peak, or the longest CTA
-  at one SM's share) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
+  on one SM: its MMAs at that SM's share of the peak and the work beside them at the SM's
+  clock) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
   per KV head from HBM and re-read per query head through L2 at a rate per SM, as far as one
   KV head's KV fits the L2), plus a fixed cost per wave of CTAs over the SMs; decodes alone
   are memory-bound on their KV bytes;
@@ -53,9 +54,11 @@ class FamilyCoefficients:
     #: Attention (per layer, per rank), fitted to LLMServingSim's vLLM 0.19 attention grid.
     attn_overhead_s: float
     attn_per_decode_s: float
-    #: fraction of the bf16 peak the varlen kernel's (padded) FLOPs run at, in all and per CTA
+    #: fraction of the bf16 peak the varlen kernel's (padded) FLOPs run at, all CTAs together
     attn_compute_eff: float
-    attn_cta_eff: float
+    #: SM clock cycles per (padded) FLOP that the longest CTA spends beside its MMAs (softmax,
+    #: loads, rescaling); its MMAs run at one SM's share of the bf16 peak
+    attn_cta_cycles_per_flop: float
     #: HBM fraction for the K/V each query tile and query head reads (above 1: L2 hits)
     attn_tile_memory_eff: float
     #: effective HBM fraction for a mixed batch's decode KV (first read of each KV head)
@@ -161,7 +164,8 @@ NVLINK_MIN_GB_S = 200.0
 #: on the RTX 4090 a 256-token chunk's 4 x 32 heads = 128 CTAs fill its 128 SMs in one wave and
 #: a 512-token chunk takes two).
 Q_TILE = 64
-ATTENTION_FIELDS = ("attn_overhead_s", "attn_per_decode_s", "attn_compute_eff", "attn_cta_eff",
+ATTENTION_FIELDS = ("attn_overhead_s", "attn_per_decode_s", "attn_compute_eff",
+                    "attn_cta_cycles_per_flop",
                     "attn_tile_memory_eff", "attn_mixed_memory_eff",
                     "attn_reread_l2_bytes_per_sm_s", "attn_smoothness", "attn_per_wave_s",
                     "attn_decode_alone_overhead_s", "attn_decode_memory_eff")
@@ -196,7 +200,9 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
 
     - ``overhead + per_decode x decodes``;
     - compute: the larger of all CTAs' padded FLOPs at ``peak x compute_eff`` and the longest
-      CTA's at one SM's share ``peak / SMs x cta_eff`` (few CTAs leave SMs idle);
+      CTA's (few CTAs leave SMs idle), whose MMAs run at one SM's share ``peak / SMs`` and the
+      work beside them at ``cta_cycles_per_flop`` SM clock cycles per FLOP, the two combined
+      in the soft maximum below (:func:`longest_cta_time`);
     - memory: the tiles' K/V reads at a fraction of HBM (above 1 where L2 serves them); the
       decodes' KV read once per KV head from HBM and re-read by the other query heads of its
       group: from L2 at a rate per SM while one KV head's KV of all the decodes fits the L2
@@ -223,7 +229,9 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
         tiles += num_decodes
         per_key = 4.0 * s.head_dim * Q_TILE
         comp = max(per_key * s.heads * keys / (F * c.attn_compute_eff),
-                   per_key * longest / (F / gpu.sm_count * c.attn_cta_eff))
+                   float(longest_cta_time(per_key * longest, F / gpu.sm_count,
+                                          gpu.boost_mhz * 1e6, c.attn_cta_cycles_per_flop,
+                                          c.attn_smoothness)))
         head_bytes = 2.0 * s.head_dim * s.dtype_bytes
         group = s.heads / s.kv_heads
         dec_bytes = s.heads * decode_context_tokens * head_bytes
@@ -252,9 +260,25 @@ def l2_hit_fraction(l2_bytes: float | np.ndarray, working_set_bytes: float | np.
     return out
 
 
+def longest_cta_time(flops: float | np.ndarray, sm_peak: float | np.ndarray,
+                     clock_hz: float | np.ndarray, cycles_per_flop: float | np.ndarray,
+                     p: float | np.ndarray) -> np.ndarray:
+    """Seconds one CTA's ``flops`` take on one SM: its MMAs at the SM's share of the tensor
+    peak, the work beside them (softmax, loads, rescaling) at ``cycles_per_flop`` SM cycles,
+    combined as ``(mma^p + other^p)^(1/p)``. Where the tensor cores are fast against the
+    clock (RTX PRO 6000: 1,024 bf16 FLOPs per SM cycle against the RTX 4090's 512) the
+    other work takes the larger share, so one CTA is not twice as fast."""
+    mma = np.asarray(flops, dtype=np.float64) / sm_peak
+    other = np.asarray(flops, dtype=np.float64) * cycles_per_flop / clock_hz
+    top = np.maximum(np.maximum(mma, other), 1e-30)
+    out: np.ndarray = top * ((mma / top) ** p + (other / top) ** p) ** (1.0 / p)
+    return out
+
+
 def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: np.ndarray,
                         dtype_bytes: float, sm_count: np.ndarray, peak: np.ndarray,
-                        hbm: np.ndarray, l2: np.ndarray, c: dict[str, Any], chunk: np.ndarray,
+                        hbm: np.ndarray, l2: np.ndarray, clock: np.ndarray,
+                        c: dict[str, Any], chunk: np.ndarray,
                         computed: np.ndarray, decodes: np.ndarray,
                         decode_context: np.ndarray) -> np.ndarray:
     """:func:`attention_layer_time` over arrays of batches with at most one prefill chunk
@@ -270,7 +294,8 @@ def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: n
     longest = np.maximum(computed + chunk, per_dec)
     per_key = 4.0 * head_dim * Q_TILE
     comp = np.maximum(per_key * s_heads * keys / (peak * c["attn_compute_eff"]),
-                      per_key * longest / (peak / sm_count * c["attn_cta_eff"]))
+                      longest_cta_time(per_key * longest, peak / sm_count, clock,
+                                       c["attn_cta_cycles_per_flop"], c["attn_smoothness"]))
     head_bytes = 2.0 * head_dim * dtype_bytes
     group = s_heads / s_kv_heads
     dec_bytes = s_heads * decode_context * head_bytes
