@@ -153,6 +153,18 @@ def test_one_cta_is_not_as_fast_as_the_tensor_cores():
     assert t["rtx4090"] * 1e6 == pytest.approx(520, rel=0.2)
 
 
+def test_every_catalog_gpu_has_the_attention_figures():
+    """L2 size and boost clock are data-sheet figures the attention term needs; a GPU without
+    them is refused by name."""
+    from chunktune.core.gpus import GPUS
+
+    for g in GPUS.values():
+        assert g.l2_mib > 0 and g.boost_mhz > 0 and g.sm_count > 0, g.name
+    bare = dataclasses.replace(resolve_gpu("h200"), name="b200", l2_mib=0.0)
+    with pytest.raises(ValueError, match=r"b200.*l2_mib and boost_mhz"):
+        StepCostModel(resolve_model("llama-3.1-8b"), bare)
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
 def test_attention_leave_one_gpu_out_full_grid():
     """Each RTX card's full attention grid predicted from the other card's fit and its own

@@ -319,6 +319,10 @@ class StepCostModel:
 
     def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
                  enforce_eager: bool = False) -> None:
+        if gpu.l2_mib <= 0 or gpu.boost_mhz <= 0:
+            raise ValueError(f"GPU {gpu.name!r}: l2_mib and boost_mhz must be positive (the data "
+                             "sheet's L2 size in MiB and SM boost clock in MHz; the attention "
+                             "term scales with them); set them as chunktune.core.gpus does")
         self.model = model
         self.gpu = gpu
         self.tp = tp
