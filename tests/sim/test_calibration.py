@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.sim import calibration, kernel_data
 from chunktune.sim.collectives import VIDUR_TOPOLOGIES
-from chunktune.sim.cost_model import AttentionShape, StepCostModel, attention_layer_time
+from chunktune.sim.cost_model import (
+    AttentionShape,
+    StepCostModel,
+    attention_layer_time,
+    l2_hit_fraction,
+    longest_cta_time,
+)
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
@@ -25,9 +34,11 @@ THRESHOLDS = {
     ("llmss-linear", "in-sample"): (0.03, 0.035),
     ("llmss-linear", "loo-model"): (0.045, 0.05),
     ("llmss-linear", "loo-gpu"): (0.15, 0.18),
-    ("llmss-attention", "in-sample"): (0.105, 0.135),
-    ("llmss-attention", "loo-model"): (0.08, 0.10),
-    ("llmss-attention", "loo-gpu"): (0.135, 0.14),
+    ("llmss-attention", "in-sample"): (0.08, 0.11),
+    ("llmss-attention", "loo-model"): (0.08, 0.095),
+    # the sub-grid's 445 RTX 4090 points fit the per-CTA cycles less well than the full grid
+    # (15.1% here, 11.7% on the full grid: test_attention_leave_one_gpu_out_full_grid)
+    ("llmss-attention", "loo-gpu"): (0.155, 0.22),
     # NCCL all-reduce (chunktune.sim.collectives), committed sub-sample: 7.8% / worst 13.4% in
     # sample; 25.1% / worst 34.1% with each GPU generation held out (its NVSwitch unseen)
     ("vidur-allreduce", "in-sample"): (0.085, 0.145),
@@ -95,6 +106,82 @@ def test_mixed_batches_cost_more_than_their_parts():
     alone = cm.attention_time([], 128, 128 * 1024) + cm.attention_time([(512, 0)], 0, 0)
     mixed = cm.attention_time([(512, 0)], 128, 128 * 1024)
     assert mixed > 1.5 * alone
+
+
+def test_decode_rereads_hit_l2_only_while_one_kv_head_fits():
+    """The decodes' per-query-head KV re-reads come from L2 while one KV head's KV of every
+    decode fits the data sheet's L2, the rest from HBM again."""
+    mib = 2.0**20
+    assert l2_hit_fraction(72 * mib, 8 * mib) == 1.0
+    assert l2_hit_fraction(72 * mib, 144 * mib) == pytest.approx(0.5)
+    assert list(l2_hit_fraction(np.array([72 * mib, 128 * mib]), 256 * mib)) == \
+        pytest.approx([72 / 256, 128 / 256])
+    s = AttentionShape.of(resolve_model("llama-3.1-8b"), 1)
+    gpu = resolve_gpu("rtx-pro-6000")
+    small_l2 = dataclasses.replace(gpu, l2_mib=6.0)
+    c = calibration.coefficients(gpu.family)
+    # 16 decodes at 1k: one KV head's K and V (8 MiB) fit 128 MiB, not 6 MiB
+    fits = attention_layer_time(s, gpu, c, [(256, 0)], 16, 16 * 1024)
+    assert attention_layer_time(s, small_l2, c, [(256, 0)], 16, 16 * 1024) > 1.05 * fits
+    # a prefill alone re-reads no decode KV: the L2 size does not matter
+    assert attention_layer_time(s, small_l2, c, [(2048, 4096)], 0, 0) == \
+        attention_layer_time(s, gpu, c, [(2048, 4096)], 0, 0)
+
+
+def test_fixed_cost_per_wave_of_ctas():
+    """The varlen kernel's fixed cost is per wave of CTAs over the SMs: 32 heads x 4 tiles
+    are one wave on the RTX 4090's 128 SMs, 32 x 5 two; on the 188-SM RTX PRO 6000 both one."""
+    s = AttentionShape.of(resolve_model("llama-3.1-8b"), 1)
+    for name, waves in (("rtx4090", (1, 2)), ("rtx-pro-6000", (1, 1))):
+        gpu = resolve_gpu(name)
+        c = calibration.coefficients(gpu.family)
+        free = dataclasses.replace(c, attn_per_wave_s=0.0)
+        for chunk, w in zip((256, 320), waves, strict=True):
+            extra = (attention_layer_time(s, gpu, c, [(chunk, 0)], 0, 0)
+                     - attention_layer_time(s, gpu, free, [(chunk, 0)], 0, 0))
+            assert extra == pytest.approx(w * c.attn_per_wave_s)
+            assert w == math.ceil(32 * math.ceil(chunk / 64) / gpu.sm_count)
+
+
+def test_one_cta_is_not_as_fast_as_the_tensor_cores():
+    """One CTA's MMAs run at its SM's share of the tensor peak, the rest at the SM clock: the
+    RTX PRO 6000's SM does twice the RTX 4090's bf16 FLOPs per cycle at about the same clock,
+    yet a one-tile prefill after 16k tokens took 0.71 of the 4090's time (measured, Llama-3.1-8B
+    TP1: 520 us on the 4090)."""
+    assert longest_cta_time(1e9, 1e12, 2e9, 0.0, 2.0) == pytest.approx(1e-3)
+    assert longest_cta_time(1e9, 1e12, 2e9, 1e-3, 1.0) == pytest.approx(1.5e-3)
+    s = AttentionShape.of(resolve_model("llama-3.1-8b"), 1)
+    c = calibration.coefficients("ada")  # the same coefficients on both cards
+    t = {g: attention_layer_time(s, resolve_gpu(g), c, [(16, 16384)], 0, 0)
+         for g in ("rtx4090", "rtx-pro-6000")}
+    assert 0.6 < t["rtx-pro-6000"] / t["rtx4090"] < 0.85
+    assert t["rtx4090"] * 1e6 == pytest.approx(520, rel=0.2)
+
+
+def test_every_catalog_gpu_has_the_attention_figures():
+    """L2 size and boost clock are data-sheet figures the attention term needs; a GPU without
+    them is refused by name."""
+    from chunktune.core.gpus import GPUS
+
+    for g in GPUS.values():
+        assert g.l2_mib > 0 and g.boost_mhz > 0 and g.sm_count > 0, g.name
+    bare = dataclasses.replace(resolve_gpu("h200"), name="b200", l2_mib=0.0)
+    with pytest.raises(ValueError, match=r"b200.*l2_mib and boost_mhz"):
+        StepCostModel(resolve_model("llama-3.1-8b"), bare)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
+def test_attention_leave_one_gpu_out_full_grid():
+    """Each RTX card's full attention grid predicted from the other card's fit and its own
+    data sheet (median |error| 13.6% PRO 6000, 9.9% RTX 4090 when committed)."""
+    att = kernel_data.read_attention(SHARED)
+    med = {}
+    for g in ("rtx-pro-6000", "rtx4090"):
+        c = calibration.fit_attention([p for p in att if p.gpu != g])
+        med[g] = float(np.median(calibration.attention_errors(c, [p for p in att
+                                                                    if p.gpu == g])))
+    print(med)
+    assert med["rtx-pro-6000"] <= 0.145 and med["rtx4090"] <= 0.105
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")

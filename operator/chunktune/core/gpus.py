@@ -15,7 +15,7 @@ held out to test that); L40S and L4 keep the Ampere fit they were tuned with.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chunktune.core.errors import SpecError
 
@@ -32,14 +32,39 @@ class GPU:
     sm_count: int
     #: The name as ``torch.cuda.get_device_name`` gives it (vLLM keys its defaults on it).
     device_name: str
+    #: L2 cache, MiB (data sheet / architecture whitepaper; see ``_L2_MIB``).
+    l2_mib: float = 0.0
+    #: SM boost clock, MHz (data sheet; see ``_BOOST_MHZ``).
+    boost_mhz: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
         return self.memory_gib * 2**30
 
 
+#: L2 cache per GPU, MiB. Sources: NVIDIA A100 Tensor Core GPU Architecture whitepaper (A100:
+#: 40 MB), NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5 and PCIe: 50 MB; the
+#: H200 is the same GH100 configuration), NVIDIA Ampere GA102 GPU Architecture whitepaper (GA102
+#: boards A40 and A10/A10G: 6,144 KB), NVIDIA Ada GPU Architecture whitepaper v2.01 (GeForce RTX
+#: 4090: 73,728 KB = 72 MB of the full AD102's 96 MB; L40S: 96 MB; L4: 48 MB), NVIDIA RTX
+#: Blackwell GPU Architecture whitepaper (GB202: 128 MB, all of it on the RTX PRO 6000; the
+#: RTX 5090 has 96 MB). The CPU entry's figure is nominal (a server's last-level cache).
+_L2_MIB = {"a100-sxm": 40, "a100-pcie": 40, "a100-40g": 40, "h100-sxm": 50, "h100-pcie": 50,
+           "h200": 50, "l40s": 96, "l4": 48, "a10g": 6, "a40": 6, "rtx4090": 72,
+           "rtx-pro-6000": 128, "cpu": 32}
+
+#: SM boost clock per GPU, MHz, from the NVIDIA data sheets and whitepapers: A100 1410, A40 1740,
+#: A10 1695 (AWS publishes none for the A10G; the A10's), L40S 2520, L4 2040, GeForce RTX 4090
+#: 2520 (Ada whitepaper). Where the sheet gives a FP32 peak but no clock, the clock is that peak
+#: over SMs x 128 FP32 lanes x 2: H100 SXM and H200 67 TF / 132 SMs = 1980, H100 PCIe 51 TF /
+#: 114 SMs = 1750, RTX PRO 6000 Blackwell Server Edition 120 TF / 188 SMs = 2493. The CPU
+#: entry's figure is nominal.
+_BOOST_MHZ = {"a100-sxm": 1410, "a100-pcie": 1410, "a100-40g": 1410, "h100-sxm": 1980,
+              "h100-pcie": 1750, "h200": 1980, "l40s": 2520, "l4": 2040, "a10g": 1695,
+              "a40": 1740, "rtx4090": 2520, "rtx-pro-6000": 2493, "cpu": 2000}
+
 GPUS: dict[str, GPU] = {
-    g.name: g
+    g.name: replace(g, l2_mib=float(_L2_MIB[g.name]), boost_mhz=float(_BOOST_MHZ[g.name]))
     for g in (
         GPU("a100-sxm", 79.15, 2.039, 312.0, 600.0, "ampere", 108, "NVIDIA A100-SXM4-80GB"),
         GPU("a100-pcie", 79.15, 1.935, 312.0, 64.0, "ampere", 108, "NVIDIA A100 80GB PCIe"),

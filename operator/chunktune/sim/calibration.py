@@ -82,13 +82,13 @@ FITTED = ("gemm_compute_eff", "gemm_memory_eff", "gemm_overhead_s", "gemm_smooth
 
 #: Starting point and scale of the attention fit (seconds, efficiencies, bytes/s per SM).
 ATTENTION_X0 = {"attn_overhead_s": 7e-6, "attn_per_decode_s": 1e-7, "attn_compute_eff": 0.6,
-                "attn_cta_eff": 0.5, "attn_tile_memory_eff": 1.0,
+                "attn_cta_cycles_per_flop": 1.5e-3, "attn_tile_memory_eff": 1.0,
                 "attn_mixed_memory_eff": 1.0, "attn_reread_l2_bytes_per_sm_s": 1e10,
-                "attn_smoothness": 4.0, "attn_per_cta_s": 1e-8,
+                "attn_smoothness": 4.0, "attn_per_wave_s": 1e-6,
                 "attn_decode_alone_overhead_s": 4e-6, "attn_decode_memory_eff": 0.85}
-_ATTN_SCALE = np.array([1e-6, 1e-7, 0.1, 0.1, 0.3, 0.3, 3e9, 1.0, 1e-8, 1e-6, 0.1])
+_ATTN_SCALE = np.array([1e-6, 1e-7, 0.1, 5e-4, 0.3, 0.3, 3e9, 1.0, 1e-6, 1e-6, 0.1])
 #: Efficiencies against a data-sheet peak cannot exceed 1.
-_ATTN_CAPPED = ("attn_compute_eff", "attn_cta_eff")
+_ATTN_CAPPED = ("attn_compute_eff",)
 #: GPU families whose coefficients come from the LLMServingSim data, and the GPU measured.
 LLMSS_FAMILIES = {"rtx4090": "ada", "rtx-pro-6000": "blackwell"}
 
@@ -198,7 +198,9 @@ def _attention_arrays(points: list[kd.AttentionPoint]) -> dict[str, np.ndarray]:
         s, g = shapes[key], resolve_gpu(p.gpu)
         for name, v in (("heads", s.heads), ("kv_heads", s.kv_heads), ("head_dim", s.head_dim),
                         ("sm", g.sm_count), ("peak", g.bf16_tflops * 1e12),
-                        ("hbm", g.hbm_tb_s * 1e12), ("chunk", p.chunk),
+                        ("hbm", g.hbm_tb_s * 1e12), ("l2", g.l2_mib * 2**20),
+                        ("clock", g.boost_mhz * 1e6),
+                        ("chunk", p.chunk),
                         ("computed", p.kv_prefill), ("decodes", p.decodes),
                         ("ctx", p.decodes * p.kv_decode), ("us", p.us)):
             cols[name].append(v)
@@ -207,7 +209,8 @@ def _attention_arrays(points: list[kd.AttentionPoint]) -> dict[str, np.ndarray]:
 
 def predict_attention_us(coef: dict[str, Any], a: dict[str, np.ndarray]) -> np.ndarray:
     return attention_grid_time(a["heads"], a["kv_heads"], a["head_dim"], 2.0, a["sm"],
-                               a["peak"], a["hbm"], coef, a["chunk"], a["computed"],
+                               a["peak"], a["hbm"], a["l2"], a["clock"], coef, a["chunk"],
+                               a["computed"],
                                a["decodes"], a["ctx"]) * 1e6
 
 

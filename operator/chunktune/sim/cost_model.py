@@ -10,8 +10,10 @@ A step's time is the sum of
   attention times for mixed chunked-prefill batches. With a prefill chunk in the batch the
   varlen kernel runs one CTA per 64-row query tile and query head (a decode is a one-row
   tile): the soft maximum of its padded FLOPs (all CTAs at the bf16 peak, or the longest CTA
-  at one SM's share) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
-  per KV head from HBM and re-read per query head through L2 at a rate per SM); decodes alone
+  on one SM: its MMAs at that SM's share of the peak and the work beside them at the SM's
+  clock) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
+  per KV head from HBM and re-read per query head through L2 at a rate per SM, as far as one
+  KV head's KV fits the L2), plus a fixed cost per wave of CTAs over the SMs; decodes alone
   are memory-bound on their KV bytes;
 - **lm_head and sampling** for the rows that produce a token (decodes, last prefill chunks);
 - **tensor-parallel all-reduces**, two per layer of the step's activations
@@ -55,9 +57,11 @@ class FamilyCoefficients:
     #: Attention (per layer, per rank), fitted to LLMServingSim's vLLM 0.19 attention grid.
     attn_overhead_s: float
     attn_per_decode_s: float
-    #: fraction of the bf16 peak the varlen kernel's (padded) FLOPs run at, in all and per CTA
+    #: fraction of the bf16 peak the varlen kernel's (padded) FLOPs run at, all CTAs together
     attn_compute_eff: float
-    attn_cta_eff: float
+    #: SM clock cycles per (padded) FLOP that the longest CTA spends beside its MMAs (softmax,
+    #: loads, rescaling); its MMAs run at one SM's share of the bf16 peak
+    attn_cta_cycles_per_flop: float
     #: HBM fraction for the K/V each query tile and query head reads (above 1: L2 hits)
     attn_tile_memory_eff: float
     #: effective HBM fraction for a mixed batch's decode KV (first read of each KV head)
@@ -66,7 +70,8 @@ class FamilyCoefficients:
     attn_reread_l2_bytes_per_sm_s: float
     #: exponent of the soft maximum of compute and memory time (1: they add)
     attn_smoothness: float
-    attn_per_cta_s: float
+    #: fixed seconds per wave of CTAs (``ceil(CTAs / SMs)``): a CTA's prologue and epilogue
+    attn_per_wave_s: float
     attn_decode_alone_overhead_s: float
     attn_decode_memory_eff: float
     step_overhead_s: float
@@ -153,9 +158,10 @@ def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
 #: on the RTX 4090 a 256-token chunk's 4 x 32 heads = 128 CTAs fill its 128 SMs in one wave and
 #: a 512-token chunk takes two).
 Q_TILE = 64
-ATTENTION_FIELDS = ("attn_overhead_s", "attn_per_decode_s", "attn_compute_eff", "attn_cta_eff",
+ATTENTION_FIELDS = ("attn_overhead_s", "attn_per_decode_s", "attn_compute_eff",
+                    "attn_cta_cycles_per_flop",
                     "attn_tile_memory_eff", "attn_mixed_memory_eff",
-                    "attn_reread_l2_bytes_per_sm_s", "attn_smoothness", "attn_per_cta_s",
+                    "attn_reread_l2_bytes_per_sm_s", "attn_smoothness", "attn_per_wave_s",
                     "attn_decode_alone_overhead_s", "attn_decode_memory_eff")
 
 
@@ -188,11 +194,16 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
 
     - ``overhead + per_decode x decodes``;
     - compute: the larger of all CTAs' padded FLOPs at ``peak x compute_eff`` and the longest
-      CTA's at one SM's share ``peak / SMs x cta_eff`` (few CTAs leave SMs idle);
+      CTA's (few CTAs leave SMs idle), whose MMAs run at one SM's share ``peak / SMs`` and the
+      work beside them at ``cta_cycles_per_flop`` SM clock cycles per FLOP, the two combined
+      in the soft maximum below (:func:`longest_cta_time`);
     - memory: the tiles' K/V reads at a fraction of HBM (above 1 where L2 serves them); the
       decodes' KV read once per KV head from HBM and re-read by the other query heads of its
-      group from L2, at a rate per SM;
-    - compute and memory combine as a soft maximum, plus a cost per CTA;
+      group: from L2 at a rate per SM while one KV head's KV of all the decodes fits the L2
+      (the CTAs of one query head run together, the group's other heads follow), the rest
+      from HBM again (:func:`l2_hit_fraction`);
+    - compute and memory combine as a soft maximum, plus a cost per wave of CTAs over the
+      SMs (``ceil(CTAs / SMs)``, one CTA per SM at a time);
     - decodes alone (split-KV decode kernel): a fixed cost plus KV bytes / (HBM x
       decode_memory_eff).
     """
@@ -212,27 +223,56 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
         tiles += num_decodes
         per_key = 4.0 * s.head_dim * Q_TILE
         comp = max(per_key * s.heads * keys / (F * c.attn_compute_eff),
-                   per_key * longest / (F / gpu.sm_count * c.attn_cta_eff))
+                   float(longest_cta_time(per_key * longest, F / gpu.sm_count,
+                                          gpu.boost_mhz * 1e6, c.attn_cta_cycles_per_flop,
+                                          c.attn_smoothness)))
         head_bytes = 2.0 * s.head_dim * s.dtype_bytes
         group = s.heads / s.kv_heads
         dec_bytes = s.heads * decode_context_tokens * head_bytes
+        hit = float(l2_hit_fraction(gpu.l2_mib * 2**20, decode_context_tokens * head_bytes))
+        reread = dec_bytes * (group - 1) / group
         mem = (s.heads * (keys - decode_context_tokens) * head_bytes
                / (B * c.attn_tile_memory_eff)
-               + dec_bytes / group / (B * c.attn_mixed_memory_eff)
-               + dec_bytes * (group - 1) / group
-               / (gpu.sm_count * c.attn_reread_l2_bytes_per_sm_s))
+               + (dec_bytes / group + reread * (1.0 - hit)) / (B * c.attn_mixed_memory_eff)
+               + reread * hit / (gpu.sm_count * c.attn_reread_l2_bytes_per_sm_s))
         p, top = c.attn_smoothness, max(comp, mem)
         t += (top * ((comp / top) ** p + (mem / top) ** p) ** (1.0 / p)
-              + c.attn_per_cta_s * s.heads * tiles)
+              + c.attn_per_wave_s * math.ceil(s.heads * tiles / gpu.sm_count))
     elif num_decodes:
         t += (c.attn_decode_alone_overhead_s
               + decode_context_tokens * kv_token / (B * c.attn_decode_memory_eff))
     return t
 
 
+def l2_hit_fraction(l2_bytes: float | np.ndarray, working_set_bytes: float | np.ndarray
+                    ) -> np.ndarray:
+    """Fraction of the decodes' per-query-head KV re-reads the L2 serves: all of them while
+    the working set (one KV head's K and V for every decode in the batch) fits the L2, then
+    ``L2 / working set``."""
+    ws = np.maximum(np.asarray(working_set_bytes, dtype=np.float64), 1.0)
+    out: np.ndarray = np.minimum(1.0, np.asarray(l2_bytes, dtype=np.float64) / ws)
+    return out
+
+
+def longest_cta_time(flops: float | np.ndarray, sm_peak: float | np.ndarray,
+                     clock_hz: float | np.ndarray, cycles_per_flop: float | np.ndarray,
+                     p: float | np.ndarray) -> np.ndarray:
+    """Seconds one CTA's ``flops`` take on one SM: its MMAs at the SM's share of the tensor
+    peak, the work beside them (softmax, loads, rescaling) at ``cycles_per_flop`` SM cycles,
+    combined as ``(mma^p + other^p)^(1/p)``. Where the tensor cores are fast against the
+    clock (RTX PRO 6000: 1,024 bf16 FLOPs per SM cycle against the RTX 4090's 512) the
+    other work takes the larger share, so one CTA is not twice as fast."""
+    mma = np.asarray(flops, dtype=np.float64) / sm_peak
+    other = np.asarray(flops, dtype=np.float64) * cycles_per_flop / clock_hz
+    top = np.maximum(np.maximum(mma, other), 1e-30)
+    out: np.ndarray = top * ((mma / top) ** p + (other / top) ** p) ** (1.0 / p)
+    return out
+
+
 def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: np.ndarray,
                         dtype_bytes: float, sm_count: np.ndarray, peak: np.ndarray,
-                        hbm: np.ndarray, c: dict[str, Any], chunk: np.ndarray,
+                        hbm: np.ndarray, l2: np.ndarray, clock: np.ndarray,
+                        c: dict[str, Any], chunk: np.ndarray,
                         computed: np.ndarray, decodes: np.ndarray,
                         decode_context: np.ndarray) -> np.ndarray:
     """:func:`attention_layer_time` over arrays of batches with at most one prefill chunk
@@ -248,17 +288,19 @@ def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: n
     longest = np.maximum(computed + chunk, per_dec)
     per_key = 4.0 * head_dim * Q_TILE
     comp = np.maximum(per_key * s_heads * keys / (peak * c["attn_compute_eff"]),
-                      per_key * longest / (peak / sm_count * c["attn_cta_eff"]))
+                      longest_cta_time(per_key * longest, peak / sm_count, clock,
+                                       c["attn_cta_cycles_per_flop"], c["attn_smoothness"]))
     head_bytes = 2.0 * head_dim * dtype_bytes
     group = s_heads / s_kv_heads
     dec_bytes = s_heads * decode_context * head_bytes
+    hit = l2_hit_fraction(l2, decode_context * head_bytes)
+    reread = dec_bytes * (group - 1) / group
     mem = (s_heads * tile_keys * head_bytes / (hbm * c["attn_tile_memory_eff"])
-           + dec_bytes / group / (hbm * c["attn_mixed_memory_eff"])
-           + dec_bytes * (group - 1) / group
-           / (sm_count * c["attn_reread_l2_bytes_per_sm_s"]))
+           + (dec_bytes / group + reread * (1.0 - hit)) / (hbm * c["attn_mixed_memory_eff"])
+           + reread * hit / (sm_count * c["attn_reread_l2_bytes_per_sm_s"]))
     p, top = c["attn_smoothness"], np.maximum(np.maximum(comp, mem), 1e-30)
     var = (top * ((comp / top) ** p + (mem / top) ** p) ** (1.0 / p)
-           + c["attn_per_cta_s"] * s_heads * (n + decodes))
+           + c["attn_per_wave_s"] * np.ceil(s_heads * (n + decodes) / sm_count))
     alone = (c["attn_decode_alone_overhead_s"]
              + decode_context * kv_token / (hbm * c["attn_decode_memory_eff"]))
     dec = np.where(decodes > 0, alone, 0.0)
@@ -271,6 +313,10 @@ class StepCostModel:
 
     def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
                  enforce_eager: bool = False, interconnect: Interconnect | None = None) -> None:
+        if gpu.l2_mib <= 0 or gpu.boost_mhz <= 0:
+            raise ValueError(f"GPU {gpu.name!r}: l2_mib and boost_mhz must be positive (the data "
+                             "sheet's L2 size in MiB and SM boost clock in MHz; the attention "
+                             "term scales with them); set them as chunktune.core.gpus does")
         self.model = model
         self.gpu = gpu
         self.tp = tp
