@@ -434,7 +434,7 @@ class TwinDriver:
                     return why
             queued = self._queue_confirmations(r)
             if queued == 0:
-                # every configuration the twin ranks best behaves like one measured already
+                # nothing the twin ranks near the measured best is left unmeasured
                 self.simulated += self.search.counted() if self.search else 0
                 study.set_user_attr(ATTR_ROUND_DONE.format(r), {
                     "best": best_value(real), "error": overall_error(real.study,
@@ -442,8 +442,9 @@ class TwinDriver:
                     "simulated": self.search.counted() if self.search else 0,
                     "stop": "converged"})
                 self.search, self.searched = None, 0
-                self._enter("done", f"round {r}: the twin's best configurations all behave like "
-                                    "ones measured already: converged")
+                self._enter("done", f"round {r}: the twin predicts no unmeasured configuration "
+                                    "within maxTwinError of the measured best, nor one that "
+                                    "behaves differently from those measured: converged")
                 return "converged"
             self._enter("confirm", f"round {r}: {queued} of the twin's best configurations "
                                    "run for real")
@@ -607,8 +608,11 @@ class TwinDriver:
         m = max(0, min(self.strategy.confirm_trials, left))
         measured = [st.point_of(t) for t in self.real.trials()
                     if t.state != optuna.trial.TrialState.WAITING]
+        best = collect(study, self.real.objectives, self.real.constraints).best_trial
         picks = candidates(collect(self.search.study, self.real.objectives,
-                                   self.real.constraints), measured, m)
+                                   self.real.constraints), measured, m,
+                           incumbent=dict(best.params) if best is not None else None,
+                           tolerance=self.strategy.max_twin_error)
         for c in picks:
             self._enqueue(dict(c.params), {st.ATTR_PHASE: "confirm", st.ATTR_ROUND: r,
                                            st.ATTR_PREDICTED: dict(c.metrics)})
@@ -634,17 +638,31 @@ def outcome(t: TrialRecord) -> tuple[tuple[str, float], ...]:
     return tuple(sorted((k, float(f"{v:.9g}")) for k, v in t.metrics.items()))
 
 
-def candidates(results: Any, measured: list[dict[str, Any]], m: int) -> list[TrialRecord]:
+def candidates(results: Any, measured: list[dict[str, Any]], m: int,
+               incumbent: dict[str, Any] | None = None, tolerance: float = math.inf,
+               ) -> list[TrialRecord]:
     """The twin's ``m`` best distinct configurations not in ``measured``: feasible ones by the
     first objective (for several objectives the Pareto front first, spread along it), then, if
     the twin found too few feasible ones, the rest by the first objective. A configuration
     whose simulated :func:`outcome` equals one already measured or picked is left out (the
-    twin says it behaves the same), so fewer than ``m`` may come back."""
+    twin says it behaves the same), so fewer than ``m`` may come back.
+
+    ``incumbent`` (one objective): the best measured configuration. Only configurations the
+    twin predicts feasible and no worse than its prediction for the incumbent by more than
+    ``tolerance`` (its error allowance, relative) come back: a real trial on one the twin ranks
+    clearly worse than what is measured already buys nothing."""
     o = results.objectives[0]
     sign = 1.0 if o.direction == "minimize" else -1.0
 
     def key(t: TrialRecord) -> float:
         return sign * t.metrics.get(o.key, math.inf * sign)
+
+    bound = math.inf
+    if incumbent is not None and len(results.objectives) == 1:
+        inc = next((t for t in results.trials if t.state == TrialState.COMPLETE
+                    and dict(t.params) == incumbent and o.key in t.metrics), None)
+        if inc is not None:
+            bound = key(inc) + abs(inc.metrics[o.key]) * tolerance
 
     seen = [dict(p) for p in measured]
     done = [t for t in results.trials if t.state == TrialState.COMPLETE and o.key in t.metrics]
@@ -653,6 +671,8 @@ def candidates(results: Any, measured: list[dict[str, Any]], m: int) -> list[Tri
     for t in sorted(done, key=lambda t: t.number):
         first.setdefault(outcome(t), t)
     done = [t for b, t in first.items() if b not in behaviours and dict(t.params) not in seen]
+    if bound < math.inf:
+        done = [t for t in done if t.constraints_ok and key(t) <= bound]
     feasible = sorted((t for t in done if t.constraints_ok), key=key)
     front = [t for t in feasible if t.number in results.pareto]
     if len(front) > m > 0:
