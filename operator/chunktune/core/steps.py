@@ -147,8 +147,8 @@ def engine_itl(records: Iterable[StepRecord], q: float = 99.0) -> float | None:
 #: :func:`outside_engine`: client ITL p99 above ``HOST_FACTOR`` times the engine's own plus
 #: ``HOST_SLACK_S`` is flagged (the slack leaves room for the engine's own work between steps,
 #: scheduling and output processing, which its step times leave out). On the real CPU engine
-#: (2 shared cores) undisturbed runs saw 1.1-1.6 times the engine's figure and runs beside
-#: other work 2.4-5.7 times (docs/tuning.md, "Noisy measurements").
+#: (engine, API server and load client on 2 shared cores) about half the trials saw 1.1-1.6
+#: times the engine's figure and the rest 2.4-9 times (docs/tuning.md, "Noisy measurements").
 HOST_FACTOR = 2.0
 HOST_SLACK_S = 0.005
 
