@@ -192,7 +192,6 @@ def _twin_lines(results: Results, keys: list[str]) -> list[str]:
                "predicted / measured - 1)"]
     w = max(len(k) for k in keys) + 2 if keys else 8
     out.append(f"  {'trial':>5}  {'metric':{w}} {'predicted':>10} {'measured':>10} {'error':>7}")
-    errs: dict[str, list[float]] = {}
     host = []
     for t in rows:
         noisy = outside_engine(dict(t.metrics)) is not None
@@ -203,17 +202,33 @@ def _twin_lines(results: Results, keys: list[str]) -> list[str]:
             if p is None or m is None:
                 continue
             e = p / m - 1 if m > 0 else math.nan
-            if math.isfinite(e) and not noisy:
-                errs.setdefault(k, []).append(abs(e))
             out.append(f"  {t.number:>5}  {k:{w}} {_fmt(k, p):>10} {_fmt(k, m):>10} "
                        f"{e:>+7.0%}" + ("  (host)" if noisy else ""))
-    out.append("  median |error|: " + (", ".join(f"{k} {statistics.median(v):.0%}"
-                                                  for k, v in errs.items()) or "-"))
+    errs = prediction_errors(rows)
+    med = {k: statistics.median(abs(x) for x in errs[k]) for k in keys if errs.get(k)}
+    out.append("  median |error|: " + (", ".join(f"{k} {v:.0%}" for k, v in med.items())
+                                       or "-"))
     if host:
         out.append(f"  (host): trial{'s' if len(host) > 1 else ''} "
                    f"{', '.join(map(str, host))} measured latencies set outside the engine "
                    "(clients' ITL p99 over twice the engine's own steps'): not counted in the "
                    "twin's error")
+    return out
+
+
+def prediction_errors(records: Sequence[TrialRecord]) -> dict[str, list[float]]:
+    """``predicted / measured - 1`` per metric over ``records``, leaving out the trials whose
+    measured latencies were set outside the engine (:func:`outside_engine`: the twin models
+    the engine, not other work on the host; reports list them instead)."""
+    out: dict[str, list[float]] = {}
+    for r in records:
+        if outside_engine(dict(r.metrics)):
+            continue
+        for k, pred in r.predicted.items():
+            meas = r.metrics.get(k)
+            if meas is None or not meas > 0 or not math.isfinite(pred):
+                continue
+            out.setdefault(k, []).append(pred / meas - 1.0)
     return out
 
 

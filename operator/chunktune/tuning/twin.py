@@ -55,7 +55,7 @@ from chunktune.sim import twin as sim_twin
 from chunktune.sim.cost_model import StepCostModel
 from chunktune.tuning import space
 from chunktune.tuning import study as st
-from chunktune.tuning.results import collect, record
+from chunktune.tuning.results import collect, prediction_errors, record
 
 if TYPE_CHECKING:
     from chunktune.tuning.runner import Tuner
@@ -670,7 +670,7 @@ def candidates(results: Any, measured: list[dict[str, Any]], m: int,
     first: dict[tuple[tuple[str, float], ...], TrialRecord] = {}
     for t in sorted(done, key=lambda t: t.number):
         first.setdefault(outcome(t), t)
-    done = [t for b, t in first.items() if b not in behaviours and dict(t.params) not in seen]
+    done = [t for b, t in first.items() if b not in behaviours]
     if bound < math.inf:
         done = [t for t in done if t.constraints_ok and key(t) <= bound]
     feasible = sorted((t for t in done if t.constraints_ok), key=key)
@@ -693,25 +693,10 @@ def confirmed(study: optuna.Study) -> list[TrialRecord]:
             if r.state == TrialState.COMPLETE]
 
 
-def errors(records: Sequence[TrialRecord]) -> dict[str, list[float]]:
-    """``predicted / measured - 1`` per metric over ``records``, leaving out the trials whose
-    measured latencies were set outside the engine (:func:`outside_engine`: the twin models
-    the engine, not other work on the host; they are listed in the report instead)."""
-    out: dict[str, list[float]] = {}
-    for r in records:
-        if outside_engine(dict(r.metrics)):
-            continue  # the host, not the engine, set this measurement (see outside_engine)
-        for k, pred in r.predicted.items():
-            meas = r.metrics.get(k)
-            if meas is None or not meas > 0 or not math.isfinite(pred):
-                continue
-            out.setdefault(k, []).append(pred / meas - 1.0)
-    return out
-
-
 def twin_error(study: optuna.Study) -> dict[str, float]:
     """Median ``|predicted / measured - 1|`` per metric over the confirmed trials."""
-    return {k: statistics.median(abs(x) for x in v) for k, v in errors(confirmed(study)).items()}
+    errs = prediction_errors(confirmed(study))
+    return {k: statistics.median(abs(x) for x in v) for k, v in errs.items()}
 
 
 def overall_error(study: optuna.Study, keys: Sequence[str]) -> float | None:
@@ -719,8 +704,8 @@ def overall_error(study: optuna.Study, keys: Sequence[str]) -> float | None:
     and constraint metrics), of the median relative error of the confirmed trials (None before
     any confirmation). The largest, not a median over metrics: a twin that predicts the
     constraints well but misses the objective cannot rank configurations."""
-    errs = [statistics.median(abs(x) for x in v) for k, v in errors(confirmed(study)).items()
-            if k in keys and v]
+    errs = [statistics.median(abs(x) for x in v)
+            for k, v in prediction_errors(confirmed(study)).items() if k in keys and v]
     return max(errs) if errs else None
 
 
