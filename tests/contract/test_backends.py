@@ -45,3 +45,35 @@ class TestLocal(BackendContract):
         assert r.steps_file == str(tmp_path / "steps" / "contract-21-21.steps.jsonl")
         records, meta = read_step_log(r.steps_file)
         assert records == r.steps and meta.model == "llama-3.1-8b"
+
+    def test_nothing_scrapes_the_engine_during_the_load(self, tmp_path, monkeypatch):
+        """/metrics is scraped before and after the load only (a scrape stalls the API
+        server's event loop, and the clients' ITL tail with it); the KV-usage peak comes from
+        the step log, which has every step's usage."""
+        import time
+        from dataclasses import replace
+
+        from chunktune.backends import local
+        from chunktune.core.steps import kv_usage_peak
+        from tests.contract.backends import PROFILE, plan
+
+        calls: list[float] = []
+        real_scrape = local.scrape
+
+        async def counted(http, url):
+            calls.append(time.monotonic())
+            return await real_scrape(http, url)
+
+        monkeypatch.setattr(local, "scrape", counted)
+        b = LocalBackend(workdir=tmp_path, load_time=0.2)
+        p = replace(plan(22), profile=PROFILE.with_overrides(duration=4, warmup=1, rate=6))
+        try:
+            r = self.run(b, p)
+        finally:
+            asyncio.run(b.close())
+        assert r.state == "COMPLETE", (r.reason, r.message)
+        assert r.load_seconds is not None and r.load_seconds > 3
+        assert len(calls) == 2, calls  # one before the load, one after
+        peak = kv_usage_peak(r.steps)
+        assert peak is not None and peak > 0
+        assert r.metrics["kv_cache_usage_peak"] == pytest.approx(peak)

@@ -91,3 +91,16 @@ def test_outside_engine_flags_client_gaps_far_beyond_the_engines_steps() -> None
     why = outside_engine({"itl_p99": 0.0479, "engine_itl_p99": 0.0132})
     assert why is not None and "47.9 ms" in why and "13.2 ms" in why
     assert outside_engine({"itl_p99": 0.05}) is None  # no step log, no judgement
+
+
+def test_kv_usage_peak_is_the_largest_step_usage_as_a_fraction() -> None:
+    from chunktune.core.steps import kv_usage_peak
+
+    def step(pct: float | None) -> StepRecord:
+        return StepRecord(iteration=0, context_requests=1, context_tokens=8,
+                          generation_requests=0, generation_tokens=0, elapsed_ms=1.0,
+                          kv_usage_pct=pct)
+
+    # vLLM logs percent; the metric (like the vllm:kv_cache_usage_perc gauge) is a fraction
+    assert kv_usage_peak([step(0.0), step(37.5), step(None), step(12.0)]) == pytest.approx(0.375)
+    assert kv_usage_peak([step(None)]) is None and kv_usage_peak([]) is None

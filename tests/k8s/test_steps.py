@@ -158,6 +158,56 @@ def test_a_sim_trial_returns_its_engine_steps_and_writes_the_file(
 
 
 @pytest.mark.slow
+def test_an_engine_that_logs_its_steps_is_scraped_rarely_during_the_load(
+        kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its KV-usage peak comes from the step log; /metrics during the load is only a fallback,
+    sampled every STEPS_KV_SAMPLE_INTERVAL (a scrape stalls the API server's event loop), while
+    the engine is still checked for a crash every kv_sample_interval."""
+    import time
+
+    from chunktune.backends import kubernetes as k8s_backend
+    from chunktune.core.steps import kv_usage_peak
+
+    scrapes: list[float] = []
+    checks: list[float] = []
+    real_scrape = KubernetesBackend._scrape
+    real_gone = KubernetesBackend._engine_gone
+
+    async def scrape(self: KubernetesBackend, url: str) -> Any:
+        scrapes.append(time.monotonic())
+        return await real_scrape(self, url)
+
+    async def gone(self: KubernetesBackend, pod: str) -> Any:
+        checks.append(time.monotonic())
+        return await real_gone(self, pod)
+
+    monkeypatch.setattr(KubernetesBackend, "_scrape", scrape)
+    monkeypatch.setattr(KubernetesBackend, "_engine_gone", gone)
+    monkeypatch.setattr(k8s_backend, "STEPS_KV_SAMPLE_INTERVAL", 60.0)
+
+    async def go() -> TrialResult:
+        api = KubeApi(kube.api_client())
+        b = KubernetesBackend(api, make_owner(kube), BackendSettings(
+            options=OPTIONS, poll_interval=0.1, kv_sample_interval=0.3))
+        try:
+            return await b.run_trial(short_plan(13))
+        finally:
+            await b.close()
+            await api.close()
+
+    r = asyncio.run(go())
+    assert r.state == TrialState.COMPLETE, (r.reason, r.message)
+    assert r.load_seconds is not None and r.load_seconds > 2
+    # before the load, once as it starts (the fallback's sample), after it; never in between
+    assert len(scrapes) <= 3, [round(t - scrapes[0], 2) for t in scrapes]
+    assert len(checks) >= 3  # the crash watch kept its own pace
+    peak = kv_usage_peak(r.steps)
+    assert peak is not None and peak > 0
+    assert r.metrics["kv_cache_usage_peak"] == pytest.approx(peak)
+
+
+@pytest.mark.slow
 def test_an_adopted_trial_returns_its_engine_steps(
         kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
     """A trial left running by an operator that exited is adopted by the next one, which

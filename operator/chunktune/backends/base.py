@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import abc
 
+from chunktune.core.steps import kv_usage_peak
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult
 
 
 def trial_tag(plan: TrialPlan) -> str:
     """A trial's name in its files (engine logs, step logs): ``<plan name>-<number>``."""
     return f"{plan.name or 'trial'}-{plan.number}"
+
+
+def take_kv_peak_from_steps(result: TrialResult) -> None:
+    """Raise the result's ``kv_cache_usage_peak`` (metrics and server figures) to the largest
+    KV usage in its step log: backends scrape ``/metrics`` rarely or not at all during the
+    load of an engine that logs its steps (a scrape stalls the API server's event loop), and
+    the step log has every step's usage."""
+    peak = kv_usage_peak(result.steps)
+    if peak is None:
+        return
+    for d in (result.metrics, result.server):
+        if "kv_cache_usage_peak" in d:
+            d["kv_cache_usage_peak"] = max(d["kv_cache_usage_peak"], peak)
 
 
 class TrialBackend(abc.ABC):

@@ -5,14 +5,17 @@ vllm``: ``vllm serve`` where that command works, else ``python -m
 vllm.entrypoints.openai.api_server`` with the same flags, see :mod:`chunktune.backends.vllm`;
 vLLM's CPU build with ``spec.engine.cpu``) on a free loopback port with the trial's flags,
 waits for ``/health``, scrapes ``/metrics``, runs ``chunktune load run`` (Locust, in its own
-process), samples ``/metrics`` while it runs (for the KV-usage peak), scrapes again, and stops
-the engine (its whole process group). An engine that exits before it serves is classified from
-its exit code and log (:mod:`chunktune.backends.classify`): vLLM's OOM, KV-cache and
-configuration messages make the point ``INFEASIBLE``, anything else is a failed trial (a port
-taken in the meantime is retried on another port). An engine (vLLM or ``sim serve``) logs every
-step (``--enable-logging-iteration-details``); the trial's result carries those steps
-(:mod:`chunktune.core.steps`) and, with ``steps_dir``, they are kept as files.
-``parallelism`` trials run side by side, each on its own ports.
+process), scrapes again, and stops the engine (its whole process group). Nothing scrapes the
+engine during the load: a scrape renders the whole exposition on the API server's event loop
+(5-15 ms on the CPU engine), a stall of every stream in flight, and the step log has every
+step's KV usage (the peak is taken from it:
+:func:`~chunktune.backends.base.take_kv_peak_from_steps`). An engine that exits before it
+serves is classified from its exit code and log (:mod:`chunktune.backends.classify`): vLLM's
+OOM, KV-cache and configuration messages make the point ``INFEASIBLE``, anything else is a
+failed trial (a port taken in the meantime is retried on another port). An engine (vLLM or
+``sim serve``) logs every step (``--enable-logging-iteration-details``); the trial's result
+carries those steps (:mod:`chunktune.core.steps`) and, with ``steps_dir``, they are kept as
+files. ``parallelism`` trials run side by side, each on its own ports.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import aiohttp
 import yaml
 
 from chunktune.backends import vllm
-from chunktune.backends.base import TrialBackend, trial_tag
+from chunktune.backends.base import TrialBackend, take_kv_peak_from_steps, trial_tag
 from chunktune.backends.classify import classify
 from chunktune.core.errors import BackendUnavailable
 from chunktune.core.flatten import flatten, flatten_window
@@ -44,8 +47,8 @@ from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.metrics.client import scrape
 from chunktune.metrics.promtext import server_metrics
 
-#: Seconds between /metrics samples during the load (KV-usage peak).
-SAMPLE_INTERVAL = 1.0
+#: Seconds between checks of the load (its windows, for pruning) while it runs.
+POLL_INTERVAL = 1.0
 
 #: Engine kinds that log their steps (``--enable-logging-iteration-details``).
 STEP_LOG_KINDS = vllm.STEP_LOG_KINDS
@@ -227,6 +230,7 @@ class LocalBackend(TrialBackend):
         result.steps, out = keep_step_log(lines, self.steps_dir, tag)
         if out is not None:
             result.steps_file = str(out)
+        take_kv_peak_from_steps(result)  # the scrapes before and after the load miss it
 
     async def _wait_ready(self, proc: asyncio.subprocess.Process, http: aiohttp.ClientSession,
                           url: str, timeout: float) -> bool:
@@ -272,7 +276,6 @@ class LocalBackend(TrialBackend):
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
             env=self._env(plan), start_new_session=True)
         self._procs.add(load)
-        kv: list[float] = []
         seen = 0
         pruned_at: int | None = None
         assert load.stderr is not None  # started with stderr=PIPE
@@ -280,12 +283,7 @@ class LocalBackend(TrialBackend):
         try:
             while load.returncode is None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(load.wait(), SAMPLE_INTERVAL)
-                s = await scrape(http, url)
-                if s is not None:
-                    v = s.total("vllm:kv_cache_usage_perc")
-                    if v is not None:
-                        kv.append(v)
+                    await asyncio.wait_for(load.wait(), POLL_INTERVAL)
                 if windows is not None and report is not None and windows.exists():
                     lines = windows.read_text().splitlines()
                     for line in lines[seen:]:
@@ -307,7 +305,7 @@ class LocalBackend(TrialBackend):
         after = await scrape(http, url)
         server: dict[str, Any] = {}
         if before is not None and after is not None:
-            server = server_metrics(before, after, load_s, kv)
+            server = server_metrics(before, after, load_s)
         if pruned_at is not None:
             return TrialResult(TrialState.PRUNED, reason="Pruned",
                                metrics=_window_metrics(windows), server=server,

@@ -133,6 +133,14 @@ class StepSummary:
         )
 
 
+def kv_usage_peak(records: Iterable[StepRecord]) -> float | None:
+    """The largest KV-cache usage after any step, as a fraction (vLLM logs percent; the
+    ``vllm:kv_cache_usage_perc`` gauge is a fraction); None when no record has one. Every step
+    counts, so this is the peak a sampled gauge can only approach."""
+    kv = [r.kv_usage_pct for r in records if r.kv_usage_pct is not None]
+    return max(kv) / 100 if kv else None
+
+
 def engine_itl(records: Iterable[StepRecord], q: float = 99.0) -> float | None:
     """The inter-token latency the engine itself gave, in seconds: the ``q``-th percentile of
     step time over the decoded tokens (each step counted once per request decoding in it).

@@ -39,7 +39,7 @@ from optuna.trial import TrialState as OptunaState
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend
 from chunktune.core.errors import InfrastructureFault, SpecError
-from chunktune.core.steps import StepSummary, engine_itl, outside_engine
+from chunktune.core.steps import StepSummary, engine_itl, kv_usage_peak, outside_engine
 from chunktune.core.trials import (
     RESULT_STATES,
     CpuTarget,
@@ -463,10 +463,10 @@ class Tuner:
                                                 **dataclasses.asdict(summary)})
             # The step log has the KV usage of every step; the /metrics gauge is only sampled
             # (and misses the peak of short bursts).
-            kv = [s.kv_usage_pct for s in result.steps if s.kv_usage_pct is not None]
-            if kv and result.state == TrialState.COMPLETE:
+            kv = kv_usage_peak(result.steps)
+            if kv is not None and result.state == TrialState.COMPLETE:
                 result.metrics["kv_cache_usage_peak"] = max(
-                    result.metrics.get("kv_cache_usage_peak", 0.0), max(kv) / 100)
+                    result.metrics.get("kv_cache_usage_peak", 0.0), kv)
             itl = engine_itl(result.steps)
             if itl is not None and result.state == TrialState.COMPLETE:
                 # a backend that knows its engine's steps better (the simulator, which leaves a

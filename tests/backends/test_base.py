@@ -1,0 +1,39 @@
+"""Helpers every backend shares (chunktune.backends.base)."""
+
+from __future__ import annotations
+
+import pytest
+
+from chunktune.backends.base import take_kv_peak_from_steps
+from chunktune.core.steps import StepRecord
+from chunktune.core.trials import TrialResult, TrialState
+
+
+def steps(*pcts: float | None) -> list[StepRecord]:
+    return [StepRecord(iteration=i, context_requests=0, context_tokens=0, generation_requests=1,
+                       generation_tokens=1, elapsed_ms=5.0, kv_usage_pct=p)
+            for i, p in enumerate(pcts)]
+
+
+def test_the_step_logs_kv_peak_raises_the_scraped_one() -> None:
+    # scraped before and after the load only (an idle engine's usage); the steps saw 42%
+    r = TrialResult(TrialState.COMPLETE, metrics={"kv_cache_usage_peak": 0.01, "ttft_p99": 1.0},
+                    server={"kv_cache_usage_peak": 0.01}, steps=steps(3.0, 42.0, 7.5))
+    take_kv_peak_from_steps(r)
+    assert r.metrics == {"kv_cache_usage_peak": pytest.approx(0.42), "ttft_p99": 1.0}
+    assert r.server == {"kv_cache_usage_peak": pytest.approx(0.42)}
+
+
+def test_a_higher_sample_stays_and_nothing_is_invented() -> None:
+    r = TrialResult(TrialState.COMPLETE, metrics={"kv_cache_usage_peak": 0.9},
+                    steps=steps(42.0))
+    take_kv_peak_from_steps(r)
+    assert r.metrics == {"kv_cache_usage_peak": 0.9} and r.server == {}
+    # no scraped figure (a failed trial) or no usage in the log: left as it was
+    failed = TrialResult(TrialState.FAIL, steps=steps(42.0))
+    take_kv_peak_from_steps(failed)
+    assert failed.metrics == {}
+    blank = TrialResult(TrialState.COMPLETE, metrics={"kv_cache_usage_peak": 0.1},
+                        steps=steps(None))
+    take_kv_peak_from_steps(blank)
+    assert blank.metrics == {"kv_cache_usage_peak": 0.1}
