@@ -20,7 +20,7 @@ Environment variables (defaults in brackets):
 ``CHUNKTUNE_SHM_SIZE``             sizeLimit of the engine's /dev/shm [8Gi]
 ``CHUNKTUNE_SIM_LOAD_TIME``        ``--load-time`` of simulated engines, seconds [unset]
 ``CHUNKTUNE_POLL_INTERVAL``        seconds between checks of a trial's objects [1]
-``CHUNKTUNE_KV_SAMPLE_INTERVAL``   seconds between /metrics samples during the load [2]
+``CHUNKTUNE_KV_SAMPLE_INTERVAL``   seconds between engine checks during the load [2]
 ``CHUNKTUNE_KEEP_TRIAL_OBJECTS``   leave finished trials' objects for debugging [false]
 ``CHUNKTUNE_PROMETHEUS_SELECT_BY`` ``pod`` (namespace+pod labels) or ``instance`` (pod IP) [pod]
 ``CHUNKTUNE_WATCH_SERVER_TIMEOUT`` kopf's watch server timeout, seconds [300]
@@ -92,7 +92,10 @@ class TrialSettings:
     poll_interval: float = 1.0
     """Seconds between checks of a trial's pod, Job and log."""
     kv_sample_interval: float = 2.0
-    """Seconds between ``/metrics`` samples during the load (for the KV-usage peak)."""
+    """Seconds between checks of the engine during the load (a crash ends the trial) and
+    ``/metrics`` samples for the KV-usage peak; an engine that logs its steps (vLLM, sim) has
+    its peak from the step log and is sampled at most every 15 s (a scrape stalls its API
+    server)."""
     keep_objects: bool = False
     """Leave a finished trial's Pod, Job and ConfigMap in place (for debugging)."""
     prometheus_select_by: str = "pod"
