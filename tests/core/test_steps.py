@@ -104,3 +104,25 @@ def test_kv_usage_peak_is_the_largest_step_usage_as_a_fraction() -> None:
     # vLLM logs percent; the metric (like the vllm:kv_cache_usage_perc gauge) is a fraction
     assert kv_usage_peak([step(0.0), step(37.5), step(None), step(12.0)]) == pytest.approx(0.375)
     assert kv_usage_peak([step(None)]) is None and kv_usage_peak([]) is None
+
+
+def _decodes(ms: float, n: int, decodes: int = 1) -> list[StepRecord]:
+    return [StepRecord(iteration=0, context_requests=0, context_tokens=0,
+                       generation_requests=decodes, generation_tokens=decodes, elapsed_ms=ms)
+            for _ in range(n)]
+
+
+def test_itl_band_finds_a_p99_on_a_cliff() -> None:
+    """About 1% of the tokens waiting on long steps puts the p99 on a cliff: half a percentile
+    either side lands on a decode step (10 ms) and on a long step (150 ms)."""
+    from chunktune.core.steps import itl_band, on_cliff
+
+    cliff = _decodes(10.0, 990) + _decodes(150.0, 10)
+    band = itl_band(cliff)
+    assert band == (pytest.approx(0.010), pytest.approx(0.150))
+    why = on_cliff(band)
+    assert why is not None and "10.0 ms at p98.5" in why and "150.0 ms at p99.5" in why
+    # well clear of 1%: a stable p99 either way, whatever the long steps take
+    assert on_cliff(itl_band(_decodes(10.0, 1000))) is None
+    assert on_cliff(itl_band(_decodes(10.0, 950) + _decodes(150.0, 50))) is None
+    assert itl_band(_decodes(10.0, 5, decodes=0)) is None and on_cliff(None) is None

@@ -24,3 +24,23 @@ def test_twin_rows_show_no_relative_error_where_the_measurement_is_zero() -> Non
     assert rows["chat.itl_p99"][-1] == "-20%"
     assert rows["error_rate"][-1] == "-"
     assert "median |error|: chat.itl_p99 20%" in text
+
+
+def _trial(n: int, itl: float, band: tuple[float, float] | None) -> TrialRecord:
+    return TrialRecord(number=n, params={"max-num-batched-tokens": 1024 * (n + 1)},
+                       state=TrialState.COMPLETE,
+                       metrics={"chat.itl_p99": itl, "itl_p99": itl, "engine_itl_p99": 0.015,
+                                "error_rate": 0.0}, itl_band=band)
+
+
+def test_results_name_trials_whose_itl_p99_is_on_a_cliff() -> None:
+    trials = [_trial(0, 0.020, (0.0109, 0.072)), _trial(1, 0.031, (0.0267, 0.0349))]
+    res = Results(trials=trials, objectives=[ObjectiveDef("itl_p99", "chat", "minimize")],
+                  constraints=[], baseline=0, best=0, pareto=[])
+    text = format_results(res)
+    line = next(x for x in text.splitlines() if x.startswith("cliff:"))
+    assert "1 of 2 measured trials (0)" in line and "72.0 ms at p99.5" in line
+    # an objective that is not an ITL p99: nothing to say about it
+    res = Results(trials=trials, objectives=[ObjectiveDef("ttft_p99", "chat", "minimize")],
+                  constraints=[], baseline=0, best=0, pareto=[])
+    assert "cliff:" not in format_results(res)

@@ -60,6 +60,9 @@ class TrialRecord:
     ``fallback``)."""
     predicted: Mapping[str, float] = field(default_factory=dict)
     """Twin-first studies: the twin's prediction of ``metrics`` for a confirmed trial."""
+    itl_band: tuple[float, float] | None = None
+    """Trials with a step log: the engine's ITL half a percentile either side of its p99,
+    seconds (:func:`chunktune.core.steps.itl_band`)."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -119,6 +119,8 @@ class StepSummary:
     max_step_tokens: int
     mean_elapsed_ms: float
     total_elapsed_ms: float
+    itl_band_s: tuple[float, float] | None = None
+    """The engine's ITL half a percentile either side of its p99 (:func:`itl_band`)."""
 
     @classmethod
     def of(cls, records: list[StepRecord]) -> StepSummary:
@@ -130,6 +132,7 @@ class StepSummary:
             max_step_tokens=max((r.tokens for r in records), default=0),
             mean_elapsed_ms=total / len(records) if records else 0.0,
             total_elapsed_ms=total,
+            itl_band_s=itl_band(records),
         )
 
 
@@ -152,6 +155,39 @@ def engine_itl(records: Iterable[StepRecord], q: float = 99.0) -> float | None:
                                [r.generation_requests for r in recs], q)
 
 
+#: :func:`itl_band`: how far either side of the p99 the band reaches (percentiles), and
+#: :func:`on_cliff`: the band's top over its bottom that makes the p99 a cliff.
+BAND_WIDTH = 0.5
+CLIFF_RATIO = 2.0
+
+
+def itl_band(records: Iterable[StepRecord], q: float = 99.0, width: float = BAND_WIDTH
+             ) -> tuple[float, float] | None:
+    """The engine's ITL (:func:`engine_itl`) at the ``q - width`` and ``q + width``
+    percentiles, seconds; None when no step decoded.
+
+    A tail percentile of a short load is unstable where the step-time distribution jumps
+    near it: when about 1% of the decoded tokens waited on long steps (a long prompt's prefill
+    chunk beside them), the p99 is either a decode step's time or a long step's, depending on
+    how many decodes happened to share those steps in that run. On the real CPU engine, one
+    configuration's engine ITL p99 was 14.9 ms in one run (0.55% of the tokens in steps over
+    40 ms) and 74.8 ms in the next (1.18%), with the same requests."""
+    recs = list(records)
+    lo, hi = engine_itl(recs, q - width), engine_itl(recs, q + width)
+    if lo is None or hi is None:
+        return None
+    return lo, hi
+
+
+def on_cliff(band: tuple[float, float] | None) -> str | None:
+    """Why the p99 of a trial with this :func:`itl_band` is not a stable figure, or None."""
+    if band is None or not band[0] > 0 or band[1] < CLIFF_RATIO * band[0]:
+        return None
+    return (f"the engine's ITL goes from {band[0] * 1e3:.1f} ms at p{99 - BAND_WIDTH:g} to "
+            f"{band[1] * 1e3:.1f} ms at p{99 + BAND_WIDTH:g}: about 1% of the tokens waited "
+            "on long steps, so a p99 of this load lands on either side from one run to the next")
+
+
 #: :func:`outside_engine`: client ITL p99 above ``HOST_FACTOR`` times the engine's own plus
 #: ``HOST_SLACK_S`` is flagged (the slack leaves room for the engine's own work between steps,
 #: scheduling and output processing, which its step times leave out). On the real CPU engine
@@ -161,10 +197,12 @@ HOST_FACTOR = 2.0
 HOST_SLACK_S = 0.005
 
 
-def outside_engine(metrics: dict[str, float]) -> str | None:
+def outside_engine(metrics: Mapping[str, float]) -> str | None:
     """Why a trial's measured latencies were set outside the engine, or None: the clients'
     ITL p99 (``itl_p99``) far above what the engine's steps gave (``engine_itl_p99``, from its
-    step log). Such a measurement says more about the host than about the configuration."""
+    step log). Such a measurement says more about the host than about the configuration. (A
+    p99 on a cliff, :func:`on_cliff`, can also put the clients' p99 on the long steps where
+    the engine's, over all its tokens, is not: that measurement does not repeat either.)"""
     client, engine = metrics.get("itl_p99"), metrics.get("engine_itl_p99")
     if client is None or engine is None or not engine > 0:
         return None

@@ -19,7 +19,7 @@ import optuna
 from chunktune.api.metrics import format_value
 from chunktune.api.status import StudySummary, TrialRecord, improvement
 from chunktune.core.flags import flags_line
-from chunktune.core.steps import outside_engine
+from chunktune.core.steps import BAND_WIDTH, on_cliff, outside_engine
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
@@ -70,9 +70,11 @@ def record(t: optuna.trial.FrozenTrial) -> TrialRecord:
         reason = "SLOViolated"
     predicted = {k: float(v) for k, v in (t.user_attrs.get(st.ATTR_PREDICTED) or {}).items()
                  if isinstance(v, int | float) and math.isfinite(v)}
+    band = (t.user_attrs.get(st.ATTR_STEPS) or {}).get("itl_band_s")
     return TrialRecord(number=t.number, params=st.point_of(t), state=state, reason=reason,
                        metrics=metrics, constraints_ok=ok, phase=t.user_attrs.get(st.ATTR_PHASE),
-                       predicted=predicted)
+                       predicted=predicted,
+                       itl_band=(float(band[0]), float(band[1])) if band else None)
 
 
 def collect(study: optuna.Study, objectives: Sequence[ObjectiveDef],
@@ -194,7 +196,7 @@ def _twin_lines(results: Results, keys: list[str]) -> list[str]:
     out.append(f"  {'trial':>5}  {'metric':{w}} {'predicted':>10} {'measured':>10} {'error':>7}")
     host = []
     for t in rows:
-        noisy = outside_engine(dict(t.metrics)) is not None
+        noisy = outside_engine(t.metrics) is not None
         if noisy:
             host.append(t.number)
         for k in keys:
@@ -223,7 +225,7 @@ def prediction_errors(records: Sequence[TrialRecord]) -> dict[str, list[float]]:
     the engine, not other work on the host; reports list them instead)."""
     out: dict[str, list[float]] = {}
     for r in records:
-        if outside_engine(dict(r.metrics)):
+        if outside_engine(r.metrics):
             continue
         for k, pred in r.predicted.items():
             meas = r.metrics.get(k)
@@ -236,17 +238,34 @@ def prediction_errors(records: Sequence[TrialRecord]) -> dict[str, list[float]]:
 def _noise_lines(results: Results) -> list[str]:
     """Trials whose measured latencies the host set rather than the engine (see
     :func:`~chunktune.core.steps.outside_engine`), with what to do about them."""
-    host = [t.number for t in results.trials
-            if t.state == TrialState.COMPLETE and outside_engine(dict(t.metrics))]
-    if not host:
-        return []
     done = sum(1 for t in results.trials if t.state == TrialState.COMPLETE)
-    return ["", f"noisy: {len(host)} of {done} measured trials "
-                f"({', '.join(map(str, host))}) saw clients' ITL p99 over twice what the "
-                "engine's own steps gave (engine_itl_p99): the gap was added outside the "
-                "engine (API server, network, load client or other work on the host), so "
-                "their latencies say little about their configurations; measure on a quiet "
-                "node, or compare engine_itl_p99"]
+    out = []
+    host = [t.number for t in results.trials
+            if t.state == TrialState.COMPLETE and outside_engine(t.metrics)]
+    if host:
+        out += ["", f"noisy: {len(host)} of {done} measured trials "
+                    f"({', '.join(map(str, host))}) saw clients' ITL p99 over twice what the "
+                    "engine's own steps gave (engine_itl_p99): the gap was added outside the "
+                    "engine (API server, network, load client or other work on the host), so "
+                    "their latencies say little about their configurations; measure on a quiet "
+                    "node, or compare engine_itl_p99"]
+    goals = [o.metric for o in results.objectives] + [c.metric for c in results.constraints]
+    cliff = [t for t in results.trials
+             if t.state == TrialState.COMPLETE and on_cliff(t.itl_band)]
+    if cliff and any(g in ("itl_p99", "engine_itl_p99") for g in goals):
+        t = max(cliff, key=lambda t: t.itl_band[1] / t.itl_band[0] if t.itl_band else 0.0)
+        assert t.itl_band is not None
+        out += ["", f"cliff: {len(cliff)} of {done} measured trials "
+                    f"({', '.join(str(t.number) for t in cliff)}) have an ITL p99 on a cliff: "
+                    "about 1% of their tokens waited on long steps (prefill chunks beside the "
+                    "decodes), so the p99 of a load this long falls on a decode step or on a "
+                    f"long step from one run to the next (trial {t.number}: the engine's "
+                    f"{t.itl_band[0] * 1e3:.1f} ms at p{99 - BAND_WIDTH:g}, "
+                    f"{t.itl_band[1] * 1e3:.1f} ms at p{99 + BAND_WIDTH:g}); their ranking on "
+                    "it does not repeat, and a clients' p99 on the long steps can look like host "
+                    "noise (noisy:); a longer load or a lower percentile (p95) ranks them more "
+                    "stably"]
+    return out
 
 
 def to_json(results: Results, **extra: Any) -> dict[str, Any]:

@@ -39,7 +39,13 @@ from optuna.trial import TrialState as OptunaState
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend
 from chunktune.core.errors import InfrastructureFault, SpecError
-from chunktune.core.steps import StepSummary, engine_itl, kv_usage_peak, outside_engine
+from chunktune.core.steps import (
+    StepSummary,
+    engine_itl,
+    kv_usage_peak,
+    on_cliff,
+    outside_engine,
+)
 from chunktune.core.trials import (
     RESULT_STATES,
     CpuTarget,
@@ -476,6 +482,9 @@ class Tuner:
                 if why:
                     log.warning("trial %d: %s; its latencies are noisy, not the configuration's",
                                 trial.number, why)
+                cliff = on_cliff(summary.itl_band_s)
+                if cliff:
+                    log.info("trial %d: ITL p99 on a cliff: %s", trial.number, cliff)
         if result.state == TrialState.INFEASIBLE:
             self._tell_startup_failure(trial, point, TrialState.INFEASIBLE,
                                        result.reason or "Startup", result.message or "")

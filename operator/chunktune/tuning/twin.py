@@ -736,7 +736,7 @@ def twin_report(study: optuna.Study, keys: Sequence[str], max_twin_error: float,
         row = {"trial": rec.number, "params": dict(rec.params),
                "predicted": dict(rec.predicted),
                "measured": {k: rec.metrics[k] for k in rec.predicted if k in rec.metrics}}
-        host = outside_engine(dict(rec.metrics))
+        host = outside_engine(rec.metrics)
         if host:
             row["outside_engine"] = host  # not counted in twin_error
         rows.append(row)
