@@ -44,3 +44,17 @@ def test_results_name_trials_whose_itl_p99_is_on_a_cliff() -> None:
     res = Results(trials=trials, objectives=[ObjectiveDef("ttft_p99", "chat", "minimize")],
                   constraints=[], baseline=0, best=0, pareto=[])
     assert "cliff:" not in format_results(res)
+
+
+def test_twin_rows_mark_an_itl_p99_on_a_cliff() -> None:
+    t = TrialRecord(number=4, params={"max-num-batched-tokens": 2048}, state=TrialState.COMPLETE,
+                    metrics={"chat.itl_p99": 0.060, "chat.ttft_p99": 0.3},
+                    phase="confirm", predicted={"chat.itl_p99": 0.020, "chat.ttft_p99": 0.3},
+                    itl_band=(0.0156, 0.211))
+    res = Results(trials=[t], objectives=[ObjectiveDef("itl_p99", "chat", "minimize")],
+                  constraints=[ConstraintDef("ttft_p99", "chat", 3.0, None)], baseline=None,
+                  best=4, pareto=[])
+    rows = {line.split()[1]: line for line in format_results(res).splitlines()
+            if line.strip().startswith("4 ")}
+    assert rows["chat.itl_p99"].endswith("(cliff)")
+    assert "(cliff)" not in rows["chat.ttft_p99"]

@@ -205,8 +205,10 @@ def _twin_lines(results: Results, keys: list[str]) -> list[str]:
                 continue
             # a relative error needs a measurement above 0 (an error rate of 0 has none)
             e = f"{p / m - 1:+.0%}" if m > 0 and math.isfinite(p) else "-"
+            # an ITL p99 on a cliff does not repeat: its error says little about the twin
+            cliff = k.endswith("itl_p99") and on_cliff(t.itl_band) is not None
             out.append(f"  {t.number:>5}  {k:{w}} {_fmt(k, p):>10} {_fmt(k, m):>10} "
-                       f"{e:>7}" + ("  (host)" if noisy else ""))
+                       f"{e:>7}" + ("  (host)" if noisy else "") + ("  (cliff)" if cliff else ""))
     errs = prediction_errors(rows)
     med = {k: statistics.median(abs(x) for x in errs[k]) for k in keys if errs.get(k)}
     out.append("  median |error|: " + (", ".join(f"{k} {v:.0%}" for k, v in med.items())
