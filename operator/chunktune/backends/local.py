@@ -7,7 +7,7 @@ vLLM's CPU build with ``spec.engine.cpu``) on a free loopback port with the tria
 waits for ``/health``, scrapes ``/metrics``, runs ``chunktune load run`` (Locust, in its own
 process), scrapes again, and stops the engine (its whole process group). Nothing scrapes the
 engine during the load: a scrape renders the whole exposition on the API server's event loop
-(5-15 ms on the CPU engine), a stall of every stream in flight, and the step log has every
+(6-14 ms on the CPU engine), a stall of every stream in flight, and the step log has every
 step's KV usage (the peak is taken from it:
 :func:`~chunktune.backends.base.take_kv_peak_from_steps`). An engine that exits before it
 serves is classified from its exit code and log (:mod:`chunktune.backends.classify`): vLLM's
