@@ -86,6 +86,7 @@ def run(name: str, m: dict[str, Any], store: Path, rerun: bool) -> dict[str, Any
                "best": best["metrics"][key] if best else None,
                "best_flags": best["flags"] if best else None,
                "best_params": best["params"] if best else None,
+               "best_repeats": best.get("repeats") if best else None,
                "real_trials": sum(1 for t in result["trials"] if t["state"] in RAN),
                "twin": result.get("twin"), "stop_reason": result.get("stop_reason")}
     done.write_text(json.dumps(outcome, indent=2) + "\n")
@@ -130,6 +131,8 @@ def main() -> int:
               f"{ratio:>7.3f} {r['real_trials']:>5} {twin.get('simulated_trials', 0):>5} "
               f"{r['wall_s'] / 60:>6.1f}min {r['wall_s'] / ref['wall_s']:>8.2f} "
               f"{err if err is None else f'{err:.0%}':>8}  {r['best_flags']}"
+              + (f"  (mean of trials {', '.join(map(str, r['best_repeats']))})"
+                 if r.get("best_repeats") else "")
               + ("  (stored)" if r.get("reused") else ""))
     med = statistics.median(ratios)
     print(f"\nmedian over {len(a.seeds)} seeds: best/reference {med:.3f} (target <= 1.05), "

@@ -503,6 +503,14 @@ def _twin(p: Parts, s: StrategySpec) -> None:
               f"calibrationTrials ({s.calibration_trials}) + confirmTrials ({s.confirm_trials}) "
               f"must be <= budget.maxTrials ({p.budget.max_trials}), the real-trial budget of a "
               "twin study; lower them or raise maxTrials")
+    if p.budget is not None and s.recheck_trials and \
+            s.calibration_trials + s.confirm_trials <= p.budget.max_trials < \
+            s.calibration_trials + s.confirm_trials + s.recheck_trials:
+        p.add(f"{where}.recheckTrials",
+              f"calibrationTrials ({s.calibration_trials}) + confirmTrials ({s.confirm_trials}) "
+              f"+ recheckTrials ({s.recheck_trials}) must be <= budget.maxTrials "
+              f"({p.budget.max_trials}): the recheck is kept out of the real-trial budget; "
+              "lower them or raise maxTrials")
     e = p.engine
     if e is None:
         return

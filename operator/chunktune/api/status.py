@@ -63,6 +63,10 @@ class TrialRecord:
     itl_band: tuple[float, float] | None = None
     """Trials with a step log: the engine's ITL half a percentile either side of its p99,
     seconds (:func:`chunktune.core.steps.itl_band`)."""
+    repeats: tuple[int, ...] = ()
+    """A configuration measured more than once (a twin-first study's ``recheck``): the numbers
+    of every trial that measured it, ``metrics`` then being their mean; empty for one
+    measurement."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,10 @@ class StudySummary:
     trials_limit: int = DEFAULT_TRIALS_LIMIT
     twin: Mapping[str, Any] | None = None
     """Twin-first studies: the :class:`TwinStatus` fields (phase, round, counts, error)."""
+    merged: Mapping[int, TrialRecord] = field(default_factory=dict)
+    """Configurations measured more than once, by the number of each trial that measured
+    them: one record with their mean (:attr:`TrialRecord.repeats`), which the baseline, the
+    best and the Pareto front show instead of the single trial."""
 
 
 # ---- output: the status shape -----------------------------------------------------------------
@@ -140,16 +148,20 @@ class TrialPoint(_StatusModel):
     """The engine flags to paste (``--max-num-batched-tokens 4096 ...``)."""
     improvement: str | None = None
     """Change of the first objective against the baseline (``-34%``)."""
+    repeats: list[int] | None = None
+    """Trials that measured this configuration, when more than one (``metrics`` is then their
+    mean)."""
 
 
 class TwinStatus(_StatusModel):
     """A twin-first study (``spec.strategy.name: twin``): where it is and how far the twin's
     predictions were from the measurements."""
 
-    phase: Literal["calibrate", "search", "confirm", "fallback", "done"]
+    phase: Literal["calibrate", "search", "confirm", "fallback", "recheck", "done"]
     """calibrate (real trials that record the step log), search (simulated trials in the
     calibrated twin), confirm (the twin's best run for real), fallback (ordinary real trials
-    after the twin erred too much), done."""
+    after the twin erred too much), recheck (the best measured configurations measured once
+    more before the answer), done."""
     round: int = 0
     """Search round (1 the first search; each refine round adds one)."""
     real_trials: int = 0
@@ -218,6 +230,7 @@ class Status(_StatusModel):
 def render_status(summary: StudySummary) -> dict[str, Any]:
     """The ``status`` mapping for ``summary`` (camelCase, no empty fields)."""
     by_number = {t.number: t for t in summary.trials}
+    shown = {**by_number, **summary.merged}
     counts = TrialCounts()
     for t in summary.trials:
         name = _COUNT_FIELD.get(t.state)
@@ -226,8 +239,8 @@ def render_status(summary: StudySummary) -> dict[str, Any]:
     finished = counts.completed + counts.pruned + counts.infeasible + counts.failed
     keys = [k for k, _ in summary.objectives]
     keep = list(dict.fromkeys([*keys, *summary.key_metrics]))
-    baseline = by_number.get(summary.baseline) if summary.baseline is not None else None
-    best = by_number.get(summary.best) if summary.best is not None else None
+    baseline = shown.get(summary.baseline) if summary.baseline is not None else None
+    best = shown.get(summary.best) if summary.best is not None else None
     limit = min(summary.trials_limit, MAX_LISTED)
     listed = sorted(summary.trials, key=lambda t: t.number)[-limit:] if limit > 0 else []
     status = Status(
@@ -241,8 +254,8 @@ def render_status(summary: StudySummary) -> dict[str, Any]:
         counts=counts,
         baseline=_point(baseline) if baseline else None,
         best=_point(best, baseline, summary.objectives) if best else None,
-        pareto_front=[_point(by_number[n], baseline, summary.objectives)
-                      for n in summary.pareto if n in by_number][:MAX_LISTED] or None,
+        pareto_front=[_point(shown[n], baseline, summary.objectives)
+                      for n in summary.pareto if n in shown][:MAX_LISTED] or None,
         trials=[TrialStatus(number=t.number, parameters=dict(t.params),
                             state=t.state,
                             reason=_cut(t.reason),
@@ -284,7 +297,8 @@ def _point(t: TrialRecord, baseline: TrialRecord | None = None,
         if key in t.metrics and key in baseline.metrics:
             change = improvement(t.metrics[key], baseline.metrics[key])
     return TrialPoint(trial=t.number, parameters=dict(t.params), metrics=_finite(t.metrics),
-                      flags=flags_line(t.params), improvement=change)
+                      flags=flags_line(t.params), improvement=change,
+                      repeats=list(t.repeats) or None)
 
 
 def _finite(metrics: Mapping[str, float]) -> dict[str, float]:

@@ -371,8 +371,9 @@ class StrategySpec(Model):
     ``real`` (default): every trial starts the engine. ``twin``: a few real trials calibrate a
     simulator on the engine's own step log, the full search runs in that twin, and only the
     twin's best configurations run for real (phases ``calibrate``, ``search``, ``confirm``,
-    then optional ``refine`` rounds). ``budget.maxTrials`` counts real trials in both; the
-    answer is always a measured trial, never a prediction."""
+    then optional ``refine`` rounds and a ``recheck`` of the best measured).
+    ``budget.maxTrials`` counts real trials in both; the answer is always a measured
+    configuration, never a prediction."""
 
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
         {"rule": "(has(self.calibrationTrials) ? self.calibrationTrials : 4) >= 2",
@@ -393,6 +394,12 @@ class StrategySpec(Model):
     refine_rounds: int = Field(default=1, ge=0, le=16)
     """Twin: rounds that recalibrate on every real trial so far, search again and confirm
     again; stop early when the measured best stops improving."""
+    recheck_trials: int = Field(default=0, ge=0, le=16)
+    """Twin: real trials kept out of ``budget.maxTrials`` for the end: the best measured
+    configurations (by the first objective; this many, one more measurement each) run once
+    more, and the answer is the best by the mean of each one's measurements. One measurement
+    of a noisy objective (a p99 on a shared node) can rank a configuration first by luck;
+    0 (default) answers from single measurements."""
     max_twin_error: float = Field(default=0.25, gt=0, le=10)
     """Twin: when the median relative error of the twin's predictions of any objective or
     constraint metric (over the confirmed trials) is above this, the study warns that the twin

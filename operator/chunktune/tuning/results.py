@@ -6,11 +6,12 @@ rendered from. Pure functions of the study's trials (read back from storage), so
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,20 +34,31 @@ class Results:
     baseline: int | None
     best: int | None
     pareto: list[int]
+    merged: dict[int, TrialRecord] = field(default_factory=dict)
+    """Configurations measured more than once, by each measuring trial's number: one record
+    of their mean (:func:`merge`). The baseline, the best and the Pareto front are these."""
 
     def trial(self, number: int | None) -> TrialRecord | None:
+        """Trial ``number`` as measured (one measurement)."""
         for t in self.trials:
             if t.number == number:
                 return t
         return None
 
+    def configuration(self, number: int | None) -> TrialRecord | None:
+        """Trial ``number``'s configuration: the mean of its measurements when it was measured
+        more than once, else the trial itself."""
+        if number is not None and number in self.merged:
+            return self.merged[number]
+        return self.trial(number)
+
     @property
     def best_trial(self) -> TrialRecord | None:
-        return self.trial(self.best)
+        return self.configuration(self.best)
 
     @property
     def baseline_trial(self) -> TrialRecord | None:
-        return self.trial(self.baseline)
+        return self.configuration(self.baseline)
 
     def improvement(self) -> str | None:
         """The first objective's change from the baseline to the best (``-34%``)."""
@@ -84,7 +96,14 @@ def collect(study: optuna.Study, objectives: Sequence[ObjectiveDef],
     trials = [record(t) for t in frozen]
     baseline = next((t.number for t in frozen if t.user_attrs.get(st.ATTR_BASELINE)
                      and st.trial_state(t) != TrialState.FAIL), None)
-    feasible = [t for t in trials if t.state == TrialState.COMPLETE and t.constraints_ok
+    merged = merge(trials)
+    # one candidate per configuration: a configuration measured several times competes with
+    # the mean of its measurements (a single lucky run of it does not)
+    firsts = {m.repeats[0] for m in merged.values()}
+    feasible = [merged.get(t.number, t) for t in trials
+                if (t.number not in merged or t.number in firsts)
+                and t.state == TrialState.COMPLETE]
+    feasible = [t for t in feasible if t.constraints_ok
                 and all(o.key in t.metrics for o in objectives)]
     best = None
     pareto: list[int] = []
@@ -100,7 +119,33 @@ def collect(study: optuna.Study, objectives: Sequence[ObjectiveDef],
             front = [t for t in feasible if t.number in pareto]
             pick = min if o.direction == "minimize" else max
             best = pick(front, key=lambda t: t.metrics[o.key]).number
-    return Results(trials, list(objectives), list(constraints), baseline, best, pareto)
+    return Results(trials, list(objectives), list(constraints), baseline, best, pareto, merged)
+
+
+def merge(trials: Sequence[TrialRecord]) -> dict[int, TrialRecord]:
+    """The configurations measured by more than one completed trial (a twin-first study's
+    ``recheck`` measures its best ones again): per configuration one record, numbered as its
+    first measurement, with the mean of each metric every measurement has, feasible only when
+    every measurement was (an SLO missed once is missed), and :attr:`TrialRecord.repeats` the
+    measuring trials; keyed by each of those trials' numbers."""
+    groups: dict[str, list[TrialRecord]] = {}
+    for t in trials:
+        if t.state == TrialState.COMPLETE:
+            groups.setdefault(json.dumps(sorted(t.params.items())), []).append(t)
+    out: dict[int, TrialRecord] = {}
+    for g in groups.values():
+        if len(g) < 2:
+            continue
+        keys = set.intersection(*(set(t.metrics) for t in g))
+        rec = dataclasses.replace(
+            g[0], metrics={k: statistics.fmean(t.metrics[k] for t in g)
+                           for k in g[0].metrics if k in keys},
+            constraints_ok=all(t.constraints_ok for t in g),
+            reason=next((t.reason for t in g if not t.constraints_ok), g[0].reason),
+            repeats=tuple(t.number for t in g))
+        for t in g:
+            out[t.number] = rec
+    return out
 
 
 def _pareto(trials: list[TrialRecord], objectives: Sequence[ObjectiveDef]) -> list[int]:
@@ -124,7 +169,8 @@ def summary(results: Results, phase: str, max_trials: int | None = None,
         phase=phase, trials=results.trials,
         objectives=[(o.key, o.direction) for o in results.objectives],
         baseline=results.baseline, best=results.best, pareto=results.pareto,
-        max_trials=max_trials, key_metrics=[c.key for c in results.constraints], **kw)
+        max_trials=max_trials, key_metrics=[c.key for c in results.constraints],
+        merged=results.merged, **kw)
 
 
 # ---- text --------------------------------------------------------------------------------------
@@ -150,7 +196,9 @@ def format_results(results: Results) -> str:
             lines.append(f"baseline (trial {base.number}): {base.state} {base.reason or ''}")
         return "\n".join(lines)
     lines.append("")
-    lines.append(f"best configuration: trial {best.number}")
+    lines.append(f"best configuration: trial {best.number}" + (
+        f" (the mean of its {len(best.repeats)} measurements: trials "
+        f"{', '.join(map(str, best.repeats))})" if best.repeats else ""))
     lines.append(f"  flags: {flags_line(dict(best.params))}")
     lines.append("")
     w = max(len(k) for k in keys) + 2
@@ -173,7 +221,7 @@ def format_results(results: Results) -> str:
         head = "  trial  " + "  ".join(f"{o.key:>16}" for o in results.objectives) + "  flags"
         lines.append(head)
         for n in results.pareto:
-            front = results.trial(n)
+            front = results.configuration(n)
             assert front is not None
             vals = "  ".join(f"{_fmt(o.key, front.metrics.get(o.key)):>16}"
                              for o in results.objectives)
@@ -274,9 +322,12 @@ def to_json(results: Results, **extra: Any) -> dict[str, Any]:
     def tr(t: TrialRecord | None) -> dict[str, Any] | None:
         if t is None:
             return None
-        return {"number": t.number, "params": dict(t.params), "state": t.state,
-                "reason": t.reason, "metrics": dict(t.metrics),
-                "constraints_ok": t.constraints_ok, "flags": flags_line(dict(t.params))}
+        out = {"number": t.number, "params": dict(t.params), "state": t.state,
+               "reason": t.reason, "metrics": dict(t.metrics),
+               "constraints_ok": t.constraints_ok, "flags": flags_line(dict(t.params))}
+        if t.repeats:
+            out["repeats"] = list(t.repeats)  # metrics: the mean of these trials'
+        return out
 
     return {
         "objectives": [{"key": o.key, "direction": o.direction} for o in results.objectives],
@@ -284,7 +335,7 @@ def to_json(results: Results, **extra: Any) -> dict[str, Any]:
         "baseline": tr(results.baseline_trial),
         "best": tr(results.best_trial),
         "improvement": results.improvement(),
-        "pareto_front": [tr(results.trial(n)) for n in results.pareto],
+        "pareto_front": [tr(results.configuration(n)) for n in results.pareto],
         "trials": [tr(t) for t in results.trials],
         **extra,
     }

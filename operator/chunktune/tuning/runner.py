@@ -162,6 +162,9 @@ class Tuner:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
         self.started = time.monotonic()
         self.stop_reason: str | None = None
+        self.reserved = 0
+        """Real trials of ``budget.maxTrials`` held back for a later phase (a twin-first
+        study's ``recheck``): :meth:`loop` stops with ``budget`` that many trials early."""
         self.twin: Any = None
         """The :class:`~chunktune.tuning.twin.TwinDriver` of a twin-first study (its phase,
         round and error; from the start, so that a restarted process reports where the study
@@ -269,7 +272,7 @@ class Tuner:
             return "failures"
         if budget.max_duration and time.monotonic() - self.started >= budget.max_duration:
             return "duration"
-        if self.counted() + in_flight >= budget.max_trials:
+        if self.counted() + in_flight >= budget.max_trials - self.reserved:
             return "budget"
         if self._converged():
             return "converged"
@@ -305,8 +308,10 @@ class Tuner:
     def _reuse_duplicate(self, trial: optuna.Trial, point: dict[str, Any]) -> bool:
         """A point already measured is not launched again: the trial is recorded as SKIPPED
         (reason ``Duplicate``) with the earlier trial's values and constraints, so the sampler
-        still learns from it. Does not count against ``maxTrials``."""
-        if trial.user_attrs.get(st.ATTR_BASELINE):
+        still learns from it. Does not count against ``maxTrials``. The baseline and a
+        ``recheck`` (a configuration measured again on purpose) always run."""
+        if trial.user_attrs.get(st.ATTR_BASELINE) or \
+                trial.user_attrs.get(st.ATTR_PHASE) == st.PHASE_RECHECK:
             return False
         for t in self.trials():
             if t.number == trial.number or st.trial_state(t) not in (TrialState.COMPLETE,

@@ -18,6 +18,11 @@ and runs nothing twice):
 4. **refine**: ``refineRounds`` more rounds of 2-3, each recalibrating on every real trial so
    far; the study stops early when a round does not improve the measured best.
 
+5. **recheck** (``recheckTrials`` > 0, kept out of ``budget.maxTrials`` until now): the best
+   measured configurations run once more each, and the answer is the best by the mean of each
+   configuration's measurements (:func:`chunktune.tuning.results.merge`): one measurement of a
+   noisy objective can rank a configuration first by luck.
+
 After each confirmation the twin's error (median ``|predicted / measured - 1|`` over the
 objectives and constraint metrics of the confirmed trials) is compared with
 ``maxTwinError``: above it the twin is not trusted, and the rest of ``budget.maxTrials`` goes to
@@ -68,6 +73,7 @@ ATTR_ROUND_PROFILE = "twin_round_{}_profile"  # the profile fitted for round r
 ATTR_ROUND_CONFIRM = "twin_round_{}_confirm"  # the points queued for confirmation in round r
 ATTR_ROUND_DONE = "twin_round_{}_done"  # {"best": value or None} when round r is confirmed
 ATTR_UNTRUSTED = "twin_untrusted"  # the message, once the twin's error passed the threshold
+ATTR_RECHECK = "twin_recheck"  # {"points": [...], "after": why the rounds ended}, once queued
 #: The wall time between steps tried when fitting it to measured latencies (seconds).
 STEP_GAPS = (0.0, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.006)
 #: Standard latency metrics whose twin error is reported besides the goals'.
@@ -332,7 +338,12 @@ class TwinDriver:
         and counts from the start, before :meth:`run` gets there): the first round not
         confirmed, and the phase that round is in."""
         attrs = self.real.study.user_attrs
+        self.real.reserved = self._reserve()
         if ATTR_CALIBRATION not in attrs or self._calibrating():
+            return
+        if ATTR_RECHECK in attrs:
+            self.round = self._rounds_done()
+            self.phase = "recheck" if self._waiting(st.PHASE_RECHECK) else "done"
             return
         r, stop = 1, None
         while (done := attrs.get(ATTR_ROUND_DONE.format(r))) is not None:
@@ -351,9 +362,29 @@ class TwinDriver:
 
     def _calibrating(self) -> bool:
         """Calibration trials are queued or in flight."""
-        return any(t.user_attrs.get(st.ATTR_PHASE) == "calibrate" and t.state in (
+        return self._waiting("calibrate")
+
+    def _waiting(self, phase: str) -> bool:
+        """Trials of ``phase`` are queued or in flight."""
+        return any(t.user_attrs.get(st.ATTR_PHASE) == phase and t.state in (
             optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)
             for t in self.real.trials())
+
+    def _rounds_done(self) -> int:
+        r = 0
+        while ATTR_ROUND_DONE.format(r + 1) in self.real.study.user_attrs:
+            r += 1
+        return r
+
+    def _reserve(self) -> int:
+        """Real trials the rounds leave for the recheck (none once it is queued)."""
+        if ATTR_RECHECK in self.real.study.user_attrs:
+            return 0
+        return self.strategy.recheck_trials
+
+    def _limit(self) -> int:
+        """The real trials the rounds (and the fallback) may spend."""
+        return self.real.spec.budget.max_trials - self.real.reserved
 
     # ---- reporting -------------------------------------------------------------------------
 
@@ -388,6 +419,53 @@ class TwinDriver:
     # ---- phases ----------------------------------------------------------------------------
 
     async def run(self) -> str:
+        study = self.real.study
+        recheck = study.user_attrs.get(ATTR_RECHECK)
+        if recheck is None:
+            self.real.reserved = self._reserve()
+            why = await self._rounds()
+            if why in ("stopped", "duration", "failures") or self.strategy.recheck_trials <= 0:
+                return why
+            if not self._queue_recheck(why):
+                return why
+            recheck = study.user_attrs[ATTR_RECHECK]
+        self.real.reserved = 0
+        why = str(recheck.get("after") or "rounds")
+        if self._waiting(st.PHASE_RECHECK):
+            n = len(recheck["points"])
+            self._enter(st.PHASE_RECHECK, f"the {n} best measured configuration"
+                        f"{'s' if n > 1 else ''} run once more: the answer is the best by the "
+                        "mean of each one's measurements")
+            ran = await self.real.loop(queued_only=True)
+            if ran != "queued" and not (ran == "budget" and not self.real.waiting()):
+                return ran
+        best = collect(study, self.real.objectives, self.real.constraints).best_trial
+        self._enter("done", "recheck done: " + (
+            f"the best is trial {best.number}"
+            + (f", the mean of trials {', '.join(map(str, best.repeats))}" if best.repeats
+               else "") if best is not None else "no measured configuration is feasible"))
+        return why
+
+    def _queue_recheck(self, after: str) -> bool:
+        """Queue the recheck (once): the best ``recheckTrials`` distinct measured feasible
+        configurations by the first objective (for several objectives, the Pareto front's by
+        the first objective), one more measurement each. False when there is nothing to
+        recheck (no feasible measured configuration, or no real trial left)."""
+        real = self.real
+        left = real.spec.budget.max_trials - real.counted()
+        res = collect(real.study, real.objectives, real.constraints)
+        points = [dict(t.params) for t in recheck_order(res)][:max(0, min(
+            self.strategy.recheck_trials, left))]
+        if not points:
+            return False
+        for pt in points:
+            self._enqueue(pt, {st.ATTR_PHASE: st.PHASE_RECHECK})
+        real.study.set_user_attr(ATTR_RECHECK, {"points": points, "after": after})
+        return True
+
+    async def _rounds(self) -> str:
+        """Calibrate, then search-and-confirm rounds (or the fallback) until the rounds end;
+        returns why."""
         real, s = self.real, self.strategy
         study = real.study
         if ATTR_CALIBRATION not in study.user_attrs:
@@ -418,7 +496,7 @@ class TwinDriver:
                 continue
             if study.user_attrs.get(ATTR_UNTRUSTED):
                 break
-            if real.counted() >= real.spec.budget.max_trials:
+            if real.counted() >= self._limit():
                 return "budget"
             try:
                 profile = await self._profile(r)
@@ -477,8 +555,8 @@ class TwinDriver:
             if why == "budget":
                 self._enter("done", "the real-trial budget is spent")
                 return why
-        if study.user_attrs.get(ATTR_UNTRUSTED) and real.counted() < real.spec.budget.max_trials:
-            self._enter("fallback", f"{real.spec.budget.max_trials - real.counted()} ordinary "
+        if study.user_attrs.get(ATTR_UNTRUSTED) and real.counted() < self._limit():
+            self._enter("fallback", f"{self._limit() - real.counted()} ordinary "
                                     "real trials (the twin is not trusted)")
             why = await real.loop()
             self._enter("done", f"fallback ended: {why}")
@@ -604,7 +682,7 @@ class TwinDriver:
         if key in study.user_attrs:
             return len(study.user_attrs[key])
         assert self.search is not None
-        left = self.real.spec.budget.max_trials - self.real.counted()
+        left = self._limit() - self.real.counted()
         m = max(0, min(self.strategy.confirm_trials, left))
         measured = [st.point_of(t) for t in self.real.trials()
                     if t.state != optuna.trial.TrialState.WAITING]
@@ -618,6 +696,26 @@ class TwinDriver:
                                            st.ATTR_PREDICTED: dict(c.metrics)})
         study.set_user_attr(key, [dict(c.params) for c in picks])
         return len(picks)
+
+
+def recheck_order(results: Any) -> list[TrialRecord]:
+    """The measured feasible configurations, best first by the first objective (each once, as
+    the mean of its measurements; for several objectives the Pareto front first)."""
+    o = results.objectives[0]
+    sign = 1.0 if o.direction == "minimize" else -1.0
+    seen: set[str] = set()
+    out = []
+    for t in results.trials:
+        c = results.configuration(t.number)
+        if c is None or c.state != TrialState.COMPLETE or not c.constraints_ok \
+                or o.key not in c.metrics:
+            continue
+        k = json.dumps(sorted(c.params.items()))
+        if k not in seen:
+            seen.add(k)
+            out.append(c)
+    return sorted(out, key=lambda c: (c.number not in results.pareto if results.pareto
+                                      else False, sign * c.metrics[o.key]))
 
 
 def _counted_in(real: Tuner, name: str) -> int:
@@ -751,5 +849,5 @@ def twin_report(study: optuna.Study, keys: Sequence[str], max_twin_error: float,
             "simulated_trials": sum(int(r["simulated_trials"] or 0) for r in rounds)}
 
 
-__all__ = ["MeasuredRun", "TwinDriver", "TwinError", "candidates",
-           "fit_latency_terms", "fit_profile", "twin_error", "twin_report", "twin_target"]
+__all__ = ["MeasuredRun", "TwinDriver", "TwinError", "candidates", "fit_latency_terms",
+           "fit_profile", "recheck_order", "twin_error", "twin_report", "twin_target"]

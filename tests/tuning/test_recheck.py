@@ -1,0 +1,166 @@
+"""A twin-first study's ``recheck``: the best measured configurations measured once more
+before the answer, and the answer taken from the mean of each configuration's measurements
+(:func:`chunktune.tuning.results.merge`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from chunktune.api.status import render_status
+from chunktune.api.validation import validate
+from chunktune.core.trials import TrialState
+from chunktune.tuning import study as st
+from chunktune.tuning import twin
+from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
+from chunktune.tuning.results import collect, format_results, summary, to_json
+from chunktune.tuning.runner import TrialEvent
+from tests.tuning.test_twin import make_tuner, real_trials, twin_manifest
+from tests.tuning.test_twin_resume import stopped_at
+
+ITL = ObjectiveDef("itl_p99", "chat", "minimize")
+KEY = "chat.itl_p99"
+
+
+def study_of(rows: list[tuple[int, float, float]]) -> optuna.Study:
+    """A study of completed trials ``(max-num-batched-tokens, chat ITL p99, TTFT p99)``, a
+    TTFT p99 above 1 s violating the constraint."""
+    study = optuna.create_study()
+    dist = {"max-num-batched-tokens": optuna.distributions.IntDistribution(256, 8192)}
+    for budget, itl, ttft in rows:
+        study.add_trial(optuna.trial.create_trial(
+            params={"max-num-batched-tokens": budget}, distributions=dist, values=[itl],
+            constraints={"chat.ttft_p99": ttft - 1.0},
+            user_attrs={st.ATTR_METRICS: {KEY: itl, "chat.ttft_p99": ttft}}))
+    return study
+
+
+def test_a_configuration_measured_again_competes_with_its_mean() -> None:
+    # 2048 measured once at 10 ms (lucky) and again at 30 ms: its mean, 20 ms, loses to
+    # 4096's 15 ms
+    study = study_of([(2048, 0.010, 0.5), (4096, 0.015, 0.5), (2048, 0.030, 0.5)])
+    res = collect(study, [ITL], [])
+    best = res.best_trial
+    assert best is not None and best.params == {"max-num-batched-tokens": 4096}
+    assert best.repeats == ()
+    # with one more good measurement of 2048 its mean (12.5 ms) wins, and is what is shown
+    study = study_of([(2048, 0.010, 0.5), (4096, 0.015, 0.5), (2048, 0.015, 0.5)])
+    res = collect(study, [ITL], [])
+    best = res.best_trial
+    assert best is not None and best.number == 0 and best.repeats == (0, 2)
+    assert best.metrics[KEY] == pytest.approx(0.0125)
+    assert res.trial(2) is not None and res.trial(2).metrics[KEY] == 0.015  # rows stay single
+    text = format_results(res)
+    assert "best configuration: trial 0 (the mean of its 2 measurements: trials 0, 2)" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith(KEY))
+    assert row.split()[1] == "12ms"  # the mean, not trial 0's 10 ms
+    out = to_json(res)
+    assert out["best"]["repeats"] == [0, 2] and out["best"]["metrics"][KEY] == \
+        pytest.approx(0.0125)
+    assert "repeats" not in out["trials"][0]
+    status = render_status(summary(res, "Succeeded"))
+    assert status["best"]["repeats"] == [0, 2]
+    assert status["best"]["metrics"][KEY] == pytest.approx(0.0125)
+    assert status["trials"][0]["metrics"][KEY] == 0.010
+
+
+def test_a_constraint_missed_in_one_measurement_makes_the_configuration_infeasible() -> None:
+    slo = ConstraintDef("ttft_p99", "chat", 1.0, None)
+    study = study_of([(2048, 0.010, 0.5), (4096, 0.015, 0.5), (2048, 0.011, 1.5)])
+    res = collect(study, [ITL], [slo])
+    assert res.best_trial is not None
+    assert res.best_trial.params == {"max-num-batched-tokens": 4096}
+    merged = res.configuration(0)
+    assert merged is not None and not merged.constraints_ok and merged.reason == "SLOViolated"
+
+
+def test_recheck_order_ranks_configurations_by_their_mean() -> None:
+    study = study_of([(2048, 0.010, 0.5), (4096, 0.015, 0.5), (2048, 0.030, 0.5),
+                      (1024, 0.012, 2.0), (512, 0.018, 0.5)])
+    order = twin.recheck_order(collect(study, [ITL], [ConstraintDef("ttft_p99", "chat", 1.0,
+                                                                    None)]))
+    # 1024 misses the SLO; 2048's mean is 20 ms
+    assert [c.params["max-num-batched-tokens"] for c in order] == [4096, 512, 2048]
+
+
+def test_recheck_measures_the_best_again_within_the_real_budget(tmp_path: Path) -> None:
+    events: list[TrialEvent] = []
+    tuner = make_tuner(tmp_path, twin_manifest(recheckTrials=2), events)
+    why = asyncio.run(tuner.run())
+    assert why in ("rounds", "converged", "budget")
+    trials = real_trials(tuner)
+    assert len(trials) <= 8
+    phases = [t.user_attrs.get(st.ATTR_PHASE) for t in trials]
+    assert phases[-2:] == ["recheck", "recheck"] and phases.count("recheck") == 2
+    before = [t for t in trials if t.user_attrs.get(st.ATTR_PHASE) != "recheck"]
+    assert len(before) <= 6  # the rounds left two real trials for the recheck
+    # the two best configurations measured before the recheck are the ones measured again,
+    # for real (not reused as duplicates)
+    res_before = collect(tuner.study, tuner.objectives, tuner.constraints)
+    key = tuner.objectives[0].key
+    single = sorted((t for t in res_before.trials if t.number in {b.number for b in before}
+                     and t.state == TrialState.COMPLETE and t.constraints_ok),
+                    key=lambda t: t.metrics[key])
+    rechecked = [t for t in trials if t.user_attrs.get(st.ATTR_PHASE) == "recheck"]
+    assert [st.point_of(t) for t in rechecked] == [dict(t.params) for t in single[:2]]
+    assert all(st.trial_state(t) == TrialState.COMPLETE for t in rechecked)
+    assert all(t.user_attrs.get(st.ATTR_REASON) != "Duplicate" for t in rechecked)
+    # the answer is one of them, shown as the mean of its two measurements
+    best = res_before.best_trial
+    assert best is not None and len(best.repeats) == 2
+    assert best.repeats[1] in {t.number for t in rechecked}
+    shown = [e.reason for e in events if e.kind == "phase"]
+    assert shown[-2:] == ["recheck", "done"]
+    assert tuner.twin.status()["phase"] == "done"
+    stored = tuner.study.user_attrs[twin.ATTR_RECHECK]
+    assert stored["points"] == [st.point_of(t) for t in rechecked] and stored["after"] == why
+
+
+def test_without_recheck_no_configuration_is_measured_twice(tmp_path: Path) -> None:
+    tuner = make_tuner(tmp_path, twin_manifest())
+    asyncio.run(tuner.run())
+    points = [json.dumps(st.point_of(t), sort_keys=True) for t in real_trials(tuner)]
+    assert len(points) == len(set(points))
+    assert twin.ATTR_RECHECK not in tuner.study.user_attrs
+
+
+def test_a_study_stopped_in_recheck_resumes_there_and_queues_nothing_again(
+        tmp_path: Path) -> None:
+    m = twin_manifest(recheckTrials=2)
+    stopped_at(tmp_path, m, "recheck")
+    events: list[TrialEvent] = []
+    again = make_tuner(tmp_path, m, events)
+    assert again.twin.status()["phase"] == "recheck"  # before run(), from storage
+    asyncio.run(again.run())
+    assert [e.reason for e in events if e.kind == "phase"] == ["recheck", "done"]
+    trials = real_trials(again)
+    assert [t.user_attrs.get(st.ATTR_PHASE) for t in trials].count("recheck") == 2
+    assert len(trials) <= 8
+    started = [e.number for e in events if e.kind == "started"]
+    assert started and all(again.study.trials[i].user_attrs[st.ATTR_PHASE] == "recheck"
+                           for i in started)
+    # and a third process finds it done, running nothing
+    events3: list[TrialEvent] = []
+    third = make_tuner(tmp_path, m, events3)
+    assert third.twin.status()["phase"] == "done"
+    asyncio.run(third.run())
+    assert not [e for e in events3 if e.kind == "started"]
+
+
+@pytest.mark.parametrize(("strategy", "ok"), [
+    ({"recheckTrials": 2}, True),
+    ({"recheckTrials": 3}, False),
+    ({"recheckTrials": 17}, False),
+])
+def test_recheck_must_fit_the_real_budget(strategy: dict[str, Any], ok: bool) -> None:
+    m = twin_manifest(calibrationTrials=4, confirmTrials=2, **strategy)
+    problems = [p for p in validate(m) if p[0] == "spec.strategy.recheckTrials"]
+    assert (not problems) == ok, problems
+    if strategy["recheckTrials"] == 3:
+        assert "calibrationTrials (4) + confirmTrials (2) + recheckTrials (3) must be <= " \
+               "budget.maxTrials (8)" in problems[0][1]
