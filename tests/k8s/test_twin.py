@@ -8,9 +8,10 @@ the search simulated in process, and operators stopped between the phases:
   it was) SIGKILLed while a confirmation trial runs, then a third adopts that trial and
   finishes;
 * no calibration trial runs twice, the search study holds at most ``simulatedTrials`` counted
-  trials, the confirmed trials carry the twin's prediction, ``status.twin`` ends ``done`` with
-  the twin's error, ``TwinPhase`` events are posted, the best is a measured trial, and no trial
-  object is left behind.
+  trials, the confirmed trials carry the twin's prediction, the best measured configuration is
+  rechecked by a trial pod of its own (``recheckTrials``), ``status.twin`` ends ``done`` with
+  the twin's error, ``TwinPhase`` events are posted, the best is measured, and no trial object
+  is left behind.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 NAME = "twin"
 STRATEGY = {"name": "twin", "calibrationTrials": 2, "simulatedTrials": 40, "confirmTrials": 2,
-            "refineRounds": 0, "maxTwinError": 10}
+            "refineRounds": 0, "maxTwinError": 10, "recheckTrials": 1}
 MAX_TRIALS = 5
 COUNTED = (TrialState.COMPLETE, TrialState.INFEASIBLE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -174,8 +175,15 @@ async def test_twin_study_survives_operator_restarts_between_phases(
     assert engine_pods[killed_in] == 1, engine_pods
     assert all(n == 1 for n in engine_pods.values()), engine_pods
     assert {st.trial_state(t) for t in trials} == {TrialState.COMPLETE}
-    assert set(by_phase) == {"calibrate", "confirm"}
+    assert set(by_phase) == {"calibrate", "confirm", "recheck"}
     assert 1 <= len(by_phase["confirm"]) <= STRATEGY["confirmTrials"]
+    # the recheck: the best configuration measured before it, measured again by a trial (and an
+    # engine pod) of its own, last
+    [rechecked] = by_phase["recheck"]
+    assert rechecked == max(t.number for t in trials) and engine_pods[rechecked] == 1
+    point = st.point_of(next(t for t in trials if t.number == rechecked))
+    twice = [t.number for t in trials if st.point_of(t) == point]
+    assert len(twice) == 2 and rechecked in twice
 
     # the search study in the storage was continued, never restarted past its budget
     storage = st.open_storage(str(journal_of(kube, tmp_path, NAME)))
@@ -198,13 +206,15 @@ async def test_twin_study_survives_operator_restarts_between_phases(
     for n in by_phase["calibrate"]:
         assert listed[n]["phase"] == "calibrate" and "predicted" not in listed[n]
     assert status["best"]["trial"] in {t.number for t in trials}  # a measured trial
+    if status["best"]["trial"] in twice:  # shown as the mean of its two measurements
+        assert status["best"]["repeats"] == twice
     assert status["counts"]["completed"] == len(trials)
 
     # the status never lost status.twin (a restarted operator reports the phase from its first
     # write) and never went back to an earlier phase
     first = next(i for i, x in enumerate(seen) if x is not None)
     assert None not in seen[first:], seen
-    order = ["calibrate", "search", "confirm", "done"]
+    order = ["calibrate", "search", "confirm", "recheck", "done"]
     assert seen[first:] == sorted(seen[first:], key=order.index), seen
     assert seen[-1] == "done"
 
@@ -212,5 +222,6 @@ async def test_twin_study_survives_operator_restarts_between_phases(
     phases = [e["message"].split(":", 1)[0] for e in events(kube) if e["reason"] == "TwinPhase"]
     assert phases.count("calibrate") == 1, phases
     assert "search" in phases and "confirm" in phases and phases[-1] == "done", phases
+    assert phases[-2] == "recheck", phases
     assert not [e for e in events(kube) if e["reason"] == "TwinUntrusted"]
     await kube.until(lambda: not trial_objects(kube, NAME), message="trial objects deleted")
