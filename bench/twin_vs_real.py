@@ -130,7 +130,7 @@ def main() -> int:
         print(f"{r['name']:10} {r['best'] * 1e3 if r['best'] else float('nan'):>7.2f}ms "
               f"{ratio:>7.3f} {r['real_trials']:>5} {twin.get('simulated_trials', 0):>5} "
               f"{r['wall_s'] / 60:>6.1f}min {r['wall_s'] / ref['wall_s']:>8.2f} "
-              f"{err if err is None else f'{err:.0%}':>8}  {r['best_flags']}"
+              f"{'-' if err is None else f'{err:.0%}':>8}  {r['best_flags']}"
               + (f"  (mean of trials {', '.join(map(str, r['best_repeats']))})"
                  if r.get("best_repeats") else "")
               + ("  (stored)" if r.get("reused") else ""))
