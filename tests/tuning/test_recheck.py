@@ -164,3 +164,17 @@ def test_recheck_must_fit_the_real_budget(strategy: dict[str, Any], ok: bool) ->
     if strategy["recheckTrials"] == 3:
         assert "calibrationTrials (4) + confirmTrials (2) + recheckTrials (3) must be <= " \
                "budget.maxTrials (8)" in problems[0][1]
+
+
+def test_patience_does_not_leave_a_phases_queued_trials_unrun(tmp_path: Path) -> None:
+    """``budget.patience`` ends the sampler's search, not a twin phase's queued points: with a
+    patience of 1, the calibration trials, the confirmations and the recheck still all run
+    (the calibration stopped after its second trial and left the rest queued)."""
+    m = twin_manifest(recheckTrials=2)
+    m["spec"]["budget"]["patience"] = 1
+    tuner = make_tuner(tmp_path, m)
+    asyncio.run(tuner.run())
+    phases = [t.user_attrs.get(st.ATTR_PHASE) for t in real_trials(tuner)]
+    assert phases.count("calibrate") == 3 and phases.count("recheck") == 2
+    assert "confirm" in phases
+    assert not tuner.waiting()

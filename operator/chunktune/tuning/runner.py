@@ -222,7 +222,7 @@ class Tuner:
         skips = 0
         self.stop_reason = None
         while True:
-            reason = self._should_stop(len(running))
+            reason = self._should_stop(len(running), queued_only)
             drained = queued_only and not self.waiting()
             if reason:
                 if not running:
@@ -263,7 +263,10 @@ class Tuner:
         self.on_update(self)
         return self.stop_reason or "budget"
 
-    def _should_stop(self, in_flight: int) -> str | None:
+    def _should_stop(self, in_flight: int, queued_only: bool = False) -> str | None:
+        """Why the loop stops now, if it does. Running queued points only (a twin-first
+        phase), ``budget.patience`` and an exhausted grid do not stop it: those points were
+        chosen already, and left queued they would be run by nobody."""
         budget = self.spec.budget
         if self.stop_requested():
             return "stopped"
@@ -274,6 +277,8 @@ class Tuner:
             return "duration"
         if self.counted() + in_flight >= budget.max_trials - self.reserved:
             return "budget"
+        if queued_only:
+            return None
         if self._converged():
             return "converged"
         sampler = self.study.sampler
