@@ -18,7 +18,7 @@ from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning import twin
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
-from chunktune.tuning.results import collect, format_results, summary, to_json
+from chunktune.tuning.results import collect, format_results, recheck_order, summary, to_json
 from chunktune.tuning.runner import TrialEvent
 from tests.tuning.test_twin import make_tuner, real_trials, twin_manifest
 from tests.tuning.test_twin_resume import stopped_at
@@ -82,7 +82,7 @@ def test_a_constraint_missed_in_one_measurement_makes_the_configuration_infeasib
 def test_recheck_order_ranks_configurations_by_their_mean() -> None:
     study = study_of([(2048, 0.010, 0.5), (4096, 0.015, 0.5), (2048, 0.030, 0.5),
                       (1024, 0.012, 2.0), (512, 0.018, 0.5)])
-    order = twin.recheck_order(collect(study, [ITL], [ConstraintDef("ttft_p99", "chat", 1.0,
+    order = recheck_order(collect(study, [ITL], [ConstraintDef("ttft_p99", "chat", 1.0,
                                                                     None)]))
     # 1024 misses the SLO; 2048's mean is 20 ms
     assert [c.params["max-num-batched-tokens"] for c in order] == [4096, 512, 2048]
@@ -164,3 +164,49 @@ def test_recheck_must_fit_the_real_budget(strategy: dict[str, Any], ok: bool) ->
     if strategy["recheckTrials"] == 3:
         assert "calibrationTrials (4) + confirmTrials (2) + recheckTrials (3) must be <= " \
                "budget.maxTrials (8)" in problems[0][1]
+
+
+def test_patience_does_not_leave_a_phases_queued_trials_unrun(tmp_path: Path) -> None:
+    """``budget.patience`` ends the sampler's search, not a twin phase's queued points: with a
+    patience of 1, the calibration trials, the confirmations and the recheck still all run
+    (the calibration stopped after its second trial and left the rest queued)."""
+    m = twin_manifest(recheckTrials=2)
+    m["spec"]["budget"]["patience"] = 1
+    tuner = make_tuner(tmp_path, m)
+    asyncio.run(tuner.run())
+    phases = [t.user_attrs.get(st.ATTR_PHASE) for t in real_trials(tuner)]
+    assert phases.count("calibrate") == 3 and phases.count("recheck") == 2
+    assert "confirm" in phases
+    assert not tuner.waiting()
+
+
+def test_an_all_real_study_rechecks_its_best_too(tmp_path: Path) -> None:
+    from tests.tuning.conftest import manifest
+
+    m = manifest(strategy={"name": "real", "recheckTrials": 2}, budget={"maxTrials": 6},
+                 workload={"profile": "mixed", "duration": "30s", "warmup": "5s"},
+                 constraints=["error_rate <= 0.01"])
+    tuner = make_tuner(tmp_path, m)
+    why = asyncio.run(tuner.run())
+    assert why == "budget"
+    trials = real_trials(tuner)
+    assert len(trials) == 6
+    phases = [t.user_attrs.get(st.ATTR_PHASE) for t in trials]
+    assert phases == [None] * 4 + ["recheck"] * 2
+    stored = tuner.study.user_attrs[st.ATTR_RECHECK]
+    assert stored["after"] == "budget" and len(stored["points"]) == 2
+    best = collect(tuner.study, tuner.objectives, tuner.constraints).best_trial
+    assert best is not None and len(best.repeats) == 2
+    # a second process finds the recheck done and runs nothing
+    again = make_tuner(tmp_path, m)
+    assert asyncio.run(again.run()) == "budget"
+    assert len(real_trials(again)) == 6
+
+
+def test_an_all_real_recheck_must_leave_trials_to_recheck() -> None:
+    from tests.tuning.conftest import manifest
+
+    problems = validate(manifest(strategy={"name": "real", "recheckTrials": 4},
+                                 budget={"maxTrials": 4}))
+    assert any(p == "spec.strategy.recheckTrials" and "must be below budget.maxTrials (4)" in m
+               for p, m in problems), problems

@@ -84,6 +84,12 @@ def check(p: Parts) -> list[Problem]:
         _sampler(p, p.sampler)
     if p.strategy is not None and p.strategy.name == "twin":
         _twin(p, p.strategy)
+    elif p.strategy is not None and p.budget is not None and \
+            p.strategy.recheck_trials >= p.budget.max_trials:
+        p.add("spec.strategy.recheckTrials",
+              f"recheckTrials ({p.strategy.recheck_trials}) must be below budget.maxTrials "
+              f"({p.budget.max_trials}): the recheck measures again what the study before it "
+              "measured, out of the same budget; lower it or raise maxTrials")
     if p.pruner is not None and p.pruner_explicit and p.n_objectives > 1 \
             and p.pruner.name != "none":
         p.add("spec.pruner.name", f"Optuna cannot prune a study with several objectives "

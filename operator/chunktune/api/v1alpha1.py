@@ -395,10 +395,10 @@ class StrategySpec(Model):
     """Twin: rounds that recalibrate on every real trial so far, search again and confirm
     again; stop early when the measured best stops improving."""
     recheck_trials: int = Field(default=0, ge=0, le=16)
-    """Twin: real trials kept out of ``budget.maxTrials`` for the end: the best measured
-    configurations (by the first objective; this many, one more measurement each) run once
-    more, and the answer is the best by the mean of each one's measurements. One measurement
-    of a noisy objective (a p99 on a shared node) can rank a configuration first by luck;
+    """Both strategies: real trials kept out of ``budget.maxTrials`` for the end: the best
+    measured configurations (by the first objective; this many, one more measurement each) run
+    once more, and the answer is the best by the mean of each one's measurements. The best of
+    many single measurements of a noisy objective (a p99 on a shared node) is the luckiest;
     0 (default) answers from single measurements."""
     max_twin_error: float = Field(default=0.25, gt=0, le=10)
     """Twin: when the median relative error of the twin's predictions of any objective or

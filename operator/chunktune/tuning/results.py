@@ -148,6 +148,27 @@ def merge(trials: Sequence[TrialRecord]) -> dict[int, TrialRecord]:
     return out
 
 
+def recheck_order(results: Results) -> list[TrialRecord]:
+    """The measured feasible configurations, best first by the first objective (each once, as
+    the mean of its measurements; for several objectives the Pareto front first): what a
+    recheck measures again."""
+    o = results.objectives[0]
+    sign = 1.0 if o.direction == "minimize" else -1.0
+    seen: set[str] = set()
+    out = []
+    for t in results.trials:
+        c = results.configuration(t.number)
+        if c is None or c.state != TrialState.COMPLETE or not c.constraints_ok \
+                or o.key not in c.metrics:
+            continue
+        k = json.dumps(sorted(c.params.items()))
+        if k not in seen:
+            seen.add(k)
+            out.append(c)
+    return sorted(out, key=lambda c: (bool(results.pareto) and c.number not in results.pareto,
+                                      sign * c.metrics[o.key]))
+
+
 def _pareto(trials: list[TrialRecord], objectives: Sequence[ObjectiveDef]) -> list[int]:
     def vec(t: TrialRecord) -> list[float]:
         return [t.metrics[o.key] * (1 if o.direction == "minimize" else -1) for o in objectives]

@@ -64,6 +64,7 @@ from chunktune.tuning.objectives import (
     objective_values,
     slos_for_goodput,
 )
+from chunktune.tuning.results import collect, recheck_order
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 log = logging.getLogger(__name__)
@@ -207,7 +208,55 @@ class Tuner:
             self.on_update(self)
             return self.stop_reason
         self._enqueue_baseline()
-        return await self.loop()
+        n = self.spec.strategy.recheck_trials
+        if n <= 0:
+            return await self.loop()
+        if st.ATTR_RECHECK not in self.study.user_attrs:
+            self.reserved = n
+            why = await self.loop()
+            if why in ("stopped", "duration", "failures") or not self.queue_recheck(why):
+                return why
+        return await self.recheck()
+
+    # ---- recheck ---------------------------------------------------------------------------
+
+    def queue_recheck(self, after: str) -> bool:
+        """Queue the recheck (once; ``spec.strategy.recheckTrials``, which the study before it
+        left unspent): the best that many measured feasible configurations
+        (:func:`~chunktune.tuning.results.recheck_order`), one more measurement each, and
+        ``after``, why the study before it ended. False when there is nothing to recheck (no
+        feasible measured configuration, or no real trial left)."""
+        self.reserved = 0
+        left = self.spec.budget.max_trials - self.counted()
+        res = collect(self.study, self.objectives, self.constraints)
+        points = [dict(t.params) for t in recheck_order(res)][
+            :max(0, min(self.spec.strategy.recheck_trials, left))]
+        if not points:
+            return False
+        dists = space.distributions(self.params)
+        for pt in points:
+            self.study.enqueue_trial(
+                {k: v for k, v in pt.items() if k in dists and space.contains(dists[k], v)},
+                user_attrs={st.ATTR_POINT: pt, st.ATTR_PHASE: st.PHASE_RECHECK},
+                skip_if_exists=False)
+        self.study.set_user_attr(st.ATTR_RECHECK, {"points": points, "after": after})
+        log.info("%s: recheck: the %d best measured configurations run once more",
+                 self.tuning.metadata.name, len(points))
+        return True
+
+    async def recheck(self) -> str:
+        """Run the queued recheck trials (a restarted process: those not run yet); returns why
+        the study before the recheck ended, or why the recheck stopped."""
+        self.reserved = 0
+        queued = any(t.user_attrs.get(st.ATTR_PHASE) == st.PHASE_RECHECK
+                     and t.state in (OptunaState.WAITING, OptunaState.RUNNING)
+                     for t in self.trials())
+        if queued:
+            why = await self.loop(queued_only=True)
+            if why != "queued" and not (why == "budget" and not self.waiting()):
+                return why
+        self.stop_reason = str(self.study.user_attrs[st.ATTR_RECHECK].get("after") or "budget")
+        return self.stop_reason
 
     def waiting(self) -> int:
         """Queued trials not started yet."""
@@ -222,7 +271,7 @@ class Tuner:
         skips = 0
         self.stop_reason = None
         while True:
-            reason = self._should_stop(len(running))
+            reason = self._should_stop(len(running), queued_only)
             drained = queued_only and not self.waiting()
             if reason:
                 if not running:
@@ -263,7 +312,10 @@ class Tuner:
         self.on_update(self)
         return self.stop_reason or "budget"
 
-    def _should_stop(self, in_flight: int) -> str | None:
+    def _should_stop(self, in_flight: int, queued_only: bool = False) -> str | None:
+        """Why the loop stops now, if it does. Running queued points only (a twin-first
+        phase), ``budget.patience`` and an exhausted grid do not stop it: those points were
+        chosen already, and left queued they would be run by nobody."""
         budget = self.spec.budget
         if self.stop_requested():
             return "stopped"
@@ -274,6 +326,8 @@ class Tuner:
             return "duration"
         if self.counted() + in_flight >= budget.max_trials - self.reserved:
             return "budget"
+        if queued_only:
+            return None
         if self._converged():
             return "converged"
         sampler = self.study.sampler

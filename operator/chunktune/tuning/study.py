@@ -38,6 +38,9 @@ ATTR_PHASE = "phase"  # twin-first: calibrate | confirm | fallback | recheck
 #: The phase of a trial that measures a configuration again on purpose (never reused as a
 #: duplicate; its configuration's metrics become the mean of its measurements).
 PHASE_RECHECK = "recheck"
+#: Study attribute: ``{"points": [...], "after": why the study before the recheck ended}``,
+#: once the recheck is queued.
+ATTR_RECHECK = "recheck"
 ATTR_ROUND = "twin_round"  # twin-first: the search round a confirmed trial came from
 ATTR_PREDICTED = "predicted"  # twin-first: the twin's metrics for a confirmed trial
 #: What a queued trial carries besides its point (kept when an interrupted trial is re-queued).

@@ -73,7 +73,7 @@ ATTR_ROUND_PROFILE = "twin_round_{}_profile"  # the profile fitted for round r
 ATTR_ROUND_CONFIRM = "twin_round_{}_confirm"  # the points queued for confirmation in round r
 ATTR_ROUND_DONE = "twin_round_{}_done"  # {"best": value or None} when round r is confirmed
 ATTR_UNTRUSTED = "twin_untrusted"  # the message, once the twin's error passed the threshold
-ATTR_RECHECK = "twin_recheck"  # {"points": [...], "after": why the rounds ended}, once queued
+ATTR_RECHECK = st.ATTR_RECHECK  # {"points": [...], "after": why the rounds ended}, once queued
 #: The wall time between steps tried when fitting it to measured latencies (seconds).
 STEP_GAPS = (0.0, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.006)
 #: Standard latency metrics whose twin error is reported besides the goals'.
@@ -420,48 +420,26 @@ class TwinDriver:
 
     async def run(self) -> str:
         study = self.real.study
-        recheck = study.user_attrs.get(ATTR_RECHECK)
-        if recheck is None:
+        if ATTR_RECHECK not in study.user_attrs:
             self.real.reserved = self._reserve()
             why = await self._rounds()
-            if why in ("stopped", "duration", "failures") or self.strategy.recheck_trials <= 0:
+            if why in ("stopped", "duration", "failures") or self.strategy.recheck_trials <= 0 \
+                    or not self.real.queue_recheck(why):
                 return why
-            if not self._queue_recheck(why):
-                return why
-            recheck = study.user_attrs[ATTR_RECHECK]
-        self.real.reserved = 0
-        why = str(recheck.get("after") or "rounds")
         if self._waiting(st.PHASE_RECHECK):
-            n = len(recheck["points"])
+            n = len(study.user_attrs[ATTR_RECHECK]["points"])
             self._enter(st.PHASE_RECHECK, f"the {n} best measured configuration"
                         f"{'s' if n > 1 else ''} run once more: the answer is the best by the "
                         "mean of each one's measurements")
-            ran = await self.real.loop(queued_only=True)
-            if ran != "queued" and not (ran == "budget" and not self.real.waiting()):
-                return ran
+        why = await self.real.recheck()
+        if why in ("stopped", "duration", "failures"):
+            return why
         best = collect(study, self.real.objectives, self.real.constraints).best_trial
         self._enter("done", "recheck done: " + (
             f"the best is trial {best.number}"
             + (f", the mean of trials {', '.join(map(str, best.repeats))}" if best.repeats
                else "") if best is not None else "no measured configuration is feasible"))
         return why
-
-    def _queue_recheck(self, after: str) -> bool:
-        """Queue the recheck (once): the best ``recheckTrials`` distinct measured feasible
-        configurations by the first objective (for several objectives, the Pareto front's by
-        the first objective), one more measurement each. False when there is nothing to
-        recheck (no feasible measured configuration, or no real trial left)."""
-        real = self.real
-        left = real.spec.budget.max_trials - real.counted()
-        res = collect(real.study, real.objectives, real.constraints)
-        points = [dict(t.params) for t in recheck_order(res)][:max(0, min(
-            self.strategy.recheck_trials, left))]
-        if not points:
-            return False
-        for pt in points:
-            self._enqueue(pt, {st.ATTR_PHASE: st.PHASE_RECHECK})
-        real.study.set_user_attr(ATTR_RECHECK, {"points": points, "after": after})
-        return True
 
     async def _rounds(self) -> str:
         """Calibrate, then search-and-confirm rounds (or the fallback) until the rounds end;
@@ -698,26 +676,6 @@ class TwinDriver:
         return len(picks)
 
 
-def recheck_order(results: Any) -> list[TrialRecord]:
-    """The measured feasible configurations, best first by the first objective (each once, as
-    the mean of its measurements; for several objectives the Pareto front first)."""
-    o = results.objectives[0]
-    sign = 1.0 if o.direction == "minimize" else -1.0
-    seen: set[str] = set()
-    out = []
-    for t in results.trials:
-        c = results.configuration(t.number)
-        if c is None or c.state != TrialState.COMPLETE or not c.constraints_ok \
-                or o.key not in c.metrics:
-            continue
-        k = json.dumps(sorted(c.params.items()))
-        if k not in seen:
-            seen.add(k)
-            out.append(c)
-    return sorted(out, key=lambda c: (c.number not in results.pareto if results.pareto
-                                      else False, sign * c.metrics[o.key]))
-
-
 def _counted_in(real: Tuner, name: str) -> int:
     """Counted trials of study ``name`` in ``real``'s storage (0 when there is none)."""
     try:
@@ -850,4 +808,4 @@ def twin_report(study: optuna.Study, keys: Sequence[str], max_twin_error: float,
 
 
 __all__ = ["MeasuredRun", "TwinDriver", "TwinError", "candidates", "fit_latency_terms",
-           "fit_profile", "recheck_order", "twin_error", "twin_report", "twin_target"]
+           "fit_profile", "twin_error", "twin_report", "twin_target"]
