@@ -210,3 +210,53 @@ def test_an_all_real_recheck_must_leave_trials_to_recheck() -> None:
                                  budget={"maxTrials": 4}))
     assert any(p == "spec.strategy.recheckTrials" and "must be below budget.maxTrials (4)" in m
                for p, m in problems), problems
+
+
+def noisy_study(rows: list[tuple[int, float, float, dict[str, float] | None]]) -> optuna.Study:
+    """Completed trials ``(max-num-batched-tokens, chat ITL p99, engine ITL p99, predicted)``;
+    a trial whose clients' ITL p99 is over twice the engine's is flagged as host noise."""
+    study = optuna.create_study()
+    dist = {"max-num-batched-tokens": optuna.distributions.IntDistribution(256, 8192)}
+    for budget, itl, engine, predicted in rows:
+        attrs: dict[str, Any] = {st.ATTR_METRICS: {KEY: itl, "itl_p99": itl,
+                                                   "engine_itl_p99": engine}}
+        if predicted:
+            attrs[st.ATTR_PREDICTED] = predicted
+        study.add_trial(optuna.trial.create_trial(
+            params={"max-num-batched-tokens": budget}, distributions=dist, values=[itl],
+            user_attrs=attrs))
+    return study
+
+
+def test_a_measurement_the_host_disturbed_is_left_out_of_the_mean() -> None:
+    # 4096: 56 ms where the engine's own steps gave 18 (host noise), then 17 ms clean;
+    # 2048: 20 and 22 ms clean
+    study = noisy_study([(4096, 0.056, 0.018, None), (2048, 0.020, 0.015, None),
+                         (4096, 0.017, 0.015, None), (2048, 0.022, 0.016, None)])
+    res = collect(study, [ITL], [])
+    best = res.best_trial
+    assert best is not None and best.params == {"max-num-batched-tokens": 4096}
+    assert best.metrics[KEY] == pytest.approx(0.017)  # not (56 + 17) / 2
+    assert best.repeats == (0, 2) and best.noisy == (0,)
+    text = format_results(res)
+    assert "best configuration: trial 0 (the mean of trial 2; trial 0 left out as noisy)" in text
+    assert to_json(res)["best"]["noisy"] == [0]
+    assert render_status(summary(res, "Succeeded"))["best"]["noisy"] == [0]
+    # every measurement noisy: the mean of them all, none left out
+    study = noisy_study([(4096, 0.056, 0.018, None), (4096, 0.050, 0.016, None)])
+    merged = collect(study, [ITL], []).best_trial
+    assert merged is not None and merged.noisy == () and merged.metrics[KEY] == \
+        pytest.approx(0.053)
+
+
+def test_recheck_ranks_a_configuration_measured_only_noisily_by_the_twins_prediction() -> None:
+    # seed 1 of the fourth session's bench: 4096/0/128 measured 56 ms (engine 18 ms: host
+    # noise), predicted 26 ms; two others measured 44 and 48 ms clean
+    study = noisy_study([(4096, 0.056, 0.018, {KEY: 0.026}), (1024, 0.044, 0.040, {KEY: 0.032}),
+                         (256, 0.048, 0.042, None)])
+    order = recheck_order(collect(study, [ITL], []))
+    assert [c.params["max-num-batched-tokens"] for c in order] == [4096, 1024, 256]
+    # without a prediction its measured figure is all there is
+    study = noisy_study([(4096, 0.056, 0.018, None), (1024, 0.044, 0.040, None)])
+    order = recheck_order(collect(study, [ITL], []))
+    assert [c.params["max-num-batched-tokens"] for c in order] == [1024, 4096]

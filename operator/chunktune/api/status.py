@@ -64,9 +64,12 @@ class TrialRecord:
     """Trials with a step log: the engine's ITL half a percentile either side of its p99,
     seconds (:func:`chunktune.core.steps.itl_band`)."""
     repeats: tuple[int, ...] = ()
-    """A configuration measured more than once (a twin-first study's ``recheck``): the numbers
-    of every trial that measured it, ``metrics`` then being their mean; empty for one
-    measurement."""
+    """A configuration measured more than once (a ``recheck``): the numbers of every trial
+    that measured it, ``metrics`` then being the mean of those not in :attr:`noisy`; empty for
+    one measurement."""
+    noisy: tuple[int, ...] = ()
+    """Of :attr:`repeats`, the measurements left out of the mean: flagged as set outside the
+    engine (:func:`chunktune.core.steps.outside_engine`) while another measurement was not."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,10 @@ class TrialPoint(_StatusModel):
     """Change of the first objective against the baseline (``-34%``)."""
     repeats: list[int] | None = None
     """Trials that measured this configuration, when more than one (``metrics`` is then their
-    mean)."""
+    mean, leaving out those in ``noisy``)."""
+    noisy: list[int] | None = None
+    """Of ``repeats``, the measurements the host disturbed (clients' ITL p99 over twice the
+    engine's own), left out of the mean."""
 
 
 class TwinStatus(_StatusModel):
@@ -298,7 +304,7 @@ def _point(t: TrialRecord, baseline: TrialRecord | None = None,
             change = improvement(t.metrics[key], baseline.metrics[key])
     return TrialPoint(trial=t.number, parameters=dict(t.params), metrics=_finite(t.metrics),
                       flags=flags_line(t.params), improvement=change,
-                      repeats=list(t.repeats) or None)
+                      repeats=list(t.repeats) or None, noisy=list(t.noisy) or None)
 
 
 def _finite(metrics: Mapping[str, float]) -> dict[str, float]:

@@ -123,11 +123,13 @@ def collect(study: optuna.Study, objectives: Sequence[ObjectiveDef],
 
 
 def merge(trials: Sequence[TrialRecord]) -> dict[int, TrialRecord]:
-    """The configurations measured by more than one completed trial (a twin-first study's
-    ``recheck`` measures its best ones again): per configuration one record, numbered as its
-    first measurement, with the mean of each metric every measurement has, feasible only when
-    every measurement was (an SLO missed once is missed), and :attr:`TrialRecord.repeats` the
-    measuring trials; keyed by each of those trials' numbers."""
+    """The configurations measured by more than one completed trial (a ``recheck`` measures
+    the best ones again): per configuration one record, numbered as its first measurement, with
+    the mean of each metric every measurement has, feasible only when every measurement was
+    (an SLO missed once is missed), and :attr:`TrialRecord.repeats` the measuring trials; keyed
+    by each of those trials' numbers. A measurement the host disturbed (:func:`outside_engine`)
+    is left out (:attr:`TrialRecord.noisy`) when another one was not: its latencies say more
+    about the host than about the configuration."""
     groups: dict[str, list[TrialRecord]] = {}
     for t in trials:
         if t.state == TrialState.COMPLETE:
@@ -136,22 +138,39 @@ def merge(trials: Sequence[TrialRecord]) -> dict[int, TrialRecord]:
     for g in groups.values():
         if len(g) < 2:
             continue
-        keys = set.intersection(*(set(t.metrics) for t in g))
+        noisy = [t for t in g if outside_engine(t.metrics)]
+        kept = [t for t in g if t not in noisy] or g
+        keys = set.intersection(*(set(t.metrics) for t in kept))
         rec = dataclasses.replace(
-            g[0], metrics={k: statistics.fmean(t.metrics[k] for t in g)
-                           for k in g[0].metrics if k in keys},
-            constraints_ok=all(t.constraints_ok for t in g),
-            reason=next((t.reason for t in g if not t.constraints_ok), g[0].reason),
-            repeats=tuple(t.number for t in g))
+            g[0], metrics={k: statistics.fmean(t.metrics[k] for t in kept)
+                           for k in kept[0].metrics if k in keys},
+            constraints_ok=all(t.constraints_ok for t in kept),
+            reason=next((t.reason for t in kept if not t.constraints_ok), kept[0].reason),
+            predicted=next((t.predicted for t in g if t.predicted), g[0].predicted),
+            repeats=tuple(t.number for t in g),
+            noisy=tuple(t.number for t in noisy) if len(kept) < len(g) else ())
         for t in g:
             out[t.number] = rec
     return out
 
 
+def measured_by(rec: TrialRecord) -> str:
+    """``the mean of its 2 measurements: trials 4, 9`` (or which were left out as noisy)."""
+    if not rec.noisy:
+        return (f"the mean of its {len(rec.repeats)} measurements: trials "
+                f"{', '.join(map(str, rec.repeats))}")
+    kept = [n for n in rec.repeats if n not in rec.noisy]
+    return (f"the mean of trial{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))}; "
+            f"trial{'s' if len(rec.noisy) > 1 else ''} {', '.join(map(str, rec.noisy))} "
+            "left out as noisy")
+
+
 def recheck_order(results: Results) -> list[TrialRecord]:
     """The measured feasible configurations, best first by the first objective (each once, as
     the mean of its measurements; for several objectives the Pareto front first): what a
-    recheck measures again."""
+    recheck measures again. A configuration whose every measurement the host disturbed
+    (:func:`outside_engine`) has no usable figure: where the twin predicted it, it is ranked by
+    that prediction instead."""
     o = results.objectives[0]
     sign = 1.0 if o.direction == "minimize" else -1.0
     seen: set[str] = set()
@@ -165,8 +184,16 @@ def recheck_order(results: Results) -> list[TrialRecord]:
         if k not in seen:
             seen.add(k)
             out.append(c)
+
+    def value(c: TrialRecord) -> float:
+        members = [results.trial(n) for n in c.repeats] if c.repeats else [c]
+        if o.key in c.predicted and all(m is not None and outside_engine(m.metrics)
+                                        for m in members):
+            return c.predicted[o.key]
+        return c.metrics[o.key]
+
     return sorted(out, key=lambda c: (bool(results.pareto) and c.number not in results.pareto,
-                                      sign * c.metrics[o.key]))
+                                      sign * value(c)))
 
 
 def _pareto(trials: list[TrialRecord], objectives: Sequence[ObjectiveDef]) -> list[int]:
@@ -218,8 +245,7 @@ def format_results(results: Results) -> str:
         return "\n".join(lines)
     lines.append("")
     lines.append(f"best configuration: trial {best.number}" + (
-        f" (the mean of its {len(best.repeats)} measurements: trials "
-        f"{', '.join(map(str, best.repeats))})" if best.repeats else ""))
+        f" ({measured_by(best)})" if best.repeats else ""))
     lines.append(f"  flags: {flags_line(dict(best.params))}")
     lines.append("")
     w = max(len(k) for k in keys) + 2
@@ -347,7 +373,9 @@ def to_json(results: Results, **extra: Any) -> dict[str, Any]:
                "reason": t.reason, "metrics": dict(t.metrics),
                "constraints_ok": t.constraints_ok, "flags": flags_line(dict(t.params))}
         if t.repeats:
-            out["repeats"] = list(t.repeats)  # metrics: the mean of these trials'
+            out["repeats"] = list(t.repeats)  # metrics: the mean of these trials' (not noisy's)
+            if t.noisy:
+                out["noisy"] = list(t.noisy)
         return out
 
     return {

@@ -60,7 +60,7 @@ from chunktune.sim import twin as sim_twin
 from chunktune.sim.cost_model import StepCostModel
 from chunktune.tuning import space
 from chunktune.tuning import study as st
-from chunktune.tuning.results import collect, prediction_errors, record
+from chunktune.tuning.results import collect, measured_by, prediction_errors, record
 
 if TYPE_CHECKING:
     from chunktune.tuning.runner import Tuner
@@ -437,8 +437,8 @@ class TwinDriver:
         best = collect(study, self.real.objectives, self.real.constraints).best_trial
         self._enter("done", "recheck done: " + (
             f"the best is trial {best.number}"
-            + (f", the mean of trials {', '.join(map(str, best.repeats))}" if best.repeats
-               else "") if best is not None else "no measured configuration is feasible"))
+            + (f", {measured_by(best)}" if best.repeats else "")
+            if best is not None else "no measured configuration is feasible"))
         return why
 
     async def _rounds(self) -> str:
