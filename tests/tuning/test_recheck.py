@@ -260,3 +260,32 @@ def test_recheck_ranks_a_configuration_measured_only_noisily_by_the_twins_predic
     study = noisy_study([(4096, 0.056, 0.018, None), (1024, 0.044, 0.040, None)])
     order = recheck_order(collect(study, [ITL], []))
     assert [c.params["max-num-batched-tokens"] for c in order] == [1024, 4096]
+
+
+def test_a_p99_on_a_cliff_is_the_configurations_own_and_stays_in_the_mean() -> None:
+    """Seed 2 of the fourth session's second bench run: vLLM's defaults measured 17.8 ms, then
+    30.4 ms with the clients' ITL p99 (all classes) at 51.9 ms against the engine's 22.6 ms,
+    flagged noisy; but the engine's own ITL ran from 16.6 ms at p98.5 to 212 ms at p99.5 (on a
+    cliff), so 51.9 ms is the engine's and the measurement stays. 4096/0/16 (18.8, 18.1 ms)
+    then wins; left out, the defaults' 17.8 ms alone won."""
+    from chunktune.api.status import TrialRecord
+    from chunktune.tuning.results import Results, merge
+
+    def rec(n: int, budget: int, chat: float, client: float, engine: float,
+            band: tuple[float, float]) -> TrialRecord:
+        return TrialRecord(number=n, params={"max-num-batched-tokens": budget},
+                           state=TrialState.COMPLETE,
+                           metrics={KEY: chat, "itl_p99": client, "engine_itl_p99": engine},
+                           itl_band=band)
+
+    trials = [rec(0, 2048, 0.0178, 0.0206, 0.0176, (0.01427, 0.12554)),
+              rec(4, 4096, 0.0188, 0.0213, 0.0151, (0.01339, 0.02427)),
+              rec(6, 2048, 0.0304, 0.0519, 0.0226, (0.01661, 0.21205)),
+              rec(7, 4096, 0.0181, 0.0214, 0.0176, (0.01405, 0.02207))]
+    merged = merge(trials)
+    assert merged[0].noisy == () and merged[0].metrics[KEY] == pytest.approx(0.0241)
+    res = Results(trials, [ITL], [], 0, None, [], merged)
+    assert [c.params["max-num-batched-tokens"] for c in recheck_order(res)] == [4096, 2048]
+    # the same clients' figure above the band's top is the host's: left out
+    trials[2] = rec(6, 2048, 0.0304, 0.250, 0.0226, (0.01661, 0.21205))
+    assert merge(trials)[0].noisy == (6,)

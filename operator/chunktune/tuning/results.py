@@ -122,12 +122,23 @@ def collect(study: optuna.Study, objectives: Sequence[ObjectiveDef],
     return Results(trials, list(objectives), list(constraints), baseline, best, pareto, merged)
 
 
+def host_disturbed(t: TrialRecord) -> bool:
+    """The trial's latencies were set outside the engine (:func:`outside_engine`) and its own
+    ITL does not explain them: not a p99 on a cliff whose clients' figure lies inside the
+    engine's band (:func:`on_cliff`; such a figure is the configuration's, however unstable)."""
+    if outside_engine(t.metrics) is None:
+        return False
+    band, client = t.itl_band, t.metrics.get("itl_p99")
+    return not (band is not None and on_cliff(band) is not None and client is not None
+                and client <= band[1])
+
+
 def merge(trials: Sequence[TrialRecord]) -> dict[int, TrialRecord]:
     """The configurations measured by more than one completed trial (a ``recheck`` measures
     the best ones again): per configuration one record, numbered as its first measurement, with
     the mean of each metric every measurement has, feasible only when every measurement was
     (an SLO missed once is missed), and :attr:`TrialRecord.repeats` the measuring trials; keyed
-    by each of those trials' numbers. A measurement the host disturbed (:func:`outside_engine`)
+    by each of those trials' numbers. A measurement the host disturbed (:func:`host_disturbed`)
     is left out (:attr:`TrialRecord.noisy`) when another one was not: its latencies say more
     about the host than about the configuration."""
     groups: dict[str, list[TrialRecord]] = {}
@@ -138,7 +149,7 @@ def merge(trials: Sequence[TrialRecord]) -> dict[int, TrialRecord]:
     for g in groups.values():
         if len(g) < 2:
             continue
-        noisy = [t for t in g if outside_engine(t.metrics)]
+        noisy = [t for t in g if host_disturbed(t)]
         kept = [t for t in g if t not in noisy] or g
         keys = set.intersection(*(set(t.metrics) for t in kept))
         rec = dataclasses.replace(
@@ -169,7 +180,7 @@ def recheck_order(results: Results) -> list[TrialRecord]:
     """The measured feasible configurations, best first by the first objective (each once, as
     the mean of its measurements; for several objectives the Pareto front first): what a
     recheck measures again. A configuration whose every measurement the host disturbed
-    (:func:`outside_engine`) has no usable figure: where the twin predicted it, it is ranked by
+    (:func:`host_disturbed`) has no usable figure: where the twin predicted it, it is ranked by
     that prediction instead."""
     o = results.objectives[0]
     sign = 1.0 if o.direction == "minimize" else -1.0
@@ -187,8 +198,7 @@ def recheck_order(results: Results) -> list[TrialRecord]:
 
     def value(c: TrialRecord) -> float:
         members = [results.trial(n) for n in c.repeats] if c.repeats else [c]
-        if o.key in c.predicted and all(m is not None and outside_engine(m.metrics)
-                                        for m in members):
+        if o.key in c.predicted and all(m is not None and host_disturbed(m) for m in members):
             return c.predicted[o.key]
         return c.metrics[o.key]
 
