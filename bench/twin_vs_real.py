@@ -19,7 +19,9 @@ Usage: ``python bench/twin_vs_real.py [--store DIR] [--seeds 1 2 3] [--rerun]``.
 
 Every run is a ``chunktune tune`` process whose storage, ``result.json`` and wall time are kept
 in ``--store`` (default ``.chunktune/twin-vs-real``); a run already there is reused, not rerun
-(``--rerun`` redoes them), and the output says which figures were reused.
+(``--rerun`` redoes them), and the output says which figures were reused. ``--reread`` takes a
+stored twin-first run's answer from its study as this checkout reads it (the same
+measurements, the answer picked by today's rules; said in the output).
 """
 
 from __future__ import annotations
@@ -55,12 +57,40 @@ def manifest(src: Path, name: str, seed: int, max_trials: int | None = None) -> 
     return dict(m)
 
 
-def run(name: str, m: dict[str, Any], store: Path, rerun: bool) -> dict[str, Any]:
-    """The stored outcome of run ``name``, running ``chunktune tune`` when there is none."""
+def reread(name: str, store: Path) -> dict[str, Any]:
+    """Run ``name``'s answer as this checkout picks it from the stored study."""
+    import optuna
+
+    from chunktune.api.v1alpha1 import Spec
+    from chunktune.core.flags import flags_line
+    from chunktune.tuning import study as st
+    from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
+    from chunktune.tuning.results import collect
+
+    storage = st.open_storage(str(store / f"{name}.journal"))
+    study = optuna.load_study(study_name=f"default/{name}", storage=storage)
+    spec = Spec.model_validate(study.user_attrs[st.STUDY_SPEC])
+    res = collect(study, [ObjectiveDef.from_spec(o) for o in spec.objectives],
+                  [ConstraintDef.from_spec(c) for c in spec.constraints])
+    b = res.best_trial
+    key = res.objectives[0].key
+    return {"best": b.metrics[key] if b else None,
+            "best_flags": flags_line(dict(b.params)) if b else None,
+            "best_params": dict(b.params) if b else None,
+            "best_repeats": list(b.repeats) if b else None,
+            "best_noisy": list(b.noisy) if b else None, "reread": True}
+
+
+def run(name: str, m: dict[str, Any], store: Path, rerun: bool,
+        again: bool = False) -> dict[str, Any]:
+    """The stored outcome of run ``name``, running ``chunktune tune`` when there is none
+    (``again``: its answer re-read from its stored study, :func:`reread`)."""
     done = store / f"{name}.run.json"
     if done.exists() and not rerun:
         out = dict(json.loads(done.read_text()))
         out["reused"] = True
+        if again and name != "reference":
+            out.update(reread(name, store))
         return out
     store.mkdir(parents=True, exist_ok=True)
     path = store / f"{name}.yaml"
@@ -87,6 +117,7 @@ def run(name: str, m: dict[str, Any], store: Path, rerun: bool) -> dict[str, Any
                "best_flags": best["flags"] if best else None,
                "best_params": best["params"] if best else None,
                "best_repeats": best.get("repeats") if best else None,
+               "best_noisy": best.get("noisy") if best else None,
                "real_trials": sum(1 for t in result["trials"] if t["state"] in RAN),
                "twin": result.get("twin"), "stop_reason": result.get("stop_reason")}
     done.write_text(json.dumps(outcome, indent=2) + "\n")
@@ -101,6 +132,9 @@ def main() -> int:
     ap.add_argument("--rerun", action="store_true", help="rerun stored runs")
     ap.add_argument("--remeasure", type=int, default=3, metavar="K",
                     help="measure every run's best configuration K more times (0: skip)")
+    ap.add_argument("--reread", action="store_true",
+                    help="take each stored twin-first run's answer from its study as this "
+                         "checkout picks it")
     ap.add_argument("--twin-first", action="store_true",
                     help="run the twin-first seeds before the reference")
     a = ap.parse_args()
@@ -111,7 +145,11 @@ def main() -> int:
     if a.twin_first:
         order = order[1:] + order[:1]
     print("== runs (real vLLM CPU build, tiny model, examples/cpu-vllm*.yaml)")
-    runs = {name: run(name, m, a.store, a.rerun) for name, m in order}
+    runs = {name: run(name, m, a.store, a.rerun, a.reread) for name, m in order}
+    if a.reread:
+        sys.path.insert(0, str(ROOT / "operator"))
+        print("(twin-first answers re-read from their stored studies by this checkout: the same "
+              "measurements, the answer picked by today's rules)")
     ref = runs["reference"]
     print(f"\n== reference: all-real TPE, {ref['real_trials']} real trials, "
           f"{ref['wall_s'] / 60:.1f} min{' (stored run reused)' if ref.get('reused') else ''}")
@@ -131,8 +169,9 @@ def main() -> int:
               f"{ratio:>7.3f} {r['real_trials']:>5} {twin.get('simulated_trials', 0):>5} "
               f"{r['wall_s'] / 60:>6.1f}min {r['wall_s'] / ref['wall_s']:>8.2f} "
               f"{'-' if err is None else f'{err:.0%}':>8}  {r['best_flags']}"
-              + (f"  (mean of trials {', '.join(map(str, r['best_repeats']))})"
-                 if r.get("best_repeats") else "")
+              + (f"  (mean of trials {', '.join(map(str, r['best_repeats']))}"
+                 + (f"; {', '.join(map(str, r['best_noisy']))} left out as noisy"
+                    if r.get("best_noisy") else "") + ")" if r.get("best_repeats") else "")
               + ("  (stored)" if r.get("reused") else ""))
     med = statistics.median(ratios)
     print(f"\nmedian over {len(a.seeds)} seeds: best/reference {med:.3f} (target <= 1.05), "
