@@ -147,7 +147,6 @@ def main() -> int:
     print("== runs (real vLLM CPU build, tiny model, examples/cpu-vllm*.yaml)")
     runs = {name: run(name, m, a.store, a.rerun, a.reread) for name, m in order}
     if a.reread:
-        sys.path.insert(0, str(ROOT / "operator"))
         print("(twin-first answers re-read from their stored studies by this checkout: the same "
               "measurements, the answer picked by today's rules)")
     ref = runs["reference"]
