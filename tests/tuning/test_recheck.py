@@ -16,7 +16,6 @@ from chunktune.api.status import render_status
 from chunktune.api.validation import validate
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
-from chunktune.tuning import twin
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
 from chunktune.tuning.results import collect, format_results, recheck_order, summary, to_json
 from chunktune.tuning.runner import TrialEvent
@@ -117,7 +116,7 @@ def test_recheck_measures_the_best_again_within_the_real_budget(tmp_path: Path) 
     shown = [e.reason for e in events if e.kind == "phase"]
     assert shown[-2:] == ["recheck", "done"]
     assert tuner.twin.status()["phase"] == "done"
-    stored = tuner.study.user_attrs[twin.ATTR_RECHECK]
+    stored = tuner.study.user_attrs[st.ATTR_RECHECK]
     assert stored["points"] == [st.point_of(t) for t in rechecked] and stored["after"] == why
 
 
@@ -126,7 +125,7 @@ def test_without_recheck_no_configuration_is_measured_twice(tmp_path: Path) -> N
     asyncio.run(tuner.run())
     points = [json.dumps(st.point_of(t), sort_keys=True) for t in real_trials(tuner)]
     assert len(points) == len(set(points))
-    assert twin.ATTR_RECHECK not in tuner.study.user_attrs
+    assert st.ATTR_RECHECK not in tuner.study.user_attrs
 
 
 def test_a_study_stopped_in_recheck_resumes_there_and_queues_nothing_again(

@@ -248,15 +248,18 @@ class Tuner:
         """Run the queued recheck trials (a restarted process: those not run yet); returns why
         the study before the recheck ended, or why the recheck stopped."""
         self.reserved = 0
-        queued = any(t.user_attrs.get(st.ATTR_PHASE) == st.PHASE_RECHECK
-                     and t.state in (OptunaState.WAITING, OptunaState.RUNNING)
-                     for t in self.trials())
-        if queued:
+        if self.pending(st.PHASE_RECHECK):
             why = await self.loop(queued_only=True)
             if why != "queued" and not (why == "budget" and not self.waiting()):
                 return why
         self.stop_reason = str(self.study.user_attrs[st.ATTR_RECHECK].get("after") or "budget")
         return self.stop_reason
+
+    def pending(self, phase: str) -> bool:
+        """Trials of ``phase`` (``st.ATTR_PHASE``) are queued or in flight."""
+        return any(t.user_attrs.get(st.ATTR_PHASE) == phase
+                   and t.state in (OptunaState.WAITING, OptunaState.RUNNING)
+                   for t in self.trials())
 
     def waiting(self) -> int:
         """Queued trials not started yet."""

@@ -17,7 +17,6 @@ and runs nothing twice):
    run for real.
 4. **refine**: ``refineRounds`` more rounds of 2-3, each recalibrating on every real trial so
    far; the study stops early when a round does not improve the measured best.
-
 5. **recheck** (``recheckTrials`` > 0, kept out of ``budget.maxTrials`` until now): the best
    measured configurations run once more each, and the answer is the best by the mean of each
    configuration's measurements (:func:`chunktune.tuning.results.merge`): one measurement of a
@@ -73,7 +72,6 @@ ATTR_ROUND_PROFILE = "twin_round_{}_profile"  # the profile fitted for round r
 ATTR_ROUND_CONFIRM = "twin_round_{}_confirm"  # the points queued for confirmation in round r
 ATTR_ROUND_DONE = "twin_round_{}_done"  # {"best": value or None} when round r is confirmed
 ATTR_UNTRUSTED = "twin_untrusted"  # the message, once the twin's error passed the threshold
-ATTR_RECHECK = st.ATTR_RECHECK  # {"points": [...], "after": why the rounds ended}, once queued
 #: The wall time between steps tried when fitting it to measured latencies (seconds).
 STEP_GAPS = (0.0, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.006)
 #: Standard latency metrics whose twin error is reported besides the goals'.
@@ -341,9 +339,9 @@ class TwinDriver:
         self.real.reserved = self._reserve()
         if ATTR_CALIBRATION not in attrs or self._calibrating():
             return
-        if ATTR_RECHECK in attrs:
+        if st.ATTR_RECHECK in attrs:
             self.round = self._rounds_done()
-            self.phase = "recheck" if self._waiting(st.PHASE_RECHECK) else "done"
+            self.phase = "recheck" if self.real.pending(st.PHASE_RECHECK) else "done"
             return
         r, stop = 1, None
         while (done := attrs.get(ATTR_ROUND_DONE.format(r))) is not None:
@@ -362,13 +360,7 @@ class TwinDriver:
 
     def _calibrating(self) -> bool:
         """Calibration trials are queued or in flight."""
-        return self._waiting("calibrate")
-
-    def _waiting(self, phase: str) -> bool:
-        """Trials of ``phase`` are queued or in flight."""
-        return any(t.user_attrs.get(st.ATTR_PHASE) == phase and t.state in (
-            optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)
-            for t in self.real.trials())
+        return self.real.pending("calibrate")
 
     def _rounds_done(self) -> int:
         r = 0
@@ -378,7 +370,7 @@ class TwinDriver:
 
     def _reserve(self) -> int:
         """Real trials the rounds leave for the recheck (none once it is queued)."""
-        if ATTR_RECHECK in self.real.study.user_attrs:
+        if st.ATTR_RECHECK in self.real.study.user_attrs:
             return 0
         return self.strategy.recheck_trials
 
@@ -420,14 +412,14 @@ class TwinDriver:
 
     async def run(self) -> str:
         study = self.real.study
-        if ATTR_RECHECK not in study.user_attrs:
+        if st.ATTR_RECHECK not in study.user_attrs:
             self.real.reserved = self._reserve()
             why = await self._rounds()
             if why in ("stopped", "duration", "failures") or self.strategy.recheck_trials <= 0 \
                     or not self.real.queue_recheck(why):
                 return why
-        if self._waiting(st.PHASE_RECHECK):
-            n = len(study.user_attrs[ATTR_RECHECK]["points"])
+        if self.real.pending(st.PHASE_RECHECK):
+            n = len(study.user_attrs[st.ATTR_RECHECK]["points"])
             self._enter(st.PHASE_RECHECK, f"the {n} best measured configuration"
                         f"{'s' if n > 1 else ''} run once more: the answer is the best by the "
                         "mean of each one's measurements")
