@@ -122,6 +122,11 @@ def collect(study: optuna.Study, objectives: Sequence[ObjectiveDef],
     return Results(trials, list(objectives), list(constraints), baseline, best, pareto, merged)
 
 
+def _config_key(t: TrialRecord) -> str:
+    """What tells one configuration from another (its parameters, in a fixed order)."""
+    return json.dumps(sorted(t.params.items()))
+
+
 def host_disturbed(t: TrialRecord) -> bool:
     """The trial's latencies were set outside the engine (:func:`outside_engine`) and its own
     ITL does not explain them: not a p99 on a cliff whose clients' figure lies inside the
@@ -144,7 +149,7 @@ def merge(trials: Sequence[TrialRecord]) -> dict[int, TrialRecord]:
     groups: dict[str, list[TrialRecord]] = {}
     for t in trials:
         if t.state == TrialState.COMPLETE:
-            groups.setdefault(json.dumps(sorted(t.params.items())), []).append(t)
+            groups.setdefault(_config_key(t), []).append(t)
     out: dict[int, TrialRecord] = {}
     for g in groups.values():
         if len(g) < 2:
@@ -191,7 +196,7 @@ def recheck_order(results: Results) -> list[TrialRecord]:
         if c is None or c.state != TrialState.COMPLETE or not c.constraints_ok \
                 or o.key not in c.metrics:
             continue
-        k = json.dumps(sorted(c.params.items()))
+        k = _config_key(c)
         if k not in seen:
             seen.add(k)
             out.append(c)

@@ -233,12 +233,8 @@ class Tuner:
             :max(0, min(self.spec.strategy.recheck_trials, left))]
         if not points:
             return False
-        dists = space.distributions(self.params)
         for pt in points:
-            self.study.enqueue_trial(
-                {k: v for k, v in pt.items() if k in dists and space.contains(dists[k], v)},
-                user_attrs={st.ATTR_POINT: pt, st.ATTR_PHASE: st.PHASE_RECHECK},
-                skip_if_exists=False)
+            self.enqueue(pt, {st.ATTR_PHASE: st.PHASE_RECHECK})
         self.study.set_user_attr(st.ATTR_RECHECK, {"points": points, "after": after})
         log.info("%s: recheck: the %d best measured configurations run once more",
                  self.tuning.metadata.name, len(points))
@@ -254,6 +250,14 @@ class Tuner:
                 return why
         self.stop_reason = str(self.study.user_attrs[st.ATTR_RECHECK].get("after") or "budget")
         return self.stop_reason
+
+    def enqueue(self, point: dict[str, Any], attrs: dict[str, Any]) -> None:
+        """Queue ``point`` to run as it is (``st.ATTR_POINT``), with ``attrs``; only its values
+        the search space can record become the trial's params."""
+        dists = space.distributions(self.params)
+        self.study.enqueue_trial(
+            {k: v for k, v in point.items() if k in dists and space.contains(dists[k], v)},
+            user_attrs={st.ATTR_POINT: point, **attrs}, skip_if_exists=False)
 
     def pending(self, phase: str) -> bool:
         """Trials of ``phase`` (``st.ATTR_PHASE``) are queued or in flight."""
@@ -433,14 +437,9 @@ class Tuner:
             trial.set_user_attr(st.ATTR_MESSAGE, "the process running this trial stopped "
                                 "before it ended; its configuration was queued again")
             self.study.tell(trial, state=OptunaState.FAIL)
-            attrs: dict[str, Any] = {st.ATTR_POINT: point}
-            for key in (st.ATTR_BASELINE, *st.QUEUED_ATTRS):
-                if t.user_attrs.get(key) is not None:
-                    attrs[key] = t.user_attrs[key]
-            dists = space.distributions(self.params)
-            self.study.enqueue_trial(
-                {k: v for k, v in point.items() if k in dists and space.contains(dists[k], v)},
-                user_attrs=attrs, skip_if_exists=False)
+            self.enqueue(point, {key: t.user_attrs[key]
+                                 for key in (st.ATTR_BASELINE, *st.QUEUED_ATTRS)
+                                 if t.user_attrs.get(key) is not None})
 
     def plan(self, number: int, point: dict[str, Any]) -> TrialPlan:
         return TrialPlan(number=number, params=point, target=self.target, profile=self.profile,

@@ -554,10 +554,7 @@ class TwinDriver:
         self.real.on_event(TrialEvent("phase", -1, {}, message=message, reason="untrusted"))
 
     def _enqueue(self, point: dict[str, Any], attrs: dict[str, Any]) -> None:
-        dists = space.distributions(self.real.params)
-        self.real.study.enqueue_trial(
-            {k: v for k, v in point.items() if k in dists and space.contains(dists[k], v)},
-            user_attrs={st.ATTR_POINT: point, **attrs}, skip_if_exists=False)
+        self.real.enqueue(point, attrs)
 
     def _twin_context(self) -> space.EngineContext:
         try:
