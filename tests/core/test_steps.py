@@ -93,6 +93,23 @@ def test_outside_engine_flags_client_gaps_far_beyond_the_engines_steps() -> None
     assert outside_engine({"itl_p99": 0.05}) is None  # no step log, no judgement
 
 
+def test_host_added_spares_a_clients_p99_the_engines_own_band_explains() -> None:
+    from chunktune.core.steps import host_added
+
+    # session 6's vLLM defaults on the CPU engine: clients 51.9 ms against the engine's 16.6 ms
+    # at p99, but the engine's own ITL ran 16.6-212 ms across p98.5-p99.5 (a cliff): the
+    # clients' p99 landed on its long steps, no host needed
+    cliff = {"itl_p99": 0.0519, "engine_itl_p99": 0.0166}
+    assert host_added(cliff, (0.0166, 0.212)) is None
+    # the same figures with no band, or a band without a cliff, or a clients' p99 beyond the
+    # band's top: the host added it
+    assert host_added(cliff, None) is not None
+    assert host_added(cliff, (0.0150, 0.0180)) is not None
+    assert host_added({"itl_p99": 0.300, "engine_itl_p99": 0.0166}, (0.0166, 0.212)) is not None
+    # nothing flagged in the first place
+    assert host_added({"itl_p99": 0.017, "engine_itl_p99": 0.0166}, None) is None
+
+
 def test_kv_usage_peak_is_the_largest_step_usage_as_a_fraction() -> None:
     from chunktune.core.steps import kv_usage_peak
 

@@ -58,3 +58,33 @@ def test_twin_rows_mark_an_itl_p99_on_a_cliff() -> None:
             if line.strip().startswith("4 ")}
     assert rows["chat.itl_p99"].endswith("(cliff)")
     assert "(cliff)" not in rows["chat.ttft_p99"]
+
+
+def test_a_clients_p99_on_the_engines_cliff_is_not_called_host_noise() -> None:
+    """Trial 0's clients' ITL p99 is over twice the engine's (flagged by outside_engine) but
+    inside the engine's own band on a cliff: the `noisy:` line and the twin rows' `(host)` used
+    to blame the host for it (session 5 found half of those flags were this). Trial 1's is far
+    beyond its band: the host's."""
+    cliff = TrialRecord(number=0, params={"max-num-batched-tokens": 2048},
+                        state=TrialState.COMPLETE, phase="confirm",
+                        metrics={"chat.itl_p99": 0.0519, "itl_p99": 0.0519,
+                                 "engine_itl_p99": 0.0166},
+                        predicted={"chat.itl_p99": 0.020}, itl_band=(0.0166, 0.212))
+    host = TrialRecord(number=1, params={"max-num-batched-tokens": 4096},
+                       state=TrialState.COMPLETE, phase="confirm",
+                       metrics={"chat.itl_p99": 0.0560, "itl_p99": 0.0560,
+                                "engine_itl_p99": 0.0180},
+                       predicted={"chat.itl_p99": 0.020}, itl_band=(0.0150, 0.0190))
+    res = Results(trials=[cliff, host], objectives=[ObjectiveDef("itl_p99", "chat", "minimize")],
+                  constraints=[], baseline=None, best=0, pareto=[])
+    text = format_results(res)
+    noisy = next(x for x in text.splitlines() if x.startswith("noisy:"))
+    assert "1 of 2 measured trials (1)" in noisy
+    assert "cliff: 1 of 2 measured trials (0)" in text
+    rows = {line.split()[0]: line for line in text.splitlines()
+            if line.strip().startswith(("0 ", "1 ")) and "chat.itl_p99" in line}
+    assert rows["0"].endswith("(cliff)") and "(host)" not in rows["0"]
+    assert rows["1"].endswith("(host)")
+    assert "(cliff): trial 0" in text  # not counted in the twin's error, and why
+    # neither counts in the twin's error: no median to show
+    assert "median |error|: -" in text

@@ -213,6 +213,22 @@ def outside_engine(metrics: Mapping[str, float]) -> str | None:
             "(API server, network, load client or other work on the host)")
 
 
+def host_added(metrics: Mapping[str, float], band: tuple[float, float] | None) -> str | None:
+    """Why a trial's latencies were set by the host rather than by its configuration, or None:
+    :func:`outside_engine`, unless the engine's own ITL explains the clients' p99 (a p99 on a
+    cliff, :func:`on_cliff`, whose clients' figure lies inside the engine's ``band``: about 1%
+    of the engine's tokens waited on long steps and the clients' p99 landed on them; that
+    figure is the configuration's, however unstable)."""
+    why = outside_engine(metrics)
+    if why is None:
+        return None
+    client = metrics.get("itl_p99")
+    if band is not None and on_cliff(band) is not None and client is not None \
+            and client <= band[1]:
+        return None
+    return why
+
+
 #: vLLM's start-up lines that say which engine wrote a log (v0.32: ``Initializing a V1 LLM
 #: engine (v0.32.0) with config: model='...', ...`` and ``CPU KV cache size: 130,944 tokens``).
 ENGINE_RE = re.compile(r"Initializing a V\d+ LLM engine \(v(?P<version>[^)]+)\) with config: "

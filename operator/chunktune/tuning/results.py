@@ -20,7 +20,7 @@ import optuna
 from chunktune.api.metrics import format_value
 from chunktune.api.status import StudySummary, TrialRecord, improvement
 from chunktune.core.flags import flags_line
-from chunktune.core.steps import BAND_WIDTH, on_cliff, outside_engine
+from chunktune.core.steps import BAND_WIDTH, host_added, on_cliff, outside_engine
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
@@ -128,14 +128,9 @@ def _config_key(t: TrialRecord) -> str:
 
 
 def host_disturbed(t: TrialRecord) -> bool:
-    """The trial's latencies were set outside the engine (:func:`outside_engine`) and its own
-    ITL does not explain them: not a p99 on a cliff whose clients' figure lies inside the
-    engine's band (:func:`on_cliff`; such a figure is the configuration's, however unstable)."""
-    if outside_engine(t.metrics) is None:
-        return False
-    band, client = t.itl_band, t.metrics.get("itl_p99")
-    return not (band is not None and on_cliff(band) is not None and client is not None
-                and client <= band[1])
+    """The trial's latencies were set outside the engine and its own ITL does not explain
+    them (:func:`~chunktune.core.steps.host_added`)."""
+    return host_added(t.metrics, t.itl_band) is not None
 
 
 def merge(trials: Sequence[TrialRecord]) -> dict[int, TrialRecord]:
@@ -304,11 +299,13 @@ def _twin_lines(results: Results, keys: list[str]) -> list[str]:
                "predicted / measured - 1)"]
     w = max(len(k) for k in keys) + 2 if keys else 8
     out.append(f"  {'trial':>5}  {'metric':{w}} {'predicted':>10} {'measured':>10} {'error':>7}")
-    host = []
+    host, cliffs = [], []
     for t in rows:
-        noisy = outside_engine(t.metrics) is not None
+        noisy = host_disturbed(t)
         if noisy:
             host.append(t.number)
+        elif outside_engine(t.metrics):
+            cliffs.append(t.number)
         for k in keys:
             p, m = t.predicted.get(k), t.metrics.get(k)
             if p is None or m is None:
@@ -328,6 +325,11 @@ def _twin_lines(results: Results, keys: list[str]) -> list[str]:
                    f"{', '.join(map(str, host))} measured latencies set outside the engine "
                    "(clients' ITL p99 over twice the engine's own steps'): not counted in the "
                    "twin's error")
+    if cliffs:
+        out.append(f"  (cliff): trial{'s' if len(cliffs) > 1 else ''} "
+                   f"{', '.join(map(str, cliffs))} clients' ITL p99 on the engine's long steps "
+                   "(over twice its p99 over all tokens, inside its own band): not counted in "
+                   "the twin's error either, since it does not repeat")
     return out
 
 
@@ -349,11 +351,12 @@ def prediction_errors(records: Sequence[TrialRecord]) -> dict[str, list[float]]:
 
 def _noise_lines(results: Results) -> list[str]:
     """Trials whose measured latencies the host set rather than the engine (see
-    :func:`~chunktune.core.steps.outside_engine`), with what to do about them."""
+    :func:`~chunktune.core.steps.host_added`), and trials whose ITL p99 is on a cliff, with
+    what to do about them."""
     done = sum(1 for t in results.trials if t.state == TrialState.COMPLETE)
     out = []
     host = [t.number for t in results.trials
-            if t.state == TrialState.COMPLETE and outside_engine(t.metrics)]
+            if t.state == TrialState.COMPLETE and host_disturbed(t)]
     if host:
         out += ["", f"noisy: {len(host)} of {done} measured trials "
                     f"({', '.join(map(str, host))}) saw clients' ITL p99 over twice what the "
@@ -374,9 +377,9 @@ def _noise_lines(results: Results) -> list[str]:
                     f"long step from one run to the next (trial {t.number}: the engine's "
                     f"{t.itl_band[0] * 1e3:.1f} ms at p{99 - BAND_WIDTH:g}, "
                     f"{t.itl_band[1] * 1e3:.1f} ms at p{99 + BAND_WIDTH:g}); their ranking on "
-                    "it does not repeat, and a clients' p99 on the long steps can look like host "
-                    "noise (noisy:); a longer load or a lower percentile (p95) ranks them more "
-                    "stably"]
+                    "it does not repeat, and a clients' p99 on the long steps can be over "
+                    "twice the engine's over all its tokens without any host noise; a longer "
+                    "load or a lower percentile (p95) ranks them more stably"]
     return out
 
 

@@ -42,6 +42,7 @@ from chunktune.core.errors import InfrastructureFault, SpecError
 from chunktune.core.steps import (
     StepSummary,
     engine_itl,
+    host_added,
     kv_usage_peak,
     on_cliff,
     outside_engine,
@@ -539,13 +540,15 @@ class Tuner:
                 # a backend that knows its engine's steps better (the simulator, which leaves a
                 # calibrated gap between steps out) has set it already
                 result.metrics.setdefault("engine_itl_p99", itl)
-                why = outside_engine(result.metrics)
+                why = host_added(result.metrics, summary.itl_band_s)
                 if why:
                     log.warning("trial %d: %s; its latencies are noisy, not the configuration's",
                                 trial.number, why)
                 cliff = on_cliff(summary.itl_band_s)
                 if cliff:
-                    log.info("trial %d: ITL p99 on a cliff: %s", trial.number, cliff)
+                    log.info("trial %d: ITL p99 on a cliff: %s%s", trial.number, cliff,
+                             "; the clients' p99 landed on the long steps"
+                             if outside_engine(result.metrics) and not why else "")
         if result.state == TrialState.INFEASIBLE:
             self._tell_startup_failure(trial, point, TrialState.INFEASIBLE,
                                        result.reason or "Startup", result.message or "")
