@@ -20,13 +20,19 @@ Usage: ``python bench/twin_vs_real.py [--store DIR] [--seeds 1 2 3] [--rerun]``.
 Every run is a ``chunktune tune`` process whose storage, ``result.json`` and wall time are kept
 in ``--store`` (default ``.chunktune/twin-vs-real``); a run already there is reused, not rerun
 (``--rerun`` redoes them), and the output says which figures were reused. ``--reread`` takes a
-stored twin-first run's answer from its study as this checkout reads it (the same
+stored run's answer (the reference's too) from its study as this checkout reads it (the same
 measurements, the answer picked by today's rules; said in the output).
+
+Two answers that differ only in limits none of their measurements reached (``max-num-seqs``
+16 vs 128 where no step ran more than 8 requests: the step logs say so) are one engine
+behaviour: the table says so, and the re-measurement measures that behaviour once, since
+measuring it under both names would compare only the noise.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -57,28 +63,91 @@ def manifest(src: Path, name: str, seed: int, max_trials: int | None = None) -> 
     return dict(m)
 
 
-def reread(name: str, store: Path) -> dict[str, Any]:
-    """Run ``name``'s answer as this checkout picks it from the stored study."""
+def study_results(name: str, store: Path) -> Any:
+    """Run ``name``'s stored study read by this checkout (:func:`collect_trials`), its trials
+    given what today's step-log summary keeps, from each run's own stored step log."""
     import optuna
 
     from chunktune.api.v1alpha1 import Spec
-    from chunktune.core.flags import flags_line
+    from chunktune.core.steps import StepSummary, read_steps
     from chunktune.tuning import study as st
     from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
-    from chunktune.tuning.results import collect
+    from chunktune.tuning.results import collect_trials
 
     storage = st.open_storage(str(store / f"{name}.journal"))
     study = optuna.load_study(study_name=f"default/{name}", storage=storage)
     spec = Spec.model_validate(study.user_attrs[st.STUDY_SPEC])
-    res = collect(study, [ObjectiveDef.from_spec(o) for o in spec.objectives],
-                  [ConstraintDef.from_spec(c) for c in spec.constraints])
+    trials = study.get_trials(deepcopy=True)
+    for t in trials:
+        steps = t.user_attrs.get(st.ATTR_STEPS)
+        if not steps or "max_running" in steps or not steps.get("file"):
+            continue
+        f = Path(steps["file"])
+        f = f if f.exists() else store / name / "steps" / f.name
+        if f.exists():
+            t.user_attrs[st.ATTR_STEPS] = {**steps, **dataclasses.asdict(
+                StepSummary.of(read_steps(f)))}
+    return collect_trials(trials, [ObjectiveDef.from_spec(o) for o in spec.objectives],
+                          [ConstraintDef.from_spec(c) for c in spec.constraints])
+
+
+def answer_runs(res: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The measurements behind the answer ``params`` in ``res``: per run its configuration,
+    the busiest step's use of each limit and the KV cache's peak (what tells whether another
+    answer is the same behaviour, :func:`same_behaviour`)."""
+    first = next((t for t in res.trials if t.params == params), None)
+    if first is None:
+        return []
+    rec = res.configuration(first.number)
+    members = [res.trial(n) for n in rec.repeats] if rec.repeats else [first]
+    return [{"number": m.number, "params": dict(m.params), "peak": dict(m.peak),
+             "kv": m.metrics.get("kv_cache_usage_peak")} for m in members if m is not None]
+
+
+def reread(name: str, store: Path, pick: bool) -> dict[str, Any]:
+    """Run ``name``'s answer's measurements (:func:`answer_runs`), and with ``pick`` the
+    answer itself as this checkout picks it from the stored study."""
+    from chunktune.core.flags import flags_line
+
+    res = study_results(name, store)
+    out: dict[str, Any] = {}
     b = res.best_trial
-    key = res.objectives[0].key
-    return {"best": b.metrics[key] if b else None,
-            "best_flags": flags_line(dict(b.params)) if b else None,
-            "best_params": dict(b.params) if b else None,
-            "best_repeats": list(b.repeats) if b else None,
-            "best_noisy": list(b.noisy) if b else None, "reread": True}
+    if pick:
+        key = res.objectives[0].key
+        out = {"best": b.metrics[key] if b else None,
+               "best_flags": flags_line(dict(b.params)) if b else None,
+               "best_params": dict(b.params) if b else None,
+               "best_repeats": list(b.repeats) if b else None,
+               "best_noisy": list(b.noisy) if b else None, "reread": True}
+    params = out.get("best_params") or json.loads(
+        (store / name / "result.json").read_text())["best"]["params"]
+    out["best_runs"] = answer_runs(res, params)
+    return out
+
+
+def same_behaviour(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> str | None:
+    """Why two answers are one engine behaviour, or None: every measurement of either is a
+    run of both configurations (:func:`chunktune.tuning.results.runs_as`: they differ only in
+    limits no run reached, with the KV cache never near full)."""
+    from chunktune.api.status import TrialRecord
+    from chunktune.core.trials import TrialState
+    from chunktune.tuning.results import runs_as
+
+    if not a or not b:
+        return None
+    recs = [TrialRecord(number=r["number"], params=r["params"], state=TrialState.COMPLETE,
+                        metrics={} if r["kv"] is None else {"kv_cache_usage_peak": r["kv"]},
+                        peak=r["peak"]) for r in a + b]
+    pa, pb = recs[0], recs[len(a)]
+    if pa.params == pb.params:
+        return "the same configuration"
+    if not all(runs_as(r, pa) and runs_as(r, pb) for r in recs):
+        return None
+    diff = [f for f in pa.params if pa.params[f] != pb.params[f]]
+    return ("the same behaviour: " + ", ".join(
+        f"{f} {pa.params[f]} vs {pb.params[f]}, never reached (at most "
+        f"{max(r.peak.get(f, 0) for r in recs)} in a step over their {len(recs)} runs)"
+        for f in diff))
 
 
 def run(name: str, m: dict[str, Any], store: Path, rerun: bool,
@@ -89,8 +158,7 @@ def run(name: str, m: dict[str, Any], store: Path, rerun: bool,
     if done.exists() and not rerun:
         out = dict(json.loads(done.read_text()))
         out["reused"] = True
-        if again and name != "reference":
-            out.update(reread(name, store))
+        out.update(reread(name, store, again))
         return out
     store.mkdir(parents=True, exist_ok=True)
     path = store / f"{name}.yaml"
@@ -122,6 +190,7 @@ def run(name: str, m: dict[str, Any], store: Path, rerun: bool,
                "twin": result.get("twin"), "stop_reason": result.get("stop_reason")}
     done.write_text(json.dumps(outcome, indent=2) + "\n")
     print(f"  {name}: done in {wall:.0f} s", flush=True)
+    outcome.update(reread(name, store, False))
     return outcome
 
 
@@ -133,8 +202,8 @@ def main() -> int:
     ap.add_argument("--remeasure", type=int, default=3, metavar="K",
                     help="measure every run's best configuration K more times (0: skip)")
     ap.add_argument("--reread", action="store_true",
-                    help="take each stored twin-first run's answer from its study as this "
-                         "checkout picks it")
+                    help="take each stored run's answer from its study as this checkout "
+                         "picks it")
     ap.add_argument("--twin-first", action="store_true",
                     help="run the twin-first seeds before the reference")
     a = ap.parse_args()
@@ -147,7 +216,7 @@ def main() -> int:
     print("== runs (real vLLM CPU build, tiny model, examples/cpu-vllm*.yaml)")
     runs = {name: run(name, m, a.store, a.rerun, a.reread) for name, m in order}
     if a.reread:
-        print("(twin-first answers re-read from their stored studies by this checkout: the same "
+        print("(answers re-read from their stored studies by this checkout: the same "
               "measurements, the answer picked by today's rules)")
     ref = runs["reference"]
     print(f"\n== reference: all-real TPE, {ref['real_trials']} real trials, "
@@ -156,6 +225,7 @@ def main() -> int:
     print(f"\n{'run':10} {'best':>9} {'ratio':>7} {'real':>5} {'sim':>5} {'wall':>8} "
           f"{'wall/ref':>8} {'twin err':>8}  best flags")
     ratios, reals, walls = [], [], []
+    alike: list[str] = []
     for s in a.seeds:
         r = runs[f"twin-s{s}"]
         ratio = r["best"] / ref["best"] if r["best"] and ref["best"] else float("nan")
@@ -172,12 +242,19 @@ def main() -> int:
                  + (f"; {', '.join(map(str, r['best_noisy']))} left out as noisy"
                     if r.get("best_noisy") else "") + ")" if r.get("best_repeats") else "")
               + ("  (stored)" if r.get("reused") else ""))
+        same = same_behaviour(r.get("best_runs") or [], ref.get("best_runs") or [])
+        if same:
+            alike.append(r["name"])
+            print(f"{'':10} = the reference's best: {same}")
     med = statistics.median(ratios)
     print(f"\nmedian over {len(a.seeds)} seeds: best/reference {med:.3f} (target <= 1.05), "
           f"real trials {statistics.median(reals):g} vs {ref['real_trials']} "
           f"({statistics.median(reals) / ref['real_trials']:.2f} of the reference's; target "
           f"<= 1/3), wall {statistics.median(walls) / 60:.1f} min vs "
           f"{ref['wall_s'] / 60:.1f} min")
+    print(f"answers that are the reference's best configuration or behaviour: {len(alike)} of "
+          f"{len(a.seeds)} seeds{' (' + ', '.join(alike) + ')' if alike else ''}; their ratio "
+          "above is measurement noise, not a difference between configurations")
     print(f"(runs stored in {os.path.relpath(a.store, ROOT)}; rerunning reuses them, --rerun "
           "redoes them)")
     if a.remeasure > 0:
@@ -200,9 +277,19 @@ def remeasure(runs: dict[str, Any], seeds: list[int], k: int, store: Path, rerun
         if p is None:  # a run stored before best_params was kept
             p = json.loads((store / n / "result.json").read_text())["best"]["params"]
         configs[n] = tuple(int(p[key]) for key in CONFIG_KEYS)  # type: ignore[assignment]
+    # an answer that is an earlier one's behaviour (the same schedule: limits no run reached)
+    # is measured as that one: measuring it apart would measure only the noise
+    alias: dict[str, tuple[str, str]] = {}
+    for i, n in enumerate(names):
+        for m in names[:i]:
+            why = same_behaviour(runs[n].get("best_runs") or [], runs[m].get("best_runs") or [])
+            if why and configs[n] != configs[m]:
+                configs[n] = configs[m]
+                alias[n] = (m, why)
+                break
     distinct = list(dict.fromkeys(configs.values()))
     key = runs["reference"]["objective"]
-    print(f"\n== re-measured: {len(distinct)} distinct best configurations x {k}, round-robin")
+    print(f"\n== re-measured: {len(distinct)} distinct best behaviours x {k}, round-robin")
     values: dict[tuple[int, int, int], list[float]] = {c: [] for c in distinct}
     engine: dict[tuple[int, int, int], list[float]] = {c: [] for c in distinct}
     # the same tail one notch lower: p95 is far from the cliff a p99 ITL sits on here
@@ -236,6 +323,9 @@ def remeasure(runs: dict[str, Any], seeds: list[int], k: int, store: Path, rerun
               f"{' '.join(f'{v * 1e3:.1f}' for v in engine[c]):20} "
               f"{' '.join(f'{v * 1e3:.1f}' for v in p95[c]):16} {r95:>9.3f}  "
               f"{dict(zip(CONFIG_KEYS, c, strict=True))}")
+        if n in alias:
+            print(f"{'':10} (answered {runs[n]['best_flags']}: as {alias[n][0]}, "
+                  f"{alias[n][1]})")
     spread = max(max(v) / min(v) for v in values.values())
     print(f"\nmedian over {len(seeds)} seeds, re-measured: best/reference "
           f"{statistics.median(ratios):.3f} (target <= 1.05); the same configuration's "

@@ -70,6 +70,10 @@ class TrialRecord:
     noisy: tuple[int, ...] = ()
     """Of :attr:`repeats`, the measurements left out of the mean: flagged as set outside the
     engine (:func:`chunktune.core.steps.outside_engine`) while another measurement was not."""
+    peak: Mapping[str, int] = field(default_factory=dict)
+    """Trials with a step log: the most the engine's busiest step used of each limit flag
+    (:data:`chunktune.core.steps.LIMIT_USE`: ``max-num-seqs`` -> requests in one step,
+    ``max-num-batched-tokens`` -> tokens in one step)."""
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,10 @@ class StepSummary:
     total_elapsed_ms: float
     itl_band_s: tuple[float, float] | None = None
     """The engine's ITL half a percentile either side of its p99 (:func:`itl_band`)."""
+    max_running: int = 0
+    """The most requests one step scheduled (prefill chunks and decodes: what
+    ``--max-num-seqs`` bounds). With :attr:`max_step_tokens`, what tells whether a limit ever
+    bound (:data:`LIMIT_USE`)."""
 
     @classmethod
     def of(cls, records: list[StepRecord]) -> StepSummary:
@@ -133,7 +137,15 @@ class StepSummary:
             mean_elapsed_ms=total / len(records) if records else 0.0,
             total_elapsed_ms=total,
             itl_band_s=itl_band(records),
+            max_running=max((r.context_requests + r.generation_requests for r in records),
+                            default=0),
         )
+
+
+#: The engine limits a step log shows the use of: the flag, and the :class:`StepSummary`
+#: field with the most any step used of it. A run whose use stayed below a limit's value ran
+#: as it would have with any value above its use: the limit never decided anything.
+LIMIT_USE = {"max-num-seqs": "max_running", "max-num-batched-tokens": "max_step_tokens"}
 
 
 def kv_usage_peak(records: Iterable[StepRecord]) -> float | None:

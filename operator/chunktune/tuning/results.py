@@ -20,7 +20,7 @@ import optuna
 from chunktune.api.metrics import format_value
 from chunktune.api.status import StudySummary, TrialRecord, improvement
 from chunktune.core.flags import flags_line
-from chunktune.core.steps import BAND_WIDTH, host_added, on_cliff, outside_engine
+from chunktune.core.steps import BAND_WIDTH, LIMIT_USE, host_added, on_cliff, outside_engine
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
@@ -82,17 +82,28 @@ def record(t: optuna.trial.FrozenTrial) -> TrialRecord:
         reason = "SLOViolated"
     predicted = {k: float(v) for k, v in (t.user_attrs.get(st.ATTR_PREDICTED) or {}).items()
                  if isinstance(v, int | float) and math.isfinite(v)}
-    band = (t.user_attrs.get(st.ATTR_STEPS) or {}).get("itl_band_s")
+    steps = t.user_attrs.get(st.ATTR_STEPS) or {}
+    band = steps.get("itl_band_s")
+    # studies from before max_running was kept have only the tokens' peak
+    peak = {flag: int(steps[f]) for flag, f in LIMIT_USE.items()
+            if isinstance(steps.get(f), int) and steps[f] > 0}
     return TrialRecord(number=t.number, params=st.point_of(t), state=state, reason=reason,
                        metrics=metrics, constraints_ok=ok, phase=t.user_attrs.get(st.ATTR_PHASE),
                        predicted=predicted,
-                       itl_band=(float(band[0]), float(band[1])) if band else None)
+                       itl_band=(float(band[0]), float(band[1])) if band else None, peak=peak)
 
 
 def collect(study: optuna.Study, objectives: Sequence[ObjectiveDef],
             constraints: Sequence[ConstraintDef]) -> Results:
-    frozen = [t for t in study.get_trials(deepcopy=False)
-              if t.state != optuna.trial.TrialState.WAITING]
+    return collect_trials(study.get_trials(deepcopy=False), objectives, constraints)
+
+
+def collect_trials(study_trials: Sequence[optuna.trial.FrozenTrial],
+                   objectives: Sequence[ObjectiveDef],
+                   constraints: Sequence[ConstraintDef]) -> Results:
+    """:func:`collect` over a study's trials as given (a bench re-reading stored studies
+    passes them with what today's step-log summary adds)."""
+    frozen = [t for t in study_trials if t.state != optuna.trial.TrialState.WAITING]
     trials = [record(t) for t in frozen]
     baseline = next((t.number for t in frozen if t.user_attrs.get(st.ATTR_BASELINE)
                      and st.trial_state(t) != TrialState.FAIL), None)
@@ -133,31 +144,97 @@ def host_disturbed(t: TrialRecord) -> bool:
     return host_added(t.metrics, t.itl_band) is not None
 
 
+#: Runs of configurations that differ in limits none of them reached count as runs of one
+#: behaviour only while the KV cache stayed below this share (``kv_cache_usage_peak``): the
+#: limits also size the engine's start-up reservations, and so its KV capacity, which matters
+#: only once the cache fills.
+KV_HEADROOM = 0.95
+
+
+def unbound(t: TrialRecord) -> dict[str, int]:
+    """The limit flags of ``t``'s configuration its run never reached: flag -> the most the
+    busiest step used (below the flag's value). With any value above that use the run would
+    have been the same."""
+    out = {}
+    for flag, used in t.peak.items():
+        v = t.params.get(flag)
+        if isinstance(v, int | float) and not isinstance(v, bool) and used < v:
+            out[flag] = used
+    return out
+
+
+def runs_as(t: TrialRecord, other: TrialRecord) -> bool:
+    """``t``'s run is a run of ``other``'s configuration too: the same configuration, or one
+    that differs only in limits ``t``'s run stayed below ``other``'s value of (and its own),
+    with the KV cache never near full (:data:`KV_HEADROOM`)."""
+    if t.params == other.params:
+        return True
+    if set(t.params) != set(other.params):
+        return False
+    kv = t.metrics.get("kv_cache_usage_peak")
+    if kv is None or kv >= KV_HEADROOM:
+        return False
+    free = unbound(t)
+    for flag, v in t.params.items():
+        w = other.params[flag]
+        if v == w:
+            continue
+        if flag not in free or not isinstance(w, int | float) or not free[flag] < w:
+            return False
+    return True
+
+
 def merge(trials: Sequence[TrialRecord]) -> dict[int, TrialRecord]:
     """The configurations measured by more than one completed trial (a ``recheck`` measures
-    the best ones again): per configuration one record, numbered as its first measurement, with
-    the mean of each metric every measurement has, feasible only when every measurement was
-    (an SLO missed once is missed), and :attr:`TrialRecord.repeats` the measuring trials; keyed
-    by each of those trials' numbers. A measurement the host disturbed (:func:`host_disturbed`)
-    is left out (:attr:`TrialRecord.noisy`) when another one was not: its latencies say more
-    about the host than about the configuration."""
-    groups: dict[str, list[TrialRecord]] = {}
-    for t in trials:
-        if t.state == TrialState.COMPLETE:
-            groups.setdefault(_config_key(t), []).append(t)
+    the best ones again), each with the runs of configurations that behaved the same: ones
+    that differ only in limits (``max-num-seqs``, ``max-num-batched-tokens``) no run reached
+    (:func:`unbound`, from the step log), such a run being a run of either configuration.
+    Per group one record with the parameters of its most permissive configuration (the largest
+    limits: every run in the group is a run of it), numbered as that configuration's first
+    measurement, with the mean of each metric every measurement has, feasible only when every
+    measurement was (an SLO missed once is missed), and :attr:`TrialRecord.repeats` the
+    measuring trials; keyed by each of those trials' numbers. A measurement the host disturbed
+    (:func:`host_disturbed`) is left out (:attr:`TrialRecord.noisy`) when another one was not:
+    its latencies say more about the host than about the configuration."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    parent = list(range(len(done)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, a in enumerate(done):
+        for j in range(i):
+            b = done[j]
+            if a.params == b.params or (runs_as(a, b) and runs_as(b, a)):
+                parent[root(i)] = root(j)
+    groups: dict[int, list[TrialRecord]] = {}
+    for i, t in enumerate(done):
+        groups.setdefault(root(i), []).append(t)
     out: dict[int, TrialRecord] = {}
     for g in groups.values():
+        # the most permissive configuration; the runs that are not runs of it (a run that
+        # reached a smaller limit, linked through its configuration's other runs) drop out
+        # (members differ only in numeric limits: the flags runs_as lets differ)
+        top = {f: max(float(m.params[f]) for m in g) for f in g[0].params
+               if len({m.params[f] for m in g}) > 1}
+        rep = max(g, key=lambda t: (sum(float(t.params[f]) == v for f, v in top.items()),
+                                    -t.number))
+        g = [t for t in g if runs_as(t, rep)]
         if len(g) < 2:
             continue
         noisy = [t for t in g if host_disturbed(t)]
         kept = [t for t in g if t not in noisy] or g
         keys = set.intersection(*(set(t.metrics) for t in kept))
+        first = min((t for t in g if t.params == rep.params), key=lambda t: t.number)
         rec = dataclasses.replace(
-            g[0], metrics={k: statistics.fmean(t.metrics[k] for t in kept)
-                           for k in kept[0].metrics if k in keys},
+            first, metrics={k: statistics.fmean(t.metrics[k] for t in kept)
+                            for k in kept[0].metrics if k in keys},
             constraints_ok=all(t.constraints_ok for t in kept),
             reason=next((t.reason for t in kept if not t.constraints_ok), kept[0].reason),
-            predicted=next((t.predicted for t in g if t.predicted), g[0].predicted),
+            predicted=next((t.predicted for t in g if t.predicted), first.predicted),
             repeats=tuple(t.number for t in g),
             noisy=tuple(t.number for t in noisy) if len(kept) < len(g) else ())
         for t in g:
@@ -165,15 +242,36 @@ def merge(trials: Sequence[TrialRecord]) -> dict[int, TrialRecord]:
     return out
 
 
-def measured_by(rec: TrialRecord) -> str:
-    """``the mean of its 2 measurements: trials 4, 9`` (or which were left out as noisy)."""
+def measured_by(rec: TrialRecord, members: Sequence[TrialRecord] = ()) -> str:
+    """``the mean of its 2 measurements: trials 4, 9`` (or which were left out as noisy), and,
+    given the measuring trials (``members``), which of them ran another value of a limit that
+    no run reached (:func:`merge`)."""
     if not rec.noisy:
-        return (f"the mean of its {len(rec.repeats)} measurements: trials "
+        text = (f"the mean of its {len(rec.repeats)} measurements: trials "
                 f"{', '.join(map(str, rec.repeats))}")
-    kept = [n for n in rec.repeats if n not in rec.noisy]
-    return (f"the mean of trial{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))}; "
-            f"trial{'s' if len(rec.noisy) > 1 else ''} {', '.join(map(str, rec.noisy))} "
-            "left out as noisy")
+    else:
+        kept = [n for n in rec.repeats if n not in rec.noisy]
+        text = (f"the mean of trial{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))}; "
+                f"trial{'s' if len(rec.noisy) > 1 else ''} {', '.join(map(str, rec.noisy))} "
+                "left out as noisy")
+    return text + same_behaviour(rec, members)
+
+
+def same_behaviour(rec: TrialRecord, members: Sequence[TrialRecord]) -> str:
+    """``; trial 26 ran max-num-seqs 16, a limit no run reached (at most 8 in a step)``: the
+    measurements of ``rec`` (a :func:`merge` record) that ran other values of its limits."""
+    others = [m for m in members if m.number in rec.repeats and m.params != rec.params]
+    if not others:
+        return ""
+    parts = []
+    for m in others:
+        diff = [f for f, v in m.params.items() if v != rec.params.get(f)]
+        parts.append(f"trial {m.number} ran " + ", ".join(f"{f} {m.params[f]}" for f in diff))
+    flags = sorted({f for m in others for f, v in m.params.items() if v != rec.params.get(f)})
+    used = [f"{f} {max(m.peak.get(f, 0) for m in members if m.number in rec.repeats)}"
+            for f in flags]
+    return (f"; {'; '.join(parts)}: limit{'s' if len(flags) > 1 else ''} no run reached "
+            f"(the busiest step used {', '.join(used)}), so the same behaviour")
 
 
 def recheck_order(results: Results) -> list[TrialRecord]:
@@ -255,7 +353,7 @@ def format_results(results: Results) -> str:
         return "\n".join(lines)
     lines.append("")
     lines.append(f"best configuration: trial {best.number}" + (
-        f" ({measured_by(best)})" if best.repeats else ""))
+        f" ({measured_by(best, results.trials)})" if best.repeats else ""))
     lines.append(f"  flags: {flags_line(dict(best.params))}")
     lines.append("")
     w = max(len(k) for k in keys) + 2
@@ -285,7 +383,27 @@ def format_results(results: Results) -> str:
             lines.append(f"  {n:>5}  {vals}  {flags_line(dict(front.params))}")
     lines += _twin_lines(results, keys)
     lines += _noise_lines(results)
+    lines += _limit_lines(results)
     return "\n".join(lines)
+
+
+def _limit_lines(results: Results) -> list[str]:
+    """The searched limits no measured trial reached: on this workload their value did not
+    matter (above what the busiest step used), and configurations that differ only there were
+    measured as one (:func:`merge`)."""
+    out = []
+    for flag in LIMIT_USE:
+        runs = [t for t in results.trials
+                if t.state == TrialState.COMPLETE and flag in t.peak and flag in t.params]
+        values = sorted({t.params[flag] for t in runs}, key=float)
+        if len(values) < 2 or any(flag not in unbound(t) for t in runs):
+            continue
+        used = max(t.peak[flag] for t in runs)
+        out += ["", f"unbound: no measured trial reached {flag} (the busiest step of "
+                    f"{len(runs)} used {used}; values tried {', '.join(map(str, values))}): on "
+                    f"this workload any value above {used} behaves the same, and "
+                    "configurations differing only there count as one"]
+    return out
 
 
 def _twin_lines(results: Results, keys: list[str]) -> list[str]:
@@ -390,6 +508,8 @@ def to_json(results: Results, **extra: Any) -> dict[str, Any]:
         out = {"number": t.number, "params": dict(t.params), "state": t.state,
                "reason": t.reason, "metrics": dict(t.metrics),
                "constraints_ok": t.constraints_ok, "flags": flags_line(dict(t.params))}
+        if t.peak:
+            out["peak"] = dict(t.peak)  # the busiest step's use of each limit flag
         if t.repeats:
             out["repeats"] = list(t.repeats)  # metrics: the mean of these trials' (not noisy's)
             if t.noisy:

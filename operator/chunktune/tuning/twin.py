@@ -426,10 +426,11 @@ class TwinDriver:
         why = await self.real.recheck()
         if why in ("stopped", "duration", "failures"):
             return why
-        best = collect(study, self.real.objectives, self.real.constraints).best_trial
+        res = collect(study, self.real.objectives, self.real.constraints)
+        best = res.best_trial
         self._enter("done", "recheck done: " + (
             f"the best is trial {best.number}"
-            + (f", {measured_by(best)}" if best.repeats else "")
+            + (f", {measured_by(best, res.trials)}" if best.repeats else "")
             if best is not None else "no measured configuration is feasible"))
         return why
 
