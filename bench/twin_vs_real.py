@@ -125,22 +125,27 @@ def reread(name: str, store: Path, pick: bool) -> dict[str, Any]:
     return out
 
 
-def same_behaviour(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> str | None:
-    """Why two answers are one engine behaviour, or None: every measurement of either is a
-    run of both configurations (:func:`chunktune.tuning.results.runs_as`: they differ only in
-    limits no run reached, with the KV cache never near full)."""
+def same_behaviour(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """Why two runs' answers are one engine behaviour, or None: the same configuration, or
+    every measurement of either is a run of both configurations
+    (:func:`chunktune.tuning.results.runs_as`: they differ only in limits no run reached,
+    with the KV cache never near full)."""
     from chunktune.api.status import TrialRecord
     from chunktune.core.trials import TrialState
     from chunktune.tuning.results import runs_as
 
-    if not a or not b:
+    if not a.get("best_params") or not b.get("best_params"):
         return None
+    if a["best_params"] == b["best_params"]:
+        return "the same configuration"
     recs = [TrialRecord(number=r["number"], params=r["params"], state=TrialState.COMPLETE,
                         metrics={} if r["kv"] is None else {"kv_cache_usage_peak": r["kv"]},
-                        peak=r["peak"]) for r in a + b]
-    pa, pb = recs[0], recs[len(a)]
-    if pa.params == pb.params:
-        return "the same configuration"
+                        peak=r["peak"])
+            for r in (a.get("best_runs") or []) + (b.get("best_runs") or [])]
+    pa, pb = (TrialRecord(number=-1, params=x["best_params"], state=TrialState.COMPLETE)
+              for x in (a, b))
+    if not recs:
+        return None
     if not all(runs_as(r, pa) and runs_as(r, pb) for r in recs):
         return None
     diff = [f for f in pa.params if pa.params[f] != pb.params[f]]
@@ -242,7 +247,7 @@ def main() -> int:
                  + (f"; {', '.join(map(str, r['best_noisy']))} left out as noisy"
                     if r.get("best_noisy") else "") + ")" if r.get("best_repeats") else "")
               + ("  (stored)" if r.get("reused") else ""))
-        same = same_behaviour(r.get("best_runs") or [], ref.get("best_runs") or [])
+        same = same_behaviour(r, ref)
         if same:
             alike.append(r["name"])
             print(f"{'':10} = the reference's best: {same}")
@@ -282,7 +287,7 @@ def remeasure(runs: dict[str, Any], seeds: list[int], k: int, store: Path, rerun
     alias: dict[str, tuple[str, str]] = {}
     for i, n in enumerate(names):
         for m in names[:i]:
-            why = same_behaviour(runs[n].get("best_runs") or [], runs[m].get("best_runs") or [])
+            why = same_behaviour(runs[n], runs[m])
             if why and configs[n] != configs[m]:
                 configs[n] = configs[m]
                 alias[n] = (m, why)
