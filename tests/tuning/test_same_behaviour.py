@@ -16,7 +16,13 @@ from chunktune.core.steps import StepRecord, StepSummary
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ObjectiveDef
-from chunktune.tuning.results import collect, format_results, recheck_order, to_json
+from chunktune.tuning.results import (
+    collect,
+    collect_trials,
+    format_results,
+    recheck_order,
+    to_json,
+)
 from chunktune.tuning.runner import Tuner
 from tests.tuning.conftest import manifest
 
@@ -144,3 +150,17 @@ def test_a_study_on_the_simulator_finds_max_num_seqs_never_bound(tmp_path: Path)
     text = format_results(res)
     assert "unbound: no measured trial reached max-num-seqs" in text
     assert "unbound: no measured trial reached max-num-batched-tokens" in text
+
+
+def test_the_baseline_keeps_its_own_flags_when_it_merges_with_a_larger_limit() -> None:
+    study = study_of([(4096, 16, 0.020, 7, 3911, 0.3), (4096, 128, 0.012, 7, 3911, 0.3)])
+    trials = study.get_trials(deepcopy=True)
+    trials[0].user_attrs[st.ATTR_BASELINE] = True
+    res = collect_trials(trials, [ITL], [])
+    base = res.baseline_trial
+    assert base is not None and base.number == 0 and base.params["max-num-seqs"] == 16
+    assert base.metrics[KEY] == pytest.approx(0.016) and base.repeats == (0, 1)
+    assert res.best_trial is not None and res.best_trial.params["max-num-seqs"] == 128
+    text = format_results(res)
+    assert "baseline = trial 0 (the engine's defaults: --max-num-batched-tokens 4096 " \
+        "--max-num-seqs 16)" in text

@@ -58,7 +58,13 @@ class Results:
 
     @property
     def baseline_trial(self) -> TrialRecord | None:
-        return self.configuration(self.baseline)
+        """The engine's defaults as measured: the mean of their measurements, under their own
+        flags and number (a :func:`merge` group shows its most permissive configuration, which
+        may not be the defaults)."""
+        rec, own = self.configuration(self.baseline), self.trial(self.baseline)
+        if rec is not None and own is not None and rec.params != own.params:
+            rec = dataclasses.replace(rec, number=own.number, params=own.params)
+        return rec
 
     def improvement(self) -> str | None:
         """The first objective's change from the baseline to the best (``-34%``)."""
