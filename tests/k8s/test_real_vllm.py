@@ -55,9 +55,11 @@ def real_tuning(model: Path) -> dict[str, Any]:
                 "args": ["--load-format", "dummy", "--enforce-eager",
                          "--no-enable-prefix-caching"],
                 "cpu": {"kvCacheSpace": "1Gi"}, "startupTimeout": "6m"},
-        # 0 is vLLM's default (trial 0); 16384 is above the model's 8192 positions, a rule
-        # chunktune cannot check without knowing the model: vLLM refuses it at start-up.
-        searchSpace=[{"name": "long-prefill-token-threshold", "choices": [0, 16384]}],
+        # 8192 is vLLM's default for this model (trial 0); 16384 is above the model's 8192
+        # positions, a rule chunktune leaves to the engine on a CPU node: vLLM refuses it at
+        # start-up. (A long-prefill threshold above 8192 would not reach the engine: the tuner
+        # reads the model's context length and skips it, test_space.py.)
+        searchSpace=[{"name": "max-model-len", "choices": [8192, 16384]}],
         workload={"inline": {
             "name": "cpu-small", "arrival": {"mode": "poisson", "rate": 2}, "seed": 1,
             "classes": [
@@ -106,20 +108,19 @@ async def test_real_vllm_trial_completes_and_refused_flags_are_infeasible(
         keeper.cancel()
     assert status["phase"] == "Succeeded", (status.get("message"), status.get("trials"),
                                             [e["message"] for e in events(kube)], logs)
-    by_threshold = {t["parameters"]["long-prefill-token-threshold"]: t
-                    for t in status["trials"]}
-    ok = by_threshold[0]
+    by_len = {t["parameters"]["max-model-len"]: t for t in status["trials"]}
+    ok = by_len[8192]
     assert ok["state"] == "COMPLETE", ok
     # client-side from the load Job, server-side from vLLM's own /metrics
     assert ok["metrics"]["ttft_p99"] > 0
     assert 0 < ok["metrics"]["kv_cache_usage_peak"] <= 1.0
     assert ok["metrics"]["error_rate"] <= 0.05
-    refused = by_threshold[16384]
+    refused = by_len[16384]
     assert refused["state"] == "INFEASIBLE" and refused["reason"] == "ConfigRejected"
     msgs = [e["message"] for e in events(kube) if e["reason"] == "TrialInfeasible"]
-    assert any("long_prefill_token_threshold (16384) cannot be greater than the "
-               "max_model_len (8192)" in m for m in msgs), msgs
-    assert status["best"]["parameters"]["long-prefill-token-threshold"] == 0
+    assert any("User-specified max_model_len (16384) is greater than the derived "
+               "max_model_len" in m for m in msgs), msgs
+    assert status["best"]["parameters"]["max-model-len"] == 8192
     await kube.until(lambda: not trial_objects(kube, "real"), timeout=60,
                      message="trial objects gone")
     assert status_of(kube, "real")["phase"] == "Succeeded"

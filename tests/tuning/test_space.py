@@ -41,3 +41,35 @@ def test_sglang_default_chunk_size_by_gpu_memory():
     target = EngineTarget(kind="sglang", model="m", served_model_name="m", gpu="l4",
                           fixed_args=("--mem-fraction-static", "0.8"))
     assert EngineContext.build(target).default_point(params) == {"chunked-prefill-size": 4096}
+
+
+def test_a_threshold_beyond_the_tiny_models_context_is_refused_before_launch(tmp_path):
+    """The CPU example's space has long-prefill-token-threshold 16384, which vLLM refuses for
+    the tiny model (8192 positions, no --max-model-len): the all-real reference study spent 5
+    of its 24 real trials starting engines that refused it. The tuner now knows the tiny (or
+    any local) model's context length and skips such points without a launch."""
+    from chunktune.modelgen.tiny import write_tiny_model
+
+    where = tmp_path / "tiny"
+    write_tiny_model(where)
+    for model in (f"tiny:{where}", str(where), "tiny:" + str(tmp_path / "absent")):
+        target = EngineTarget(kind="vllm", model=model, served_model_name="tiny",
+                              fixed_args=("--enforce-eager",))
+        ctx = EngineContext.build(target)
+        assert ctx.model is not None and ctx.model.max_position_embeddings == 8192, model
+        why = ctx.feasibility({"max-num-batched-tokens": 512,
+                               "long-prefill-token-threshold": 16384}, prescreen=False)
+        assert why is not None and why.reason == "ConfigRejected"
+        assert "(16384) cannot be greater than the max_model_len (8192)" in why.message
+        assert ctx.feasibility({"max-num-batched-tokens": 512,
+                                "long-prefill-token-threshold": 512}, prescreen=False) is None
+    # --max-model-len given: that is the limit
+    target = EngineTarget(kind="vllm", model=f"tiny:{where}", served_model_name="tiny",
+                          fixed_args=("--max-model-len", "4096"))
+    why = EngineContext.build(target).feasibility({"long-prefill-token-threshold": 8192},
+                                                  prescreen=False)
+    assert why is not None and "(4096)" in why.message
+    # a model nobody here knows: the rule is left to the engine
+    target = EngineTarget(kind="vllm", model="org/unknown-model", served_model_name="m")
+    assert EngineContext.build(target).feasibility({"long-prefill-token-threshold": 16384},
+                                                   prescreen=False) is None

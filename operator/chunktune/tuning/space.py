@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -91,6 +92,38 @@ def grid(params: Sequence[Parameter]) -> dict[str, list[Any]]:
 
 # ---- the engine's own configuration ----------------------------------------------------------
 
+#: ``spec.engine.model: tiny:DIR``: the random-weight model ``chunktune model tiny DIR`` writes.
+TINY_PREFIX = "tiny:"
+
+
+def model_dir(model: str) -> Path:
+    """Where a model given as files would be: the tiny model's directory, or the path."""
+    if model.startswith(TINY_PREFIX):
+        return Path(model[len(TINY_PREFIX):] or ".chunktune/models/tiny")
+    return Path(model).expanduser()
+
+
+def engine_model(target: EngineTarget) -> ModelConfig | None:
+    """The model the engine serves, as far as it is known without starting it: the target's
+    ``modelConfig``, the tiny model's ``config.json`` (its built-in config when the directory
+    is not on this machine: a trial pod writes the same), a local directory's ``config.json``,
+    or a catalogued model; None for another model (raises :class:`SpecError` for a config
+    that does not parse)."""
+    if target.hf_config:
+        return from_hf_config(target.hf_config, name=target.model)
+    m = target.model
+    where = model_dir(m)
+    if (where / "config.json").is_file():
+        return resolve_model(None, where / "config.json")
+    if m.startswith(TINY_PREFIX):
+        from chunktune.modelgen.tiny import TINY
+
+        return from_hf_config(TINY.config(), name=where.name or "tiny")
+    try:
+        return resolve_model(m, field="spec.engine.model")
+    except SpecError:
+        return None
+
 
 @dataclass(frozen=True)
 class EngineContext:
@@ -111,8 +144,7 @@ class EngineContext:
             fixed.tensor_parallel_size = target.tensor_parallel_size
         model: ModelConfig | None
         try:
-            model = (from_hf_config(target.hf_config, name=target.model)
-                     if target.hf_config else resolve_model(target.model))
+            model = engine_model(target)
         except SpecError:
             model = None
         try:
@@ -167,8 +199,10 @@ class EngineContext:
             return None
         values = self.defaults(sim_part(point))
         budget, seqs = values["max-num-batched-tokens"], values["max-num-seqs"]
+        # the model's context length where --max-model-len is not given (vLLM's default)
+        max_len = args.max_model_len or values.get("max-model-len")
         try:
-            check_scheduler_rules(budget, seqs, args.max_model_len, args.enable_chunked_prefill,
+            check_scheduler_rules(budget, seqs, max_len, args.enable_chunked_prefill,
                                   args.max_num_partial_prefills, args.max_long_partial_prefills,
                                   values.get("long-prefill-token-threshold") or 0)
         except EngineStartupError as e:

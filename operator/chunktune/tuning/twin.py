@@ -52,7 +52,7 @@ from chunktune.backends.simulated import SimulatedBackend
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import argv, parse_argv
 from chunktune.core.gpus import resolve_gpu
-from chunktune.core.models import ModelConfig, from_hf_config, resolve_model
+from chunktune.core.models import ModelConfig
 from chunktune.core.steps import outside_engine
 from chunktune.core.trials import RESULT_STATES, EngineTarget, TrialState
 from chunktune.sim import twin as sim_twin
@@ -77,7 +77,6 @@ STEP_GAPS = (0.0, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.006)
 #: Standard latency metrics whose twin error is reported besides the goals'.
 REPORTED = tuple(f"{m}_p{p}" for m in ("ttft", "itl", "e2e") for p in (50, 99))
 #: Tiny-model prefix of ``spec.engine.model`` (``chunktune model tiny``).
-TINY_PREFIX = "tiny:"
 
 
 class TwinError(Exception):
@@ -89,25 +88,14 @@ class TwinError(Exception):
 
 
 def twin_model(target: EngineTarget) -> ModelConfig:
-    """The model the twin simulates: the target's ``modelConfig``, the tiny model's or a local
-    directory's ``config.json``, or a catalogued model."""
-    if target.hf_config:
-        return from_hf_config(target.hf_config, name=target.model)
-    m = target.model
-    if m.startswith(TINY_PREFIX):
-        where = Path(m[len(TINY_PREFIX):] or ".chunktune/models/tiny")
-        if (where / "config.json").is_file():
-            return resolve_model(None, where / "config.json")
-        from chunktune.modelgen.tiny import TINY
-
-        return from_hf_config(TINY.config(), name=where.name or "tiny")
-    path = Path(m).expanduser()
-    if (path / "config.json").is_file():
-        return resolve_model(None, path / "config.json")
+    """The model the twin simulates (:func:`chunktune.tuning.space.engine_model`)."""
     try:
-        return resolve_model(m, field="spec.engine.model")
+        model = space.engine_model(target)
     except SpecError as e:
-        raise TwinError(f"the simulator does not know the model {m!r}: {e}") from None
+        raise TwinError(f"the simulator does not know the model {target.model!r}: {e}") from None
+    if model is None:
+        raise TwinError(f"the simulator does not know the model {target.model!r}")
+    return model
 
 
 def twin_target(target: EngineTarget, profile: dict[str, Any] | None) -> EngineTarget:
@@ -134,11 +122,10 @@ def _config_of(model: ModelConfig, target: EngineTarget) -> dict[str, Any]:
     if target.hf_config:
         return dict(target.hf_config)
     m = target.model
-    path = Path(m[len(TINY_PREFIX):] or ".chunktune/models/tiny") if m.startswith(TINY_PREFIX) \
-        else Path(m).expanduser()
+    path = space.model_dir(m)
     if (path / "config.json").is_file():
         return dict(json.loads((path / "config.json").read_text()))
-    if m.startswith(TINY_PREFIX):
+    if m.startswith(space.TINY_PREFIX):
         from chunktune.modelgen.tiny import TINY
 
         return dict(TINY.config())
