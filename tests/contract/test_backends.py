@@ -77,3 +77,30 @@ class TestLocal(BackendContract):
         peak = kv_usage_peak(r.steps)
         assert peak is not None and peak > 0
         assert r.metrics["kv_cache_usage_peak"] == pytest.approx(peak)
+
+
+def test_simulated_loads_score_the_mean_over_draws_of_the_workload(tmp_path) -> None:
+    """``loads=K``: the trial replays K draws of the workload (seeds s, s+1, ...) and scores
+    the mean of their metrics (what a twin-first search ranks by: a tail percentile of one
+    draw lands on either side of a cliff); the first draw's step log is the one kept."""
+    import dataclasses
+    import statistics
+
+    from tests.contract.backends import plan
+
+    p = plan(1, **{"max-num-batched-tokens": 2048})
+    single = [asyncio.run(SimulatedBackend().run_trial(dataclasses.replace(
+        p, profile=dataclasses.replace(p.profile, seed=p.profile.seed + i))))
+        for i in range(3)]
+    assert len({r.metrics["itl_p99"] for r in single}) > 1  # the draws differ
+    kept = SimulatedBackend(loads=3, keep_steps=True, steps_dir=tmp_path)
+    r = asyncio.run(kept.run_trial(p))
+    assert r.state == "COMPLETE"
+    for k in ("itl_p99", "ttft_p99", "chat.ttft_p99", "throughput_tokens_per_s"):
+        assert r.metrics[k] == pytest.approx(statistics.fmean(s.metrics[k] for s in single)), k
+    assert r.steps is not None and len(list(tmp_path.iterdir())) == 1
+    assert r.summary is not None and r.summary.seed == p.profile.seed
+    # a point the engine refuses is refused once, as without draws
+    bad = asyncio.run(kept.run_trial(plan(2, **{"max-num-batched-tokens": 8,
+                                                 "max-num-seqs": 256})))
+    assert bad.state == "INFEASIBLE"

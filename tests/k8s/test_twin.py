@@ -44,8 +44,8 @@ from tests.kube.kubelet import FakeKubelet
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 NAME = "twin"
-STRATEGY = {"name": "twin", "calibrationTrials": 2, "simulatedTrials": 40, "confirmTrials": 2,
-            "refineRounds": 0, "maxTwinError": 10, "recheckTrials": 1}
+STRATEGY = {"name": "twin", "calibrationTrials": 2, "simulatedTrials": 40, "simulatedLoads": 1,
+            "confirmTrials": 2, "refineRounds": 0, "maxTwinError": 10, "recheckTrials": 1}
 MAX_TRIALS = 5
 COUNTED = (TrialState.COMPLETE, TrialState.INFEASIBLE, TrialState.PRUNED, TrialState.FAIL)
 

@@ -388,6 +388,12 @@ class StrategySpec(Model):
     over the search space)."""
     simulated_trials: int = Field(default=200, ge=1, le=100000)
     """Twin: simulated trials per search round."""
+    simulated_loads: int = Field(default=8, ge=1, le=64)
+    """Twin: each simulated trial replays this many independent draws of the workload (its
+    seed, then the next ones) and scores the mean of their metrics. A tail percentile of one
+    short load lands on either side of a cliff (a long prefill's step beside the decodes)
+    from one draw to the next; the mean over draws is what the configuration gives, and
+    what the real trials measure on average."""
     confirm_trials: int = Field(default=3, ge=1, le=64)
     """Twin: the twin's best configurations (its Pareto front for several objectives) run for
     real after each search round."""

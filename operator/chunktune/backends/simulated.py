@@ -16,6 +16,8 @@ for a real one wherever a step log is needed (a twin-first study's calibration).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -45,10 +47,13 @@ class SimulatedBackend(TrialBackend):
     name = "simulated"
 
     def __init__(self, max_parallel: int = 1, keep_steps: bool = False,
-                 steps_dir: str | Path | None = None) -> None:
+                 steps_dir: str | Path | None = None, loads: int = 1) -> None:
         self.max_parallel = max_parallel
         self.keep_steps = keep_steps
         self.steps_dir = Path(steps_dir) if steps_dir is not None else None
+        self.loads = loads
+        """Draws of the workload each trial replays (the profile's seed and the next ones):
+        the metrics are their mean (:meth:`run_sync`)."""
         self._specs: dict[str, list[RequestSpec]] = {}
 
     def _requests(self, profile: Profile) -> list[RequestSpec]:
@@ -61,6 +66,26 @@ class SimulatedBackend(TrialBackend):
         return await asyncio.to_thread(self.run_sync, plan, report)
 
     def run_sync(self, plan: TrialPlan, report: Reporter | None = None) -> TrialResult:
+        """One trial; with :attr:`loads` above 1, replayed on that many draws of the workload
+        (seeds ``seed``, ``seed + 1``, ...), the metrics being the mean over the draws (the
+        first draw's summary, step log and pruning reports are kept)."""
+        first = self._run_one(plan, report)
+        if self.loads <= 1 or first.state != TrialState.COMPLETE:
+            return first
+        runs = [first] + [self._run_one(dataclasses.replace(
+            plan, profile=dataclasses.replace(plan.profile, seed=plan.profile.seed + i)), None,
+            keep=False) for i in range(1, self.loads)]
+        bad = next((r for r in runs if r.state != TrialState.COMPLETE), None)
+        if bad is not None:
+            return bad
+        keys = set.intersection(*(set(r.metrics) for r in runs))
+        first.metrics = {k: statistics.fmean(r.metrics[k] for r in runs)
+                         for k in first.metrics if k in keys}
+        first.load_seconds = sum(r.load_seconds or 0.0 for r in runs)
+        return first
+
+    def _run_one(self, plan: TrialPlan, report: Reporter | None = None,
+                 keep: bool = True) -> TrialResult:
         t0 = time.perf_counter()
         target = plan.target
         try:
@@ -129,7 +154,7 @@ class SimulatedBackend(TrialBackend):
                           reason="Pruned" if pruned_at else None,
                           startup_seconds=startup, load_seconds=time.perf_counter() - t1,
                           pruned_at=pruned_at[0] if pruned_at else None)
-        if self.keep_steps:
+        if self.keep_steps and keep:
             self._keep_steps(plan, engine, result, out)
         return out
 

@@ -609,7 +609,8 @@ class TwinDriver:
         else:
             spec.sampler = spec.sampler.model_copy(update={"seed": seed})
         target = twin_target(real.target, profile.to_dict())
-        return Tuner(tuning, SimulatedBackend(), real.storage_url, target=target,
+        return Tuner(tuning, SimulatedBackend(loads=self.strategy.simulated_loads),
+                     real.storage_url, target=target,
                      study_name=self.search_name(r),
                      stop_requested=lambda: real.stop_requested() or self._out_of_time(),
                      on_update=lambda _: self.real.on_update(self.real))
