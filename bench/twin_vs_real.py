@@ -311,8 +311,9 @@ def remeasure(runs: dict[str, Any], seeds: list[int], k: int, store: Path, rerun
                 p95[c].append(r["metrics"][lower])
     med = {c: statistics.median(v) for c, v in values.items()}
     ref = med[configs["reference"]]
-    print(f"{'run':10} {'median':>9} {'ratio':>7}  {'measurements (ms)':20} "
-          f"{'engine ITL p99 (ms)':20} {'p95 (ms)':16} {'p95 ratio':>9}  configuration")
+    w = max(20, 6 * k)  # columns wide enough for k measurements of up to 5 characters
+    print(f"{'run':10} {'median':>9} {'ratio':>7}  {'measurements (ms)':{w}} "
+          f"{'engine ITL p99 (ms)':{w}} {'p95 (ms)':{w}} {'p95 ratio':>9}  configuration")
     ratios, ratios95 = [], []
     med95 = {c: statistics.median(v) for c, v in p95.items() if v}
     for n in names:
@@ -324,9 +325,9 @@ def remeasure(runs: dict[str, Any], seeds: list[int], k: int, store: Path, rerun
             ratios.append(ratio)
             ratios95.append(r95)
         print(f"{n:10} {med[c] * 1e3:>7.2f}ms {ratio:>7.3f}  "
-              f"{' '.join(f'{v * 1e3:.1f}' for v in values[c]):20} "
-              f"{' '.join(f'{v * 1e3:.1f}' for v in engine[c]):20} "
-              f"{' '.join(f'{v * 1e3:.1f}' for v in p95[c]):16} {r95:>9.3f}  "
+              f"{' '.join(f'{v * 1e3:.1f}' for v in values[c]):{w}} "
+              f"{' '.join(f'{v * 1e3:.1f}' for v in engine[c]):{w}} "
+              f"{' '.join(f'{v * 1e3:.1f}' for v in p95[c]):{w}} {r95:>9.3f}  "
               f"{dict(zip(CONFIG_KEYS, c, strict=True))}")
         if n in alias:
             print(f"{'':10} (answered {runs[n]['best_flags']}: as {alias[n][0]}, "
