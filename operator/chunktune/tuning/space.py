@@ -145,7 +145,7 @@ class EngineContext:
         model: ModelConfig | None
         try:
             model = engine_model(target)
-        except SpecError:
+        except (SpecError, OSError):  # a config that does not parse or cannot be read
             model = None
         try:
             gpu = resolve_gpu(target.gpu) if target.gpu else None
