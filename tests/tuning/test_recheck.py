@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,14 @@ from chunktune.api.validation import validate
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
-from chunktune.tuning.results import collect, format_results, recheck_order, summary, to_json
+from chunktune.tuning.results import (
+    collect,
+    engine_estimate,
+    format_results,
+    recheck_order,
+    summary,
+    to_json,
+)
 from chunktune.tuning.runner import TrialEvent
 from tests.tuning.test_twin import make_tuner, real_trials, twin_manifest
 from tests.tuning.test_twin_resume import stopped_at
@@ -248,15 +256,30 @@ def test_a_measurement_the_host_disturbed_is_left_out_of_the_mean() -> None:
         pytest.approx(0.053)
 
 
-def test_recheck_ranks_a_configuration_measured_only_noisily_by_the_twins_prediction() -> None:
-    # seed 1 of the fourth session's bench: 4096/0/128 measured 56 ms (engine 18 ms: host
-    # noise), predicted 26 ms; two others measured 44 and 48 ms clean
-    study = noisy_study([(4096, 0.056, 0.018, {KEY: 0.026}), (1024, 0.044, 0.040, {KEY: 0.032}),
-                         (256, 0.048, 0.042, None)])
+def test_recheck_ranks_a_configuration_measured_only_noisily_by_its_engines_figure() -> None:
+    """Seed 1 of the fifth session's second bench run: 4096/0/128 measured 40.7 ms of chat ITL
+    p99 while its engine's own steps gave 10.9 ms (host noise), vLLM's defaults 18.4 ms
+    (engine 15.9) and 1024/0/16 32.0 ms (engine 30.1), clean: the recheck measured the
+    defaults and 1024/0/16 again, never 4096/0/128, and answered the defaults. Its engine's
+    figure at the study's clean clients/engine ratio (1.06-1.16) ranks it first."""
+    study = noisy_study([(2048, 0.0184, 0.0159, None), (1024, 0.0320, 0.0301, None),
+                         (4096, 0.0407, 0.0109, {KEY: 0.0344})])
+    res = collect(study, [ITL], [])
+    order = recheck_order(res)
+    assert [c.params["max-num-batched-tokens"] for c in order] == [4096, 2048, 1024]
+    est = engine_estimate(res, [res.trial(2)], KEY)
+    assert est == pytest.approx(0.0109 * statistics.median([0.0184 / 0.0159, 0.0320 / 0.0301]))
+    assert engine_estimate(res, [res.trial(2)], "chat.ttft_p99") is None  # not an ITL p99
+
+
+def test_recheck_falls_back_on_the_twins_prediction_without_a_clean_ratio() -> None:
+    # seed 1 of the fourth session's bench, every trial disturbed: 4096/0/128 measured 56 ms
+    # (engine 18 ms), predicted 26 ms; 1024 measured 44 ms (engine 12), predicted 32 ms
+    study = noisy_study([(4096, 0.056, 0.018, {KEY: 0.026}), (1024, 0.044, 0.012, {KEY: 0.032})])
     order = recheck_order(collect(study, [ITL], []))
-    assert [c.params["max-num-batched-tokens"] for c in order] == [4096, 1024, 256]
-    # without a prediction its measured figure is all there is
-    study = noisy_study([(4096, 0.056, 0.018, None), (1024, 0.044, 0.040, None)])
+    assert [c.params["max-num-batched-tokens"] for c in order] == [4096, 1024]
+    # without a prediction either, its measured figure is all there is
+    study = noisy_study([(4096, 0.056, 0.018, None), (1024, 0.044, 0.012, None)])
     order = recheck_order(collect(study, [ITL], []))
     assert [c.params["max-num-batched-tokens"] for c in order] == [1024, 4096]
 
