@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from chunktune.backends.local import LocalBackend
-from chunktune.backends.simulated import SimulatedBackend
+from chunktune.backends.simulated import SimulatedBackend, same_draw
 from tests.contract.backends import BackendContract
 
 
@@ -98,6 +98,10 @@ def test_simulated_loads_score_the_mean_over_draws_of_the_workload(tmp_path) -> 
     assert r.state == "COMPLETE"
     for k in ("itl_p99", "ttft_p99", "chat.ttft_p99", "throughput_tokens_per_s"):
         assert r.metrics[k] == pytest.approx(statistics.fmean(s.metrics[k] for s in single)), k
+    # the profile's own draw (what a real trial of it runs) kept beside the mean
+    assert r.metrics["draw0:itl_p99"] == single[0].metrics["itl_p99"]
+    assert same_draw(r.metrics)["itl_p99"] == single[0].metrics["itl_p99"]
+    assert not any(k.startswith("draw0:") for k in same_draw(r.metrics))
     assert r.steps is not None and len(list(tmp_path.iterdir())) == 1
     assert r.summary is not None and r.summary.seed == p.profile.seed
     # a point the engine refuses is refused once, as without draws

@@ -360,7 +360,19 @@ def test_the_search_scores_each_configuration_over_draws_of_the_workload(
     tuner = make_tuner(tmp_path, twin_manifest(refineRounds=0, simulatedLoads=3))
     asyncio.run(tuner.run())
     assert searches and all(s.backend.loads == 3 for s in searches)
-    assert any(st.trial_state(t) == TrialState.COMPLETE for t in searches[0].study.get_trials())
+    sim = {json.dumps(st.point_of(t), sort_keys=True): t.user_attrs[st.ATTR_METRICS]
+           for t in searches[0].study.get_trials()
+           if st.trial_state(t) == TrialState.COMPLETE}
+    assert sim
+    # a confirmed trial's prediction is the twin's figure for the draw it runs (the
+    # workload's own), not the mean over draws it was ranked by
+    confirmed = [t for t in real_trials(tuner) if t.user_attrs.get(st.ATTR_PHASE) == "confirm"]
+    assert confirmed
+    for t in confirmed:
+        pred = t.user_attrs[st.ATTR_PREDICTED]
+        met = sim[json.dumps(st.point_of(t), sort_keys=True)]
+        assert pred["chat.ttft_p99"] == met["draw0:chat.ttft_p99"]
+        assert not any(k.startswith("draw0:") for k in pred)
     # the default is 8 draws (these tests' STRATEGY asks for 1, the old single replay)
     assert parse_manifest(manifest(strategy={"name": "twin"})).spec.strategy.simulated_loads \
         == 8

@@ -42,6 +42,18 @@ from chunktune.sim import twin
 from chunktune.sim.engine import API_SERVER_OVERHEAD_S, Engine, ReplayResult, build_engine
 from chunktune.sim.request import FINISHED, REJECTED, Request
 
+#: With :attr:`SimulatedBackend.loads` above 1, the first draw's metrics are kept beside the
+#: mean under this prefix (``draw0:chat.itl_p99``): that draw is the workload a real trial of
+#: the same profile runs, so it is what the twin's prediction of that trial is judged on.
+SAME_DRAW = "draw0:"
+
+
+def same_draw(metrics: dict[str, float]) -> dict[str, float]:
+    """The metrics of the profile's own draw: each ``draw0:`` value in place of the mean
+    (metrics without them, from a single draw, as they are)."""
+    return {k: metrics.get(SAME_DRAW + k, v) for k, v in metrics.items()
+            if not k.startswith(SAME_DRAW)}
+
 
 class SimulatedBackend(TrialBackend):
     name = "simulated"
@@ -67,8 +79,9 @@ class SimulatedBackend(TrialBackend):
 
     def run_sync(self, plan: TrialPlan, report: Reporter | None = None) -> TrialResult:
         """One trial; with :attr:`loads` above 1, replayed on that many draws of the workload
-        (seeds ``seed``, ``seed + 1``, ...), the metrics being the mean over the draws (the
-        first draw's summary, step log and pruning reports are kept)."""
+        (seeds ``seed``, ``seed + 1``, ...), the metrics being the mean over the draws, and the
+        first draw's also kept under :data:`SAME_DRAW` (with its summary, step log and pruning
+        reports)."""
         first = self._run_one(plan, report)
         if self.loads <= 1 or first.state != TrialState.COMPLETE:
             return first
@@ -79,8 +92,10 @@ class SimulatedBackend(TrialBackend):
         if bad is not None:
             return bad
         keys = set.intersection(*(set(r.metrics) for r in runs))
+        draw0 = {SAME_DRAW + k: v for k, v in first.metrics.items()}
         first.metrics = {k: statistics.fmean(r.metrics[k] for r in runs)
                          for k in first.metrics if k in keys}
+        first.metrics.update(draw0)
         first.load_seconds = sum(r.load_seconds or 0.0 for r in runs)
         return first
 

@@ -48,7 +48,7 @@ import optuna
 
 from chunktune.api.status import TrialRecord
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning, PrunerSpec, StrategySpec
-from chunktune.backends.simulated import SimulatedBackend
+from chunktune.backends.simulated import SimulatedBackend, same_draw
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import argv, parse_argv
 from chunktune.core.gpus import resolve_gpu
@@ -649,7 +649,7 @@ class TwinDriver:
                            tolerance=self.strategy.max_twin_error)
         for c in picks:
             self._enqueue(dict(c.params), {st.ATTR_PHASE: "confirm", st.ATTR_ROUND: r,
-                                           st.ATTR_PREDICTED: dict(c.metrics)})
+                                           st.ATTR_PREDICTED: same_draw(dict(c.metrics))})
         study.set_user_attr(key, [dict(c.params) for c in picks])
         return len(picks)
 
