@@ -76,7 +76,6 @@ ATTR_UNTRUSTED = "twin_untrusted"  # the message, once the twin's error passed t
 STEP_GAPS = (0.0, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.006)
 #: Standard latency metrics whose twin error is reported besides the goals'.
 REPORTED = tuple(f"{m}_p{p}" for m in ("ttft", "itl", "e2e") for p in (50, 99))
-#: Tiny-model prefix of ``spec.engine.model`` (``chunktune model tiny``).
 
 
 class TwinError(Exception):
@@ -94,7 +93,8 @@ def twin_model(target: EngineTarget) -> ModelConfig:
     except SpecError as e:
         raise TwinError(f"the simulator does not know the model {target.model!r}: {e}") from None
     if model is None:
-        raise TwinError(f"the simulator does not know the model {target.model!r}")
+        raise TwinError(f"the simulator does not know the model {target.model!r}: give its "
+                        "config.json as spec.engine.modelConfig, or a catalogued name")
     return model
 
 
