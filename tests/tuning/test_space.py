@@ -73,3 +73,15 @@ def test_a_threshold_beyond_the_tiny_models_context_is_refused_before_launch(tmp
     target = EngineTarget(kind="vllm", model="org/unknown-model", served_model_name="m")
     assert EngineContext.build(target).feasibility({"long-prefill-token-threshold": 16384},
                                                    prescreen=False) is None
+
+
+def test_the_twin_names_how_to_give_a_model_it_does_not_know():
+    import pytest
+
+    from chunktune.tuning.twin import TwinError, twin_model
+
+    target = EngineTarget(kind="vllm", model="org/unknown-model", served_model_name="m")
+    with pytest.raises(TwinError, match=r"spec\.engine\.modelConfig"):
+        twin_model(target)
+    tiny = EngineTarget(kind="vllm", model="tiny:", served_model_name="tiny")
+    assert twin_model(tiny).max_position_embeddings == 8192
