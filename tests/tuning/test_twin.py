@@ -76,7 +76,7 @@ def test_phases_run_in_order_and_the_answer_is_measured(tmp_path: Path) -> None:
     assert res.best_trial is not None and res.best_trial.number in {t.number for t in trials}
     text = format_results(res)
     assert "twin: predicted vs measured" in text and "median |error|" in text
-    report = twin.twin_report(tuner.study, ["chat.ttft_p99", "chat.itl_p99"], 0.25)
+    report = twin.twin_report(tuner.study, tuner.objectives, tuner.constraints, 0.25)
     assert report["rounds"] and report["rounds"][0]["fit"]["num_steps"] > 100
     assert report["simulated_trials"] >= 25 and report["real_trials"] == len(trials)
     # a twin of the simulator itself: the calibrated replay stays close to the measurement
@@ -333,7 +333,7 @@ def test_measurements_the_host_set_are_flagged_and_not_the_twins_error(tmp_path:
         met = t.user_attrs[st.ATTR_METRICS]
         assert 0 < met["engine_itl_p99"] <= 1.1 * met["itl_p99"]
     # the confirmations' ITL is 6x what their steps gave: flagged, listed, not counted
-    report = twin.twin_report(tuner.study, ["chat.ttft_p99", "chat.itl_p99"], 0.25)
+    report = twin.twin_report(tuner.study, tuner.objectives, tuner.constraints, 0.25)
     assert all("outside_engine" in row for row in report["confirmed"])
     assert "chat.itl_p99" not in report["twin_error"]
     # ... so the twin is not judged on the host's noise (with them counted its ITL error would
@@ -378,3 +378,41 @@ def test_the_search_scores_each_configuration_over_draws_of_the_workload(
         == 8
     problems = validate(twin_manifest(simulatedLoads=0))
     assert ("spec.strategy.simulatedLoads", "must be >= 1 (got 0)") in problems
+
+
+class SlowerClients(SimulatedBackend):
+    """From trial ``from_trial`` on, clients see ``key`` ``factor`` times what the engine gave
+    (a per-request cost outside the engine that the twin was not calibrated on)."""
+
+    def __init__(self, from_trial: int, key: str, factor: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.from_trial, self.key, self.factor = from_trial, key, factor
+
+    def run_sync(self, plan: Any, report: Any = None) -> Any:
+        res = super().run_sync(plan, report)
+        if plan.number >= self.from_trial and res.state == TrialState.COMPLETE:
+            res.metrics[self.key] *= self.factor
+        return res
+
+
+def test_a_constraint_far_inside_its_bound_does_not_distrust_the_twin(tmp_path: Path) -> None:
+    """The twin misses a constraint metric by half (end-to-end p99 doubled outside the engine
+    on the confirmations) while every measurement is far inside the bound: the twin still
+    tells on which side of the bound each configuration lands, so it stays trusted. (Judged by
+    the relative error, 50% > maxTwinError 25%, it would fall back to real trials.)"""
+    m = twin_manifest(refineRounds=0)
+    m["spec"]["constraints"] = ["chat.itl_p99 <= 60ms", "e2e_p99 <= 600s", "error_rate <= 1%"]
+    events: list[TrialEvent] = []
+    tuner = Tuner(parse_manifest(m), SlowerClients(3, "e2e_p99", 2.0, keep_steps=True,
+                                                   steps_dir=tmp_path / "steps"),
+                  str(tmp_path / "s.journal"), on_event=events.append)
+    asyncio.run(tuner.run())
+    assert [t for t in real_trials(tuner) if t.user_attrs.get(st.ATTR_PHASE) == "confirm"]
+    status = tuner.twin.status()
+    assert status["twinError"]["e2e_p99"] == pytest.approx(0.5, abs=0.05)  # shown as measured
+    assert status["goalError"]["e2e_p99"] < 0.05  # a few seconds of a 600 s bound
+    assert status["trusted"] is True
+    assert not [e for e in events if e.kind == "phase" and e.reason == "untrusted"]
+    report = twin.twin_report(tuner.study, tuner.objectives, tuner.constraints, 0.25)
+    assert report["goal_error"] == status["goalError"]
+    assert report["overall_error"] == max(status["goalError"].values())

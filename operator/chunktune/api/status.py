@@ -181,8 +181,14 @@ class TwinStatus(_StatusModel):
     twin_error: dict[str, float] = Field(default_factory=dict)
     """Median relative error |predicted / measured - 1| of the confirmed trials, per
     metric."""
+    goal_error: dict[str, float] = Field(default_factory=dict)
+    """What ``spec.strategy.maxTwinError`` is compared with, per goal metric: an objective's
+    median relative error; a constraint metric's median miss measured against its bound while
+    the measurement is inside it (|predicted - measured| / max(measured, bound)), since the
+    twin only has to tell on which side of the bound a configuration lands."""
     trusted: bool | None = None
-    """False when the twin's error exceeded ``spec.strategy.maxTwinError``."""
+    """False when the twin's error on a goal (``goalError``) exceeded
+    ``spec.strategy.maxTwinError``."""
     message: str | None = None
 
 

@@ -407,9 +407,10 @@ class StrategySpec(Model):
     many single measurements of a noisy objective (a p99 on a shared node) is the luckiest;
     0 (default) answers from single measurements."""
     max_twin_error: float = Field(default=0.25, gt=0, le=10)
-    """Twin: when the median relative error of the twin's predictions of any objective or
-    constraint metric (over the confirmed trials) is above this, the study warns that the twin
-    is not trustworthy and spends what is left of ``budget.maxTrials`` on ordinary real
+    """Twin: when the twin's median error on any goal over the confirmed trials is above this
+    (an objective's relative error; a constraint metric's miss measured against its bound
+    while the measurement is inside it: ``status.twin.goalError``), the study warns that the
+    twin is not trustworthy and spends what is left of ``budget.maxTrials`` on ordinary real
     trials."""
 
 

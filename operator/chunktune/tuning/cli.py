@@ -199,7 +199,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     if tuning.spec.strategy.name == "twin":
         from chunktune.tuning.twin import twin_report
 
-        extra["twin"] = twin_report(tuner.study, tuner.twin.goal_keys() if tuner.twin else [],
+        extra["twin"] = twin_report(tuner.study, tuner.objectives, tuner.constraints,
                                     tuning.spec.strategy.max_twin_error)
         sims = f" and {extra['twin']['simulated_trials']} simulated"
     print(f"\nstudy stopped: {why} ({tuner.counted()} {'real ' if sims else ''}trials{sims} "
@@ -274,9 +274,8 @@ def cmd_results(ns: argparse.Namespace) -> int:
         if strategy.get("name") == "twin":
             from chunktune.tuning.twin import twin_report
 
-            keys = list(dict.fromkeys([o.key for o in objectives]
-                                      + [c.key for c in constraints]))
-            extra["twin"] = twin_report(study, keys, float(strategy.get("maxTwinError", 0.25)))
+            extra["twin"] = twin_report(study, objectives, constraints,
+                                        float(strategy.get("maxTwinError", 0.25)))
         write_outputs(Path(ns.out), results, study, **extra)
     return 0
 

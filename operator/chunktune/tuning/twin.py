@@ -22,11 +22,12 @@ and runs nothing twice):
    configuration's measurements (:func:`chunktune.tuning.results.merge`): one measurement of a
    noisy objective can rank a configuration first by luck.
 
-After each confirmation the twin's error (median ``|predicted / measured - 1|`` over the
-objectives and constraint metrics of the confirmed trials) is compared with
-``maxTwinError``: above it the twin is not trusted, and the rest of ``budget.maxTrials`` goes to
-ordinary real trials (phase **fallback**, the spec's sampler on the real study). The answer is
-always the best *measured* trial.
+After each confirmation the twin's error on the goals (over the confirmed trials: an
+objective's median ``|predicted / measured - 1|``, a constraint metric's median miss measured
+against its bound while inside it, :func:`~chunktune.tuning.results.trust_errors`) is
+compared with ``maxTwinError``: above it the twin is not trusted, and the rest of
+``budget.maxTrials`` goes to ordinary real trials (phase **fallback**, the spec's sampler on
+the real study). The answer is always the best *measured* trial.
 """
 
 from __future__ import annotations
@@ -59,7 +60,14 @@ from chunktune.sim import twin as sim_twin
 from chunktune.sim.cost_model import StepCostModel
 from chunktune.tuning import space
 from chunktune.tuning import study as st
-from chunktune.tuning.results import collect, measured_by, prediction_errors, record
+from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
+from chunktune.tuning.results import (
+    collect,
+    measured_by,
+    prediction_errors,
+    record,
+    trust_errors,
+)
 
 if TYPE_CHECKING:
     from chunktune.tuning.runner import Tuner
@@ -384,8 +392,12 @@ class TwinDriver:
         return {"phase": self.phase, "round": self.round,
                 "realTrials": self.real.counted(), "simulatedTrials": self.simulated_total(),
                 "twinError": {k: v for k, v in err.items() if k in keys or k in REPORTED},
+                "goalError": goal_errors(self.real.study, *self.goals()),
                 "trusted": None if not err else untrusted is None,
                 "message": untrusted or self.message}
+
+    def goals(self) -> tuple[list[ObjectiveDef], list[ConstraintDef]]:
+        return list(self.real.objectives), list(self.real.constraints)
 
     def goal_keys(self) -> list[str]:
         return list(dict.fromkeys([o.key for o in self.real.objectives]
@@ -474,7 +486,7 @@ class TwinDriver:
                 self.simulated += self.search.counted() if self.search else 0
                 study.set_user_attr(ATTR_ROUND_DONE.format(r), {
                     "best": best_value(real), "error": overall_error(real.study,
-                                                                     self.goal_keys()),
+                                                                     *self.goals()),
                     "simulated": self.search.counted() if self.search else 0,
                     "stop": "converged"})
                 self.search, self.searched = None, 0
@@ -489,13 +501,18 @@ class TwinDriver:
                 return why
             # every confirmation ran (the last may have spent the budget): close the round
             best = best_value(real)
-            err = overall_error(real.study, self.goal_keys())
+            err = overall_error(real.study, *self.goals())
             stop = None
             if err is not None and err > s.max_twin_error:
-                worst = max(((k, v) for k, v in twin_error(real.study).items()
-                             if k in self.goal_keys()), key=lambda kv: kv[1])
+                worst = max(goal_errors(real.study, *self.goals()).items(),
+                            key=lambda kv: kv[1])[0]
+                bound = next((c for c in real.constraints if c.key == worst
+                              and worst not in {o.key for o in real.objectives}), None)
                 self._untrusted(f"the twin's median error on the confirmed trials is "
-                                f"{err:.0%} for {worst[0]}, above maxTwinError "
+                                f"{err:.0%} for {worst}"
+                                + (f" (its miss against the bound {bound.text()})"
+                                   if bound is not None else "")
+                                + ", above maxTwinError "
                                 f"{s.max_twin_error:.0%}: it is not trusted here; the rest of "
                                 "the budget runs real trials")
             elif r > 1 and best_before is not None and self._improved(best_before, best) \
@@ -733,14 +750,21 @@ def twin_error(study: optuna.Study) -> dict[str, float]:
     return {k: statistics.median(abs(x) for x in v) for k, v in errs.items()}
 
 
-def overall_error(study: optuna.Study, keys: Sequence[str]) -> float | None:
-    """The twin's error on the goals: the largest, over the metrics ``keys`` (the objectives
-    and constraint metrics), of the median relative error of the confirmed trials (None before
-    any confirmation). The largest, not a median over metrics: a twin that predicts the
+def goal_errors(study: optuna.Study, objectives: Sequence[ObjectiveDef],
+                constraints: Sequence[ConstraintDef]) -> dict[str, float]:
+    """The twin's error per goal metric as the trust check judges it
+    (:func:`~chunktune.tuning.results.trust_errors`: an objective's relative error, a
+    constraint's miss measured against its bound)."""
+    return trust_errors(confirmed(study), objectives, constraints)
+
+
+def overall_error(study: optuna.Study, objectives: Sequence[ObjectiveDef],
+                  constraints: Sequence[ConstraintDef]) -> float | None:
+    """The twin's error on the goals: the largest of :func:`goal_errors` (None before any
+    confirmation). The largest, not a median over metrics: a twin that predicts the
     constraints well but misses the objective cannot rank configurations."""
-    errs = [statistics.median(abs(x) for x in v)
-            for k, v in prediction_errors(confirmed(study)).items() if k in keys and v]
-    return max(errs) if errs else None
+    errs = goal_errors(study, objectives, constraints)
+    return max(errs.values()) if errs else None
 
 
 def best_value(tuner: Tuner) -> float | None:
@@ -750,11 +774,12 @@ def best_value(tuner: Tuner) -> float | None:
     return b.metrics.get(tuner.objectives[0].key) if b is not None else None
 
 
-def twin_report(study: optuna.Study, keys: Sequence[str], max_twin_error: float,
+def twin_report(study: optuna.Study, objectives: Sequence[ObjectiveDef],
+                constraints: Sequence[ConstraintDef], max_twin_error: float,
                 ) -> dict[str, Any]:
     """What ``result.json`` keeps of a twin-first study: per round the profile's fit and what
     was confirmed, per confirmed trial the prediction beside the measurement, and the twin's
-    error (``keys``: the goal metrics the trust decision uses)."""
+    error (per metric, and per goal metric as the trust decision judges it: ``goal_error``)."""
     rounds = []
     r = 1
     while (prof := study.user_attrs.get(ATTR_ROUND_PROFILE.format(r))) is not None:
@@ -779,7 +804,9 @@ def twin_report(study: optuna.Study, keys: Sequence[str], max_twin_error: float,
                                      TrialState.PRUNED, TrialState.FAIL)
             and t.user_attrs.get(st.ATTR_REASON) != "Interrupted"]
     return {"strategy": "twin", "rounds": rounds, "confirmed": rows,
-            "twin_error": twin_error(study), "overall_error": overall_error(study, keys),
+            "twin_error": twin_error(study),
+            "goal_error": goal_errors(study, objectives, constraints),
+            "overall_error": overall_error(study, objectives, constraints),
             "untrusted": study.user_attrs.get(ATTR_UNTRUSTED),
             "max_twin_error": max_twin_error, "real_trials": len(real),
             "simulated_trials": sum(int(r["simulated_trials"] or 0) for r in rounds)}
