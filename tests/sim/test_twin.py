@@ -184,6 +184,8 @@ def test_steps_files_carry_the_engine_identity(tmp_path, tiny, capsys):
     ({"version": 99}, "profile version 99 is not supported"),
     ({"coefficients": {"step_overhead_scale": -1}}, "coefficients.step_overhead_scale"),
     ({"step_gap_s": "fast"}, "step_gap_s: must be a number >= 0"),
+    ({"delivery_stall_s": -0.001}, "delivery_stall_s: must be a number >= 0"),
+    ({"delivery_stall_prob": 1.5}, "delivery_stall_prob: must be a probability, 0 to 1"),
     ({"model": ""}, "model: missing"),
 ])
 def test_bad_profiles_name_the_field(tmp_path, tiny, edit, message):
@@ -194,3 +196,18 @@ def test_bad_profiles_name_the_field(tmp_path, tiny, edit, message):
     with pytest.raises(SpecError) as e:
         twin.parse_profile(d, "p.json", "spec.engine.calibration")
     assert message in str(e.value) and e.value.problems[0][0] == "spec.engine.calibration"
+
+
+def test_delivery_stalls_delay_tokens_and_keep_their_order():
+    made = np.arange(200) * 0.003  # a token every 3 ms
+    assert np.array_equal(twin.deliver(made, 0.0, 0.004, np.random.default_rng(1)), made)
+    got = twin.deliver(made, 0.05, 0.004, np.random.default_rng(1))
+    assert np.all(got >= made) and np.all(np.diff(got) >= 0)  # late, never out of order
+    late = got > made
+    assert 3 <= late.sum() <= 40  # about 5% stalled, and some that piled up behind them
+    gaps = np.diff(got)
+    # a stall lengthens the gap before the late token and shortens the ones after it
+    assert gaps.max() > 0.003 + 0.002 and gaps.min() < 0.003 - 1e-9
+    assert np.isclose(got[-1] - got[0], made[-1] - made[0], atol=0.1)
+    # the same generator, the same stalls
+    assert np.array_equal(got, twin.deliver(made, 0.05, 0.004, np.random.default_rng(1)))

@@ -416,3 +416,50 @@ def test_a_constraint_far_inside_its_bound_does_not_distrust_the_twin(tmp_path: 
     report = twin.twin_report(tuner.study, tuner.objectives, tuner.constraints, 0.25)
     assert report["goal_error"] == status["goalError"]
     assert report["overall_error"] == max(status["goalError"].values())
+
+
+def test_latency_terms_recover_a_known_server(tmp_path: Path) -> None:
+    """Measurements made by a known server (a gap of 0.5 ms between steps, 6 ms before the
+    first token, 2% of tokens delivered 4 ms late on average): the fit finds all three."""
+    import dataclasses
+
+    m = twin_manifest(refineRounds=0)
+    m["spec"]["workload"]["profile"] = "chat"  # decodes: an ITL tail the stalls can set
+    tuner = Tuner(parse_manifest(m), SimulatedBackend(), str(tmp_path / "s.journal"))
+    backend = SimulatedBackend(keep_steps=True, steps_dir=tmp_path / "steps")
+    plan0 = dataclasses.replace(tuner.plan(0, {}), window_seconds=None)
+    points = [{"max-num-batched-tokens": 2048, "long-prefill-token-threshold": 0},
+              {"max-num-batched-tokens": 8192, "long-prefill-token-threshold": 512},
+              {"max-num-batched-tokens": 4096, "long-prefill-token-threshold": 2048}]
+    runs = []
+    for i, pt in enumerate(points):
+        res = backend.run_sync(dataclasses.replace(plan0, number=i, name=f"r{i}", params=pt))
+        assert res.steps_file
+        runs.append(twin.MeasuredRun(i, pt, dict(res.metrics), res.steps_file))
+
+    def simulate(point: dict[str, Any], prof: Any) -> dict[str, float]:
+        tgt = twin.twin_target(tuner.target, prof.to_dict())
+        out = SimulatedBackend().run_sync(dataclasses.replace(plan0, params=point, target=tgt))
+        return dict(out.metrics)
+
+    base = dataclasses.replace(twin.fit_profile(tuner.target, runs, simulate), step_gap_s=0.0,
+                               server_overhead_s=None, delivery_stall_prob=0.0,
+                               delivery_stall_s=0.0, extra={})
+    truth = dataclasses.replace(base, step_gap_s=0.0005, server_overhead_s=0.05,
+                                delivery_stall_prob=0.02, delivery_stall_s=0.004)
+    measured = [dataclasses.replace(r, metrics=simulate(r.point, truth)) for r in runs]
+    # stalls show in the clients' ITL tail (its p90 here: the p95 and p99 are prefill
+    # steps), not in its median
+    calm = simulate(points[0], dataclasses.replace(truth, delivery_stall_prob=0.0))
+    assert measured[0].metrics["itl_p90"] > calm["itl_p90"] + 0.002
+    assert measured[0].metrics["itl_p50"] == pytest.approx(calm["itl_p50"], rel=0.05)
+    got = twin.fit_latency_terms(base, measured, simulate)
+    assert got.step_gap_s == 0.0005
+    assert got.server_overhead_s == pytest.approx(0.05, abs=0.002)
+    assert (got.delivery_stall_prob, got.delivery_stall_s) == (0.02, 0.004)
+    fit = got.extra["latency_fit"]
+    assert fit["delivery_stall_miss"]["0.02x4ms"] < fit["delivery_stall_miss"]["0x0ms"]
+    # a server without stalls is fitted without them
+    plain = dataclasses.replace(truth, delivery_stall_prob=0.0, delivery_stall_s=0.0)
+    measured = [dataclasses.replace(r, metrics=simulate(r.point, plain)) for r in runs]
+    assert twin.fit_latency_terms(base, measured, simulate).delivery_stall_prob == 0.0

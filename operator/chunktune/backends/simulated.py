@@ -134,7 +134,7 @@ class SimulatedBackend(TrialBackend):
             if now <= profile.warmup or now > profile.duration:
                 return False
             done = [r for r in reqs if r.status in (FINISHED, REJECTED)]
-            partial = self._summary(plan, engine, done, now, now, complete=False)
+            partial = self._summary(plan, engine, done, now, now, complete=False, calib=calib)
             if report(index, flatten(partial, _server(engine, None, now))):
                 pruned_at.append(index)
                 return True
@@ -151,10 +151,10 @@ class SimulatedBackend(TrialBackend):
         if pruned_at:  # cut short: what had finished by then, as the pruner saw it
             done = [r for r in result.requests if r.status in (FINISHED, REJECTED)]
             summary = self._summary(plan, engine, done, result.end_time, result.end_time,
-                                    complete=False)
+                                    complete=False, calib=calib)
         else:
             summary = self._summary(plan, engine, result.requests, profile.duration,
-                                    result.end_time, complete=True)
+                                    result.end_time, complete=True, calib=calib)
         server = _server(engine, result, result.end_time)
         metrics = flatten(summary, server)
         # What vLLM's step log would give: its elapsed time leaves out the wall time between
@@ -195,10 +195,14 @@ class SimulatedBackend(TrialBackend):
         out.steps_file = str(path)
 
     def _summary(self, plan: TrialPlan, engine: Engine, reqs: list[Request], dispatch_end: float,
-                 now: float, complete: bool) -> LoadSummary:
+                 now: float, complete: bool,
+                 calib: twin.CalibrationProfile | None = None) -> LoadSummary:
         profile = plan.profile
         names = profile.class_names()
-        records = [_record(r, names, profile.warmup, now, engine) for r in reqs]
+        stall = None
+        if calib is not None and calib.delivery_stall_prob > 0 and calib.delivery_stall_s > 0:
+            stall = (calib.delivery_stall_prob, calib.delivery_stall_s, profile.seed)
+        records = [_record(r, names, profile.warmup, now, engine, stall) for r in reqs]
         info = RunInfo(
             target=f"sim://{plan.name or plan.number}", model=plan.target.served_model_name,
             profile=profile.name,
@@ -230,8 +234,11 @@ def engine_args(plan: TrialPlan) -> EngineArgs:
     return EngineArgs.from_point(plan.params, base=base)
 
 
-def _record(r: Request, names: list[str], warmup: float, now: float,
-            engine: Engine) -> RequestRecord:
+def _record(r: Request, names: list[str], warmup: float, now: float, engine: Engine,
+            stall: tuple[float, float, int] | None = None) -> RequestRecord:
+    """What the load client records of ``r``; ``stall``: (probability, mean seconds, workload
+    seed) of a calibration profile's delivery stalls (:func:`chunktune.sim.twin.deliver`),
+    drawn per request from the seed and the request's id, so a replay repeats."""
     rec = RequestRecord(rid=r.rid, cls=names[r.cls], arrival=r.arrival, start=r.arrival,
                         prompt_tokens=r.prompt_len, max_tokens=r.max_tokens,
                         warmup=r.arrival < warmup)
@@ -241,6 +248,13 @@ def _record(r: Request, names: list[str], warmup: float, now: float,
         rec.e2e = r.last_token - r.arrival
         rec.output_tokens = r.num_output
         rec.itl = r.itl
+        if stall is not None:
+            prob, mean_s, seed = stall
+            made = r.first_token + np.concatenate(([0.0], np.cumsum(r.itl)))
+            got = twin.deliver(made, prob, mean_s, np.random.default_rng([seed, r.rid]))
+            rec.ttft = float(got[0]) - r.arrival
+            rec.e2e = float(got[-1]) - r.arrival
+            rec.itl = [float(x) for x in np.diff(got)]
     elif r.status == REJECTED:
         rec.fail("http_400", engine.validate_request(r.prompt_len, r.max_tokens) or "rejected",
                  400)

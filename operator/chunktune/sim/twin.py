@@ -11,6 +11,7 @@ A profile is a JSON file (format :data:`PROFILE_KIND`, version :data:`PROFILE_VE
      "kv_cache_tokens": 130944,                          # the engine's logged KV capacity
      "server_overhead_s": null,                          # time before the first token, if fitted
      "step_gap_s": 0.0,                                  # wall time between steps, if fitted
+     "delivery_stall_prob": 0.0, "delivery_stall_s": 0.0,  # clients' tail, if fitted
      "fit": {"num_steps": .., "median_rel_err": .., "p90_rel_err": .., "total_ratio": ..,
              "cross_validated_median_rel_err": .., "cross_validated_total_ratio": ..},
      "fitted_on": {"files": [{"path": .., "steps": .., "model": .., "vllm_version": ..}],
@@ -141,6 +142,13 @@ class CalibrationProfile:
     #: Wall time between steps that vLLM's "iteration elapsed time" leaves out (output
     #: processing, scheduling), fitted from measured request latencies.
     step_gap_s: float = 0.0
+    #: The clients' share of the time between tokens beyond the engine's steps (the API
+    #: server or the client not running when a token is ready): each streamed token reaches
+    #: the client, with this probability, an exponentially distributed time late (mean
+    #: ``delivery_stall_s``), and never before the token ahead of it (:func:`deliver`). Fitted
+    #: from measured ITL percentiles; 0 leaves the clients' timing the engine's.
+    delivery_stall_prob: float = 0.0
+    delivery_stall_s: float = 0.0
     kind: str = PROFILE_KIND
     version: int = PROFILE_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
@@ -240,6 +248,19 @@ def build_profile(paths: list[str], logs: list[StepLog], fit: TwinFit, cost: Ste
             "device": next((m.device for m in metas if m.device), None)})
 
 
+def deliver(token_times: np.ndarray, prob: float, mean_s: float,
+            rng: np.random.Generator) -> np.ndarray:
+    """When a request's tokens, produced at ``token_times`` (seconds, ascending), reach its
+    client: each, with probability ``prob``, an exponential time of mean ``mean_s`` late, and
+    never before the token ahead of it (a stalled stream delivers what piled up at once)."""
+    t = np.asarray(token_times, dtype=np.float64)
+    if prob <= 0 or mean_s <= 0 or t.size == 0:
+        return t
+    late = np.where(rng.random(t.size) < prob, rng.exponential(mean_s, t.size), 0.0)
+    out: np.ndarray = np.maximum.accumulate(t + late)
+    return out
+
+
 def write_profile(path: str | Path, profile: CalibrationProfile) -> Path:
     p = Path(path)
     p.write_text(json.dumps(profile.to_dict(), indent=2, sort_keys=True) + "\n")
@@ -266,11 +287,14 @@ def parse_profile(d: Any, source: str, field_path: str = "--calibration") -> Cal
     for k in ("model", "gpu"):
         if not isinstance(d.get(k), str) or not d[k]:
             raise bad(f"{k}: missing")
-    for k in ("server_overhead_s", "step_gap_s"):
+    for k in ("server_overhead_s", "step_gap_s", "delivery_stall_prob", "delivery_stall_s"):
         v = d.get(k)
         if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)
                               or not v >= 0):
             raise bad(f"{k}: must be a number >= 0 (got {v!r})")
+    if not (d.get("delivery_stall_prob") or 0) <= 1:
+        raise bad(f"delivery_stall_prob: must be a probability, 0 to 1 (got "
+                  f"{d['delivery_stall_prob']!r})")
     known = set(CalibrationProfile.__dataclass_fields__)
     try:
         return CalibrationProfile(**{k: v for k, v in d.items() if k in known})

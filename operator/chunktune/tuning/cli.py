@@ -334,6 +334,9 @@ def cmd_calibrate_study(ns: argparse.Namespace) -> int:
     print(f"  step error: median {f['median_rel_err']:.1%} in sample, "
           f"{f['cross_validated_median_rel_err']:.1%} cross-validated; step gap "
           f"{profile.step_gap_s * 1e3:.2f} ms, time before the first token "
-          f"{(profile.server_overhead_s or 0) * 1e3:.1f} ms (fitted to their measured latencies)")
+          f"{(profile.server_overhead_s or 0) * 1e3:.1f} ms, clients' stalls between tokens "
+          + (f"{profile.delivery_stall_prob:.1%} of tokens {profile.delivery_stall_s * 1e3:g} ms "
+             "late on average" if profile.delivery_stall_prob > 0 else "none")
+          + " (fitted to their measured latencies)")
     print(f"wrote {ns.out}")
     return 0
