@@ -93,6 +93,23 @@ def test_outside_engine_flags_client_gaps_far_beyond_the_engines_steps() -> None
     assert outside_engine({"itl_p99": 0.05}) is None  # no step log, no judgement
 
 
+def test_tokens_delivered_in_bursts_are_the_hosts() -> None:
+    from chunktune.core.steps import host_added, outside_engine
+
+    # the sixth bench session, vLLM's defaults on the CPU engine while tests ran beside it:
+    # ITL p50 0.0 ms, p99 7.6 ms against the engine's 7.8 ms, TTFT p50 117.7 ms (13-15 ms
+    # undisturbed); the ITL p99 rule alone does not see it
+    burst = {"itl_p50": 0.0, "itl_p99": 0.0076, "engine_itl_p99": 0.0078, "ttft_p50": 0.1177}
+    why = outside_engine(burst)
+    assert why is not None and "ITL p50 0.0 ms" in why and "bursts" in why
+    # on a cliff too: the cliff explains a p99, not tokens arriving together
+    assert host_added(burst, (0.0078, 0.200)) == why
+    # undisturbed: ITL p50 2.6 ms
+    assert outside_engine({**burst, "itl_p50": 0.0026, "ttft_p50": 0.0135}) is None
+    # no step log, no judgement
+    assert outside_engine({"itl_p50": 0.0, "itl_p99": 0.0076}) is None
+
+
 def test_host_added_spares_a_clients_p99_the_engines_own_band_explains() -> None:
     from chunktune.core.steps import host_added
 

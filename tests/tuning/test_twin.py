@@ -453,7 +453,12 @@ def test_latency_terms_recover_a_known_server(tmp_path: Path) -> None:
     calm = simulate(points[0], dataclasses.replace(truth, delivery_stall_prob=0.0))
     assert measured[0].metrics["itl_p90"] > calm["itl_p90"] + 0.002
     assert measured[0].metrics["itl_p50"] == pytest.approx(calm["itl_p50"], rel=0.05)
-    got = twin.fit_latency_terms(base, measured, simulate)
+    # and a run the host disturbed: tokens in bursts (ITL p50 0), 100 ms more before the
+    # first token; left out, or the time before the first token would be the host's
+    burst = dataclasses.replace(measured[0], number=9, metrics={
+        **measured[0].metrics, "itl_p50": 0.0,
+        "ttft_p50": measured[0].metrics["ttft_p50"] + 0.1})
+    got = twin.fit_latency_terms(base, [*measured, burst, burst, burst], simulate)
     assert got.step_gap_s == 0.0005
     assert got.server_overhead_s == pytest.approx(0.05, abs=0.002)
     assert (got.delivery_stall_prob, got.delivery_stall_s) == (0.02, 0.004)

@@ -209,12 +209,37 @@ HOST_FACTOR = 2.0
 HOST_SLACK_S = 0.005
 
 
+#: :func:`burst_delivery`: clients' ITL p50 below this (seconds) is tokens arriving together.
+BURST_ITL_S = 0.0001
+
+
+def burst_delivery(metrics: Mapping[str, float]) -> str | None:
+    """Why a trial's clients received its tokens in bursts, or None: an ITL p50 of 0
+    (``itl_p50`` under :data:`BURST_ITL_S`) while the engine decoded a token per step (its
+    step log gave ``engine_itl_p99``). At least half the tokens then reached the client
+    together with the one before them: the API server or the load client fell behind the
+    engine. On the real CPU engine this happened only while other work ran on the 2-core host,
+    and came with a TTFT p50 of 57-118 ms against 13-15 ms undisturbed (the sixth bench
+    session). (An engine that streams several tokens a step, with speculative decoding or a
+    stream interval above 1, would show it too; chunktune tunes neither.)"""
+    p50, engine = metrics.get("itl_p50"), metrics.get("engine_itl_p99")
+    if p50 is None or engine is None or not engine > 0 or p50 >= BURST_ITL_S:
+        return None
+    return (f"clients saw ITL p50 {p50 * 1e3:.1f} ms: at least half the tokens arrived in "
+            "bursts, together with the one before them, so the API server or the load client "
+            "fell behind the engine (other work on the host)")
+
+
 def outside_engine(metrics: Mapping[str, float]) -> str | None:
     """Why a trial's measured latencies were set outside the engine, or None: the clients'
     ITL p99 (``itl_p99``) far above what the engine's steps gave (``engine_itl_p99``, from its
-    step log). Such a measurement says more about the host than about the configuration. (A
-    p99 on a cliff, :func:`on_cliff`, can also put the clients' p99 on the long steps where
-    the engine's, over all its tokens, is not: that measurement does not repeat either.)"""
+    step log), or tokens delivered in bursts (:func:`burst_delivery`). Such a measurement says
+    more about the host than about the configuration. (A p99 on a cliff, :func:`on_cliff`, can
+    also put the clients' p99 on the long steps where the engine's, over all its tokens, is
+    not: that measurement does not repeat either.)"""
+    burst = burst_delivery(metrics)
+    if burst is not None:
+        return burst
     client, engine = metrics.get("itl_p99"), metrics.get("engine_itl_p99")
     if client is None or engine is None or not engine > 0:
         return None
@@ -232,8 +257,8 @@ def host_added(metrics: Mapping[str, float], band: tuple[float, float] | None) -
     of the engine's tokens waited on long steps and the clients' p99 landed on them; that
     figure is the configuration's, however unstable)."""
     why = outside_engine(metrics)
-    if why is None:
-        return None
+    if why is None or burst_delivery(metrics) is not None:
+        return why
     client = metrics.get("itl_p99")
     if band is not None and on_cliff(band) is not None and client is not None \
             and client <= band[1]:

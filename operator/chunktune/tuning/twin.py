@@ -209,9 +209,14 @@ def fit_latency_terms(base: sim_twin.CalibrationProfile, runs: Sequence[Measured
     chunk), together: for each gap of :data:`STEP_GAPS` the time before the first token is
     the median of measured less simulated TTFT p50 (at least 0), and the pair whose simulated
     :data:`GAP_FIT_KEYS` come closest (median ``|log(sim / measured)|``) is kept; then the
-    clients' stalls between tokens (:func:`fit_delivery_stalls`). (Fitted one after the other,
-    the gap absorbed the time before the first token and came out twice what the clients'
-    ITL p50 says on the CPU example: 1 ms against 0.5.)"""
+    clients' stalls between tokens (:func:`fit_delivery_stalls`). Runs the host disturbed
+    (:func:`~chunktune.core.steps.outside_engine`) are left out while a clean one is left.
+    (Fitted one after the other, the gap absorbed the time before the first token and came
+    out twice what the clients' ITL p50 says on the CPU example: 1 ms against 0.5.)"""
+    # runs whose latencies the host set (tokens in bursts, clients' ITL far beyond the
+    # engine's) would teach the twin the host's load: left out while any run is clean
+    runs = [r for r in runs if not outside_engine(r.metrics)] or list(runs)
+
     def overhead_for(gap: float) -> float:
         prof = dataclasses.replace(base, step_gap_s=gap, server_overhead_s=0.0)
         gaps = [r.metrics["ttft_p50"] - sim["ttft_p50"] for r in runs
