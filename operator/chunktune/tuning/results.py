@@ -524,7 +524,7 @@ def trust_errors(records: Sequence[TrialRecord], objectives: Sequence[ObjectiveD
       configuration lands, so a miss is measured against the bound while the measurement is
       inside it (chat TTFT p99 predicted 91 ms, measured 196 ms, bound 3 s: 3.5%, not 54%), and
       against the measurement beyond it. An error rate predicted 0% and measured 2% against a
-      bound of 1% is 200%: a wrong verdict counts in full.
+      bound of 1% is 100%: a wrong verdict counts in full.
     """
     out: dict[str, float] = {}
     rel = prediction_errors(records)
