@@ -554,11 +554,11 @@ class TwinDriver:
                 return why
             # every confirmation ran (the last may have spent the budget): close the round
             best = best_value(real)
-            err = overall_error(real.study, *self.goals())
+            goal = goal_errors(real.study, *self.goals())
+            err = max(goal.values()) if goal else None
             stop = None
             if err is not None and err > s.max_twin_error:
-                worst = max(goal_errors(real.study, *self.goals()).items(),
-                            key=lambda kv: kv[1])[0]
+                worst = max(goal.items(), key=lambda kv: kv[1])[0]
                 bound = next((c for c in real.constraints if c.key == worst
                               and worst not in {o.key for o in real.objectives}), None)
                 self._untrusted(f"the twin's median error on the confirmed trials is "
@@ -856,10 +856,10 @@ def twin_report(study: optuna.Study, objectives: Sequence[ObjectiveDef],
             if st.trial_state(t) in (TrialState.COMPLETE, TrialState.INFEASIBLE,
                                      TrialState.PRUNED, TrialState.FAIL)
             and t.user_attrs.get(st.ATTR_REASON) != "Interrupted"]
+    goal = goal_errors(study, objectives, constraints)
     return {"strategy": "twin", "rounds": rounds, "confirmed": rows,
-            "twin_error": twin_error(study),
-            "goal_error": goal_errors(study, objectives, constraints),
-            "overall_error": overall_error(study, objectives, constraints),
+            "twin_error": twin_error(study), "goal_error": goal,
+            "overall_error": max(goal.values()) if goal else None,
             "untrusted": study.user_attrs.get(ATTR_UNTRUSTED),
             "max_twin_error": max_twin_error, "real_trials": len(real),
             "simulated_trials": sum(int(r["simulated_trials"] or 0) for r in rounds)}
