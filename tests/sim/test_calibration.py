@@ -33,7 +33,9 @@ THRESHOLDS = {
     ("vidur-linear", "loo-gpu"): (0.04, 0.05),
     ("llmss-linear", "in-sample"): (0.03, 0.035),
     ("llmss-linear", "loo-model"): (0.045, 0.05),
-    ("llmss-linear", "loo-gpu"): (0.15, 0.18),
+    # 13.7% (worst 16.7%) before the fit also weighed each operator: the RTX 4090's GEMMs at
+    # 138% of its data sheet then transferred to the PRO 6000 better than its real 97% do
+    ("llmss-linear", "loo-gpu"): (0.16, 0.185),
     ("llmss-attention", "in-sample"): (0.08, 0.11),
     ("llmss-attention", "loo-model"): (0.08, 0.095),
     # the sub-grid's 445 RTX 4090 points fit the per-CTA cycles less well than the full grid
@@ -186,20 +188,26 @@ def test_attention_leave_one_gpu_out_full_grid():
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
 def test_committed_tables_match_raw_data():
-    derived = {(s.gpu, s.model, s.tp, s.tokens): s.per_layer_ms
-               for s in calibration.read_derived()}
+    derived = {(s.gpu, s.model, s.tp, s.tokens): s for s in calibration.read_derived()}
     raw = calibration.derive(SHARED / "vidur-profiling")
     assert len(raw) == len(derived)
     for s in raw:
-        assert derived[(s.gpu, s.model, s.tp, s.tokens)] == pytest.approx(s.per_layer_ms,
-                                                                         abs=1e-4)
+        d = derived[(s.gpu, s.model, s.tp, s.tokens)]
+        assert d.per_layer_ms == pytest.approx(s.per_layer_ms, abs=1e-4)
+        assert len(s.ops) == len(kernel_data.LINEAR_FIT_OPS)
+        assert d.ops == pytest.approx(s.ops, abs=1e-4)
     att, lin = kernel_data.read_points()
     raw_att = kernel_data.committed_subset(kernel_data.read_attention(SHARED))
     assert set(att) == {
         kernel_data.AttentionPoint(p.gpu, p.model, p.tp, p.chunk, p.kv_prefill, p.decodes,
                                    p.kv_decode, float(f"{p.us:.6g}")) for p in raw_att}
     assert len(att) == len(raw_att)
-    assert len(lin) == len(kernel_data.read_llmss_linear(SHARED))
+    raw_lin = kernel_data.read_llmss_linear(SHARED)
+    assert len(lin) == len(raw_lin)
+    for a, b in zip(lin, raw_lin, strict=True):
+        assert (a.gpu, a.model, a.tp, a.tokens) == (b.gpu, b.model, b.tp, b.tokens)
+        assert a.ops == pytest.approx(b.ops, rel=1e-5) and sum(a.ops) == pytest.approx(
+            a.per_layer_ms, rel=1e-5)
 
 
 def test_published_end_to_end_prefill_times():
@@ -234,3 +242,37 @@ def test_decode_step_is_memory_bound_and_grows_with_batch():
     chunk = m.step_time(1024, 1, 0, [(1024, 0)], 0, 0)
     hybrid = m.step_time(1024, 4, 3, [(1021, 0)], 3, 3000)
     assert hybrid < 1.05 * chunk
+
+
+def test_linear_fit_separates_gemms_from_elementwise_kernels_on_one_model():
+    """One (model, TP) measured per operator (as LLMServingSim's RTX 4090 set): the fit must
+    recover each efficiency, which the per-layer sum alone cannot tell apart (it gave the RTX
+    4090 GEMMs at 138% of the data sheet, paid back by elementwise kernels at 19%)."""
+    from chunktune.sim.cost_model import coefficients, linear_op_times
+
+    true = dataclasses.replace(coefficients("ada"), gemm_compute_eff=0.9,
+                               gemm_memory_eff=0.85, gemm_smoothness=2.0,
+                               elementwise_memory_eff=0.6)
+    tok = np.array(list(range(1, 17)) + list(range(32, 2049, 32)), float)
+    ops = linear_op_times(resolve_model("llama-3.1-8b"), resolve_gpu("rtx4090"), 1, tok, true)
+    rng = np.random.default_rng(0)
+    pts = []
+    for j, t in enumerate(tok):  # 2% measurement noise on every operator
+        o = tuple(float(ops[n][j] * 1e3 * np.exp(rng.normal(0, 0.02)))
+                  for n in kernel_data.LINEAR_FIT_OPS)
+        pts.append(kernel_data.LinearPoint("rtx4090", "llama-3.1-8b", 1, int(t), sum(o), o))
+    got = calibration.fit_linear(pts, "ada")
+    for k in ("gemm_compute_eff", "gemm_memory_eff", "elementwise_memory_eff"):
+        assert getattr(got, k) == pytest.approx(getattr(true, k), rel=0.03), k
+
+
+def test_linear_operators_sum_to_the_layer():
+    from chunktune.sim.cost_model import coefficients, linear_layer_time, linear_op_times
+
+    tok = np.array([1.0, 64.0, 2048.0])
+    for model in ("llama-3.1-8b", "qwen3-30b-a3b"):
+        m, g = resolve_model(model), resolve_gpu("h100-sxm")
+        c = coefficients(g.family)
+        ops = linear_op_times(m, g, 2, tok, c)
+        assert ("experts" in ops) == m.is_moe and ("up" in ops) != m.is_moe
+        assert sum(ops.values()) == pytest.approx(linear_layer_time(m, g, 2, tok, c))

@@ -108,9 +108,17 @@ def layer_gemms(model: ModelConfig, tp: int) -> list[tuple[float, float]]:
     return shapes
 
 
-def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
-                      c: FamilyCoefficients) -> np.ndarray:
-    """Seconds the linear operators of ONE layer take on one rank, for each token count."""
+#: The operators :func:`linear_op_times` prices separately: the dense layer's four GEMMs, the
+#: routed experts of a mixture-of-experts layer (with its router and shared experts), and the
+#: elementwise kernels (norms, rotary embedding, activation, residual add) together.
+LINEAR_OPS = ("qkv", "o", "up", "down", "experts", "elementwise")
+
+
+def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
+                    c: FamilyCoefficients) -> dict[str, np.ndarray]:
+    """Seconds each linear operator of ONE layer takes on one rank, for each token count
+    (keys: the ``LINEAR_OPS`` the model has). Measured per operator, these separate the GEMM
+    efficiencies from the elementwise kernels, which a per-layer sum alone cannot."""
     T = np.asarray(tokens, dtype=np.float64)
     F = gpu.bf16_tflops * 1e12 * c.gemm_compute_eff
     B = gpu.hbm_tb_s * 1e12
@@ -122,9 +130,9 @@ def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
         mem = (weight_bytes + (m * k + m * n) * b) / (B * c.gemm_memory_eff)
         return c.gemm_overhead_s + (comp**p + mem**p) ** (1.0 / p)
 
-    t = np.zeros_like(T)
-    for k, n in layer_gemms(model, tp):
-        t += gemm(T, k, n, k * n * b)
+    # a mixture-of-experts layer has only the attention's two: zip stops there
+    out = {name: gemm(T, k, n, k * n * b) for name, (k, n)
+           in zip(("qkv", "o", "up", "down"), layer_gemms(model, tp), strict=False)}
     h = model.hidden_size
     q = model.q_dim / tp
     kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
@@ -139,17 +147,28 @@ def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
         w = active * mats * h * i * b
         comp = 2.0 * tok * mats * h * i / F
         mem = (w + tok * (2 * h + mats * i) * b) / (B * c.gemm_memory_eff)
-        t += 3 * c.gemm_overhead_s + (comp**p + mem**p) ** (1.0 / p)
+        ex = 3 * c.gemm_overhead_s + (comp**p + mem**p) ** (1.0 / p)
         if model.num_shared_experts:
             si = model.num_shared_experts * model.moe_intermediate_size / tp
-            t += gemm(T, h, 2 * si, h * 2 * si * b) + gemm(T, si, h, si * h * b)
-        t += gemm(T, h, e, h * e * b)  # router
+            ex = ex + gemm(T, h, 2 * si, h * 2 * si * b) + gemm(T, si, h, si * h * b)
+        out["experts"] = ex + gemm(T, h, e, h * e * b)  # router
         inter = model.moe_intermediate_size * k_top / tp
     else:
         inter = model.intermediate_size / tp
     # Elementwise: two RMSNorms, RoPE on q and k, activation (read 2i write i), residual add.
     ew_bytes = T * b * (2 * h + 2 * h + 2 * (q + kv) + 3 * inter + 3 * h)
-    t += 5 * c.elementwise_overhead_s + ew_bytes / (B * c.elementwise_memory_eff)
+    out["elementwise"] = 5 * c.elementwise_overhead_s + ew_bytes / (B * c.elementwise_memory_eff)
+    return out
+
+
+def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
+                      c: FamilyCoefficients) -> np.ndarray:
+    """Seconds the linear operators of ONE layer take on one rank, for each token count."""
+    ops = linear_op_times(model, gpu, tp, tokens, c)
+    t: np.ndarray = np.zeros_like(np.asarray(tokens, dtype=np.float64))
+    for name in LINEAR_OPS:
+        if name in ops:
+            t = t + ops[name]
     return t
 
 

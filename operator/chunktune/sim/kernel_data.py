@@ -32,6 +32,11 @@ LLMSS_MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Qwen3-32B": "qwen3-32b",
 #: dense.csv operators of one decoder layer (the norm runs twice: before attention and MLP).
 DENSE_LAYER_OPS = {"layernorm": 2, "qkv_proj": 1, "qk_norm": 1, "rotary_emb": 1, "o_proj": 1,
                    "gate_up_proj": 1, "act_fn": 1, "down_proj": 1}
+#: The per-operator times a ``LinearPoint`` carries, in this order: the four GEMMs, then every
+#: elementwise kernel together (the cost model's ``linear_op_times`` keys).
+LINEAR_FIT_OPS = ("qkv", "o", "up", "down", "elementwise")
+#: dense.csv's GEMMs under those names (every other operator is elementwise).
+DENSE_GEMMS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "up", "down_proj": "down"}
 #: The attention grid committed for the regression test (a sub-grid of the measured one).
 COMMITTED_CHUNKS = {0, 16, 64, 256, 1024, 2048}
 COMMITTED_KV = {0, 64, 1024, 4096, 16384}
@@ -52,13 +57,15 @@ class AttentionPoint:
 
 @dataclass(frozen=True)
 class LinearPoint:
-    """Per-layer sum of the linear operators for ``tokens`` tokens (one rank)."""
+    """Per-layer sum of the linear operators for ``tokens`` tokens (one rank), and where
+    measured, each ``LINEAR_FIT_OPS`` entry's share of it (ms; empty when not known)."""
 
     gpu: str
     model: str
     tp: int
     tokens: int
     per_layer_ms: float
+    ops: tuple[float, ...] = ()
 
 
 def _llmss_sets(root: Path) -> Iterator[tuple[str, str, int, Path]]:
@@ -89,12 +96,15 @@ def read_llmss_linear(root: Path) -> list[LinearPoint]:
     for gpu, model, tp, d in _llmss_sets(root):
         if model == "qwen3-30b-a3b":
             continue
-        acc: dict[int, float] = defaultdict(float)
+        acc: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         with (d / "dense.csv").open() as fh:
             for r in csv.DictReader(fh):
                 k = DENSE_LAYER_OPS.get(r["layer"], 0)
-                acc[int(r["tokens"])] += k * float(r["time_us"]) / 1e3
-        out += [LinearPoint(gpu, model, tp, t, ms) for t, ms in sorted(acc.items())]
+                op = DENSE_GEMMS.get(r["layer"], "elementwise")
+                acc[int(r["tokens"])][op] += k * float(r["time_us"]) / 1e3
+        for t, by_op in sorted(acc.items()):
+            ops = tuple(by_op[o] for o in LINEAR_FIT_OPS)
+            out.append(LinearPoint(gpu, model, tp, t, sum(ops), ops))
     return out
 
 
@@ -110,16 +120,22 @@ def write_points(attention: list[AttentionPoint], linear: list[LinearPoint],
                  "{attention,dense}.csv (vLLM 0.19; MIT licence, Copyright (c) 2024 CASYS Lab "
                  "at KAIST).\n")
         fh.write("# kind=attention: a sub-grid of the measured points, time in us per layer; "
-                 "kind=linear: per-layer sum of dense.csv operators (norm x2), ms.\n")
+                 "kind=linear: per-layer sum of dense.csv operators (norm x2), ms, and in ops "
+                 "its qkv;o;up;down;elementwise parts.\n")
         w = csv.writer(fh)
         w.writerow(["kind", "gpu", "model", "tp", "chunk", "kv_prefill", "decodes", "kv_decode",
-                    "value"])
+                    "value", "ops"])
         for a in attention:
             w.writerow(["attention", a.gpu, a.model, a.tp, a.chunk, a.kv_prefill, a.decodes,
-                        a.kv_decode, f"{a.us:.6g}"])
+                        a.kv_decode, f"{a.us:.6g}", ""])
         for s in linear:
             w.writerow(["linear", s.gpu, s.model, s.tp, s.tokens, 0, 0, 0,
-                        f"{s.per_layer_ms:.6g}"])
+                        f"{s.per_layer_ms:.6g}", ";".join(f"{v:.6g}" for v in s.ops)])
+
+
+def _ops(cell: str | None) -> tuple[float, ...]:
+    """A committed table's ``a;b;...`` per-operator cell (empty: not known)."""
+    return tuple(float(v) for v in cell.split(";")) if cell else ()
 
 
 def read_points(path: Path = POINTS_PATH) -> tuple[list[AttentionPoint], list[LinearPoint]]:
@@ -132,7 +148,7 @@ def read_points(path: Path = POINTS_PATH) -> tuple[list[AttentionPoint], list[Li
                                           int(r["kv_decode"]), float(r["value"])))
             else:
                 lin.append(LinearPoint(r["gpu"], r["model"], int(r["tp"]), int(r["chunk"]),
-                                       float(r["value"])))
+                                       float(r["value"]), _ops(r.get("ops"))))
     return att, lin
 
 
