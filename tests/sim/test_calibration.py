@@ -19,6 +19,7 @@ from chunktune.sim.cost_model import (
     attention_layer_time,
     l2_hit_fraction,
     longest_cta_time,
+    reread_hit_fraction,
 )
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -37,9 +38,10 @@ THRESHOLDS = {
     # 138% of its data sheet then transferred to the PRO 6000 better than its real 97% do
     ("llmss-linear", "loo-gpu"): (0.16, 0.185),
     ("llmss-attention", "in-sample"): (0.08, 0.11),
-    ("llmss-attention", "loo-model"): (0.08, 0.095),
+    # the sub-grid's 445 points per set: 8.3% / worst 9.2% (7.6% / 8.2% on the full grid)
+    ("llmss-attention", "loo-model"): (0.085, 0.095),
     # the sub-grid's 445 RTX 4090 points fit the per-CTA cycles less well than the full grid
-    # (15.1% here, 11.7% on the full grid: test_attention_leave_one_gpu_out_full_grid)
+    # (14.5% here, 10.4% on the full grid: test_attention_leave_one_gpu_out_full_grid)
     ("llmss-attention", "loo-gpu"): (0.155, 0.22),
     # NCCL all-reduce (chunktune.sim.collectives), committed sub-sample: 7.8% / worst 13.4% in
     # sample; 25.1% / worst 34.1% with each GPU generation held out (its NVSwitch unseen)
@@ -111,8 +113,9 @@ def test_mixed_batches_cost_more_than_their_parts():
 
 
 def test_decode_rereads_hit_l2_only_while_one_kv_head_fits():
-    """The decodes' per-query-head KV re-reads come from L2 while one KV head's KV of every
-    decode fits the data sheet's L2, the rest from HBM again."""
+    """The decodes' per-query-head KV re-reads come from L2 where the group's query heads run
+    in the same wave or while one KV head's KV of every decode fits the data sheet's L2, the
+    rest from HBM again."""
     mib = 2.0**20
     assert l2_hit_fraction(72 * mib, 8 * mib) == 1.0
     assert l2_hit_fraction(72 * mib, 144 * mib) == pytest.approx(0.5)
@@ -122,9 +125,17 @@ def test_decode_rereads_hit_l2_only_while_one_kv_head_fits():
     gpu = resolve_gpu("rtx-pro-6000")
     small_l2 = dataclasses.replace(gpu, l2_mib=6.0)
     c = calibration.coefficients(gpu.family)
-    # 16 decodes at 1k: one KV head's K and V (8 MiB) fit 128 MiB, not 6 MiB
-    fits = attention_layer_time(s, gpu, c, [(256, 0)], 16, 16 * 1024)
-    assert attention_layer_time(s, small_l2, c, [(256, 0)], 16, 16 * 1024) > 1.05 * fits
+    # 128 decodes at 1k: 1.5 query heads per wave of 188 CTAs; one KV head's K and V
+    # (64 MiB) fit 128 MiB, not 6 MiB
+    fits = attention_layer_time(s, gpu, c, [(256, 0)], 128, 128 * 1024)
+    assert attention_layer_time(s, small_l2, c, [(256, 0)], 128, 128 * 1024) > 1.05 * fits
+    # 16 decodes: a wave holds the whole group of 4 query heads, the L2 size does not matter
+    assert attention_layer_time(s, small_l2, c, [(256, 0)], 16, 16 * 1024) == \
+        attention_layer_time(s, gpu, c, [(256, 0)], 16, 16 * 1024)
+    # heads at once: 188 / 128 = 1.47 of a group of 4 -> 16% of the re-reads; 128 SMs: none
+    assert reread_hit_fraction(0.0, 1.0, 188, 128, 4) == pytest.approx((188 / 128 - 1) / 3)
+    assert reread_hit_fraction(0.0, 1.0, 128, 128, 4) == 0.0
+    assert reread_hit_fraction(0.0, 1.0, 128, 32, 4) == 1.0
     # a prefill alone re-reads no decode KV: the L2 size does not matter
     assert attention_layer_time(s, small_l2, c, [(2048, 4096)], 0, 0) == \
         attention_layer_time(s, gpu, c, [(2048, 4096)], 0, 0)
@@ -175,7 +186,8 @@ def test_every_catalog_gpu_has_the_attention_figures():
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
 def test_attention_leave_one_gpu_out_full_grid():
     """Each RTX card's full attention grid predicted from the other card's fit and its own
-    data sheet (median |error| 13.6% PRO 6000, 9.9% RTX 4090 when committed)."""
+    data sheet (median |error| 11.3% PRO 6000, 9.4% RTX 4090 when committed; 13.6% and 9.9%
+    before the decodes' re-reads shared by the query heads of one wave)."""
     att = kernel_data.read_attention(SHARED)
     med = {}
     for g in ("rtx-pro-6000", "rtx4090"):
@@ -183,7 +195,7 @@ def test_attention_leave_one_gpu_out_full_grid():
         med[g] = float(np.median(calibration.attention_errors(c, [p for p in att
                                                                     if p.gpu == g])))
     print(med)
-    assert med["rtx-pro-6000"] <= 0.145 and med["rtx4090"] <= 0.105
+    assert med["rtx-pro-6000"] <= 0.12 and med["rtx4090"] <= 0.10
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")

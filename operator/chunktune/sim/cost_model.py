@@ -12,9 +12,9 @@ A step's time is the sum of
   tile): the soft maximum of its padded FLOPs (all CTAs at the bf16 peak, or the longest CTA
   on one SM: its MMAs at that SM's share of the peak and the work beside them at the SM's
   clock) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
-  per KV head from HBM and re-read per query head through L2 at a rate per SM, as far as one
-  KV head's KV fits the L2), plus a fixed cost per wave of CTAs over the SMs; decodes alone
-  are memory-bound on their KV bytes;
+  per KV head from HBM and re-read per query head through L2 at a rate per SM, where the
+  group's query heads run in one wave or one KV head's KV fits the L2), plus a fixed cost per
+  wave of CTAs over the SMs; decodes alone are memory-bound on their KV bytes;
 - **lm_head and sampling** for the rows that produce a token (decodes, last prefill chunks);
 - **tensor-parallel all-reduces**, two per layer of the step's activations
   (:func:`chunktune.sim.collectives.tp_allreduce_s`: vLLM's custom all-reduce on NVLink, NCCL
@@ -218,9 +218,9 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
       in the soft maximum below (:func:`longest_cta_time`);
     - memory: the tiles' K/V reads at a fraction of HBM (above 1 where L2 serves them); the
       decodes' KV read once per KV head from HBM and re-read by the other query heads of its
-      group: from L2 at a rate per SM while one KV head's KV of all the decodes fits the L2
-      (the CTAs of one query head run together, the group's other heads follow), the rest
-      from HBM again (:func:`l2_hit_fraction`);
+      group: from L2 at a rate per SM where those heads' CTAs run beside the first (a wave
+      of ``SMs`` CTAs holds ``SMs / decodes`` query heads) or while one KV head's KV of all
+      the decodes fits the L2, the rest from HBM again (:func:`reread_hit_fraction`);
     - compute and memory combine as a soft maximum, plus a cost per wave of CTAs over the
       SMs (``ceil(CTAs / SMs)``, one CTA per SM at a time);
     - decodes alone (split-KV decode kernel): a fixed cost plus KV bytes / (HBM x
@@ -248,7 +248,8 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
         head_bytes = 2.0 * s.head_dim * s.dtype_bytes
         group = s.heads / s.kv_heads
         dec_bytes = s.heads * decode_context_tokens * head_bytes
-        hit = float(l2_hit_fraction(gpu.l2_mib * 2**20, decode_context_tokens * head_bytes))
+        hit = float(reread_hit_fraction(gpu.l2_mib * 2**20, decode_context_tokens * head_bytes,
+                                        gpu.sm_count, num_decodes, group))
         reread = dec_bytes * (group - 1) / group
         mem = (s.heads * (keys - decode_context_tokens) * head_bytes
                / (B * c.attn_tile_memory_eff)
@@ -270,6 +271,25 @@ def l2_hit_fraction(l2_bytes: float | np.ndarray, working_set_bytes: float | np.
     ``L2 / working set``."""
     ws = np.maximum(np.asarray(working_set_bytes, dtype=np.float64), 1.0)
     out: np.ndarray = np.minimum(1.0, np.asarray(l2_bytes, dtype=np.float64) / ws)
+    return out
+
+
+def reread_hit_fraction(l2_bytes: float | np.ndarray, working_set_bytes: float | np.ndarray,
+                        sm_count: float | np.ndarray, decodes: float | np.ndarray,
+                        group: float | np.ndarray) -> np.ndarray:
+    """Fraction of the decodes' per-query-head KV re-reads (``group - 1`` of every ``group``
+    reads of a KV head's KV) that L2 serves in a mixed batch. The varlen kernel's CTAs go
+    query head by query head (one per decode), so a wave of ``SMs`` CTAs holds ``SMs /
+    decodes`` query heads at once: the first reads a decode's KV from HBM and the others of
+    its group running beside it find it in L2, ``(SMs / decodes - 1) / (group - 1)`` of the
+    re-reads (at most all). The rest hit L2 as far as the working set fits it
+    (:func:`l2_hit_fraction`). More SMs, more heads at once: the RTX PRO 6000's 188 SMs hold
+    1.5 query heads of 128 decodes where the RTX 4090's 128 hold one."""
+    g = np.asarray(group, dtype=np.float64)
+    at_once = np.asarray(sm_count, dtype=np.float64) / np.maximum(
+        np.asarray(decodes, dtype=np.float64), 1.0)
+    share = np.clip((at_once - 1.0) / np.maximum(g - 1.0, 1e-9), 0.0, 1.0)
+    out: np.ndarray = share + (1.0 - share) * l2_hit_fraction(l2_bytes, working_set_bytes)
     return out
 
 
@@ -312,7 +332,7 @@ def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: n
     head_bytes = 2.0 * head_dim * dtype_bytes
     group = s_heads / s_kv_heads
     dec_bytes = s_heads * decode_context * head_bytes
-    hit = l2_hit_fraction(l2, decode_context * head_bytes)
+    hit = reread_hit_fraction(l2, decode_context * head_bytes, sm_count, decodes, group)
     reread = dec_bytes * (group - 1) / group
     mem = (s_heads * tile_keys * head_bytes / (hbm * c["attn_tile_memory_eff"])
            + (dec_bytes / group + reread * (1.0 - hit)) / (hbm * c["attn_mixed_memory_eff"])
