@@ -167,22 +167,23 @@ def vidur_points(samples: list[Sample]) -> list[kd.LinearPoint]:
                            s.per_layer_ms, s.ops) for s in samples]
 
 
-def _groups(points: list[kd.LinearPoint]
-            ) -> dict[tuple[str, str, int], tuple[np.ndarray, np.ndarray]]:
+def _sets(points: list[kd.LinearPoint]) -> dict[tuple[str, str, int], list[kd.LinearPoint]]:
     g: dict[tuple[str, str, int], list[kd.LinearPoint]] = defaultdict(list)
     for s in points:
         g[(s.gpu, s.model, s.tp)].append(s)
+    return g
+
+
+def _groups(points: list[kd.LinearPoint]
+            ) -> dict[tuple[str, str, int], tuple[np.ndarray, np.ndarray]]:
     return {k: (np.array([s.tokens for s in v], float), np.array([s.per_layer_ms for s in v]))
-            for k, v in g.items()}
+            for k, v in _sets(points).items()}
 
 
 def _op_groups(points: list[kd.LinearPoint]) -> dict[tuple[str, str, int], np.ndarray]:
     """Per (GPU, model, TP) whose every point carries its operators: a (points x
     ``LINEAR_FIT_OPS``) array of ms, in ``_groups``' order."""
-    g: dict[tuple[str, str, int], list[kd.LinearPoint]] = defaultdict(list)
-    for s in points:
-        g[(s.gpu, s.model, s.tp)].append(s)
-    return {k: np.array([s.ops for s in v]) for k, v in g.items()
+    return {k: np.array([s.ops for s in v]) for k, v in _sets(points).items()
             if all(len(s.ops) == len(kd.LINEAR_FIT_OPS) for s in v)}
 
 
