@@ -38,11 +38,12 @@ THRESHOLDS = {
     # 138% of its data sheet then transferred to the PRO 6000 better than its real 97% do
     ("llmss-linear", "loo-gpu"): (0.16, 0.185),
     ("llmss-attention", "in-sample"): (0.08, 0.11),
-    # the sub-grid's 445 points per set: 8.3% / worst 9.2% (7.6% / 8.2% on the full grid)
-    ("llmss-attention", "loo-model"): (0.085, 0.095),
-    # the sub-grid's 445 RTX 4090 points fit the per-CTA cycles less well than the full grid
-    # (14.5% here, 10.4% on the full grid: test_attention_leave_one_gpu_out_full_grid)
-    ("llmss-attention", "loo-gpu"): (0.155, 0.22),
+    # the sub-grid's 445 points per set: 8.3% / worst 10.0% (7.9% / 8.7% on the full grid)
+    ("llmss-attention", "loo-model"): (0.09, 0.105),
+    # 9.5% / worst 10.6% here (14.5% / 21.6% before the query tiles' work beside the MMAs ran
+    # at SMs x clock under FlashAttention 2); 9.2% / 9.4% on the full grid
+    # (test_attention_leave_one_gpu_out_full_grid)
+    ("llmss-attention", "loo-gpu"): (0.10, 0.115),
     # NCCL all-reduce (chunktune.sim.collectives), committed sub-sample: 7.8% / worst 13.4% in
     # sample; 25.1% / worst 34.1% with each GPU generation held out (its NVSwitch unseen)
     ("vidur-allreduce", "in-sample"): (0.085, 0.145),
@@ -77,6 +78,8 @@ def test_vectorized_attention_matches_the_engine_path():
     """The fit's array form and the simulator's per-step form are the same function."""
     att, _ = kernel_data.read_points()
     pts = att[::97]
+    # the RTX points, and the same batches on an H100 (FlashAttention 3)
+    pts = pts + [dataclasses.replace(p, gpu="h100-sxm") for p in pts]
     for family in ("ada", "blackwell", "hopper"):
         coef = calibration.attention_coeffs(family)
         c = calibration.coefficients(family)
@@ -171,6 +174,34 @@ def test_one_cta_is_not_as_fast_as_the_tensor_cores():
     assert t["rtx4090"] * 1e6 == pytest.approx(520, rel=0.2)
 
 
+def test_flash_attention_2_runs_the_tiles_beside_their_mmas():
+    """Where vLLM runs FlashAttention 2 (every card but Hopper) the query tiles' softmax and
+    loads take SM cycles beside their MMAs; FlashAttention 3 (Hopper) overlaps them. Measured
+    (LLMServingSim, Llama-3.1-8B TP1): a 2,048-token chunk over 16k of context takes 4,225 us
+    on the RTX 4090 and 2,138 us on the RTX PRO 6000, 1.98x, where their bf16 peaks say 2.93x."""
+    from chunktune.core.gpus import GPUS
+
+    assert {g.name for g in GPUS.values() if g.flash_attention == 3} == {
+        "h100-sxm", "h100-pcie", "h200"}
+    s = AttentionShape.of(resolve_model("llama-3.1-8b"), 1)
+    c = calibration.coefficients("ada")  # the same coefficients on both cards
+    t = {g: attention_layer_time(s, resolve_gpu(g), c, [(2048, 16384)], 0, 0)
+         for g in ("rtx4090", "rtx-pro-6000")}
+    assert 1.7 < t["rtx4090"] / t["rtx-pro-6000"] < 2.2
+    # the same batch on an H100 under each generation: FlashAttention 3 runs the tiles at the
+    # tensor peak (over 0.5 of it here), FlashAttention 2 would hold them near 0.2
+    h100 = resolve_gpu("h100-sxm")
+    hc = calibration.coefficients(h100.family)
+    fa3 = attention_layer_time(s, h100, hc, [(2048, 16384)], 0, 0)
+    fa2 = attention_layer_time(s, dataclasses.replace(h100, flash_attention=2), hc,
+                               [(2048, 16384)], 0, 0)
+    flops = 4.0 * 128 * 32 * (2048 * 16384 + 2048 * 2048 / 2)
+    assert flops / fa3 > 0.5 * h100.bf16_tflops * 1e12
+    assert flops / fa2 < 0.3 * h100.bf16_tflops * 1e12
+    # decodes beside the chunk add their padded MMAs either way
+    assert attention_layer_time(s, h100, hc, [(2048, 16384)], 64, 64 * 4096) > fa3
+
+
 def test_every_catalog_gpu_has_the_attention_figures():
     """L2 size and boost clock are data-sheet figures the attention term needs; a GPU without
     them is refused by name."""
@@ -186,8 +217,9 @@ def test_every_catalog_gpu_has_the_attention_figures():
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
 def test_attention_leave_one_gpu_out_full_grid():
     """Each RTX card's full attention grid predicted from the other card's fit and its own
-    data sheet (median |error| 11.3% PRO 6000, 9.4% RTX 4090 when committed; 13.6% and 9.9%
-    before the decodes' re-reads shared by the query heads of one wave)."""
+    data sheet (median |error| 9.0% PRO 6000, 9.4% RTX 4090 when committed; 11.3% and 9.4%
+    before the query tiles' work beside the MMAs ran at SMs x clock (FlashAttention 2), 13.6%
+    and 9.9% before the decodes' re-reads shared by the query heads of one wave)."""
     att = kernel_data.read_attention(SHARED)
     med = {}
     for g in ("rtx-pro-6000", "rtx4090"):
@@ -195,7 +227,7 @@ def test_attention_leave_one_gpu_out_full_grid():
         med[g] = float(np.median(calibration.attention_errors(c, [p for p in att
                                                                     if p.gpu == g])))
     print(med)
-    assert med["rtx-pro-6000"] <= 0.12 and med["rtx4090"] <= 0.10
+    assert med["rtx-pro-6000"] <= 0.095 and med["rtx4090"] <= 0.10
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
@@ -235,12 +267,14 @@ def test_published_end_to_end_prefill_times():
         print(f"prefill {tokens:>6}: published {ms:>5} ms, model {got:7.1f} ms")
         if tokens <= 8192:
             assert got == pytest.approx(ms, rel=0.20)
-    # 16k tokens, whole and in 512-token chunks (4512.8 ms published): the model is 25% and 18%
-    # low. The published 16k/8k ratio (2.37) needs attention ~2.4x slower than the
-    # FlashAttention-2 rates the model extrapolates to A100; the all-reduce does not explain it
-    # (138 ms of the 3.3 s). A PCIe all-reduce efficiency fitted to this test used to hide it.
-    assert 0.70 <= m.prefill_time(16384) * 1e3 / published[16384] <= 0.85
-    assert 0.75 <= m.prefill_time(16383, 512) * 1e3 / 4512.8 <= 0.90
+    # 16k tokens, whole and in 512-token chunks (4512.8 ms published): the model is 14% and 7%
+    # low (25% and 18% while the query tiles ran at the bf16 peak: FlashAttention 2's work
+    # beside the MMAs, fitted on the RTX cards, accounts for about half of the gap at 16k).
+    # The published 16k/8k ratio (2.37) still needs slower attention; the all-reduce does not
+    # explain it (138 ms of the 3.3 s). A PCIe all-reduce efficiency fitted to this test used to
+    # hide it.
+    assert 0.80 <= m.prefill_time(16384) * 1e3 / published[16384] <= 0.90
+    assert 0.88 <= m.prefill_time(16383, 512) * 1e3 / 4512.8 <= 0.97
 
 
 def test_decode_step_is_memory_bound_and_grows_with_batch():

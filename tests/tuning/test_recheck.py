@@ -114,13 +114,22 @@ def test_recheck_measures_the_best_again_within_the_real_budget(tmp_path: Path) 
                      and t.state == TrialState.COMPLETE and t.constraints_ok),
                     key=lambda t: t.metrics[key])
     rechecked = [t for t in trials if t.user_attrs.get(st.ATTR_PHASE) == "recheck"]
-    assert [st.point_of(t) for t in rechecked] == [dict(t.params) for t in single[:2]]
+    # runs of one behaviour (limits no run reached) count once, under their most permissive
+    # configuration (results.merge): two confirmations that differ only there are one
+    expected: list[dict[str, object]] = []
+    for t in single:
+        conf = res_before.configuration(t.number)
+        assert conf is not None
+        if dict(conf.params) not in expected:
+            expected.append(dict(conf.params))
+    assert [st.point_of(t) for t in rechecked] == expected[:2]
     assert all(st.trial_state(t) == TrialState.COMPLETE for t in rechecked)
     assert all(t.user_attrs.get(st.ATTR_REASON) != "Duplicate" for t in rechecked)
     # the answer is one of them, shown as the mean of its two measurements
     best = res_before.best_trial
-    assert best is not None and len(best.repeats) == 2
-    assert best.repeats[1] in {t.number for t in rechecked}
+    # (and of runs of the same behaviour)
+    assert best is not None and len(best.repeats) >= 2
+    assert best.repeats[-1] in {t.number for t in rechecked}
     shown = [e.reason for e in events if e.kind == "phase"]
     assert shown[-2:] == ["recheck", "done"]
     assert tuner.twin.status()["phase"] == "done"

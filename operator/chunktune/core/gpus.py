@@ -36,6 +36,10 @@ class GPU:
     l2_mib: float = 0.0
     #: SM boost clock, MHz (data sheet; see ``_BOOST_MHZ``).
     boost_mhz: float = 0.0
+    #: The FlashAttention generation vLLM's attention backend runs here (see
+    #: ``_FLASH_ATTENTION``): 2 issues the softmax beside the MMAs of the same warps, 3 and
+    #: later overlap them (warp-specialised).
+    flash_attention: int = 2
 
     @property
     def memory_bytes(self) -> float:
@@ -63,8 +67,15 @@ _BOOST_MHZ = {"a100-sxm": 1410, "a100-pcie": 1410, "a100-40g": 1410, "h100-sxm":
               "h100-pcie": 1750, "h200": 1980, "l40s": 2520, "l4": 2040, "a10g": 1695,
               "a40": 1740, "rtx4090": 2520, "rtx-pro-6000": 2493, "cpu": 2000}
 
+#: FlashAttention generation per GPU where it is not 2: vLLM (0.32,
+#: ``vllm/v1/attention/backends/fa_utils.py``, ``get_flash_attn_version``) runs FA3 on compute
+#: capability 9 (Hopper), FA4 on 10 (B200/B300; none in this catalog) and FA2 on every other
+#: card (Ampere 8.0/8.6, Ada 8.9, the RTX PRO 6000's Blackwell 12.0).
+_FLASH_ATTENTION = {"h100-sxm": 3, "h100-pcie": 3, "h200": 3}
+
 GPUS: dict[str, GPU] = {
-    g.name: replace(g, l2_mib=float(_L2_MIB[g.name]), boost_mhz=float(_BOOST_MHZ[g.name]))
+    g.name: replace(g, l2_mib=float(_L2_MIB[g.name]), boost_mhz=float(_BOOST_MHZ[g.name]),
+                    flash_attention=_FLASH_ATTENTION.get(g.name, 2))
     for g in (
         GPU("a100-sxm", 79.15, 2.039, 312.0, 600.0, "ampere", 108, "NVIDIA A100-SXM4-80GB"),
         GPU("a100-pcie", 79.15, 1.935, 312.0, 64.0, "ampere", 108, "NVIDIA A100 80GB PCIe"),

@@ -252,7 +252,7 @@ def _attention_arrays(points: list[kd.AttentionPoint]) -> dict[str, np.ndarray]:
         for name, v in (("heads", s.heads), ("kv_heads", s.kv_heads), ("head_dim", s.head_dim),
                         ("sm", g.sm_count), ("peak", g.bf16_tflops * 1e12),
                         ("hbm", g.hbm_tb_s * 1e12), ("l2", g.l2_mib * 2**20),
-                        ("clock", g.boost_mhz * 1e6),
+                        ("clock", g.boost_mhz * 1e6), ("fa3", g.flash_attention >= 3),
                         ("chunk", p.chunk),
                         ("computed", p.kv_prefill), ("decodes", p.decodes),
                         ("ctx", p.decodes * p.kv_decode), ("us", p.us)):
@@ -263,8 +263,8 @@ def _attention_arrays(points: list[kd.AttentionPoint]) -> dict[str, np.ndarray]:
 def predict_attention_us(coef: dict[str, Any], a: dict[str, np.ndarray]) -> np.ndarray:
     return attention_grid_time(a["heads"], a["kv_heads"], a["head_dim"], 2.0, a["sm"],
                                a["peak"], a["hbm"], a["l2"], a["clock"], coef, a["chunk"],
-                               a["computed"],
-                               a["decodes"], a["ctx"]) * 1e6
+                               a["computed"], a["decodes"], a["ctx"],
+                               a["fa3"] > 0) * 1e6
 
 
 def fit_attention(points: list[kd.AttentionPoint]) -> dict[str, float]:
