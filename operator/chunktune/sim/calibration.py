@@ -30,7 +30,7 @@ import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,20 +103,10 @@ _ATTN_CAPPED = ("attn_compute_eff",)
 LLMSS_FAMILIES = {"rtx4090": "ada", "rtx-pro-6000": "blackwell"}
 
 
-@dataclass(frozen=True)
-class Sample:
-    gpu: str
-    model: str
-    tp: int
-    tokens: int
-    per_layer_ms: float
-    #: per ``kernel_data.LINEAR_FIT_OPS`` entry, ms (empty: not known)
-    ops: tuple[float, ...] = ()
-
-
-def derive(data_dir: Path) -> list[Sample]:
+def derive(data_dir: Path) -> list[kd.LinearPoint]:
     """Per-layer linear time from the raw ``mlp.csv`` files, and its GEMM and elementwise
-    parts (duplicates averaged)."""
+    parts (duplicates averaged), under Vidur's GPU and model names (:func:`vidur_points`
+    gives ours)."""
     acc: dict[tuple[str, str, int, int], list[tuple[float, ...]]] = defaultdict(list)
     names = kd.LINEAR_FIT_OPS
     for f in sorted(data_dir.glob("*__*.mlp.csv")):
@@ -134,11 +124,11 @@ def derive(data_dir: Path) -> list[Sample]:
     out = []
     for (g, m, tp, t), v in sorted(acc.items()):
         ops = tuple(statistics.fmean(x[i] for x in v) for i in range(len(names)))
-        out.append(Sample(g, m, tp, t, sum(ops), ops))
+        out.append(kd.LinearPoint(g, m, tp, t, sum(ops), ops))
     return out
 
 
-def write_derived(samples: list[Sample], path: Path = DERIVED_PATH) -> None:
+def write_derived(samples: list[kd.LinearPoint], path: Path = DERIVED_PATH) -> None:
     with path.open("w", newline="") as fh:
         fh.write("# Derived from microsoft/vidur data/profiling/compute/*/mlp.csv "
                  "(MIT licence):\n")
@@ -152,19 +142,18 @@ def write_derived(samples: list[Sample], path: Path = DERIVED_PATH) -> None:
                        + [f"{v:.5f}" for v in s.ops])
 
 
-def read_derived(path: Path = DERIVED_PATH) -> list[Sample]:
+def read_derived(path: Path = DERIVED_PATH) -> list[kd.LinearPoint]:
     with path.open() as fh:
         rows = csv.DictReader(line for line in fh if not line.startswith("#"))
-        return [Sample(r["gpu"], r["model"], int(r["tp"]), int(r["num_tokens"]),
-                       float(r["per_layer_ms"]),
-                       tuple(float(r[f"{o}_ms"]) for o in kd.LINEAR_FIT_OPS
-                             if r.get(f"{o}_ms"))) for r in rows]
+        return [kd.LinearPoint(r["gpu"], r["model"], int(r["tp"]), int(r["num_tokens"]),
+                               float(r["per_layer_ms"]),
+                               tuple(float(r[f"{o}_ms"]) for o in kd.LINEAR_FIT_OPS
+                                     if r.get(f"{o}_ms"))) for r in rows]
 
 
-def vidur_points(samples: list[Sample]) -> list[kd.LinearPoint]:
+def vidur_points(samples: list[kd.LinearPoint]) -> list[kd.LinearPoint]:
     """Vidur samples under our GPU and catalog names."""
-    return [kd.LinearPoint(VIDUR_GPUS[s.gpu], VIDUR_MODELS[s.model], s.tp, s.tokens,
-                           s.per_layer_ms, s.ops) for s in samples]
+    return [replace(s, gpu=VIDUR_GPUS[s.gpu], model=VIDUR_MODELS[s.model]) for s in samples]
 
 
 def _sets(points: list[kd.LinearPoint]) -> dict[tuple[str, str, int], list[kd.LinearPoint]]:
