@@ -7,8 +7,8 @@ Usage: ``python bench/cpu_twin.py [--store DIR] [--duration 45] [--rerun]``, or
 With ``--study`` the real runs are a stored study's trials instead (e.g. the all-real reference
 study of ``bench/twin_vs_real.py``, ``.chunktune/twin-vs-real/reference.journal``): the twin is
 calibrated on its first N completed trials (``chunktune calibrate-study``'s fit: step logs,
-then step gap and time before the first token from their latencies) and predicts every other
-completed trial, costing no engine time.
+then step gap, time before the first token and delivery stalls from their latencies) and
+predicts every other completed trial, costing no engine time.
 
 1. Runs real vLLM (its CPU build, the tiny model, ``examples/cpu-vllm.yaml``'s workload) on the
    local backend for six configurations, one ``chunktune tune`` trial each, keeping every
@@ -127,7 +127,7 @@ def main() -> int:
             for c in CALIBRATE_ON + HELD_OUT}
     if a.real_only:
         return 0
-    return report(real, a.store, a.duration)
+    return report(real, a.store)
 
 
 class Twins:
@@ -150,12 +150,16 @@ class Twins:
         """The simulated metrics of the run ``point`` names (``__config``) under ``prof``."""
         import dataclasses
 
+        from chunktune.core.trials import TrialState
         from chunktune.tuning.twin import twin_target
         t = self.tuners[point["__config"]]
         params = {k: v for k, v in point.items() if k != "__config"}
         plan = dataclasses.replace(t.plan(0, {}), params=params, window_seconds=None,
                                    target=twin_target(t.target, prof.to_dict()))
-        return dict(self.backend.run_sync(plan).metrics)
+        res = self.backend.run_sync(plan)
+        # as the product's fit does (tuning.twin.study_profile): a run that did not complete
+        # gives no figures
+        return dict(res.metrics) if res.state == TrialState.COMPLETE else {}
 
 
 def measured(real: dict[str, dict[str, Any]], store: Path, names: list[str]) -> list[Any]:
@@ -174,7 +178,7 @@ def measured(real: dict[str, dict[str, Any]], store: Path, names: list[str]) -> 
     return out
 
 
-def report(real: dict[str, dict[str, Any]], store: Path, duration: float) -> int:
+def report(real: dict[str, dict[str, Any]], store: Path) -> int:
     import numpy as np
 
     from chunktune.tuning.twin import fit_profile
@@ -202,13 +206,19 @@ def report(real: dict[str, dict[str, Any]], store: Path, duration: float) -> int
     for n, run in zip(held, measured(real, store, held), strict=True):
         meas, pred = run.metrics, twins.simulate(run.point, prof)
         for k in METRICS:
-            err = pred[k] / meas[k] - 1.0 if meas.get(k, 0) > 0 and k in pred else float("nan")
+            if not (meas.get(k, 0) > 0 and pred.get(k, 0) > 0):
+                print(f"  {n:16} {k:9} not compared: measured {meas.get(k)}, predicted "
+                      f"{pred.get(k)} (left out of the table)")
+                continue
+            err = pred[k] / meas[k] - 1.0
             errs.append(abs(err))
-            rows.append({"config": n, "metric": k, "measured_s": meas.get(k),
-                         "predicted_s": pred.get(k), "rel_err": err})
+            rows.append({"config": n, "metric": k, "measured_s": meas[k],
+                         "predicted_s": pred[k], "rel_err": err})
             print(f"  {n:16} {k:9} {meas[k] * 1e3:>8.1f}ms {pred[k] * 1e3:>8.1f}ms "
                   f"{err:>+8.1%}")
-    med = float(np.nanmedian(errs))
+    if not errs:
+        raise SystemExit("no held-out figure could be compared (see above)")
+    med = float(np.median(errs))
     print(f"\nmedian |error| over {len(errs)} held-out figures: {med:.1%} (target <= 15%)")
     shown = prof.to_dict()
     for f in shown.get("fitted_on", {}).get("files", []):  # no paths of this machine
@@ -218,7 +228,8 @@ def report(real: dict[str, dict[str, Any]], store: Path, duration: float) -> int
         {"rows": rows, "median_abs_err": med, "calibrated_on": calib,
          "server_overhead_s": prof.server_overhead_s, "step_gap_s": prof.step_gap_s,
          "delivery_stall": [prof.delivery_stall_prob, prof.delivery_stall_s],
-         "duration_s": duration, "profile": shown,
+         "duration_s": sorted({real[n]["duration_s"] for n in calib + held}),
+         "profile": shown,
          "command": "python bench/cpu_twin.py",
          "source": f"real vLLM {_vllm_version()} CPU build runs on a {os.cpu_count()}-core "
                    f"machine, reported {time.strftime('%Y-%m-%d')}; measured by this project "
