@@ -9,9 +9,10 @@ A step's time is the sum of
 - **attention** (:func:`attention_layer_time`), fitted to vLLM 0.19's measured per-layer
   attention times for mixed chunked-prefill batches. With a prefill chunk in the batch the
   varlen kernel runs one CTA per 64-row query tile and query head (a decode is a one-row
-  tile): the soft maximum of its padded FLOPs (all CTAs at the bf16 peak, or the longest CTA
-  on one SM: its MMAs at that SM's share of the peak and the work beside them at the SM's
-  clock) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
+  tile): the soft maximum of its padded FLOPs (all CTAs at the bf16 peak, where the GPU runs
+  FlashAttention 2 with the query tiles' work beside their MMAs at SMs x clock; or the
+  longest CTA on one SM: its MMAs at that SM's share of the peak and the work beside them at
+  the SM's clock) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
   per KV head from HBM and re-read per query head through L2 at a rate per SM, where the
   group's query heads run in one wave or one KV head's KV fits the L2), plus a fixed cost per
   wave of CTAs over the SMs; decodes alone are memory-bound on their KV bytes;
