@@ -130,6 +130,7 @@ def test_recheck_measures_the_best_again_within_the_real_budget(tmp_path: Path) 
     # (and of runs of the same behaviour)
     assert best is not None and len(best.repeats) >= 2
     assert best.repeats[-1] in {t.number for t in rechecked}
+    assert len({t.number for t in rechecked} & set(best.repeats)) == 1
     shown = [e.reason for e in events if e.kind == "phase"]
     assert shown[-2:] == ["recheck", "done"]
     assert tuner.twin.status()["phase"] == "done"
