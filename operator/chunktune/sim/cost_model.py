@@ -234,18 +234,16 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
     B = gpu.hbm_tb_s * 1e12
     t = c.attn_overhead_s + c.attn_per_decode_s * num_decodes
     if prefill_chunks:
-        keys = tiles = 0.0
+        tile_keys = tiles = 0.0
         longest = float(decode_context_tokens) / num_decodes if num_decodes else 0.0
         for chunk, computed in prefill_chunks:
             n = math.ceil(chunk / Q_TILE)
-            keys += n * computed + Q_TILE * (n - 1) * n / 2 + chunk
+            tile_keys += n * computed + Q_TILE * (n - 1) * n / 2 + chunk
             tiles += n
             longest = max(longest, float(computed + chunk))
-        keys += decode_context_tokens
         tiles += num_decodes
         per_key = 4.0 * s.head_dim * Q_TILE
         clock = gpu.boost_mhz * 1e6
-        tile_keys = keys - decode_context_tokens
         comp = max(float(all_ctas_time(per_key * s.heads * tile_keys,
                                        per_key * s.heads * decode_context_tokens,
                                        F * c.attn_compute_eff, gpu.sm_count * clock,
