@@ -22,7 +22,7 @@ from tests.api.admission import _schema as crd_schema
 from tests.api.admission import cel_errors, names, schema_errors
 from tests.api.corpus import CORPUS
 
-from chunktune.api.validation import validate
+from chunktune.api.reader import validate
 
 
 def main() -> int:

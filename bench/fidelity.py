@@ -2,7 +2,7 @@
 
 Usage: ``python bench/fidelity.py [--data ../shared/data] [--no-loo]``. Sections:
 
-1. kernel datasets (``chunktune.sim.calibration``): linear operators (Vidur A100/H100,
+1. kernel datasets (``chunktune.sim.cost.kernel_fit``): linear operators (Vidur A100/H100,
    LLMServingSim RTX 4090 / RTX PRO 6000), attention (LLMServingSim vLLM 0.19 grid), NCCL
    all-reduce (Vidur), Splitwise Llama-2-70B prefill and decode steps (held out), each in-sample
    and leave-one-out by model and by GPU;
@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from chunktune.sim import calibration, kernel_data
-from chunktune.sim.fidelity import compare_run
+from chunktune.sim.calibration.fidelity import compare_run
+from chunktune.sim.cost import kernel_data, kernel_fit
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -74,10 +74,10 @@ def main() -> int:
     t0 = time.perf_counter()
     print("== 1. kernel datasets " + ("(raw data: " + str(a.data) + ")" if data else
                                       "(committed derived tables only; no --data)"))
-    rows = calibration.full_report(data, loo=not a.no_loo)
-    print(calibration.format_rows(rows))
+    rows = kernel_fit.full_report(data, loo=not a.no_loo)
+    print(kernel_fit.format_rows(rows))
     print("\nmedian over slices:")
-    for (ds, mode), v in calibration.summarize(rows).items():
+    for (ds, mode), v in kernel_fit.summarize(rows).items():
         print(f"  {ds:22} {mode:10} {v:6.1%}")
 
     print("\n== 2. end-to-end vLLM 0.19 runs (LLMServingSim) replayed")

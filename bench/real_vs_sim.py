@@ -4,7 +4,7 @@ For each engine configuration and request batch — the conformance suite's case
 (``tests/conformance/cases.py``) plus a few mixed batches — it runs the same token-id requests
 through an in-process vLLM engine (``tests/conformance/vllm_steps.py``, all requests waiting
 before step 0, same KV block count and block size) and through the simulator's scheduler
-(``chunktune.sim.trace``), and prints:
+(``chunktune.sim.engine.step_trace``), and prints:
 
 - steps: vLLM's and the simulator's step counts, and the *step agreement*: the share of step
   indices whose (context requests, context tokens, generation requests, generation tokens) are

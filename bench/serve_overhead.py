@@ -17,7 +17,7 @@ length is exact), ``max_tokens`` = the spec's output tokens — and replays the 
 - TTFT / ITL / E2E p50 and p90, served (measured by the client: from just before the request
   is sent to each SSE token event) vs virtual, and the relative difference of the p50s.
 
-The tests (``tests/sim_server/test_agreement.py``) reuse :func:`replay_http`,
+The tests (``tests/sim/serving/test_agreement.py``) reuse :func:`replay_http`,
 :func:`start_server` and :func:`virtual_latencies`.
 """
 
@@ -42,7 +42,7 @@ import aiohttp
 import numpy as np
 
 from chunktune.core.workload import RequestSpec, generate, load_profile
-from chunktune.sim.engine import build_engine
+from chunktune.sim.engine.virtual import build_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 _READY = re.compile(r"Uvicorn running on (http://\S+)")

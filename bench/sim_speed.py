@@ -15,7 +15,7 @@ from chunktune.core.engine_args import EngineArgs
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.core.workload import generate, load_profile
-from chunktune.sim.engine import build_engine
+from chunktune.sim.engine.virtual import build_engine
 
 CONFIGS = [
     {"max_num_batched_tokens": 2048},

@@ -29,8 +29,8 @@ import numpy as np
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.sim import collectives, kernel_data
-from chunktune.sim.cost_model import StepCostModel
+from chunktune.sim.cost import collectives, kernel_data
+from chunktune.sim.cost.step_time import StepCostModel
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

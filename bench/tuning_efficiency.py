@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chunktune.api.validation import parse_manifest
+from chunktune.api.reader import parse_manifest
 from chunktune.backends.base import TrialBackend
 from chunktune.backends.simulated import SimulatedBackend
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult

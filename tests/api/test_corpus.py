@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chunktune.api.cli import main_validate
-from chunktune.api.validation import validate
+from chunktune.api.reader import validate
 from tests.api.admission import names, refusals
 from tests.api.corpus import CORPUS, Bad
 
@@ -95,7 +95,7 @@ def test_validate_prints_the_field_path(tmp_path: Path, capsys: pytest.CaptureFi
 def _valid_manifests() -> list[tuple[str, dict[str, object]]]:
     import yaml
 
-    from chunktune.api.validation import parse_manifest
+    from chunktune.api.reader import parse_manifest
     from tests.api.factories import EXAMPLES, quickstart, vllm_manifest
 
     out: list[tuple[str, dict[str, object]]] = [("quickstart", quickstart()),

@@ -11,7 +11,7 @@ import yaml
 
 from chunktune.api import load_manifest, parse_manifest, validate
 from chunktune.api.cli import main_crd, main_validate, register
-from chunktune.api.flags import DEFAULT_SEARCH_SPACE
+from chunktune.api.default_space import DEFAULT_SEARCH_SPACE
 from chunktune.api.v1alpha1 import DEFAULT_SIM_IMAGE, Constraint, parse_constraint_string
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import flags_line, parse_argv

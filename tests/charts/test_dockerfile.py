@@ -96,8 +96,8 @@ def test_no_secrets_in_the_image() -> None:
 
 @pytest.mark.parametrize("path", [
     "pyproject.toml", "README.md", "operator/chunktune/cli.py",
-    "operator/chunktune/sim/data/step_time_coefficients.json",
-    "operator/chunktune/sim/data/vidur_linear_ms.csv",
+    "operator/chunktune/sim/cost/data/step_time_coefficients.json",
+    "operator/chunktune/sim/cost/data/vidur_linear_ms.csv",
     "loadtest/locustfile.py", "loadtest/profiles/mixed.yaml"])
 def test_dockerignore_lets_the_inputs_in(path: str) -> None:
     assert not IGNORE.ignored(path)

@@ -19,8 +19,8 @@ import pytest
 from tests.charts import CHART_DIR, REPO
 from tests.charts.dockerfile import DockerIgnore, stages
 
-PACKAGE_DATA = ["chunktune/py.typed", "chunktune/sim/data/step_time_coefficients.json",
-                "chunktune/sim/data/vidur_linear_ms.csv"]
+PACKAGE_DATA = ["chunktune/py.typed", "chunktune/sim/cost/data/step_time_coefficients.json",
+                "chunktune/sim/cost/data/vidur_linear_ms.csv"]
 
 pytestmark = pytest.mark.slow  # builds and installs the wheel
 

@@ -1,5 +1,5 @@
 """The conformance cases: engine configurations and request batches run through real vLLM 0.32
-(``vllm_steps.py``) and through the simulator's scheduler (``chunktune.sim.trace``).
+(``vllm_steps.py``) and through the simulator's scheduler (``chunktune.sim.engine.step_trace``).
 
 Every engine gets the same KV block count on both sides (``num_gpu_blocks_override``), the
 CPU backend's block size (128), prefix caching off, and token-id prompts of exact lengths with
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chunktune.sim.trace import BatchTrace
+from chunktune.sim.engine.step_trace import BatchTrace
 
 #: vLLM's CPU backend's default KV block size.
 CPU_BLOCK_SIZE = 128
@@ -124,7 +124,7 @@ def sim_trace(engine: EngineCase, case: Case, model_config: str | Path) -> Batch
     from chunktune.core.engine_args import EngineArgs, resolve
     from chunktune.core.gpus import resolve_gpu
     from chunktune.core.models import resolve_model
-    from chunktune.sim.trace import run_batch
+    from chunktune.sim.engine.step_trace import run_batch
 
     cfg = resolve(EngineArgs(
         max_num_batched_tokens=engine.max_num_batched_tokens,

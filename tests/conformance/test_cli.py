@@ -119,7 +119,7 @@ def test_flag_list_is_vllm_0_32s(real):
 
 
 def _sim_serve_parser() -> argparse.ArgumentParser:
-    from chunktune.sim import serve
+    from chunktune.sim.serving import cli as serve
 
     root = argparse.ArgumentParser()
     serve.register(root.add_subparsers())

@@ -10,7 +10,7 @@ from chunktune.core.errors import SpecError
 from chunktune.core.flags import batch_defaults
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.sim.engine import build_engine
+from chunktune.sim.engine.virtual import build_engine
 
 M = resolve_model("llama-3.1-8b")
 

@@ -188,8 +188,8 @@ def test_one_flags_line_everywhere() -> None:
     whose output vLLM's argparse takes back (a switch has no value)."""
     import chunktune.api.status as status
     import chunktune.backends.manifests as manifests
+    import chunktune.k8s.controller as study
     import chunktune.k8s.outputs as outputs
-    import chunktune.k8s.study as study
     import chunktune.tuning.cli as cli
     import chunktune.tuning.results as results
 

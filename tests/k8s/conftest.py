@@ -86,7 +86,7 @@ def api_client_at(kube: KubeEmulator, url: str) -> Any:
 async def running_operator(kube: KubeEmulator, settings: Any,
                            server: str | None = None) -> AsyncIterator[Any]:
     """The real operator (kopf + the official client) against the emulator, until the
-    block ends; yields the shared :class:`~chunktune.k8s.study.Operator` state. ``server``:
+    block ends; yields the shared :class:`~chunktune.k8s.controller.Operator` state. ``server``:
     reach the emulator at this URL instead (a fault-injecting proxy)."""
     import kopf
 

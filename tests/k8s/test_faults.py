@@ -20,9 +20,9 @@ from chunktune.backends.kubernetes import ApiUnavailable, ClusterApiError
 from chunktune.backends.manifests import Owner
 from chunktune.core.errors import SpecError
 from chunktune.k8s import storage
+from chunktune.k8s.controller import StudyController, delete_study, failure_lines
 from chunktune.k8s.kube import KubeApi
 from chunktune.k8s.state import Operator, StatusWriter
-from chunktune.k8s.study import StudyController, delete_study, failure_lines
 from chunktune.tuning.runner import TrialEvent
 from chunktune.tuning.study import ATTR_SERVER, trial_state
 from tests.k8s import faults
@@ -279,7 +279,7 @@ class SecretApi(NoObjectsApi):
 
 
 def test_storage_from_a_secret(tmp_path: Path) -> None:
-    from chunktune.api.validation import parse_manifest
+    from chunktune.api.reader import parse_manifest
     from tests.k8s.conftest import tuning
 
     model = parse_manifest(tuning("t", storageFrom={"secretKeyRef": {"name": "db",

@@ -245,7 +245,7 @@ def test_output_configmap() -> None:
 
 @pytest.mark.parametrize("name", ["vllm-llama8b-h100.yaml", "sim-cluster.yaml"])
 def test_examples_make_valid_trial_objects(name: str) -> None:
-    from chunktune.api.validation import load_manifest
+    from chunktune.api.reader import load_manifest
     from chunktune.tuning.runner import target_from_spec
 
     path = Path(__file__).resolve().parents[2] / "examples" / name

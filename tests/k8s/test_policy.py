@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from chunktune.api.validation import parse_manifest
+from chunktune.api.reader import parse_manifest
 from chunktune.backends import manifests as mf
 from chunktune.k8s import outputs, policy
 from chunktune.k8s.kube import KubeApi
@@ -275,7 +275,7 @@ async def test_image_from_another_registry_is_refused(
         kube: KubeEmulator, tmp_path: Path) -> None:
     """The study controller itself against the emulator: an engine image from a registry the
     operator does not allow is a PolicyAllowed=False condition and a Warning event; no pod."""
-    from chunktune.k8s.study import Operator, StudyController
+    from chunktune.k8s.controller import Operator, StudyController
 
     m = tuning("evil", budget={"maxTrials": 1, "parallelism": 1})
     m["spec"]["engine"]["image"] = "evil.example.com/miner:latest"

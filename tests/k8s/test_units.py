@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from chunktune.api.crd import PRINTER_COLUMNS
-from chunktune.api.validation import parse_manifest
+from chunktune.api.reader import parse_manifest
 from chunktune.backends import manifests as mf
 from chunktune.backends.simulated import SimulatedBackend
 from chunktune.core.errors import SpecError

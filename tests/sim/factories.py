@@ -5,8 +5,8 @@ from __future__ import annotations
 from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.sim.request import Request
-from chunktune.sim.scheduler import Scheduler
+from chunktune.sim.engine.request import Request
+from chunktune.sim.engine.scheduler import Scheduler
 
 
 def create_config(max_num_batched_tokens: int = 2048, max_num_seqs: int = 64,

@@ -10,8 +10,8 @@ from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.core.workload import generate, load_profile
-from chunktune.sim.engine import build_engine
-from chunktune.sim.memory import plan_memory
+from chunktune.sim.engine.memory import plan_memory
+from chunktune.sim.engine.virtual import build_engine
 from chunktune.sim.report import summarize
 
 LLAMA8 = resolve_model("llama-3.1-8b")

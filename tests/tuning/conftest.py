@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from chunktune.api.validation import parse_manifest
+from chunktune.api.reader import parse_manifest
 
 BASE: dict[str, Any] = {
     "apiVersion": "chunktune.dev/v1alpha1",

@@ -7,25 +7,25 @@ import json
 
 import pytest
 
-from chunktune.api.validation import parse_manifest, validate
+from chunktune.api.reader import parse_manifest, validate
 from chunktune.backends import manifests
 from chunktune.backends.simulated import SimulatedBackend
 from chunktune.core.errors import SpecError
 from chunktune.core.trials import TrialState
 from chunktune.core.workload import load_profile
-from chunktune.sim import twin
+from chunktune.sim.calibration import profile as profiles
 from chunktune.tuning.runner import target_from_spec
 from tests.tuning.conftest import manifest
 
 
 def h100_profile(tmp_path, slowdown: float, overhead: float | None = None):
     """A profile of an engine whose steps cost ``slowdown`` x the unscaled H100 model."""
-    prof = twin.CalibrationProfile(
+    prof = profiles.CalibrationProfile(
         model="llama-3.1-8b", gpu="h100-sxm",
-        coefficients={**{k: slowdown for k in twin.SCALES}, **{k: 0.0 for k in twin.DIRECT}},
-        fit={"num_steps": 100}, fitted_on={"files": [], "steps": 100},
+        coefficients={**{k: slowdown for k in profiles.SCALES}, **{k: 0.0 for k in
+        profiles.DIRECT}}, fit={"num_steps": 100}, fitted_on={"files": [], "steps": 100},
         server_overhead_s=overhead)
-    return twin.write_profile(tmp_path / f"p{slowdown}.json", prof)
+    return profiles.write_profile(tmp_path / f"p{slowdown}.json", prof)
 
 
 def with_calibration(cal):

@@ -13,8 +13,8 @@ from typing import Any
 import optuna
 import pytest
 
+from chunktune.api.reader import validate
 from chunktune.api.status import render_status
-from chunktune.api.validation import validate
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
@@ -27,8 +27,8 @@ from chunktune.tuning.results import (
     to_json,
 )
 from chunktune.tuning.runner import TrialEvent
-from tests.tuning.test_twin import make_tuner, real_trials, twin_manifest
-from tests.tuning.test_twin_resume import stopped_at
+from tests.tuning.strategies.test_twin_first import make_tuner, real_trials, twin_manifest
+from tests.tuning.strategies.test_twin_first_resume import stopped_at
 
 ITL = ObjectiveDef("itl_p99", "chat", "minimize")
 KEY = "chat.itl_p99"

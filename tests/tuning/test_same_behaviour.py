@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from chunktune.api.validation import parse_manifest
+from chunktune.api.reader import parse_manifest
 from chunktune.backends.simulated import SimulatedBackend
 from chunktune.core.steps import StepRecord, StepSummary
 from chunktune.core.trials import TrialState

@@ -10,6 +10,7 @@ runner and the operator alike.
 
 from chunktune.api.crd import build_crd
 from chunktune.api.metrics import METRICS, Metric
+from chunktune.api.reader import load_manifest, parse_manifest, read_manifest, validate
 from chunktune.api.status import StudySummary, TrialRecord, render_status, set_condition
 from chunktune.api.v1alpha1 import (
     ChunkedPrefillTuning,
@@ -20,7 +21,6 @@ from chunktune.api.v1alpha1 import (
     Spec,
     WorkloadSpec,
 )
-from chunktune.api.validation import load_manifest, parse_manifest, read_manifest, validate
 
 __all__ = [
     "METRICS",

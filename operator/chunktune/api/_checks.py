@@ -12,7 +12,7 @@ from typing import Any
 
 from chunktune.api import metrics as _metrics
 from chunktune.api._engine import GPU_TYPES
-from chunktune.api.flags import MANAGED_FLAGS
+from chunktune.api.default_space import MANAGED_FLAGS
 from chunktune.api.v1alpha1 import (
     GRID_MAX,
     Budget,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from chunktune.api.crd import crd_yaml
-from chunktune.api.validation import parse_manifest, read_manifest, validate
+from chunktune.api.reader import parse_manifest, read_manifest, validate
 from chunktune.core.errors import SpecError
 
 

@@ -3,7 +3,7 @@ pydantic models. ``chunktune tune FILE`` runs it locally; the operator runs the 
 cluster, and :mod:`chunktune.api.crd` generates the CRD schema from these models.
 
 The models check shapes (types, enums, bounds, unknown fields); the checks between fields live in
-:mod:`chunktune.api.validation`, whose :func:`~chunktune.api.validation.parse_manifest` is the
+:mod:`chunktune.api.reader`, whose :func:`~chunktune.api.reader.parse_manifest` is the
 entry point. Field names are camelCase in YAML and snake_case in Python; every field's docstring
 becomes its description in the CRD.
 """
@@ -60,7 +60,7 @@ from chunktune.api._types import (
     pattern_str,
     short_repr,
 )
-from chunktune.api.flags import DEFAULT_SEARCH_SPACE
+from chunktune.api.default_space import DEFAULT_SEARCH_SPACE
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, MAX_TOKENS, TUNABLE
 from chunktune.core.suggest import closest

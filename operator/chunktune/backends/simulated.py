@@ -38,9 +38,9 @@ from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
 from chunktune.core.trials import EngineTarget, Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.core.workload import Profile, RequestSpec, generate
 from chunktune.load.aggregate import RunInfo, build_summary
-from chunktune.sim import twin
-from chunktune.sim.engine import API_SERVER_OVERHEAD_S, Engine, ReplayResult, build_engine
-from chunktune.sim.request import FINISHED, REJECTED, Request
+from chunktune.sim.calibration import profile as profiles
+from chunktune.sim.engine.request import FINISHED, REJECTED, Request
+from chunktune.sim.engine.virtual import API_SERVER_OVERHEAD_S, Engine, ReplayResult, build_engine
 
 #: With :attr:`SimulatedBackend.loads` above 1, the first draw's metrics are kept beside the
 #: mean under this prefix (``draw0:chat.itl_p99``): that draw is the workload a real trial of
@@ -110,10 +110,10 @@ class SimulatedBackend(TrialBackend):
             gpu = resolve_gpu(target.gpu or "h100-sxm", field="spec.engine.gpu.type")
             calib = calibration(target)
             if calib is not None:
-                args = twin.engine_args(args, calib)
+                args = profiles.engine_args(args, calib)
             engine = build_engine(args, model, gpu)
             if calib is not None:
-                twin.apply(engine, calib, "spec.engine.calibration")
+                profiles.apply(engine, calib, "spec.engine.calibration")
         except EngineStartupError as e:
             return TrialResult(TrialState.INFEASIBLE, reason=e.reason, message=e.message,
                                startup_seconds=time.perf_counter() - t0)
@@ -196,7 +196,7 @@ class SimulatedBackend(TrialBackend):
 
     def _summary(self, plan: TrialPlan, engine: Engine, reqs: list[Request], dispatch_end: float,
                  now: float, complete: bool,
-                 calib: twin.CalibrationProfile | None = None) -> LoadSummary:
+                 calib: profiles.CalibrationProfile | None = None) -> LoadSummary:
         profile = plan.profile
         names = profile.class_names()
         stall = None
@@ -237,8 +237,9 @@ def engine_args(plan: TrialPlan) -> EngineArgs:
 def _record(r: Request, names: list[str], warmup: float, now: float, engine: Engine,
             stall: tuple[float, float, int] | None = None) -> RequestRecord:
     """What the load client records of ``r``; ``stall``: (probability, mean seconds, workload
-    seed) of a calibration profile's delivery stalls (:func:`chunktune.sim.twin.deliver`),
-    drawn per request from the seed and the request's id, so a replay repeats."""
+    seed) of a calibration profile's delivery stalls
+    (:func:`chunktune.sim.calibration.profile.deliver`), drawn per request from the seed and the
+    request's id, so a replay repeats."""
     rec = RequestRecord(rid=r.rid, cls=names[r.cls], arrival=r.arrival, start=r.arrival,
                         prompt_tokens=r.prompt_len, max_tokens=r.max_tokens,
                         warmup=r.arrival < warmup)
@@ -251,7 +252,7 @@ def _record(r: Request, names: list[str], warmup: float, now: float, engine: Eng
         if stall is not None:
             prob, mean_s, seed = stall
             made = r.first_token + np.concatenate(([0.0], np.cumsum(r.itl)))
-            got = twin.deliver(made, prob, mean_s, np.random.default_rng([seed, r.rid]))
+            got = profiles.deliver(made, prob, mean_s, np.random.default_rng([seed, r.rid]))
             rec.ttft = float(got[0]) - r.arrival
             rec.e2e = float(got[-1]) - r.arrival
             rec.itl = [float(x) for x in np.diff(got)]
@@ -289,7 +290,7 @@ def _server(engine: Engine, result: ReplayResult | None, now: float) -> dict[str
     return out
 
 
-def calibration(target: EngineTarget) -> twin.CalibrationProfile | None:
+def calibration(target: EngineTarget) -> profiles.CalibrationProfile | None:
     """The target's calibration profile; :class:`SpecError` for a ConfigMap reference, which
     only the kubernetes backend can read."""
     if target.calibration_ref is not None:
@@ -298,4 +299,4 @@ def calibration(target: EngineTarget) -> twin.CalibrationProfile | None:
                         field="spec.engine.calibration.configMapKeyRef")
     if target.calibration is None:
         return None
-    return twin.parse_profile(target.calibration, "the profile", "spec.engine.calibration")
+    return profiles.parse_profile(target.calibration, "the profile", "spec.engine.calibration")

@@ -1,4 +1,4 @@
-"""The kopf handlers: thin adapters from kopf to :mod:`chunktune.k8s.study`.
+"""The kopf handlers: thin adapters from kopf to :mod:`chunktune.k8s.controller`.
 
 * ``@kopf.on.startup`` :func:`configure` applies the settings (event posting, watch timeouts,
   handler progress and diff-base in annotations, our finalizer name) — once;
@@ -27,8 +27,7 @@ import kopf
 from chunktune.api.crd import PLURAL
 from chunktune.api.v1alpha1 import API_GROUP, API_VERSION
 from chunktune.core.errors import SpecError
-from chunktune.k8s.settings import Settings
-from chunktune.k8s.study import (
+from chunktune.k8s.controller import (
     Emit,
     Operator,
     StudyController,
@@ -38,6 +37,7 @@ from chunktune.k8s.study import (
     parse,
     problems_text,
 )
+from chunktune.k8s.settings import Settings
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 #: Prefix of kopf's annotations (handler progress, last handled spec) and our finalizer.
@@ -81,7 +81,7 @@ def emitter(body: kopf.Body) -> Emit:
 
 
 class KopfLive:
-    """kopf's live body and stop flag, as :class:`chunktune.k8s.study.Live`."""
+    """kopf's live body and stop flag, as :class:`chunktune.k8s.controller.Live`."""
 
     def __init__(self, body: kopf.Body, stopped: kopf.DaemonStopped) -> None:
         self._body = body

@@ -14,9 +14,9 @@ from typing import Any
 import kopf
 
 from chunktune.k8s import handlers
+from chunktune.k8s.controller import Operator
 from chunktune.k8s.kube import KubeApi, make_api_client
 from chunktune.k8s.settings import Settings
-from chunktune.k8s.study import Operator
 
 log = logging.getLogger(__name__)
 

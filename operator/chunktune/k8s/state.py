@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from chunktune.api.reader import parse_manifest, validate
 from chunktune.api.status import StudySummary, render_status, set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.api.validation import parse_manifest, validate
 from chunktune.backends import manifests as mf
 from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
 from chunktune.core.errors import SpecError

@@ -13,14 +13,14 @@ from chunktune.core.engine_args import EngineStartupError
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.flags import TUNABLE, flags_line
 from chunktune.core.workload import generate, load_profile, parse_duration
-from chunktune.sim import twin
 from chunktune.sim.args import (
     add_engine_args,
     engine_args_from,
     model_and_gpu,
     split_unknown,
 )
-from chunktune.sim.engine import API_SERVER_OVERHEAD_S, build_engine
+from chunktune.sim.calibration import profile as profiles
+from chunktune.sim.engine.virtual import API_SERVER_OVERHEAD_S, build_engine
 from chunktune.sim.report import format_summary, summarize
 
 #: The model ``sim run`` simulates when none is given.
@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cal.add_argument("--out", required=True, metavar="PROFILE", help="profile JSON to write")
     cal.set_defaults(func=cmd_calibrate)
     try:
-        from chunktune.sim import serve
+        from chunktune.sim.serving import cli as serve
     except ImportError:  # pragma: no cover - serve needs the server extras
         return
     serve.register(simsub)
@@ -117,15 +117,15 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     calib = None
     if ns.calibration:
         try:
-            calib = twin.read_profile(ns.calibration)
+            calib = profiles.read_profile(ns.calibration)
         except SpecError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        args = twin.engine_args(args, calib)
+        args = profiles.engine_args(args, calib)
     try:
         engine = build_engine(args, model, gpu)
         if calib is not None:
-            twin.apply(engine, calib)
+            profiles.apply(engine, calib)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -169,7 +169,7 @@ def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> i
     """``chunktune calibrate``: fit the step-time model to step logs, write the profile."""
     from chunktune.core.gpus import resolve_gpu
     from chunktune.core.models import resolve_model
-    from chunktune.sim.cost_model import StepCostModel
+    from chunktune.sim.cost.step_time import StepCostModel
     try:
         if ns.tensor_parallel_size < 1:
             raise SpecError(f"must be >= 1 (got {ns.tensor_parallel_size})",
@@ -177,20 +177,20 @@ def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> i
         model = resolve_model(ns.model, ns.model_config)
         gpu = resolve_gpu(ns.gpu)
         declared = ns.model or model.name
-        logs = twin.load_logs(ns.log, model, declared)
+        logs = profiles.load_logs(ns.log, model, declared)
         budget = max(max(s.tokens for s in log.steps) for log in logs)
         cost = StepCostModel(model, gpu, ns.tensor_parallel_size, max_tokens=max(budget, 16))
-        fit = twin.fit_logs(logs, cost)
+        fit = profiles.fit_logs(logs, cost)
         if ns.server_overhead is not None and ns.server_overhead < 0:
             raise SpecError(f"must be >= 0 (got {ns.server_overhead})", field="--server-overhead")
         if ns.step_gap < 0:
             raise SpecError(f"must be >= 0 (got {ns.step_gap})", field="--step-gap")
-        prof = twin.build_profile(ns.log, logs, fit, cost, model, gpu.name,
+        prof = profiles.build_profile(ns.log, logs, fit, cost, model, gpu.name,
                                   ns.tensor_parallel_size, ns.server_overhead, ns.step_gap)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    twin.write_profile(ns.out, prof)
+    profiles.write_profile(ns.out, prof)
     c = prof.coefficients
     print(f"calibrated {model.name} on {gpu.name} from {prof.fitted_on['steps']} steps in "
           f"{len(ns.log)} file(s) (vLLM {prof.fitted_on['vllm_version'] or 'version unknown'})")

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from chunktune.core.workload import Profile
-from chunktune.sim.engine import Engine, ReplayResult
-from chunktune.sim.request import FINISHED, REJECTED, Request
+from chunktune.sim.engine.request import FINISHED, REJECTED, Request
+from chunktune.sim.engine.virtual import Engine, ReplayResult
 
 PERCENTILES = (50, 90, 95, 99)
 

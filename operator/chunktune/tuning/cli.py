@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chunktune.api.metrics import format_value
-from chunktune.api.validation import load_manifest, read_manifest, validate
+from chunktune.api.reader import load_manifest, read_manifest, validate
 from chunktune.backends.base import TrialBackend
 from chunktune.core.errors import BackendUnavailable, SpecError
 from chunktune.core.flags import flags_line
@@ -197,7 +197,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     sims = ""
     if tuning.spec.strategy.name == "twin":
-        from chunktune.tuning.twin import twin_report
+        from chunktune.tuning.strategies.twin_first import twin_report
 
         extra["twin"] = twin_report(tuner.study, tuner.objectives, tuner.constraints,
                                     tuning.spec.strategy.max_twin_error)
@@ -272,7 +272,7 @@ def cmd_results(ns: argparse.Namespace) -> int:
         spec_d = study.user_attrs.get(st.STUDY_SPEC) or {}
         strategy = spec_d.get("strategy") or {}
         if strategy.get("name") == "twin":
-            from chunktune.tuning.twin import twin_report
+            from chunktune.tuning.strategies.twin_first import twin_report
 
             extra["twin"] = twin_report(study, objectives, constraints,
                                         float(strategy.get("maxTwinError", 0.25)))
@@ -312,9 +312,9 @@ def _tuning_of(source: str, storage: str | None) -> tuple[Any, str]:
 
 def cmd_calibrate_study(ns: argparse.Namespace) -> int:
     from chunktune.backends.simulated import SimulatedBackend
-    from chunktune.sim import twin as sim_twin
+    from chunktune.sim.calibration import profile as profiles
     from chunktune.tuning.runner import Tuner
-    from chunktune.tuning.twin import TwinError, measured_runs, study_profile
+    from chunktune.tuning.strategies.twin_first import TwinError, measured_runs, study_profile
 
     try:
         tuning, url = _tuning_of(ns.source, ns.storage)
@@ -327,7 +327,7 @@ def cmd_calibrate_study(ns: argparse.Namespace) -> int:
     except TwinError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    sim_twin.write_profile(ns.out, profile)
+    profiles.write_profile(ns.out, profile)
     f = profile.fit
     print(f"calibrated {profile.model} on {profile.gpu} from {f['num_steps']:.0f} steps of "
           f"{len(runs)} real trials ({', '.join(str(r.number) for r in runs)})")

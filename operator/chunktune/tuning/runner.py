@@ -55,7 +55,7 @@ from chunktune.core.trials import (
     TrialResult,
     TrialState,
 )
-from chunktune.sim import twin
+from chunktune.sim.calibration import profile as profiles
 from chunktune.tuning import space
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (
@@ -100,7 +100,7 @@ def calibration_of(tuning: ChunkedPrefillTuning) -> dict[str, Any] | None:
     c = tuning.spec.engine.calibration
     if c is None or c.file is None:
         return None
-    return twin.read_profile(c.file, "spec.engine.calibration.file").to_dict()
+    return profiles.read_profile(c.file, "spec.engine.calibration.file").to_dict()
 
 
 def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
@@ -168,11 +168,11 @@ class Tuner:
         """Real trials of ``budget.maxTrials`` held back for a later phase (a twin-first
         study's ``recheck``): :meth:`loop` stops with ``budget`` that many trials early."""
         self.twin: Any = None
-        """The :class:`~chunktune.tuning.twin.TwinDriver` of a twin-first study (its phase,
-        round and error; from the start, so that a restarted process reports where the study
-        is before :meth:`run` gets there)."""
+        """The :class:`~chunktune.tuning.strategies.twin_first.TwinDriver` of a twin-first study
+        (its phase, round and error; from the start, so that a restarted process reports where the
+        study is before :meth:`run` gets there)."""
         if self.spec.strategy.name == "twin":
-            from chunktune.tuning.twin import TwinDriver
+            from chunktune.tuning.strategies.twin_first import TwinDriver
 
             self.twin = TwinDriver(self)
 

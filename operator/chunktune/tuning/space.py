@@ -36,7 +36,7 @@ from chunktune.core.flags import FLAGS, engine_defaults, parse_argv
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig, from_hf_config, resolve_model
 from chunktune.core.trials import EngineTarget
-from chunktune.sim.memory import plan_memory
+from chunktune.sim.engine.memory import plan_memory
 
 
 def sim_part(point: dict[str, Any]) -> dict[str, Any]:

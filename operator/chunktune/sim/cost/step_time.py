@@ -1,0 +1,532 @@
+"""Step-time model: how long one engine step takes for the batch it runs.
+
+A step's time is the sum of
+
+- the **linear operators** of every layer (QKV, O, gate/up and down projections, norms, RoPE,
+  activation, residual add) as a function of the step's token count ``T`` — a roofline per
+  operator, ``overhead + (compute^p + memory^p)^(1/p)``, with efficiency coefficients fitted per
+  GPU family to Vidur's per-layer GPU timings (see :mod:`chunktune.sim.cost.kernel_fit`);
+- **attention** (:func:`attention_layer_time`), fitted to vLLM 0.19's measured per-layer
+  attention times for mixed chunked-prefill batches. With a prefill chunk in the batch the
+  varlen kernel runs one CTA per 64-row query tile and query head (a decode is a one-row
+  tile): the soft maximum of its padded FLOPs (all CTAs at the bf16 peak, where the GPU runs
+  FlashAttention 2 with the query tiles' work beside their MMAs at SMs x clock; or the
+  longest CTA on one SM: its MMAs at that SM's share of the peak and the work beside them at
+  the SM's clock) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
+  per KV head from HBM and re-read per query head through L2 at a rate per SM, where the
+  group's query heads run in one wave or one KV head's KV fits the L2), plus a fixed cost per
+  wave of CTAs over the SMs; decodes alone are memory-bound on their KV bytes;
+- **lm_head and sampling** for the rows that produce a token (decodes, last prefill chunks);
+- **tensor-parallel all-reduces**, two per layer of the step's activations
+  (:func:`chunktune.sim.cost.collectives.tp_allreduce_s`: vLLM's custom all-reduce on NVLink, NCCL
+  as Vidur measured it beyond 8 MiB and over PCIe);
+- a fixed **per-step overhead** (scheduling, input preparation, launch) plus a small cost per
+  scheduled request.
+
+The linear part depends only on ``T``, so it is tabulated once per engine for every ``T`` up to
+the budget; a step then costs a table lookup plus a few multiplications.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chunktune.core.gpus import GPU
+from chunktune.core.models import ModelConfig
+from chunktune.sim.cost.collectives import Interconnect, tp_allreduce_s
+
+COEFFICIENTS_PATH = Path(__file__).with_name("data") / "step_time_coefficients.json"
+
+
+@dataclass(frozen=True)
+class FamilyCoefficients:
+    """Fitted efficiencies for one GPU family (see ``data/step_time_coefficients.json``)."""
+
+    gemm_compute_eff: float
+    gemm_memory_eff: float
+    gemm_overhead_s: float
+    gemm_smoothness: float
+    elementwise_memory_eff: float
+    elementwise_overhead_s: float
+    #: Attention (per layer, per rank), fitted to LLMServingSim's vLLM 0.19 attention grid.
+    attn_overhead_s: float
+    attn_per_decode_s: float
+    #: fraction of the bf16 peak the varlen kernel's (padded) FLOPs run at, all CTAs together
+    attn_compute_eff: float
+    #: SM clock cycles per (padded) FLOP that the longest CTA spends beside its MMAs (softmax,
+    #: loads, rescaling); its MMAs run at one SM's share of the bf16 peak
+    attn_cta_cycles_per_flop: float
+    #: HBM fraction for the K/V each query tile and query head reads (above 1: L2 hits)
+    attn_tile_memory_eff: float
+    #: effective HBM fraction for a mixed batch's decode KV (first read of each KV head)
+    attn_mixed_memory_eff: float
+    #: L2 bytes/s per SM for the re-reads of a KV head by its other query heads
+    attn_reread_l2_bytes_per_sm_s: float
+    #: exponent of the soft maximum of compute and memory time (1: they add)
+    attn_smoothness: float
+    #: fixed seconds per wave of CTAs (``ceil(CTAs / SMs)``): a CTA's prologue and epilogue
+    attn_per_wave_s: float
+    attn_decode_alone_overhead_s: float
+    attn_decode_memory_eff: float
+    step_overhead_s: float
+    per_request_overhead_s: float
+    eager_launch_overhead_per_layer_s: float
+    #: vLLM's custom all-reduce latency on NVLink (not measured here: ``calibration.FIXED``)
+    allreduce_latency_s: float
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FamilyCoefficients:
+        return cls(**{k: float(d[k]) for k in cls.__dataclass_fields__})
+
+
+@lru_cache(maxsize=1)
+def _load_coefficients() -> dict[str, Any]:
+    coefficients: dict[str, Any] = json.loads(COEFFICIENTS_PATH.read_text())
+    return coefficients
+
+
+def coefficients(family: str) -> FamilyCoefficients:
+    data = _load_coefficients()
+    return FamilyCoefficients.from_dict(data["families"][family])
+
+
+def layer_gemms(model: ModelConfig, tp: int) -> list[tuple[float, float]]:
+    """The (K, N) weight shapes of one layer's GEMMs on one rank (dense part)."""
+    h = model.hidden_size
+    q = model.q_dim / tp
+    kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
+    shapes = [(h, q + 2 * kv), (q, h)]
+    if not model.is_moe:
+        i = model.intermediate_size / tp
+        shapes += [(h, 2 * i), (i, h)] if model.gated_mlp else [(h, i), (i, h)]
+    return shapes
+
+
+#: The operators :func:`linear_op_times` prices separately: the dense layer's four GEMMs, the
+#: routed experts of a mixture-of-experts layer (with its router and shared experts), and the
+#: elementwise kernels (norms, rotary embedding, activation, residual add) together.
+LINEAR_OPS = ("qkv", "o", "up", "down", "experts", "elementwise")
+
+
+def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
+                    c: FamilyCoefficients) -> dict[str, np.ndarray]:
+    """Seconds each linear operator of ONE layer takes on one rank, for each token count
+    (keys: the ``LINEAR_OPS`` the model has). Measured per operator, these separate the GEMM
+    efficiencies from the elementwise kernels, which a per-layer sum alone cannot."""
+    T = np.asarray(tokens, dtype=np.float64)
+    F = gpu.bf16_tflops * 1e12 * c.gemm_compute_eff
+    B = gpu.hbm_tb_s * 1e12
+    b = model.dtype_bytes
+    p = c.gemm_smoothness
+
+    def gemm(m: np.ndarray, k: float, n: float, weight_bytes: float | np.ndarray) -> np.ndarray:
+        comp = 2.0 * m * k * n / F
+        mem = (weight_bytes + (m * k + m * n) * b) / (B * c.gemm_memory_eff)
+        return c.gemm_overhead_s + (comp**p + mem**p) ** (1.0 / p)
+
+    # a mixture-of-experts layer has only the attention's two: zip stops there
+    out = {name: gemm(T, k, n, k * n * b) for name, (k, n)
+           in zip(("qkv", "o", "up", "down"), layer_gemms(model, tp), strict=False)}
+    h = model.hidden_size
+    q = model.q_dim / tp
+    kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
+    if model.is_moe:
+        # Routed experts: each token visits k of E experts; the weights of every expert that
+        # receives at least one token are read once. Expert MLPs are sharded across ranks.
+        e, k_top = model.num_experts, model.num_experts_per_tok
+        i = model.moe_intermediate_size / tp
+        mats = 3 if model.gated_mlp else 2
+        active = e * (1.0 - (1.0 - k_top / e) ** np.maximum(T, 0))
+        tok = T * k_top
+        w = active * mats * h * i * b
+        comp = 2.0 * tok * mats * h * i / F
+        mem = (w + tok * (2 * h + mats * i) * b) / (B * c.gemm_memory_eff)
+        ex = 3 * c.gemm_overhead_s + (comp**p + mem**p) ** (1.0 / p)
+        if model.num_shared_experts:
+            si = model.num_shared_experts * model.moe_intermediate_size / tp
+            ex = ex + gemm(T, h, 2 * si, h * 2 * si * b) + gemm(T, si, h, si * h * b)
+        out["experts"] = ex + gemm(T, h, e, h * e * b)  # router
+        inter = model.moe_intermediate_size * k_top / tp
+    else:
+        inter = model.intermediate_size / tp
+    # Elementwise: two RMSNorms, RoPE on q and k, activation (read 2i write i), residual add.
+    ew_bytes = T * b * (2 * h + 2 * h + 2 * (q + kv) + 3 * inter + 3 * h)
+    out["elementwise"] = 5 * c.elementwise_overhead_s + ew_bytes / (B * c.elementwise_memory_eff)
+    return out
+
+
+def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
+                      c: FamilyCoefficients) -> np.ndarray:
+    """Seconds the linear operators of ONE layer take on one rank, for each token count."""
+    ops = linear_op_times(model, gpu, tp, tokens, c)
+    t: np.ndarray = np.zeros_like(np.asarray(tokens, dtype=np.float64))
+    for name in LINEAR_OPS:
+        if name in ops:
+            t = t + ops[name]
+    return t
+
+
+#: Query rows per CTA (tile) of the varlen FlashAttention kernel vLLM runs for chunked
+#: prefills: 64 on the measured RTX cards (a 16- or 64-token chunk takes the time of one tile;
+#: on the RTX 4090 a 256-token chunk's 4 x 32 heads = 128 CTAs fill its 128 SMs in one wave and
+#: a 512-token chunk takes two).
+Q_TILE = 64
+ATTENTION_FIELDS = ("attn_overhead_s", "attn_per_decode_s", "attn_compute_eff",
+                    "attn_cta_cycles_per_flop",
+                    "attn_tile_memory_eff", "attn_mixed_memory_eff",
+                    "attn_reread_l2_bytes_per_sm_s", "attn_smoothness", "attn_per_wave_s",
+                    "attn_decode_alone_overhead_s", "attn_decode_memory_eff")
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What the attention term needs of a model on one rank."""
+
+    heads: float
+    kv_heads: float
+    head_dim: float
+    dtype_bytes: float
+
+    @classmethod
+    def of(cls, model: ModelConfig, tp: int) -> AttentionShape:
+        kv_heads = max(1, math.ceil(model.num_key_value_heads / tp))
+        return cls(model.num_attention_heads / tp, kv_heads, model.head_dim, model.dtype_bytes)
+
+
+def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
+                         prefill_chunks: list[tuple[int, int]], num_decodes: int,
+                         decode_context_tokens: int) -> float:
+    """Seconds ONE layer's attention takes on one rank for a (possibly mixed) batch.
+
+    ``prefill_chunks``: ``(chunk, computed)`` per prefilling request; the decodes read
+    ``decode_context_tokens`` KV tokens in all. With a prefill in the batch, everything runs in
+    the varlen prefill kernel: one CTA per query tile of ``Q_TILE`` rows and query head, a
+    decode being a one-row tile. Each tile attends its causal keys (``computed`` plus the
+    chunk up to its last row), padded to ``Q_TILE`` rows. Terms (coefficients fitted per GPU
+    family; GPU figures from its data sheet):
+
+    - ``overhead + per_decode x decodes``;
+    - compute: the larger of all CTAs' padded FLOPs (:func:`all_ctas_time`: at ``peak x
+      compute_eff``, and where the GPU runs FlashAttention 2 the query tiles' work beside
+      their MMAs at ``cta_cycles_per_flop`` cycles of ``SMs x clock``) and the longest CTA's
+      (few CTAs leave SMs idle), whose MMAs run at one SM's share ``peak / SMs`` and the
+      work beside them at ``cta_cycles_per_flop`` SM clock cycles per FLOP, the two combined
+      in the soft maximum below (:func:`longest_cta_time`);
+    - memory: the tiles' K/V reads at a fraction of HBM (above 1 where L2 serves them); the
+      decodes' KV read once per KV head from HBM and re-read by the other query heads of its
+      group: from L2 at a rate per SM where those heads' CTAs run beside the first (a wave
+      of ``SMs`` CTAs holds ``SMs / decodes`` query heads) or while one KV head's KV of all
+      the decodes fits the L2, the rest from HBM again (:func:`reread_hit_fraction`);
+    - compute and memory combine as a soft maximum, plus a cost per wave of CTAs over the
+      SMs (``ceil(CTAs / SMs)``, one CTA per SM at a time);
+    - decodes alone (split-KV decode kernel): a fixed cost plus KV bytes / (HBM x
+      decode_memory_eff).
+    """
+    kv_token = 2.0 * s.kv_heads * s.head_dim * s.dtype_bytes
+    F = gpu.bf16_tflops * 1e12
+    B = gpu.hbm_tb_s * 1e12
+    t = c.attn_overhead_s + c.attn_per_decode_s * num_decodes
+    if prefill_chunks:
+        tile_keys = tiles = 0.0
+        longest = float(decode_context_tokens) / num_decodes if num_decodes else 0.0
+        for chunk, computed in prefill_chunks:
+            n = math.ceil(chunk / Q_TILE)
+            tile_keys += n * computed + Q_TILE * (n - 1) * n / 2 + chunk
+            tiles += n
+            longest = max(longest, float(computed + chunk))
+        tiles += num_decodes
+        per_key = 4.0 * s.head_dim * Q_TILE
+        clock = gpu.boost_mhz * 1e6
+        comp = max(float(all_ctas_time(per_key * s.heads * tile_keys,
+                                       per_key * s.heads * decode_context_tokens,
+                                       F * c.attn_compute_eff, gpu.sm_count * clock,
+                                       c.attn_cta_cycles_per_flop, c.attn_smoothness,
+                                       gpu.flash_attention >= 3)),
+                   float(longest_cta_time(per_key * longest, F / gpu.sm_count, clock,
+                                          c.attn_cta_cycles_per_flop, c.attn_smoothness)))
+        head_bytes = 2.0 * s.head_dim * s.dtype_bytes
+        group = s.heads / s.kv_heads
+        dec_bytes = s.heads * decode_context_tokens * head_bytes
+        hit = float(reread_hit_fraction(gpu.l2_mib * 2**20, decode_context_tokens * head_bytes,
+                                        gpu.sm_count, num_decodes, group))
+        reread = dec_bytes * (group - 1) / group
+        mem = (s.heads * tile_keys * head_bytes
+               / (B * c.attn_tile_memory_eff)
+               + (dec_bytes / group + reread * (1.0 - hit)) / (B * c.attn_mixed_memory_eff)
+               + reread * hit / (gpu.sm_count * c.attn_reread_l2_bytes_per_sm_s))
+        p, top = c.attn_smoothness, max(comp, mem)
+        t += (top * ((comp / top) ** p + (mem / top) ** p) ** (1.0 / p)
+              + c.attn_per_wave_s * math.ceil(s.heads * tiles / gpu.sm_count))
+    elif num_decodes:
+        t += (c.attn_decode_alone_overhead_s
+              + decode_context_tokens * kv_token / (B * c.attn_decode_memory_eff))
+    return t
+
+
+def l2_hit_fraction(l2_bytes: float | np.ndarray, working_set_bytes: float | np.ndarray
+                    ) -> np.ndarray:
+    """Fraction of the decodes' per-query-head KV re-reads the L2 serves: all of them while
+    the working set (one KV head's K and V for every decode in the batch) fits the L2, then
+    ``L2 / working set``."""
+    ws = np.maximum(np.asarray(working_set_bytes, dtype=np.float64), 1.0)
+    out: np.ndarray = np.minimum(1.0, np.asarray(l2_bytes, dtype=np.float64) / ws)
+    return out
+
+
+def reread_hit_fraction(l2_bytes: float | np.ndarray, working_set_bytes: float | np.ndarray,
+                        sm_count: float | np.ndarray, decodes: float | np.ndarray,
+                        group: float | np.ndarray) -> np.ndarray:
+    """Fraction of the decodes' per-query-head KV re-reads (``group - 1`` of every ``group``
+    reads of a KV head's KV) that L2 serves in a mixed batch. The varlen kernel's CTAs go
+    query head by query head (one per decode), so a wave of ``SMs`` CTAs holds ``SMs /
+    decodes`` query heads at once: the first reads a decode's KV from HBM and the others of
+    its group running beside it find it in L2, ``(SMs / decodes - 1) / (group - 1)`` of the
+    re-reads (at most all). The rest hit L2 as far as the working set fits it
+    (:func:`l2_hit_fraction`). More SMs, more heads at once: the RTX PRO 6000's 188 SMs hold
+    1.5 query heads of 128 decodes where the RTX 4090's 128 hold one."""
+    g = np.asarray(group, dtype=np.float64)
+    at_once = np.asarray(sm_count, dtype=np.float64) / np.maximum(
+        np.asarray(decodes, dtype=np.float64), 1.0)
+    share = np.clip((at_once - 1.0) / np.maximum(g - 1.0, 1e-9), 0.0, 1.0)
+    out: np.ndarray = share + (1.0 - share) * l2_hit_fraction(l2_bytes, working_set_bytes)
+    return out
+
+
+def longest_cta_time(flops: float | np.ndarray, sm_peak: float | np.ndarray,
+                     clock_hz: float | np.ndarray, cycles_per_flop: float | np.ndarray,
+                     p: float | np.ndarray) -> np.ndarray:
+    """Seconds one CTA's ``flops`` take on one SM: its MMAs at the SM's share of the tensor
+    peak, the work beside them (softmax, loads, rescaling) at ``cycles_per_flop`` SM cycles,
+    combined as ``(mma^p + other^p)^(1/p)``. Where the tensor cores are fast against the
+    clock (RTX PRO 6000: 1,024 bf16 FLOPs per SM cycle against the RTX 4090's 512) the
+    other work takes the larger share, so one CTA is not twice as fast."""
+    mma = np.asarray(flops, dtype=np.float64) / sm_peak
+    other = np.asarray(flops, dtype=np.float64) * cycles_per_flop / clock_hz
+    top = np.maximum(np.maximum(mma, other), 1e-30)
+    out: np.ndarray = top * ((mma / top) ** p + (other / top) ** p) ** (1.0 / p)
+    return out
+
+
+def all_ctas_time(tile_flops: float | np.ndarray, decode_flops: float | np.ndarray,
+                  peak: float | np.ndarray, sm_clock_hz: float | np.ndarray,
+                  cycles_per_flop: float | np.ndarray, p: float | np.ndarray,
+                  overlapped: bool | np.ndarray) -> np.ndarray:
+    """Seconds the varlen kernel's CTAs take on all SMs together, compute only: the decodes'
+    (one-row, padded) MMAs at ``peak`` (their CTAs wait on KV reads, the memory term), and the
+    query tiles' ``tile_flops``. FlashAttention 3 and later (``overlapped``: Hopper) overlap
+    a tile's softmax, loads and rescaling with the next MMAs, so the tiles run at ``peak``
+    too. FlashAttention 2 (every other card vLLM runs it on) issues them from the same warps:
+    the work beside the MMAs takes ``cycles_per_flop`` cycles of ``sm_clock_hz`` (SMs x
+    clock), combined with the MMAs as in :func:`longest_cta_time`. On the RTX cards a
+    2,048-token chunk over 16k of context (Llama-3.1-8B, TP1) takes 4,225 us on the RTX 4090
+    and 2,138 us on the RTX PRO 6000, 1.98x, where the bf16 peaks say 2.93x and SMs x clock
+    1.45x."""
+    tiles_alone = np.asarray(tile_flops, dtype=np.float64) / peak
+    fa2 = longest_cta_time(tile_flops, peak, sm_clock_hz, cycles_per_flop, p)
+    out: np.ndarray = (np.where(overlapped, tiles_alone, fa2)
+                       + np.asarray(decode_flops, dtype=np.float64) / peak)
+    return out
+
+
+def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: np.ndarray,
+                        dtype_bytes: float, sm_count: np.ndarray, peak: np.ndarray,
+                        hbm: np.ndarray, l2: np.ndarray, clock: np.ndarray,
+                        c: dict[str, Any], chunk: np.ndarray,
+                        computed: np.ndarray, decodes: np.ndarray,
+                        decode_context: np.ndarray,
+                        overlapped: bool | np.ndarray = False) -> np.ndarray:
+    """:func:`attention_layer_time` over arrays of batches with at most one prefill chunk
+    (the measured grid's shape); ``c`` maps the ``attn_*`` names to scalars or arrays. Used by
+    the fit; ``tests/sim/cost/test_kernel_fit.py`` checks that both agree."""
+    kv_token = 2.0 * s_kv_heads * head_dim * dtype_bytes
+    n = np.ceil(chunk / Q_TILE)
+    has_pre = chunk > 0
+    t = c["attn_overhead_s"] + c["attn_per_decode_s"] * decodes
+    tile_keys = n * computed + Q_TILE * (n - 1) * n / 2 + chunk
+    per_dec = np.where(decodes > 0, decode_context / np.maximum(decodes, 1), 0.0)
+    longest = np.maximum(computed + chunk, per_dec)
+    per_key = 4.0 * head_dim * Q_TILE
+    comp = np.maximum(all_ctas_time(per_key * s_heads * tile_keys,
+                                    per_key * s_heads * decode_context,
+                                    peak * c["attn_compute_eff"], sm_count * clock,
+                                    c["attn_cta_cycles_per_flop"], c["attn_smoothness"],
+                                    overlapped),
+                      longest_cta_time(per_key * longest, peak / sm_count, clock,
+                                       c["attn_cta_cycles_per_flop"], c["attn_smoothness"]))
+    head_bytes = 2.0 * head_dim * dtype_bytes
+    group = s_heads / s_kv_heads
+    dec_bytes = s_heads * decode_context * head_bytes
+    hit = reread_hit_fraction(l2, decode_context * head_bytes, sm_count, decodes, group)
+    reread = dec_bytes * (group - 1) / group
+    mem = (s_heads * tile_keys * head_bytes / (hbm * c["attn_tile_memory_eff"])
+           + (dec_bytes / group + reread * (1.0 - hit)) / (hbm * c["attn_mixed_memory_eff"])
+           + reread * hit / (sm_count * c["attn_reread_l2_bytes_per_sm_s"]))
+    p, top = c["attn_smoothness"], np.maximum(np.maximum(comp, mem), 1e-30)
+    var = (top * ((comp / top) ** p + (mem / top) ** p) ** (1.0 / p)
+           + c["attn_per_wave_s"] * np.ceil(s_heads * (n + decodes) / sm_count))
+    alone = (c["attn_decode_alone_overhead_s"]
+             + decode_context * kv_token / (hbm * c["attn_decode_memory_eff"]))
+    dec = np.where(decodes > 0, alone, 0.0)
+    out: np.ndarray = t + np.where(has_pre, var, dec)
+    return out
+
+
+class StepCostModel:
+    """Predicts step times for one (model, GPU, TP, budget) engine."""
+
+    def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
+                 enforce_eager: bool = False, interconnect: Interconnect | None = None) -> None:
+        if gpu.l2_mib <= 0 or gpu.boost_mhz <= 0:
+            raise ValueError(f"GPU {gpu.name!r}: l2_mib and boost_mhz must be positive (the data "
+                             "sheet's L2 size in MiB and SM boost clock in MHz; the attention "
+                             "term scales with them); set them as chunktune.core.gpus does")
+        self.model = model
+        self.gpu = gpu
+        self.tp = tp
+        self.c = c = coefficients(gpu.family)
+        layers = model.num_hidden_layers
+        tokens = np.arange(max_tokens + 1, dtype=np.float64)
+        lin = linear_layer_time(model, gpu, tp, tokens, c) * layers
+        lin[0] = 0.0
+        self._linear: list[float] = lin.tolist()
+        b = model.dtype_bytes
+        self._B = gpu.hbm_tb_s * 1e12 * c.gemm_memory_eff
+        self._attn_shape = AttentionShape.of(model, tp)
+        self._layers = layers
+        # lm_head: [rows x hidden] x [hidden x vocab/tp], then fp32 logits through the sampler
+        v = model.vocab_size / tp
+        self._lm_weight_s = model.hidden_size * v * b / self._B
+        self._lm_row_s = max(2.0 * model.hidden_size * v / (gpu.bf16_tflops * 1e12
+                                                            * c.gemm_compute_eff),
+                             3 * v * 4 / self._B)
+        # all-reduce: 2 per layer of T x hidden activations (after attention and after the MLP)
+        ar = 2 * layers * tp_allreduce_s(tokens * model.hidden_size * b, tp, gpu,
+                                         c.allreduce_latency_s, interconnect=interconnect)
+        ar[0] = 0.0
+        self._allreduce: list[float] = ar.tolist()
+        self._overhead = c.step_overhead_s
+        if enforce_eager:
+            self._overhead += c.eager_launch_overhead_per_layer_s * layers
+        self._per_req = c.per_request_overhead_s
+        self.max_tokens = max_tokens
+        self.calibration: tuple[float, ...] | None = None
+        """A calibration profile's coefficients (see :mod:`chunktune.sim.calibration.profile`):
+        scales of the (step overhead, per-request, linear, attention) terms, then seconds per
+        scheduled token, per prefill query-key pair and per decode KV token, then the wall time
+        between steps; when set, a step costs exactly that sum."""
+
+    def calibrate(self, coefficients: tuple[float, ...]) -> None:
+        """Cost steps with a calibration profile's eight coefficients from now on."""
+        if len(coefficients) != 8:
+            raise ValueError(f"8 calibration coefficients expected, got {len(coefficients)}")
+        self.calibration = tuple(coefficients)
+
+    def log_features(self, ctx_reqs: int, ctx_tokens: int, gen_reqs: int, gen_tokens: int,
+                     kv_tokens: float | None) -> tuple[float, ...]:
+        """A step's seven calibration features from what vLLM's iteration log says of it
+        (context requests and tokens, generation requests and tokens, KV tokens in use after
+        scheduling; None: not logged): step overhead, per-request overhead, linear and
+        attention seconds of the unscaled model, then scheduled tokens, prefill query-key
+        pairs and the decodes' KV tokens.
+
+        The log does not say where in its prompt a chunk starts, so every context request
+        gets an even share of the context tokens from position 0, and the decodes' context is
+        the KV in use less the context tokens (which then includes the earlier chunks of
+        prompts still prefilling). The fit
+        (:func:`chunktune.sim.calibration.profile.twin_features`) and a calibrated replay
+        (:meth:`calibrated_step_time`) both cost a step from these features, so a replay reproduces
+        the fit's accuracy instead of mixing two views."""
+        tokens = ctx_tokens + gen_tokens
+        chunks: list[tuple[int, int]] = []
+        pairs = 0.0
+        if ctx_reqs:
+            each = max(1, ctx_tokens // ctx_reqs)
+            chunks = [(each, 0)] * ctx_reqs
+            share = ctx_tokens / ctx_reqs
+            pairs = ctx_reqs * share * (share + 1) / 2
+        dec_ctx, kv = 0, 0.0
+        if gen_reqs and kv_tokens is not None:
+            dec_ctx = max(gen_reqs, int(kv_tokens) - ctx_tokens)
+            kv = max(float(gen_reqs), kv_tokens - ctx_tokens)
+        attn = self.attention_time(chunks, gen_reqs, dec_ctx)
+        return (self.c.step_overhead_s, self.c.per_request_overhead_s * (ctx_reqs + gen_reqs),
+                self.linear_time(tokens) if tokens else 0.0, attn, float(tokens), pairs, kv)
+
+    def calibrated_step_time(self, ctx_reqs: int, ctx_tokens: int, gen_reqs: int,
+                             gen_tokens: int, kv_tokens: float) -> float:
+        """Seconds for one step under a calibration profile (:meth:`calibrate`), from the
+        step's iteration-log view (:meth:`log_features`), plus the profile's step gap."""
+        assert self.calibration is not None
+        if ctx_tokens + gen_tokens == 0:
+            return 0.0
+        f = self.log_features(ctx_reqs, ctx_tokens, gen_reqs, gen_tokens, kv_tokens)
+        return sum(c * x for c, x in zip(self.calibration[:7], f, strict=True)) \
+            + self.calibration[7]
+
+    def linear_time(self, tokens: int) -> float:
+        if tokens <= self.max_tokens:
+            return self._linear[tokens]
+        lin = self._linear
+        per = (lin[self.max_tokens] - lin[self.max_tokens // 2]) / (self.max_tokens // 2)
+        return lin[self.max_tokens] + per * (tokens - self.max_tokens)
+
+    def allreduce_time(self, tokens: int) -> float:
+        """All layers' tensor-parallel all-reduces for a step of ``tokens`` tokens."""
+        if tokens <= self.max_tokens:
+            return self._allreduce[tokens]
+        ar = self._allreduce
+        per = (ar[self.max_tokens] - ar[self.max_tokens // 2]) / (self.max_tokens // 2)
+        return ar[self.max_tokens] + per * (tokens - self.max_tokens)
+
+    def attention_time(self, prefill_chunks: list[tuple[int, int]], num_decodes: int,
+                       decode_context_tokens: int) -> float:
+        """All layers' attention for the batch (see :func:`attention_layer_time`)."""
+        if not prefill_chunks and not num_decodes:
+            return 0.0
+        return self._layers * attention_layer_time(
+            self._attn_shape, self.gpu, self.c, prefill_chunks, num_decodes,
+            decode_context_tokens)
+
+    def step_time(self, num_tokens: int, num_reqs: int, num_logits: int,
+                  prefill_chunks: list[tuple[int, int]], num_decodes: int,
+                  decode_context_tokens: int) -> float:
+        """Seconds for one step.
+
+        ``prefill_chunks``: ``(chunk_tokens, already_computed_tokens)`` per prefilling request;
+        ``decode_context_tokens``: the summed context length of the decodes.
+        """
+        if num_tokens == 0:
+            return 0.0
+        if self.calibration is not None:
+            s0, s1, s2, s3, per_tok, per_pair, per_kv, gap = self.calibration
+            pairs = sum(c * (done + (c + 1) / 2) for c, done in prefill_chunks)
+            return (s0 * self.c.step_overhead_s + s1 * self._per_req * num_reqs
+                    + s2 * self.linear_time(num_tokens)
+                    + s3 * self.attention_time(prefill_chunks, num_decodes,
+                                               decode_context_tokens)
+                    + per_tok * num_tokens + per_pair * pairs
+                    + per_kv * decode_context_tokens + gap)
+        t = self._overhead + self._per_req * num_reqs + self.linear_time(num_tokens)
+        t += self.attention_time(prefill_chunks, num_decodes, decode_context_tokens)
+        if num_logits:
+            t += self._lm_weight_s + self._lm_row_s * num_logits
+        t += self.allreduce_time(num_tokens)
+        return t
+
+    def prefill_time(self, prompt: int, chunk: int | None = None) -> float:
+        """Time to prefill one prompt alone in chunks of ``chunk`` tokens (whole if None)."""
+        chunk = chunk or prompt
+        done, t = 0, 0.0
+        while done < prompt:
+            c = min(chunk, prompt - done)
+            last = done + c >= prompt
+            t += self.step_time(c, 1, 1 if last else 0, [(c, done)], 0, 0)
+            done += c
+        return t

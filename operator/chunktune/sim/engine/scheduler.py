@@ -1,0 +1,327 @@
+"""The V1 scheduling step: ``schedule() -> StepPlan``, then ``apply(plan, end_time)``.
+
+This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (``docs/vllm-behaviour.md`` §3):
+
+1. ``token_budget = max_num_batched_tokens``. The ``long_prefill_token_threshold`` applies only
+   when more than one request is in the system (running + waiting) at the start of the step:
+   vLLM 0.32 lets a lone request use the whole budget, as there is nobody to starve.
+2. RUNNING requests first, in order: each asks for ``num_tokens - num_computed`` tokens, capped by
+   the threshold (when it applies), by what is left of the budget and by
+   ``max_model_len - num_computed - 1``. If its KV blocks do not fit, the scheduler preempts a
+   victim — freeing its blocks and resetting it to recompute — until they fit, or until the
+   victim is the request itself. Under ``fcfs`` the victim is the *last* running request; under
+   ``priority`` the running request with the largest ``(priority, arrival)``, and if it was
+   already scheduled in this step its tokens go back to the budget.
+3. WAITING requests are admitted only if nothing was preempted in this step, while the running
+   set is below ``max_num_seqs`` and budget is left; each takes its (capped) chunk, or stops the
+   admission when the blocks for its *whole* current sequence (prompt plus tokens generated so
+   far) do not fit (``scheduler_reserve_full_isl``, on by default in 0.32). With chunked prefill
+   off a prompt that does not fit the remaining budget stops the admission instead of being
+   split. WAITING is a FIFO under ``fcfs`` and ordered by ``(priority, arrival)`` under
+   ``priority`` (``vllm/v1/core/sched/request_queue.py``: ``FCFSRequestQueue``,
+   ``PriorityRequestQueue``).
+4. Preempted requests go back to WAITING: to its head under ``fcfs``, in their
+   ``(priority, arrival)`` place under ``priority``.
+5. Like vLLM's ``BlockPool``, one of the ``num_gpu_blocks`` blocks is the reserved null block:
+   requests share the other ``num_gpu_blocks - 1``.
+
+NOTE: with the default threshold of 0 a long prompt takes *all* budget left after the decodes
+scheduled before it — decodes admitted after it in the running list, and new arrivals, wait:
+the head-of-line blocking the threshold exists to limit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from chunktune.core.engine_args import ResolvedConfig
+from chunktune.sim.engine.kv_cache import BlockPool
+from chunktune.sim.engine.request import FINISHED, RUNNING, WAITING, Request
+
+
+@dataclass
+class StepPlan:
+    """What one step runs. ``scheduled`` keeps the scheduler's order."""
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    num_tokens: int = 0
+    #: (chunk tokens, tokens computed before the chunk) per prefilling request
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
+    num_decodes: int = 0
+    decode_context_tokens: int = 0
+    #: rows that sample a token: decodes plus prefills that complete in this step
+    num_logits: int = 0
+    num_prefill_tokens: int = 0
+    num_admitted: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class StepOutcome:
+    """What a step produced: requests that got a token, and those that finished."""
+
+    produced: list[Request]
+    finished: list[Request]
+    num_generated: int
+    num_prompt_done: int
+
+
+class PriorityQueue:
+    """WAITING under ``--scheduling-policy priority``: a heap on ``(priority, arrival, rid)``,
+    with the deque methods the scheduler uses (``appendleft`` inserts in order too, as vLLM's
+    ``PriorityRequestQueue.prepend_request`` does)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, int, Request]] = []
+        self._seq = itertools.count()
+
+    def append(self, req: Request) -> None:
+        heapq.heappush(self._heap, (req.priority, req.arrival, req.rid, next(self._seq), req))
+
+    appendleft = append
+
+    def popleft(self) -> Request:
+        return heapq.heappop(self._heap)[-1]
+
+    def __getitem__(self, index: int) -> Request:
+        if index == 0 and self._heap:
+            return self._heap[0][-1]
+        return sorted(self._heap)[index][-1]
+
+    def remove(self, req: Request) -> None:
+        self._heap = [e for e in self._heap if e[-1] is not req]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (e[-1] for e in sorted(self._heap))
+
+
+class Scheduler:
+    """The engine's request state (WAITING queue, RUNNING list, block pool) and its step."""
+
+    def __init__(self, cfg: ResolvedConfig, num_blocks: int) -> None:
+        self.cfg = cfg
+        self.budget = cfg.max_num_batched_tokens
+        self.threshold = cfg.long_prefill_token_threshold
+        self.max_num_seqs = cfg.max_num_seqs
+        self.chunked = cfg.enable_chunked_prefill
+        self.priority = cfg.scheduling_policy == "priority"
+        self.max_model_len = cfg.max_model_len
+        # vLLM's BlockPool keeps block 0 as the null block, never handed to a request.
+        self.pool = BlockPool(max(num_blocks - 1, 1), cfg.block_size)
+        self.waiting: deque[Request] | PriorityQueue = \
+            PriorityQueue() if self.priority else deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- state -----------------------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        req.status = WAITING
+        self.waiting.append(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def abort(self, req: Request) -> None:
+        """Drop a request (client went away): free its blocks, forget it."""
+        if req.status == RUNNING:
+            self.running.remove(req)
+        elif req.status == WAITING:
+            self.waiting.remove(req)
+        self.pool.release(req)
+        req.status = FINISHED
+
+    # ---- the step --------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> StepPlan:
+        plan = StepPlan()
+        budget = self.budget
+        # The threshold exists to stop a long prefill from starving others: with one request
+        # in the system vLLM 0.32 does not apply it.
+        thr = self.threshold if len(self.running) + len(self.waiting) > 1 else 0
+        max_len = self.max_model_len
+        pool = self.pool
+        bs = pool.block_size
+        running = self.running
+        scheduled = plan.scheduled
+        preempted = plan.preempted
+        chunks = plan.prefill_chunks
+        decodes = 0
+        decode_ctx = 0
+        logits = 0
+        prefill_tokens = 0
+        #: under priority: what each scheduled running request took, to undo if preempted
+        done: dict[Request, tuple[int, int, int]] = {}
+
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed
+            remaining = req.prompt_len + req.num_output - computed
+            n = remaining
+            if 0 < thr < n:
+                n = thr
+            if n > budget:
+                n = budget
+            if n > max_len - computed - 1:
+                n = max_len - computed - 1
+            if n <= 0:
+                i += 1
+                continue
+            need = -(-(computed + n) // bs) - req.num_blocks
+            if need > pool.free:
+                victim = None
+                while need > pool.free:
+                    if self.priority:
+                        victim = max(running, key=_priority_key)
+                        at = running.index(victim)
+                        del running[at]
+                        if at < i:
+                            i -= 1
+                        if victim in done:  # already scheduled in this step: undo it
+                            vn, vcomputed, vremaining = done.pop(victim)
+                            scheduled.remove((victim, vn))
+                            budget += vn
+                            if vremaining == 1 and vcomputed:
+                                decodes -= 1
+                                decode_ctx -= vcomputed + 1
+                                logits -= 1
+                            else:
+                                chunks.remove((vn, vcomputed))
+                                prefill_tokens -= vn
+                                if vn == vremaining:
+                                    logits -= 1
+                    else:
+                        victim = running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is req:
+                        break
+                if victim is req:
+                    break
+            if need:
+                pool.allocate(req, need)
+            scheduled.append((req, n))
+            if self.priority:
+                done[req] = (n, computed, remaining)
+            budget -= n
+            if remaining == 1 and computed:
+                decodes += 1
+                decode_ctx += computed + 1
+                logits += 1
+            else:
+                chunks.append((n, computed))
+                prefill_tokens += n
+                if n == remaining:
+                    logits += 1
+            i += 1
+
+        if not preempted:
+            waiting = self.waiting
+            max_seqs = self.max_num_seqs
+            chunked = self.chunked
+            while waiting and budget > 0 and len(running) < max_seqs:
+                req = waiting[0]
+                computed = req.num_computed
+                remaining = req.prompt_len + req.num_output - computed
+                n = remaining
+                if 0 < thr < n:
+                    n = thr
+                if n > budget:
+                    if not chunked:
+                        break
+                    n = budget
+                # The whole current sequence must fit before the request is admitted.
+                if -(-min(req.prompt_len + req.num_output, max_len) // bs) - req.num_blocks \
+                        > pool.free:
+                    break
+                need = -(-(computed + n) // bs) - req.num_blocks
+                if need > pool.free:
+                    break
+                waiting.popleft()
+                pool.allocate(req, need)
+                req.status = RUNNING
+                running.append(req)
+                if req.first_scheduled < 0:
+                    req.first_scheduled = now
+                scheduled.append((req, n))
+                budget -= n
+                chunks.append((n, computed))
+                prefill_tokens += n
+                if n == remaining:
+                    logits += 1
+                plan.num_admitted += 1
+        else:
+            # Preempted requests go back to the head of WAITING, earliest-admitted first
+            # (under priority: in their (priority, arrival) place).
+            for victim in preempted:
+                self.waiting.appendleft(victim)
+
+        plan.num_tokens = self.budget - budget
+        plan.num_decodes = decodes
+        plan.decode_context_tokens = decode_ctx
+        plan.num_logits = logits
+        plan.num_prefill_tokens = prefill_tokens
+        return plan
+
+    def _preempt(self, req: Request) -> None:
+        """Preemption by recompute: free the blocks, restart from token 0
+        (docs/vllm-behaviour.md §3)."""
+        self.pool.release(req)
+        req.num_computed = 0
+        req.num_preemptions += 1
+        req.status = WAITING
+        self.num_preemptions += 1
+
+    def apply(self, plan: StepPlan, end_time: float) -> StepOutcome:
+        """Advance the scheduled requests by their tokens; sample where a request caught up."""
+        produced: list[Request] = []
+        finished: list[Request] = []
+        generated = 0
+        prompts_done = 0
+        for req, n in plan.scheduled:
+            if req.status != RUNNING:
+                continue  # aborted while the step ran
+            req.num_computed += n
+            if req.num_computed < req.prompt_len + req.num_output:
+                continue
+            if req.num_output == 0:
+                req.first_token = end_time
+                prompts_done += 1
+            else:
+                req.itl.append(end_time - req.last_token)
+            req.last_token = end_time
+            req.num_output += 1
+            generated += 1
+            produced.append(req)
+            if req.num_output >= req.max_tokens:
+                finished.append(req)
+        if finished:
+            pool = self.pool
+            for req in finished:
+                req.status = FINISHED
+                req.finish_time = end_time
+                pool.release(req)
+            self.running = [r for r in self.running if r.status == RUNNING]
+        return StepOutcome(produced, finished, generated, prompts_done)
+
+
+def _priority_key(req: Request) -> tuple[int, float]:
+    """vLLM's preemption order under ``priority``: the largest (priority, arrival) goes first."""
+    return req.priority, req.arrival

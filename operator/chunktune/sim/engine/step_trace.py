@@ -1,0 +1,103 @@
+"""The simulator's scheduler as a step trace in the shape of vLLM's iteration log.
+
+vLLM's ``--enable-logging-iteration-details`` logs one line per engine step::
+
+    Iteration(N): A context requests, B context tokens, C generation requests, D generation tokens
+
+where a request counts as *context* while it has produced no output token yet (a fresh prompt or
+a later chunk of it) and as *generation* otherwise, a preempted request recomputing its prompt
+and outputs included (``vllm/v1/utils.py::compute_iteration_details``). :func:`iteration_counts`
+gives the same four numbers for a :class:`~chunktune.sim.engine.scheduler.StepPlan`, and
+:func:`run_batch` runs a batch of requests that are all waiting before the first step (as the
+conformance suite adds them to an in-process vLLM engine) and records every step, so the two
+traces can be compared step by step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chunktune.core.engine_args import ResolvedConfig
+from chunktune.sim.engine.request import Request
+from chunktune.sim.engine.scheduler import Scheduler, StepPlan
+
+#: (context requests, context tokens, generation requests, generation tokens)
+StepCounts = tuple[int, int, int, int]
+
+
+def iteration_counts(plan: StepPlan) -> StepCounts:
+    """vLLM's iteration-log counts for a plan, read before the plan is applied."""
+    ctx_reqs = ctx_tokens = gen_reqs = gen_tokens = 0
+    for req, n in plan.scheduled:
+        if req.num_output == 0:
+            ctx_reqs += 1
+            ctx_tokens += n
+        else:
+            gen_reqs += 1
+            gen_tokens += n
+    return ctx_reqs, ctx_tokens, gen_reqs, gen_tokens
+
+
+@dataclass
+class BatchTrace:
+    """Per step: the iteration counts, the requests preempted in the step, and the preemptions
+    vLLM *reports* in the step; then the request ids in the order they finished and each
+    request's preemptions.
+
+    vLLM 0.32 reports a preemption (``IterationStats.num_preempted_reqs``, so
+    ``vllm:num_preemptions_total``) with the preempted request's next output, i.e. in the step
+    where it produces its next token after recomputing, not in the step that preempted it;
+    ``reported`` follows that rule."""
+
+    steps: list[StepCounts] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    reported: list[int] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    request_preemptions: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(self.preempted)
+
+
+def run_batch(cfg: ResolvedConfig, num_gpu_blocks: int,
+              requests: list[tuple[str, int, int]], max_steps: int = 100_000) -> BatchTrace:
+    """Run ``(id, prompt tokens, output tokens)`` requests, all waiting before step 0, to
+    completion through a fresh :class:`Scheduler` with ``num_gpu_blocks`` KV blocks.
+
+    Raises ``RuntimeError`` if a step schedules nothing while work is left (a request that can
+    never fit) or if ``max_steps`` pass first.
+    """
+    sched = Scheduler(cfg, num_gpu_blocks)
+    ids: dict[int, str] = {}
+    for i, (rid, prompt, out) in enumerate(requests):
+        if prompt <= 0 or out <= 0:
+            raise ValueError(f"request {rid!r}: prompt and output tokens must be > 0 "
+                             f"(got {prompt}, {out})")
+        ids[i] = rid
+        sched.add_request(Request(i, 0.0, prompt, out))
+    trace = BatchTrace()
+    seen: dict[int, int] = {}  # preemptions already reported, per request
+    now = 0.0
+    while sched.has_work:
+        if len(trace.steps) >= max_steps:
+            raise RuntimeError(f"scheduler did not finish within {max_steps} steps")
+        plan = sched.schedule(now)
+        if plan.empty:
+            raise RuntimeError(f"step {len(trace.steps)} scheduled nothing: "
+                               f"{len(sched.running)} running, {len(sched.waiting)} waiting")
+        trace.steps.append(iteration_counts(plan))
+        trace.preempted.append(len(plan.preempted))
+        now += 1.0
+        outcome = sched.apply(plan, now)
+        reported = 0
+        for req in outcome.produced:
+            if req.num_preemptions != seen.get(req.rid, 0):
+                reported += req.num_preemptions - seen.get(req.rid, 0)
+                seen[req.rid] = req.num_preemptions
+        trace.reported.append(reported)
+        for req in outcome.finished:
+            rid = ids[req.rid]
+            trace.finished.append(rid)
+            trace.request_preemptions[rid] = req.num_preemptions
+    return trace

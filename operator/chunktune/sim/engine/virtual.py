@@ -1,0 +1,232 @@
+"""The virtual-time engine: replay a workload through the scheduler and the step-time model.
+
+``build_engine`` does what ``vllm serve`` does before it opens its port — resolve the arguments
+with vLLM's defaults and checks, profile memory, size the KV cache — and raises
+:class:`~chunktune.core.engine_args.EngineStartupError` where vLLM would exit.
+``Engine.replay`` then runs the requests: arrivals join WAITING at their time (or, in
+closed-loop mode, as soon as one finishes), each step is scheduled, timed and applied, and the
+clock moves by the step's time. Deterministic: no randomness here; the workload's seed fixes
+the requests.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve
+from chunktune.core.gpus import GPU
+from chunktune.core.models import ModelConfig
+from chunktune.core.workload import RequestSpec
+from chunktune.sim.cost.step_time import StepCostModel
+from chunktune.sim.engine.memory import MemoryPlan, plan_memory
+from chunktune.sim.engine.request import REJECTED, Request
+from chunktune.sim.engine.scheduler import Scheduler, StepPlan
+from chunktune.sim.engine.step_trace import StepCounts, iteration_counts
+
+#: The server-side time before a request reaches the engine's scheduler that a served vLLM pays
+#: and an offline engine does not: HTTP parsing, chat template and tokenization in the API
+#: process, the hand-off to the engine core, and the streaming of the first chunk back. Not
+#: measurable from the step-time data (LLMServingSim's runs are offline, engine-side
+#: timestamps); taken from the issue's comparison with real vLLM V1 servers on H100, where the
+#: simulator's TTFT at idle was 10-20 ms low: the midpoint. Applied by ``chunktune sim run`` and
+#: the simulated backend; ``chunktune sim serve`` pays the real HTTP cost instead.
+API_SERVER_OVERHEAD_S = 0.015
+
+
+@dataclass
+class StepRecord:
+    """Per-step trace columns (parallel lists, cheap to append)."""
+
+    start: list[float] = field(default_factory=list)
+    duration: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    prefill_tokens: list[int] = field(default_factory=list)
+    decodes: list[int] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    kv_used_blocks: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    iterations: list[StepCounts] = field(default_factory=list)
+    """vLLM's iteration-log counts per step (``replay(log_iterations=True)`` only)."""
+    iteration_kv: list[int] = field(default_factory=list)
+    """KV tokens in use after each step was scheduled (``log_iterations`` only)."""
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+@dataclass
+class ReplayResult:
+    requests: list[Request]
+    steps: StepRecord
+    end_time: float
+    num_preemptions: int
+    peak_kv_blocks: int
+    rejected: list[tuple[Request, str]]
+
+
+class Engine:
+    """A started engine: its resolved configuration, memory plan, scheduler and cost model."""
+
+    def __init__(self, cfg: ResolvedConfig, memory: MemoryPlan) -> None:
+        self.cfg = cfg
+        self.memory = memory
+        self.cost = StepCostModel(cfg.model, cfg.gpu, cfg.tensor_parallel_size,
+                                  max_tokens=cfg.max_num_batched_tokens,
+                                  enforce_eager=cfg.enforce_eager)
+        self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
+
+    def kv_tokens_in_use(self) -> int:
+        """KV-cache tokens allocated now (after a step is scheduled: what vLLM's iteration log
+        reports as KV cache usage)."""
+        pool = self.scheduler.pool
+        return (pool.total - pool.free) * pool.block_size
+
+    def validate_request(self, prompt_len: int, max_tokens: int) -> str | None:
+        """vLLM's 400 message for a request that cannot fit ``max_model_len``, else None (the
+        same wording ``chunktune sim serve`` answers with)."""
+        limit = self.cfg.max_model_len
+        if prompt_len >= limit:
+            return (f"This model's maximum context length is {limit} tokens. However, your "
+                    f"request has {prompt_len} input tokens. Please reduce the length of the "
+                    "input messages.")
+        if prompt_len + max_tokens > limit:
+            return (f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
+                    f"model's maximum context length is {limit} tokens and your request has "
+                    f"{prompt_len} input tokens ({max_tokens} > {limit} - {prompt_len}).")
+        return None
+
+    def step_time(self, plan: StepPlan) -> float:
+        if self.cost.calibration is not None:  # costed as the calibration log saw steps
+            ctx_reqs, ctx_tokens, gen_reqs, gen_tokens = iteration_counts(plan)
+            return self.cost.calibrated_step_time(ctx_reqs, ctx_tokens, gen_reqs, gen_tokens,
+                                                  self.kv_tokens_in_use())
+        return self.cost.step_time(
+            plan.num_tokens, len(plan.scheduled), plan.num_logits, plan.prefill_chunks,
+            plan.num_decodes, plan.decode_context_tokens,
+        )
+
+    def replay(self, specs: list[RequestSpec], concurrency: int | None = None,
+               time_limit: float | None = None, record_steps: bool = True,
+               tick: float | None = None,
+               on_tick: Callable[[float, list[Request]], bool] | None = None,
+               stop_arrivals: float | None = None,
+               server_overhead_s: float = 0.0,
+               log_iterations: bool = False) -> ReplayResult:
+        """Run ``specs`` to completion (or until ``time_limit`` of virtual time).
+
+        Open loop: each spec arrives at its ``arrival``. Closed loop (``concurrency``): the
+        first N start at 0 and each finish lets the next one in at that instant, until
+        ``stop_arrivals``. ``on_tick(now, requests)`` is called every ``tick`` seconds of
+        virtual time; returning True stops the replay there (pruning).
+        ``server_overhead_s``: each request reaches the scheduler this long after it arrives
+        (see :data:`API_SERVER_OVERHEAD_S`); its latencies still count from its arrival.
+        ``log_iterations``: also record each step's counts as vLLM's iteration log gives them
+        (:func:`chunktune.sim.engine.step_trace.iteration_counts`; read before the step is
+        applied).
+        """
+        sched = self.scheduler
+        reqs: list[Request] = []
+        rejected: list[tuple[Request, str]] = []
+        steps = StepRecord()
+        now = 0.0
+        idx = 0
+        n_specs = len(specs)
+        in_flight = 0
+        closed = concurrency is not None
+        step_fn = self.step_time
+
+        deferred: list[tuple[float, int, Request]] = []  # (reaches the scheduler, rid, req)
+        delay = server_overhead_s
+
+        def admit(spec: RequestSpec, t: float) -> bool:
+            r = Request(spec.rid, t, spec.prompt_tokens, spec.output_tokens, spec.cls)
+            reqs.append(r)
+            err = self.validate_request(spec.prompt_tokens, spec.output_tokens)
+            if err:
+                r.status = REJECTED
+                r.finish_time = t
+                rejected.append((r, err))
+                return False
+            if delay > 0:
+                heapq.heappush(deferred, (t + delay, spec.rid, r))
+            else:
+                sched.add_request(r)
+            return True
+
+        if closed:
+            while idx < n_specs and in_flight < concurrency:  # type: ignore[operator]
+                if admit(specs[idx], 0.0):
+                    in_flight += 1
+                idx += 1
+
+        rec = record_steps
+        s_start, s_dur, s_tok, s_pre = steps.start, steps.duration, steps.tokens, \
+            steps.prefill_tokens
+        s_dec, s_run, s_wait, s_kv, s_pmt = steps.decodes, steps.running, steps.waiting, \
+            steps.kv_used_blocks, steps.preempted
+        pool = sched.pool
+        next_tick = tick if (tick and on_tick) else float("inf")
+        while True:
+            if not closed:
+                while idx < n_specs and specs[idx].arrival <= now:  # type: ignore[operator]
+                    admit(specs[idx], specs[idx].arrival)  # type: ignore[arg-type]
+                    idx += 1
+            while deferred and deferred[0][0] <= now:
+                sched.add_request(heapq.heappop(deferred)[2])
+            if not sched.has_work:
+                nxt = deferred[0][0] if deferred else float("inf")
+                arrival = specs[idx].arrival if not closed and idx < n_specs else None
+                if arrival is not None:
+                    nxt = min(nxt, arrival)
+                if nxt == float("inf"):
+                    break
+                now = nxt
+                continue
+            if time_limit is not None and now >= time_limit:
+                break
+            plan = sched.schedule(now)
+            if not plan.scheduled:
+                # Nothing fits (cannot happen once max_model_len fits the cache); avoid a spin.
+                raise RuntimeError(f"scheduler made no progress at t={now:.3f}s: "
+                                   f"{len(sched.running)} running, {len(sched.waiting)} waiting")
+            dt = step_fn(plan)
+            end = now + dt
+            if log_iterations:
+                steps.iterations.append(iteration_counts(plan))
+                steps.iteration_kv.append(self.kv_tokens_in_use())
+            out = sched.apply(plan, end)
+            if rec:
+                s_start.append(now)
+                s_dur.append(dt)
+                s_tok.append(plan.num_tokens)
+                s_pre.append(plan.num_prefill_tokens)
+                s_dec.append(plan.num_decodes)
+                s_run.append(len(sched.running))
+                s_wait.append(len(sched.waiting))
+                s_kv.append(pool.total - pool.free)
+                s_pmt.append(len(plan.preempted))
+            now = end
+            if now >= next_tick:
+                if on_tick(now, reqs):  # type: ignore[misc]
+                    break
+                while next_tick <= now:
+                    next_tick += tick  # type: ignore[operator]
+            if closed and out.finished and (stop_arrivals is None or now < stop_arrivals):
+                for _ in out.finished:
+                    while idx < n_specs:
+                        ok = admit(specs[idx], now)
+                        idx += 1
+                        if ok:
+                            break
+        return ReplayResult(reqs, steps, now, sched.num_preemptions, pool.peak_used, rejected)
+
+
+def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU) -> Engine:
+    """Resolve, profile memory and start the engine; raises EngineStartupError on failure and
+    SpecError for a setting the simulator does not model."""
+    args.check_simulated()
+    cfg = resolve(args, model, gpu)
+    return Engine(cfg, plan_memory(cfg))

@@ -1,0 +1,82 @@
+"""The virtual-time engine: determinism, closed loop, request validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from chunktune.core.engine_args import EngineArgs
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
+from chunktune.core.workload import RequestSpec, generate, load_profile
+from chunktune.sim.engine.request import FINISHED, REJECTED
+from chunktune.sim.engine.virtual import build_engine
+from chunktune.sim.report import summarize
+
+
+def engine(**kw):
+    return build_engine(EngineArgs(max_model_len=16384, **kw), resolve_model("llama-3.1-8b"),
+                        resolve_gpu("h100-sxm"))
+
+
+def test_deterministic_for_a_seed():
+    p = load_profile("smoke")
+    s1 = summarize(e := engine(), e.replay(generate(p)), p)
+    s2 = summarize(e := engine(), e.replay(generate(p)), p)
+    assert s1 == s2
+    s3 = summarize(e := engine(), e.replay(generate(p.with_overrides(seed=7))), p)
+    assert s3 != s1
+
+
+def test_every_request_finishes_with_its_tokens():
+    p = load_profile("smoke")
+    res = engine().replay(generate(p))
+    assert all(r.status == FINISHED and r.num_output == r.max_tokens for r in res.requests)
+    for r in res.requests:
+        assert r.arrival <= r.first_scheduled <= r.first_token <= r.last_token
+        assert len(r.itl) == r.num_output - 1
+        assert abs((r.last_token - r.first_token) - sum(r.itl)) < 1e-9
+
+
+def test_closed_loop_keeps_concurrency():
+    specs = [RequestSpec(i, None, 200, 20, 0) for i in range(100)]
+    e = engine()
+    res = e.replay(specs, concurrency=8)
+    assert max(res.steps.running[i] + res.steps.waiting[i] for i in range(len(res.steps))) <= 8
+    assert sum(r.status == FINISHED for r in res.requests) == 100
+    starts = sorted(r.arrival for r in res.requests)
+    assert starts[:8] == [0.0] * 8 and starts[8] > 0
+
+
+def test_too_long_requests_are_rejected_like_vllm():
+    e = engine()
+    specs = [RequestSpec(0, 0.0, 16000, 1000, 0), RequestSpec(1, 0.1, 100, 10, 0)]
+    res = e.replay(specs)
+    assert res.requests[0].status == REJECTED
+    assert "maximum context length is 16384 tokens" in res.rejected[0][1]
+    assert res.requests[1].status == FINISHED
+
+
+def test_time_limit_stops_the_clock():
+    specs = [RequestSpec(i, None, 500, 2000, 0) for i in range(50)]
+    res = engine().replay(specs, concurrency=10, time_limit=5.0)
+    assert 5.0 <= res.end_time < 5.5
+
+
+def test_server_overhead_delays_each_request_by_the_same_amount_at_idle():
+    """The pre-first-token server cost: at idle every TTFT and E2E grows by exactly it."""
+    from chunktune.core.workload import RequestSpec
+    from chunktune.sim.engine.virtual import API_SERVER_OVERHEAD_S
+
+    eng = build_engine(EngineArgs(max_model_len=8192), resolve_model("llama-3.1-8b"),
+                       resolve_gpu("h100-sxm"))
+    specs = [RequestSpec(i, 10.0 * i, 500, 20, 0) for i in range(3)]  # far apart: idle
+    base = eng.replay(specs)
+    eng2 = build_engine(EngineArgs(max_model_len=8192), resolve_model("llama-3.1-8b"),
+                        resolve_gpu("h100-sxm"))
+    slow = eng2.replay(specs, server_overhead_s=API_SERVER_OVERHEAD_S)
+    for a, b in zip(base.requests, slow.requests, strict=True):
+        assert a.arrival == b.arrival
+        assert b.first_token - a.first_token == pytest.approx(API_SERVER_OVERHEAD_S)
+        assert b.finish_time - a.finish_time == pytest.approx(API_SERVER_OVERHEAD_S)
+    closed = eng2.replay(specs, concurrency=1, server_overhead_s=0.05)
+    assert all(r.first_token - r.arrival >= 0.05 for r in closed.requests)
