@@ -262,7 +262,7 @@ def test_examples_make_valid_trial_objects(name: str) -> None:
     (c,) = pod["spec"]["containers"]
     if target.kind == "vllm":
         assert c["command"] == ["vllm", "serve"] and c["image"].startswith("vllm/vllm-openai:v")
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"  # a string: see below
         hf = next(e for e in c["env"] if e["name"] == "HF_TOKEN")
         assert hf["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
     else:
