@@ -37,7 +37,7 @@ import optuna
 from optuna.trial import TrialState as OptunaState
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.backends.base import TrialBackend
+from chunktune.backends.base import TrialBackend, within
 from chunktune.core.errors import InfrastructureFault, SpecError
 from chunktune.core.steps import (
     StepSummary,
@@ -473,8 +473,7 @@ class Tuner:
         reporter = report if self._prunable() else None
         try:
             try:
-                result = await asyncio.wait_for(self.backend.run_trial(plan, reporter),
-                                                timeout=self.spec.budget.trial_timeout)
+                result = await self._bounded(plan, reporter)
             except InfrastructureFault as fault:
                 result = await self._readopt(plan, reporter, fault)
         except TimeoutError:
@@ -491,6 +490,13 @@ class Tuner:
                                             "startup": result.startup_seconds,
                                             "load": result.load_seconds})
         self._tell(trial, point, result)
+
+    async def _bounded(self, plan: TrialPlan,
+                       report: Callable[[int, dict[str, float]], bool] | None) -> TrialResult:
+        """The backend's run of ``plan`` within ``budget.trialTimeout``, the time its engine
+        waited for capacity left out (:meth:`TrialBackend.paused_seconds`)."""
+        return await within(self.backend.run_trial(plan, report), self.spec.budget.trial_timeout,
+                            lambda: self.backend.paused_seconds(plan.number))
 
     async def _readopt(self, plan: TrialPlan, report: Callable[[int, dict[str, float]], bool]
                        | None, fault: InfrastructureFault) -> TrialResult:
@@ -514,8 +520,7 @@ class Tuner:
                 if result is None:
                     log.warning("trial %d: its objects are gone; running it again",
                                 plan.number)
-                    result = await asyncio.wait_for(self.backend.run_trial(plan, report),
-                                                    timeout=self.spec.budget.trial_timeout)
+                    result = await self._bounded(plan, report)
                 self.on_fault(plan.number, None)
                 return result
             except InfrastructureFault as again:
