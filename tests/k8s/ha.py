@@ -34,6 +34,9 @@ from tests.kube.emulator import PODS, KubeEmulator, WatchEvent
 LEASE = {"CHUNKTUNE_LEASE_DURATION": "3", "CHUNKTUNE_LEASE_RENEW_DEADLINE": "2",
          "CHUNKTUNE_LEASE_RETRY_PERIOD": "0.5"}
 LEASE_NAME = "chunktune-operator"
+#: The replicas import this checkout's chunktune (not another installed one).
+PYTHONPATH = os.pathsep.join([str(Path(__file__).resolve().parents[2] / "operator"),
+                              os.environ.get("PYTHONPATH", "")])
 
 
 def free_port() -> int:
@@ -73,7 +76,8 @@ def start_replica(kube: KubeEmulator, state_dir: Path, identity: str,
                "CHUNKTUNE_IMAGE": "ghcr.io/chunktune/chunktune:test",
                "CHUNKTUNE_SIM_LOAD_TIME": "0.1", "CHUNKTUNE_POLL_INTERVAL": "0.2",
                "CHUNKTUNE_KV_SAMPLE_INTERVAL": "1", "CHUNKTUNE_LOG_LEVEL": "WARNING",
-               "CHUNKTUNE_LEASE_NAMESPACE": "default", "CHUNKTUNE_LEADER_IDENTITY": identity}
+               "CHUNKTUNE_LEASE_NAMESPACE": "default", "CHUNKTUNE_LEADER_IDENTITY": identity,
+               "PYTHONPATH": PYTHONPATH}
     proc = subprocess.Popen(
         [sys.executable, "-m", "chunktune", "operator", "run", "--standalone",
          "--all-namespaces", "--state-dir", str(state_dir), "--leader-elect",

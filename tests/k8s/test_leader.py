@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -14,6 +15,7 @@ import pytest_asyncio
 from chunktune.k8s.kube import KubeApi
 from chunktune.k8s.leader import LeaderElector
 from chunktune.k8s.settings import LeaderSettings
+from tests.k8s.conftest import operator_settings
 from tests.kube.emulator import KubeEmulator
 
 pytestmark = pytest.mark.asyncio
@@ -84,3 +86,39 @@ async def test_a_leader_that_cannot_renew_gives_up_within_its_deadline(
     assert lease["spec"]["holderIdentity"] == "a"
     assert await asyncio.wait_for(a.hold(asyncio.Event()), 10) is False
     assert holder(kube) == "b"
+
+
+async def test_the_operator_runs_kopf_only_while_it_leads(kube: KubeEmulator,
+                                                          tmp_path: Path) -> None:
+    """``runtime.run`` with leader election: a standby while another replica's Lease is
+    fresh; kopf once it holds the Lease; kopf stopped (after ``on_lost``, which the command
+    line makes an exit) once it cannot renew."""
+    import kopf
+
+    from chunktune.k8s import runtime
+
+    kube.create("leases", {"metadata": {"name": "op"}, "spec": {
+        "holderIdentity": "other", "leaseDurationSeconds": 2}}, "default")
+    settings = operator_settings(tmp_path).with_overrides(leader={
+        **FAST.__dict__, "identity": "me", "lease_duration": 2.0})
+    built = runtime.build(settings, kube.api_client(), lambda **_: kopf.ConnectionInfo(
+        server=kube.url, token=kube.token))
+    op = built[1]
+
+    def leading() -> float | None:
+        return op.metrics.registry.get_sample_value("chunktune_leader")
+
+    stop, ready, lost = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(runtime.run(settings, built=built, stop_flag=stop,
+                                           ready_flag=ready, on_lost=lost.set))
+    try:
+        await asyncio.wait_for(ready.wait(), 60)  # "other" never renewed: taken over
+        assert holder(kube) == "me" and leading() == 1
+        kube.add_fault(status=0, resource="leases")
+        await asyncio.wait_for(task, 60)  # kopf stopped
+        assert lost.is_set() and leading() == 0
+    finally:
+        stop.set()
+        kube.clear_faults()
+        if not task.done():
+            await asyncio.wait_for(task, 60)

@@ -227,10 +227,15 @@ async def _stopped(stop: asyncio.Event, seconds: float) -> bool:
 
 
 async def _within(aw: Any, seconds: float) -> bool:
-    try:
-        return bool(await asyncio.wait_for(aw, seconds))
-    except TimeoutError:
+    """``await aw`` for at most ``seconds`` (False past them). A late try is cancelled but not
+    waited for: a request on the wire may take longer to give up (the client retries a timed-out
+    read), and the leader must know it lost by its deadline."""
+    task = asyncio.ensure_future(aw)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
         return False
+    return bool(task.result())
 
 
 __all__ = ["LeaderElector", "LeaseApi", "default_identity", "default_namespace"]
