@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from chunktune.backends import manifests as mf
-from chunktune.backends.capacity import capacity_wait
+from chunktune.backends.capacity import capacity_wait, scheduling_wait
 from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
 from chunktune.core.trials import TrialResult
 from chunktune.k8s.kube import KubeApi
@@ -114,3 +114,17 @@ async def test_the_client_accepts_gpu_engine_pods(kube: KubeEmulator) -> None:
             await api.delete("pods", "default", body["metadata"]["name"])
     finally:
         await api.close()
+
+
+async def test_an_adopted_pod_keeps_the_wait_it_had() -> None:
+    """A trial adopted by another operator process: the wait before it came is read from the
+    pod's timestamps."""
+    meta = {"creationTimestamp": "2026-01-01T00:00:00Z"}
+    waiting = {"metadata": meta, "status": pod_status(GPU_MESSAGE)}
+    t = 1767225600.0  # 2026-01-01T00:00:00Z
+    assert scheduling_wait(waiting, now=t + 90) == 90
+    scheduled = {"metadata": meta, "status": {"phase": "Running", "conditions": [
+        {"type": "PodScheduled", "status": "True",
+         "lastTransitionTime": "2026-01-01T00:02:05Z"}]}}
+    assert scheduling_wait(scheduled, now=t + 600) == 125
+    assert scheduling_wait({"metadata": {}, "status": pod_status(GPU_MESSAGE)}) == 0

@@ -42,14 +42,19 @@ def _time(value: Any) -> float | None:
         return None
 
 
-def scheduling_wait(pod: Mapping[str, Any]) -> float:
-    """Seconds between the pod's creation and its scheduling, from its timestamps (0 while it
-    is not scheduled: that wait is measured as it goes)."""
+def scheduling_wait(pod: Mapping[str, Any], now: float | None = None) -> float:
+    """Seconds the pod waited to be scheduled, from its timestamps: creation to scheduling,
+    or, while it waits for capacity, creation to ``now`` (wall clock; the rest of the wait is
+    measured as it goes). For a trial adopted from another operator process."""
     created = _time((pod.get("metadata") or {}).get("creationTimestamp"))
+    if created is None:
+        return 0.0
+    if capacity_wait(pod) is not None:
+        return max(0.0, (time.time() if now is None else now) - created)
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "True":
             scheduled = _time(c.get("lastTransitionTime"))
-            if created is not None and scheduled is not None:
+            if scheduled is not None:
                 return max(0.0, scheduled - created)
     return 0.0
 
