@@ -59,8 +59,8 @@ def set_status(kube: KubeEmulator, name: str, status: dict[str, Any]) -> None:
 
 async def test_a_pod_waiting_for_gpus_outlasts_its_startup_timeout(
         kube: KubeEmulator, backend: KubernetesBackend) -> None:
-    told: list[tuple[int, str | None, float]] = []
-    backend.capacity.on_change = lambda n, m, w: told.append((n, m, w))
+    told: list[tuple[int, str | None, float, bool]] = []
+    backend.capacity.on_change = lambda n, m, w, s: told.append((n, m, w, s))
     p = plan(dataclasses.replace(SIM, startup_timeout=STARTUP_TIMEOUT), number=3)
     await backend._create_objects(p)
     pod = kube.get("pods", "default", "cap-t3")
@@ -69,13 +69,13 @@ async def test_a_pod_waiting_for_gpus_outlasts_its_startup_timeout(
     loop = asyncio.get_running_loop()
     waiting = loop.create_task(backend._wait_ready(p, "cap-t3", loop.time()))
     await kube.until(lambda: told, message="the wait reported")
-    assert told == [(3, GPU_MESSAGE, 0.0)] and backend.capacity.waiting() == [3]
+    assert told == [(3, GPU_MESSAGE, 0.0, False)] and backend.capacity.waiting() == [3]
     # unschedulable for three start-up timeouts: still waiting, not failed
     await kube.until(lambda: backend.paused_seconds(3) > 3 * STARTUP_TIMEOUT, timeout=20)
     assert not waiting.done()
     set_status(kube, "cap-t3", pod_status(None))  # scheduled: the start-up clock starts
     await kube.until(lambda: len(told) == 2, message="scheduling reported")
-    assert told[1][:2] == (3, None) and told[1][2] > 3 * STARTUP_TIMEOUT
+    assert told[1][:2] == (3, None) and told[1][2] > 3 * STARTUP_TIMEOUT and told[1][3]
     set_status(kube, "cap-t3", pod_status(None, ready=True))
     ready = await asyncio.wait_for(waiting, 20)
     assert not isinstance(ready, TrialResult), ready.message

@@ -63,10 +63,11 @@ class CapacityWaits:
     """Each trial's time waiting for capacity (monotonic seconds)."""
 
     def __init__(self) -> None:
-        self.on_change: Callable[[int, str | None, float], None] = \
-            lambda number, message, waited: None
-        """Told ``(trial, the scheduler's message, 0)`` when a trial starts waiting, and
-        ``(trial, None, seconds waited)`` when it stops (scheduled, or the trial ended)."""
+        self.on_change: Callable[[int, str | None, float, bool], None] = \
+            lambda number, message, waited, scheduled: None
+        """Told ``(trial, the scheduler's message, 0, False)`` when a trial starts waiting, and
+        ``(trial, None, seconds waited, scheduled)`` when it stops: its pod was scheduled, or
+        (``scheduled`` False) the trial ended while it waited (stopped, deleted)."""
         self._waited: dict[int, float] = {}
         self._since: dict[int, float] = {}
 
@@ -83,18 +84,18 @@ class CapacityWaits:
         """A trial starts (fresh: no wait yet; adopted: ``before`` seconds waited already)."""
         self._waited[number] = before
 
-    def update(self, number: int, message: str | None) -> None:
+    def update(self, number: int, message: str | None, scheduled: bool = True) -> None:
         """``message``: the trial's pod is unschedulable for capacity now; None: it is not
-        (or no longer matters)."""
+        (``scheduled``), or no longer matters (the trial ended)."""
         now = time.monotonic()
         since = self._since.get(number)
         if message is not None and since is None:
             self._since[number] = now
-            self.on_change(number, message, 0.0)
+            self.on_change(number, message, 0.0, False)
         elif message is None and since is not None:
             del self._since[number]
             self._waited[number] = self._waited.get(number, 0.0) + now - since
-            self.on_change(number, None, now - since)
+            self.on_change(number, None, now - since, scheduled)
 
 
 __all__ = ["CapacityWaits", "capacity_wait", "scheduling_wait"]

@@ -220,7 +220,7 @@ class KubernetesBackend(TrialBackend):
             fault = True  # the objects stay, to be re-adopted once the API answers
             raise
         finally:
-            self.capacity.update(plan.number, None)
+            self.capacity.update(plan.number, None, scheduled=False)
             if not fault:
                 await self._finish(plan.number)
 
@@ -257,7 +257,7 @@ class KubernetesBackend(TrialBackend):
             fault = True
             raise
         finally:
-            self.capacity.update(plan.number, None)
+            self.capacity.update(plan.number, None, scheduled=False)
             if not fault:
                 await self._finish(plan.number)
 

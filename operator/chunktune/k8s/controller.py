@@ -351,16 +351,17 @@ class StudyController:
             self.emit("Normal", "TrialReadopted",
                       f"trial {number}: re-adopted after the Kubernetes API came back")
 
-    def _capacity(self, number: int, message: str | None, waited: float) -> None:
+    def _capacity(self, number: int, message: str | None, waited: float,
+                  scheduled: bool) -> None:
         """Trial ``number``'s engine pod waits for capacity (``message``: the scheduler's), or
-        stopped waiting after ``waited`` seconds: an event each time, the ``CapacityAvailable``
-        condition while any trial waits, the metrics."""
+        stopped waiting after ``waited`` seconds (``scheduled``, or the trial ended): events,
+        the ``CapacityAvailable`` condition while any trial waits, the metrics."""
         if message is not None:
             self.unschedulable[number] = message
             self.emit("Normal", "TrialWaitingForCapacity", (
                 f"trial {number}: waiting for capacity ({message}); the wait counts against "
                 f"neither engine.startupTimeout nor budget.trialTimeout and is not a failure"))
-        elif self.unschedulable.pop(number, None) is not None:
+        elif self.unschedulable.pop(number, None) is not None and scheduled:
             self.emit("Normal", "TrialScheduled",
                       f"trial {number}: scheduled after {waited:.0f} s waiting for capacity")
         self.op.metrics.capacity(self.owner.namespace, self.owner.name,
