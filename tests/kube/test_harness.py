@@ -697,7 +697,7 @@ def test_kubelet_capacity_leaves_pods_unschedulable_until_one_ends(
         kube: KubeEmulator, core: kubernetes.client.CoreV1Api) -> None:
     def pod(name: str, gpus: int, seconds: float) -> dict[str, Any]:
         return {'metadata': {'name': name}, 'spec': {'containers': [{
-            'name': 'c', 'image': 'python', 'resources': {'limits': {'nvidia.com/gpu': gpus}},
+            'name': 'c', 'image': 'python', 'resources': {'limits': {'nvidia.com/gpu': str(gpus)}},
             'command': [PY, '-c', f'import time; time.sleep({seconds})']}]}}
 
     with FakeKubelet(kube, capacity={'nvidia.com/gpu': 2}) as kubelet:
