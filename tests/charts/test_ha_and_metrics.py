@@ -14,7 +14,16 @@ import helm_python as helm
 import pytest
 
 from tests.charts import CHART_DIR, NAMESPACE
-from tests.charts.helpers import Render, container, env_of, kinds, of_kind, only, pod_spec
+from tests.charts.helpers import (
+    Render,
+    RenderFiles,
+    container,
+    env_of,
+    kinds,
+    of_kind,
+    only,
+    pod_spec,
+)
 from tests.charts.test_rbac import rule, rules
 
 HA: dict[str, Any] = {"replicaCount": 2, "persistence": {"accessModes": ["ReadWriteMany"]}}
@@ -119,3 +128,10 @@ def test_the_dashboard_configmap_ships_the_dashboard(render: Render) -> None:
     assert cm["metadata"]["annotations"] == {"grafana_folder": "ml"}
     shipped = (CHART_DIR / "dashboards" / "chunktune-operator.json").read_text()
     assert json.loads(cm["data"]["chunktune-operator.json"]) == json.loads(shipped)
+
+
+def test_notes_name_the_lease_and_the_metrics(render_files: RenderFiles) -> None:
+    notes = render_files(HA)["chunktune/templates/NOTES.txt"]
+    assert "get lease chunktune -o jsonpath='{.spec.holderIdentity}'" in notes
+    assert "http://chunktune-metrics.chunktune:8080/metrics" in notes
+    assert "get lease" not in render_files()["chunktune/templates/NOTES.txt"]
