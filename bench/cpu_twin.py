@@ -138,8 +138,8 @@ class Twins:
     def __init__(self, store: Path, names: list[str]) -> None:
         from chunktune.backends.simulated import SimulatedBackend
         from chunktune.tuning.cli import _tuning_of
-        from chunktune.tuning.runner import Tuner
-        from chunktune.tuning.strategies.twin_first import replayer
+        from chunktune.tuning.strategies.twin_fit import replayer
+        from chunktune.tuning.tuner import Tuner
 
         backend = SimulatedBackend()
         self.tuners = {}
@@ -159,7 +159,7 @@ class Twins:
         numbered in order, their points naming their configuration."""
         import dataclasses
 
-        from chunktune.tuning.strategies.twin_first import measured_runs
+        from chunktune.tuning.strategies.twin_fit import measured_runs
         out = []
         for i, n in enumerate(names):
             (run,) = measured_runs(self.tuners[n])
@@ -170,7 +170,7 @@ class Twins:
 def report(real: dict[str, dict[str, Any]], store: Path) -> int:
     import numpy as np
 
-    from chunktune.tuning.strategies.twin_first import fit_profile
+    from chunktune.tuning.strategies.twin_fit import fit_profile
     calib = [config_name(c) for c in CALIBRATE_ON]
     held = [config_name(c) for c in HELD_OUT]
     twins = Twins(store, calib + held)
@@ -235,8 +235,8 @@ def from_study(storage: str, n: int) -> int:
 
     from chunktune.backends.simulated import SimulatedBackend
     from chunktune.tuning.cli import _tuning_of
-    from chunktune.tuning.runner import Tuner
-    from chunktune.tuning.strategies.twin_first import measured_runs, study_profile, twin_target
+    from chunktune.tuning.strategies.twin_fit import measured_runs, study_profile, twin_target
+    from chunktune.tuning.tuner import Tuner
 
     tuning, url = _tuning_of(storage, None)
     tuner = Tuner(tuning, SimulatedBackend(), url)

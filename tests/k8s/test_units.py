@@ -22,7 +22,7 @@ from chunktune.k8s.settings import Settings
 from chunktune.k8s.state import StatusWriter, parse
 from chunktune.metrics import promql
 from chunktune.metrics.client import PrometheusClient
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.tuner import Tuner
 from tests.k8s.conftest import tuning
 
 SEL = promql.PodSelector(namespace="ml", pod="t-t3", ip="10.0.0.7")

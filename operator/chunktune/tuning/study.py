@@ -20,7 +20,7 @@ from optuna.storages import BaseStorage
 from chunktune.api.metrics import Direction
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.core.errors import SpecError
-from chunktune.core.trials import TrialState
+from chunktune.core.trials import RESULT_STATES, TrialState
 from chunktune.tuning import space
 
 #: Trial user-attribute names (one vocabulary for the runner, the results and the status).
@@ -34,10 +34,10 @@ ATTR_SERVER = "server"
 ATTR_OWNER = "owner"
 ATTR_TIMES = "times"
 ATTR_STEPS = "steps"  # vLLM's step log of the trial: {"file": ..., "steps": N, ...totals}
-ATTR_PHASE = "phase"  # twin-first: calibrate | confirm | fallback | recheck
-#: The phase of a trial that measures a configuration again on purpose (never reused as a
-#: duplicate; its configuration's metrics become the mean of its measurements).
-PHASE_RECHECK = "recheck"
+#: The :class:`~chunktune.core.progress.TwinPhase` a trial was queued in: calibrate, confirm, or
+#: recheck (a configuration measured again on purpose: never reused as a duplicate; its
+#: configuration's metrics become the mean of its measurements).
+ATTR_PHASE = "phase"
 #: Study attribute: ``{"points": [...], "after": why the study before the recheck ended}``,
 #: once the recheck is queued.
 ATTR_RECHECK = "recheck"
@@ -240,3 +240,13 @@ def point_of(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """The configuration the trial ran (params, plus any the baseline fixed outside the
     space)."""
     return dict(t.user_attrs.get(ATTR_POINT) or t.params)
+
+
+def counted_in(storage: BaseStorage, name: str) -> int:
+    """Counted trials (:data:`~chunktune.core.trials.RESULT_STATES`) of study ``name`` in
+    ``storage`` (0 when there is none)."""
+    try:
+        trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    except KeyError:
+        return 0
+    return sum(1 for t in trials if trial_state(t) in RESULT_STATES)
