@@ -95,7 +95,7 @@ def probe(python: str | None = None, timeout: float = 60.0) -> VllmInstall:
                            timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BackendUnavailable(f"engine.kind vllm: cannot run {python} to look for vLLM "
-                                 f"({e}); set {PYTHON_ENV} to a Python with vLLM") from None
+                                 f"({e}); set {PYTHON_ENV} to a Python with vLLM") from e
     try:
         info = json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -158,7 +158,7 @@ def resolve_model(model: str) -> tuple[str, list[str]]:
             write_tiny_model(where)
         except OSError as e:
             raise BackendUnavailable(f"spec.engine.model {model!r}: cannot write the tiny model "
-                                     f"to {where}: {e}") from None
+                                     f"to {where}: {e}") from e
     return where, ["--load-format", "dummy"]
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from chunktune.core.gpus import GPU
+from chunktune.core.errors import ChunktuneError
 
 Engine = Literal["vllm", "sim", "sglang"]
 Kind = Literal["int", "float", "bool", "str"]
@@ -42,7 +43,7 @@ DefaultRule = Literal["static", "batch_budget", "batch_seqs", "model_len", "sgla
 VLLM_ENGINES: tuple[Engine, ...] = ("vllm", "sim")
 
 
-class FlagValueError(ValueError):
+class FlagValueError(ChunktuneError, ValueError):
     """A flag's value that its engine would refuse; the message names the flag and the fix."""
 
 
@@ -144,7 +145,7 @@ class Flag:
             plain = "invalid literal" in str(e) or "could not convert" in str(e)
             detail = "" if plain else f": {e}"
             raise FlagValueError(f"{self.option} takes {self.accepts} (got {text!r}){detail}") \
-                from None
+                from e
 
     def parse(self, text: str) -> Any:
         """:meth:`read`, then the bounds: the value the engine runs with, or
@@ -441,7 +442,7 @@ def _argparse_type(flag: Flag) -> Callable[[str], Any]:
         try:
             return flag.read(text)
         except FlagValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+            raise argparse.ArgumentTypeError(str(e)) from e
 
     parse.__name__ = flag.attr
     return parse

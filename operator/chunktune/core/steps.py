@@ -363,7 +363,7 @@ def read_step_log(path: str | Path) -> tuple[list[StepRecord], StepLogMeta]:
             else:
                 records.append(StepRecord.from_dict(d))
         except (ValueError, TypeError) as e:
-            raise ValueError(f"line {n} is not a step record ({e})") from None
+            raise ValueError(f"line {n} is not a step record ({e})") from e
     return records, meta
 
 

@@ -269,8 +269,8 @@ def _bool(v: str) -> bool:
 def _positive(v: str) -> float:
     try:
         x = float(v)
-    except ValueError:
-        raise ValueError(f"must be a number of seconds (got {v!r})") from None
+    except ValueError as e:
+        raise ValueError(f"must be a number of seconds (got {v!r})") from e
     if not x > 0:
         raise ValueError(f"must be > 0 (got {v!r})")
     return x
@@ -279,8 +279,8 @@ def _positive(v: str) -> float:
 def _non_negative(v: str) -> float:
     try:
         x = float(v)
-    except ValueError:
-        raise ValueError(f"must be a number of seconds (got {v!r})") from None
+    except ValueError as e:
+        raise ValueError(f"must be a number of seconds (got {v!r})") from e
     if not x >= 0:
         raise ValueError(f"must be >= 0 (got {v!r})")
     return x
@@ -291,8 +291,8 @@ def _seconds_or_none(v: str) -> float | None:
         return None
     try:
         x = float(v)
-    except ValueError:
-        raise ValueError(f"must be a number of seconds (got {v!r})") from None
+    except ValueError as e:
+        raise ValueError(f"must be a number of seconds (got {v!r})") from e
     if x < 0:
         raise ValueError(f"must be >= 0 (got {v!r})")
     return x

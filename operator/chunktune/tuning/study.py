@@ -120,7 +120,7 @@ def make_sampler(tuning: ChunkedPrefillTuning, n_objectives: int,
         except ImportError:
             raise SpecError("the gp sampler needs PyTorch, which is not installed: "
                             "pip install 'chunktune[gp]' (or use tpe)",
-                            field="spec.sampler.name") from None
+                            field="spec.sampler.name") from e
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=max(4, min(
