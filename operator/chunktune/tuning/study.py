@@ -51,6 +51,9 @@ QUEUED_ATTRS = (ATTR_PHASE, ATTR_ROUND, ATTR_PREDICTED)
 #: ATTR_STATE.
 ATTR_HIDDEN = "outside_search_space"
 STUDY_FINGERPRINT = "chunktune_fingerprint"
+#: The image a simulated engine's spec defaulted to before chunktune stopped naming an image it
+#: does not publish; only :func:`fingerprint` still uses it.
+_FORMER_SIM_IMAGE = "ghcr.io/chunktune/chunktune:0.1.0"
 STUDY_SPEC = "chunktune_spec"
 
 
@@ -58,9 +61,14 @@ def fingerprint(tuning: ChunkedPrefillTuning) -> str:
     """What must not change under a running study: engine, search space, workload,
     objectives and constraints (budget, sampler seed and output may change)."""
     s = tuning.spec
+    engine = s.engine.model_dump(mode="json", by_alias=True,
+                                 exclude={"startup_timeout", "security_context"})
+    if s.engine.kind == "sim" and s.engine.image is None:
+        # a simulated engine without an image runs the operator's; studies fingerprinted
+        # while the spec filled in this default keep their fingerprint (and so resume)
+        engine["image"] = _FORMER_SIM_IMAGE
     keep = {
-        "engine": s.engine.model_dump(mode="json", by_alias=True,
-                                      exclude={"startup_timeout", "security_context"}),
+        "engine": engine,
         "searchSpace": [p.model_dump(mode="json", by_alias=True) for p in s.search_space or []],
         "workload": s.workload.model_dump(mode="json", by_alias=True),
         "objectives": [o.model_dump(mode="json", by_alias=True) for o in s.objectives],
@@ -117,7 +125,7 @@ def make_sampler(tuning: ChunkedPrefillTuning, n_objectives: int,
     if s.name == "gp":
         try:
             import torch  # noqa: F401
-        except ImportError:
+        except ImportError as e:
             raise SpecError("the gp sampler needs PyTorch, which is not installed: "
                             "pip install 'chunktune[gp]' (or use tpe)",
                             field="spec.sampler.name") from e
