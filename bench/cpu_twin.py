@@ -15,7 +15,7 @@ predicts every other completed trial, costing no engine time.
    trial's step log and metrics in ``--store`` (default ``.chunktune/cpu-twin``). A
    configuration whose result is already stored is reused, not rerun (``--rerun`` redoes them).
 2. Calibrates the twin on the first three as a study does (``chunktune calibrate-study``,
-   :func:`chunktune.tuning.strategies.twin_first.fit_profile`): the step-time model fitted to their
+   :func:`chunktune.tuning.strategies.twin_fit.fit_profile`): the step-time model fitted to their
    step logs (what ``chunktune calibrate --log`` fits), then the wall time between steps, the time
    before the first token and the clients' delivery stalls fitted to their measured latencies.
 3. Replays the same workload in the simulator with that profile for the other three and
@@ -133,7 +133,7 @@ def main() -> int:
 class Twins:
     """The simulated twin of every stored configuration: each real run's own study (its
     manifest carries the configuration in its fixed flags), replayed as the product's twin
-    does (:func:`chunktune.tuning.strategies.twin_first.replayer`)."""
+    does (:func:`chunktune.tuning.strategies.twin_fit.replayer`)."""
 
     def __init__(self, store: Path, names: list[str]) -> None:
         from chunktune.backends.simulated import SimulatedBackend
