@@ -9,12 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
 import yaml
+from optuna.trial import TrialState as OptunaState
 
 from chunktune.backends.simulated import SimulatedBackend
 from chunktune.core.progress import EventKind, StopRequest, TrialEvent
@@ -23,8 +25,6 @@ from chunktune.tuning import study as st
 from chunktune.tuning.cli import StopOnSignal
 from chunktune.tuning.tuner import Tuner
 from tests.tuning.conftest import manifest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Held(SimulatedBackend):
@@ -68,7 +68,7 @@ def held_study(make_tuning: Any, storage: Path, when_two: Any) -> tuple[Tuner, H
 
 def by_state(tuner: Tuner) -> dict[int, str]:
     return {t.number: st.trial_state(t) for t in tuner.trials()
-            if t.state != optuna.trial.TrialState.WAITING}
+            if t.state != OptunaState.WAITING}
 
 
 def test_a_first_stop_lets_the_trials_in_flight_finish(make_tuning, tmp_path):
@@ -98,7 +98,7 @@ def test_a_second_stop_cancels_them_and_they_run_again_on_resume(make_tuning, tm
     again = Tuner(make_tuning(budget={"maxTrials": 3, "parallelism": 2}),
                   SimulatedBackend(max_parallel=2), str(storage))
     assert asyncio.run(again.run()) == "budget"
-    trials = [t for t in again.trials() if t.state != optuna.trial.TrialState.WAITING]
+    trials = [t for t in again.trials() if t.state != OptunaState.WAITING]
     for t in trials[:2]:
         assert st.trial_state(t) == TrialState.FAIL
         assert t.user_attrs[st.ATTR_REASON] == "Interrupted"
@@ -124,29 +124,41 @@ def test_ctrl_c_asks_drain_then_cancel_then_aborts(capsys: pytest.CaptureFixture
 
 
 def test_ctrl_c_in_chunktune_tune_finishes_the_trial_in_flight(tmp_path):
-    """The command itself: one SIGINT while trials run ends the study with ``stopped`` and
-    every launched trial recorded (none left in flight)."""
+    """The command itself: one SIGINT while a trial runs ends the study with ``stopped``, that
+    trial measured and recorded, and none left in flight."""
     m = manifest(budget={"maxTrials": 40}, sampler={"name": "random", "seed": 3})
     m["spec"]["workload"]["duration"] = "120s"
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(m))
     storage = tmp_path / "s.journal"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'operator'}{os.pathsep}{ROOT}"}
     proc = subprocess.Popen([sys.executable, "-m", "chunktune", "tune", str(path), "--storage",
-                             str(storage), "--backend", "simulated"], env=env,
+                             str(storage), "--backend", "simulated"],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
+    in_flight = None
+    deadline = time.monotonic() + 300
     try:
-        for line in proc.stdout:  # the first trial ended: the next one is in flight
-            if line.startswith("[") and "trial 0" in line:
-                break
-        proc.send_signal(signal.SIGINT)
+        while in_flight is None and time.monotonic() < deadline and proc.poll() is None:
+            if storage.exists() and "test/t" in optuna.get_all_study_names(
+                    st.open_storage(str(storage))):
+                trials = load(storage).trials
+                running = [t.number for t in trials if t.state == OptunaState.RUNNING
+                           and st.ATTR_OWNER in t.user_attrs]
+                if running and any(t.state == OptunaState.COMPLETE for t in trials):
+                    in_flight = running[0]
+                    proc.send_signal(signal.SIGINT)
+            time.sleep(0.05)
         out, err = proc.communicate(timeout=600)
     finally:
         proc.kill()
+    assert in_flight is not None, "never caught a trial in flight"
     assert proc.returncode == 0, err
     assert "stopping after the trials in flight" in err
     assert "study stopped: stopped" in out
-    study = optuna.load_study(study_name="test/t", storage=st.open_storage(str(storage)))
-    states = [st.trial_state(t) for t in study.trials]
-    assert TrialState.RUNNING not in states and len(states) < 40
+    trials = load(storage).trials
+    assert st.trial_state(trials[in_flight]) in (TrialState.COMPLETE, TrialState.INFEASIBLE)
+    assert OptunaState.RUNNING not in [t.state for t in trials] and len(trials) < 40
+
+
+def load(storage: Path) -> optuna.Study:
+    return optuna.load_study(study_name="test/t", storage=st.open_storage(str(storage)))

@@ -15,13 +15,7 @@ from chunktune.api.reader import load_manifest, read_manifest, validate
 from chunktune.backends.base import TrialBackend
 from chunktune.core.errors import BackendUnavailable, SpecError
 from chunktune.core.flags import flags_line
-from chunktune.core.progress import (
-    TWIN_UNTRUSTED,
-    EventKind,
-    StopReason,
-    StopRequest,
-    TrialEvent,
-)
+from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent
 from chunktune.core.trials import TrialState
 
 if TYPE_CHECKING:
@@ -144,7 +138,7 @@ class Progress:
     def event(self, e: TrialEvent) -> None:
         if e.kind in (EventKind.PHASE, EventKind.WARNING):
             if not self.quiet or e.kind == EventKind.WARNING:
-                tag = "WARNING" if e.reason == TWIN_UNTRUSTED else f"phase {e.phase}"
+                tag = "WARNING" if e.kind == EventKind.WARNING else f"phase {e.phase}"
                 print(f"== {tag} ({time.monotonic() - self.t0:.0f} s): {e.message}", flush=True)
             return
         if self.quiet or e.kind != EventKind.FINISHED:
