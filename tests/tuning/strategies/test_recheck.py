@@ -273,9 +273,9 @@ def test_recheck_ranks_a_configuration_measured_only_noisily_by_its_engines_figu
     res = collect(study, [ITL], [])
     order = recheck_order(res)
     assert [c.params["max-num-batched-tokens"] for c in order] == [4096, 2048, 1024]
-    est = engine_estimate(res, [res.trial(2)], KEY)
+    est = engine_estimate(res.trials, [res.trial(2)], KEY)
     assert est == pytest.approx(0.0109 * statistics.median([0.0184 / 0.0159, 0.0320 / 0.0301]))
-    assert engine_estimate(res, [res.trial(2)], "chat.ttft_p99") is None  # not an ITL p99
+    assert engine_estimate(res.trials, [res.trial(2)], "chat.ttft_p99") is None  # not an ITL p99
 
 
 def test_recheck_falls_back_on_the_twins_prediction_without_a_clean_ratio() -> None:
