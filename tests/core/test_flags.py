@@ -191,9 +191,10 @@ def test_one_flags_line_everywhere() -> None:
     import chunktune.k8s.controller as study
     import chunktune.k8s.outputs as outputs
     import chunktune.tuning.cli as cli
-    import chunktune.tuning.results as results
+    import chunktune.tuning.results.files as files
+    import chunktune.tuning.results.text as text
 
-    for module in (status, manifests, outputs, study, cli, results):
+    for module in (status, manifests, outputs, study, cli, files, text):
         assert module.flags_line is flags.flags_line, module.__name__
     point = {"long-prefill-token-threshold": 0.0, "max-num-batched-tokens": 4096.0,
              "gpu-memory-utilization": 0.9, "enable-chunked-prefill": True}

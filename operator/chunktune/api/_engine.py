@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from chunktune import __version__
 from chunktune.api._types import (
     DNS1123_SUBDOMAIN,
     IMAGE_REF,
@@ -20,9 +19,6 @@ from chunktune.api._types import (
     pattern_str,
 )
 from chunktune.core import gpus as _gpus
-
-#: The image that runs the simulated engine (``engine.kind: sim``) by default.
-DEFAULT_SIM_IMAGE = f"ghcr.io/chunktune/chunktune:{__version__}"
 
 EngineKind = Literal["vllm", "sim", "sglang"]
 
@@ -289,6 +285,4 @@ class EngineSpec(Model):
             self.served_model_name = self.model
         if self.gpu.count is None:
             self.gpu.count = self.tensor_parallel_size
-        if self.image is None and self.kind == "sim":
-            self.image = DEFAULT_SIM_IMAGE
         return self

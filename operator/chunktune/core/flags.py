@@ -9,7 +9,8 @@ an engine process or pod (:func:`argv`). A *point* is a mapping ``{flag name: va
 name as vLLM spells it without dashes (``max-num-batched-tokens``); strings appear only where a
 point crosses a process boundary.
 
-Parsers accept what vLLM 0.32's ``vllm serve`` accepts (``vllm/engine/arg_utils.py``,
+Parsers accept what the supported vLLM's ``vllm serve`` accepts
+(:data:`~chunktune.core.vllm.VLLM_VERSION`; ``vllm/engine/arg_utils.py``,
 ``vllm/utils/argparse_utils.py``): ``--max-num-batched-tokens`` and ``--kv-cache-memory-bytes``
 take vLLM's human-readable integers (``8k`` = 8000, ``8K`` = 8192, ``25.6k`` = 25600),
 ``--max-model-len`` also ``auto`` / ``-1``, the other integer flags plain integers only; boolean
@@ -33,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from chunktune.core.errors import ChunktuneError
 from chunktune.core.gpus import GPU
 
 Engine = Literal["vllm", "sim", "sglang"]
@@ -42,7 +44,7 @@ DefaultRule = Literal["static", "batch_budget", "batch_seqs", "model_len", "sgla
 VLLM_ENGINES: tuple[Engine, ...] = ("vllm", "sim")
 
 
-class FlagValueError(ValueError):
+class FlagValueError(ChunktuneError, ValueError):
     """A flag's value that its engine would refuse; the message names the flag and the fix."""
 
 
@@ -144,7 +146,7 @@ class Flag:
             plain = "invalid literal" in str(e) or "could not convert" in str(e)
             detail = "" if plain else f": {e}"
             raise FlagValueError(f"{self.option} takes {self.accepts} (got {text!r}){detail}") \
-                from None
+                from e
 
     def parse(self, text: str) -> Any:
         """:meth:`read`, then the bounds: the value the engine runs with, or
@@ -441,7 +443,7 @@ def _argparse_type(flag: Flag) -> Callable[[str], Any]:
         try:
             return flag.read(text)
         except FlagValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+            raise argparse.ArgumentTypeError(str(e)) from e
 
     parse.__name__ = flag.attr
     return parse
@@ -480,7 +482,7 @@ _GIB = 2**30
 
 
 #: vLLM's CPU build, API server: 2048 tokens and 128 sequences per step
-#: (vllm/engine/arg_utils.py, ``EngineArgs.get_batch_defaults``, 0.32).
+#: (vllm/engine/arg_utils.py, ``EngineArgs.get_batch_defaults``, the supported release).
 CPU_BATCH_DEFAULTS = (2048, 128)
 
 

@@ -254,11 +254,11 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
         p = Path(config_path)
         try:
             cfg = json.loads(p.read_text())
-        except FileNotFoundError:
+        except FileNotFoundError as e:
             raise SpecError(f"model config file {str(p)!r} does not exist",
-                            field="--model-config") from None
+                            field="--model-config") from e
         except json.JSONDecodeError as e:
-            raise SpecError(f"{str(p)!r} is not valid JSON: {e}", field="--model-config") from None
+            raise SpecError(f"{str(p)!r} is not valid JSON: {e}", field="--model-config") from e
         return from_hf_config(cfg, name=name or p.parent.name or p.stem)
     if not name:
         raise SpecError("a model is required: a catalog name or --model-config PATH", field=field)

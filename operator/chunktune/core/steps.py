@@ -1,6 +1,7 @@
 """vLLM's per-step log: one :class:`StepRecord` per engine step, parsed from its log lines.
 
-With ``--enable-logging-iteration-details`` vLLM (0.32) logs every engine step as::
+With ``--enable-logging-iteration-details`` vLLM (:data:`~chunktune.core.vllm.VLLM_VERSION`) logs
+every engine step as::
 
     (APIServer pid=8177) INFO 12-03 00:25:21 [loggers.py:199] Engine 000: Iteration(0):
     1 context requests, 10 context tokens, 0 generation requests, 0 generation tokens,
@@ -87,10 +88,10 @@ def parse_line(line: str) -> StepRecord | None:
 
 
 def format_line(record: StepRecord, device: str = "GPU") -> str:
-    """The ``Iteration`` text vLLM 0.32 logs for a record (after its ``INFO ... [loggers.py]``
-    prefix): :func:`parse_line`'s inverse, up to the rounding of the time (0.01 ms) and the KV
-    usage (0.1 %). ``device`` names the KV cache (``GPU``/``CPU``); a record without a usage
-    gets 0.0 %, as vLLM always logs one."""
+    """The ``Iteration`` text the supported vLLM logs for a record (after its ``INFO ...
+    [loggers.py]`` prefix): :func:`parse_line`'s inverse, up to the rounding of the time (0.01 ms)
+    and the KV usage (0.1 %). ``device`` names the KV cache (``GPU``/``CPU``); a record without
+    a usage gets 0.0 %, as vLLM always logs one."""
     return (f"Engine {record.engine:03d}: Iteration({record.iteration}): "
             f"{record.context_requests} context requests, {record.context_tokens} context tokens, "
             f"{record.generation_requests} generation requests, "
@@ -266,8 +267,9 @@ def host_added(metrics: Mapping[str, float], band: tuple[float, float] | None) -
     return why
 
 
-#: vLLM's start-up lines that say which engine wrote a log (v0.32: ``Initializing a V1 LLM
-#: engine (v0.32.0) with config: model='...', ...`` and ``CPU KV cache size: 130,944 tokens``).
+#: vLLM's start-up lines that say which engine wrote a log (the supported release:
+#: ``Initializing a V1 LLM engine (vX.Y.Z) with config: model='...', ...`` and ``CPU KV cache
+#: size: 130,944 tokens``).
 ENGINE_RE = re.compile(r"Initializing a V\d+ LLM engine \(v(?P<version>[^)]+)\) with config: "
                        r"model='(?P<model>[^']*)'")
 KV_SIZE_RE = re.compile(r"(?P<device>[A-Za-z]+)(?: \+ host)? KV cache size: (?P<n>[0-9,]+) tokens")
@@ -363,7 +365,7 @@ def read_step_log(path: str | Path) -> tuple[list[StepRecord], StepLogMeta]:
             else:
                 records.append(StepRecord.from_dict(d))
         except (ValueError, TypeError) as e:
-            raise ValueError(f"line {n} is not a step record ({e})") from None
+            raise ValueError(f"line {n} is not a step record ({e})") from e
     return records, meta
 
 
