@@ -58,6 +58,20 @@ def write_tables(data: Path) -> None:
     print(f"wrote {SILICON}, {RUNS} and {REQUESTS}")
 
 
+def print_first_token(silicon: list[e2e.ServingRun]) -> int:
+    res = e2e.first_token_residuals(silicon)
+    print(f"{'light-load run':58} {'measured':>9} {'prefill':>9} {'left':>8}")
+    for r in res:
+        print(f"{r.run.name:58} {r.run.ttft_s * 1e3:7.1f}ms {r.simulated_s * 1e3:7.1f}ms "
+              f"{r.residual_s * 1e3:6.1f}ms")
+    fit = e2e.fit_server_cost(res)
+    print(f"fitted on the TP {max(r.run.tp for r in res)} rows: {fit.fixed_s * 1e3:.1f} ms + "
+          f"{fit.per_prompt_token_s * 1e6:.1f} us per prompt token (assumed); committed: "
+          f"{e2e.API_SERVER.fixed_s * 1e3:.1f} ms + "
+          f"{e2e.API_SERVER.per_prompt_token_s * 1e6:.1f} us")
+    return 0
+
+
 def pct(v: float | None) -> str:
     return "-" if v is None else f"{v:6.1%}"
 
@@ -69,6 +83,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="only the cheap silicon rows (the CI guard's set)")
     ap.add_argument("--rows", action="store_true", help="print every replayed row")
+    ap.add_argument("--first-token", action="store_true",
+                    help="print the light-load rows' TTFT left beside the simulated prefill "
+                         "and the cost before the first token fitted on them")
     ap.add_argument("--write-tables", action="store_true",
                     help="rewrite bench/data/e2e from --data")
     a = ap.parse_args()
@@ -79,6 +96,8 @@ def main() -> int:
         return 0
     t0 = time.perf_counter()
     silicon, runs = load(a.data)
+    if a.first_token:
+        return print_first_token(silicon)
     chosen = e2e.quick(silicon) if a.quick else silicon
     replays = [e2e.replay_silicon(r) for r in chosen]
     replays += [e2e.replay_engine_run(r) for r in runs]

@@ -16,6 +16,7 @@ from chunktune.core.errors import ChunktuneError, SpecError
 from chunktune.core.flags import BY_ATTR, FLAGS, argv, engine_defaults
 from chunktune.core.gpus import GPU
 from chunktune.core.models import MODELLED_QUANTIZATION, ModelConfig
+from chunktune.core.vllm_version import Version
 
 
 class EngineStartupError(ChunktuneError):
@@ -80,7 +81,7 @@ class EngineArgs:
     max_num_seqs: int | None = None
     long_prefill_token_threshold: int = _default("long-prefill-token-threshold")
     max_model_len: int | None = None
-    gpu_memory_utilization: float = _default("gpu-memory-utilization")
+    gpu_memory_utilization: float | None = None
     enable_chunked_prefill: bool = _default("enable-chunked-prefill")
     block_size: int = _default("block-size")
     tensor_parallel_size: int = _default("tensor-parallel-size")
@@ -203,6 +204,8 @@ class ResolvedConfig:
     #: the checkpoint quantizes the KV cache) and the quantization method it runs (None: none)
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
+    #: the vLLM whose start-up defaults and memory accounting apply (None: the current one)
+    vllm_version: Version | None = None
 
     def flags(self) -> dict[str, Any]:
         """The engine flags as the engine runs with them, as a point
@@ -280,12 +283,14 @@ def check_scheduler_rules(budget: int, seqs: int, max_model_len: int | None,
         )
 
 
-def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
+def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
+            version: Version | None = None) -> ResolvedConfig:
     """Apply vLLM's defaults, then its start-up validation. Raises :class:`SpecError` for input
     no engine accepts and :class:`EngineStartupError` (reason ``ConfigRejected``) for a
     combination vLLM refuses, with vLLM's message. ``--quantization`` and the checkpoint's
     quantization are resolved as vLLM 0.32's ``ModelConfig._verify_quantization`` does: the
-    model the result holds has its linear layers at the resolved weight type."""
+    model the result holds has its linear layers at the resolved weight type. ``version``:
+    the vLLM whose defaults apply (:mod:`chunktune.core.vllm_version`; None: the current)."""
     args.check()
     model = apply_quantization(model, args.quantization)
     tp = args.tensor_parallel_size
@@ -310,7 +315,8 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
             "absolute position encoding, positions exceeding derived_max_model_len will cause a "
             "CUDA array out-of-bounds error.",
         )
-    values = engine_defaults(args.point(only_set=False), gpu, max_model_len, engine="sim")
+    values = engine_defaults(args.point(only_set=False), gpu, max_model_len, engine="sim",
+                             version=version)
     budget, seqs = values["max-num-batched-tokens"], values["max-num-seqs"]
     check_scheduler_rules(budget, seqs, max_model_len, args.enable_chunked_prefill,
                           args.max_num_partial_prefills, args.max_long_partial_prefills,
@@ -333,7 +339,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
         max_num_seqs=seqs,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         max_model_len=max_model_len,
-        gpu_memory_utilization=float(args.gpu_memory_utilization),
+        gpu_memory_utilization=float(values["gpu-memory-utilization"]),
         enable_chunked_prefill=args.enable_chunked_prefill,
         block_size=args.block_size,
         tensor_parallel_size=tp,
@@ -347,6 +353,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
         warnings=tuple(warnings),
         kv_cache_dtype=kv_dtype,
         quantization=model.quantization or None,
+        vllm_version=version,
     )
 
 

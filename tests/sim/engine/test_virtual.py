@@ -75,21 +75,38 @@ def test_time_limit_stops_the_clock():
     assert 5.0 <= res.end_time < 5.5
 
 
-def test_server_overhead_delays_each_request_by_the_same_amount_at_idle():
-    """The pre-first-token server cost: at idle every TTFT and E2E grows by exactly it."""
+def test_server_cost_delays_each_request_by_its_part_at_idle():
+    """The pre-first-token server cost: at idle every TTFT and E2E grows by exactly its fixed
+    part plus its part per prompt token."""
     from chunktune.core.workload import RequestSpec
-    from chunktune.sim.engine.virtual import API_SERVER_OVERHEAD_S
+    from chunktune.sim.engine.virtual import API_SERVER
 
     eng = build_engine(EngineArgs(max_model_len=8192), resolve_model("llama-3.1-8b"),
                        resolve_gpu("h100-sxm"))
-    specs = [RequestSpec(i, 10.0 * i, 500, 20, 0) for i in range(3)]  # far apart: idle
+    specs = [RequestSpec(i, 10.0 * i, 500 * (i + 1), 20, 0) for i in range(3)]  # idle
     base = eng.replay(specs)
     eng2 = build_engine(EngineArgs(max_model_len=8192), resolve_model("llama-3.1-8b"),
                         resolve_gpu("h100-sxm"))
-    slow = eng2.replay(specs, server_overhead_s=API_SERVER_OVERHEAD_S)
+    slow = eng2.replay(specs, server_overhead_s=API_SERVER.fixed_s,
+                       server_per_token_s=API_SERVER.per_prompt_token_s)
     for a, b in zip(base.requests, slow.requests, strict=True):
+        cost = API_SERVER.before_first_token(a.prompt_len)
+        assert cost == pytest.approx(API_SERVER.fixed_s + 2e-6 * a.prompt_len)
         assert a.arrival == b.arrival
-        assert b.first_token - a.first_token == pytest.approx(API_SERVER_OVERHEAD_S)
-        assert b.finish_time - a.finish_time == pytest.approx(API_SERVER_OVERHEAD_S)
+        assert b.first_token - a.first_token == pytest.approx(cost)
+        assert b.finish_time - a.finish_time == pytest.approx(cost)
+
+
+def test_a_calibration_profile_s_server_overhead_replaces_the_default():
+    """A profile's fitted figure is the engine's own, measured: it replaces the default whole
+    (its per-token part included)."""
+    from chunktune.sim.engine.virtual import API_SERVER, ServerCost, server_cost
+
+    assert server_cost(None) == API_SERVER
+    assert server_cost(0.004) == ServerCost(0.004, 0.0)
+    assert server_cost(0.0) == ServerCost()
+    eng2 = build_engine(EngineArgs(max_model_len=8192), resolve_model("llama-3.1-8b"),
+                        resolve_gpu("h100-sxm"))
+    specs = [RequestSpec(i, 10.0 * i, 500, 20, 0) for i in range(3)]
     closed = eng2.replay(specs, concurrency=1, server_overhead_s=0.05)
     assert all(r.first_token - r.arrival >= 0.05 for r in closed.requests)

@@ -5,7 +5,8 @@ Two sets of measured runs, each replayed as its client ran it:
 - **AIConfigurator's silicon runs** (``silicon-e2e.csv``, Apache-2.0, NVIDIA): vLLM served on
   H100/H200/B200, closed loop: ``concurrency`` requests in flight, every request exactly ``isl``
   prompt and ``osl`` output tokens, the client's mean TTFT and TPOT. Engine flags beyond TP and
-  precision were not recorded: the replay takes vLLM's defaults.
+  precision were not recorded: the replay takes the defaults of the row's vLLM version (of the
+  current one where the row names none).
 - **LLMServingSim's vLLM 0.19 runs** (RTX 4090, RTX PRO 6000; MIT, CASYS Lab at KAIST): an
   offline engine with timed injection, open loop, engine-side timestamps (no server cost),
   replayed by :func:`chunktune.sim.calibration.fidelity.simulate_run`.
@@ -46,11 +47,12 @@ from chunktune.core.engine_args import EngineArgs, EngineStartupError
 from chunktune.core.errors import SpecError
 from chunktune.core.gpus import GPU, GPUS, resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
+from chunktune.core.vllm_version import Version, parse_version
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.calibration.fidelity import measured_latencies, simulate_run
 from chunktune.sim.cost.kernel_data import EngineRun
 from chunktune.sim.engine.request import Request
-from chunktune.sim.engine.virtual import API_SERVER_OVERHEAD_S, Engine, build_engine
+from chunktune.sim.engine.virtual import API_SERVER, Engine, ServerCost, build_engine
 
 #: silicon-e2e's ``system`` -> our GPU name.
 SILICON_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200",
@@ -140,9 +142,10 @@ class Replay:
         return None if self.tpot_s is None else self.tpot_s / self.measured_tpot_s - 1.0
 
 
-def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU]:
-    """The engine a silicon row ran, as the simulator takes it; raises :class:`SpecError`
-    naming what the simulator does not model."""
+def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Version | None]:
+    """The engine a silicon row ran, as the simulator takes it, and the vLLM version whose
+    defaults apply (the row's; None where it records none: the current one); raises
+    :class:`SpecError` naming what the simulator does not model."""
     if run.precision not in MODELLED_PRECISIONS:
         raise SpecError(f"{run.precision} weights are not modelled")
     if run.model not in SILICON_MODELS:
@@ -153,11 +156,12 @@ def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU]:
     gpu = resolve_gpu(gpu_name)
     model = resolve_model(SILICON_MODELS[run.model])
     online = "fp8" if run.precision == "fp8" and not model.quantization else None
-    return EngineArgs(tensor_parallel_size=run.tp, quantization=online), model, gpu
+    version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
+    return EngineArgs(tensor_parallel_size=run.tp, quantization=online), model, gpu, version
 
 
 def replay_closed_loop(engine: Engine, isl: int, osl: int, concurrency: int,
-                       server_overhead_s: float, client: str = DESYNCHRONISED
+                       server: ServerCost, client: str = DESYNCHRONISED
                        ) -> tuple[float, float]:
     """(mean TTFT, mean TPOT) of the measured wave of a closed-loop client keeping
     ``concurrency`` requests of ``isl`` / ``osl`` tokens in flight, its first wave sent as
@@ -181,7 +185,8 @@ def replay_closed_loop(engine: Engine, isl: int, osl: int, concurrency: int,
         return cursor[0] >= hi
 
     res = engine.replay(specs, concurrency=n, record_steps=False, tick=0.05,
-                        on_tick=measured_done, server_overhead_s=server_overhead_s)
+                        on_tick=measured_done, server_overhead_s=server.fixed_s,
+                        server_per_token_s=server.per_prompt_token_s)
     wave = [r for r in res.requests if lo <= r.rid < hi]
     if len(wave) < n or any(r.finish_time < 0 for r in wave):
         raise RuntimeError(f"closed-loop replay stopped before request {hi - 1} finished")
@@ -195,16 +200,16 @@ def replay_silicon(run: ServingRun) -> Replay:
     group = f"{SILICON_GPUS.get(run.system, run.system)} {run.precision}"
     base = Replay(run.name, group, run.ttft_s, run.tpot_s)
     try:
-        args, model, gpu = silicon_engine(run)
-        engine = build_engine(args, model, gpu)
+        args, model, gpu, version = silicon_engine(run)
+        engine = build_engine(args, model, gpu, version)
     except SpecError as e:
         return _skip(base, str(e))
     except EngineStartupError as e:
         return _skip(base, f"the engine does not start here ({e.reason})")
-    ttft, tpot = replay_closed_loop(engine, run.isl, run.osl, run.concurrency,
-                                    API_SERVER_OVERHEAD_S, DESYNCHRONISED)
-    lockstep, _ = replay_closed_loop(build_engine(args, model, gpu), run.isl, run.osl,
-                                     run.concurrency, API_SERVER_OVERHEAD_S, LOCKSTEP)
+    ttft, tpot = replay_closed_loop(engine, run.isl, run.osl, run.concurrency, API_SERVER,
+                                    DESYNCHRONISED)
+    lockstep, _ = replay_closed_loop(build_engine(args, model, gpu, version), run.isl,
+                                     run.osl, run.concurrency, API_SERVER, LOCKSTEP)
     return Replay(run.name, group, run.ttft_s, run.tpot_s, ttft, tpot, lockstep)
 
 
@@ -259,6 +264,51 @@ def summarize(replays: Iterable[Replay]) -> dict[str, GroupFigures]:
                               med([r.ttft_err for r in ran]),
                               med([r.ttft_lockstep_err for r in ran]), skipped)
     return out
+
+
+@dataclass(frozen=True)
+class FirstTokenResidual:
+    """A light-load silicon row: its measured mean TTFT against the replay's without any
+    server cost (prefill and step waits only, desynchronised client)."""
+
+    run: ServingRun
+    simulated_s: float
+
+    @property
+    def residual_s(self) -> float:
+        return self.run.ttft_s - self.simulated_s
+
+
+def first_token_residuals(runs: Sequence[ServingRun], max_concurrency: int = 4,
+                          max_isl: int = 1024) -> list[FirstTokenResidual]:
+    """The rows at light load (at most ``max_concurrency`` in flight, prompts of at most
+    ``max_isl`` tokens) that the simulator runs, with their TTFT left once the simulated
+    prefill and waits are taken off: what the server costs before the first token, plus the
+    step model's prefill error (smallest where the prefill per rank is, at the highest TP)."""
+    out = []
+    for run in runs:
+        if run.concurrency > max_concurrency or run.isl > max_isl:
+            continue
+        try:
+            args, model, gpu, version = silicon_engine(run)
+            engine = build_engine(args, model, gpu, version)
+        except (SpecError, EngineStartupError):
+            continue
+        ttft, _ = replay_closed_loop(engine, run.isl, run.osl, run.concurrency, ServerCost())
+        out.append(FirstTokenResidual(run, ttft))
+    return out
+
+
+def fit_server_cost(residuals: Sequence[FirstTokenResidual],
+                    per_prompt_token_s: float = API_SERVER.per_prompt_token_s) -> ServerCost:
+    """The fixed cost before the first token: the median, over the residuals at the highest
+    tensor-parallel size (where the simulated prefill is the smallest part of the TTFT), of
+    what is left once ``per_prompt_token_s`` x the prompt is taken off."""
+    if not residuals:
+        raise ValueError("no light-load rows to fit the cost before the first token on")
+    top = max(r.run.tp for r in residuals)
+    left = [r.residual_s - per_prompt_token_s * r.run.isl for r in residuals if r.run.tp == top]
+    return ServerCost(float(statistics.median(left)), per_prompt_token_s)
 
 
 def quick(runs: Sequence[ServingRun], budget: int = 150_000) -> list[ServingRun]:
