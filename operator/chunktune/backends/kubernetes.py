@@ -49,7 +49,12 @@ from typing import Any, Protocol
 import aiohttp
 
 from chunktune.backends import manifests as mf
-from chunktune.backends.base import TrialBackend, take_kv_peak_from_steps, trial_tag
+from chunktune.backends.base import (
+    TrialBackend,
+    record_engine_startup,
+    take_kv_peak_from_steps,
+    trial_tag,
+)
 from chunktune.backends.classify import classify
 from chunktune.backends.vllm import STEP_LOG_FLAG, STEP_LOG_KINDS
 from chunktune.core.errors import ChunktuneError, InfrastructureFault
@@ -390,6 +395,7 @@ class KubernetesBackend(TrialBackend):
                         "step log is truncated to the first %d steps", where, limit,
                         text.count("Iteration("))
         lines = text.splitlines(keepends=True)
+        record_engine_startup(result, lines)
         try:
             result.steps, out = await asyncio.to_thread(keep_step_log, lines,
                                                         self.settings.steps_dir, trial_tag(plan))

@@ -273,6 +273,12 @@ def host_added(metrics: Mapping[str, float], band: tuple[float, float] | None) -
 ENGINE_RE = re.compile(r"Initializing a V\d+ LLM engine \(v(?P<version>[^)]+)\) with config: "
                        r"model='(?P<model>[^']*)'")
 KV_SIZE_RE = re.compile(r"(?P<device>[A-Za-z]+)(?: \+ host)? KV cache size: (?P<n>[0-9,]+) tokens")
+#: The step budget the engine runs with, whoever chose it (vLLM's SchedulerConfig logs it at
+#: start-up: ``Chunked prefill is enabled with max_num_batched_tokens=8192.``), and the
+#: flags set on its command line (``non-default args: {'model': ..., 'max_num_seqs': 128}``;
+#: vLLM 0.32 logs max_num_seqs nowhere else).
+BUDGET_RE = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(?P<n>\d+)")
+NON_DEFAULT_SEQS_RE = re.compile(r"non-default args: .*'max_num_seqs': (?P<n>\d+)")
 
 
 @dataclass(frozen=True)
@@ -286,6 +292,10 @@ class StepLogMeta:
     """KV-cache capacity in tokens (what turns the steps' usage % into tokens)."""
     device: str | None = None
     """``CPU`` or ``GPU``, from the KV-cache size line."""
+    max_num_batched_tokens: int | None = None
+    """The step budget the engine started with (its default where the flag was not given)."""
+    max_num_seqs: int | None = None
+    """``--max-num-seqs`` where the command line set it (vLLM logs no default)."""
 
     def to_dict(self) -> dict[str, object]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -294,19 +304,25 @@ class StepLogMeta:
         """This, with the fields it lacks taken from ``other``."""
         return StepLogMeta(self.model or other.model, self.vllm_version or other.vllm_version,
                            self.kv_cache_tokens or other.kv_cache_tokens,
-                           self.device or other.device)
+                           self.device or other.device,
+                           self.max_num_batched_tokens or other.max_num_batched_tokens,
+                           self.max_num_seqs or other.max_num_seqs)
 
 
 def parse_meta(lines: Iterable[str]) -> StepLogMeta:
-    """The engine's identity from a vLLM log's start-up lines."""
+    """The engine's identity and effective batch limits from a vLLM log's start-up lines."""
     model = version = device = None
-    kv = None
+    kv = budget = seqs = None
     for line in lines:
         if (m := ENGINE_RE.search(line)) is not None:
             model, version = m["model"], m["version"]
         elif (k := KV_SIZE_RE.search(line)) is not None:
             kv, device = int(k["n"].replace(",", "")), k["device"]
-    return StepLogMeta(model, version, kv, device)
+        elif (b := BUDGET_RE.search(line)) is not None:
+            budget = int(b["n"])
+        elif (s := NON_DEFAULT_SEQS_RE.search(line)) is not None:
+            seqs = int(s["n"])
+    return StepLogMeta(model, version, kv, device, budget, seqs)
 
 
 def write_steps(path: str | Path, records: Iterable[StepRecord],

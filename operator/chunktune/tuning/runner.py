@@ -45,6 +45,7 @@ from optuna.trial import TrialState as OptunaState
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend
+from chunktune.core import vllm as vllm_release
 from chunktune.core.errors import InfrastructureFault, SpecError
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent, TwinPhase
 from chunktune.core.steps import (
@@ -112,6 +113,8 @@ def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
                        omp_threads_bind=e.cpu.omp_threads_bind) if e.cpu else None),
         calibration=calibration_of(tuning),
         calibration_ref=(ref.name, ref.key) if ref is not None else None,
+        vllm_version=(None if (v := e.effective_vllm_version()) is None
+                      else vllm_release.text(v)),
     )
 
 
