@@ -37,7 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from chunktune.core.gpus import GPU
+from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.sim.cost import aic_data
+from chunktune.sim.cost.coefficients import NEAREST
+from chunktune.sim.cost.coefficients import coefficients as kernel_coefficients
 
 COLLECTIVE_COEFFICIENTS_PATH = Path(__file__).with_name("data") / "allreduce_coefficients.json"
 
@@ -48,6 +51,8 @@ NVLINK_MIN_GB_S = 200.0
 #: vLLM's custom all-reduce handles messages up to this size (``CustomAllreduce.max_size``,
 #: 8 MiB); larger ones go to NCCL.
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+#: Its latency where nothing measured says otherwise (a GPU priced on Vidur's NCCL curve).
+CUSTOM_AR_LATENCY_S = 1e-5
 #: NVSwitch generation by GPU family (A100 SXM: NVLink 3, H100/H200 SXM: NVLink 4).
 NVSWITCH_KIND = {"ampere": "nvswitch-nvlink3", "hopper": "nvswitch-nvlink4"}
 
@@ -158,17 +163,71 @@ def gpu_interconnect(gpu: GPU) -> Interconnect:
     return Interconnect(0.0, 1, "nvlink-bridge", gpu.link_gb_s)
 
 
-def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU, custom_latency_s: float,
+@lru_cache(maxsize=1)
+def _measured() -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
+    """(GPU, ranks) -> (log bytes, log seconds) of vLLM's measured all-reduce."""
+    acc: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for r in aic_data.read_committed_allreduce():
+        acc.setdefault((r.gpu, r.ranks), []).append((float(r.nbytes), r.us * 1e-6))
+    return {k: (np.log([b for b, _ in sorted(v)]), np.log([t for _, t in sorted(v)]))
+            for k, v in acc.items()}
+
+
+def measured_allreduce_table(gpu: str, ranks: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(log bytes, log seconds) of ``gpu``'s own measured vLLM all-reduce over ``ranks``."""
+    return _measured().get((gpu, ranks))
+
+
+def is_nvlink(gpu: GPU) -> bool:
+    return gpu.link_gb_s >= NVLINK_MIN_GB_S
+
+
+def vllm_allreduce_source(gpu: GPU) -> str | None:
+    """The measured GPU whose fitted vLLM all-reduce ``gpu`` uses: itself, else the first of
+    ``coefficients.NEAREST`` with a measured table on the same kind of link (NVLink or PCIe);
+    None where there is none (then NCCL's curve, :func:`nccl_allreduce_s`)."""
+    measured = {g for g, _ in _measured()}
+    for name in (gpu.name, *NEAREST.get(gpu.name, ())):
+        if name in measured and is_nvlink(resolve_gpu(name)) == is_nvlink(gpu):
+            return name
+    return None
+
+
+def vllm_allreduce_s(nbytes: np.ndarray, tp: int, gpu: GPU, latency_s: float,
+                     link_eff: float) -> np.ndarray:
+    """The fitted form of vLLM's all-reduce: ``latency + ring(n) x S / (link x eff)`` with
+    the per-direction data-sheet bandwidth of the GPU's link."""
+    out: np.ndarray = latency_s + ring_factor(tp) * nbytes / (gpu.link_gb_s * 1e9 / 2 * link_eff)
+    return out
+
+
+def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
                    c: CollectiveCoefficients | None = None,
                    interconnect: Interconnect | None = None) -> Any:
-    """Seconds one tensor-parallel all-reduce of ``nbytes`` per rank takes in vLLM (0 at TP 1):
-    the custom all-reduce on NVLink up to ``CUSTOM_AR_MAX_BYTES`` (``custom_latency_s`` plus
-    the ring's bytes at the NVLink efficiency), else NCCL. ``interconnect``: how the GPUs are
-    linked when the catalog's figure does not say (PCIe cards with NVLink bridges); default
-    :func:`gpu_interconnect`."""
+    """Seconds one tensor-parallel all-reduce of ``nbytes`` per rank takes in vLLM (0 at TP 1).
+
+    In order: the GPU's own measured vLLM all-reduce at ``tp`` ranks (AIConfigurator's
+    CUDA-graph timings, interpolated in log bytes and log time, proportional to the bytes
+    beyond the largest); else the fitted form (:func:`vllm_allreduce_s`) with the coefficients
+    of the GPU or of its nearest measured GPU on the same kind of link
+    (:func:`vllm_allreduce_source`); else, and whenever ``interconnect`` says how the GPUs are
+    linked (PCIe cards with NVLink bridges), the NCCL curve fitted on Vidur's collectives
+    (:func:`nccl_allreduce_s`) with vLLM's custom all-reduce on NVLink up to
+    ``CUSTOM_AR_MAX_BYTES``."""
     s = np.asarray(nbytes, dtype=np.float64)
     if tp <= 1:
         return np.zeros_like(s)
+    if interconnect is None:
+        table = measured_allreduce_table(gpu.name, tp)
+        if table is not None:
+            lb, lt = table
+            ls = np.log(np.maximum(s, 1.0))
+            t = np.interp(ls, lb, lt)
+            return np.exp(np.where(ls > lb[-1], lt[-1] + ls - lb[-1], t))
+        src = vllm_allreduce_source(gpu)
+        if src is not None:
+            k = kernel_coefficients(src)
+            return vllm_allreduce_s(s, tp, gpu, k.allreduce_latency_s, k.allreduce_link_eff)
     c = c or collective_coefficients()
     ic = interconnect or gpu_interconnect(gpu)
     link, kind = ic.bottleneck(tp)
@@ -176,5 +235,5 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU, custom_latency
     nccl = nccl_allreduce_s(s, tp, link, eff, c)
     if kind == "pcie":
         return nccl
-    custom = custom_latency_s + ring_factor(tp) * s / (link * eff)
+    custom = CUSTOM_AR_LATENCY_S + ring_factor(tp) * s / (link * eff)
     return np.where(s <= CUSTOM_AR_MAX_BYTES, custom, nccl)
