@@ -47,6 +47,19 @@ def test_closed_loop_keeps_concurrency():
     assert starts[:8] == [0.0] * 8 and starts[8] > 0
 
 
+def test_closed_loop_sends_the_first_wave_at_its_arrivals():
+    """A closed loop's first N specs may carry send times (a client that spreads its first
+    wave); later ones go when a request finishes, whatever their arrival says."""
+    specs = [RequestSpec(i, 0.5 * i if i < 4 else 99.0, 200, 20, 0) for i in range(12)]
+    res = engine().replay(specs, concurrency=4)
+    first = {r.rid: r for r in res.requests}
+    assert [first[i].arrival for i in range(4)] == [0.0, 0.5, 1.0, 1.5]
+    assert all(first[i].first_scheduled >= first[i].arrival for i in range(4))
+    # each later request is sent when one finishes, long before 99 s
+    finishes = sorted(r.finish_time for r in res.requests)
+    assert sorted(first[i].arrival for i in range(4, 12)) == finishes[:8]
+
+
 def test_too_long_requests_are_rejected_like_vllm():
     e = engine()
     specs = [RequestSpec(0, 0.0, 16000, 1000, 0), RequestSpec(1, 0.1, 100, 10, 0)]

@@ -118,9 +118,10 @@ class Engine:
         """Run ``specs`` to completion (or until ``time_limit`` of virtual time).
 
         Open loop: each spec arrives at its ``arrival``. Closed loop (``concurrency``): the
-        first N start at 0 and each finish lets the next one in at that instant, until
-        ``stop_arrivals``. ``on_tick(now, requests)`` is called every ``tick`` seconds of
-        virtual time; returning True stops the replay there (pruning).
+        first N start at their ``arrival`` (0 when None: all at once) and each finish lets the
+        next one in at that instant, until ``stop_arrivals``. ``on_tick(now, requests)`` is
+        called every ``tick`` seconds of virtual time; returning True stops the replay there
+        (pruning).
         ``server_overhead_s``: each request reaches the scheduler this long after it arrives
         (see :data:`API_SERVER_OVERHEAD_S`); its latencies still count from its arrival.
         ``log_iterations``: also record each step's counts as vLLM's iteration log gives them
@@ -150,7 +151,7 @@ class Engine:
                 r.finish_time = t
                 rejected.append((r, err))
                 return False
-            if delay > 0:
+            if delay > 0 or t > now:
                 heapq.heappush(deferred, (t + delay, spec.rid, r))
             else:
                 sched.add_request(r)
@@ -158,7 +159,7 @@ class Engine:
 
         if closed:
             while idx < n_specs and in_flight < concurrency:  # type: ignore[operator]
-                if admit(specs[idx], 0.0):
+                if admit(specs[idx], specs[idx].arrival or 0.0):
                     in_flight += 1
                 idx += 1
 
