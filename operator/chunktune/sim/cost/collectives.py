@@ -173,9 +173,17 @@ def _measured() -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
             for k, v in acc.items()}
 
 
-def measured_allreduce_table(gpu: str, ranks: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(log bytes, log seconds) of ``gpu``'s own measured vLLM all-reduce over ``ranks``."""
-    return _measured().get((gpu, ranks))
+def measured_allreduce_table(gpu: GPU, ranks: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(log bytes, log seconds) of vLLM's all-reduce over ``ranks`` measured on ``gpu``, or on
+    its nearest measured GPU (``coefficients.NEAREST``) on the same interconnect (the same
+    kind and data-sheet bandwidth of link: the H200 on the H100's NVSwitch board)."""
+    for name in (gpu.name, *NEAREST.get(gpu.name, ())):
+        table = _measured().get((name, ranks))
+        if table is not None and (name == gpu.name or (
+                resolve_gpu(name).link_gb_s == gpu.link_gb_s
+                and resolve_gpu(name).family == gpu.family)):
+            return table
+    return None
 
 
 def is_nvlink(gpu: GPU) -> bool:
@@ -206,19 +214,23 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
                    interconnect: Interconnect | None = None) -> Any:
     """Seconds one tensor-parallel all-reduce of ``nbytes`` per rank takes in vLLM (0 at TP 1).
 
-    In order: the GPU's own measured vLLM all-reduce at ``tp`` ranks (AIConfigurator's
-    CUDA-graph timings, interpolated in log bytes and log time, proportional to the bytes
-    beyond the largest); else the fitted form (:func:`vllm_allreduce_s`) with the coefficients
-    of the GPU or of its nearest measured GPU on the same kind of link
-    (:func:`vllm_allreduce_source`); else, and whenever ``interconnect`` says how the GPUs are
-    linked (PCIe cards with NVLink bridges), the NCCL curve fitted on Vidur's collectives
-    (:func:`nccl_allreduce_s`) with vLLM's custom all-reduce on NVLink up to
-    ``CUSTOM_AR_MAX_BYTES``."""
+    On NVLink, in order: vLLM's all-reduce at ``tp`` ranks measured on the GPU or on one of
+    the same interconnect (AIConfigurator's CUDA-graph timings,
+    :func:`measured_allreduce_table`, interpolated in log bytes and log time, proportional to
+    the bytes beyond the largest); else the fitted form (:func:`vllm_allreduce_s`) with the
+    coefficients of its nearest measured NVLink GPU (:func:`vllm_allreduce_source`). Over
+    PCIe, whenever ``interconnect`` says how the GPUs are linked (PCIe cards with NVLink
+    bridges), and where no NVLink GPU was measured: the NCCL curve fitted on Vidur's
+    collectives (:func:`nccl_allreduce_s`) with vLLM's custom all-reduce on NVLink up to
+    ``CUSTOM_AR_MAX_BYTES``. PCIe all-reduces depend on the host's peer-to-peer path more than
+    on the GPU: AIConfigurator's RTX PRO 6000 pair reduces 1 MiB in 30 us (custom all-reduce
+    over P2P), which replays LLMServingSim's RTX PRO 6000 TP 2 run 22% fast in TPOT where
+    NCCL's PCIe curve replays it 7% fast; the measured PCIe tables stay in the kernel report."""
     s = np.asarray(nbytes, dtype=np.float64)
     if tp <= 1:
         return np.zeros_like(s)
-    if interconnect is None:
-        table = measured_allreduce_table(gpu.name, tp)
+    if interconnect is None and is_nvlink(gpu):
+        table = measured_allreduce_table(gpu, tp)
         if table is not None:
             lb, lt = table
             ls = np.log(np.maximum(s, 1.0))

@@ -399,7 +399,13 @@ class StepCostModel:
 
     def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
                  enforce_eager: bool = False, interconnect: Interconnect | None = None,
-                 weight_dtype: str = "bf16", kv_dtype_bytes: float | None = None) -> None:
+                 weight_dtype: str | None = None, kv_dtype_bytes: float | None = None) -> None:
+        """``weight_dtype``: what the linear layers run in (``WEIGHT_DTYPES``; None: the
+        model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``); ``kv_dtype_bytes``:
+        bytes per KV-cache element (None: the model's dtype)."""
+        if weight_dtype is None:
+            weight_dtype = "fp8" if str(getattr(model, "weight_dtype", "")).startswith(
+                "fp8") else "bf16"
         if gpu.l2_mib <= 0 or gpu.boost_mhz <= 0:
             raise ValueError(f"GPU {gpu.name!r}: l2_mib and boost_mhz must be positive (the data "
                              "sheet's L2 size in MiB and SM boost clock in MHz; the attention "
