@@ -103,7 +103,7 @@ def main() -> int:
         print(f"{g.group:22} {g.rows:4} {g.run:4} {pct(g.tpot_median_abs_err)} "
               f"{pct(g.ttft_median_abs_err)} {pct(g.ttft_lockstep_median_abs_err)}"
               + (f"  not run: {why}" if why else ""))
-    notes = [f"{p} rows run with {as_}" for p, as_ in e2e.MODELLED_PRECISIONS.items() if as_]
+    notes = [f"{p} rows model {what}" for p, what in e2e.MODELLED_PRECISIONS.items() if what]
     print("\nTPOT, TTFT: closed-loop client desynchronised (its first N requests sent evenly "
           "over one request's\nlifetime); TTFT-ls: lockstep (the first N sent at once and "
           "kept together). Both average the\nsecond wave of N. RTX rows: LLMServingSim's "

@@ -61,7 +61,10 @@ CASES = [pytest.param(f, v, id=f"{f.name}={v}") for f in FLAGS.values() for v in
 #: What vLLM takes but the simulator refuses rather than ignore (tests/core/test_engine_args).
 SIM_REFUSES = {("enable-prefix-caching", True), ("max-model-len", -1)} | {
     ("kv-cache-dtype", d) for d in FLAGS["kv-cache-dtype"].choices
-    if d not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")}
+    if d not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")} | {
+    ("quantization", q) for q in FLAGS["quantization"].choices
+    if q not in ("fp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "modelopt",
+                 "compressed-tensors")}
 
 
 def manifest_point(f: Flag, value: Any) -> dict[str, Any]:

@@ -245,6 +245,14 @@ MAX_TOKENS = 2**24
 MAX_SEQS = 2**16
 
 _HUMAN_INT = "an integer such as 2048, 8k (8000) or 8K (8192)"
+#: ``--quantization``'s choices in vLLM 0.32 (``vllm/model_executor/layers/quantization``
+#: ``QuantizationMethods``, with the online shorthands of ``vllm/config/quantization.py``).
+VLLM_QUANTIZATION_METHODS = (
+    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4",
+    "modelopt_mxfp8", "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin",
+    "humming", "compressed-tensors", "experts_int8", "quark", "moe_wna16", "torchao", "inc",
+    "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8", "online", "fp8_per_tensor", "fp8_per_block",
+    "fp8_per_channel", "int8_per_channel_weight_only", "nvfp4_per_token", "mxfp8")
 _INT = "an integer"
 
 _ENTRIES: tuple[Flag, ...] = (
@@ -290,6 +298,10 @@ _ENTRIES: tuple[Flag, ...] = (
                   "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k3v4_nc",
                   "turboquant_k8v4", "ultraquant_4bit"),
          default="auto"),
+    Flag("quantization", "str", VLLM_ENGINES,
+         "how the linear layers' weights are quantized (default: as the checkpoint says; fp8: "
+         "FP8 weights, quantized online from a bf16 checkpoint)",
+         str, "a quantization method", choices=VLLM_QUANTIZATION_METHODS, aliases=("-q",)),
     Flag("kv-cache-memory-bytes", "int", VLLM_ENGINES,
          "KV-cache size in bytes (overrides --gpu-memory-utilization)",
          human_readable_int, "a byte count such as 8G or 8589934592", minimum=1),

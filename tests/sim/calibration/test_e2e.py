@@ -23,8 +23,8 @@ import fidelity_e2e  # noqa: E402
 #: desynchronised client, TTFT with the lockstep client), each a little above what the
 #: committed model measures on the quick set; and the rows that must run. None: no figure.
 THRESHOLDS: dict[str, tuple[float | None, float | None, float | None, int]] = {
-    "h100-sxm fp8": (0.44, 0.135, 2.20, 12),
-    "h200 fp8": (0.63, 0.29, 1.80, 31),
+    "h100-sxm fp8": (0.105, 0.155, 2.40, 19),
+    "h200 fp8": (0.20, 0.315, 2.15, 37),
     "rtx-pro-6000 bf16": (0.065, 0.11, None, 2),
     "rtx4090 bf16": (0.05, 0.075, None, 1),
 }

@@ -55,12 +55,14 @@ from chunktune.sim.engine.virtual import API_SERVER_OVERHEAD_S, Engine, build_en
 #: silicon-e2e's ``system`` -> our GPU name.
 SILICON_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200",
                 "a100_sxm": "a100-sxm", "l40s": "l40s"}
-#: silicon-e2e's ``model_path`` -> the catalog model the replay runs.
+#: silicon-e2e's ``model_path`` -> the catalog model the replay runs. An FP8 row of a bf16
+#: checkpoint ran it with ``--quantization fp8`` (online); an FP8 checkpoint runs as itself.
 SILICON_MODELS = {"Qwen/Qwen3-32B": "qwen3-32b", "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
-                  "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b"}
-#: Precisions the replay runs (``precision`` column), with what it runs them as where that is
-#: not the precision itself; the rest are reported, not run.
-MODELLED_PRECISIONS = {"bf16": "", "fp8": "bf16 weights (the simulator does not model FP8)"}
+                  "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b-fp8"}
+#: Precisions the replay runs (``precision`` column), with what it leaves out where it leaves
+#: something out; the rest are reported, not run.
+MODELLED_PRECISIONS = {"bf16": "",
+                       "fp8": "FP8 weight and KV bytes; GEMMs at the bf16 rate"}
 #: Requests sent per concurrency slot, and which wave is measured (see the module docstring).
 WAVES = 3
 MEASURED_WAVE = 1
@@ -149,8 +151,9 @@ def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU]:
     if gpu_name not in GPUS:
         raise SpecError(f"GPU {gpu_name} is not in the catalog")
     gpu = resolve_gpu(gpu_name)
-    return (EngineArgs(tensor_parallel_size=run.tp), resolve_model(SILICON_MODELS[run.model]),
-            gpu)
+    model = resolve_model(SILICON_MODELS[run.model])
+    online = "fp8" if run.precision == "fp8" and not model.quantization else None
+    return EngineArgs(tensor_parallel_size=run.tp, quantization=online), model, gpu
 
 
 def replay_closed_loop(engine: Engine, isl: int, osl: int, concurrency: int,

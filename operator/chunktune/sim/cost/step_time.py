@@ -128,8 +128,8 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     q = model.q_dim / tp
     kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
     if model.is_moe:
-        out["experts"] = moe_time(model, gpu, tp, T, c, weight_dtype) + gemm(
-            T, h, model.num_experts)  # router
+        out["experts"] = moe_time(model, gpu, tp, T, c, weight_dtype) + gemm_time(
+            T, h, model.num_experts, gpu, c, "bf16", use_table)  # the router stays bf16
         if model.num_shared_experts:
             si = model.num_shared_experts * model.moe_intermediate_size / tp
             out["experts"] = out["experts"] + gemm(T, h, 2 * si) + gemm(T, si, h)
@@ -404,8 +404,7 @@ class StepCostModel:
         model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``); ``kv_dtype_bytes``:
         bytes per KV-cache element (None: the model's dtype)."""
         if weight_dtype is None:
-            weight_dtype = "fp8" if str(getattr(model, "weight_dtype", "")).startswith(
-                "fp8") else "bf16"
+            weight_dtype = "fp8" if model.weight_dtype == "fp8" else "bf16"
         if gpu.l2_mib <= 0 or gpu.boost_mhz <= 0:
             raise ValueError(f"GPU {gpu.name!r}: l2_mib and boost_mhz must be positive (the data "
                              "sheet's L2 size in MiB and SM boost clock in MHz; the attention "
