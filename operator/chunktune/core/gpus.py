@@ -20,6 +20,10 @@ from dataclasses import dataclass, replace
 from chunktune.core.errors import SpecError
 
 
+#: Links at least this fast (GB/s, both directions) are NVLink; slower ones PCIe.
+NVLINK_MIN_GB_S = 200.0
+
+
 @dataclass(frozen=True)
 class GPU:
     name: str
@@ -47,6 +51,12 @@ class GPU:
     @property
     def memory_bytes(self) -> float:
         return self.memory_gib * 2**30
+
+    @property
+    def nvlink(self) -> bool:
+        """Whether tensor-parallel ranks talk over NVLink (a link of ``NVLINK_MIN_GB_S`` or
+        more), else PCIe."""
+        return self.link_gb_s >= NVLINK_MIN_GB_S
 
 
 #: L2 cache per GPU, MiB. Sources: NVIDIA A100 Tensor Core GPU Architecture whitepaper (A100:

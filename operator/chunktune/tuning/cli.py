@@ -145,6 +145,19 @@ class Progress:
         return f"trial {b.number} {k}={format_value(k, b.metrics[k])}"
 
 
+def cost_model_line(tuning: Any) -> str | None:
+    """What the simulator's step-time model for the study's GPU was fitted on, for a study
+    whose trials (engine kind ``sim``) or twin (``strategy: twin``) run in the simulator."""
+    from chunktune.core.gpus import resolve_gpu
+    from chunktune.sim.cost.provenance import provenance
+
+    spec = tuning.spec
+    gpu = spec.engine.gpu.type
+    if gpu is None or (spec.engine.kind != "sim" and spec.strategy.name != "twin"):
+        return None
+    return f"cost model: {provenance(resolve_gpu(gpu))}"
+
+
 def cmd_tune(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results import collect, format_results, write_outputs
     from chunktune.tuning.runner import Tuner
@@ -181,6 +194,9 @@ def cmd_tune(ns: argparse.Namespace) -> int:
              if tuner.constraints else "")
           + f"; backend {backend.name}; storage {storage}"
           + (f" (resuming: {prior} trials done)" if prior else ""), flush=True)
+    line = cost_model_line(tuning)
+    if line:
+        print(line, flush=True)
 
     def on_signal(*_: Any) -> None:
         stop["flag"] = True

@@ -4,9 +4,9 @@ Every GPU with measured kernels has its own coefficients, fitted on its own data
 (:mod:`chunktune.sim.cost.kernel_fit`), in groups by operator family (``GROUPS``). A group a
 GPU has no data for is taken from the nearest GPU that has it (``NEAREST``: the same chip
 first, then the same architecture, then the nearest other); a GPU with no data at all takes
-every group that way. :func:`provenance` says which, with the leave-one-GPU-out error the
-same rule makes on the GPUs that were measured (stored with the fit): a borrowed figure is
-never presented as a measured one.
+every group that way. :func:`chunktune.sim.cost.provenance.provenance` says which, with the
+leave-one-GPU-out error the same rule makes on the GPUs that were measured (stored with the
+fit): a borrowed figure is never presented as a measured one.
 """
 
 from __future__ import annotations
@@ -155,30 +155,3 @@ def group_sources(gpu: str) -> dict[str, str]:
     data has the family)."""
     src = source_gpu(gpu)
     return dict(load_document()["gpus"][src]["sources"])
-
-
-def provenance(gpu: str | GPU) -> str:
-    """One line: what the GPU's cost model was fitted on, and what it borrows with the error
-    that borrowing makes (leave-one-GPU-out, median over the measured GPUs)."""
-    name = gpu if isinstance(gpu, str) else gpu.name
-    doc = load_document()
-    src = source_gpu(name)
-    sources = group_sources(name)
-    loo = doc.get("loo_gpu", {})
-
-    def err(fams: list[str]) -> str:
-        figs = [f"{f} {loo[f]:.0%}" for f in fams if f in loo]
-        return f" (leave-one-GPU-out error of borrowing: {', '.join(figs)})" if figs else ""
-
-    if src != name:
-        return (f"{name}: no measured kernels; cost model borrowed from {src}"
-                f"{err(sorted(sources))}")
-    own = sorted(f for f, s in sources.items() if s == name)
-    lent: dict[str, list[str]] = {}
-    for f, s in sorted(sources.items()):
-        if s != name:
-            lent.setdefault(s, []).append(f)
-    text = f"{name}: fitted on measured kernels of {name} ({', '.join(own)})"
-    for s, fams in lent.items():
-        text += f"; {', '.join(fams)} borrowed from {s}{err(fams)}"
-    return text

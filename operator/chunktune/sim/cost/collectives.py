@@ -46,8 +46,6 @@ COLLECTIVE_COEFFICIENTS_PATH = Path(__file__).with_name("data") / "allreduce_coe
 
 #: Kinds of link a ring's slowest hop can be, each with its own fitted efficiency.
 LINK_KINDS = ("nvswitch-nvlink3", "nvswitch-nvlink4", "nvlink-bridge", "pcie")
-#: Links slower than this (GB/s, both directions) are PCIe (or a bridge vLLM treats alike).
-NVLINK_MIN_GB_S = 200.0
 #: vLLM's custom all-reduce handles messages up to this size (``CustomAllreduce.max_size``,
 #: 8 MiB); larger ones go to NCCL.
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
@@ -157,7 +155,7 @@ def gpu_interconnect(gpu: GPU) -> Interconnect:
     NVLink efficiency of the bridges, which both measured generations share), else PCIe at its
     link figure. Rings beyond one NVSwitch node (8 GPUs) cross the network, which is not
     measured here; they are priced at the node's own link figure and the PCIe efficiency."""
-    if gpu.link_gb_s >= NVLINK_MIN_GB_S:
+    if gpu.nvlink:
         return Interconnect(gpu.link_gb_s, 8, NVSWITCH_KIND.get(gpu.family, "nvlink-bridge"),
                             gpu.link_gb_s)
     return Interconnect(0.0, 1, "nvlink-bridge", gpu.link_gb_s)
@@ -173,21 +171,24 @@ def _measured() -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
             for k, v in acc.items()}
 
 
-def measured_allreduce_table(gpu: GPU, ranks: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(log bytes, log seconds) of vLLM's all-reduce over ``ranks`` measured on ``gpu``, or on
-    its nearest measured GPU (``coefficients.NEAREST``) on the same interconnect (the same
-    kind and data-sheet bandwidth of link: the H200 on the H100's NVSwitch board)."""
+def measured_allreduce_source(gpu: GPU) -> str | None:
+    """The measured GPU whose vLLM all-reduce tables ``gpu`` uses: itself, or its nearest
+    measured GPU (``coefficients.NEAREST``) on the same interconnect (the same NVLink
+    generation and bandwidth: the H200 on the H100's NVSwitch board); None where none is."""
+    measured = {g for g, _ in _measured()}
     for name in (gpu.name, *NEAREST.get(gpu.name, ())):
-        table = _measured().get((name, ranks))
-        if table is not None and (name == gpu.name or (
+        if name in measured and (name == gpu.name or (
                 resolve_gpu(name).link_gb_s == gpu.link_gb_s
                 and resolve_gpu(name).family == gpu.family)):
-            return table
+            return name
     return None
 
 
-def is_nvlink(gpu: GPU) -> bool:
-    return gpu.link_gb_s >= NVLINK_MIN_GB_S
+def measured_allreduce_table(gpu: GPU, ranks: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(log bytes, log seconds) of vLLM's all-reduce over ``ranks`` measured on
+    :func:`measured_allreduce_source`'s GPU."""
+    src = measured_allreduce_source(gpu)
+    return None if src is None else _measured().get((src, ranks))
 
 
 def vllm_allreduce_source(gpu: GPU) -> str | None:
@@ -196,7 +197,7 @@ def vllm_allreduce_source(gpu: GPU) -> str | None:
     None where there is none (then NCCL's curve, :func:`nccl_allreduce_s`)."""
     measured = {g for g, _ in _measured()}
     for name in (gpu.name, *NEAREST.get(gpu.name, ())):
-        if name in measured and is_nvlink(resolve_gpu(name)) == is_nvlink(gpu):
+        if name in measured and resolve_gpu(name).nvlink == gpu.nvlink:
             return name
     return None
 
@@ -229,7 +230,7 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
     s = np.asarray(nbytes, dtype=np.float64)
     if tp <= 1:
         return np.zeros_like(s)
-    if interconnect is None and is_nvlink(gpu):
+    if interconnect is None and gpu.nvlink:
         table = measured_allreduce_table(gpu, tp)
         if table is not None:
             lb, lt = table

@@ -38,7 +38,7 @@ import numpy as np
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig
 from chunktune.sim.cost import gemm_table
-from chunktune.sim.cost.coefficients import KernelCoefficients, coefficients, provenance
+from chunktune.sim.cost.coefficients import KernelCoefficients, coefficients
 from chunktune.sim.cost.collectives import Interconnect, tp_allreduce_s
 
 #: Weight dtypes the linear operators run in: ``bf16`` (also fp16) and ``fp8`` (an FP8
@@ -417,8 +417,6 @@ class StepCostModel:
         self.tp = tp
         self.weight_dtype = weight_dtype
         self.c = c = coefficients(gpu)
-        #: what this GPU's coefficients were fitted on (its own kernels, or borrowed)
-        self.provenance = provenance(gpu)
         layers = model.num_hidden_layers
         tokens = np.arange(max_tokens + 1, dtype=np.float64)
         lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype) * layers
