@@ -34,7 +34,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                          "attn_decode_memory_eff"),
     "attention-mixed": ("attn_mixed_memory_eff", "attn_reread_l2_bytes_per_sm_s"),
     "all-reduce": ("allreduce_latency_s", "allreduce_link_eff"),
-    "moe": ("moe_compute_eff", "moe_memory_eff", "moe_overhead_s"),
+    "moe": ("moe_compute_eff", "moe_memory_eff", "moe_overhead_s", "moe_smoothness"),
 }
 #: Not fitted (``kernel_fit.FIXED`` says where each comes from).
 FIXED_FIELDS = ("step_overhead_s", "per_request_overhead_s", "eager_launch_overhead_per_layer_s")
@@ -98,11 +98,12 @@ class KernelCoefficients:
     attn_per_wave_s: float
     attn_decode_alone_overhead_s: float
     attn_decode_memory_eff: float
-    #: routed experts of a fused MoE layer: fractions of the data sheet's peak and HBM, and a
-    #: fixed cost per layer
+    #: routed experts of a fused MoE layer: fractions of the data sheet's peak and HBM, a fixed
+    #: cost per layer and the exponent of the soft maximum of compute and memory
     moe_compute_eff: float
     moe_memory_eff: float
     moe_overhead_s: float
+    moe_smoothness: float
     step_overhead_s: float
     per_request_overhead_s: float
     eager_launch_overhead_per_layer_s: float

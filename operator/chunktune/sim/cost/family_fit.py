@@ -56,9 +56,10 @@ START: dict[str, tuple[float, float]] = {
     "attn_decode_memory_eff": (0.85, 0.1),
     "allreduce_latency_s": (1e-5, 1e-5), "allreduce_link_eff": (0.5, 0.1),
     "moe_compute_eff": (0.5, 0.1), "moe_memory_eff": (0.6, 0.1), "moe_overhead_s": (2e-5, 1e-5),
+    "moe_smoothness": (2.0, 0.5),
 }
 #: Fitted as their excess over 1 (soft-maximum exponents).
-_ABOVE_ONE = ("gemm_smoothness", "fp8_smoothness", "attn_smoothness")
+_ABOVE_ONE = ("gemm_smoothness", "fp8_smoothness", "attn_smoothness", "moe_smoothness")
 #: Fractions of a data-sheet peak that cannot exceed 1.
 _CAPPED = ("attn_compute_eff", "gemm_compute_eff", "fp8_compute_eff", "moe_compute_eff")
 #: The GEMM fit's shapes: both widths at least 256, at most 16,384 tokens, and weights of at

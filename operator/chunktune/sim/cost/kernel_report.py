@@ -118,7 +118,8 @@ def family_errors(family: str, gpu: str, c: KernelCoefficients, meas: Measuremen
 def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients]
                   ) -> list[ErrorRow]:
     """Per family and GPU: in sample (its own coefficients), held out (``loo-gpu``: its
-    nearest other measured GPU's), and ``missing`` rows for GPUs without data."""
+    nearest other measured GPU's; for a PCIe GPU's all-reduces, NCCL's curve, which the
+    engine runs over PCIe), and ``missing`` rows for GPUs without data."""
     have = families_with_data(meas)
     everyone = sorted(set().union(*have.values()))
     rows = []
@@ -131,12 +132,26 @@ def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients]
             own = family_errors(fam, g, coef(g), meas)
             assert own is not None
             rows.append(ErrorRow.of(fam, g, "in-sample", own))
+            if fam == "all-reduce" and not resolve_gpu(g).nvlink:
+                rows.append(ErrorRow.of(fam, f"{g} from vidur-nccl", "loo-gpu",
+                                        pcie_allreduce_errors(g, meas)))
+                continue
             src = borrow_source(g, fam, have)
             if src is not None:
                 held = family_errors(fam, g, coef(src), meas)
                 assert held is not None
                 rows.append(ErrorRow.of(fam, f"{g} from {src}", "loo-gpu", held))
     return rows
+
+
+def pcie_allreduce_errors(gpu: str, meas: Measurements) -> np.ndarray:
+    """|relative error| of what the engine runs over PCIe (NCCL's curve fitted on Vidur's
+    collectives) on a PCIe GPU's measured vLLM all-reduces."""
+    g = resolve_gpu(gpu)
+    ar = [r for r in meas.allreduce if r.gpu == gpu]
+    pred = np.array([float(col.tp_allreduce_s(float(r.nbytes), r.ranks, g)) for r in ar])
+    out: np.ndarray = np.abs(pred * 1e6 / np.array([r.us for r in ar]) - 1)
+    return out
 
 
 def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients]

@@ -151,10 +151,11 @@ def families_with_data(meas: Measurements) -> dict[str, set[str]]:
 
 
 def borrow_source(gpu: str, family: str, have: dict[str, set[str]]) -> str | None:
-    """The nearest other GPU (``coefficients.NEAREST``) whose own data has ``family``: where
-    a GPU without such data takes that family from, and what holding ``gpu`` out predicts it
-    from."""
+    """The nearest other GPU (``coefficients.NEAREST``) whose own data has ``family`` (for
+    all-reduces, on the same kind of link): where a GPU without such data takes that family
+    from, and what holding ``gpu`` out predicts it from."""
     for other in NEAREST.get(gpu, ()):
-        if other in have[family]:
+        if other in have[family] and (family != "all-reduce"
+                                      or resolve_gpu(other).nvlink == resolve_gpu(gpu).nvlink):
             return other
     return None

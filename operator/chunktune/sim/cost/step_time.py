@@ -156,9 +156,9 @@ def moe_form(tokens: np.ndarray, hidden: float | np.ndarray, inter: float | np.n
              c: KernelCoefficients, weight_dtype: str = "bf16") -> np.ndarray:
     """A fused MoE layer's seconds (arrays broadcast; ``inter``: one expert's width on this
     rank): each token visits ``topk`` of ``experts`` experts, and the weights of every expert
-    that receives a token are read once. The larger of compute and memory at the GPU's fitted
-    MoE efficiencies (fitted on vLLM's fused MoE kernel in bf16; FP8 weights at the FP8 peak
-    and one byte per weight), plus a fixed cost."""
+    that receives a token are read once. Compute and memory at the GPU's fitted MoE
+    efficiencies (fitted on vLLM's fused MoE kernel in bf16; FP8 weights at the FP8 peak and
+    one byte per weight) combined as a soft maximum, plus a fixed cost."""
     fp8 = weight_dtype == "fp8"
     wb = 1.0 if fp8 else 2.0
     peak = gpu.fp8_tflops if fp8 and gpu.fp8_tflops > 0 else gpu.bf16_tflops
@@ -167,7 +167,8 @@ def moe_form(tokens: np.ndarray, hidden: float | np.ndarray, inter: float | np.n
     comp = 2.0 * tok * mats * hidden * inter / (peak * 1e12 * c.moe_compute_eff)
     mem = (active * mats * hidden * inter * wb + tok * (2 * hidden + mats * inter) * 2.0) / (
         gpu.hbm_tb_s * 1e12 * c.moe_memory_eff)
-    out: np.ndarray = c.moe_overhead_s + np.maximum(comp, mem)
+    p = c.moe_smoothness
+    out: np.ndarray = c.moe_overhead_s + (comp**p + mem**p) ** (1.0 / p)
     return out
 
 
