@@ -2,8 +2,8 @@
 runner and the operator alike.
 
 - :mod:`.v1alpha1`: the manifest models (camelCase in YAML, snake_case in Python);
-- :mod:`.validation`: :func:`parse_manifest`, :func:`load_manifest`, :func:`validate`;
-- :mod:`.metrics`: the metric vocabulary; :mod:`.flags`: the tunable engine flags;
+- :mod:`.reader`: :func:`parse_manifest`, :func:`load_manifest`, :func:`validate`;
+- :mod:`.metrics`: the metric vocabulary; :mod:`.default_space`: the default search space;
 - :mod:`.crd`: the CRD generated from the models; :mod:`.status`: the status shape and
   :func:`render_status`; :mod:`.cli`: ``chunktune validate`` and ``chunktune crd``.
 """

@@ -6,7 +6,7 @@ of the ``kubernetes`` client). Its modules:
 - :mod:`.settings`: the settings tree, validated once from ``CHUNKTUNE_*`` and the command line;
 - :mod:`.kube`: the asynchronous view of the API over the official client;
 - :mod:`.state`: what the handlers share, the resource's parsing, and its status writer;
-- :mod:`.study`: one ``ChunkedPrefillTuning``'s study — the tuner, its phases, events (no
+- :mod:`.controller`: one ``ChunkedPrefillTuning``'s study — the tuner, its phases, events (no
   kopf); :mod:`.outputs`: ``spec.output`` (ConfigMap, Deployment patch); :mod:`.policy`: what a
   tuning may make the operator reference or write (Secrets, images, outputs);
 - :mod:`.handlers`: the thin kopf handlers (startup, create/update validation, the study
