@@ -139,31 +139,30 @@ def test_one_cta_is_not_as_fast_as_the_tensor_cores():
 
 
 def test_flash_attention_2_runs_the_tiles_beside_their_mmas():
-    """Where vLLM runs FlashAttention 2 (every card but Hopper) the query tiles' softmax and
-    loads take SM cycles beside their MMAs; FlashAttention 3 (Hopper) overlaps them. Measured
-    (LLMServingSim, Llama-3.1-8B TP1): a 2,048-token chunk over 16k of context takes 4,225 us
-    on the RTX 4090 and 2,138 us on the RTX PRO 6000, 1.98x, where their bf16 peaks say 2.93x."""
+    """Where vLLM runs FlashAttention 2 (Ampere, Ada, the RTX PRO 6000) the query tiles'
+    softmax and loads take SM cycles beside their MMAs; FlashAttention 3 and later (Hopper,
+    B200) overlap them. Measured (LLMServingSim, Llama-3.1-8B TP1): a 2,048-token chunk over
+    16k of context takes 4,225 us on the RTX 4090 and 2,138 us on the RTX PRO 6000, 1.98x,
+    where their bf16 peaks say 2.93x. AIConfigurator: one 16,384-token prompt (32 query heads,
+    8 KV heads) takes 3,310 us on the H100 (664 TF, 0.67 of its peak) and 12,510 us on the
+    A100 (176 TF, 0.56); each GPU's own fit within 15%."""
     from chunktune.core.gpus import GPUS
 
-    assert {g.name for g in GPUS.values() if g.flash_attention == 3} == {
-        "h100-sxm", "h100-pcie", "h200"}
+    assert {g.name: g.flash_attention for g in GPUS.values() if g.flash_attention >= 3} == {
+        "h100-sxm": 3, "h100-pcie": 3, "h200": 3, "b200": 4}
     s = AttentionShape.of(resolve_model("llama-3.1-8b"), 1)
     c = coefficients("rtx4090")  # the same coefficients on both cards
     t = {g: attention_layer_time(s, resolve_gpu(g), c, [(2048, 16384)], 0, 0)
          for g in ("rtx4090", "rtx-pro-6000")}
     assert 1.7 < t["rtx4090"] / t["rtx-pro-6000"] < 2.2
-    # the same batch on an H100 under each generation: FlashAttention 3 runs the tiles at the
-    # tensor peak (over 0.5 of it here), FlashAttention 2 would hold them near 0.2
-    h100 = resolve_gpu("h100-sxm")
-    hc = coefficients(h100)
-    fa3 = attention_layer_time(s, h100, hc, [(2048, 16384)], 0, 0)
-    fa2 = attention_layer_time(s, dataclasses.replace(h100, flash_attention=2), hc,
-                               [(2048, 16384)], 0, 0)
-    flops = 4.0 * 128 * 32 * (2048 * 16384 + 2048 * 2048 / 2)
-    assert flops / fa3 > 0.5 * h100.bf16_tflops * 1e12
-    assert flops / fa2 < 0.3 * h100.bf16_tflops * 1e12
+    for gpu, us in (("h100-sxm", 3310.0), ("a100-sxm", 12510.0)):
+        got = attention_layer_time(s, resolve_gpu(gpu), coefficients(gpu), [(16384, 0)], 0, 0)
+        assert got * 1e6 == pytest.approx(us, rel=0.15), gpu
     # decodes beside the chunk add their padded MMAs either way
-    assert attention_layer_time(s, h100, hc, [(2048, 16384)], 64, 64 * 4096) > fa3
+    h100 = resolve_gpu("h100-sxm")
+    fa3 = attention_layer_time(s, h100, coefficients(h100), [(2048, 16384)], 0, 0)
+    assert attention_layer_time(s, h100, coefficients(h100), [(2048, 16384)], 64,
+                                64 * 4096) > fa3
 
 
 def test_every_catalog_gpu_has_the_attention_figures():
@@ -180,9 +179,14 @@ def test_every_catalog_gpu_has_the_attention_figures():
 
 def test_published_end_to_end_prefill_times():
     """Sarathi-Serve's Yi-34B TP2 A100-PCIe prefill times (osdi-experiments figure-2), which
-    include attention and the all-reduces: within 20%. Its machine (Azure, 4 A100 80GB PCIe
-    joined in pairs by NVLink bridges, as Vidur's ``a100_pairwise_nvlink``) runs TP2 over a
-    bridge."""
+    include attention and the all-reduces. Its machine (Azure, 4 A100 80GB PCIe joined in pairs
+    by NVLink bridges, as Vidur's ``a100_pairwise_nvlink``) runs TP2 over a bridge. The A100
+    PCIe borrows the A100 SXM's kernels (vLLM 0.14, AIConfigurator): the model is 10-24% below
+    the published figures up to 8,192 tokens and 28% below at 16k (22% in 512-token chunks).
+    Sarathi-Serve's 2023 stack on 300 W PCIe cards is slower than vLLM's kernels on the SXM
+    card (its GEMMs were 16% slower in Vidur's A100 timings, compute-bound; the cross-check in
+    test_kernel_fit), and no A100 PCIe kernel timings exist here to tell the card from the
+    stack; the band pins what the borrowed fit gives."""
     m = StepCostModel(resolve_model("yi-34b"), resolve_gpu("a100-pcie"), tp=2,
                       interconnect=VIDUR_TOPOLOGIES["a100_pairwise_nvlink"])
     published = {128: 48, 512: 106, 1024: 214, 2048: 366, 4096: 758, 8192: 1863, 16384: 4408}
@@ -190,15 +194,9 @@ def test_published_end_to_end_prefill_times():
         got = m.prefill_time(tokens) * 1e3
         print(f"prefill {tokens:>6}: published {ms:>5} ms, model {got:7.1f} ms")
         if tokens <= 8192:
-            assert got == pytest.approx(ms, rel=0.20)
-    # 16k tokens, whole and in 512-token chunks (4512.8 ms published): the model is 14% and 7%
-    # low (25% and 18% while the query tiles ran at the bf16 peak: FlashAttention 2's work
-    # beside the MMAs, fitted on the RTX cards, accounts for about half of the gap at 16k).
-    # The published 16k/8k ratio (2.37) still needs slower attention; the all-reduce does not
-    # explain it (138 ms of the 3.3 s). A PCIe all-reduce efficiency fitted to this test used to
-    # hide it.
-    assert 0.80 <= m.prefill_time(16384) * 1e3 / published[16384] <= 0.90
-    assert 0.88 <= m.prefill_time(16383, 512) * 1e3 / 4512.8 <= 0.97
+            assert 0.72 <= got / ms <= 0.95, tokens
+    assert 0.67 <= m.prefill_time(16384) * 1e3 / published[16384] <= 0.77
+    assert 0.72 <= m.prefill_time(16383, 512) * 1e3 / 4512.8 <= 0.83
 
 
 def test_decode_step_is_memory_bound_and_grows_with_batch():
@@ -222,3 +220,46 @@ def test_linear_operators_sum_to_the_layer():
         ops = linear_op_times(m, g, 2, tok, c)
         assert ("experts" in ops) == m.is_moe and ("up" in ops) != m.is_moe
         assert sum(ops.values()) == pytest.approx(linear_layer_time(m, g, 2, tok, c))
+
+
+def test_a_measured_gpu_interpolates_its_own_gemm_grid():
+    """At a measured shape the engine's GEMM is the measurement (weights beyond the L2); between
+    the grid's widths and token counts it interpolates in log space, monotone where the
+    neighbours are; a small weight the benchmark kept in L2 is floored at its HBM streaming
+    time; a GPU without a grid of its own (the H200) uses its fitted form."""
+    grid = [p for p in aic_data.read_committed_gemm()
+            if p.gpu == "h100-sxm" and p.dtype == "bf16" and p.n * p.k * 2 > 2**27]
+    gpu, c = resolve_gpu("h100-sxm"), coefficients("h100-sxm")
+    for p in grid[::53]:
+        got = gemm_time(np.array([float(p.m)]), p.k, p.n, gpu, c)[0]
+        assert got * 1e6 == pytest.approx(p.us, rel=1e-3)
+    t = gemm_table.table("h100-sxm", "bf16")
+    assert t is not None and t.covers(6144, 4096) and not t.covers(64, 4096)
+    lo, hi = (float(t.seconds(np.array([m]), 4096, 4096)[0]) for m in (1024, 2048))
+    mid = float(t.seconds(np.array([1500.0]), 4096, 4096)[0])
+    assert lo < mid < hi
+    # L40S, one token through 8192 x 768 weights (12 MiB, inside its 96 MiB L2): measured
+    # 9.3 us, faster than the 14.6 us its HBM streams them in
+    l40s = resolve_gpu("l40s")
+    small = gemm_time(np.array([1.0]), 8192, 768, l40s, coefficients(l40s))[0]
+    assert small == pytest.approx(8192 * 768 * 2 / (l40s.hbm_tb_s * 1e12))
+    h200 = resolve_gpu("h200")
+    assert gemm_table.table("h200", "bf16") is None
+    m = np.array([1.0, 4096.0])
+    assert np.all(gemm_time(m, 8192, 8192, h200, coefficients(h200))
+                  == gemm_form(m, 8192, 8192, h200, coefficients(h200)))
+
+
+def test_every_catalog_gpu_says_what_its_cost_model_was_fitted_on():
+    from chunktune.core.gpus import GPUS
+
+    for name in GPUS:
+        line = provenance(name)
+        assert line.startswith(f"{name}: ")
+        measured = "fitted on measured kernels of " + name in line
+        assert measured != ("no measured kernels; borrowed from" in line), line
+    assert "attention-mixed borrowed from rtx-pro-6000" in provenance("h100-sxm")
+    assert "all-reduce: h100-sxm's measured vLLM all-reduce (same interconnect)" in provenance(
+        "h200")
+    assert "all-reduce over PCIe" in provenance("l40s")
+    assert "weight-only" in provenance("a100-sxm") and "weight-only" not in provenance("h100-sxm")
