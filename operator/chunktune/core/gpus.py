@@ -6,11 +6,11 @@ Sources: NVIDIA data sheets (A100, H100, H200, L40S, L4, A10, A40, GeForce RTX 4
 (the attention term's occupancy depends on them). The RTX 4090's memory is the total its CUDA
 runtime reported in LLMServingSim's vLLM 0.19 run (25,250,627,584 bytes).
 ``memory_gib`` is what ``torch.cuda.mem_get_info`` reports as total (a little under the marketing
-figure), which is what vLLM multiplies by ``gpu_memory_utilization``. ``family`` picks the
-fitted efficiency coefficients of the step-time model: ``ampere`` and ``hopper`` (Vidur's A100
-and H100 timings), ``ada`` (RTX 4090) and ``blackwell`` (RTX PRO 6000)
-from LLMServingSim's vLLM 0.19 timings; the A40 uses the Ampere fit (its own Vidur timings are
-held out to test that); L40S and L4 keep the Ampere fit they were tuned with.
+figure), which is what vLLM multiplies by ``gpu_memory_utilization``. ``family`` is the
+architecture (``ampere``, ``hopper``, ``ada``, ``blackwell``): the step-time model's per-step
+overheads and the NVSwitch generation of an SXM board follow it; its efficiency coefficients are
+per GPU (``chunktune.sim.cost.coefficients``), fitted on that GPU's own measured kernels or
+borrowed from the nearest GPU that has them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from chunktune.core.errors import SpecError
-
 
 #: Links at least this fast (GB/s, both directions) are NVLink; slower ones PCIe.
 NVLINK_MIN_GB_S = 200.0
@@ -113,8 +112,8 @@ GPUS: dict[str, GPU] = {
         # less the ~0.5 GiB the H100's runtime keeps back), 8 TB/s, 2.25 PF dense bf16,
         # NVLink 5 at 1.8 TB/s, 148 SMs.
         GPU("b200", 178.6, 8.0, 2250.0, 1800.0, "blackwell", 148, "NVIDIA B200"),
-        GPU("l40s", 44.39, 0.864, 362.0, 64.0, "ampere", 142, "NVIDIA L40S"),
-        GPU("l4", 22.04, 0.300, 121.0, 64.0, "ampere", 58, "NVIDIA L4"),
+        GPU("l40s", 44.39, 0.864, 362.0, 64.0, "ada", 142, "NVIDIA L40S"),
+        GPU("l4", 22.04, 0.300, 121.0, 64.0, "ada", 58, "NVIDIA L4"),
         GPU("a10g", 22.06, 0.600, 70.0, 64.0, "ampere", 80, "NVIDIA A10G"),
         GPU("a40", 44.34, 0.696, 149.7, 112.5, "ampere", 84, "NVIDIA A40"),
         # GeForce: bf16 tensor math accumulates in fp32, which runs at half rate: 165.2 TF

@@ -23,14 +23,20 @@ import fidelity_e2e  # noqa: E402
 #: desynchronised client, TTFT with the lockstep client), each a little above what the
 #: committed model measures on the quick set; and the rows that must run. None: no figure.
 THRESHOLDS: dict[str, tuple[float | None, float | None, float | None, int]] = {
-    "h100-sxm fp8": (0.105, 0.155, 2.40, 19),
-    "h200 fp8": (0.20, 0.315, 2.15, 37),
-    "rtx-pro-6000 bf16": (0.065, 0.11, None, 2),
+    # per-GPU kernels (kernel_fit): TPOT 9.7% -> 8.5% (H100), 18.9% -> 16.2% (H200); the
+    # desynchronised TTFT 14.4% -> 18.9% and 30.0% -> 33.5% (prefills faster, so the end of the
+    # client bracket without queueing falls further below the measured TTFT at 8-16 requests
+    # in flight; at 4 in flight H100 17.5% -> 9.7%), the lockstep TTFT 233% -> 145%, 206% -> 121%
+    "h100-sxm fp8": (0.09, 0.195, 1.50, 19),
+    "h200 fp8": (0.17, 0.34, 1.25, 37),
+    # B200 in the catalog: its rows run (TPOT 28%: its measured FP8 GEMMs at decode sizes reach
+    # 0.43 of HBM where the serving runs imply more)
+    "b200 fp8": (0.29, 0.42, 1.30, 24),
+    "rtx-pro-6000 bf16": (0.05, 0.075, None, 2),
     "rtx4090 bf16": (0.05, 0.075, None, 1),
 }
 #: Groups the simulator cannot run yet: why each row is not run.
-NOT_RUN = {"b200 fp4": "fp4 weights are not modelled",
-           "b200 fp8": "GPU b200 is not in the catalog"}
+NOT_RUN = {"b200 fp4": "fp4 weights are not modelled"}
 
 
 @pytest.fixture(scope="module")

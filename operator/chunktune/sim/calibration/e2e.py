@@ -61,8 +61,7 @@ SILICON_MODELS = {"Qwen/Qwen3-32B": "qwen3-32b", "meta-llama/Llama-3.1-70B": "ll
                   "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b-fp8"}
 #: Precisions the replay runs (``precision`` column), with what it leaves out where it leaves
 #: something out; the rest are reported, not run.
-MODELLED_PRECISIONS = {"bf16": "",
-                       "fp8": "FP8 weight and KV bytes; GEMMs at the bf16 rate"}
+MODELLED_PRECISIONS = {"bf16": "", "fp8": ""}
 #: Requests sent per concurrency slot, and which wave is measured (see the module docstring).
 WAVES = 3
 MEASURED_WAVE = 1

@@ -1,30 +1,31 @@
-"""Tensor-parallel all-reduce time, modelled on NCCL's measured collectives.
+"""Tensor-parallel all-reduce time: vLLM's own, measured, and NCCL's curve fitted on Vidur's.
 
-Measured: microsoft/vidur ``data/profiling/network/<topology>/all_reduce.csv`` (MIT licence,
+vLLM's all-reduce as it runs it (custom all-reduce inside CUDA graphs for small messages, NCCL
+above): AIConfigurator's ``custom_allreduce_perf`` (Apache-2.0, NVIDIA), timed on A100, H100,
+B200, L40S and RTX PRO 6000 nodes over 2, 4 and 8 GPUs (``data/aic_allreduce_us.csv``). On NVLink
+:func:`tp_allreduce_s` interpolates the table of the GPU or of one on the same interconnect, and
+else the fitted form :func:`vllm_allreduce_s` of its nearest measured NVLink GPU.
+
+NCCL's curve: microsoft/vidur ``data/profiling/network/<topology>/all_reduce.csv`` (MIT licence,
 Copyright (c) Microsoft Corporation): NCCL all-reduce kernel times (``torch.distributed``, eager,
 the median of 11 back-to-back calls) for messages of 2 KB to 64 MB (512 MB on one machine) over
 2, 4 and 8 GPUs of one node. Vidur's profiler records ``size`` in **bytes** (its
 ``collectives_wrapper.py``: ``"size": self._size * 2  # bytes`` for fp16 elements). Four
 machines: DGX A100 and DGX H100 (every GPU on NVSwitches), and 4-GPU boxes of PCIe A100s and
-H100s joined in pairs by NVLink bridges, where a 4-GPU ring crosses PCIe.
-
-The model, per GPU, for ``S`` bytes over ``n`` ranks:
+H100s joined in pairs by NVLink bridges, where a 4-GPU ring crosses PCIe. The model, per GPU,
+for ``S`` bytes over ``n`` ranks:
 
     ring(n) = 2 (n - 1) / n                        bytes each GPU sends (and receives) per byte
     device  = latency + 2 (n - 1) x chunk / (eff x B) + ring(n) x S / (eff x B)
 
 ``B`` is the per-direction bandwidth of the slowest link the ring crosses (data sheet: half of
 the bidirectional NVLink or PCIe figure), ``eff`` the fraction of it a ring reaches (fitted per
-kind of link), ``chunk`` the bytes that must cross each of the ring's ``2 (n - 1)`` steps before
-it streams (pipeline fill: a latency that grows with the ranks and shrinks with the bandwidth).
-What Vidur's eager loop records is a soft maximum of that device time and a host floor (the
-rate at which ``torch.distributed`` issues calls and the ranks' skew, 20-60 us on these
-machines), which is fitted but not simulated: vLLM runs its collectives inside CUDA graphs.
-
-For vLLM, :func:`tp_allreduce_s`: on NVLink, messages up to ``CUSTOM_AR_MAX_BYTES`` go through
-vLLM's custom all-reduce (a one-shot or two-stage kernel over peer memory; its latency is a
-coefficient of the step-time model, not measured here) at the NVLink ring bandwidth; larger
-messages, and every message over PCIe, through NCCL as measured.
+kind of link, :mod:`chunktune.sim.cost.nccl_fit`), ``chunk`` the bytes that must cross each of
+the ring's ``2 (n - 1)`` steps before it streams. What Vidur's eager loop records is a soft
+maximum of that device time and a host floor (the rate at which ``torch.distributed`` issues
+calls and the ranks' skew, 20-60 us on these machines), which is fitted but not simulated. The
+engine runs it over PCIe and on nodes whose links are given (``interconnect``), with vLLM's
+custom all-reduce up to ``CUSTOM_AR_MAX_BYTES`` on a given NVLink.
 """
 
 from __future__ import annotations

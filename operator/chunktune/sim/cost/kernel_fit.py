@@ -27,22 +27,23 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.core.gpus import resolve_gpu
-from chunktune.sim.cost import aic_data
-from chunktune.sim.cost import collectives as col
+from chunktune.sim.cost import aic_data, nccl_fit
 from chunktune.sim.cost import coefficients as coef_mod
+from chunktune.sim.cost import collectives as col
 from chunktune.sim.cost import family_fit as ff
 from chunktune.sim.cost import kernel_data as kd
 from chunktune.sim.cost import kernel_report as rep
-from chunktune.sim.cost import nccl_fit
 from chunktune.sim.cost.coefficients import GROUPS, KernelCoefficients
 from chunktune.sim.cost.measurements import (
     Measurements,
+    attention_points,
     borrow_source,
     elementwise_points,
     families_with_data,
     gemm_points,
     load,
 )
+
 
 def _start(gpu: str) -> KernelCoefficients:
     fam = resolve_gpu(gpu).family
@@ -81,7 +82,7 @@ def fit_gpus(meas: Measurements) -> tuple[dict[str, KernelCoefficients],
         coef[g] = c
     # attention: the GPUs with mixed batches first (every group free), then the others with
     # the mixed-batch group borrowed from them
-    att = {g: [p for p in [*meas.attention, *meas.llmss_attention] if p.gpu == g] for g in gpus}
+    att = {g: attention_points(meas, g) for g in gpus}
     order = sorted(gpus, key=lambda g: g not in have["attention-mixed"])
     for g in order:
         if not att[g]:

@@ -21,17 +21,17 @@ import numpy as np
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
-from chunktune.sim.cost import aic_data
+from chunktune.sim.cost import aic_data, nccl_fit
 from chunktune.sim.cost import collectives as col
 from chunktune.sim.cost import family_fit as ff
 from chunktune.sim.cost import kernel_data as kd
-from chunktune.sim.cost import nccl_fit
 from chunktune.sim.cost.coefficients import KernelCoefficients, coefficients
 from chunktune.sim.cost.gemm_table import GemmTable
 from chunktune.sim.cost.measurements import (
     FAMILIES,
     Measurements,
     attention_kind,
+    attention_points,
     borrow_source,
     elementwise_points,
     families_with_data,
@@ -88,15 +88,18 @@ def family_errors(family: str, gpu: str, c: KernelCoefficients, meas: Measuremen
         pts = ff.gemm_fit_points(gemm_points(meas, dtype).get(gpu, []), g, dtype)
         if not pts:
             return None
-        return np.abs(ff.gemm_pred_us(c, g, pts, dtype) / np.array([p.us for p in pts]) - 1)
+        gemm: np.ndarray = np.abs(ff.gemm_pred_us(c, g, pts, dtype)
+                                  / np.array([p.us for p in pts]) - 1)
+        return gemm
     if family == "elementwise":
         lin = elementwise_points(meas).get(gpu, [])
         if not lin:
             return None
-        return np.abs(ff.elementwise_pred_ms(c, lin) / np.array([p.ops[-1] for p in lin]) - 1)
+        ew: np.ndarray = np.abs(ff.elementwise_pred_ms(c, lin)
+                                / np.array([p.ops[-1] for p in lin]) - 1)
+        return ew
     if family.startswith("attention"):
-        att = [p for p in [*meas.attention, *meas.llmss_attention]
-               if p.gpu == gpu and attention_kind(p) == family]
+        att = [p for p in attention_points(meas, gpu) if attention_kind(p) == family]
         if not att:
             return None
         a = ff.attention_arrays(att)
@@ -106,12 +109,16 @@ def family_errors(family: str, gpu: str, c: KernelCoefficients, meas: Measuremen
         ar = [r for r in meas.allreduce if r.gpu == gpu]
         if not ar:
             return None
-        return np.abs(ff.allreduce_pred_us(c, g, ar) / np.array([r.us for r in ar]) - 1)
+        allr: np.ndarray = np.abs(ff.allreduce_pred_us(c, g, ar)
+                                  / np.array([r.us for r in ar]) - 1)
+        return allr
     if family == "moe":
         moe = [r for r in meas.moe if r.gpu == gpu and r.dtype == "bf16"]
         if not moe:
             return None
-        return np.abs(ff.moe_pred_us(c, g, moe) / np.array([r.us for r in moe]) - 1)
+        moe_err: np.ndarray = np.abs(ff.moe_pred_us(c, g, moe)
+                                     / np.array([r.us for r in moe]) - 1)
+        return moe_err
     raise ValueError(f"unknown family {family!r}")
 
 

@@ -78,7 +78,7 @@ def op_gemms(points: list[kd.LinearPoint]) -> list[aic_data.GemmPoint]:
             continue
         shapes = layer_gemms(resolve_model(p.model), p.tp)
         for (k, n), ms in zip(shapes, p.ops, strict=False):
-            out.append(aic_data.GemmPoint(p.gpu, "bf16", p.tokens, int(round(n)), int(round(k)),
+            out.append(aic_data.GemmPoint(p.gpu, "bf16", p.tokens, round(n), round(k),
                                           ms * 1e3))
     return out
 
@@ -137,13 +137,21 @@ def attention_kind(p: kd.AttentionPoint | aic_data.AttentionRow) -> str:
     return "attention-decode" if p.chunk == 0 else "attention-mixed"
 
 
+def attention_points(meas: Measurements, gpu: str | None = None
+                     ) -> list[kd.AttentionPoint | aic_data.AttentionRow]:
+    """Every measured attention batch of both sources (of ``gpu`` only, when given)."""
+    out: list[kd.AttentionPoint | aic_data.AttentionRow] = [*meas.attention,
+                                                             *meas.llmss_attention]
+    return out if gpu is None else [p for p in out if p.gpu == gpu]
+
+
 def families_with_data(meas: Measurements) -> dict[str, set[str]]:
     """Per family, the GPUs whose own timings have it."""
     fam: dict[str, set[str]] = defaultdict(set)
     for dtype, name in (("bf16", "gemm"), ("fp8", "gemm-fp8")):
         fam[name] |= set(gemm_points(meas, dtype))
     fam["elementwise"] |= set(elementwise_points(meas))
-    for a in [*meas.attention, *meas.llmss_attention]:
+    for a in attention_points(meas):
         fam[attention_kind(a)].add(a.gpu)
     fam["all-reduce"] |= {r.gpu for r in meas.allreduce}
     fam["moe"] |= {r.gpu for r in meas.moe if r.dtype == "bf16"}

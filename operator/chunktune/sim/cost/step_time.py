@@ -2,29 +2,31 @@
 
 A step's time is the sum of
 
-- the **linear operators** of every layer (QKV, O, gate/up and down projections, norms, RoPE,
-  activation, residual add) as a function of the step's token count ``T`` — a roofline per
-  operator, ``overhead + (compute^p + memory^p)^(1/p)``, with efficiency coefficients fitted per
-  GPU family to Vidur's per-layer GPU timings (see :mod:`chunktune.sim.cost.kernel_fit`);
-- **attention** (:func:`attention_layer_time`), fitted to vLLM 0.19's measured per-layer
-  attention times for mixed chunked-prefill batches. With a prefill chunk in the batch the
-  varlen kernel runs one CTA per 64-row query tile and query head (a decode is a one-row
-  tile): the soft maximum of its padded FLOPs (all CTAs at the bf16 peak, where the GPU runs
-  FlashAttention 2 with the query tiles' work beside their MMAs at SMs x clock; or the
-  longest CTA on one SM: its MMAs at that SM's share of the peak and the work beside them at
-  the SM's clock) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
-  per KV head from HBM and re-read per query head through L2 at a rate per SM, where the
-  group's query heads run in one wave or one KV head's KV fits the L2), plus a fixed cost per
-  wave of CTAs over the SMs; decodes alone are memory-bound on their KV bytes;
+- the **linear operators** of every layer (QKV, O, gate/up and down projections; an MoE layer's
+  routed experts; norms, RoPE, activation, residual add) as a function of the step's token
+  count ``T``: each GEMM from the GPU's own measured grid where it covers the shape
+  (:mod:`chunktune.sim.cost.gemm_table`), else a fitted roofline ``overhead + (compute^p +
+  memory^p)^(1/p)``, in bf16 or FP8 (:data:`WEIGHT_DTYPES`);
+- **attention** (:func:`attention_layer_time`). With a prefill chunk in the batch the varlen
+  kernel runs one CTA per 64-row query tile and query head (a decode is a one-row tile): the
+  soft maximum of its padded FLOPs (all CTAs at the bf16 peak, where the GPU runs
+  FlashAttention 2 with the query tiles' work beside their MMAs at SMs x clock; or the longest
+  CTA on one SM: its MMAs at that SM's share of the peak and the work beside them at the SM's
+  clock) and its memory traffic (the tiles' K/V reads, the decodes' KV read once per KV head
+  from HBM and re-read per query head through L2 at a rate per SM, where the group's query
+  heads run in one wave or one KV head's KV fits the L2), plus a fixed cost per wave of CTAs
+  over the SMs; decodes alone are memory-bound on their KV bytes;
 - **lm_head and sampling** for the rows that produce a token (decodes, last prefill chunks);
 - **tensor-parallel all-reduces**, two per layer of the step's activations
-  (:func:`chunktune.sim.cost.collectives.tp_allreduce_s`: vLLM's custom all-reduce on NVLink, NCCL
-  as Vidur measured it beyond 8 MiB and over PCIe);
+  (:func:`chunktune.sim.cost.collectives.tp_allreduce_s`);
 - a fixed **per-step overhead** (scheduling, input preparation, launch) plus a small cost per
   scheduled request.
 
-The linear part depends only on ``T``, so it is tabulated once per engine for every ``T`` up to
-the budget; a step then costs a table lookup plus a few multiplications.
+Every coefficient is the GPU's own, fitted on its measured kernels, or borrowed from the
+nearest measured GPU (:mod:`chunktune.sim.cost.coefficients`, fitted by
+:mod:`chunktune.sim.cost.kernel_fit`). The linear part depends only on ``T``, so it is tabulated
+once per engine for every ``T`` up to the budget; a step then costs a table lookup plus a few
+multiplications.
 """
 
 from __future__ import annotations
