@@ -31,7 +31,7 @@ from chunktune.k8s.kube import KubeApi
 from chunktune.k8s.settings import Settings
 from chunktune.tuning import study as st
 from chunktune.tuning.results import collect, summary
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.runner import Tuner, cost_model
 
 log = logging.getLogger(__name__)
 Problem = tuple[str, str]
@@ -222,6 +222,7 @@ class StatusWriter:
         results = collect(tuner.study, tuner.objectives, tuner.constraints)
         if tuner.twin is not None:
             kw["twin"] = tuner.twin.status()
+        kw["cost_model"] = cost_model(tuner.tuning)
         return render_status(summary(results, self.phase or "Pending",
                                      tuner.spec.budget.max_trials, **kw))
 

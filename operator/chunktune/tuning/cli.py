@@ -145,22 +145,9 @@ class Progress:
         return f"trial {b.number} {k}={format_value(k, b.metrics[k])}"
 
 
-def cost_model_line(tuning: Any) -> str | None:
-    """What the simulator's step-time model for the study's GPU was fitted on, for a study
-    whose trials (engine kind ``sim``) or twin (``strategy: twin``) run in the simulator."""
-    from chunktune.core.gpus import resolve_gpu
-    from chunktune.sim.cost.provenance import provenance
-
-    spec = tuning.spec
-    gpu = spec.engine.gpu.type
-    if gpu is None or (spec.engine.kind != "sim" and spec.strategy.name != "twin"):
-        return None
-    return f"cost model: {provenance(resolve_gpu(gpu))}"
-
-
 def cmd_tune(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results import collect, format_results, write_outputs
-    from chunktune.tuning.runner import Tuner
+    from chunktune.tuning.runner import Tuner, cost_model
     from chunktune.tuning.study import storage_url
 
     try:
@@ -194,9 +181,9 @@ def cmd_tune(ns: argparse.Namespace) -> int:
              if tuner.constraints else "")
           + f"; backend {backend.name}; storage {storage}"
           + (f" (resuming: {prior} trials done)" if prior else ""), flush=True)
-    line = cost_model_line(tuning)
+    line = cost_model(tuning)
     if line:
-        print(line, flush=True)
+        print(f"cost model: {line}", flush=True)
 
     def on_signal(*_: Any) -> None:
         stop["flag"] = True
