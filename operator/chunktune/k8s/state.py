@@ -31,6 +31,7 @@ from chunktune.k8s.kube import KubeApi
 from chunktune.k8s.settings import Settings
 from chunktune.tuning import study as st
 from chunktune.tuning.results.model import collect, summary
+from chunktune.tuning.runner import cost_model
 from chunktune.tuning.tuner import Tuner
 
 log = logging.getLogger(__name__)
@@ -223,6 +224,7 @@ class StatusWriter:
         twin = tuner.strategy.status()
         if twin is not None:
             kw["twin"] = twin
+        kw["cost_model"] = cost_model(tuner.tuning)
         return render_status(summary(results, self.phase or "Pending",
                                      tuner.spec.budget.max_trials, **kw))
 

@@ -175,6 +175,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results.files import write_outputs
     from chunktune.tuning.results.model import collect
     from chunktune.tuning.results.text import format_results
+    from chunktune.tuning.runner import cost_model
     from chunktune.tuning.study import storage_url
     from chunktune.tuning.tuner import Tuner
 
@@ -209,6 +210,9 @@ def cmd_tune(ns: argparse.Namespace) -> int:
              if tuner.constraints else "")
           + f"; backend {backend.name}; storage {storage}"
           + (f" (resuming: {prior} trials done)" if prior else ""), flush=True)
+    line = cost_model(tuning)
+    if line:
+        print(f"cost model: {line}", flush=True)
 
     old = signal.signal(signal.SIGINT, stop.on_signal)
     try:

@@ -47,6 +47,7 @@ from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend
 from chunktune.core import vllm as vllm_release
 from chunktune.core.errors import InfrastructureFault, SpecError
+from chunktune.core.gpus import resolve_gpu
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent, TwinPhase
 from chunktune.core.steps import (
     StepSummary,
@@ -65,6 +66,7 @@ from chunktune.core.trials import (
     TrialState,
 )
 from chunktune.sim.calibration import profile as profiles
+from chunktune.sim.cost.provenance import provenance
 from chunktune.tuning import space
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (
@@ -97,6 +99,17 @@ def calibration_of(tuning: ChunkedPrefillTuning) -> dict[str, Any] | None:
     if c is None or c.file is None:
         return None
     return profiles.read_profile(c.file, "spec.engine.calibration.file").to_dict()
+
+
+def cost_model(tuning: ChunkedPrefillTuning) -> str | None:
+    """What the simulator's step-time model for the study's GPU was fitted on, for a study
+    whose trials (engine kind ``sim``) or twin (``strategy: twin``) run in the simulator; None
+    for the others (and a twin on a CPU engine, which only a calibration profile describes)."""
+    spec = tuning.spec
+    gpu = spec.engine.gpu.type
+    if gpu is None or (spec.engine.kind != "sim" and spec.strategy.name != "twin"):
+        return None
+    return provenance(resolve_gpu(gpu))
 
 
 def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
