@@ -10,9 +10,10 @@ from typing import Any
 
 from chunktune.api.reader import parse_manifest
 from chunktune.backends.simulated import SimulatedBackend
+from chunktune.core.progress import StopReason
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult
 from chunktune.tuning import study as st
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.tuner import Tuner
 from tests.tuning.conftest import manifest
 
 
@@ -44,5 +45,6 @@ def test_calibration_and_confirmation_run_two_at_a_time(tmp_path: Path) -> None:
     backend = Overlapping(max_parallel=2, keep_steps=True, steps_dir=tmp_path / "steps")
     tuner = Tuner(parse_manifest(m), backend, str(tmp_path / "s.journal"))
     backend.tuner = tuner
-    assert asyncio.run(tuner.run()) in ("rounds", "converged", "budget")
+    assert asyncio.run(tuner.run()) in (StopReason.ROUNDS, StopReason.CONVERGED,
+                                     StopReason.BUDGET)
     assert backend.most == {"calibrate": 2, "confirm": 2}
