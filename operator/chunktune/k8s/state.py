@@ -30,6 +30,7 @@ from chunktune.k8s import storage
 from chunktune.k8s.kube import KubeApi
 from chunktune.k8s.settings import Settings
 from chunktune.tuning import study as st
+from chunktune.tuning import workload_source
 from chunktune.tuning.results import collect, summary
 from chunktune.tuning.runner import Tuner
 
@@ -181,6 +182,8 @@ class StatusWriter:
         self.completion_time: str | None = current.get("completionTime")
         self.message: str | None = current.get("message")
         self.generation: int | None = current.get("observedGeneration")
+        self.retune: dict[str, Any] | None = current.get("retune")
+        """``status.retune`` (:mod:`chunktune.k8s.retune` keeps it)."""
         self.lock = asyncio.Lock()
         self.pending = False
         """A phase was set that no successful write has carried yet."""
@@ -216,12 +219,14 @@ class StatusWriter:
     def render(self, tuner: Tuner | None) -> dict[str, Any]:
         kw: dict[str, Any] = {"conditions": self.conditions, "observed_generation":
                               self.generation, "start_time": self.start_time,
-                              "completion_time": self.completion_time, "message": self.message}
+                              "completion_time": self.completion_time, "message": self.message,
+                              "retune": self.retune}
         if tuner is None:
             return render_status(StudySummary(phase=self.phase or "Pending", **kw))
         results = collect(tuner.study, tuner.objectives, tuner.constraints)
         if tuner.twin is not None:
             kw["twin"] = tuner.twin.status()
+        kw["workload"] = workload_source.status_of(tuner.derived)
         return render_status(summary(results, self.phase or "Pending",
                                      tuner.spec.budget.max_trials, **kw))
 

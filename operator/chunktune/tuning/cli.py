@@ -16,6 +16,7 @@ from chunktune.backends.base import TrialBackend
 from chunktune.core.errors import BackendUnavailable, SpecError
 from chunktune.core.flags import flags_line
 from chunktune.core.trials import TrialState
+from chunktune.metrics.derive import WorkloadUnavailable
 
 if TYPE_CHECKING:
     from chunktune.tuning.runner import Tuner
@@ -168,7 +169,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     except SpecError as e:
         _print_problems(e)
         return 1
-    except BackendUnavailable as e:
+    except (BackendUnavailable, WorkloadUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     progress = Progress(tuner, ns.quiet)

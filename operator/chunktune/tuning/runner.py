@@ -56,7 +56,7 @@ from chunktune.core.trials import (
     TrialState,
 )
 from chunktune.sim.calibration import profile as profiles
-from chunktune.tuning import space
+from chunktune.tuning import space, workload_source
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (
     STARTUP_CONSTRAINT,
@@ -151,16 +151,18 @@ class Tuner:
         self.constraints = [ConstraintDef.from_spec(c) for c in self.spec.constraints]
         self.target = target or target_from_spec(tuning)
         self.context = space.EngineContext.build(self.target)
-        self.profile = self.spec.workload.resolve()
         self.slos = slos_for_goodput(self.constraints)
-        self.window_seconds = window_seconds or _default_window(self.profile.duration,
-                                                                self.profile.warmup)
         directions = [o.direction for o in self.objectives]
         sampler = st.make_sampler(tuning, len(directions), bool(self.constraints))
         pruner = st.make_pruner(tuning, len(directions))
         self._storage = st.open_storage(storage)
         self.study = st.open_study(tuning, self._storage, directions, sampler, pruner,
                                    name=study_name)
+        self.profile, self.derived = workload_source.resolve(tuning, self.study)
+        """The profile every trial replays; ``derived``: what ``fromPrometheus`` derived for
+        it (kept in the study), else None."""
+        self.window_seconds = window_seconds or _default_window(self.profile.duration,
+                                                                self.profile.warmup)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
         self.started = time.monotonic()
         self.stop_reason: str | None = None
