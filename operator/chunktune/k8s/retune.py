@@ -300,15 +300,16 @@ class Retuner:
         tuner = await self._open(round_, obs, reasons)
         await asyncio.to_thread(rt.seed, tuner, entry["running"], await asyncio.to_thread(
             self._load, rt.study_name(self.tuning, round_ - 1)), self.spec, reasons, round_)
+        self.status.update(round=max(round_, int(self.status.get("round") or 0)),
+                           state="Retuning", study=tuner.study.study_name, drifting=0)
+        self._set_history(entry)
+        self.writer.message = f"re-tune {round_} running: " + "; ".join(reasons)
+        await self._write()
         if obs is not None:
             self.emit("Normal", "RetuneStarted",
                       f"re-tune {round_} ({tuner.spec.strategy.name}, up to "
                       f"{tuner.spec.budget.max_trials} real trials) from "
                       f"{flags_line(entry['running'])}: " + "; ".join(reasons))
-        self.status.update(round=max(round_, int(self.status.get("round") or 0)),
-                           state="Retuning", study=tuner.study.study_name, drifting=0)
-        self._set_history(entry)
-        await self._write()
         tuner.stop_requested = lambda: self._stop(live)
         why = await tuner.run()
         await self.ctrl._drain_flush()
@@ -376,6 +377,7 @@ class Retuner:
         if stats:
             self.status["reference"] = stats  # the running configuration now answers this
         self.status.update(state="Watching", drifting=0)
+        self.writer.message = f"re-tune {entry['round']}: {outcome.lower()}: {message}"
         await self._write()
         best = flags_line(decision.best) if decision.best else "none"
         change = f" ({decision.metric} {decision.before:.4g} -> {decision.after:.4g}, " \

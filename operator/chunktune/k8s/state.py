@@ -80,6 +80,18 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``: ``new``, with None for
+    every key of ``old`` it lacks, in nested mappings too (lists are replaced whole)."""
+    out = dict(new)
+    for key, was in old.items():
+        if key not in new:
+            out[key] = None
+        elif isinstance(was, Mapping) and isinstance(new[key], Mapping):
+            out[key] = merge_patch(was, new[key])
+    return out
+
+
 def _now() -> datetime:
     return datetime.now(tz=UTC)
 
@@ -239,11 +251,9 @@ class StatusWriter:
             status = self.render(tuner)
             delay = 0.1
             for attempt in range(1, CONFLICT_RETRIES + 1):
-                patch: dict[str, Any] = dict(status)
-                for key in self.last:
-                    if key not in status:
-                        patch[key] = None  # merge patch: drop what the renderer no longer gives
-                if patch == self.last:
+                # merge patch: drop what the renderer no longer gives, at any depth
+                patch = merge_patch(self.last, status)
+                if status == self.last:
                     self.pending = False
                     return
                 try:
@@ -268,4 +278,4 @@ class StatusWriter:
 
 
 __all__ = ["CONFLICT_RETRIES", "TERMINAL", "Operator", "Problem", "StatusWriter", "generation",
-           "owner_of", "parse", "problems_text"]
+           "merge_patch", "owner_of", "parse", "problems_text"]

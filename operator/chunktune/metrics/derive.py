@@ -41,6 +41,7 @@ from chunktune.core.workload import (
     TrafficClass,
     derived_warmup,
 )
+from chunktune.metrics.promtext import histogram_quantile
 
 #: The classes a derived profile has (prompt length at most / above the threshold).
 SHORT, LONG = DERIVED_CLASSES
@@ -85,31 +86,10 @@ class Buckets:
         return self.cumulative[-1] if self.cumulative else 0.0
 
     def quantile(self, q: float) -> float | None:
-        """Prometheus' ``histogram_quantile``: linear inside the bucket that holds rank
-        ``q * total``; the largest finite bound when it is the ``+Inf`` bucket; None when
-        empty."""
-        total = self.total
-        if total <= 0 or len(self.bounds) < 2:
-            return None
-        rank = q * total
-        i = next(j for j, c in enumerate(self.cumulative) if c >= rank)
-        if math.isinf(self.bounds[i]):
-            return self.bounds[-2]
-        start = self.bounds[i - 1] if i > 0 else min(0.0, self.bounds[0])
-        below = self.cumulative[i - 1] if i > 0 else 0.0
-        inside = self.cumulative[i] - below
-        if inside <= 0:
-            return self.bounds[i]
-        return start + (self.bounds[i] - start) * (rank - below) / inside
-
-    def bucket_of(self, value: float) -> tuple[float, float]:
-        """The bucket ``(lower, upper]`` that holds ``value``."""
-        lower = 0.0
-        for b in self.bounds:
-            if value <= b:
-                return lower, b
-            lower = b
-        return lower, math.inf
+        """Prometheus' ``histogram_quantile`` (:func:`chunktune.metrics.promtext.
+        histogram_quantile`): linear inside the bucket that holds rank ``q * total``; None
+        when empty."""
+        return histogram_quantile(q, list(zip(self.bounds, self.cumulative, strict=True)))
 
     def nearest_bound(self, value: float) -> float:
         """The finite bound closest to ``value`` (ties: the lower)."""

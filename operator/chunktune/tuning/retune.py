@@ -92,7 +92,7 @@ def seed(tuner: Tuner, running: Mapping[str, Any], previous: optuna.Study | None
     if (study.user_attrs.get(ATTR_RETUNE) or {}).get("seeded"):
         return False
     point = dict(running)
-    warm = [p for p in _best_points(previous, tuner) if p != point][:spec.warm_start]
+    warm = [p for p in best_points(previous, tuner) if p != point][:spec.warm_start]
     if tuner.spec.strategy.name == "twin":
         profile = twin_profile(previous) if previous is not None else None
         if profile is not None:
@@ -117,7 +117,7 @@ def seed(tuner: Tuner, running: Mapping[str, Any], previous: optuna.Study | None
     return True
 
 
-def _best_points(previous: optuna.Study | None, tuner: Tuner) -> list[dict[str, Any]]:
+def best_points(previous: optuna.Study | None, tuner: Tuner) -> list[dict[str, Any]]:
     """The previous study's measured feasible configurations, best first."""
     if previous is None:
         return []
@@ -192,5 +192,5 @@ def _value(t: TrialRecord | None, key: str) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
-__all__ = ["ATTR_RETUNE", "Decision", "decide", "limits", "retune_tuning", "seed",
+__all__ = ["ATTR_RETUNE", "Decision", "best_points", "decide", "limits", "retune_tuning", "seed",
            "study_name", "twin_profile"]
