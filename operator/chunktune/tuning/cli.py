@@ -182,6 +182,13 @@ def cmd_tune(ns: argparse.Namespace) -> int:
              if tuner.constraints else "")
           + f"; backend {backend.name}; storage {storage}"
           + (f" (resuming: {prior} trials done)" if prior else ""), flush=True)
+    if tuner.derived:
+        src = tuner.derived["source"]
+        print(f"workload derived from {src['url']} ({src['selector']}, {src['window']:g} s "
+              f"ending {src['at']}): {tuner.profile.arrival.rate:g} req/s", flush=True)
+    if tuning.spec.retune is not None:
+        print("note: spec.retune is the operator's (it keeps watching the deployment); here "
+              "the study runs once", file=sys.stderr)
 
     def on_signal(*_: Any) -> None:
         stop["flag"] = True
