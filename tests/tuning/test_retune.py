@@ -159,3 +159,41 @@ def test_a_twin_retune_without_a_previous_twin_calibrates_from_the_running_one(
     points = tuner.study.user_attrs[tf.ATTR_CALIBRATION]
     assert len(points) == 3 and points[0] == running and len({str(p) for p in points}) == 3
     assert tf.ATTR_ROUND_PROFILE.format(1) not in tuner.study.user_attrs
+
+
+@pytest.mark.slow  # the first study fits a twin
+def test_a_twin_retune_searches_the_previous_twin_under_the_new_workload(
+        tmp_path: Path) -> None:
+    twin = {"name": "twin", "calibrationTrials": 2, "simulatedTrials": 6, "simulatedLoads": 1,
+            "confirmTrials": 1, "refineRounds": 0}
+    m = manifest(strategy=twin, workload={"profile": "smoke", "duration": "10s",
+                                          "warmup": "1s"},
+                 objectives=[{"metric": "ttft_p99"}], constraints=[],
+                 budget={"maxTrials": 4}, sampler={"name": "tpe", "seed": 3})
+    backend = SimulatedBackend(keep_steps=True, steps_dir=tmp_path / "steps")
+    first = Tuner(parse_manifest(m), backend, str(tmp_path / "s.journal"))
+    asyncio.run(first.run())
+    assert rt.twin_profile(first.study) is not None
+    # the same engine under heavier traffic
+    heavier = manifest(strategy=twin, workload={"profile": "smoke", "duration": "10s",
+                                                "warmup": "1s", "rate": 12},
+                       objectives=[{"metric": "ttft_p99"}], constraints=[],
+                       budget={"maxTrials": 4}, sampler={"name": "tpe", "seed": 3})
+    spec = retune_spec(strategy="twin", maxTrials=2)
+    tuning = rt.retune_tuning(parse_manifest(heavier), spec, 1, reuse_profile=True)
+    again = Tuner(tuning, backend, str(tmp_path / "s.journal"),
+                  study_name=rt.study_name(parse_manifest(m), 1))
+    running = {k: v for k, v in st.point_of(first.study.trials[0]).items()}
+    rt.seed(again, running, first.study, spec, ["arrival rate"], 1)
+    why = asyncio.run(again.run())
+    assert why in ("rounds", "budget"), why
+    phases = [t.user_attrs.get(st.ATTR_PHASE) for t in again.study.trials
+              if st.trial_state(t) != "WAITING"]
+    # one real calibration trial (the running configuration), the twin's best confirmed,
+    # then the confirmation of the measured best; the previous profile searched
+    assert phases[0] == "calibrate" and phases.count("calibrate") == 1, phases
+    assert "confirm" in phases and phases[-1] == st.PHASE_RECHECK, phases
+    assert again.study.user_attrs[tf.ATTR_ROUND_PROFILE.format(1)] == rt.twin_profile(
+        first.study)
+    d = rt.decide(collect(again.study, again.objectives, again.constraints), spec.min_gain)
+    assert d.before is not None and d.metric == "ttft_p99"

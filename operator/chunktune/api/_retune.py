@@ -10,7 +10,6 @@ from pydantic import Field
 
 from chunktune.api._types import HTTP_URL, Model, duration_type, pattern_str
 from chunktune.core.selectors import SELECTOR_PATTERN
-from chunktune.core.workload import DERIVED_CLASSES
 
 #: The longest window a derivation may read (Prometheus keeps 15 days by default).
 WINDOW_CEILING = 30 * 24 * 3600
@@ -44,10 +43,6 @@ class FromPrometheus(Model):
     long_prompt_tokens: int = Field(default=2048, ge=1, le=2**24)
     """Prompts above this many tokens are the ``long`` class (moved to the nearest bucket
     bound of vLLM's histogram: 2048 becomes 2000)."""
-
-
-#: The class names a derived workload has, for objectives and constraints that name one.
-FROM_PROMETHEUS_CLASSES = DERIVED_CLASSES
 
 
 class DriftSpec(Model):
@@ -107,5 +102,4 @@ class RetuneSpec(Model):
     """The previous study's best measured configurations queued first in each re-tune."""
 
 
-__all__ = ["FROM_PROMETHEUS_CLASSES", "WINDOW_CEILING", "DriftSpec", "FromPrometheus",
-           "RetuneSpec"]
+__all__ = ["WINDOW_CEILING", "DriftSpec", "FromPrometheus", "RetuneSpec"]

@@ -46,7 +46,6 @@ from chunktune.api._goals import (
     parse_constraint_string,
 )
 from chunktune.api._retune import (
-    FROM_PROMETHEUS_CLASSES,
     DriftSpec,
     FromPrometheus,
     RetuneSpec,
@@ -77,7 +76,7 @@ API_VERSION = "v1alpha1"
 KIND = "ChunkedPrefillTuning"
 
 __all__ = [
-    "API_GROUP", "API_VERSION", "DEFAULT_SIM_IMAGE", "FROM_PROMETHEUS_CLASSES", "KIND", "Budget",
+    "API_GROUP", "API_VERSION", "DEFAULT_SIM_IMAGE", "KIND", "Budget",
     "CPUSpec", "ChunkedPrefillTuning",
     "Constraint", "DriftSpec", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource",
     "FromPrometheus", "GPUSpec", "KeyRef",

@@ -76,8 +76,9 @@ def _epoch(text: str | None) -> float | None:
 
 
 def watches(tuning: ChunkedPrefillTuning, phase: str | None) -> bool:
-    """Whether the daemon watches the deployment now: ``spec.retune`` and a succeeded study."""
-    return tuning.spec.retune is not None and phase == "Succeeded"
+    """Whether the daemon watches the deployment now: ``spec.retune``, a succeeded study, and
+    not ``spec.suspend`` (a re-tune in flight waits for it to be lifted)."""
+    return tuning.spec.retune is not None and phase == "Succeeded" and not tuning.spec.suspend
 
 
 def owns_outputs(retune_status: Mapping[str, Any] | None) -> bool:
@@ -153,6 +154,8 @@ class Retuner:
         """Until the spec changes or the daemon stops: resume a re-tune in flight, then check
         every interval."""
         if self.source is None:  # the spec's checks refuse this; nothing to watch
+            while not self._stop(live):
+                await live.sleep(1.0)
             return
         self.url = await self.ctrl.op.storage(self.tuning, self.ctrl.owner)
         self.backend = self.ctrl.op.backend(self.tuning, self.ctrl.owner, storage.steps_dir(
@@ -264,8 +267,9 @@ class Retuner:
             await self._write()
             return
         reference = self.status.get("reference")
-        reasons = drift(WorkloadStats.from_dict(reference), current, rt.limits(self.spec)) \
-            if reference else []
+        if reference is None:  # a study that kept no derived workload: this one is the first
+            self.status["reference"] = reference = current.to_dict()
+        reasons = drift(WorkloadStats.from_dict(reference), current, rt.limits(self.spec))
         if self.spec.slo:
             reasons += slo_misses(self.tuning, obs)
         check["drift"] = reasons
