@@ -41,10 +41,9 @@ from tests.k8s.conftest import (
 )
 from tests.kube.emulator import KubeEmulator
 from tests.kube.kubelet import FakeKubelet
-from tests.metrics.prometheus import HAVE_PROMETHEUS, MISSING, prometheus
+from tests.metrics.prometheus import HAVE_PROMETHEUS, MISSING, free_port, prometheus
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(600),
-              pytest.mark.skipif(not HAVE_PROMETHEUS, reason=MISSING)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 SELECTOR = '{model_name="prod"}'
 WINDOW = 8.0
@@ -110,6 +109,8 @@ async def _watch_deployment(kube: KubeEmulator, seen: list[tuple[float, list[str
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not HAVE_PROMETHEUS, reason=MISSING)
 async def test_drift_starts_a_retune_that_patches_only_after_confirmation(
         kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
     with start_server("llama-3.1-8b", ["--max-model-len", "16384", "--served-model-name",
@@ -145,6 +146,8 @@ async def test_drift_starts_a_retune_that_patches_only_after_confirmation(
             async with running_operator(kube, operator_settings(state)):
                 status = await wait_phase(kube, "keep", ("Succeeded", "Failed"), timeout=120)
                 assert status["phase"] == "Succeeded", status.get("message")
+                conds = {c["type"]: c for c in status["conditions"]}
+                assert conds["WorkloadDerived"]["status"] == "True", conds
                 derived = status["workload"]
                 assert derived["selector"] == SELECTOR and derived["window"] == WINDOW
                 assert derived["rate"] == pytest.approx(4.0, rel=0.25)
@@ -205,6 +208,26 @@ async def test_drift_starts_a_retune_that_patches_only_after_confirmation(
     confirmed = max(t.datetime_complete.timestamp() for t in measured
                     if t.datetime_complete is not None)
     assert changes[-1][0] >= confirmed - 0.5, (changes, confirmed)
+
+
+async def test_a_workload_that_cannot_be_derived_keeps_the_study_pending(
+        kube: KubeEmulator, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # no Prometheus there
+    kube.create("cpt", tuning("blind", workload={"fromPrometheus": {
+        "url": url, "selector": SELECTOR}, "duration": "4s"}), "default")
+    async with running_operator(kube, operator_settings(tmp_path / "state")):
+        status = await kube.until(
+            lambda: (s := status_of(kube, "blind")).get("phase") == "Pending" and any(
+                c["type"] == "WorkloadDerived" for c in s.get("conditions", [])) and s,
+            timeout=60, interval=0.2, message="Pending with WorkloadDerived")
+        await kube.until(lambda: "PrometheusUnreachable" in reasons(kube, "blind"),
+                         timeout=30, interval=0.2, message="the warning event")
+    (cond,) = [c for c in status["conditions"] if c["type"] == "WorkloadDerived"]
+    assert cond["status"] == "False" and cond["reason"] == "PrometheusUnreachable"
+    assert SELECTOR in cond["message"] and url in cond["message"], cond
+    assert SELECTOR in status["message"] and not status.get("trials")  # nothing ran
+    (event,) = [e for e in events(kube, "blind") if e["reason"] == "PrometheusUnreachable"]
+    assert SELECTOR in event["message"]
 
 
 def _requests(prom: str) -> float:

@@ -207,11 +207,11 @@ class StudyController:
     async def _no_workload(self, e: WorkloadUnavailable, gen: int) -> None:
         """``spec.workload.fromPrometheus`` cannot derive the workload yet: Pending with a
         ``WorkloadDerived=False`` condition and a warning naming the selector (once per
-        message); the daemon tries again every :data:`WORKLOAD_RETRY` seconds."""
+        cause); the daemon tries again every :data:`WORKLOAD_RETRY` seconds."""
         text = str(e)
         was = next((c for c in self.writer.conditions if c.get("type") == "WorkloadDerived"),
                    None)
-        if was is None or was.get("message") != text:
+        if was is None or was.get("status") != "False" or was.get("reason") != e.reason:
             self.emit("Warning", e.reason, text)
         self.writer.set("Pending", gen, f"waiting for the workload: {text}",
                         WorkloadDerived=(False, e.reason, text))
@@ -282,7 +282,8 @@ class StudyController:
             self.writer.set("Running", self.gen, f"tuning {len(tuner.params)} flags",
                             SpecValid=(True, "Valid", "the spec is valid"),
                             Running=(True, "TrialsRunning", "the study is running"),
-                            Suspended=(False, "Resumed", "the study is not suspended"))
+                            Suspended=(False, "Resumed", "the study is not suspended"),
+                            **retune.derived_condition(tuner))
             await self.writer.write(tuner)
             reason = await tuner.run()
             await self._drain_flush()

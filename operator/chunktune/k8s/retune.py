@@ -81,6 +81,17 @@ def watches(tuning: ChunkedPrefillTuning, phase: str | None) -> bool:
     return tuning.spec.retune is not None and phase == "Succeeded" and not tuning.spec.suspend
 
 
+def derived_condition(tuner: Tuner) -> dict[str, tuple[bool, str, str]]:
+    """``WorkloadDerived=True`` for a study whose workload ``fromPrometheus`` derived (none
+    for other workloads)."""
+    if not tuner.derived:
+        return {}
+    src = tuner.derived.get("source") or {}
+    return {"WorkloadDerived": (True, "Derived", f"derived from {src.get('url')} "
+                                f"({src.get('selector')}, {src.get('window', 0):g} s ending "
+                                f"{src.get('at')})")}
+
+
 def owns_outputs(retune_status: Mapping[str, Any] | None) -> bool:
     """Whether a re-tune has run: the first study's answer is no longer what ``spec.output``
     holds, so a spec change must not run that study's end (and write its best) again."""
@@ -198,8 +209,7 @@ class Retuner:
             self.backend.detached = True  # leave the trials for the next operator
         return why is not None or generation(live.body()) != self.gen
 
-    async def _open(self, round_: int, observed: Observation | None = None,
-                    reasons: list[str] | None = None) -> Tuner:
+    async def _open(self, round_: int, observed: Observation | None = None) -> Tuner:
         """The tuner of study ``round_`` (0: the first), created for a new re-tune (its
         workload stored and its first trials queued), or reopened."""
         assert self.backend is not None
@@ -301,7 +311,7 @@ class Retuner:
             entry = {"round": round_, "study": rt.study_name(self.tuning, round_),
                      "started": _now(), "reasons": reasons, "outcome": "Running",
                      "running": running}
-        tuner = await self._open(round_, obs, reasons)
+        tuner = await self._open(round_, obs)
         await asyncio.to_thread(rt.seed, tuner, entry["running"], await asyncio.to_thread(
             self._load, rt.study_name(self.tuning, round_ - 1)), self.spec, reasons, round_)
         self.status.update(round=max(round_, int(self.status.get("round") or 0)),
@@ -412,5 +422,5 @@ def deployment_flags(deploy: Mapping[str, Any], container: str | None,
     return {k: v for k, v in values.items() if k in names}
 
 
-__all__ = ["SLO_BASES", "Retuner", "deployment_flags", "owns_outputs", "slo_bases",
-           "slo_misses", "watches"]
+__all__ = ["SLO_BASES", "Retuner", "deployment_flags", "derived_condition", "owns_outputs",
+           "slo_bases", "slo_misses", "watches"]
