@@ -29,6 +29,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
+from chunktune.core.errors import ChunktuneError
 from chunktune.core.selectors import LabelSelector
 from chunktune.metrics import promql
 from chunktune.metrics.derive import Buckets, Observation, WorkloadUnavailable
@@ -49,7 +50,7 @@ async def scrape(http: aiohttp.ClientSession, url: str) -> Scrape | None:
         return None
 
 
-class PrometheusError(Exception):
+class PrometheusError(ChunktuneError):
     """Prometheus answered with an error, or could not be reached."""
 
 
@@ -79,9 +80,9 @@ class PrometheusClient:
         try:
             result = self._prom.custom_query(q, params=params)
         except PrometheusApiClientException as e:
-            raise PrometheusError(f"{e} (query {q})") from None
+            raise PrometheusError(f"{e} (query {q})") from e
         except (requests.RequestException, ValueError, KeyError, TypeError) as e:
-            raise PrometheusError(f"cannot query {self.url}: {e}") from None
+            raise PrometheusError(f"cannot query {self.url}: {e}") from e
         return _value(result)
 
     def query_vector_sync(self, q: str, at: float | None = None) -> list[tuple[dict[str, str],
@@ -92,9 +93,9 @@ class PrometheusClient:
         try:
             result = self._prom.custom_query(q, params=params)
         except PrometheusApiClientException as e:
-            raise PrometheusError(f"{e} (query {q})") from None
+            raise PrometheusError(f"{e} (query {q})") from e
         except (requests.RequestException, ValueError, KeyError, TypeError) as e:
-            raise PrometheusError(f"cannot query {self.url}: {e}") from None
+            raise PrometheusError(f"cannot query {self.url}: {e}") from e
         out: list[tuple[dict[str, str], float]] = []
         for sample in result if isinstance(result, list) else []:
             if isinstance(sample, Mapping):
@@ -129,7 +130,7 @@ class PrometheusClient:
         except PrometheusError as e:
             raise WorkloadUnavailable(
                 "PrometheusUnreachable", f"cannot derive the workload of {sel}: Prometheus at "
-                f"{self.url} did not answer ({_short(str(e))})") from None
+                f"{self.url} did not answer ({_short(str(e))})") from e
         return Observation(url=self.url, selector=str(sel), window=window, at=at,
                            peak_window=sub, requests=scalars["requests"] or 0.0,
                            peak_rate=scalars["peak_rate"], prompt=hist["prompt_buckets"],
