@@ -38,9 +38,9 @@ def parse_time(text: str) -> float:
         pass
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    except ValueError as e:
         raise SpecError(f"must be Unix seconds or an RFC 3339 time such as "
-                        f"2025-01-01T00:00:00Z (got {text!r})", field="--at") from None
+                        f"2025-01-01T00:00:00Z (got {text!r})", field="--at") from e
 
 
 def profile_yaml(derived: DerivedWorkload) -> str:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from chunktune.core.errors import ChunktuneError
 from chunktune.core.workload import (
     DERIVED_CLASSES,
     DERIVED_DURATION,
@@ -51,7 +52,7 @@ LONG_PROMPT_TOKENS = 2048
 LENGTH_QUANTILES = (0.5, 0.9, 0.99)
 
 
-class WorkloadUnavailable(Exception):
+class WorkloadUnavailable(ChunktuneError):
     """No workload can be derived: Prometheus does not answer (``reason``
     ``PrometheusUnreachable``) or nothing matches the selector in the window
     (``NoMatchingSeries``, ``NoRequests``). The message names the selector and the fix."""
