@@ -14,12 +14,13 @@ import pytest
 from chunktune.api.reader import parse_manifest
 from chunktune.api.v1alpha1 import RetuneSpec
 from chunktune.backends.simulated import SimulatedBackend
+from chunktune.core.progress import TwinPhase
 from chunktune.tuning import retune as rt
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
-from chunktune.tuning.results import collect
-from chunktune.tuning.runner import Tuner
-from chunktune.tuning.strategies import twin_first as tf
+from chunktune.tuning.results.model import collect
+from chunktune.tuning.strategies.twin_state import TwinState
+from chunktune.tuning.tuner import Tuner
 from tests.tuning.conftest import manifest
 
 TTFT = ObjectiveDef("ttft_p99", None, "minimize")
@@ -41,7 +42,7 @@ def study_of(rows: list[tuple[int, float, float, dict[str, Any]]]) -> optuna.Stu
 
 
 BASE = {st.ATTR_BASELINE: True}
-AGAIN = {st.ATTR_PHASE: st.PHASE_RECHECK}
+AGAIN = {st.ATTR_PHASE: TwinPhase.RECHECK.value}
 
 
 def decide(rows: list[tuple[int, float, float, dict[str, Any]]],
@@ -113,7 +114,7 @@ def test_a_real_retune_measures_the_running_configuration_first_then_confirms(
     res = collect(again.study, again.objectives, again.constraints)
     assert res.baseline == 0 and st.point_of(again.study.trials[0]) == running
     rechecked = [t for t in again.study.trials
-                 if t.user_attrs.get(st.ATTR_PHASE) == st.PHASE_RECHECK]
+                 if t.user_attrs.get(st.ATTR_PHASE) == TwinPhase.RECHECK]
     assert len(rechecked) == 1
     d = rt.decide(res, spec.min_gain)
     assert d.metric == "ttft_p99" and d.before == res.baseline_trial.metrics["ttft_p99"]
@@ -126,8 +127,8 @@ def test_a_twin_retune_reuses_the_previous_calibration(tmp_path: Path) -> None:
     previous = optuna.create_study(storage=st.open_storage(str(tmp_path / "s.journal")),
                                    study_name="test/t")
     profile = {"fitted": "round 2", "step": [1, 2, 3]}
-    previous.set_user_attr(tf.ATTR_ROUND_PROFILE.format(1), {"fitted": "round 1"})
-    previous.set_user_attr(tf.ATTR_ROUND_PROFILE.format(2), profile)
+    TwinState().set_profile(previous, 1, {"fitted": "round 1"})
+    TwinState().set_profile(previous, 2, profile)
     assert rt.twin_profile(previous) == profile
     spec = retune_spec(strategy="twin")
     tuning = rt.retune_tuning(parse_manifest(m), spec, 1, reuse_profile=True)
@@ -136,9 +137,12 @@ def test_a_twin_retune_reuses_the_previous_calibration(tmp_path: Path) -> None:
                   study_name=rt.study_name(tuning, 1))
     running = {BUDGET: 4096, "long-prefill-token-threshold": 512}
     rt.seed(tuner, running, previous, spec, ["drift"], 1)
-    attrs = tuner.study.user_attrs
-    assert attrs[tf.ATTR_ROUND_PROFILE.format(1)] == profile
-    assert attrs[tf.ATTR_CALIBRATION] == [running]  # one real trial calibrates nothing new
+    stored = TwinState.read(tuner.study)
+    assert stored.round(1).profile == profile
+    assert stored.calibration == [running]  # one real trial calibrates nothing new
+    # the strategy the tuner holds sees what was seeded (it read the storage before)
+    assert tuner.strategy.state.calibration == [running]  # type: ignore[attr-defined]
+    assert tuner.strategy.state.round(1).profile == profile  # type: ignore[attr-defined]
     (queued,) = tuner.trials()
     assert queued.user_attrs[st.ATTR_PHASE] == "calibrate"
     assert queued.user_attrs[st.ATTR_BASELINE] and st.point_of(queued) == running
@@ -156,9 +160,11 @@ def test_a_twin_retune_without_a_previous_twin_calibrates_from_the_running_one(
                   study_name=rt.study_name(tuning, 2))
     running = {BUDGET: 4096, "long-prefill-token-threshold": 512}
     rt.seed(tuner, running, previous, spec, ["drift"], 2)
-    points = tuner.study.user_attrs[tf.ATTR_CALIBRATION]
+    stored = TwinState.read(tuner.study)
+    points = stored.calibration
+    assert points is not None
     assert len(points) == 3 and points[0] == running and len({str(p) for p in points}) == 3
-    assert tf.ATTR_ROUND_PROFILE.format(1) not in tuner.study.user_attrs
+    assert stored.round(1).profile is None
 
 
 @pytest.mark.slow  # the first study fits a twin
@@ -192,8 +198,7 @@ def test_a_twin_retune_searches_the_previous_twin_under_the_new_workload(
     # one real calibration trial (the running configuration), the twin's best confirmed,
     # then the confirmation of the measured best; the previous profile searched
     assert phases[0] == "calibrate" and phases.count("calibrate") == 1, phases
-    assert "confirm" in phases and phases[-1] == st.PHASE_RECHECK, phases
-    assert again.study.user_attrs[tf.ATTR_ROUND_PROFILE.format(1)] == rt.twin_profile(
-        first.study)
+    assert "confirm" in phases and phases[-1] == TwinPhase.RECHECK, phases
+    assert TwinState.read(again.study).round(1).profile == rt.twin_profile(first.study)
     d = rt.decide(collect(again.study, again.objectives, again.constraints), spec.min_gain)
     assert d.before is not None and d.metric == "ttft_p99"

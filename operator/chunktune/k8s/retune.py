@@ -36,6 +36,7 @@ from chunktune.api.v1alpha1 import ChunkedPrefillTuning, RetuneSpec
 from chunktune.backends.kubernetes import ClusterApiError, KubernetesBackend
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import flags_line, parse_argv
+from chunktune.core.progress import StopReason, StopRequest
 from chunktune.k8s import storage
 from chunktune.k8s.outputs import write_outputs
 from chunktune.k8s.state import generation
@@ -50,8 +51,8 @@ from chunktune.tuning import retune as rt
 from chunktune.tuning import study as st
 from chunktune.tuning import workload_source
 from chunktune.tuning.objectives import ObjectiveDef
-from chunktune.tuning.results import collect
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.results.model import collect
+from chunktune.tuning.tuner import Tuner
 
 if TYPE_CHECKING:
     from chunktune.k8s.controller import Live, StudyController
@@ -225,7 +226,7 @@ class Retuner:
         ctrl = self.ctrl
         tuner = await asyncio.to_thread(
             Tuner, tuning, self.backend, self.url, on_event=ctrl._event,
-            on_update=lambda _: ctrl._changed(), stop_requested=lambda: False,
+            on_update=lambda _: ctrl._changed(), stop_requested=lambda: None,
             on_fault=ctrl._fault, study_name=rt.study_name(self.tuning, round_))
         self.tuner = ctrl.tuner = tuner
         return tuner
@@ -324,10 +325,12 @@ class Retuner:
                       f"re-tune {round_} ({tuner.spec.strategy.name}, up to "
                       f"{tuner.spec.budget.max_trials} real trials) from "
                       f"{flags_line(entry['running'])}: " + "; ".join(reasons))
-        tuner.stop_requested = lambda: self._stop(live)
+        # a stop cancels the trials in flight: the next watch re-adopts them (or the next
+        # operator, when this one exits)
+        tuner.stop_requested = lambda: StopRequest.CANCEL if self._stop(live) else None
         why = await tuner.run()
         await self.ctrl._drain_flush()
-        if why == "stopped":
+        if why == StopReason.STOPPED:
             return  # resumed by the next watch (the history says Running)
         await self._decide(tuner, entry, why)
 
@@ -365,12 +368,12 @@ class Retuner:
         best = res.best_trial
         return dict(best.params) if best is not None else defaults
 
-    async def _decide(self, tuner: Tuner, entry: dict[str, Any], why: str) -> None:
+    async def _decide(self, tuner: Tuner, entry: dict[str, Any], why: StopReason) -> None:
         results = collect(tuner.study, tuner.objectives, tuner.constraints)
         decision = rt.decide(results, self.spec.min_gain)
         outcome = "Applied" if decision.apply else "Kept"
         message = decision.message
-        if why == "failures":
+        if why == StopReason.FAILURES:
             outcome, message = "Failed", f"too many trials failed ({message})"
         elif decision.apply:
             output = self.tuning.spec.output

@@ -34,12 +34,15 @@ import optuna
 
 from chunktune.api.status import TrialRecord, improvement
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning, RetuneSpec
+from chunktune.core.progress import TwinPhase
 from chunktune.core.trials import TrialState
 from chunktune.metrics.derive import DriftLimits
 from chunktune.tuning import study as st
-from chunktune.tuning.results import Results, collect, recheck_order
-from chunktune.tuning.runner import Tuner
-from chunktune.tuning.strategies import twin_first as tf
+from chunktune.tuning.results.model import Results, collect, recheck_order
+from chunktune.tuning.strategies.twin_first import TwinFirst
+from chunktune.tuning.strategies.twin_points import calibration_points
+from chunktune.tuning.strategies.twin_state import TwinState
+from chunktune.tuning.tuner import Tuner
 
 #: Study user attribute of a re-tune: ``{"round", "reasons", "running", "seeded"}``.
 ATTR_RETUNE = "chunktune_retune"
@@ -58,10 +61,9 @@ def limits(spec: RetuneSpec) -> DriftLimits:
 
 def twin_profile(study: optuna.Study) -> dict[str, Any] | None:
     """The last calibration profile a twin-first study fitted, if any."""
-    r, found = 1, None
-    while (p := study.user_attrs.get(tf.ATTR_ROUND_PROFILE.format(r))) is not None:
-        found, r = p, r + 1
-    return found
+    rounds = TwinState.read(study).rounds
+    return next((rounds[r].profile for r in sorted(rounds, reverse=True)
+                 if rounds[r].profile is not None), None)
 
 
 def retune_tuning(tuning: ChunkedPrefillTuning, spec: RetuneSpec, round_: int,
@@ -93,21 +95,24 @@ def seed(tuner: Tuner, running: Mapping[str, Any], previous: optuna.Study | None
         return False
     point = dict(running)
     warm = [p for p in best_points(previous, tuner) if p != point][:spec.warm_start]
-    if tuner.spec.strategy.name == "twin":
+    if isinstance(tuner.strategy, TwinFirst):
+        # NOTE: written through the strategy's state (read when the tuner opened), so that
+        # its run finds the calibration queued and round 1's profile fitted.
+        state = tuner.strategy.state
         profile = twin_profile(previous) if previous is not None else None
         if profile is not None:
             points = [point]
-            study.set_user_attr(tf.ATTR_ROUND_PROFILE.format(1), profile)
+            state.set_profile(study, 1, profile)
         else:
             k = tuner.spec.strategy.calibration_trials
-            spread = [p for p in tf.calibration_points(tuner, k + len(warm), tuner.context,
-                                                       tuner.spec.sampler.seed)[1:]
+            spread = [p for p in calibration_points(tuner, k + len(warm), tuner.context,
+                                                    tuner.spec.sampler.seed)[1:]
                       if p != point and p not in warm]
             points = [point, *warm, *spread][:k]
         for i, p in enumerate(points):
-            tuner.enqueue(p, {st.ATTR_PHASE: "calibrate",
+            tuner.enqueue(p, {st.ATTR_PHASE: TwinPhase.CALIBRATE.value,
                               **({st.ATTR_BASELINE: True} if i == 0 else {})})
-        study.set_user_attr(tf.ATTR_CALIBRATION, points)
+        state.set_calibration(study, points)
     else:
         tuner.enqueue(point, {st.ATTR_BASELINE: True})
         for p in warm:
