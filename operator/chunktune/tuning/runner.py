@@ -135,7 +135,7 @@ class TrialRunner:
     """The trials of one study: ``on_event`` sees every trial start and end; ``on_update`` is
     called after each tell (to print progress or patch a status).
 
-    What a strategy uses: :meth:`run_trials`, :meth:`enqueue`, :meth:`enqueue_baseline`,
+    What a strategy uses: :meth:`recover`, :meth:`run_trials`, :meth:`enqueue`, :meth:`enqueue_baseline`,
     :meth:`pending`, :meth:`waiting`, :meth:`counted`, :meth:`trials`, :meth:`plan`,
     :meth:`out_of_time`, :meth:`emit`, :meth:`changed`, :meth:`counted_in`, and the study, spec,
     goals and target it holds."""
@@ -606,11 +606,27 @@ def _default_window(duration: float, warmup: float) -> float:
     return max(5.0, (duration - warmup) / 10)
 
 
+def _plain(v: Any) -> tuple[bool, Any]:
+    """``(True, v)`` for a JSON value (scalars, and lists and string-keyed dicts of them, the
+    unplain entries of a dict left out); ``(False, None)`` for anything else."""
+    if isinstance(v, int | float | str | bool) or v is None:
+        return True, v
+    if isinstance(v, dict):
+        return True, _jsonable(v)
+    if isinstance(v, list | tuple):
+        items = [_plain(x) for x in v]
+        return (True, [x for _, x in items]) if all(ok for ok, _ in items) else (False, None)
+    return False, None
+
+
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``d`` a study attribute can keep (:func:`_plain`), nested ones too (the
+    engine's start-up figures, ``server["engine"]``)."""
     out = {}
     for k, v in d.items():
-        if isinstance(v, int | float | str | bool) or v is None:
-            out[k] = v
+        ok, plain = _plain(v)
+        if ok and isinstance(k, str):
+            out[k] = plain
     return out
 
 
