@@ -135,10 +135,10 @@ class TrialRunner:
     """The trials of one study: ``on_event`` sees every trial start and end; ``on_update`` is
     called after each tell (to print progress or patch a status).
 
-    What a strategy uses: :meth:`recover`, :meth:`run_trials`, :meth:`enqueue`, :meth:`enqueue_baseline`,
-    :meth:`pending`, :meth:`waiting`, :meth:`counted`, :meth:`trials`, :meth:`plan`,
-    :meth:`out_of_time`, :meth:`emit`, :meth:`changed`, :meth:`counted_in`, and the study, spec,
-    goals and target it holds."""
+    What a strategy uses: :meth:`recover`, :meth:`run_trials`, :meth:`enqueue`,
+    :meth:`enqueue_baseline`, :meth:`pending`, :meth:`waiting`, :meth:`counted`, :meth:`trials`,
+    :meth:`plan`, :meth:`out_of_time`, :meth:`emit`, :meth:`changed`, :meth:`counted_in`, and
+    the study, spec, goals and target it holds."""
 
     def __init__(self, tuning: ChunkedPrefillTuning, backend: TrialBackend, storage: str,
                  on_event: Callable[[TrialEvent], None] | None = None,
