@@ -184,11 +184,18 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
        "every trial times out (got 60s)")]),
     ("profile and inline",
      spec(lambda s: s["workload"].update(inline={"classes": []})),
-     [("spec.workload", "give either profile or inline, not both")]),
+     [("spec.workload", "give one of profile, inline or trace, not profile and inline")]),
+    ("profile and trace",
+     spec(lambda s: s["workload"].update(trace={"file": "t.csv"})),
+     [("spec.workload", "give one of profile, inline or trace, not profile and trace")]),
+    ("trace with a rate",
+     spec(lambda s: s["workload"].update(profile=None, trace={"file": "t.csv"}, rate=3)),
+     [("spec.workload.rate", "a trace replays its own arrival times: set trace.speedup or "
+       "trace.rateScale")]),
     ("neither profile nor inline",
      spec(lambda s: s["workload"].pop("profile")),
-     [("spec.workload", "needs profile (a shipped profile name or a file path) or inline (a "
-       "profile mapping)")]),
+     [("spec.workload", "needs profile (a shipped profile name or a file path), inline (a "
+       "profile mapping) or trace (a request trace)")]),
     ("unknown profile",
      spec(lambda s: s["workload"].update(profile="mixd")),
      [("spec.workload.profile", "no profile file 'mixd'; give a path or one of: chat, "

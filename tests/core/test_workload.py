@@ -10,18 +10,20 @@ import statistics
 import pytest
 import yaml
 
-from chunktune.core.errors import SpecError
-from chunktune.core.workload import (
-    PROFILE_DIR,
+from chunktune.core.distributions import (
     Choice,
     Constant,
     Exponential,
     LogNormal,
     Normal,
     Uniform,
+    parse_distribution,
+)
+from chunktune.core.errors import SpecError
+from chunktune.core.workload import (
+    PROFILE_DIR,
     generate,
     load_profile,
-    parse_distribution,
     parse_duration,
     parse_profile,
 )

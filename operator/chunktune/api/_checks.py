@@ -367,17 +367,24 @@ def _model_limit(p: Parts, name: str, v: float) -> str | None:
 
 
 def _workload(p: Parts, w: WorkloadSpec) -> None:
-    if w.profile is not None and w.inline is not None:
-        p.add("spec.workload", "give either profile or inline, not both")
+    given = [k for k in ("profile", "inline", "trace") if getattr(w, k) is not None]
+    if len(given) > 1:
+        p.add("spec.workload", f"give one of profile, inline or trace, not {' and '.join(given)}")
         return
-    if w.profile is None and w.inline is None:
-        p.add("spec.workload", "needs profile (a shipped profile name or a file path) or inline "
-              "(a profile mapping)")
+    if not given:
+        p.add("spec.workload", "needs profile (a shipped profile name or a file path), inline "
+              "(a profile mapping) or trace (a request trace)")
         return
     classes = (w.inline or {}).get("classes")
     if isinstance(classes, list) and len(classes) > MAX_CLASSES:
         p.add("spec.workload.inline.classes", f"must have at most {MAX_CLASSES} traffic classes "
               f"(got {len(classes)})")
+        return
+    if w.trace is not None and (w.rate is not None or w.concurrency is not None):
+        p.add(f"spec.workload.{'rate' if w.rate is not None else 'concurrency'}",
+              "a trace replays its own arrival times: set trace.speedup or trace.rateScale")
+        return
+    if w.trace_pending:  # read (and checked with the classes it names) when the study starts
         return
     if w.rate is not None and w.concurrency is not None:
         p.add("spec.workload.concurrency", "cannot be combined with rate; give one of them")

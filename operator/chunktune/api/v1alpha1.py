@@ -61,9 +61,12 @@ from chunktune.api._types import (
     short_repr,
 )
 from chunktune.api.default_space import DEFAULT_SEARCH_SPACE
+from chunktune.core.distributions import NAME_PATTERN
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, MAX_TOKENS, TUNABLE
 from chunktune.core.suggest import closest
+from chunktune.core.trace import MAX_TRACE_CLASSES, MAX_TRACE_REQUESTS
+from chunktune.core.trace_formats import PRIORITY_BOUND
 from chunktune.core.workload import Profile, load_profile, parse_profile
 
 API_GROUP = "chunktune.dev"
@@ -76,7 +79,8 @@ __all__ = [
     "Constraint", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource", "GPUSpec", "KeyRef",
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
     "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "SamplerSpec", "Spec",
-    "StorageSource", "StrategySpec", "WorkloadSpec", "parse_constraint_string",
+    "StorageSource", "StrategySpec", "TraceClassItem", "TraceWorkload", "WorkloadSpec",
+    "parse_constraint_string",
 ]
 
 SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid", "cmaes"]
@@ -271,15 +275,101 @@ def _seconds(x: str) -> str:
     return f"(type({x}) == string ? duration({x}) : duration(string({x}) + 's'))"
 
 
-class WorkloadSpec(Model):
-    """The traffic each trial replays: a profile (``loadtest/profiles`` format), plus
-    overrides."""
+class TraceClassItem(Model):
+    """A traffic class of a trace: its API and priority, and which rows it takes."""
+
+    name: pattern_str(NAME_PATTERN, 63,  # type: ignore[valid-type]
+                      "a class name of letters, digits, '-', '_' or '.'")
+    """Class name (objectives and constraints name it)."""
+    api: Literal["completions", "chat"] = "completions"
+    """The OpenAI API its requests use."""
+    priority: int | None = Field(default=None, ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)
+    """vLLM's request priority (lower first under ``--scheduling-policy priority``); a row's
+    own priority wins."""
+    max_prompt_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    """Split by prompt length: the class takes rows with at most this many prompt tokens
+    (classes are tried in order; the last may leave it out and take the rest)."""
+    values: list[pattern_str(r"^.*$", 253,  # type: ignore[valid-type]
+                             "a column value")] | None = Field(
+        default=None, min_length=1, max_length=64)
+    """Split by column: the column values this class takes (default: its name)."""
+
+
+class TraceWorkload(Model):
+    """A request trace replayed at its own arrival times (docs/traffic.md): a file, or a
+    ConfigMap key the operator reads, in the Azure, Mooncake or generic format."""
 
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
-        {"rule": "has(self.profile) != has(self.inline)",
-         "message": "give exactly one of profile or inline"},
+        {"rule": "has(self.file) != has(self.configMapKeyRef)",
+         "message": "give exactly one of file or configMapKeyRef"},
+        {"rule": "!has(self.configMapKeyRef) || !has(self.configMapKeyRef.optional) || "
+                 "!self.configMapKeyRef.optional",
+         "message": "configMapKeyRef.optional: a trace is not optional"},
+    ]}}
+
+    file: pattern_str(  # type: ignore[valid-type]
+        RELATIVE_PATH, 1024, "a relative path to a trace file: names of letters, digits, "
+        "'_', '-' and '.', no '..' and no absolute path") | None = None
+    """A trace file, relative to the manifest (``chunktune tune``)."""
+    config_map_key_ref: KeyRef | None = None
+    """A ConfigMap key in the study's namespace holding the trace (the operator reads it when
+    the study starts)."""
+    format: Literal["auto", "azure", "mooncake", "generic"] | None = None
+    """``auto`` (default: told by the header or the JSON keys), ``azure``, ``mooncake`` or
+    ``generic``."""
+    start: DurationOrZero | None = None
+    """Replay from this trace time on."""
+    end: Duration | None = None
+    """Replay trace time before this (default: to the last request)."""
+    speedup: float | None = Field(default=None, gt=0, le=1_000_000)
+    """Arrival times are divided by this (the same requests at this multiple of the rate)."""
+    rate_scale: float | None = Field(default=None, gt=0, le=100)
+    """Requests are scaled by this over the same span (a seeded subset, or the trace overlaid
+    on shifted copies of itself)."""
+    split: Literal["none", "prompt_tokens", "column"] | None = None
+    """How rows become classes (default: ``prompt_tokens`` when a class gives
+    ``maxPromptTokens``, ``column`` when several classes are listed or the trace has the
+    column, else one class)."""
+    column: pattern_str(r"^[A-Za-z0-9_.-]+$", 128,  # type: ignore[valid-type]
+                        "a column name") | None = None
+    """The column split column reads (default ``class``)."""
+    classes: list[TraceClassItem] = Field(default_factory=list, max_length=MAX_TRACE_CLASSES)
+    """The classes rows are split into, in order."""
+    max_requests: int | None = Field(default=None, ge=1, le=MAX_TRACE_REQUESTS)
+    """The most requests the window may hold (default 200000)."""
+
+    def core(self, data: str | None = None) -> dict[str, Any]:
+        """The ``trace:`` mapping of a profile (:class:`chunktune.core.trace.TraceSpec`):
+        the file, or ``data`` read from the ConfigMap."""
+        out: dict[str, Any] = {"data": data} if data is not None else {"file": self.file}
+        for name in ("format", "start", "end", "speedup", "rate_scale", "split", "column",
+                     "max_requests"):
+            if (v := getattr(self, name)) is not None:
+                out[name] = v
+        if self.classes:
+            out["classes"] = [
+                {"name": c.name, "api": c.api,
+                 **({"priority": c.priority} if c.priority is not None else {}),
+                 **({"max_prompt_tokens": c.max_prompt_tokens}
+                    if c.max_prompt_tokens is not None else {}),
+                 **({"values": list(c.values)} if c.values is not None else {})}
+                for c in self.classes]
+        return out
+
+
+class WorkloadSpec(Model):
+    """The traffic each trial replays: a profile (``loadtest/profiles`` format) or a request
+    trace, plus overrides."""
+
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+        {"rule": "(has(self.profile) ? 1 : 0) + (has(self.inline) ? 1 : 0) + "
+                 "(has(self.trace) ? 1 : 0) == 1",
+         "message": "give exactly one of profile, inline or trace"},
         {"rule": "!(has(self.rate) && has(self.concurrency))",
          "message": "give rate or concurrency, not both"},
+        {"rule": "!has(self.trace) || !(has(self.rate) || has(self.concurrency))",
+         "message": "a trace replays its own arrival times: set trace.speedup or "
+                    "trace.rateScale instead of rate or concurrency"},
         {"rule": "!has(self.warmup) || !has(self.duration) || "
                  f"{_seconds('self.warmup')} < {_seconds('self.duration')}",
          "message": "warmup must be shorter than duration"},
@@ -294,8 +384,11 @@ class WorkloadSpec(Model):
     inline: dict[str, Any] | None = Field(default=None,
                                           json_schema_extra={"x-chunktune-schema": "profile"})
     """A profile mapping inline (``classes``, ``arrival``, ``duration``, ...)."""
+    trace: TraceWorkload | None = None
+    """A request trace replayed at its own arrival times (docs/traffic.md)."""
     duration: Duration | None = None
-    """Override: how long each trial sends traffic."""
+    """Override: how long each trial sends traffic (a trace: cut to this; default its
+    span)."""
     warmup: DurationOrZero | None = None
     """Override: requests arriving before this are not measured."""
     rate: float | None = Field(default=None, gt=0, le=100_000)
@@ -306,17 +399,51 @@ class WorkloadSpec(Model):
     """Override: the profile's random seed."""
 
     _base_dir: Path | None = PrivateAttr(None)
+    _trace_data: str | None = PrivateAttr(None)
+
+    def set_trace_data(self, data: str) -> None:
+        """The text of ``trace.configMapKeyRef``, read by the operator."""
+        self._trace_data = data
+
+    @property
+    def trace_pending(self) -> bool:
+        """The trace is in a ConfigMap not read yet: its requests (and class names) are known
+        only once the operator reads it."""
+        return self.trace is not None and self.trace.config_map_key_ref is not None \
+            and self._trace_data is None
 
     def resolve(self) -> Profile:
         """The profile with the overrides applied. Raises :class:`SpecError` with paths under
         ``spec.workload``."""
         if self.inline is not None:
             profile = parse_profile(self.inline, source="spec.workload.inline")
+        elif self.trace is not None:
+            profile = _trace_profile(self.trace, self._trace_data, self._base_dir)
         else:
             profile = _load_profile(str(self.profile), self._base_dir)
-        return profile.with_overrides(duration=self.duration, warmup=self.warmup,
-                                      rate=self.rate, concurrency=self.concurrency,
-                                      seed=self.seed)
+        try:
+            return profile.with_overrides(duration=self.duration, warmup=self.warmup,
+                                          rate=self.rate, concurrency=self.concurrency,
+                                          seed=self.seed)
+        except SpecError as e:
+            raise SpecError([(f"spec.workload.{p}", m) for p, m in e.problems]) from None
+
+
+def _trace_profile(trace: TraceWorkload, data: str | None, base_dir: Path | None) -> Profile:
+    ref = trace.config_map_key_ref
+    if ref is not None and data is None:
+        raise SpecError(f"the ConfigMap {ref.name!r} is read by the operator when the study "
+                        "starts; give the trace as file for `chunktune tune`",
+                        field="spec.workload.trace.configMapKeyRef")
+    name = Path(trace.file).stem if trace.file is not None else ref.name if ref else "trace"
+    where = "spec.workload.trace.configMapKeyRef" if ref is not None else \
+        "spec.workload.trace.file"
+    try:
+        return parse_profile({"name": name, "trace": trace.core(data)}, source="spec.workload",
+                             base_dir=base_dir)
+    except SpecError as e:
+        raise SpecError([(where if p in ("spec.workload.trace.file", "spec.workload.trace.data")
+                          else p, m) for p, m in e.problems]) from None
 
 
 def _load_profile(ref: str, base_dir: Path | None) -> Profile:

@@ -2,8 +2,8 @@
 
 :func:`build_body` makes the ``/v1/completions`` or ``/v1/chat/completions`` body the load driver
 sends (``stream``, ``stream_options.include_usage``, ``max_tokens = min_tokens``,
-``ignore_eos``); :func:`stream_request` sends it and fills a :class:`RequestRecord` as the
-stream arrives.
+``ignore_eos``, and vLLM's ``priority`` when the request has one); :func:`stream_request`
+sends it and fills a :class:`RequestRecord` as the stream arrives.
 
 Timing (the definitions of ``vllm bench serve``):
 
@@ -42,8 +42,10 @@ _MSG_CHARS = 500
 
 
 def build_body(api: str, model: str, prompt: str | list[int] | list[dict[str, str]],
-               max_tokens: int) -> dict[str, Any]:
-    """The request body: ``prompt`` is text or token ids (completions) or messages (chat)."""
+               max_tokens: int, priority: int = 0) -> dict[str, Any]:
+    """The request body: ``prompt`` is text or token ids (completions) or messages (chat);
+    ``priority`` (vLLM's field, lower first under ``--scheduling-policy priority``) is sent
+    when it is not 0."""
     body: dict[str, Any] = {"model": model}
     if api == "chat":
         body["messages"] = prompt
@@ -57,6 +59,8 @@ def build_body(api: str, model: str, prompt: str | list[int] | list[dict[str, st
         "stream": True,
         "stream_options": {"include_usage": True},
     })
+    if priority:
+        body["priority"] = priority
     return body
 
 

@@ -101,7 +101,8 @@ class StreamingOpenAIUser(HttpUser):
     def send(self, spec: RequestSpec, record: RequestRecord, clock0: float) -> RequestRecord:
         prompt, n = self.prompt(spec, record.rid)
         record.prompt_tokens = n
-        body = build_body(self.api, self.driver.model, prompt, spec.output_tokens)
+        body = build_body(self.api, self.driver.model, prompt, spec.output_tokens,
+                          spec.priority)
         headers = {**self._headers, "X-Request-Id": f"chunktune-{self.run_tag}-{record.rid}"}
         stream_request(self.client, self.url, body, record, api=self.api, clock0=clock0,
                        timeout=self._timeout, headers=headers)
