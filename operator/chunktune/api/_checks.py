@@ -380,6 +380,10 @@ def _workload(p: Parts, w: WorkloadSpec) -> None:
         p.add("spec.workload.inline.classes", f"must have at most {MAX_CLASSES} traffic classes "
               f"(got {len(classes)})")
         return
+    if w.trace is not None and (w.trace.file is None) == (w.trace.config_map_key_ref is None):
+        p.add("spec.workload.trace", "give exactly one of file (a trace file next to the "
+              "manifest) or configMapKeyRef (a ConfigMap key the operator reads)")
+        return
     if w.trace is not None and (w.rate is not None or w.concurrency is not None):
         p.add(f"spec.workload.{'rate' if w.rate is not None else 'concurrency'}",
               "a trace replays its own arrival times: set trace.speedup or trace.rateScale")
