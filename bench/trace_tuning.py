@@ -42,8 +42,8 @@ from chunktune.api.reader import parse_manifest
 from chunktune.backends.simulated import SimulatedBackend
 from chunktune.core.flags import flags_line
 from chunktune.core.workload import Profile, generate
-from chunktune.tuning.results import collect
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.results.model import collect
+from chunktune.tuning.tuner import Tuner
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure-2023-splitwise_conv.csv"

@@ -86,6 +86,17 @@ def test_pareto_front() -> None:
     assert "best" not in status
 
 
+def test_cost_model_line_in_the_status() -> None:
+    """A simulated study says what its GPU's step-time model was fitted on; a cut keeps it
+    within the CRD's bound on status strings."""
+    line = "h200: no measured kernels; borrowed from h100-sxm"
+    status = render_status(StudySummary(phase="Running", cost_model=line))
+    assert status["costModel"] == line
+    assert "costModel" not in render_status(StudySummary(phase="Running"))
+    long = render_status(StudySummary(phase="Running", cost_model="x" * 10_000))["costModel"]
+    assert len(long) <= 4096 and long.endswith("(cut)")
+
+
 def test_empty_study() -> None:
     assert render_status(StudySummary(phase="Pending")) == {
         "phase": "Pending", "conditions": [], "trialsCompleted": 0, "trialsSummary": "0",

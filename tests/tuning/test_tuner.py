@@ -11,8 +11,9 @@ import pytest
 from chunktune.backends.simulated import SimulatedBackend
 from chunktune.core.errors import SpecError
 from chunktune.tuning import study as st
-from chunktune.tuning.results import collect, format_results
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.results.model import collect
+from chunktune.tuning.results.text import format_results
+from chunktune.tuning.tuner import Tuner
 
 
 def run(tuning, storage, **kw):
@@ -253,3 +254,19 @@ def test_infrastructure_faults_are_not_results(make_tuning, tmp_path, monkeypatc
     assert [t.number for t in tuner.study.trials] == [0, 1, 2]  # trial 1 kept its number
     assert backend.adopted == [1] and tuner.faults == 3
     assert [n for n, m in seen if m is None] == [1] and len(seen) == 4
+
+
+def test_a_simulated_study_says_what_its_cost_model_was_fitted_on(make_tuning):
+    """`chunktune tune` and the status carry one line on the GPU's step-time model: its own
+    measured kernels, or borrowed (and from which GPU); none for a real engine."""
+    from chunktune.tuning.runner import cost_model
+
+    line = cost_model(make_tuning())
+    assert line is not None and line.startswith("h100-sxm: fitted on measured kernels of h100")
+    h200 = cost_model(make_tuning(engine={"kind": "sim", "model": "llama-3.1-8b",
+                                          "gpu": {"type": "h200"}}))
+    assert h200 is not None and "h200: no measured kernels; borrowed from h100-sxm" in h200
+    real = make_tuning(engine={"kind": "vllm", "model": "meta-llama/Llama-3.1-8B",
+                               "image": "vllm/vllm-openai:v0.32.0",
+                               "gpu": {"type": "h100-sxm", "count": 1}})
+    assert cost_model(real) is None

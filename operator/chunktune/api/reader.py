@@ -112,10 +112,10 @@ def read_manifest(path: str | Path, name: str | None = None) -> dict[str, Any]:
     try:
         docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
     except OSError as e:
-        raise SpecError(f"cannot read: {e.strerror or e}", field=str(p)) from None
+        raise SpecError(f"cannot read: {e.strerror or e}", field=str(p)) from e
     except yaml.YAMLError as e:
-        raise SpecError(f"is not valid YAML: {e}", field=str(p)) from None
-    except RecursionError:
+        raise SpecError(f"is not valid YAML: {e}", field=str(p)) from e
+    except RecursionError:  # its traceback (the parser's thousand frames) is dropped
         raise SpecError(f"is nested too deeply to read (more than {MAX_DEPTH} levels are "
                         "refused anyway)", field=str(p)) from None
     if len(docs) == 1 and isinstance(docs[0], dict) and "kind" not in docs[0]:

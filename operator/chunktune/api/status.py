@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 from chunktune.core.flags import flags_line
+from chunktune.core.progress import TwinPhase
 from chunktune.core.trials import TrialState
 
 Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"]
@@ -102,6 +103,9 @@ class StudySummary:
     trials_limit: int = DEFAULT_TRIALS_LIMIT
     twin: Mapping[str, Any] | None = None
     """Twin-first studies: the :class:`TwinStatus` fields (phase, round, counts, error)."""
+    cost_model: str | None = None
+    """Simulated and twin-first studies: what the simulator's step-time model for the study's
+    GPU was fitted on (``chunktune.sim.cost.provenance``)."""
     merged: Mapping[int, TrialRecord] = field(default_factory=dict)
     """Configurations measured more than once, by the number of each trial that measured
     them: one record with their mean (:attr:`TrialRecord.repeats`), which the baseline, the
@@ -167,7 +171,8 @@ class TwinStatus(_StatusModel):
     """A twin-first study (``spec.strategy.name: twin``): where it is and how far the twin's
     predictions were from the measurements."""
 
-    phase: Literal["calibrate", "search", "confirm", "fallback", "recheck", "done"]
+    phase: Annotated[TwinPhase, WithJsonSchema({"type": "string",
+                                                "enum": [p.value for p in TwinPhase]})]
     """calibrate (real trials that record the step log), search (simulated trials in the
     calibrated twin), confirm (the twin's best run for real), fallback (ordinary real trials
     after the twin erred too much), recheck (the best measured configurations measured once
@@ -236,6 +241,10 @@ class Status(_StatusModel):
     """The latest trials (bounded; ``counts`` covers all)."""
     twin: TwinStatus | None = None
     """Twin-first studies: phase, round, trial counts and the twin's measured error."""
+    cost_model: str | None = None
+    """Simulated and twin-first studies: what the simulator's step-time model for the study's
+    GPU was fitted on: that GPU's own measured kernels, or borrowed from the nearest measured
+    GPU with the error borrowing makes (docs/simulator.md, "Per-GPU cost models")."""
     start_time: str | None = None
     completion_time: str | None = None
 
@@ -284,6 +293,7 @@ def render_status(summary: StudySummary) -> dict[str, Any]:
         twin=TwinStatus.model_validate({**summary.twin,
                                         "message": _cut(summary.twin.get("message"))})
         if summary.twin else None,
+        cost_model=_cut(summary.cost_model),
         start_time=_time(summary.start_time),
         completion_time=_time(summary.completion_time),
     )

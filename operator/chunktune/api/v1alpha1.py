@@ -27,7 +27,6 @@ from pydantic.config import JsonDict, JsonValue
 from pydantic_core import PydanticCustomError
 
 from chunktune.api._engine import (
-    DEFAULT_SIM_IMAGE,
     CPUSpec,
     EngineKind,
     EngineSpec,
@@ -74,7 +73,7 @@ API_VERSION = "v1alpha1"
 KIND = "ChunkedPrefillTuning"
 
 __all__ = [
-    "API_GROUP", "API_VERSION", "DEFAULT_SIM_IMAGE", "KIND", "Budget", "CPUSpec",
+    "API_GROUP", "API_VERSION", "KIND", "Budget", "CPUSpec",
     "ChunkedPrefillTuning",
     "Constraint", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource", "GPUSpec", "KeyRef",
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
@@ -426,7 +425,7 @@ class WorkloadSpec(Model):
                                           rate=self.rate, concurrency=self.concurrency,
                                           seed=self.seed)
         except SpecError as e:
-            raise SpecError([(f"spec.workload.{p}", m) for p, m in e.problems]) from None
+            raise SpecError([(f"spec.workload.{p}", m) for p, m in e.problems]) from e
 
 
 def _trace_profile(trace: TraceWorkload, data: str | None, base_dir: Path | None) -> Profile:
@@ -443,7 +442,7 @@ def _trace_profile(trace: TraceWorkload, data: str | None, base_dir: Path | None
                              base_dir=base_dir)
     except SpecError as e:
         raise SpecError([(where if p in ("spec.workload.trace.file", "spec.workload.trace.data")
-                          else p, m) for p, m in e.problems]) from None
+                          else p, m) for p, m in e.problems]) from e
 
 
 def _load_profile(ref: str, base_dir: Path | None) -> Profile:
@@ -456,7 +455,7 @@ def _load_profile(ref: str, base_dir: Path | None) -> Profile:
     except SpecError as e:
         where = "spec.workload.profile"
         raise SpecError([(where, m) if p in ("--workload", "") else (where, f"{p}: {m}")
-                         for p, m in e.problems]) from None
+                         for p, m in e.problems]) from e
 
 
 # ---- budget, sampler, pruner, outputs ---------------------------------------------------------

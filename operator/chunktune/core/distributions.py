@@ -46,9 +46,9 @@ def parse_duration(value: Any, field_name: str) -> float:
     else:
         try:
             seconds = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as e:
             raise SpecError(f"must be a duration such as 60, '90s' or '10m' (got {value!r})",
-                            field=field_name) from None
+                            field=field_name) from e
     if seconds < 0 or math.isnan(seconds):
         raise SpecError(f"must be >= 0 (got {value!r})", field=field_name)
     return seconds
@@ -321,7 +321,7 @@ def duration_value(v: Any) -> float:
     try:
         return parse_duration(v, "")
     except SpecError as e:
-        raise ValueError(e.problems[0][1]) from None
+        raise ValueError(e.problems[0][1]) from e
 
 
 class _OneDistribution(StrictModel):
@@ -334,5 +334,5 @@ def parse_distribution(raw: Any, path: str) -> Distribution:
         spec = _OneDistribution.model_validate({"dist": raw})
     except ValidationError as e:
         problems = problems_from(e, _OneDistribution)
-        raise SpecError([(path + p.removeprefix("dist"), m) for p, m in problems]) from None
+        raise SpecError([(path + p.removeprefix("dist"), m) for p, m in problems]) from e
     return spec.dist.build()

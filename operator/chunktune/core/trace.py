@@ -252,7 +252,7 @@ def parse_trace_spec(raw: Any, field: str) -> TraceSpec:
     try:
         return TraceSpec.model_validate(raw)
     except ValidationError as e:
-        raise SpecError(problems_from(e, TraceSpec, (field,))) from None
+        raise SpecError(problems_from(e, TraceSpec, (field,))) from e
 
 
 def read_trace(spec: TraceSpec, *, base_dir: Path | None = None, field: str = "trace") -> Trace:
@@ -277,7 +277,7 @@ def _read_file(ref: str, base_dir: Path | None, where: str) -> str:
     try:
         size = path.stat().st_size
     except OSError as e:
-        raise SpecError(f"cannot read {str(path)!r}: {e.strerror or e}", field=where) from None
+        raise SpecError(f"cannot read {str(path)!r}: {e.strerror or e}", field=where) from e
     if not path.is_file():
         raise SpecError(f"{str(path)!r} is not a file", field=where)
     if size > MAX_TRACE_BYTES:
@@ -290,7 +290,7 @@ def _read_file(ref: str, base_dir: Path | None, where: str) -> str:
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise SpecError(f"{path.name} line {line}: not UTF-8 text ({e.reason})",
-                        field=where) from None
+                        field=where) from e
 
 
 class _Reader:

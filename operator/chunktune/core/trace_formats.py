@@ -144,7 +144,7 @@ class RowReader:
             try:
                 obj = json.loads(raw)
             except ValueError as e:
-                raise self.fail(line, f"not a JSON object ({e})") from None
+                raise self.fail(line, f"not a JSON object ({e})") from e
             if not isinstance(obj, dict):
                 raise self.fail(line, f"not a JSON object (got {type(obj).__name__})")
             if fmt is None:

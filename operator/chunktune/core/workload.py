@@ -334,7 +334,7 @@ def load_profile(ref: str | Path) -> Profile:
     try:
         raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        raise SpecError(f"{p.name} is not valid YAML: {e}", field="--workload") from None
+        raise SpecError(f"{p.name} is not valid YAML: {e}", field="--workload") from e
     return parse_profile(raw, source=p.stem, base_dir=p.parent)
 
 
@@ -346,7 +346,7 @@ def trace_profile(path: str | Path, field: str = "--trace") -> Profile:
         return parse_profile({"name": p.stem, "trace": {"file": str(p)}}, source=field)
     except SpecError as e:
         raise SpecError([(field if f == f"{field}.trace.file" else f, m)
-                         for f, m in e.problems]) from None
+                         for f, m in e.problems]) from e
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
         profile = profile.with_overrides(duration=dur, warmup=warm, rate=ns.rate,
                                          concurrency=ns.concurrency, seed=ns.seed)
     except SpecError as e:  # a trace refuses --rate and --concurrency
-        raise SpecError([(f"--{p}", m) for p, m in e.problems]) from None
+        raise SpecError([(f"--{p}", m) for p, m in e.problems]) from e
     if profile.duration <= 0:
         raise SpecError("must be > 0", field="--duration")
     if profile.warmup >= profile.duration:

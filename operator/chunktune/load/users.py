@@ -49,6 +49,7 @@ from locust.env import Environment
 from requests import PreparedRequest
 from urllib3 import PoolManager
 
+from chunktune.core.errors import ChunktuneError
 from chunktune.core.records import RequestRecord
 from chunktune.core.tokens import count_chat_tokens
 from chunktune.core.workload import Profile, RequestSpec, TrafficClass, generate
@@ -65,7 +66,7 @@ Sink = Callable[[dict[str, Any]], None]
 SEND_LEAD = 0.05
 
 
-class LoadFailure(Exception):
+class LoadFailure(ChunktuneError):
     """The exception a failed request is reported to Locust with (``reason: message``)."""
 
 

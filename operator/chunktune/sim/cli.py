@@ -12,6 +12,7 @@ from typing import Any
 from chunktune.core.engine_args import EngineStartupError
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.flags import TUNABLE, flags_line
+from chunktune.core.vllm import parse_version
 from chunktune.core.workload import (
     Profile,
     generate,
@@ -26,7 +27,8 @@ from chunktune.sim.args import (
     split_unknown,
 )
 from chunktune.sim.calibration import profile as profiles
-from chunktune.sim.engine.virtual import API_SERVER_OVERHEAD_S, build_engine
+from chunktune.sim.cost.provenance import provenance
+from chunktune.sim.engine.virtual import build_engine, server_cost
 from chunktune.sim.report import format_summary, summarize
 
 #: The model ``sim run`` simulates when none is given.
@@ -59,6 +61,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="how long requests still in flight when arrivals end may take to "
                         "finish before they count as timeouts, as in `chunktune load run` "
                         "(default: 60s)")
+    run.add_argument("--vllm-version", metavar="VERSION",
+                     help="the vLLM whose start-up defaults apply (batch budget and sequences, "
+                          "--gpu-memory-utilization, CUDA-graph memory), e.g. 0.12.0 "
+                          "(default: the current, 0.32)")
     run.add_argument("--json", metavar="PATH",
                      help="also write the summary as JSON (the load driver's summary schema, "
                           "plus engine and config)")
@@ -122,6 +128,8 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
         problems.append(("--rate", f"must be > 0 (got {ns.rate})"))
     if ns.concurrency is not None and ns.concurrency <= 0:
         problems.append(("--concurrency", f"must be > 0 (got {ns.concurrency})"))
+    version = collect(parse_version, ns.vllm_version, "--vllm-version") \
+        if ns.vllm_version else None
     duration = collect(parse_duration, ns.duration, "--duration") if ns.duration else None
     warmup = collect(parse_duration, ns.warmup, "--warmup") if ns.warmup else None
     if profile is not None and not problems:
@@ -144,7 +152,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
             return 2
         args = profiles.engine_args(args, calib)
     try:
-        engine = build_engine(args, model, gpu)
+        engine = build_engine(args, model, gpu, version)
         if calib is not None:
             profiles.apply(engine, calib)
     except SpecError as e:
@@ -168,21 +176,23 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
             print(f"WARNING {note}", file=sys.stderr)
     specs = generate(profile)
     t0 = time.perf_counter()
-    result = engine.replay_profile(
-        specs, profile, drain, server_overhead_s=API_SERVER_OVERHEAD_S
-        if calib is None or calib.server_overhead_s is None else calib.server_overhead_s)
+    server = server_cost(calib.server_overhead_s if calib is not None else None)
+    result = engine.replay_profile(specs, profile, drain, server_overhead_s=server.fixed_s,
+                                   server_per_token_s=server.per_prompt_token_s)
     wall = time.perf_counter() - t0
     summary: dict[str, Any] = summarize(engine, result, profile,
                                         deliver=profiles.delivery(calib, profile.seed),
                                         include_raw=ns.raw)
     summary["model"] = model.name
     summary["gpu"] = gpu.name
+    summary["cost_model"] = provenance(gpu)
     summary["workload"] = profile.name
     summary["wall_seconds"] = wall
     print(f"{model.name} on {gpu.name} x{engine.cfg.tensor_parallel_size}, workload "
           f"{profile.name} ({profile.duration:g}s, warm-up {profile.warmup:g}s); flags: "
           + flags_line({k: v for k, v in engine.cfg.flags().items()
                         if k in TUNABLE or k in args.point()}))
+    print(f"cost model: {summary['cost_model']}")
     print(format_summary(summary))
     print(f"(replayed in {wall:.2f} s wall, {result.end_time / max(wall, 1e-9):,.0f}x real time)")
     if ns.json:
@@ -196,7 +206,7 @@ def _overrides(profile: Profile, duration: float | None, warmup: float | None,
         return profile.with_overrides(duration=duration, warmup=warmup, rate=ns.rate,
                                       concurrency=ns.concurrency, seed=ns.seed)
     except SpecError as e:  # a trace refuses --rate and --concurrency
-        raise SpecError([(f"--{p}", m) for p, m in e.problems]) from None
+        raise SpecError([(f"--{p}", m) for p, m in e.problems]) from e
 
 
 def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> int:
