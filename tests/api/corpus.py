@@ -83,6 +83,9 @@ def _range(**kw: Any) -> Edit:
     return put(SS0, {"name": MNBT, "type": "int", "low": 512, "high": 4096, **kw})
 
 
+#: A ``spec.workload.fromPrometheus`` that is fine.
+_PROM = {"url": "http://prometheus.monitoring:9090", "selector": '{model_name="llama"}'}
+
 CORPUS: list[Bad] = [
     # ---- the review's examples (issue 12, findings 7 and 8) ----------------------------------
     Bad("review-50-ms", "q", put("workload.duration", "50 ms"), "spec.workload.duration"),
@@ -363,4 +366,24 @@ CORPUS: list[Bad] = [
     Bad("bound-trace-classes", "q", both(drop("workload.profile"), put("workload.trace", {
         "file": "t.csv", "classes": [{"name": f"c{i}"} for i in range(33)]})),
         "spec.workload.trace.classes"),
+    # ---- a workload derived from Prometheus, re-tuning --------------------------------------
+    Bad("prom-and-profile", "q", put("workload.fromPrometheus", _PROM), "spec.workload"),
+    Bad("prom-selector-unquoted", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", {**_PROM, "selector": "{model_name=llama}"})),
+        "spec.workload.fromPrometheus.selector"),
+    Bad("prom-selector-injection", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", {**_PROM, "selector": '{a="b"}) or vector(1'})),
+        "spec.workload.fromPrometheus.selector"),
+    Bad("prom-url-credentials", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", {**_PROM, "url": "http://u:p@prom:9090"})),
+        "spec.workload.fromPrometheus.url"),
+    Bad("prom-window-zero", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", {**_PROM, "window": "0s"})),
+        "spec.workload.fromPrometheus.window"),
+    Bad("retune-long-share", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", _PROM), put("retune", {"drift": {"longShare": 2}})),
+        "spec.retune.drift.longShare"),
+    Bad("retune-max-trials", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", _PROM), put("retune", {"maxTrials": 1})),
+        "spec.retune.maxTrials"),
 ]

@@ -270,3 +270,21 @@ def test_a_simulated_study_says_what_its_cost_model_was_fitted_on(make_tuning):
                                "image": "vllm/vllm-openai:v0.32.0",
                                "gpu": {"type": "h100-sxm", "count": 1}})
     assert cost_model(real) is None
+
+
+def test_the_engines_start_up_figures_are_kept_with_the_trial(make_tuning, tmp_path):
+    """What a real engine's start-up log says it ran with (``server["engine"]``, a nested
+    record) is stored with the trial, not dropped with the values a study cannot keep."""
+    engine = {"vllm_version": "0.32.0", "max_num_batched_tokens": 8192, "kv_cache_tokens": 4096}
+
+    class Logged(SimulatedBackend):
+        async def run_trial(self, plan, report=None):
+            result = await super().run_trial(plan, report)
+            result.server["engine"] = dict(engine)
+            result.server["not_json"] = object()
+            return result
+
+    tuner = Tuner(make_tuning(budget={"maxTrials": 1}), Logged(), str(tmp_path / "s.journal"))
+    asyncio.run(tuner.run())
+    server = tuner.study.trials[0].user_attrs[st.ATTR_SERVER]
+    assert server["engine"] == engine and "not_json" not in server

@@ -44,6 +44,11 @@ from chunktune.api._goals import (
     Objective,
     parse_constraint_string,
 )
+from chunktune.api._retune import (
+    DriftSpec,
+    FromPrometheus,
+    RetuneSpec,
+)
 from chunktune.api._types import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
@@ -73,12 +78,12 @@ API_VERSION = "v1alpha1"
 KIND = "ChunkedPrefillTuning"
 
 __all__ = [
-    "API_GROUP", "API_VERSION", "KIND", "Budget", "CPUSpec",
-    "ChunkedPrefillTuning",
-    "Constraint", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource", "GPUSpec", "KeyRef",
+    "API_GROUP", "API_VERSION", "KIND", "Budget", "CPUSpec", "ChunkedPrefillTuning",
+    "Constraint", "DriftSpec", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource",
+    "FromPrometheus", "GPUSpec", "KeyRef",
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
-    "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "SamplerSpec", "Spec",
-    "StorageSource", "StrategySpec", "TraceClassItem", "TraceWorkload", "WorkloadSpec",
+    "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "RetuneSpec", "SamplerSpec",
+    "Spec", "StorageSource", "StrategySpec", "TraceClassItem", "TraceWorkload", "WorkloadSpec",
     "parse_constraint_string",
 ]
 
@@ -357,13 +362,13 @@ class TraceWorkload(Model):
 
 
 class WorkloadSpec(Model):
-    """The traffic each trial replays: a profile (``loadtest/profiles`` format) or a request
-    trace, plus overrides."""
+    """The traffic each trial replays: a profile (``loadtest/profiles`` format), a request
+    trace, or a profile derived from the deployment's metrics, plus overrides."""
 
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
         {"rule": "(has(self.profile) ? 1 : 0) + (has(self.inline) ? 1 : 0) + "
-                 "(has(self.trace) ? 1 : 0) == 1",
-         "message": "give exactly one of profile, inline or trace"},
+                 "(has(self.trace) ? 1 : 0) + (has(self.fromPrometheus) ? 1 : 0) == 1",
+         "message": "give exactly one of profile, inline, trace or fromPrometheus"},
         {"rule": "!(has(self.rate) && has(self.concurrency))",
          "message": "give rate or concurrency, not both"},
         {"rule": "!has(self.trace) || !(has(self.rate) || has(self.concurrency))",
@@ -385,6 +390,9 @@ class WorkloadSpec(Model):
     """A profile mapping inline (``classes``, ``arrival``, ``duration``, ...)."""
     trace: TraceWorkload | None = None
     """A request trace replayed at its own arrival times (docs/traffic.md)."""
+    from_prometheus: FromPrometheus | None = None
+    """Derive the profile from the deployment's vLLM metrics in Prometheus at study start
+    (classes ``short`` and ``long``)."""
     duration: Duration | None = None
     """Override: how long each trial sends traffic (a trace: cut to this; default its
     span)."""
@@ -399,6 +407,7 @@ class WorkloadSpec(Model):
 
     _base_dir: Path | None = PrivateAttr(None)
     _trace_data: str | None = PrivateAttr(None)
+    _derived: Profile | None = PrivateAttr(None)
 
     def set_trace_data(self, data: str) -> None:
         """The text of ``trace.configMapKeyRef``, read by the operator."""
@@ -411,10 +420,26 @@ class WorkloadSpec(Model):
         return self.trace is not None and self.trace.config_map_key_ref is not None \
             and self._trace_data is None
 
+    @property
+    def derived(self) -> Profile | None:
+        """The profile ``fromPrometheus`` derived, once given (:meth:`use_derived`)."""
+        return self._derived
+
+    def use_derived(self, profile: Profile) -> None:
+        """What ``fromPrometheus`` resolves to from now on: the profile derived at study
+        start (kept in the study)."""
+        self._derived = profile
+
     def resolve(self) -> Profile:
         """The profile with the overrides applied. Raises :class:`SpecError` with paths under
-        ``spec.workload``."""
-        if self.inline is not None:
+        ``spec.workload`` (for ``fromPrometheus``, until the derived profile is given:
+        :meth:`use_derived`)."""
+        if self.from_prometheus is not None:
+            if self._derived is None:
+                raise SpecError("is derived from Prometheus when the study starts; nothing was "
+                                "derived yet", field="spec.workload.fromPrometheus")
+            profile = self._derived
+        elif self.inline is not None:
             profile = parse_profile(self.inline, source="spec.workload.inline")
         elif self.trace is not None:
             profile = _trace_profile(self.trace, self._trace_data, self._base_dir)
@@ -676,6 +701,9 @@ class Spec(Model):
     """Where engine metrics come from."""
     output: OutputSpec = Field(default_factory=OutputSpec)
     """Where the result goes besides the status."""
+    retune: RetuneSpec | None = None
+    """Keep the deployment tuned: watch its workload after the study and re-tune when it
+    drifts (needs ``workload.fromPrometheus``)."""
     suspend: bool = False
     """Pause the study: no new trials start."""
 

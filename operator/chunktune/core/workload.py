@@ -93,6 +93,18 @@ def _profile_dir() -> Path:
 
 #: Where the shipped profiles live.
 PROFILE_DIR = _profile_dir()
+#: The classes of a profile derived from a deployment's metrics (:mod:`chunktune.metrics.derive`):
+#: prompts at most, and above, a length threshold.
+DERIVED_CLASSES = ("short", "long")
+#: A derived profile's duration unless the manifest or the command says otherwise.
+DERIVED_DURATION = 300.0
+
+
+def derived_warmup(duration: float) -> float:
+    """A derived profile's warm-up unless one is given: 30 s, or a tenth of a shorter
+    duration."""
+    return min(30.0, duration / 10)
+
 
 ArrivalMode = Literal["poisson", "constant", "concurrency"]
 #: The arrival modes a profile may name (the CRD's enum); a trace profile's mode is ``trace``.

@@ -17,6 +17,7 @@ from chunktune.core.errors import BackendUnavailable, SpecError
 from chunktune.core.flags import flags_line
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent
 from chunktune.core.trials import TrialState
+from chunktune.metrics.derive import WorkloadUnavailable
 
 if TYPE_CHECKING:
     from chunktune.tuning.tuner import Tuner
@@ -197,7 +198,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     except SpecError as e:
         _print_problems(e)
         return 1
-    except BackendUnavailable as e:
+    except (BackendUnavailable, WorkloadUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     progress = Progress(tuner, ns.quiet)
@@ -210,6 +211,13 @@ def cmd_tune(ns: argparse.Namespace) -> int:
              if tuner.constraints else "")
           + f"; backend {backend.name}; storage {storage}"
           + (f" (resuming: {prior} trials done)" if prior else ""), flush=True)
+    if tuner.derived:
+        src = tuner.derived["source"]
+        print(f"workload derived from {src['url']} ({src['selector']}, {src['window']:g} s "
+              f"ending {src['at']}): {tuner.profile.arrival.rate:g} req/s", flush=True)
+    if tuning.spec.retune is not None:
+        print("note: spec.retune is the operator's (it keeps watching the deployment); here "
+              "the study runs once", file=sys.stderr)
     line = cost_model(tuning)
     if line:
         print(f"cost model: {line}", flush=True)
