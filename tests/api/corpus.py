@@ -358,6 +358,8 @@ CORPUS: list[Bad] = [
     Bad("cross-trace-file-and-configmap", "q", both(drop("workload.profile"), put(
         "workload.trace", {"file": "t.csv", "configMapKeyRef": {"name": "t", "key": "k"}})),
         "spec.workload.trace"),
+    Bad("cross-trace-and-prom", "q", both(drop("workload.profile"), put("workload.trace", {
+        "file": "t.csv"}), put("workload.fromPrometheus", _PROM)), "spec.workload"),
     Bad("cross-trace-no-source", "q", both(drop("workload.profile"),
                                            put("workload.trace", {"speedup": 2})),
         "spec.workload.trace"),
