@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig
-from chunktune.core.vllm import Version
+from chunktune.core.vllm_release import Version
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.cost.step_time import StepCostModel
 from chunktune.sim.engine.memory import MemoryPlan, plan_memory
