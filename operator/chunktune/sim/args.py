@@ -8,8 +8,8 @@ one. Flags only the simulator has (``--gpu``, ``--model-config``, ``--load-time`
 own group. A vLLM flag the simulator does not model is accepted with one warning; a near-miss of
 a modeled flag is an error with the suggestion, since a typo would otherwise silently tune
 nothing. A flag the supported vLLM (:data:`~chunktune.core.vllm_release.VLLM_VERSION`)
-itself does not know (:data:`VLLM_FLAGS_FILE`, every option string of its API server's parser) is refused as
-vLLM refuses it: ``error: unrecognized arguments: ...``, exit status 2 — so
+itself does not know (:data:`VLLM_FLAGS_FILE`, every option string of its API server's
+parser) is refused as vLLM refuses it: ``error: unrecognized arguments: ...``, exit status 2 — so
 ``--max-num-partial-prefills`` and ``--max-long-partial-prefills``, which that release removed,
 fail exactly as on a real engine.
 """
