@@ -35,7 +35,7 @@ from chunktune.core.stats import weighted_percentile
 from chunktune.core.steps import StepLogMeta, StepRecord, write_steps
 from chunktune.core.summary import LoadSummary, Slo
 from chunktune.core.trials import EngineTarget, Reporter, TrialPlan, TrialResult, TrialState
-from chunktune.core.vllm import parse_version
+from chunktune.core.vllm_release import parse_version
 from chunktune.core.workload import Profile, RequestSpec, generate
 from chunktune.sim.calibration import profile as profiles
 from chunktune.sim.engine.request import FINISHED, REJECTED, Request

@@ -12,7 +12,7 @@ from typing import Any
 from chunktune.core.engine_args import EngineStartupError
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.flags import TUNABLE, flags_line
-from chunktune.core.vllm import parse_version
+from chunktune.core.vllm_release import parse_version
 from chunktune.core.workload import (
     Profile,
     generate,

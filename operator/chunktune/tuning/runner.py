@@ -45,7 +45,7 @@ from optuna.trial import TrialState as OptunaState
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend
-from chunktune.core import vllm as vllm_release
+from chunktune.core import vllm_release
 from chunktune.core.errors import InfrastructureFault, SpecError
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent, TwinPhase

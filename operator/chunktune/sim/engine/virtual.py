@@ -19,7 +19,7 @@ from typing import Any
 from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig
-from chunktune.core.vllm import Version
+from chunktune.core.vllm_release import Version
 from chunktune.core.workload import Profile, RequestSpec
 from chunktune.sim.cost.step_time import StepCostModel
 from chunktune.sim.engine.memory import MemoryPlan, plan_memory
