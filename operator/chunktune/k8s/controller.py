@@ -49,6 +49,7 @@ from chunktune.k8s.state import (
     parse,
     problems_text,
 )
+from chunktune.tuning import storage as storages
 from chunktune.tuning import study as st
 from chunktune.tuning.results import collect
 from chunktune.tuning.runner import TrialEvent, Tuner
@@ -60,6 +61,8 @@ FAULT_BACKOFF_CAP = 30.0
 #: A log line that names a failure's cause (an exception, a fatal signal, an OOM).
 CAUSE_LINE = re.compile(r"(\b\w*(Error|Exception)\b|Traceback|Segmentation fault|core dumped|"
                         r"Killed|OOM|out of memory|FATAL|fatal|panic|Aborted|exit code \d+)")
+#: The condition that says whether the study's database answers (set once it failed).
+STORAGE_CONDITION = "StorageReachable"
 #: ``emit(type, reason, message)``: post a Kubernetes Event on the resource.
 Emit = Callable[[str, str, str], None]
 
@@ -171,6 +174,10 @@ class StudyController:
                 self.api_faults += 1
                 delay = min(FAULT_BACKOFF_CAP, FAULT_BACKOFF_FIRST * 2 ** min(
                     self.api_faults - 1, 8)) * random.uniform(0.5, 1.0)
+                if isinstance(e, storages.StorageFault):
+                    await self._storage_failed(e, tuning, gen, delay)
+                    await live.sleep(delay)
+                    continue
                 log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
                             "%.1f s", self.owner.namespace, self.owner.name, e, delay)
                 if self.api_faults == 3:  # not a blip: say so where users look
@@ -179,6 +186,27 @@ class StudyController:
                 await live.sleep(delay)
             else:
                 self.api_faults = 0
+
+    async def _storage_failed(self, e: storages.StorageFault, tuning: ChunkedPrefillTuning,
+                              gen: int, delay: float) -> None:
+        """The study's database failed: ``StorageReachable=False`` naming the field and the
+        fix (an event when it changes); the daemon tries again after ``delay``."""
+        field = "spec.storageFrom" if tuning.spec.storage_from is not None else "spec.storage"
+        text = f"{field}: {e} (next try in {delay:.0f} s)"
+        was = next((c for c in self.writer.conditions if c.get("type") == STORAGE_CONDITION),
+                   None)
+        if was is None or was.get("status") != "False" or was.get("reason") != e.reason:
+            self.emit("Warning", e.reason, text)
+        log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, text)
+        self.writer.condition(STORAGE_CONDITION, False, e.reason, text, gen)
+        with contextlib.suppress(ClusterApiError):
+            await self.writer.write_conditions()
+
+    def _storage_answers(self) -> None:
+        if self.writer.condition_status(STORAGE_CONDITION) == "False":
+            self.writer.condition(STORAGE_CONDITION, True, "Reachable",
+                                  "the study's database answers", self.gen)
+            self.emit("Normal", "DatabaseReachable", "the study's database answers again")
 
     async def _allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> bool:
         """The operator's policy (:mod:`.policy`) on what the trials reference: False (and a
@@ -234,6 +262,7 @@ class StudyController:
                 on_update=lambda _: self._changed(),
                 stop_requested=lambda: self._stop_requested(live), on_fault=self._fault)
             self.tuner, self.backend, self.stop_cause = tuner, backend, None
+            self._storage_answers()
             running = {t.number for t in tuner.trials() if st.trial_state(t) == TrialState.RUNNING}
             swept = await backend.sweep(keep=running)
             if swept:

@@ -148,6 +148,7 @@ class Progress:
 def cmd_tune(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results import collect, format_results, write_outputs
     from chunktune.tuning.runner import Tuner
+    from chunktune.tuning.storage import StorageFault, display_url
     from chunktune.tuning.study import storage_url
 
     try:
@@ -168,7 +169,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     except SpecError as e:
         _print_problems(e)
         return 1
-    except BackendUnavailable as e:
+    except (BackendUnavailable, StorageFault) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     progress = Progress(tuner, ns.quiet)
@@ -179,7 +180,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
           f"{', '.join(o.label() for o in tuner.objectives)}"
           + (f", constraints {', '.join(c.text() for c in tuner.constraints)}"
              if tuner.constraints else "")
-          + f"; backend {backend.name}; storage {storage}"
+          + f"; backend {backend.name}; storage {display_url(storage)}"
           + (f" (resuming: {prior} trials done)" if prior else ""), flush=True)
 
     def on_signal(*_: Any) -> None:
@@ -190,6 +191,9 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     old = signal.signal(signal.SIGINT, on_signal)
     try:
         why = asyncio.run(_run(tuner, backend))
+    except StorageFault as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     finally:
         signal.signal(signal.SIGINT, old)
     results = collect(tuner.study, tuner.objectives, tuner.constraints)
@@ -207,7 +211,8 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     print(format_results(results))
     if ns.out:
         files = write_outputs(Path(ns.out), results, tuner.study, stop_reason=why,
-                              storage=storage, name=tuning.metadata.name, wall_s=elapsed,
+                              storage=display_url(storage), name=tuning.metadata.name,
+                              wall_s=elapsed,
                               **extra)
         print(f"\nwrote {', '.join(str(f) for f in files)}")
     if why == "failures":
@@ -228,6 +233,7 @@ def cmd_results(ns: argparse.Namespace) -> int:
     from chunktune.tuning import study as st
     from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
     from chunktune.tuning.results import collect, format_results, write_outputs
+    from chunktune.tuning.storage import StorageFault
 
     src = Path(ns.source)
     try:
@@ -256,6 +262,9 @@ def cmd_results(ns: argparse.Namespace) -> int:
             constraints = [ConstraintDef.from_spec(c) for c in spec.constraints]
     except SpecError as e:
         _print_problems(e)
+        return 1
+    except StorageFault as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
     results = collect(study, objectives, constraints)
     print(f"study {study.study_name}")

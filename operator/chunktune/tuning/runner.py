@@ -25,9 +25,7 @@ import asyncio
 import dataclasses
 import logging
 import math
-import os
 import random
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +55,7 @@ from chunktune.core.trials import (
 )
 from chunktune.sim.calibration import profile as profiles
 from chunktune.tuning import space
+from chunktune.tuning import storage as storages
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (
     STARTUP_CONSTRAINT,
@@ -161,7 +160,7 @@ class Tuner:
         self._storage = st.open_storage(storage)
         self.study = st.open_study(tuning, self._storage, directions, sampler, pruner,
                                    name=study_name)
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
+        self.owner = st.owner_id()
         self.started = time.monotonic()
         self.stop_reason: str | None = None
         self.reserved = 0
@@ -316,6 +315,12 @@ class Tuner:
                                          timeout=1.0)
             for task in done:
                 running.discard(task)
+                if task.exception() is not None and running:
+                    # a fault below the trials (the study's storage): stop the others, which
+                    # stay RUNNING in the study for the next start to adopt
+                    for other in running:
+                        other.cancel()
+                    await asyncio.gather(*running, return_exceptions=True)
                 task.result()
         self.on_update(self)
         return self.stop_reason or "budget"
@@ -332,7 +337,10 @@ class Tuner:
             return "failures"
         if budget.max_duration and time.monotonic() - self.started >= budget.max_duration:
             return "duration"
-        if self.counted() + in_flight >= budget.max_trials - self.reserved:
+        # NOTE: every trial running in the study, another writer's too (several writers
+        # share one budget)
+        if self.counted() + max(in_flight, c[TrialState.RUNNING]) >= \
+                budget.max_trials - self.reserved:
             return "budget"
         if queued_only:
             return None
@@ -371,15 +379,30 @@ class Tuner:
         """A point already measured is not launched again: the trial is recorded as SKIPPED
         (reason ``Duplicate``) with the earlier trial's values and constraints, so the sampler
         still learns from it. Does not count against ``maxTrials``. The baseline and a
-        ``recheck`` (a configuration measured again on purpose) always run."""
+        ``recheck`` (a configuration measured again on purpose) always run. A point another
+        live writer of the study runs now is SKIPPED too, and a point another writer
+        proposed reseeds this writer's sampler (two writers with one seed would otherwise
+        propose the same points)."""
         if trial.user_attrs.get(st.ATTR_BASELINE) or \
                 trial.user_attrs.get(st.ATTR_PHASE) == st.PHASE_RECHECK:
             return False
         for t in self.trials():
-            if t.number == trial.number or st.trial_state(t) not in (TrialState.COMPLETE,
-                                                                   TrialState.INFEASIBLE):
+            if t.number == trial.number or st.point_of(t) != point:
                 continue
-            if st.point_of(t) != point or t.values is None:
+            elsewhere = st.runs_elsewhere(t, self.owner)
+            if elsewhere:
+                # another writer with the same seed proposes what this one does: diverge
+                self.study.sampler.reseed_rng()
+            if st.trial_state(t) == TrialState.RUNNING and elsewhere:
+                trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
+                trial.set_user_attr(st.ATTR_REASON, "Duplicate")
+                trial.set_user_attr(st.ATTR_MESSAGE, f"trial {t.number} runs the same "
+                                    "configuration (another writer)")
+                self.study.tell(trial, state=OptunaState.FAIL)
+                self.on_update(self)
+                return True
+            if st.trial_state(t) not in (TrialState.COMPLETE, TrialState.INFEASIBLE) or \
+                    t.values is None:
                 continue
             trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
             trial.set_user_attr(st.ATTR_REASON, "Duplicate")
@@ -413,23 +436,33 @@ class Tuner:
         return point
 
     def _enqueue_baseline(self) -> None:
-        """Trial 0: vLLM's defaults for this GPU class, queued once per study."""
-        if any(t.user_attrs.get(st.ATTR_BASELINE) for t in self.trials()):
-            return
-        point = self.context.default_point(self.params)
-        dists = space.distributions(self.params)
-        representable = {k: v for k, v in point.items() if space.contains(dists[k], v)}
-        self.study.enqueue_trial(representable,
-                                 user_attrs={st.ATTR_BASELINE: True, st.ATTR_POINT: point})
+        """Trial 0: vLLM's defaults for this GPU class, queued once per study (once among
+        several writers too)."""
+        with storages.study_lock(self._storage, self.study.study_name):
+            if any(t.user_attrs.get(st.ATTR_BASELINE) for t in self.trials()):
+                return
+            point = self.context.default_point(self.params)
+            dists = space.distributions(self.params)
+            representable = {k: v for k, v in point.items() if space.contains(dists[k], v)}
+            self.study.enqueue_trial(representable,
+                                     user_attrs={st.ATTR_BASELINE: True, st.ATTR_POINT: point})
 
     async def _recover(self) -> None:
         for t in self.trials():
-            if t.state != OptunaState.RUNNING:
+            if t.state != OptunaState.RUNNING or not st.abandoned(t, self.owner):
+                continue  # another live writer runs it
+            trial = st.claim(self.study, self._storage, t.number, self.owner)
+            if trial is None:
                 continue
             point = st.point_of(t)
+            if not point:  # asked, never started (its answer lost with the database)
+                trial.set_user_attr(st.ATTR_STATE, TrialState.FAIL.value)
+                trial.set_user_attr(st.ATTR_REASON, "Interrupted")
+                self.study.tell(trial, state=OptunaState.FAIL)
+                continue
             plan = self.plan(t.number, point)
-            result = await self.backend.recover(plan)
-            trial = st.live_trial(self.study, self._storage, t.number)
+            async with st.heartbeat(trial, self.owner):
+                result = await self.backend.recover(plan)
             if result is not None:
                 self._tell(trial, point, result)
                 continue
@@ -453,7 +486,10 @@ class Tuner:
 
     async def _run_one(self, trial: optuna.Trial, point: dict[str, Any]) -> None:
         baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
-        trial.set_user_attr(st.ATTR_OWNER, self.owner)
+        async with st.heartbeat(trial, self.owner):
+            await self._measure(trial, point, baseline)
+
+    async def _measure(self, trial: optuna.Trial, point: dict[str, Any], baseline: bool) -> None:
         self.on_event(TrialEvent("started", trial.number, point, baseline=baseline))
         plan = self.plan(trial.number, point)
         obj = self.objectives[0]
@@ -481,8 +517,8 @@ class Tuner:
             result = TrialResult(TrialState.FAIL, reason="TrialTimeout",
                                  message=f"the trial did not end within "
                                          f"{self.spec.budget.trial_timeout:g} s (trialTimeout)")
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, storages.StorageFault):
+            raise  # the study's storage failed: never the trial's result
         except Exception as e:  # a broken trial, not a broken study
             log.exception("trial %d broke", trial.number)
             result = TrialResult(TrialState.FAIL, reason="BackendError",
