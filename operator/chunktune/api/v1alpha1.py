@@ -544,8 +544,9 @@ class Spec(Model):
     ``postgresql://host:5432/db``; no password: credentials come from the operator). Default:
     chosen by the runner."""
     storage_from: StorageSource | None = None
-    """Operator only: the Optuna storage URL from a Secret's key (a database URL with
-    credentials), instead of ``storage``."""
+    """Operator only: a Secret's key holding the Optuna storage URL (a database URL with
+    credentials) instead of ``storage``, or, with ``storage`` set to a database URL, that
+    URL's password."""
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     """Where engine metrics come from."""
     output: OutputSpec = Field(default_factory=OutputSpec)
