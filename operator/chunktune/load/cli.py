@@ -70,6 +70,9 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
                    help="goodput objective, repeatable: ttft=0.5, chat:tpot=50ms, e2e=10s "
                         "(metrics: ttft, tpot, e2e)")
     r.add_argument("--locust-csv", metavar="PREFIX", help="also write Locust's CSV statistics")
+    r.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="run Locust's master and N worker processes, one schedule split "
+                        "across them (workload.loadWorkers) [0: one process]")
     r.add_argument("--quiet", action="store_true", help="no progress or report on stderr")
 
 
@@ -133,7 +136,13 @@ def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
         drain_timeout=parse_duration(ns.drain_timeout, "--drain-timeout"),
         request_timeout=parse_duration(ns.request_timeout, "--request-timeout"),
         token_ids=ns.token_ids, api_key=ns.api_key, window=window,
-        locust_csv=ns.locust_csv)
+        locust_csv=ns.locust_csv, load_workers=_workers(ns.workers))
+
+
+def _workers(n: int) -> int:
+    if not 0 <= n <= 64:
+        raise SpecError(f"must be 0 (one process) to 64 (got {n})", field="--workers")
+    return n
 
 
 def _progress_printer(stream: IO[str]) -> Any:
