@@ -304,6 +304,10 @@ class WorkloadSpec(Model):
     """Override: closed-loop mode with this many requests in flight."""
     seed: int | None = Field(default=None, ge=0, le=2**32 - 1)
     """Override: the profile's random seed."""
+    load_workers: int = Field(default=0, ge=0, le=64)
+    """Locust workers of each trial's load: 0 (default) runs Locust in one process; N runs
+    Locust's master and N workers (local processes; in a cluster a worker Job beside the load
+    Job), the same arrival schedule split across them, their records merged."""
 
     _base_dir: Path | None = PrivateAttr(None)
 

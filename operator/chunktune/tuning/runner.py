@@ -479,7 +479,7 @@ class Tuner:
         return TrialPlan(number=number, params=point, target=self.target, profile=self.profile,
                          name=f"{self.tuning.metadata.name}-t{number}",
                          window_seconds=self.window_seconds if self._prunable() else None,
-                         slos=self.slos)
+                         slos=self.slos, load_workers=self.spec.workload.load_workers)
 
     def _prunable(self) -> bool:
         return len(self.objectives) == 1 and self.spec.pruner.name != "none"

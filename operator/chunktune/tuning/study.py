@@ -78,7 +78,9 @@ def fingerprint(tuning: ChunkedPrefillTuning) -> str:
         "engine": s.engine.model_dump(mode="json", by_alias=True,
                                       exclude={"startup_timeout", "security_context"}),
         "searchSpace": [p.model_dump(mode="json", by_alias=True) for p in s.search_space or []],
-        "workload": s.workload.model_dump(mode="json", by_alias=True),
+        # (how many Locust processes send the load does not change what is measured)
+        "workload": s.workload.model_dump(mode="json", by_alias=True,
+                                          exclude={"load_workers"}),
         "objectives": [o.model_dump(mode="json", by_alias=True) for o in s.objectives],
         "constraints": [c.model_dump(mode="json", by_alias=True) for c in s.constraints],
     }
