@@ -41,11 +41,11 @@ class _BoundedLoader(yaml.SafeLoader):
     def compose_document(self) -> Node | None:
         self._sizes.clear()
         self._aliased = 0
-        return super().compose_document()  # type: ignore[no-any-return]
+        return super().compose_document()
 
-    def compose_node(self, parent: Node | None, index: object) -> Node | None:
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
         if self.check_event(AliasEvent):
-            mark = self.peek_event().start_mark
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
             node = super().compose_node(parent, index)
             # NOTE: an alias of a node still being composed (a recursive document) counts 1
             self._aliased += self._sizes.get(id(node), 1)
@@ -53,7 +53,7 @@ class _BoundedLoader(yaml.SafeLoader):
                 raise AliasBomb(f"its aliases expand to more than {MAX_ALIAS_NODES} nodes "
                                 f"(at line {mark.line + 1}): an alias bomb is refused; write "
                                 "the values out, or use fewer aliases")
-            return node  # type: ignore[no-any-return]
+            return node
         node = super().compose_node(parent, index)
         if isinstance(node, SequenceNode):
             size = 1 + sum(self._sizes.get(id(c), 1) for c in node.value)
@@ -64,7 +64,7 @@ class _BoundedLoader(yaml.SafeLoader):
             size = 1
         if node is not None:
             self._sizes[id(node)] = min(size, MAX_ALIAS_NODES + 1)
-        return node  # type: ignore[no-any-return]
+        return node
 
 
 def _refusal(e: BaseException, source: str) -> SpecError:
