@@ -25,9 +25,8 @@ from chunktune.tuning.runner import Tuner
 from tests.postgres import PostgresServer
 from tests.tuning.conftest import manifest
 
-pytestmark = pytest.mark.slow  # a PostgreSQL server, and chunktune tune processes
 
-
+# NOTE: the tests with a server are slow (a PostgreSQL server, chunktune tune processes)
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PostgresServer]:
     with PostgresServer() as server:
@@ -53,6 +52,7 @@ def _check_complete(trials: list[optuna.trial.FrozenTrial], max_trials: int) -> 
     assert sum(bool(t.user_attrs.get(st.ATTR_BASELINE)) for t in counted) == 1
 
 
+@pytest.mark.slow
 def test_two_writers_share_one_study(pg: PostgresServer, tmp_path: Path) -> None:
     """Two ``chunktune tune`` processes on one study in PostgreSQL (the password from
     PGPASSWORD, not the URL): one budget, no duplicate trial number, nothing lost."""
@@ -88,6 +88,7 @@ class _Retried(logging.Handler):
             self.event.set()
 
 
+@pytest.mark.slow
 def test_database_restart_mid_study_loses_nothing(pg: PostgresServer) -> None:
     """The server stops mid-study and comes back: the storage calls wait for it, the study
     goes on, every trial has its result and no budget went to the fault."""
@@ -121,6 +122,7 @@ def test_database_restart_mid_study_loses_nothing(pg: PostgresServer) -> None:
     _check_complete(_trials(url), 8)
 
 
+@pytest.mark.slow
 def test_wrong_password_is_a_clear_error(pg: PostgresServer, tmp_path: Path) -> None:
     """``chunktune tune`` with a wrong password fails at once (no retries), naming the
     database without its password, spec.storage and the fix."""
@@ -136,3 +138,51 @@ def test_wrong_password_is_a_clear_error(pg: PostgresServer, tmp_path: Path) -> 
     assert "spec.storage" in out.stderr and "PGPASSWORD" in out.stderr
     assert f"127.0.0.1:{pg.port}/wrong" in out.stderr
     assert "not-the-password" not in out.stderr + out.stdout
+
+
+def _running(owner: str | None, beat: float | None = None,
+             started: float | None = None) -> optuna.trial.FrozenTrial:
+    import datetime
+
+    attrs: dict[str, object] = {}
+    if owner is not None:
+        attrs[st.ATTR_OWNER] = owner
+    if beat is not None:
+        attrs[st.ATTR_HEARTBEAT] = beat
+    return optuna.trial.FrozenTrial(
+        number=0, state=optuna.trial.TrialState.RUNNING, value=None,
+        datetime_start=datetime.datetime.fromtimestamp(started or 0.0), datetime_complete=None,
+        params={}, distributions={}, user_attrs=attrs, system_attrs={}, intermediate_values={},
+        trial_id=0)
+
+
+@pytest.mark.parametrize(("who", "left"), [
+    ("me", False),                  # this writer's own trial
+    ("dead-pid", True),             # a process of this host that is gone
+    ("earlier-life", True),         # this pid, an earlier start (a restarted container)
+    ("live-pid", False),            # another live process of this host
+    ("other-host-fresh", False),    # another host, heartbeat within the grace
+    ("other-host-stale", True),     # another host, no heartbeat for longer than the grace
+    ("no-owner-new", False),        # asked a moment ago, its owner not written yet
+    ("no-owner-old", True),         # asked long ago and never started
+])
+def test_which_running_trials_another_writer_left(who: str, left: bool) -> None:
+    import socket
+    import time
+
+    now = time.time()
+    host = socket.gethostname()
+    me = f"{host}:{os.getpid()}:{now:.6f}"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    trial = {
+        "me": _running(me, now),
+        "dead-pid": _running(f"{host}:{dead.pid}:1.0", now),
+        "earlier-life": _running(f"{host}:{os.getpid()}:1.0", now),
+        "live-pid": _running(f"{host}:{os.getppid()}:1.0", now),
+        "other-host-fresh": _running("elsewhere:1:1.0", now - 5),
+        "other-host-stale": _running("elsewhere:1:1.0", now - st.HEARTBEAT_GRACE - 1),
+        "no-owner-new": _running(None, started=now - 1),
+        "no-owner-old": _running(None, started=now - st.HEARTBEAT_GRACE - 1),
+    }[who]
+    assert st.abandoned(trial, me, now) is left

@@ -277,7 +277,14 @@ class Tuner:
         running: set[asyncio.Task[None]] = set()
         skips = 0
         self.stop_reason = None
+        sweep = time.monotonic() + st.HEARTBEAT_SECONDS
         while True:
+            if time.monotonic() >= sweep:  # trials another writer left since the start
+                sweep = time.monotonic() + st.HEARTBEAT_SECONDS
+                for t in self.trials():
+                    left = self._claim_left(t)
+                    if left is not None:
+                        running.add(asyncio.create_task(self._adopt(t, left)))
             reason = self._should_stop(len(running), queued_only)
             drained = queued_only and not self.waiting()
             if reason:
@@ -299,6 +306,7 @@ class Tuner:
                     self.stop_reason = "exhausted"
                     break
                 trial = self.study.ask()
+                trial.set_user_attr(st.ATTR_OWNER, self.owner)  # ours from the start
                 point = self._point(trial)
                 if self._reuse_duplicate(trial, point):
                     skips += 1
@@ -449,31 +457,40 @@ class Tuner:
 
     async def _recover(self) -> None:
         for t in self.trials():
-            if t.state != OptunaState.RUNNING or not st.abandoned(t, self.owner):
-                continue  # another live writer runs it
-            trial = st.claim(self.study, self._storage, t.number, self.owner)
-            if trial is None:
-                continue
-            point = st.point_of(t)
-            if not point:  # asked, never started (its answer lost with the database)
-                trial.set_user_attr(st.ATTR_STATE, TrialState.FAIL.value)
-                trial.set_user_attr(st.ATTR_REASON, "Interrupted")
-                self.study.tell(trial, state=OptunaState.FAIL)
-                continue
-            plan = self.plan(t.number, point)
-            async with st.heartbeat(trial, self.owner):
-                result = await self.backend.recover(plan)
-            if result is not None:
-                self._tell(trial, point, result)
-                continue
+            trial = self._claim_left(t)
+            if trial is not None:
+                await self._adopt(t, trial)
+
+    def _claim_left(self, t: optuna.trial.FrozenTrial) -> optuna.Trial | None:
+        """Trial ``t``, taken over, if it is RUNNING and its writer stopped; None when
+        another live writer runs it (or it is not running)."""
+        if t.state != OptunaState.RUNNING or not st.abandoned(t, self.owner):
+            return None
+        return st.claim(self.study, self._storage, t.number, self.owner)
+
+    async def _adopt(self, t: optuna.trial.FrozenTrial, trial: optuna.Trial) -> None:
+        """Re-attach to a trial a stopped writer left (the backend's :meth:`recover`), or
+        close it as ``Interrupted`` and queue its point again."""
+        point = st.point_of(t)
+        if not point:  # asked, never started (its answer lost with the database)
             trial.set_user_attr(st.ATTR_STATE, TrialState.FAIL.value)
             trial.set_user_attr(st.ATTR_REASON, "Interrupted")
-            trial.set_user_attr(st.ATTR_MESSAGE, "the process running this trial stopped "
-                                "before it ended; its configuration was queued again")
             self.study.tell(trial, state=OptunaState.FAIL)
-            self.enqueue(point, {key: t.user_attrs[key]
-                                 for key in (st.ATTR_BASELINE, *st.QUEUED_ATTRS)
-                                 if t.user_attrs.get(key) is not None})
+            return
+        plan = self.plan(t.number, point)
+        async with st.heartbeat(trial, self.owner):
+            result = await self.backend.recover(plan)
+        if result is not None:
+            self._tell(trial, point, result)
+            return
+        trial.set_user_attr(st.ATTR_STATE, TrialState.FAIL.value)
+        trial.set_user_attr(st.ATTR_REASON, "Interrupted")
+        trial.set_user_attr(st.ATTR_MESSAGE, "the process running this trial stopped "
+                            "before it ended; its configuration was queued again")
+        self.study.tell(trial, state=OptunaState.FAIL)
+        self.enqueue(point, {key: t.user_attrs[key]
+                             for key in (st.ATTR_BASELINE, *st.QUEUED_ATTRS)
+                             if t.user_attrs.get(key) is not None})
 
     def plan(self, number: int, point: dict[str, Any]) -> TrialPlan:
         return TrialPlan(number=number, params=point, target=self.target, profile=self.profile,

@@ -258,12 +258,17 @@ def _pid_alive(pid: int) -> bool:
 
 def abandoned(t: optuna.trial.FrozenTrial, me: str, now: float | None = None) -> bool:
     """Whether the RUNNING trial ``t`` was left by a writer that stopped, so that writer
-    ``me`` may take it over: it has no owner; or its owner is a process of this host that is
-    gone (or an earlier life of this process); or its last heartbeat is older than the grace
-    (:data:`HEARTBEAT_GRACE`). A trial another live writer runs is left alone."""
+    ``me`` may take it over: its owner is a process of this host that is gone (or an earlier
+    life of this process); or its last heartbeat (or, without an owner, its start) is older
+    than the grace (:data:`HEARTBEAT_GRACE`). A trial another live writer runs is left
+    alone."""
     owner = t.user_attrs.get(ATTR_OWNER)
-    if not isinstance(owner, str) or not owner or owner == me:
-        return not owner
+    now = now if now is not None else time.time()
+    if not isinstance(owner, str) or not owner:  # asked a moment ago, or never started
+        start = t.datetime_start.timestamp() if t.datetime_start is not None else 0.0
+        return now - start > _grace()
+    if owner == me:
+        return False
     host, _, rest = owner.partition(":")
     pid_text = rest.partition(":")[0]
     my_host, my_pid = me.split(":")[:2]
@@ -273,7 +278,7 @@ def abandoned(t: optuna.trial.FrozenTrial, me: str, now: float | None = None) ->
     beat = t.user_attrs.get(ATTR_HEARTBEAT)
     if not isinstance(beat, int | float):
         return host != my_host  # a writer from before heartbeats, on another host
-    return (now if now is not None else time.time()) - float(beat) > _grace()
+    return now - float(beat) > _grace()
 
 
 def runs_elsewhere(t: optuna.trial.FrozenTrial, me: str) -> bool:
