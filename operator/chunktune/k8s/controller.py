@@ -472,7 +472,8 @@ async def delete_study(op: Operator, body: Mapping[str, Any],
     spec = body.get("spec") or {}
     if not spec.get("storage") and not spec.get("storageFrom") and owner.uid:
         path = storage.journal_path(op.settings.state_dir, owner.uid)  # its own, by uid
-        for p in (path, path.with_name(path.name + ".lock")):
+        for p in (path, path.with_name(path.name + ".lock"),
+                  path.with_name(path.name + ".study.lock")):
             with contextlib.suppress(OSError):
                 p.unlink()
     if owner.uid:
