@@ -2,7 +2,7 @@
 # The chunktune image: the operator (`chunktune operator run`), and what its trials run —
 # `chunktune load run` in load Jobs and `chunktune sim serve` for simulated engines.
 #
-#   docker build -t ghcr.io/chunktune/chunktune:0.1.0 .
+#   docker build -t REGISTRY/chunktune:0.1.0 .     (no chunktune image is published)
 #
 # Two stages: the first builds the wheel from the sources (pyproject.toml, operator/ and the
 # workload profiles it links to), the second installs only that wheel and its runtime

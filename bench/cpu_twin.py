@@ -15,7 +15,7 @@ predicts every other completed trial, costing no engine time.
    trial's step log and metrics in ``--store`` (default ``.chunktune/cpu-twin``). A
    configuration whose result is already stored is reused, not rerun (``--rerun`` redoes them).
 2. Calibrates the twin on the first three as a study does (``chunktune calibrate-study``,
-   :func:`chunktune.tuning.strategies.twin_first.fit_profile`): the step-time model fitted to their
+   :func:`chunktune.tuning.strategies.twin_fit.fit_profile`): the step-time model fitted to their
    step logs (what ``chunktune calibrate --log`` fits), then the wall time between steps, the time
    before the first token and the clients' delivery stalls fitted to their measured latencies.
 3. Replays the same workload in the simulator with that profile for the other three and
@@ -133,13 +133,13 @@ def main() -> int:
 class Twins:
     """The simulated twin of every stored configuration: each real run's own study (its
     manifest carries the configuration in its fixed flags), replayed as the product's twin
-    does (:func:`chunktune.tuning.strategies.twin_first.replayer`)."""
+    does (:func:`chunktune.tuning.strategies.twin_fit.replayer`)."""
 
     def __init__(self, store: Path, names: list[str]) -> None:
         from chunktune.backends.simulated import SimulatedBackend
         from chunktune.tuning.cli import _tuning_of
-        from chunktune.tuning.runner import Tuner
-        from chunktune.tuning.strategies.twin_first import replayer
+        from chunktune.tuning.strategies.twin_fit import replayer
+        from chunktune.tuning.tuner import Tuner
 
         backend = SimulatedBackend()
         self.tuners = {}
@@ -159,7 +159,7 @@ class Twins:
         numbered in order, their points naming their configuration."""
         import dataclasses
 
-        from chunktune.tuning.strategies.twin_first import measured_runs
+        from chunktune.tuning.strategies.twin_fit import measured_runs
         out = []
         for i, n in enumerate(names):
             (run,) = measured_runs(self.tuners[n])
@@ -170,7 +170,7 @@ class Twins:
 def report(real: dict[str, dict[str, Any]], store: Path) -> int:
     import numpy as np
 
-    from chunktune.tuning.strategies.twin_first import fit_profile
+    from chunktune.tuning.strategies.twin_fit import fit_profile
     calib = [config_name(c) for c in CALIBRATE_ON]
     held = [config_name(c) for c in HELD_OUT]
     twins = Twins(store, calib + held)
@@ -235,8 +235,8 @@ def from_study(storage: str, n: int) -> int:
 
     from chunktune.backends.simulated import SimulatedBackend
     from chunktune.tuning.cli import _tuning_of
-    from chunktune.tuning.runner import Tuner
-    from chunktune.tuning.strategies.twin_first import measured_runs, study_profile, twin_target
+    from chunktune.tuning.strategies.twin_fit import measured_runs, study_profile, twin_target
+    from chunktune.tuning.tuner import Tuner
 
     tuning, url = _tuning_of(storage, None)
     tuner = Tuner(tuning, SimulatedBackend(), url)

@@ -28,9 +28,10 @@ from typing import Any
 from chunktune.api.reader import parse_manifest
 from chunktune.backends.base import TrialBackend
 from chunktune.backends.simulated import SimulatedBackend
+from chunktune.core.progress import StopRequest
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult
-from chunktune.tuning.results import collect
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.results.model import collect
+from chunktune.tuning.tuner import Tuner
 
 SPACE = [
     {"name": "max-num-batched-tokens", "type": "int", "low": 1024, "high": 16384,
@@ -164,7 +165,8 @@ def trials_to_reach(sc: Scenario, table: dict[tuple[Any, ...], TrialResult], opt
     with tempfile.TemporaryDirectory() as d:
         box: dict[str, Tuner] = {}
         tuner = Tuner(tuning, TableBackend(table), str(Path(d) / "s.journal"),
-                      stop_requested=lambda: "t" in box and close_enough(box["t"]))
+                      stop_requested=lambda: (StopRequest.CANCEL if "t" in box
+                                              and close_enough(box["t"]) else None))
         box["t"] = tuner
         asyncio.run(tuner.run())
         return tuner.counted() if close_enough(tuner) else None

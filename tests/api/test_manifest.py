@@ -12,7 +12,7 @@ import yaml
 from chunktune.api import load_manifest, parse_manifest, validate
 from chunktune.api.cli import main_crd, main_validate, register
 from chunktune.api.default_space import DEFAULT_SEARCH_SPACE
-from chunktune.api.v1alpha1 import DEFAULT_SIM_IMAGE, Constraint, parse_constraint_string
+from chunktune.api.v1alpha1 import Constraint, parse_constraint_string
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import flags_line, parse_argv
 from tests.api.factories import EXAMPLES, quickstart, vllm_manifest
@@ -46,7 +46,7 @@ def test_sim_and_derived_defaults() -> None:
     raw["spec"]["engine"]["args"] = ["--max-model-len", "32768"]
     raw["spec"]["objectives"] = [{"metric": "ttft_p99"}, {"metric": "throughput_tokens_per_s"}]
     s = parse_manifest(raw).spec
-    assert s.engine.image == DEFAULT_SIM_IMAGE
+    assert s.engine.image is None  # a simulated engine runs the operator's own image
     assert s.engine.gpu.count == 2
     assert [o.direction for o in s.objectives] == ["minimize", "maximize"]
     assert s.pruner.name == "none"  # several objectives cannot be pruned

@@ -10,7 +10,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from tests.charts import CHART_DIR, NAMESPACE, RELEASE
+from tests.charts import CHART_DIR, NAMESPACE, RELEASE, REPOSITORY
 from tests.charts.helpers import Objects, Render, RenderFiles
 
 
@@ -23,11 +23,18 @@ def chart() -> Iterator[helm.Chart]:
 
 @pytest.fixture(scope="session")
 def render_files(chart: helm.Chart) -> RenderFiles:
-    """Values -> {template path: rendered text}, as ``helm install chunktune -n chunktune``
-    renders them (the values are checked against values.schema.json first)."""
+    """Values -> {template path: rendered text}, as ``helm install chunktune -n chunktune
+    --set image.repository=REPOSITORY`` renders them (the values are checked against
+    values.schema.json first; ``image.repository`` is :data:`REPOSITORY` unless they name
+    one)."""
     def render(values: dict[str, Any] | None = None, *, name: str = RELEASE,
                namespace: str = NAMESPACE) -> dict[str, str]:
-        return chart.render(values or {}, name=name, namespace=namespace, is_install=True)
+        values = dict(values or {})
+        image = values.get("image")
+        if not isinstance(image, dict) or "repository" not in image:
+            values["image"] = {"repository": REPOSITORY,
+                               **(image if isinstance(image, dict) else {})}
+        return chart.render(values, name=name, namespace=namespace, is_install=True)
     return render
 
 

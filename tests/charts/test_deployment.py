@@ -10,12 +10,12 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from tests.charts import REPO
+from tests.charts import REPO, REPOSITORY
 from tests.charts.helpers import Render, container, env_of, load_values, only, pod_spec
 
 STATE_DIR = "/var/lib/chunktune"
 LIVENESS = "http://0.0.0.0:8080/healthz"
-IMAGE = "ghcr.io/chunktune/chunktune:0.1.0"
+IMAGE = f"{REPOSITORY}:0.1.0"
 
 
 def test_default_args(render: Render) -> None:

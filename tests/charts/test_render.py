@@ -9,7 +9,7 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 
-from tests.charts import CHART_DIR, KUBE_VERSION, NAMESPACE
+from tests.charts import CHART_DIR, KUBE_VERSION, NAMESPACE, RELEASE
 from tests.charts.helpers import Render, RenderFiles, kinds, load_values, only
 
 #: The value sets the chart is tested with: the defaults, ci/ci-values.yaml and the
@@ -207,11 +207,22 @@ def test_notes(render_files: RenderFiles) -> None:
     assert "prometheusURL: http://prometheus-operated.monitoring:9090" in notes
 
 
+def test_an_install_without_an_image_says_how_to_make_one(chart: helm.Chart) -> None:
+    """No chunktune image is published: ``helm install`` without ``image.repository`` stops
+    before rendering anything, naming the value and how to build, push and point at an image."""
+    with pytest.raises(helm.HelmRenderError, match=r"image\.repository is required") as caught:
+        chart.render({}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    text = str(caught.value)
+    assert "docker build -t REGISTRY/chunktune:0.1.0 ." in text, text
+    assert "--set image.repository=REGISTRY/chunktune --set image.tag=0.1.0" in text, text
+    with pytest.raises(helm.HelmRenderError, match=r"image\.repository is required"):
+        chart.render({"image": {"repository": ""}}, name=RELEASE, namespace=NAMESPACE,
+                     is_install=True)
+
+
 def test_notes_name_what_a_first_install_needs(render_files: RenderFiles) -> None:
     notes = render_files()["chunktune/templates/NOTES.txt"]
-    # the default repository has no published image: how to build, push and point at one
-    assert "docker build -t REGISTRY/chunktune:" in notes
-    assert "--set image.repository=REGISTRY/chunktune --set image.tag=" in notes
+    assert "the chunktune image (registry.example/chunktune:0.1.0, built from the" in notes
     assert "storage class" in notes and "the cluster's default" in notes
     assert "GPU node" in notes and "engine.kind: vllm" in notes
     assert "--set policy.allowedSecrets={hf-token}" in notes
@@ -220,7 +231,6 @@ def test_notes_name_what_a_first_install_needs(render_files: RenderFiles) -> Non
                           "persistence": {"storageClass": "fast-ssd"},
                           "policy": {"allowedSecrets": ["hf-token"]}})[
         "chunktune/templates/NOTES.txt"]
-    assert "docker build" not in notes
     assert "class fast-ssd" in notes and "allowed: hf-token" in notes
 
 

@@ -130,3 +130,66 @@ def test_scheduling_policy_reaches_the_scheduler():
     assert res(scheduling_policy="priority").scheduling_policy == "priority"
     engine = build_engine(EngineArgs(scheduling_policy="priority"), M, resolve_gpu("h100-sxm"))
     assert engine.scheduler.priority
+
+
+# ---- quantization ------------------------------------------------------------------------------
+
+
+def test_quantization_resolves_like_vllm():
+    """vLLM 0.32 ModelConfig._verify_quantization: a checkpoint's method and --quantization
+    must agree (ModelOpt FP8 overrides the flag); a bf16 checkpoint is quantized online."""
+    h100 = resolve_gpu("h100-sxm")
+    qwen = resolve_model("qwen3-32b-fp8")
+    assert resolve(EngineArgs(), qwen, h100).quantization == "fp8"
+    assert resolve(EngineArgs(quantization="fp8"), qwen, h100).model.weight_dtype == "fp8"
+    with pytest.raises(EngineStartupError) as e:
+        resolve(EngineArgs(quantization="compressed-tensors"), qwen, h100)
+    assert e.value.reason == "ConfigRejected"
+    assert ("Quantization method specified in the model config (fp8) does not match the "
+            "quantization method specified in the `quantization` argument "
+            "(compressed-tensors).") in e.value.message
+    modelopt = resolve_model("llama-3.1-8b-fp8")
+    assert resolve(EngineArgs(quantization="fp8"), modelopt, h100).quantization == "modelopt"
+    online = resolve(EngineArgs(quantization="fp8_per_block"), M, h100)
+    assert (online.quantization, online.model.weight_dtype, online.kv_cache_dtype) == \
+        ("fp8_per_block", "fp8", "auto")
+    assert res().quantization is None and res().model.weight_bytes() == M.weight_bytes()
+    with pytest.raises(SpecError, match=r"--quantization.*for a checkpoint without "
+                                        r"quantization \(got 'modelopt'\)"):
+        resolve(EngineArgs(quantization="modelopt"), M, h100)
+    with pytest.raises(SpecError, match=r"--quantization.*models FP8.*\(got 'awq'\)"):
+        EngineArgs(quantization="awq").check_simulated()
+
+
+@pytest.mark.parametrize(("qc", "field", "text"), [
+    ({"quant_method": "awq", "bits": 4}, "quantization_config.quant_method",
+     "'awq' is not modelled"),
+    ({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4"}},
+     "quantization_config.quant_algo", "ModelOpt NVFP4 is not modelled"),
+    ({"quant_method": "compressed-tensors",
+      "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}},
+     "quantization_config.config_groups", "other than 8-bit float"),
+    (["fp8"], "quantization_config", "must be a mapping"),
+])
+def test_quantized_checkpoints_the_simulator_does_not_model_are_refused(qc, field, text):
+    from chunktune.core.models import CATALOG_HF, from_hf_config
+
+    with pytest.raises(SpecError) as e:
+        from_hf_config({**CATALOG_HF["llama-3.1-8b"], "quantization_config": qc})
+    assert any(field in p and text in m for p, m in e.value.problems), e.value.problems
+
+
+def test_fp8_checkpoints_read_from_their_config():
+    from chunktune.core.models import CATALOG_HF, from_hf_config
+
+    nested = {"quant_method": "modelopt", "producer": {"name": "modelopt"},
+              "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None}}
+    m = from_hf_config({**CATALOG_HF["llama-3.1-8b"], "quantization_config": nested})
+    assert (m.quantization, m.weight_dtype, m.kv_cache_dtype) == ("modelopt", "fp8", "auto")
+    for name, kv in (("llama-3.1-8b-fp8", "fp8_e4m3"), ("llama-3.1-70b-fp8", "auto"),
+                     ("qwen3-32b-fp8", "auto")):
+        m = resolve_model(name)
+        assert (m.weight_dtype, m.kv_cache_dtype, m.dtype) == ("fp8", kv, "bfloat16")
+    assert resolve_model("Qwen/Qwen3-32B-FP8").name == "qwen3-32b-fp8"
+    assert resolve_model("neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8").name == \
+        "llama-3.1-70b-fp8"

@@ -61,7 +61,10 @@ CASES = [pytest.param(f, v, id=f"{f.name}={v}") for f in FLAGS.values() for v in
 #: What vLLM takes but the simulator refuses rather than ignore (tests/core/test_engine_args).
 SIM_REFUSES = {("enable-prefix-caching", True), ("max-model-len", -1)} | {
     ("kv-cache-dtype", d) for d in FLAGS["kv-cache-dtype"].choices
-    if d not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")}
+    if d not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")} | {
+    ("quantization", q) for q in FLAGS["quantization"].choices
+    if q not in ("fp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "modelopt",
+                 "compressed-tensors")}
 
 
 def manifest_point(f: Flag, value: Any) -> dict[str, Any]:
@@ -191,9 +194,10 @@ def test_one_flags_line_everywhere() -> None:
     import chunktune.k8s.controller as study
     import chunktune.k8s.outputs as outputs
     import chunktune.tuning.cli as cli
-    import chunktune.tuning.results as results
+    import chunktune.tuning.results.files as files
+    import chunktune.tuning.results.text as text
 
-    for module in (status, manifests, outputs, study, cli, results):
+    for module in (status, manifests, outputs, study, cli, files, text):
         assert module.flags_line is flags.flags_line, module.__name__
     point = {"long-prefill-token-threshold": 0.0, "max-num-batched-tokens": 4096.0,
              "gpu-memory-utilization": 0.9, "enable-chunked-prefill": True}

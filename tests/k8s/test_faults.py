@@ -19,11 +19,11 @@ import pytest
 from chunktune.backends.kubernetes import ApiUnavailable, ClusterApiError
 from chunktune.backends.manifests import Owner
 from chunktune.core.errors import SpecError
+from chunktune.core.progress import TrialEvent
 from chunktune.k8s import storage
 from chunktune.k8s.controller import StudyController, delete_study, failure_lines
 from chunktune.k8s.kube import KubeApi
 from chunktune.k8s.state import Operator, StatusWriter
-from chunktune.tuning.runner import TrialEvent
 from chunktune.tuning.study import ATTR_SERVER, trial_state
 from tests.k8s import faults
 from tests.k8s.conftest import (

@@ -110,7 +110,7 @@ def test_output_rules() -> None:
 
 def test_policy_settings_from_the_environment() -> None:
     s = Settings.from_env({"CHUNKTUNE_ALLOWED_SECRETS": "hf-token, db",
-                           "CHUNKTUNE_SECRET_OPT_IN": "false",
+                           "CHUNKTUNE_IMAGE": OWN_IMAGE, "CHUNKTUNE_SECRET_OPT_IN": "false",
                            "CHUNKTUNE_ALLOWED_REGISTRIES": "docker.io/vllm/,nvcr.io"})
     assert s.policy == PolicySettings(("hf-token", "db"), False, ("docker.io/vllm", "nvcr.io"))
     from chunktune.core.errors import SpecError

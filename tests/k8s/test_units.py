@@ -22,7 +22,7 @@ from chunktune.k8s.settings import Settings
 from chunktune.k8s.state import StatusWriter, parse
 from chunktune.metrics import promql
 from chunktune.metrics.client import PrometheusClient
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.tuner import Tuner
 from tests.k8s.conftest import tuning
 
 SEL = promql.PodSelector(namespace="ml", pod="t-t3", ip="10.0.0.7")
@@ -107,19 +107,36 @@ def test_prometheus_client_reads_the_query_api() -> None:
 
 # ---- settings ------------------------------------------------------------------------------
 
+#: The operator's own image (required: none is published).
+IMAGE = {"CHUNKTUNE_IMAGE": "registry.example/chunktune:0.1.0"}
+
 
 def test_settings_from_env_and_overrides(tmp_path: Path) -> None:
     s = Settings.from_env({"CHUNKTUNE_NAMESPACES": "a, b", "CHUNKTUNE_POLL_INTERVAL": "0.5",
                            "CHUNKTUNE_SIM_LOAD_TIME": "0", "CHUNKTUNE_STANDALONE": "yes",
-                           "CHUNKTUNE_IMAGE_PULL_POLICY": "Always"},
+                           "CHUNKTUNE_IMAGE_PULL_POLICY": "Always", **IMAGE},
                           state_dir=tmp_path, trials={"keep_objects": True})
     assert s.namespaces == ("a", "b") and not s.clusterwide and s.standalone
     assert s.state_dir == tmp_path
     assert s.trials.poll_interval == 0.5 and s.trials.sim_load_time == 0.0
     assert s.trials.keep_objects and s.trials.image_pull_policy == "Always"
     assert s.trials.options().image_pull_policy == "Always"
-    assert Settings.from_env({}).state_dir == Path("/var/lib/chunktune")
-    assert Settings.from_env({}).clusterwide
+    assert Settings.from_env(IMAGE).state_dir == Path("/var/lib/chunktune")
+    assert Settings.from_env(IMAGE).clusterwide
+    assert s.trials.options().load_image == IMAGE["CHUNKTUNE_IMAGE"]
+
+
+def test_settings_without_the_chunktune_image_are_refused() -> None:
+    """No chunktune image is published, so there is no default: the operator does not start
+    without one, and says which variable to set and how to make the image."""
+    with pytest.raises(SpecError) as e:
+        Settings.from_env({})
+    [message] = [m for p, m in e.value.problems if p == "CHUNKTUNE_IMAGE"]
+    assert message.startswith("is not set") and "build one from the chunktune repository" in \
+        message and "image.repository" in message
+    with pytest.raises(SpecError) as e:
+        Settings.from_env({"CHUNKTUNE_IMAGE": ""})
+    assert e.value.problems == [("CHUNKTUNE_IMAGE", "must not be empty")]
 
 
 def test_settings_report_every_bad_value() -> None:
@@ -130,9 +147,9 @@ def test_settings_report_every_bad_value() -> None:
         "CHUNKTUNE_SHM_SIZE", "CHUNKTUNE_POLL_INTERVAL", "CHUNKTUNE_STANDALONE",
         "CHUNKTUNE_API_THREADS"]
     with pytest.raises(SpecError, match="larger than the server timeout"):
-        Settings.from_env({"CHUNKTUNE_WATCH_CLIENT_TIMEOUT": "10"})
+        Settings.from_env({"CHUNKTUNE_WATCH_CLIENT_TIMEOUT": "10", **IMAGE})
     with pytest.raises(SpecError, match="--liveness"):
-        Settings.from_env({}, liveness="0.0.0.0:8080")
+        Settings.from_env(IMAGE, liveness="0.0.0.0:8080")
 
 
 def test_cli_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,6 +157,7 @@ def test_cli_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from chunktune.k8s.cli import settings_from
 
     monkeypatch.setenv("CHUNKTUNE_NAMESPACES", "x")
+    monkeypatch.setenv("CHUNKTUNE_IMAGE", IMAGE["CHUNKTUNE_IMAGE"])
     parser = build_parser()
     ns = parser.parse_args(["operator", "run", "-n", "a", "-n", "b", "--state-dir",
                             str(tmp_path), "--standalone", "--liveness",

@@ -21,7 +21,7 @@ from chunktune.backends.simulated import SimulatedBackend
 from chunktune.core.trials import RESULT_STATES, TrialState
 from chunktune.tuning import storage as storages
 from chunktune.tuning import study as st
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.tuner import Tuner
 from tests.postgres import PostgresServer
 from tests.tuning.conftest import manifest
 

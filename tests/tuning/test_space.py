@@ -78,7 +78,7 @@ def test_a_threshold_beyond_the_tiny_models_context_is_refused_before_launch(tmp
 def test_the_twin_names_how_to_give_a_model_it_does_not_know():
     import pytest
 
-    from chunktune.tuning.strategies.twin_first import TwinError, twin_model
+    from chunktune.tuning.strategies.twin_fit import TwinError, twin_model
 
     target = EngineTarget(kind="vllm", model="org/unknown-model", served_model_name="m")
     with pytest.raises(TwinError, match=r"spec\.engine\.modelConfig"):

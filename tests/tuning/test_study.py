@@ -28,3 +28,11 @@ def test_live_trial_closes_a_trial_another_process_left_running(tmp_path: Path,
     t = optuna.load_study(study_name="ns/t", storage=st.open_storage(url)).trials[left.number]
     assert (t.number, t.state, t.user_attrs) == (
         1, optuna.trial.TrialState.FAIL, {st.ATTR_REASON: "Interrupted"})
+
+
+def test_a_simulated_engine_keeps_the_fingerprint_it_had(make_tuning) -> None:
+    """A simulated engine's spec no longer names a default image (none is published), yet a
+    study stored before keeps resuming: the fingerprint is the one such a study recorded."""
+    tuning = make_tuning()
+    assert tuning.spec.engine.image is None
+    assert st.fingerprint(tuning) == "2f824cbb67524c61"

@@ -11,8 +11,9 @@ import pytest
 from chunktune.backends.simulated import SimulatedBackend
 from chunktune.core.errors import SpecError
 from chunktune.tuning import study as st
-from chunktune.tuning.results import collect, format_results
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.results.model import collect
+from chunktune.tuning.results.text import format_results
+from chunktune.tuning.tuner import Tuner
 
 
 def run(tuning, storage, **kw):

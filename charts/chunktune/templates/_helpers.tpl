@@ -70,7 +70,9 @@ win, because the operator pod's are its Deployment's (immutable) selector.
 
 {{/* The chunktune image, used by the operator and (CHUNKTUNE_IMAGE) by its trials. */}}
 {{- define "chunktune.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{- $repository := required (printf "image.repository is required: no chunktune image is published. Build one from the chunktune repository and push it (docker build -t REGISTRY/chunktune:%s . && docker push REGISTRY/chunktune:%s), then install with --set image.repository=REGISTRY/chunktune --set image.tag=%s" $tag $tag $tag) .Values.image.repository -}}
+{{- printf "%s:%s" $repository $tag -}}
 {{- end -}}
 
 {{/* The state directory: where studies without spec.storage keep their Optuna journal. */}}

@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from chunktune import __version__
 from chunktune.api._types import (
     DNS1123_SUBDOMAIN,
     IMAGE_REF,
@@ -20,9 +19,8 @@ from chunktune.api._types import (
     pattern_str,
 )
 from chunktune.core import gpus as _gpus
-
-#: The image that runs the simulated engine (``engine.kind: sim``) by default.
-DEFAULT_SIM_IMAGE = f"ghcr.io/chunktune/chunktune:{__version__}"
+from chunktune.core import vllm as _vllm_release
+from chunktune.core.errors import SpecError
 
 EngineKind = Literal["vllm", "sim", "sglang"]
 
@@ -248,6 +246,12 @@ class EngineSpec(Model):
     image: pattern_str(IMAGE_REF, 512,  # type: ignore[valid-type]
                        "a container image such as vllm/vllm-openai:v0.11.0") | None = None
     """Container image. Required for vllm and sglang; for sim the chunktune image."""
+    vllm_version: pattern_str(  # type: ignore[valid-type]
+        r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([.+-]?[A-Za-z0-9]*)?$", 32,
+        "a vLLM version such as 0.11.0") | None = None
+    """The vLLM whose start-up defaults the trials get (batch budget and sequences,
+    ``--gpu-memory-utilization``, CUDA-graph memory). Default: the one ``image``'s tag names
+    (``vllm/vllm-openai:v0.11.0``), else the current (0.32). For sim, the vLLM simulated."""
     model: pattern_str(MODEL_NAME, 512,  # type: ignore[valid-type]
                        "a model id or path of letters, digits and _ . / @ : + - (no spaces)")
     """Hugging Face repo id or local path; for sim a catalog name (``llama-3.1-8b``)."""
@@ -283,12 +287,27 @@ class EngineSpec(Model):
     """vLLM/SGLang only: where the engine container may be looser (or stricter) than the
     default security context."""
 
+    @field_validator("vllm_version")
+    @classmethod
+    def _modelled_version(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                _vllm_release.parse_version(v)
+            except SpecError as e:
+                raise ValueError(e.problems[0][1]) from e
+        return v
+
+    def effective_vllm_version(self) -> _vllm_release.Version | None:
+        """The vLLM whose defaults apply: ``vllmVersion``, else ``image``'s tag (vllm engines),
+        else None (the current)."""
+        if self.vllm_version is not None:
+            return _vllm_release.parse_version(self.vllm_version, "spec.engine.vllmVersion")
+        return _vllm_release.image_version(self.image) if self.kind == "vllm" else None
+
     @model_validator(mode="after")
     def _defaults(self) -> EngineSpec:
         if self.served_model_name is None:
             self.served_model_name = self.model
         if self.gpu.count is None:
             self.gpu.count = self.tensor_parallel_size
-        if self.image is None and self.kind == "sim":
-            self.image = DEFAULT_SIM_IMAGE
         return self

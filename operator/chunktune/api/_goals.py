@@ -107,7 +107,7 @@ def parse_constraint_string(text: str) -> dict[str, Any]:
     try:
         value = _metrics.parse_value(metric, raw)
     except SpecError as e:
-        raise ValueError(f"{e.problems[0][1]} (in {text!r})") from None
+        raise ValueError(f"{e.problems[0][1]} (in {text!r})") from e
     if len(text) > 256 or not _CONSTRAINT_FULL.fullmatch(text):
         raise ValueError(f"must look like {_CONSTRAINT_FORM}: a class of at most 63 "
                          f"characters, a number, percentage or duration such as 50ms, and no "
@@ -156,7 +156,7 @@ class Constraint(Model):
         try:
             return _metrics.parse_value(metric, v)
         except SpecError as e:
-            raise ValueError(e.problems[0][1]) from None
+            raise ValueError(e.problems[0][1]) from e
 
     @property
     def key(self) -> str:

@@ -68,7 +68,7 @@ def _duration_validator(ceiling: int, positive: bool) -> Any:
         try:
             seconds = parse_duration(v, "")
         except SpecError as e:
-            raise ValueError(e.problems[0][1]) from None
+            raise ValueError(e.problems[0][1]) from e
         if positive and seconds <= 0:
             raise ValueError(f"must be > 0 (got {v!r})")
         if seconds > ceiling:

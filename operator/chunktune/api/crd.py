@@ -50,6 +50,7 @@ import yaml
 from chunktune.api._types import DURATION_CEILING, DURATION_PATTERN, duration_rule
 from chunktune.api.status import MAX_LISTED, MAX_TEXT, Status
 from chunktune.api.v1alpha1 import API_GROUP, API_VERSION, KIND, Spec
+from chunktune.core.errors import ChunktuneError
 from chunktune.core.workload import APIS, ARRIVAL_MODES
 
 PLURAL = "chunkedprefilltunings"
@@ -78,7 +79,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 _DROP = {"title", "default", "examples"}
 
 
-class SchemaError(ValueError):
+class SchemaError(ChunktuneError, ValueError):
     """The models produced a schema that cannot be made structural."""
 
 

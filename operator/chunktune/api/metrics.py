@@ -96,8 +96,8 @@ def get_metric(name: str) -> Metric:
     """The metric called ``name``; raises :class:`SpecError` with a suggestion otherwise."""
     try:
         return METRICS[name]
-    except KeyError:
-        raise SpecError(unknown_metric_message(name)) from None
+    except KeyError as e:
+        raise SpecError(unknown_metric_message(name)) from e
 
 
 def unknown_metric_message(name: object) -> str:
@@ -125,9 +125,9 @@ def parse_value(metric: str, raw: Any) -> float:
                             f"'50ms' or '4s' (got {raw!r})")
         try:
             return parse_duration(raw, "")
-        except SpecError:
+        except SpecError as e:
             raise SpecError(f"{metric} is a latency: give seconds or a duration such as "
-                            f"'50ms' or '4s' (got {raw!r})") from None
+                            f"'50ms' or '4s' (got {raw!r})") from e
     if m.unit == "fraction":
         if isinstance(raw, str) and (pm := _PERCENT.fullmatch(raw)):
             pct = float(pm.group(1))

@@ -105,7 +105,7 @@ def read_manifest(path: str | Path, name: str | None = None) -> dict[str, Any]:
     try:
         text = p.read_text()
     except OSError as e:
-        raise SpecError(f"cannot read: {e.strerror or e}", field=str(p)) from None
+        raise SpecError(f"cannot read: {e.strerror or e}", field=str(p)) from e
     docs = yamlsafe.load_all(text, str(p))
     if len(docs) == 1 and isinstance(docs[0], dict) and "kind" not in docs[0]:
         return docs[0]  # let validate() report the missing kind

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 from chunktune.core.flags import flags_line
+from chunktune.core.progress import TwinPhase
 from chunktune.core.trials import TrialState
 
 Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"]
@@ -167,7 +168,8 @@ class TwinStatus(_StatusModel):
     """A twin-first study (``spec.strategy.name: twin``): where it is and how far the twin's
     predictions were from the measurements."""
 
-    phase: Literal["calibrate", "search", "confirm", "fallback", "recheck", "done"]
+    phase: Annotated[TwinPhase, WithJsonSchema({"type": "string",
+                                                "enum": [p.value for p in TwinPhase]})]
     """calibrate (real trials that record the step log), search (simulated trials in the
     calibrated twin), confirm (the twin's best run for real), fallback (ordinary real trials
     after the twin erred too much), recheck (the best measured configurations measured once

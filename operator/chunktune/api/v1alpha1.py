@@ -27,7 +27,6 @@ from pydantic.config import JsonDict, JsonValue
 from pydantic_core import PydanticCustomError
 
 from chunktune.api._engine import (
-    DEFAULT_SIM_IMAGE,
     CPUSpec,
     EngineKind,
     EngineSpec,
@@ -71,7 +70,7 @@ API_VERSION = "v1alpha1"
 KIND = "ChunkedPrefillTuning"
 
 __all__ = [
-    "API_GROUP", "API_VERSION", "DEFAULT_SIM_IMAGE", "KIND", "Budget", "CPUSpec",
+    "API_GROUP", "API_VERSION", "KIND", "Budget", "CPUSpec",
     "ChunkedPrefillTuning",
     "Constraint", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource", "GPUSpec", "KeyRef",
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
@@ -333,7 +332,7 @@ def _load_profile(ref: str, base_dir: Path | None) -> Profile:
     except SpecError as e:
         where = "spec.workload.profile"
         raise SpecError([(where, m) if p in ("--workload", "") else (where, f"{p}: {m}")
-                         for p, m in e.problems]) from None
+                         for p, m in e.problems]) from e
 
 
 # ---- budget, sampler, pruner, outputs ---------------------------------------------------------

@@ -8,14 +8,25 @@ below both the backends and the tuner).
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 
-from chunktune.core.steps import kv_usage_peak
+from chunktune.core.steps import kv_usage_peak, parse_meta
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult
 
 
 def trial_tag(plan: TrialPlan) -> str:
     """A trial's name in its files (engine logs, step logs): ``<plan name>-<number>``."""
     return f"{plan.name or 'trial'}-{plan.number}"
+
+
+def record_engine_startup(result: TrialResult, log: Iterable[str]) -> None:
+    """Record with the trial what its engine's start-up log says it ran with (vLLM version,
+    step budget, KV-cache tokens, ``--max-num-seqs`` where set): ``result.server["engine"]``,
+    kept in the trial's server figures. The budget is the effective one, whatever version
+    defaulted it."""
+    meta = parse_meta(log).to_dict()
+    if meta:
+        result.server["engine"] = meta
 
 
 def take_kv_peak_from_steps(result: TrialResult) -> None:

@@ -49,10 +49,15 @@ from typing import Any, Protocol
 import aiohttp
 
 from chunktune.backends import manifests as mf
-from chunktune.backends.base import TrialBackend, take_kv_peak_from_steps, trial_tag
+from chunktune.backends.base import (
+    TrialBackend,
+    record_engine_startup,
+    take_kv_peak_from_steps,
+    trial_tag,
+)
 from chunktune.backends.classify import classify
 from chunktune.backends.vllm import STEP_LOG_FLAG, STEP_LOG_KINDS
-from chunktune.core.errors import InfrastructureFault
+from chunktune.core.errors import ChunktuneError, InfrastructureFault
 from chunktune.core.flatten import flatten, flatten_window
 from chunktune.core.steps import keep_step_log, parse_steps
 from chunktune.core.summary import LoadSummary, Window
@@ -71,7 +76,7 @@ Body = dict[str, Any]
 TRANSIENT_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
 
 
-class ClusterApiError(Exception):
+class ClusterApiError(ChunktuneError):
     """The API server refused a request (``status`` is the HTTP status; 0: no answer)."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -399,6 +404,7 @@ class KubernetesBackend(TrialBackend):
                         "step log is truncated to the first %d steps", where, limit,
                         text.count("Iteration("))
         lines = text.splitlines(keepends=True)
+        record_engine_startup(result, lines)
         try:
             result.steps, out = await asyncio.to_thread(keep_step_log, lines,
                                                         self.settings.steps_dir, trial_tag(plan))

@@ -37,7 +37,12 @@ import aiohttp
 import yaml
 
 from chunktune.backends import vllm
-from chunktune.backends.base import TrialBackend, take_kv_peak_from_steps, trial_tag
+from chunktune.backends.base import (
+    TrialBackend,
+    record_engine_startup,
+    take_kv_peak_from_steps,
+    trial_tag,
+)
 from chunktune.backends.classify import classify
 from chunktune.core.errors import BackendUnavailable
 from chunktune.core.flatten import flatten, flatten_window
@@ -95,6 +100,8 @@ class LocalBackend(TrialBackend):
             cmd = [self.python, "-m", "chunktune", "sim", "serve", "--model", t.model,
                    "--gpu", t.gpu or "h100-sxm", "--host", self.host, "--port", str(port),
                    "--load-time", str(self.load_time), *served, *vllm.with_step_log(flags)]
+            if t.vllm_version:
+                cmd += ["--vllm-version", t.vllm_version]
             if t.hf_config:
                 cfg = self.workdir / f"{plan.name or plan.number}-config.json"
                 cfg.write_text(json.dumps(t.hf_config))
@@ -229,6 +236,7 @@ class LocalBackend(TrialBackend):
                 lines = f.readlines()
         except OSError:
             return
+        record_engine_startup(result, lines)
         result.steps, out = keep_step_log(lines, self.steps_dir, tag)
         if out is not None:
             result.steps_file = str(out)

@@ -292,6 +292,8 @@ def engine_command(plan: TrialPlan, options: TrialOptions) -> tuple[list[str], l
         extra: list[str] = []
         if options.sim_load_time is not None:
             extra += ["--load-time", f"{options.sim_load_time:g}"]
+        if t.vllm_version:
+            extra += ["--vllm-version", t.vllm_version]
         if t.hf_config:
             extra += ["--model-config", f"{WORKLOAD_DIR}/{MODEL_CONFIG_FILE}"]
         if t.calibration:

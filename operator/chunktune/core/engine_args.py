@@ -15,7 +15,8 @@ from typing import Any
 from chunktune.core.errors import ChunktuneError, SpecError
 from chunktune.core.flags import BY_ATTR, FLAGS, argv, engine_defaults
 from chunktune.core.gpus import GPU
-from chunktune.core.models import ModelConfig
+from chunktune.core.models import MODELLED_QUANTIZATION, ModelConfig
+from chunktune.core.vllm import Version
 
 
 class EngineStartupError(ChunktuneError):
@@ -60,6 +61,11 @@ def _default(name: str) -> Any:
 
 #: The ``--kv-cache-dtype`` values the simulator models (vLLM takes more).
 SIM_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+#: The ``--quantization`` values the simulator models for a checkpoint without its own
+#: quantization (vLLM 0.32 quantizes the linear layers to FP8 online, one layer at a time as
+#: it loads them, so only the FP8 weights stay); a quantized checkpoint also takes its own
+#: method's name.
+SIM_ONLINE_QUANTIZATION = ("fp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel")
 
 
 @dataclass
@@ -75,7 +81,7 @@ class EngineArgs:
     max_num_seqs: int | None = None
     long_prefill_token_threshold: int = _default("long-prefill-token-threshold")
     max_model_len: int | None = None
-    gpu_memory_utilization: float = _default("gpu-memory-utilization")
+    gpu_memory_utilization: float | None = None
     enable_chunked_prefill: bool = _default("enable-chunked-prefill")
     block_size: int = _default("block-size")
     tensor_parallel_size: int = _default("tensor-parallel-size")
@@ -83,6 +89,7 @@ class EngineArgs:
     max_long_partial_prefills: int = _default("max-long-partial-prefills")
     enable_prefix_caching: bool = False
     kv_cache_dtype: str = _default("kv-cache-dtype")
+    quantization: str | None = None
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
     scheduling_policy: str = _default("scheduling-policy")
@@ -143,7 +150,8 @@ class EngineArgs:
     def check_simulated(self) -> None:
         """:meth:`check`, then refuse what vLLM takes but the simulator does not model (rather
         than ignore it): prefix caching, ``--max-model-len auto``, KV-cache dtypes other than
-        :data:`SIM_KV_CACHE_DTYPES`."""
+        :data:`SIM_KV_CACHE_DTYPES`, quantization methods other than FP8 (the checkpoint's own
+        method is checked against it in :func:`resolve`)."""
         self.check()
         problems: list[tuple[str, str]] = []
         if self.max_model_len == -1:
@@ -155,6 +163,10 @@ class EngineArgs:
         if self.kv_cache_dtype not in SIM_KV_CACHE_DTYPES:
             problems.append(("--kv-cache-dtype", f"the simulator models "
                              f"{', '.join(SIM_KV_CACHE_DTYPES)} (got {self.kv_cache_dtype!r})"))
+        modelled = tuple(dict.fromkeys((*SIM_ONLINE_QUANTIZATION, *MODELLED_QUANTIZATION)))
+        if self.quantization is not None and self.quantization not in modelled:
+            problems.append(("--quantization", f"the simulator models FP8: "
+                             f"{', '.join(modelled)} (got {self.quantization!r})"))
         if problems:
             raise SpecError(problems)
 
@@ -188,6 +200,12 @@ class ResolvedConfig:
     enable_prefix_caching: bool = False
     cudagraph_capture_sizes: tuple[int, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
+    #: ``--kv-cache-dtype`` as the engine resolved it (``auto``: the model's dtype, unless
+    #: the checkpoint quantizes the KV cache) and the quantization method it runs (None: none)
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
+    #: the vLLM whose start-up defaults and memory accounting apply (None: the current one)
+    vllm_version: Version | None = None
 
     def flags(self) -> dict[str, Any]:
         """The engine flags as the engine runs with them, as a point
@@ -265,11 +283,16 @@ def check_scheduler_rules(budget: int, seqs: int, max_model_len: int | None,
         )
 
 
-def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
+def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
+            version: Version | None = None) -> ResolvedConfig:
     """Apply vLLM's defaults, then its start-up validation. Raises :class:`SpecError` for input
     no engine accepts and :class:`EngineStartupError` (reason ``ConfigRejected``) for a
-    combination vLLM refuses, with vLLM's message."""
+    combination vLLM refuses, with vLLM's message. ``--quantization`` and the checkpoint's
+    quantization are resolved as vLLM 0.32's ``ModelConfig._verify_quantization`` does: the
+    model the result holds has its linear layers at the resolved weight type. ``version``:
+    the vLLM whose defaults apply (:mod:`chunktune.core.vllm`; None: the current)."""
     args.check()
+    model = apply_quantization(model, args.quantization)
     tp = args.tensor_parallel_size
     if model.num_attention_heads % tp:
         raise EngineStartupError(
@@ -292,7 +315,8 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
             "absolute position encoding, positions exceeding derived_max_model_len will cause a "
             "CUDA array out-of-bounds error.",
         )
-    values = engine_defaults(args.point(only_set=False), gpu, max_model_len, engine="sim")
+    values = engine_defaults(args.point(only_set=False), gpu, max_model_len, engine="sim",
+                             version=version)
     budget, seqs = values["max-num-batched-tokens"], values["max-num-seqs"]
     check_scheduler_rules(budget, seqs, max_model_len, args.enable_chunked_prefill,
                           args.max_num_partial_prefills, args.max_long_partial_prefills,
@@ -303,7 +327,9 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
             f"max_num_batched_tokens ({budget}) exceeds max_num_seqs * max_model_len "
             f"({seqs * max_model_len}). This may lead to unexpected behavior."
         )
-    kv_bytes = kv_cache_dtype_bytes(args.kv_cache_dtype, model.dtype_bytes)
+    # vLLM 0.32 resolve_kv_cache_dtype_string: auto follows a ModelOpt checkpoint's KV scheme
+    kv_dtype = model.kv_cache_dtype if args.kv_cache_dtype == "auto" else args.kv_cache_dtype
+    kv_bytes = kv_cache_dtype_bytes(kv_dtype, model.dtype_bytes)
     graphs = () if args.enforce_eager else cudagraph_sizes(seqs, budget,
                                                            args.max_cudagraph_capture_size)
     return ResolvedConfig(
@@ -313,7 +339,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
         max_num_seqs=seqs,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         max_model_len=max_model_len,
-        gpu_memory_utilization=float(args.gpu_memory_utilization),
+        gpu_memory_utilization=float(values["gpu-memory-utilization"]),
         enable_chunked_prefill=args.enable_chunked_prefill,
         block_size=args.block_size,
         tensor_parallel_size=tp,
@@ -325,4 +351,32 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU) -> ResolvedConfig:
         enable_prefix_caching=args.enable_prefix_caching,
         cudagraph_capture_sizes=graphs,
         warnings=tuple(warnings),
+        kv_cache_dtype=kv_dtype,
+        quantization=model.quantization or None,
+        vllm_version=version,
     )
+
+
+def apply_quantization(model: ModelConfig, quantization: str | None) -> ModelConfig:
+    """``model`` as the engine loads it under ``--quantization`` (None: as the checkpoint
+    says). A checkpoint's own method must match the flag, except that a ModelOpt FP8
+    checkpoint overrides it (vLLM's ``override_quantization_method``); without one, the FP8
+    methods (:data:`SIM_ONLINE_QUANTIZATION`) quantize the linear layers online. Raises
+    :class:`EngineStartupError` (``ConfigRejected``) with vLLM's message."""
+    if quantization is None:
+        return model
+    if model.quantization:
+        if quantization != model.quantization and model.quantization != "modelopt":
+            raise EngineStartupError.value_error(
+                "ModelConfig",
+                f"Quantization method specified in the model config ({model.quantization}) "
+                "does not match the quantization method specified in the `quantization` "
+                f"argument ({quantization}).",
+                hint=f"drop --quantization (the checkpoint is {model.quantization}) or give "
+                     f"--quantization {model.quantization}")
+        return model
+    if quantization not in SIM_ONLINE_QUANTIZATION:
+        raise SpecError(f"the simulator models FP8: {', '.join(SIM_ONLINE_QUANTIZATION)} for a "
+                        f"checkpoint without quantization (got {quantization!r})",
+                        field="--quantization")
+    return model.quantized(quantization, "fp8")

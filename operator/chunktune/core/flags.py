@@ -9,7 +9,8 @@ an engine process or pod (:func:`argv`). A *point* is a mapping ``{flag name: va
 name as vLLM spells it without dashes (``max-num-batched-tokens``); strings appear only where a
 point crosses a process boundary.
 
-Parsers accept what vLLM 0.32's ``vllm serve`` accepts (``vllm/engine/arg_utils.py``,
+Parsers accept what the supported vLLM's ``vllm serve`` accepts
+(:data:`~chunktune.core.vllm.VLLM_VERSION`; ``vllm/engine/arg_utils.py``,
 ``vllm/utils/argparse_utils.py``): ``--max-num-batched-tokens`` and ``--kv-cache-memory-bytes``
 take vLLM's human-readable integers (``8k`` = 8000, ``8K`` = 8192, ``25.6k`` = 25600),
 ``--max-model-len`` also ``auto`` / ``-1``, the other integer flags plain integers only; boolean
@@ -33,16 +34,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from chunktune.core import vllm as vllm_release
+from chunktune.core.errors import ChunktuneError
 from chunktune.core.gpus import GPU
 
 Engine = Literal["vllm", "sim", "sglang"]
 Kind = Literal["int", "float", "bool", "str"]
-DefaultRule = Literal["static", "batch_budget", "batch_seqs", "model_len", "sglang_chunk"]
+DefaultRule = Literal["static", "batch_budget", "batch_seqs", "model_len", "sglang_chunk",
+                      "memory_fraction"]
 
 VLLM_ENGINES: tuple[Engine, ...] = ("vllm", "sim")
 
 
-class FlagValueError(ValueError):
+class FlagValueError(ChunktuneError, ValueError):
     """A flag's value that its engine would refuse; the message names the flag and the fix."""
 
 
@@ -144,7 +148,7 @@ class Flag:
             plain = "invalid literal" in str(e) or "could not convert" in str(e)
             detail = "" if plain else f": {e}"
             raise FlagValueError(f"{self.option} takes {self.accepts} (got {text!r}){detail}") \
-                from None
+                from e
 
     def parse(self, text: str) -> Any:
         """:meth:`read`, then the bounds: the value the engine runs with, or
@@ -245,6 +249,14 @@ MAX_TOKENS = 2**24
 MAX_SEQS = 2**16
 
 _HUMAN_INT = "an integer such as 2048, 8k (8000) or 8K (8192)"
+#: ``--quantization``'s choices in vLLM 0.32 (``vllm/model_executor/layers/quantization``
+#: ``QuantizationMethods``, with the online shorthands of ``vllm/config/quantization.py``).
+VLLM_QUANTIZATION_METHODS = (
+    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4",
+    "modelopt_mxfp8", "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin",
+    "humming", "compressed-tensors", "experts_int8", "quark", "moe_wna16", "torchao", "inc",
+    "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8", "online", "fp8_per_tensor", "fp8_per_block",
+    "fp8_per_channel", "int8_per_channel_weight_only", "nvfp4_per_token", "mxfp8")
 _INT = "an integer"
 
 _ENTRIES: tuple[Flag, ...] = (
@@ -260,7 +272,7 @@ _ENTRIES: tuple[Flag, ...] = (
     Flag("gpu-memory-utilization", "float", VLLM_ENGINES,
          "fraction of GPU memory the engine may use",
          float, "a fraction such as 0.9", minimum=0, maximum=1, minimum_exclusive=True,
-         default=0.92, tunable=True,  # 0.92 since vLLM v0.21 (PR #38284); 0.9 before
+         default_rule="memory_fraction", tunable=True,  # 0.92 since v0.21, 0.9 before
          aliases=("--device-memory-utilization",)),
     Flag("max-model-len", "int", VLLM_ENGINES,
          "longest prompt + output (default: the model's; auto or -1: what fits in memory)",
@@ -290,6 +302,10 @@ _ENTRIES: tuple[Flag, ...] = (
                   "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k3v4_nc",
                   "turboquant_k8v4", "ultraquant_4bit"),
          default="auto"),
+    Flag("quantization", "str", VLLM_ENGINES,
+         "how the linear layers' weights are quantized (default: as the checkpoint says; fp8: "
+         "FP8 weights, quantized online from a bf16 checkpoint)",
+         str, "a quantization method", choices=VLLM_QUANTIZATION_METHODS, aliases=("-q",)),
     Flag("kv-cache-memory-bytes", "int", VLLM_ENGINES,
          "KV-cache size in bytes (overrides --gpu-memory-utilization)",
          human_readable_int, "a byte count such as 8G or 8589934592", minimum=1),
@@ -441,7 +457,7 @@ def _argparse_type(flag: Flag) -> Callable[[str], Any]:
         try:
             return flag.read(text)
         except FlagValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+            raise argparse.ArgumentTypeError(str(e)) from e
 
     parse.__name__ = flag.attr
     return parse
@@ -480,21 +496,23 @@ _GIB = 2**30
 
 
 #: vLLM's CPU build, API server: 2048 tokens and 128 sequences per step
-#: (vllm/engine/arg_utils.py, ``EngineArgs.get_batch_defaults``, 0.32).
+#: (vllm/engine/arg_utils.py, ``EngineArgs.get_batch_defaults``, the supported release).
 CPU_BATCH_DEFAULTS = (2048, 128)
 
 
-def batch_defaults(gpu: GPU | None, cpu: bool = False) -> tuple[int, int]:
-    """``vllm serve``'s default (max_num_batched_tokens, max_num_seqs) on a GPU: 16384/1024
-    with >= 160 GiB, 8192/1024 with >= 70 GiB unless the name contains "a100" (PR #17885),
-    else 2048/256 — also when the GPU is unknown, as vLLM does when it cannot query one
-    (``EngineArgs.get_batch_defaults``, API-server usage context)."""
+def batch_defaults(gpu: GPU | None, cpu: bool = False,
+                   version: vllm_release.Version | None = None) -> tuple[int, int]:
+    """``vllm serve``'s default (max_num_batched_tokens, max_num_seqs) on a GPU in vLLM
+    ``version`` (None: the current one): 16384/1024 with >= 160 GiB (since 0.28), 8192/1024
+    with >= 70 GiB unless the name contains "a100" (PR #17885), else 2048/256 — also when the
+    GPU is unknown, as vLLM does when it cannot query one (``EngineArgs.get_batch_defaults``,
+    API-server usage context; :mod:`chunktune.core.vllm`)."""
     if cpu:
         return CPU_BATCH_DEFAULTS
     if gpu is None:
         return 2048, 256
     memory = gpu.memory_gib * _GIB
-    if memory >= 160 * _GIB:
+    if memory >= 160 * _GIB and vllm_release.large_memory_tier(version):
         return 16384, 1024
     if memory >= 70 * _GIB and "a100" not in gpu.device_name.lower():
         return 8192, 1024
@@ -502,10 +520,11 @@ def batch_defaults(gpu: GPU | None, cpu: bool = False) -> tuple[int, int]:
 
 
 def engine_defaults(given: Mapping[str, Any], gpu: GPU | None, model_max_len: int | None,
-                    engine: str = "vllm", cpu: bool = False) -> dict[str, Any]:
+                    engine: str = "vllm", cpu: bool = False,
+                    version: vllm_release.Version | None = None) -> dict[str, Any]:
     """Every flag ``engine`` takes, with the value the engine starts with when ``given`` (a
-    point) sets some — vLLM's start-up defaulting, in one place, by each flag's
-    ``default_rule``:
+    point) sets some — vLLM's start-up defaulting (of vLLM ``version``; None: the current
+    one), in one place, by each flag's ``default_rule``:
 
     - ``static``: the flag's ``default`` (None: unset); for the simulator
       ``enable-prefix-caching`` is off (it does not model prefix caching);
@@ -515,9 +534,10 @@ def engine_defaults(given: Mapping[str, Any], gpu: GPU | None, model_max_len: in
       with chunked prefill off at least ``max-model-len``; at most
       ``max-num-seqs * max-model-len``;
     - ``batch_seqs`` (``max-num-seqs``): the GPU's default, at most the budget;
-    - ``sglang_chunk`` (SGLang's ``chunked-prefill-size``): 8192 on GPUs of >= 60 GiB, else 4096.
+    - ``sglang_chunk`` (SGLang's ``chunked-prefill-size``): 8192 on GPUs of >= 60 GiB, else 4096;
+    - ``memory_fraction`` (``gpu-memory-utilization``): 0.92 since vLLM 0.21, 0.9 before.
     """
-    default_budget, default_seqs = batch_defaults(gpu, cpu)
+    default_budget, default_seqs = batch_defaults(gpu, cpu, version)
     values: dict[str, Any] = {}
     rules: dict[DefaultRule, str] = {}
     for f in for_engine(engine):
@@ -526,6 +546,9 @@ def engine_defaults(given: Mapping[str, Any], gpu: GPU | None, model_max_len: in
             values[f.name] = given.get(f.name, f.default)
     if engine == "sim" and "enable-prefix-caching" not in given:
         values["enable-prefix-caching"] = False
+    if "memory_fraction" in rules:
+        name = rules["memory_fraction"]
+        values[name] = given.get(name, vllm_release.default_gpu_memory_utilization(version))
     if "sglang_chunk" in rules:
         name = rules["sglang_chunk"]
         values[name] = given.get(name, 8192 if gpu is not None and gpu.memory_gib >= 60

@@ -5,6 +5,16 @@ A model is only its shape: layer count, widths, head counts, vocabulary, dtype a
 mixture-of-experts models, the expert counts. Everything the simulator needs (parameter count,
 weight bytes, KV bytes per token, FLOPs per token) is derived from these, so any model with a
 ``config.json`` can be simulated (``--model-config PATH``), not only the shipped catalog.
+
+Quantized checkpoints: the ``quantization_config`` vLLM reads (``config.json``, or ModelOpt's
+``hf_quant_config.json`` merged in) gives the method (:attr:`ModelConfig.quantization`), the
+storage type of the linear layers' weights (:attr:`ModelConfig.weight_dtype`) and, for ModelOpt
+checkpoints, the KV-cache type ``--kv-cache-dtype auto`` resolves to (vLLM 0.32
+``resolve_kv_cache_dtype_string``). FP8 is modelled (``quant_method`` ``fp8``, ModelOpt
+``quant_algo`` FP8, compressed-tensors 8-bit float weights); as vLLM's ``Fp8LinearMethod`` does,
+only the linear layers (attention projections, MLP and experts) are FP8, the embeddings, the
+lm_head, the norms and an MoE router stay in the model's dtype, and the activations too (the
+per-tensor, per-channel or 128x128-block scales, under 0.03% of the weights, are left out).
 """
 
 from __future__ import annotations
@@ -53,12 +63,30 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
     hf_name: str = ""
+    #: vLLM's name of the checkpoint's quantization method (``fp8``, ``modelopt``,
+    #: ``compressed-tensors``), or of ``--quantization``'s (:meth:`quantized`); "" for none.
+    quantization: str = ""
+    #: Storage type of the linear layers' weights ("" = :attr:`dtype`).
+    weight_dtype: str = ""
+    #: What ``--kv-cache-dtype auto`` resolves to for this checkpoint (``auto``: the model's
+    #: dtype; ``fp8_e4m3`` for a ModelOpt checkpoint with ``kv_cache_quant_algo`` FP8).
+    kv_cache_dtype: str = "auto"
 
     # ---- derived quantities -------------------------------------------------------------
 
     @property
     def dtype_bytes(self) -> float:
+        """Bytes per element of the activations, embeddings and norms (the model's dtype)."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def weight_dtype_bytes(self) -> float:
+        """Bytes per weight of the linear layers (1 for FP8 ones)."""
+        return DTYPE_BYTES[self.weight_dtype or self.dtype]
+
+    def quantized(self, method: str, weight_dtype: str) -> ModelConfig:
+        """This model with its linear layers quantized online (``--quantization``)."""
+        return replace(self, quantization=method, weight_dtype=weight_dtype)
 
     @property
     def is_moe(self) -> bool:
@@ -100,8 +128,13 @@ class ModelConfig:
 
     def weight_bytes(self, tp: int = 1) -> float:
         """Weight bytes one tensor-parallel rank holds (embeddings and lm_head are sharded too,
-        as vLLM's VocabParallelEmbedding does)."""
-        return self.num_params() * self.dtype_bytes / tp
+        as vLLM's VocabParallelEmbedding does): the linear layers at :attr:`weight_dtype`, the
+        rest (embeddings, lm_head, norms, an MoE router) at :attr:`dtype`."""
+        router = self.hidden_size * self.num_experts if self.is_moe else 0
+        linear = self.num_hidden_layers * (self.attention_params_per_layer()
+                                           + self.mlp_params_per_layer() - router)
+        rest = self.num_params() - linear
+        return (linear * self.weight_dtype_bytes + rest * self.dtype_bytes) / tp
 
     def kv_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: float | None = None) -> float:
         """KV-cache bytes per token on one rank: layers x kv heads x head dim x 2 (K and V) x
@@ -151,6 +184,7 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
         cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
     )
     moe_inter = int(cfg.get("moe_intermediate_size") or (inter if num_experts else 0))
+    quant = read_quantization(cfg.get("quantization_config"), problems)
     if problems:
         raise SpecError([(f"model config {label}: {p}", m) for p, m in problems])
     return ModelConfig(
@@ -171,7 +205,50 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
         moe_intermediate_size=moe_inter,
         num_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
         hf_name=str(cfg.get("_name_or_path") or ""),
+        quantization=quant[0],
+        weight_dtype=quant[1],
+        kv_cache_dtype=quant[2],
     )
+
+
+#: Quantization methods modelled (vLLM's names) and what their checkpoints store.
+MODELLED_QUANTIZATION = ("fp8", "modelopt", "compressed-tensors")
+
+
+def read_quantization(qc: Any, problems: list[tuple[str, str]]) -> tuple[str, str, str]:
+    """(method, weight dtype, what ``--kv-cache-dtype auto`` means) of a checkpoint's
+    ``quantization_config`` as vLLM 0.32 reads it; ("", "", "auto") without one. Appends to
+    ``problems`` what the simulator does not model."""
+    field = "quantization_config"
+    if qc is None:
+        return "", "", "auto"
+    if not isinstance(qc, dict) or not isinstance(qc.get("quant_method"), str):
+        problems.append((field, "must be a mapping with quant_method (as in config.json)"))
+        return "", "", "auto"
+    method = qc["quant_method"]
+    if method == "fp8":  # Fp8Config: a serialized FP8 checkpoint (per tensor or 128x128 blocks)
+        return method, "fp8", "auto"
+    if method.startswith("modelopt"):  # ModelOpt: the algorithms under "quantization" or flat
+        inner = qc.get("quantization", qc)
+        algo = str(inner.get("quant_algo") or "").upper()
+        if algo != "FP8":
+            problems.append((f"{field}.quant_algo", f"ModelOpt {algo or 'without quant_algo'} "
+                             "is not modelled (FP8 is)"))
+            return "", "", "auto"
+        kv = str(inner.get("kv_cache_quant_algo") or qc.get("kv_cache_quant_algo") or "")
+        return "modelopt", "fp8", "fp8_e4m3" if kv.upper() == "FP8" else "auto"
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups") or {}
+        weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
+        if weights and all(w.get("num_bits") == 8 and w.get("type") == "float"
+                           for w in weights):
+            return method, "fp8", "auto"
+        problems.append((f"{field}.config_groups", "compressed-tensors weights other than "
+                         "8-bit float are not modelled (FP8 is)"))
+        return "", "", "auto"
+    problems.append((f"{field}.quant_method", f"{method!r} is not modelled; the simulator "
+                     f"models FP8 checkpoints ({', '.join(MODELLED_QUANTIZATION)})"))
+    return "", "", "auto"
 
 
 _GATED_ACTS = {"silu", "swish", "swiglu", "geglu"}
@@ -217,6 +294,30 @@ CATALOG_HF: dict[str, dict[str, Any]] = {
     "qwen3-30b-a3b": _dense("Qwen/Qwen3-30B-A3B", 2048, 48, 32, 4, 6144, 151936, 40960,
                             head_dim=128, num_experts=128, num_experts_per_tok=8,
                             moe_intermediate_size=768),
+    # FP8 checkpoints: the base model's shape with its quantization_config. NVIDIA's ModelOpt
+    # export (hf_quant_config.json, which vLLM merges in) also quantizes the KV cache, so
+    # --kv-cache-dtype auto runs it in FP8; RedHatAI's compressed-tensors and Qwen's block-FP8
+    # checkpoints carry no KV directive (auto: bf16).
+    "llama-3.1-8b-fp8": _dense("nvidia/Llama-3.1-8B-Instruct-FP8", 4096, 32, 32, 8, 14336,
+                               128256, 131072, quantization_config={
+                                   "quant_method": "modelopt", "quant_algo": "FP8",
+                                   "kv_cache_quant_algo": "FP8",
+                                   "exclude_modules": ["lm_head"]}),
+    "llama-3.1-70b-fp8": _dense("RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8", 8192, 80, 64, 8,
+                                28672, 128256, 131072, quantization_config={
+                                    "quant_method": "compressed-tensors",
+                                    "format": "float-quantized", "ignore": ["lm_head"],
+                                    "config_groups": {"group_0": {
+                                        "targets": ["Linear"],
+                                        "weights": {"num_bits": 8, "type": "float",
+                                                    "strategy": "channel"},
+                                        "input_activations": {"num_bits": 8, "type": "float",
+                                                              "dynamic": True}}}}),
+    "qwen3-32b-fp8": _dense("Qwen/Qwen3-32B-FP8", 5120, 64, 64, 8, 25600, 151936, 40960,
+                            head_dim=128, quantization_config={
+                                "quant_method": "fp8", "fmt": "e4m3",
+                                "activation_scheme": "dynamic",
+                                "weight_block_size": [128, 128]}),
 }
 
 _ALIASES = {v["_name_or_path"].lower(): k for k, v in CATALOG_HF.items()}
@@ -232,6 +333,7 @@ _ALIASES.update({
     "meta-llama/llama-2-7b-chat-hf": "llama-2-7b",
     "meta-llama/llama-2-70b-chat-hf": "llama-2-70b",
     "codellama/codellama-34b-hf": "codellama-34b",
+    "neuralmagic/meta-llama-3.1-70b-instruct-fp8": "llama-3.1-70b-fp8",  # renamed RedHatAI
 })
 
 
@@ -254,11 +356,11 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
         p = Path(config_path)
         try:
             cfg = json.loads(p.read_text())
-        except FileNotFoundError:
+        except FileNotFoundError as e:
             raise SpecError(f"model config file {str(p)!r} does not exist",
-                            field="--model-config") from None
+                            field="--model-config") from e
         except json.JSONDecodeError as e:
-            raise SpecError(f"{str(p)!r} is not valid JSON: {e}", field="--model-config") from None
+            raise SpecError(f"{str(p)!r} is not valid JSON: {e}", field="--model-config") from e
         return from_hf_config(cfg, name=name or p.parent.name or p.stem)
     if not name:
         raise SpecError("a model is required: a catalog name or --model-config PATH", field=field)

@@ -1,6 +1,7 @@
 """vLLM's per-step log: one :class:`StepRecord` per engine step, parsed from its log lines.
 
-With ``--enable-logging-iteration-details`` vLLM (0.32) logs every engine step as::
+With ``--enable-logging-iteration-details`` vLLM (:data:`~chunktune.core.vllm.VLLM_VERSION`) logs
+every engine step as::
 
     (APIServer pid=8177) INFO 12-03 00:25:21 [loggers.py:199] Engine 000: Iteration(0):
     1 context requests, 10 context tokens, 0 generation requests, 0 generation tokens,
@@ -87,10 +88,10 @@ def parse_line(line: str) -> StepRecord | None:
 
 
 def format_line(record: StepRecord, device: str = "GPU") -> str:
-    """The ``Iteration`` text vLLM 0.32 logs for a record (after its ``INFO ... [loggers.py]``
-    prefix): :func:`parse_line`'s inverse, up to the rounding of the time (0.01 ms) and the KV
-    usage (0.1 %). ``device`` names the KV cache (``GPU``/``CPU``); a record without a usage
-    gets 0.0 %, as vLLM always logs one."""
+    """The ``Iteration`` text the supported vLLM logs for a record (after its ``INFO ...
+    [loggers.py]`` prefix): :func:`parse_line`'s inverse, up to the rounding of the time (0.01 ms)
+    and the KV usage (0.1 %). ``device`` names the KV cache (``GPU``/``CPU``); a record without
+    a usage gets 0.0 %, as vLLM always logs one."""
     return (f"Engine {record.engine:03d}: Iteration({record.iteration}): "
             f"{record.context_requests} context requests, {record.context_tokens} context tokens, "
             f"{record.generation_requests} generation requests, "
@@ -266,11 +267,18 @@ def host_added(metrics: Mapping[str, float], band: tuple[float, float] | None) -
     return why
 
 
-#: vLLM's start-up lines that say which engine wrote a log (v0.32: ``Initializing a V1 LLM
-#: engine (v0.32.0) with config: model='...', ...`` and ``CPU KV cache size: 130,944 tokens``).
+#: vLLM's start-up lines that say which engine wrote a log (the supported release:
+#: ``Initializing a V1 LLM engine (vX.Y.Z) with config: model='...', ...`` and ``CPU KV cache
+#: size: 130,944 tokens``).
 ENGINE_RE = re.compile(r"Initializing a V\d+ LLM engine \(v(?P<version>[^)]+)\) with config: "
                        r"model='(?P<model>[^']*)'")
 KV_SIZE_RE = re.compile(r"(?P<device>[A-Za-z]+)(?: \+ host)? KV cache size: (?P<n>[0-9,]+) tokens")
+#: The step budget the engine runs with, whoever chose it (vLLM's SchedulerConfig logs it at
+#: start-up: ``Chunked prefill is enabled with max_num_batched_tokens=8192.``), and the
+#: flags set on its command line (``non-default args: {'model': ..., 'max_num_seqs': 128}``;
+#: vLLM 0.32 logs max_num_seqs nowhere else).
+BUDGET_RE = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(?P<n>\d+)")
+NON_DEFAULT_SEQS_RE = re.compile(r"non-default args: .*'max_num_seqs': (?P<n>\d+)")
 
 
 @dataclass(frozen=True)
@@ -284,6 +292,10 @@ class StepLogMeta:
     """KV-cache capacity in tokens (what turns the steps' usage % into tokens)."""
     device: str | None = None
     """``CPU`` or ``GPU``, from the KV-cache size line."""
+    max_num_batched_tokens: int | None = None
+    """The step budget the engine started with (its default where the flag was not given)."""
+    max_num_seqs: int | None = None
+    """``--max-num-seqs`` where the command line set it (vLLM logs no default)."""
 
     def to_dict(self) -> dict[str, object]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -292,19 +304,25 @@ class StepLogMeta:
         """This, with the fields it lacks taken from ``other``."""
         return StepLogMeta(self.model or other.model, self.vllm_version or other.vllm_version,
                            self.kv_cache_tokens or other.kv_cache_tokens,
-                           self.device or other.device)
+                           self.device or other.device,
+                           self.max_num_batched_tokens or other.max_num_batched_tokens,
+                           self.max_num_seqs or other.max_num_seqs)
 
 
 def parse_meta(lines: Iterable[str]) -> StepLogMeta:
-    """The engine's identity from a vLLM log's start-up lines."""
+    """The engine's identity and effective batch limits from a vLLM log's start-up lines."""
     model = version = device = None
-    kv = None
+    kv = budget = seqs = None
     for line in lines:
         if (m := ENGINE_RE.search(line)) is not None:
             model, version = m["model"], m["version"]
         elif (k := KV_SIZE_RE.search(line)) is not None:
             kv, device = int(k["n"].replace(",", "")), k["device"]
-    return StepLogMeta(model, version, kv, device)
+        elif (b := BUDGET_RE.search(line)) is not None:
+            budget = int(b["n"])
+        elif (s := NON_DEFAULT_SEQS_RE.search(line)) is not None:
+            seqs = int(s["n"])
+    return StepLogMeta(model, version, kv, device, budget, seqs)
 
 
 def write_steps(path: str | Path, records: Iterable[StepRecord],
@@ -363,7 +381,7 @@ def read_step_log(path: str | Path) -> tuple[list[StepRecord], StepLogMeta]:
             else:
                 records.append(StepRecord.from_dict(d))
         except (ValueError, TypeError) as e:
-            raise ValueError(f"line {n} is not a step record ({e})") from None
+            raise ValueError(f"line {n} is not a step record ({e})") from e
     return records, meta
 
 

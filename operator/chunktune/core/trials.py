@@ -71,6 +71,9 @@ class EngineTarget:
     """A simulated engine's calibration profile (``spec.engine.calibration.file``, read)."""
     calibration_ref: tuple[str, str] | None = None
     """``(ConfigMap name, key)`` of a calibration profile the cluster holds."""
+    vllm_version: str | None = None
+    """The vLLM whose start-up defaults apply (``spec.engine.vllmVersion`` or the image's tag;
+    None: the current)."""
 
 
 @dataclass(frozen=True)

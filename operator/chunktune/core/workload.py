@@ -87,9 +87,9 @@ def parse_duration(value: Any, field_name: str) -> float:
     else:
         try:
             seconds = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as e:
             raise SpecError(f"must be a duration such as 60, '90s' or '10m' (got {value!r})",
-                            field=field_name) from None
+                            field=field_name) from e
     if seconds < 0 or math.isnan(seconds):
         raise SpecError(f"must be >= 0 (got {value!r})", field=field_name)
     return seconds
@@ -399,7 +399,7 @@ def _duration(v: Any) -> float:
     try:
         return parse_duration(v, "")
     except SpecError as e:
-        raise ValueError(e.problems[0][1]) from None
+        raise ValueError(e.problems[0][1]) from e
 
 
 class ProfileSpec(_Spec):
@@ -437,7 +437,7 @@ def parse_distribution(raw: Any, path: str) -> Distribution:
         spec = _OneDistribution.model_validate({"dist": raw})
     except ValidationError as e:
         problems = problems_from(e, _OneDistribution)
-        raise SpecError([(path + p.removeprefix("dist"), m) for p, m in problems]) from None
+        raise SpecError([(path + p.removeprefix("dist"), m) for p, m in problems]) from e
     return spec.dist.build()
 
 
@@ -553,12 +553,12 @@ def load_profile(ref: str | Path) -> Profile:
     try:
         text = p.read_text()
     except OSError as e:
-        raise SpecError(f"cannot read {p.name}: {e.strerror or e}", field="--workload") from None
+        raise SpecError(f"cannot read {p.name}: {e.strerror or e}", field="--workload") from e
     try:
         raw = yamlsafe.load(text, p.name)
     except SpecError as e:
         raise SpecError("; ".join(f"{f}: {m}" for f, m in e.problems),
-                        field="--workload") from None
+                        field="--workload") from e
     return parse_profile(raw, source=p.stem)
 
 

@@ -19,14 +19,15 @@ import yaml
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from chunktune.core.errors import SpecError
+from chunktune.core.errors import ChunktuneError, SpecError
 
 #: The most nodes the aliases of one document may stand for, all expansions together.
 MAX_ALIAS_NODES = 100_000
 
 
-class AliasBomb(yaml.YAMLError):
-    """The aliases of a document expand past :data:`MAX_ALIAS_NODES`."""
+class AliasBomb(ChunktuneError, yaml.YAMLError):
+    """The aliases of a document expand past :data:`MAX_ALIAS_NODES` (a :class:`yaml.YAMLError`
+    too, raised while composing; :func:`load` turns it into a :class:`SpecError`)."""
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -67,12 +68,14 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
 
-def _refusal(e: BaseException, source: str) -> SpecError:
+def _refusal(e: yaml.YAMLError, source: str) -> SpecError:
     if isinstance(e, AliasBomb):
         return SpecError(str(e), field=source)
-    if isinstance(e, RecursionError):
-        return SpecError("is nested too deeply to read", field=source)
     return SpecError(f"is not valid YAML: {e}", field=source)
+
+
+def _too_deep(source: str) -> SpecError:
+    return SpecError("is nested too deeply to read", field=source)
 
 
 def load(text: str, source: str) -> Any:
@@ -80,16 +83,20 @@ def load(text: str, source: str) -> Any:
     :class:`SpecError` for YAML that is invalid, nested too deeply or an alias bomb."""
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader
-    except (yaml.YAMLError, RecursionError) as e:
-        raise _refusal(e, source) from None
+    except yaml.YAMLError as e:
+        raise _refusal(e, source) from e
+    except RecursionError:  # its traceback (the parser's thousand frames) is dropped
+        raise _too_deep(source) from None
 
 
 def load_all(text: str, source: str) -> list[Any]:
     """Every document in ``text`` (empty ones left out), as :func:`load` reads one."""
     try:
         return [d for d in yaml.load_all(text, Loader=_BoundedLoader) if d is not None]
-    except (yaml.YAMLError, RecursionError) as e:
-        raise _refusal(e, source) from None
+    except yaml.YAMLError as e:
+        raise _refusal(e, source) from e
+    except RecursionError:  # its traceback (the parser's thousand frames) is dropped
+        raise _too_deep(source) from None
 
 
 __all__ = ["MAX_ALIAS_NODES", "AliasBomb", "load", "load_all"]

@@ -8,7 +8,7 @@ resource's phase (``Pending -> Running -> Succeeded | Failed``, ``Suspended`` in
   the spec changes;
 * ``spec.suspend: true`` is ``Suspended``: trials in flight are stopped (their objects deleted;
   the study re-runs them when resumed), no new ones start;
-* otherwise the :class:`~chunktune.tuning.runner.Tuner` runs with a
+* otherwise the :class:`~chunktune.tuning.tuner.Tuner` runs with a
   :class:`~chunktune.backends.kubernetes.KubernetesBackend`. Budget and output changes apply
   live; when the study ends the phase is ``Succeeded`` (with a best configuration, then
   ``spec.output`` is written) or ``Failed``; a later spec change (a bigger ``maxTrials``)
@@ -35,6 +35,7 @@ from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
 from chunktune.core.errors import BackendUnavailable, InfrastructureFault, SpecError
 from chunktune.core.flags import flags_line
+from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent
 from chunktune.core.trials import TrialState
 from chunktune.k8s import policy, storage
 from chunktune.k8s.outputs import write_outputs
@@ -51,8 +52,8 @@ from chunktune.k8s.state import (
 )
 from chunktune.tuning import storage as storages
 from chunktune.tuning import study as st
-from chunktune.tuning.results import collect
-from chunktune.tuning.runner import TrialEvent, Tuner
+from chunktune.tuning.results.model import collect
+from chunktune.tuning.tuner import Tuner
 
 log = logging.getLogger(__name__)
 #: Backoff of the daemon after an API error it could not absorb: first delay, cap (seconds).
@@ -260,7 +261,10 @@ class StudyController:
             tuner = await asyncio.to_thread(
                 Tuner, tuning, backend, url, on_event=self._event,
                 on_update=lambda _: self._changed(),
-                stop_requested=lambda: self._stop_requested(live), on_fault=self._fault)
+                # a stop cancels the trials in flight: their objects are deleted, or left for
+                # the next operator to re-adopt when this one exits
+                stop_requested=lambda: (StopRequest.CANCEL if self._stop_requested(live)
+                                        else None), on_fault=self._fault)
             self.tuner, self.backend, self.stop_cause = tuner, backend, None
             self._storage_answers()
             running = {t.number for t in tuner.trials() if st.trial_state(t) == TrialState.RUNNING}
@@ -278,7 +282,7 @@ class StudyController:
             await self.writer.write(tuner)
             reason = await tuner.run()
             await self._drain_flush()
-            if reason == "stopped":
+            if reason == StopReason.STOPPED:
                 if live.stopping() is None and self.stop_cause == "suspended":
                     await self._suspended(live)
                 return
@@ -298,15 +302,12 @@ class StudyController:
         await self._until(live, lambda b: generation(b) != gen or
                           not (b.get("spec") or {}).get("suspend"))
 
-    async def _finish(self, tuner: Tuner, reason: str) -> None:
+    async def _finish(self, tuner: Tuner, reason: StopReason) -> None:
         results = collect(tuner.study, tuner.objectives, tuner.constraints)
         counted = tuner.counted()
         best = results.best_trial
-        if best is not None and reason != "failures":
-            why = {"budget": "the trial budget is spent", "converged": "the study converged",
-                   "exhausted": "the search space is exhausted",
-                   "rounds": "the twin-first rounds are confirmed",
-                   "duration": "the study's maxDuration passed"}.get(reason, reason)
+        if best is not None and reason != StopReason.FAILURES:
+            why = reason.text()
             message = f"{why}: best trial {best.number} ({flags_line(dict(best.params))})"
             problems = await write_outputs(self.op.api, self.owner, tuner.spec.output, results)
             conds: dict[str, tuple[bool, str, str]] = {
@@ -321,7 +322,7 @@ class StudyController:
             self.writer.set("Succeeded", self.gen, message, **conds)
             self.emit("Normal", "Succeeded", f"{message} after {counted} trials")
         else:
-            if reason == "failures":
+            if reason == StopReason.FAILURES:
                 message = (f"{tuner.counts()[TrialState.FAIL]} trials failed "
                            f"(budget.maxFailedTrials {tuner.spec.budget.max_failed_trials})")
                 cause = "TooManyFailures"
@@ -424,15 +425,15 @@ class StudyController:
                 log.exception("status flush of %s/%s", self.owner.namespace, self.owner.name)
 
     def _event(self, e: TrialEvent) -> None:
-        if e.kind == "phase":  # a twin-first study's phase, or its warning
-            if e.reason == "untrusted":
-                self.emit("Warning", "TwinUntrusted", e.message or "")
-            else:
-                self.emit("Normal", "TwinPhase", f"{e.reason}: {e.message}")
+        if e.kind == EventKind.WARNING:  # the twin is not trusted
+            self.emit("Warning", e.reason or "Warning", e.message or "")
+            return
+        if e.kind == EventKind.PHASE:  # a twin-first study's phase
+            self.emit("Normal", "TwinPhase", f"{e.phase}: {e.message}")
             return
         tag = " (baseline)" if e.baseline else ""
         flags = flags_line(e.point)
-        if e.kind == "started":
+        if e.kind == EventKind.STARTED:
             self.emit("Normal", "TrialStarted", f"trial {e.number}{tag}: {flags}")
             return
         what = e.state + (f" {e.reason}" if e.reason else "")

@@ -136,9 +136,9 @@ class KubeApi:
                           _request_timeout=self.request_timeout, **kwargs)
                 data = resp.data
             except ApiException as e:
-                raise _error(e) from None
+                raise _error(e) from e
             except (urllib3.exceptions.HTTPError, OSError) as e:
-                raise _unreachable(e) from None
+                raise _unreachable(e) from e
             return json.loads(data) if data else None
 
         return await self._retrying(run, _describe(fn, args))
@@ -197,9 +197,9 @@ class KubeApi:
             except ApiException as e:
                 if e.status in (400, 404):  # not started yet, or gone
                     return ""
-                raise _error(e) from None
+                raise _error(e) from e
             except (urllib3.exceptions.HTTPError, OSError) as e:
-                raise _unreachable(e) from None
+                raise _unreachable(e) from e
             return bytes(data or b"").decode("utf-8", errors="replace")
 
         return await self._retrying(run, f"read the log of pod {namespace}/{name}")

@@ -25,7 +25,8 @@ from chunktune.backends.kubernetes import ClusterApiError
 from chunktune.core.flags import flags_line
 from chunktune.k8s import policy
 from chunktune.k8s.kube import KubeApi
-from chunktune.tuning.results import Results, to_json
+from chunktune.tuning.results.files import to_json
+from chunktune.tuning.results.model import Results
 
 #: Annotations set on a patched Deployment.
 TUNED_BY = "chunktune.dev/tuned-by"

@@ -115,7 +115,7 @@ def _repository(image: str) -> str:
     return f"{head}/{last.split(':', 1)[0]}"
 
 
-def image_refusal(image: str | None, policy: PolicySettings, own_image: str,
+def image_refusal(image: str | None, policy: PolicySettings, own_image: str | None,
                   field: str = "spec.engine.image") -> Refusal | None:
     """Whether an engine image comes from an allowed registry or repository."""
     if image is None or not policy.allowed_registries or image == own_image:
@@ -175,7 +175,7 @@ def deployment_refusal(name: str, deploy: Mapping[str, Any], owner: mf.Owner
 
 
 async def check_trials(api: Reader, policy: PolicySettings, tuning: ChunkedPrefillTuning,
-                       owner: mf.Owner, own_image: str) -> list[Refusal]:
+                       owner: mf.Owner, own_image: str | None) -> list[Refusal]:
     """Every refusal of what the tuning's trials would reference: Secrets and the engine
     image. Reads each referenced Secret (its labels) unless it is allow-listed."""
     out: list[Refusal] = []

@@ -13,8 +13,8 @@ Environment variables (defaults in brackets):
 ``CHUNKTUNE_STATE_DIR``            where default study journals live [/var/lib/chunktune]
 ``CHUNKTUNE_STANDALONE``           no peering (a single operator replica) [false]
 ``CHUNKTUNE_LIVENESS``             liveness endpoint, e.g. ``http://0.0.0.0:8080/healthz`` []
-``CHUNKTUNE_IMAGE``                the chunktune image of load Jobs and sim engines
-                                   [ghcr.io/chunktune/chunktune:<version>]
+``CHUNKTUNE_IMAGE``                the chunktune image of load Jobs and sim engines [required:
+                                   none is published; the chart sets it from image.*]
 ``CHUNKTUNE_IMAGE_PULL_POLICY``    imagePullPolicy of trial containers [unset]
 ``CHUNKTUNE_TRIAL_SERVICE_ACCOUNT`` service account of trial pods [unset: the default]
 ``CHUNKTUNE_SHM_SIZE``             sizeLimit of the engine's /dev/shm [8Gi]
@@ -53,7 +53,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from chunktune.api.v1alpha1 import DEFAULT_SIM_IMAGE
 from chunktune.backends.manifests import TrialOptions
 from chunktune.core.errors import SpecError
 
@@ -63,6 +62,11 @@ DEFAULT_STATE_DIR = Path("/var/lib/chunktune")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
+#: Why settings without :attr:`TrialSettings.image` are refused, and the fix.
+IMAGE_MISSING = ("is not set: the operator runs the chunktune image in every load Job and "
+                 "simulated engine, and none is published; build one from the chunktune "
+                 "repository, push it, and set CHUNKTUNE_IMAGE to it (the Helm chart sets it "
+                 "from image.repository and image.tag)")
 
 @dataclass(frozen=True)
 class WatchSettings:
@@ -78,9 +82,10 @@ class WatchSettings:
 class TrialSettings:
     """How trials run in the cluster."""
 
-    image: str = DEFAULT_SIM_IMAGE
+    image: str | None = None
     """The chunktune image: runs ``chunktune load run`` in load Jobs, and ``chunktune sim
-    serve`` for a simulated engine whose manifest names no image."""
+    serve`` for a simulated engine whose manifest names no image. Required (no chunktune image
+    is published): :meth:`Settings.check` refuses settings without it."""
     image_pull_policy: str | None = None
     """``imagePullPolicy`` of trial containers (None: the cluster's default)."""
     service_account: str | None = None
@@ -103,6 +108,8 @@ class TrialSettings:
 
     def options(self) -> TrialOptions:
         """The manifest builders' view of these settings."""
+        if self.image is None:
+            raise SpecError(IMAGE_MISSING, field="CHUNKTUNE_IMAGE")
         return TrialOptions(load_image=self.image, image_pull_policy=self.image_pull_policy,
                             service_account=self.service_account, shm_size=self.shm_size,
                             sim_load_time=self.sim_load_time)
@@ -180,7 +187,7 @@ class Settings:
 
         d = TrialSettings()
         trials = TrialSettings(
-            image=get("CHUNKTUNE_IMAGE", _nonempty, d.image),
+            image=get("CHUNKTUNE_IMAGE", _nonempty, None),
             image_pull_policy=get("CHUNKTUNE_IMAGE_PULL_POLICY", _pull_policy, None),
             service_account=get("CHUNKTUNE_TRIAL_SERVICE_ACCOUNT", _optional, None),
             shm_size=get("CHUNKTUNE_SHM_SIZE", _quantity, d.shm_size),
@@ -241,6 +248,8 @@ class Settings:
                 problems.append(("--namespace", "must not be empty"))
         if self.liveness and not self.liveness.startswith(("http://", "https://")):
             problems.append(("--liveness", f"must be an http(s) URL (got {self.liveness!r})"))
+        if self.trials.image is None:
+            problems.append(("CHUNKTUNE_IMAGE", IMAGE_MISSING))
         if problems:
             raise SpecError(problems)
 
@@ -269,8 +278,8 @@ def _bool(v: str) -> bool:
 def _positive(v: str) -> float:
     try:
         x = float(v)
-    except ValueError:
-        raise ValueError(f"must be a number of seconds (got {v!r})") from None
+    except ValueError as e:
+        raise ValueError(f"must be a number of seconds (got {v!r})") from e
     if not x > 0:
         raise ValueError(f"must be > 0 (got {v!r})")
     return x
@@ -279,8 +288,8 @@ def _positive(v: str) -> float:
 def _non_negative(v: str) -> float:
     try:
         x = float(v)
-    except ValueError:
-        raise ValueError(f"must be a number of seconds (got {v!r})") from None
+    except ValueError as e:
+        raise ValueError(f"must be a number of seconds (got {v!r})") from e
     if not x >= 0:
         raise ValueError(f"must be >= 0 (got {v!r})")
     return x
@@ -291,8 +300,8 @@ def _seconds_or_none(v: str) -> float | None:
         return None
     try:
         x = float(v)
-    except ValueError:
-        raise ValueError(f"must be a number of seconds (got {v!r})") from None
+    except ValueError as e:
+        raise ValueError(f"must be a number of seconds (got {v!r})") from e
     if x < 0:
         raise ValueError(f"must be >= 0 (got {v!r})")
     return x

@@ -30,8 +30,8 @@ from chunktune.k8s import storage
 from chunktune.k8s.kube import KubeApi
 from chunktune.k8s.settings import Settings
 from chunktune.tuning import study as st
-from chunktune.tuning.results import collect, summary
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.results.model import collect, summary
+from chunktune.tuning.tuner import Tuner
 
 log = logging.getLogger(__name__)
 Problem = tuple[str, str]
@@ -114,7 +114,7 @@ class Operator:
                 raise SpecError(f"the operator may not read Secret {ref.name!r} ({e.message}); "
                                 "the chart grants get on Secrets with "
                                 "storage.allowDatabaseURLs=true",
-                                field="spec.storageFrom.secretKeyRef") from None
+                                field="spec.storageFrom.secretKeyRef") from e
             secret_url = storage.secret_value(secret, ref.name, ref.key)
             if spec.storage is not None:  # the URL in the spec, the password in the Secret
                 secret_url = storage.with_password(spec.storage, secret_url)
@@ -220,8 +220,9 @@ class StatusWriter:
         if tuner is None:
             return render_status(StudySummary(phase=self.phase or "Pending", **kw))
         results = collect(tuner.study, tuner.objectives, tuner.constraints)
-        if tuner.twin is not None:
-            kw["twin"] = tuner.twin.status()
+        twin = tuner.strategy.status()
+        if twin is not None:
+            kw["twin"] = twin
         return render_status(summary(results, self.phase or "Pending",
                                      tuner.spec.budget.max_trials, **kw))
 

@@ -165,9 +165,9 @@ def secret_value(secret: dict[str, object] | None, name: str, key: str) -> str:
         raise SpecError(f"Secret {name!r} has no key {key!r}", field=field)
     try:
         return base64.b64decode(str(data[key])).decode()
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError) as e:
         raise SpecError(f"the key {key!r} of Secret {name!r} is not UTF-8 text",
-                        field=field) from None
+                        field=field) from e
 
 
 def adopt_legacy(state_dir: Path, namespace: str, name: str, uid: str) -> Path | None:

@@ -81,7 +81,7 @@ def resolve_model(target: str, api_key: str | None = None, timeout: float = 10.0
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             data = json.load(resp)
     except (urllib.error.URLError, OSError, ValueError) as e:
-        raise LoadRunError(f"cannot list models at {target}/v1/models: {e}") from None
+        raise LoadRunError(f"cannot list models at {target}/v1/models: {e}") from e
     models = data.get("data") if isinstance(data, dict) else None
     if not models or not isinstance(models[0], dict) or "id" not in models[0]:
         raise LoadRunError(f"{target}/v1/models lists no model; pass --model")

@@ -44,6 +44,7 @@ from locust import HttpUser, constant
 from locust.env import Environment
 from urllib3 import PoolManager
 
+from chunktune.core.errors import ChunktuneError
 from chunktune.core.records import RequestRecord
 from chunktune.core.tokens import count_chat_tokens
 from chunktune.core.workload import Profile, RequestSpec, TrafficClass, generate
@@ -57,7 +58,7 @@ __all__ = ["LoadFailure", "Schedule", "StreamingOpenAIUser", "make_user_classes"
 Sink = Callable[[dict[str, Any]], None]
 
 
-class LoadFailure(Exception):
+class LoadFailure(ChunktuneError):
     """The exception a failed request is reported to Locust with (``reason: message``)."""
 
 

@@ -25,6 +25,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
+from chunktune.core.errors import ChunktuneError
 from chunktune.metrics import promql
 from chunktune.metrics.promtext import Scrape
 
@@ -43,7 +44,7 @@ async def scrape(http: aiohttp.ClientSession, url: str) -> Scrape | None:
         return None
 
 
-class PrometheusError(Exception):
+class PrometheusError(ChunktuneError):
     """Prometheus answered with an error, or could not be reached."""
 
 
@@ -73,9 +74,9 @@ class PrometheusClient:
         try:
             result = self._prom.custom_query(q, params=params)
         except PrometheusApiClientException as e:
-            raise PrometheusError(f"{e} (query {q})") from None
+            raise PrometheusError(f"{e} (query {q})") from e
         except (requests.RequestException, ValueError, KeyError, TypeError) as e:
-            raise PrometheusError(f"cannot query {self.url}: {e}") from None
+            raise PrometheusError(f"cannot query {self.url}: {e}") from e
         return _value(result)
 
     async def query(self, q: str, at: float | None = None) -> float | None:

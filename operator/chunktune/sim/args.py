@@ -7,10 +7,11 @@ The engine flags, their spellings, parsers and help come from the registry
 one. Flags only the simulator has (``--gpu``, ``--model-config``, ``--load-time``) sit in their
 own group. A vLLM flag the simulator does not model is accepted with one warning; a near-miss of
 a modeled flag is an error with the suggestion, since a typo would otherwise silently tune
-nothing. A flag vLLM 0.32 itself does not know (``data/vllm_0_32_flags.txt``, every option
-string of its API server's parser) is refused as vLLM refuses it: ``error: unrecognized
-arguments: ...``, exit status 2 — so ``--max-num-partial-prefills`` and
-``--max-long-partial-prefills``, which 0.32 removed, fail exactly as on a real engine.
+nothing. A flag the supported vLLM (:data:`~chunktune.core.vllm.VLLM_VERSION`) itself does not
+know (:data:`VLLM_FLAGS_FILE`, every option string of its API server's parser) is refused as
+vLLM refuses it: ``error: unrecognized arguments: ...``, exit status 2 — so
+``--max-num-partial-prefills`` and ``--max-long-partial-prefills``, which that release removed,
+fail exactly as on a real engine.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from chunktune.core.engine_args import EngineArgs
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.gpus import GPU, gpu_names, resolve_gpu
 from chunktune.core.models import ModelConfig, catalog_names, resolve_model
+from chunktune.core.vllm import VLLM_VERSION
 
+#: The option strings of the supported vLLM's API server (package data of ``chunktune.sim``).
+VLLM_FLAGS_FILE = f"data/vllm_{VLLM_VERSION.replace('.', '_')}_flags.txt"
 #: Help that says more than the registry's, for ``--help``.
 _HELP = {
     "max-num-batched-tokens": "token budget of one engine step (vLLM default by GPU: 8192 on "
@@ -47,8 +51,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = False) 
                        help="model, as `vllm serve MODEL` takes it")
     g.add_argument("--model", help=f"catalog name or HF repo id ({', '.join(catalog_names())})")
     flags.add_argparse(g, "sim", help_for=_HELP)
-    # Registry flags vLLM 0.32 no longer has (--max-num-partial-prefills, ...) are not options
-    # here: they reach split_unknown and are refused as vLLM 0.32 refuses them (exit 2).
+    # Registry flags the supported vLLM no longer has (--max-num-partial-prefills, ...) are not
+    # options here: they reach split_unknown and are refused as that vLLM refuses them (exit 2).
     for action in list(g._group_actions):
         if action.option_strings and not set(action.option_strings) & vllm_flags():
             g._group_actions.remove(action)
@@ -97,16 +101,16 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
 
 @functools.cache
 def vllm_flags() -> frozenset[str]:
-    """Every option string vLLM 0.32's API server accepts (``data/vllm_0_32_flags.txt``)."""
-    text = resources.files("chunktune.sim").joinpath("data/vllm_0_32_flags.txt").read_text()
+    """Every option string the supported vLLM's API server accepts (:data:`VLLM_FLAGS_FILE`)."""
+    text = resources.files("chunktune.sim").joinpath(VLLM_FLAGS_FILE).read_text()
     return frozenset(line.strip() for line in text.splitlines()
                      if line.strip() and not line.startswith("#"))
 
 
 def unrecognized_by_vllm(args: Sequence[str]) -> list[str]:
-    """The arguments vLLM 0.32 would answer ``unrecognized arguments`` to: each flag it does
-    not know (underscore spellings normalised, as vLLM's parser does), with the values after
-    it."""
+    """The arguments the supported vLLM would answer ``unrecognized arguments`` to: each flag
+    it does not know (underscore spellings normalised, as vLLM's parser does), with the values
+    after it."""
     known = vllm_flags()
     out: list[str] = []
     taking_values = False
@@ -128,8 +132,8 @@ def unrecognized_message(prog: str, args: Sequence[str]) -> str:
 def split_unknown(parser: argparse.ArgumentParser,
                   unknown: list[str]) -> tuple[list[str], list[str]]:
     """Sort leftover arguments into (ignored vLLM flags, errors). Errors: a near-miss of one of
-    our flags (with the suggestion), then, as vLLM words it, the flags vLLM 0.32 does not know
-    either (``unrecognized arguments: ...``)."""
+    our flags (with the suggestion), then, as vLLM words it, the flags the supported vLLM does
+    not know either (``unrecognized arguments: ...``)."""
     known = [s for a in parser._actions for s in a.option_strings]
     ignored, errors = [], []
     refused = unrecognized_by_vllm(unknown)

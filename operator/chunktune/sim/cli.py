@@ -12,6 +12,7 @@ from typing import Any
 from chunktune.core.engine_args import EngineStartupError
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.flags import TUNABLE, flags_line
+from chunktune.core.vllm import parse_version
 from chunktune.core.workload import generate, load_profile, parse_duration
 from chunktune.sim.args import (
     add_engine_args,
@@ -20,7 +21,7 @@ from chunktune.sim.args import (
     split_unknown,
 )
 from chunktune.sim.calibration import profile as profiles
-from chunktune.sim.engine.virtual import API_SERVER_OVERHEAD_S, build_engine
+from chunktune.sim.engine.virtual import build_engine, server_cost
 from chunktune.sim.report import format_summary, summarize
 
 #: The model ``sim run`` simulates when none is given.
@@ -44,6 +45,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w.add_argument("--rate", type=float, help="Poisson arrival rate, req/s")
     w.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
     w.add_argument("--seed", type=int, help="workload seed (default: profile's)")
+    run.add_argument("--vllm-version", metavar="VERSION",
+                     help="the vLLM whose start-up defaults apply (batch budget and sequences, "
+                          "--gpu-memory-utilization, CUDA-graph memory), e.g. 0.12.0 "
+                          "(default: the current, 0.32)")
     run.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
     run.add_argument("--calibration", metavar="PROFILE",
                      help="a calibration profile from `chunktune calibrate` (its model and "
@@ -100,6 +105,8 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
         problems.append(("--rate", f"must be > 0 (got {ns.rate})"))
     if ns.concurrency is not None and ns.concurrency <= 0:
         problems.append(("--concurrency", f"must be > 0 (got {ns.concurrency})"))
+    version = collect(parse_version, ns.vllm_version, "--vllm-version") \
+        if ns.vllm_version else None
     duration = collect(parse_duration, ns.duration, "--duration") if ns.duration else None
     warmup = collect(parse_duration, ns.warmup, "--warmup") if ns.warmup else None
     if profile is not None and not problems:
@@ -123,7 +130,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
             return 2
         args = profiles.engine_args(args, calib)
     try:
-        engine = build_engine(args, model, gpu)
+        engine = build_engine(args, model, gpu, version)
         if calib is not None:
             profiles.apply(engine, calib)
     except SpecError as e:
@@ -143,11 +150,11 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
         print(f"INFO {line}", file=sys.stderr)
     specs = generate(profile)
     t0 = time.perf_counter()
+    server = server_cost(calib.server_overhead_s if calib is not None else None)
     result = engine.replay(specs, concurrency=profile.arrival.concurrency,
                            time_limit=None if profile.arrival.mode != "concurrency"
-                           else profile.duration, server_overhead_s=API_SERVER_OVERHEAD_S
-                           if calib is None or calib.server_overhead_s is None
-                           else calib.server_overhead_s)
+                           else profile.duration, server_overhead_s=server.fixed_s,
+                           server_per_token_s=server.per_prompt_token_s)
     wall = time.perf_counter() - t0
     summary: dict[str, Any] = summarize(engine, result, profile)
     summary["model"] = model.name

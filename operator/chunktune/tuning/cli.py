@@ -15,10 +15,11 @@ from chunktune.api.reader import load_manifest, read_manifest, validate
 from chunktune.backends.base import TrialBackend
 from chunktune.core.errors import BackendUnavailable, SpecError
 from chunktune.core.flags import flags_line
+from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent
 from chunktune.core.trials import TrialState
 
 if TYPE_CHECKING:
-    from chunktune.tuning.runner import Tuner
+    from chunktune.tuning.tuner import Tuner
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -101,21 +102,46 @@ def _print_problems(e: SpecError) -> None:
         print(f"{path} {msg}" if path else msg, file=sys.stderr)
 
 
+class StopOnSignal:
+    """Ctrl-C during ``chunktune tune``: the first asks no new trial and lets the trials in
+    flight finish (:data:`~chunktune.core.progress.StopRequest.DRAIN`, each recorded); the
+    second cancels them (:data:`~chunktune.core.progress.StopRequest.CANCEL`: each is recorded
+    as ``Interrupted`` and runs again when the study resumes); the third aborts at once. The
+    runner asks :meth:`__call__` before each trial and while trials run."""
+
+    def __init__(self) -> None:
+        self.request: StopRequest | None = None
+
+    def __call__(self) -> StopRequest | None:
+        return self.request
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        if self.request is None:
+            self.request = StopRequest.DRAIN
+            print("stopping after the trials in flight (Ctrl-C again to cancel them: they run "
+                  "again when the study resumes)", file=sys.stderr, flush=True)
+            return
+        self.request = StopRequest.CANCEL
+        print("cancelling the trials in flight: they run again when the study resumes "
+              "(Ctrl-C again to abort)", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 class Progress:
     """One line per trial start and end, with the best so far."""
 
-    def __init__(self, tuner: Any, quiet: bool) -> None:
+    def __init__(self, tuner: Tuner, quiet: bool) -> None:
         self.tuner = tuner
         self.quiet = quiet
         self.t0 = time.monotonic()
 
-    def event(self, e: Any) -> None:
-        if e.kind == "phase":
-            if not self.quiet or e.reason == "untrusted":
-                tag = "WARNING" if e.reason == "untrusted" else f"phase {e.reason}"
+    def event(self, e: TrialEvent) -> None:
+        if e.kind in (EventKind.PHASE, EventKind.WARNING):
+            if not self.quiet or e.kind == EventKind.WARNING:
+                tag = "WARNING" if e.kind == EventKind.WARNING else f"phase {e.phase}"
                 print(f"== {tag} ({time.monotonic() - self.t0:.0f} s): {e.message}", flush=True)
             return
-        if self.quiet or e.kind != "finished":
+        if self.quiet or e.kind != EventKind.FINISHED:
             return
         t = self.tuner
         budget = t.spec.budget.max_trials
@@ -126,15 +152,15 @@ class Progress:
         tag = " (baseline)" if e.baseline else ""
         what = e.state if e.state == TrialState.COMPLETE else f"{e.state} {e.reason or ''}".strip()
         best = self.best_text()
-        twin = t.twin.phase + " " if t.twin is not None else ""
-        print(f"[{twin}{done}/{budget}] trial {e.number}{tag}: {flags_line(e.point)} -> {what}"
+        phase = f"{t.strategy.phase} " if t.strategy.phase is not None else ""
+        print(f"[{phase}{done}/{budget}] trial {e.number}{tag}: {flags_line(e.point)} -> {what}"
               + (f"; {shown}" if shown else "") + (f" | best: {best}" if best else ""),
               flush=True)
         if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) and e.message:
             print(f"    {e.message.strip().splitlines()[-1][:300]}", flush=True)
 
     def best_text(self) -> str:
-        from chunktune.tuning.results import collect
+        from chunktune.tuning.results.model import collect
 
         t = self.tuner
         res = collect(t.study, t.objectives, t.constraints)
@@ -146,10 +172,12 @@ class Progress:
 
 
 def cmd_tune(ns: argparse.Namespace) -> int:
-    from chunktune.tuning.results import collect, format_results, write_outputs
-    from chunktune.tuning.runner import Tuner
+    from chunktune.tuning.results.files import write_outputs
+    from chunktune.tuning.results.model import collect
+    from chunktune.tuning.results.text import format_results
     from chunktune.tuning.storage import StorageFault, display_url
     from chunktune.tuning.study import storage_url
+    from chunktune.tuning.tuner import Tuner
 
     try:
         tuning = _load(ns.file, ns.name)
@@ -161,8 +189,8 @@ def cmd_tune(ns: argparse.Namespace) -> int:
         backend = make_backend(ns.backend, tuning.spec.engine.kind,
                                tuning.spec.budget.parallelism, steps_dir_for(storage, ns.out),
                                keep_steps=tuning.spec.strategy.name == "twin")
-        stop = {"flag": False}
-        tuner = Tuner(tuning, backend, storage, stop_requested=lambda: stop["flag"])
+        stop = StopOnSignal()
+        tuner = Tuner(tuning, backend, storage, stop_requested=stop)
         preflight = getattr(backend, "preflight", None)
         if preflight is not None:  # vLLM installed, model directory readable
             preflight(tuner.plan(0, {}))
@@ -183,12 +211,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
           + f"; backend {backend.name}; storage {display_url(storage)}"
           + (f" (resuming: {prior} trials done)" if prior else ""), flush=True)
 
-    def on_signal(*_: Any) -> None:
-        stop["flag"] = True
-        print("stopping after the trials in flight (Ctrl-C again to abort)", file=sys.stderr)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    old = signal.signal(signal.SIGINT, on_signal)
+    old = signal.signal(signal.SIGINT, stop.on_signal)
     try:
         why = asyncio.run(_run(tuner, backend))
     except StorageFault as e:
@@ -201,7 +224,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     sims = ""
     if tuning.spec.strategy.name == "twin":
-        from chunktune.tuning.strategies.twin_first import twin_report
+        from chunktune.tuning.strategies.twin_report import twin_report
 
         extra["twin"] = twin_report(tuner.study, tuner.objectives, tuner.constraints,
                                     tuning.spec.strategy.max_twin_error)
@@ -215,12 +238,12 @@ def cmd_tune(ns: argparse.Namespace) -> int:
                               wall_s=elapsed,
                               **extra)
         print(f"\nwrote {', '.join(str(f) for f in files)}")
-    if why == "failures":
+    if why == StopReason.FAILURES:
         return 1
     return 0
 
 
-async def _run(tuner: Tuner, backend: TrialBackend) -> str:
+async def _run(tuner: Tuner, backend: TrialBackend) -> StopReason:
     try:
         return await tuner.run()
     finally:
@@ -232,7 +255,9 @@ def cmd_results(ns: argparse.Namespace) -> int:
 
     from chunktune.tuning import study as st
     from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
-    from chunktune.tuning.results import collect, format_results, write_outputs
+    from chunktune.tuning.results.files import write_outputs
+    from chunktune.tuning.results.model import collect
+    from chunktune.tuning.results.text import format_results
     from chunktune.tuning.storage import StorageFault
 
     src = Path(ns.source)
@@ -281,7 +306,7 @@ def cmd_results(ns: argparse.Namespace) -> int:
         spec_d = study.user_attrs.get(st.STUDY_SPEC) or {}
         strategy = spec_d.get("strategy") or {}
         if strategy.get("name") == "twin":
-            from chunktune.tuning.strategies.twin_first import twin_report
+            from chunktune.tuning.strategies.twin_report import twin_report
 
             extra["twin"] = twin_report(study, objectives, constraints,
                                         float(strategy.get("maxTwinError", 0.25)))
@@ -322,12 +347,12 @@ def _tuning_of(source: str, storage: str | None) -> tuple[Any, str]:
 def cmd_calibrate_study(ns: argparse.Namespace) -> int:
     from chunktune.backends.simulated import SimulatedBackend
     from chunktune.sim.calibration import profile as profiles
-    from chunktune.tuning.runner import Tuner
-    from chunktune.tuning.strategies.twin_first import TwinError, measured_runs, study_profile
+    from chunktune.tuning.runner import TrialRunner
+    from chunktune.tuning.strategies.twin_fit import TwinError, measured_runs, study_profile
 
     try:
         tuning, url = _tuning_of(ns.source, ns.storage)
-        tuner = Tuner(tuning, SimulatedBackend(), url)
+        tuner = TrialRunner(tuning, SimulatedBackend(), url)
         runs = measured_runs(tuner)
         profile = study_profile(tuner, runs)
     except SpecError as e:

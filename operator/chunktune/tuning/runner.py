@@ -1,22 +1,36 @@
-"""The tuning loop: ask Optuna, check, launch, measure, tell — until the budget is spent or the
-study has converged.
+"""The trial runner: ask Optuna, check, launch, measure, tell, until a stop condition holds.
 
-Shared by ``chunktune tune`` and the operator; only the backend differs. Trial 0 is the
-engine's default configuration. Points vLLM would refuse, or that the memory model predicts to
-fail (``budget.prescreen``), are recorded without launching (``SKIPPED``) and do not count
-against ``maxTrials``; start-up failures of launched engines are ``INFEASIBLE``. Both are told
-to Optuna as complete trials whose ``engine_starts`` constraint is violated, so constrained
-samplers learn where the engine does not start. SLOs are further constraints.
+:class:`TrialRunner` runs the trials of one Optuna study; a strategy
+(:mod:`chunktune.tuning.strategies`) decides which (the spec's sampler, queued points, a
+recheck), through its public methods. Shared by ``chunktune tune`` and the operator; only the
+backend differs. Trial 0 is the engine's default configuration. Points vLLM would refuse, or
+that the memory model predicts to fail (``budget.prescreen``), are recorded without launching
+(``SKIPPED``) and do not count against ``maxTrials``; start-up failures of launched engines are
+``INFEASIBLE``. Both are told to Optuna as complete trials whose ``engine_starts`` constraint is
+violated, so constrained samplers learn where the engine does not start. SLOs are further
+constraints.
+
+Stopping: a :data:`~chunktune.core.progress.StopRequest.DRAIN` request asks no new trial and
+lets the trials in flight finish (each is recorded); a
+:data:`~chunktune.core.progress.StopRequest.CANCEL` request cancels them, and so do
+``maxDuration`` and ``maxFailedTrials``: a cancelled trial stays in flight in the storage.
 
 Restart safety: every trial's state lives in the study storage. A trial found RUNNING when the
-loop starts was left by a process that died: the backend may re-attach to it
+runner starts was left by a process that died or was cancelled: the backend may re-attach to it
 (:meth:`TrialBackend.recover`); if it cannot, the trial is closed as FAIL with reason
 ``Interrupted`` (not counted) and its point is queued again, so nothing is lost or repeated.
+
+Several writers (two ``chunktune tune`` runs, the CLI beside the operator) may share one study
+in a database: a trial is its writer's from its ask (``st.ATTR_OWNER``) and carries a heartbeat
+while it runs; a trial whose writer stopped (:func:`~chunktune.tuning.study.abandoned`) is
+taken over under the study's lock, at the start and every ``st.HEARTBEAT_SECONDS`` after. The
+budget counts every writer's running trials, a point another live writer runs is skipped as
+``Duplicate``, and the baseline is queued once.
 
 Faults are not results: a backend that raises :class:`~chunktune.core.errors.InfrastructureFault`
 (the cluster API unreachable past its retries) leaves the trial in flight — not told to
 Optuna, not counted against ``maxTrials`` or ``maxFailedTrials`` — and the trial is re-adopted
-once the backend answers again (:meth:`Tuner._readopt`).
+once the backend answers again (:meth:`TrialRunner._readopt`).
 """
 
 from __future__ import annotations
@@ -28,15 +42,17 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState as OptunaState
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend
+from chunktune.core import vllm as vllm_release
 from chunktune.core.errors import InfrastructureFault, SpecError
+from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent, TwinPhase
 from chunktune.core.steps import (
     StepSummary,
     engine_itl,
@@ -64,7 +80,6 @@ from chunktune.tuning.objectives import (
     objective_values,
     slos_for_goodput,
 )
-from chunktune.tuning.results import collect, recheck_order
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 log = logging.getLogger(__name__)
@@ -75,22 +90,10 @@ FAULT_RETRY_CAP = 30.0
 #: How many points may be skipped (refused or predicted to fail) per counted trial before the
 #: loop gives up on finding launchable points.
 MAX_SKIPS_PER_TRIAL = 5
-#: The :meth:`Tuner.counts` key of FAILs whose process stopped before the trial ended.
+#: The :meth:`TrialRunner.counts` key of FAILs whose process stopped before the trial ended.
 INTERRUPTED = "INTERRUPTED"
-
-
-@dataclass
-class TrialEvent:
-    """What happened to one trial (for progress lines, Kubernetes events, status)."""
-
-    kind: str  # started | finished
-    number: int
-    point: dict[str, Any]
-    state: TrialState = TrialState.RUNNING
-    reason: str | None = None
-    message: str | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    baseline: bool = False
+#: Asked before each trial and while trials run: how to stop (None: go on).
+StopRequested = Callable[[], StopRequest | None]
 
 
 def calibration_of(tuning: ChunkedPrefillTuning) -> dict[str, Any] | None:
@@ -116,22 +119,29 @@ def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
                        omp_threads_bind=e.cpu.omp_threads_bind) if e.cpu else None),
         calibration=calibration_of(tuning),
         calibration_ref=(ref.name, ref.key) if ref is not None else None,
+        vllm_version=(None if (v := e.effective_vllm_version()) is None
+                      else vllm_release.text(v)),
     )
 
 
-class Tuner:
-    """One study's loop. ``on_event`` sees every trial start and end; ``on_update`` is called
-    after each tell (to print progress or patch a status)."""
+class TrialRunner:
+    """The trials of one study: ``on_event`` sees every trial start and end; ``on_update`` is
+    called after each tell (to print progress or patch a status).
+
+    What a strategy uses: :meth:`run_trials`, :meth:`enqueue`, :meth:`enqueue_baseline`,
+    :meth:`pending`, :meth:`waiting`, :meth:`counted`, :meth:`trials`, :meth:`plan`,
+    :meth:`out_of_time`, :meth:`emit`, :meth:`changed`, :meth:`counted_in`, and the study, spec,
+    goals and target it holds."""
 
     def __init__(self, tuning: ChunkedPrefillTuning, backend: TrialBackend, storage: str,
                  on_event: Callable[[TrialEvent], None] | None = None,
-                 on_update: Callable[[Tuner], None] | None = None,
+                 on_update: Callable[[TrialRunner], None] | None = None,
                  window_seconds: float | None = None,
-                 stop_requested: Callable[[], bool] | None = None,
+                 stop_requested: StopRequested | None = None,
                  on_fault: Callable[[int, str | None], None] | None = None,
                  target: EngineTarget | None = None, study_name: str | None = None) -> None:
         """``target`` and ``study_name`` override the spec's engine and the study's name: a
-        twin-first study runs its simulated search as such a second tuner in the same
+        twin-first study runs its simulated search as such a second runner in the same
         storage."""
         self.tuning = tuning
         self.spec = tuning.spec
@@ -139,7 +149,7 @@ class Tuner:
         self.storage_url = storage
         self.on_event = on_event or (lambda e: None)
         self.on_update = on_update or (lambda t: None)
-        self.stop_requested = stop_requested or (lambda: False)
+        self.stop_requested: StopRequested = stop_requested or (lambda: None)
         self.on_fault = on_fault or (lambda number, message: None)
         """Told ``(trial, message)`` when a trial waits out an infrastructure fault, and
         ``(trial, None)`` when it was re-adopted."""
@@ -157,23 +167,12 @@ class Tuner:
         directions = [o.direction for o in self.objectives]
         sampler = st.make_sampler(tuning, len(directions), bool(self.constraints))
         pruner = st.make_pruner(tuning, len(directions))
-        self._storage = st.open_storage(storage)
-        self.study = st.open_study(tuning, self._storage, directions, sampler, pruner,
+        self.storage: BaseStorage = st.open_storage(storage)
+        self.study = st.open_study(tuning, self.storage, directions, sampler, pruner,
                                    name=study_name)
         self.owner = st.owner_id()
         self.started = time.monotonic()
-        self.stop_reason: str | None = None
-        self.reserved = 0
-        """Real trials of ``budget.maxTrials`` held back for a later phase (a twin-first
-        study's ``recheck``): :meth:`loop` stops with ``budget`` that many trials early."""
-        self.twin: Any = None
-        """The :class:`~chunktune.tuning.strategies.twin_first.TwinDriver` of a twin-first study
-        (its phase, round and error; from the start, so that a restarted process reports where the
-        study is before :meth:`run` gets there)."""
-        if self.spec.strategy.name == "twin":
-            from chunktune.tuning.strategies.twin_first import TwinDriver
-
-            self.twin = TwinDriver(self)
+        self.stop_reason: StopReason | None = None
 
     # ---- counts ----------------------------------------------------------------------------
 
@@ -196,60 +195,26 @@ class Tuner:
         c = self.counts()
         return sum(c[s] for s in RESULT_STATES)
 
-    # ---- the loop --------------------------------------------------------------------------
+    def counted_in(self, study_name: str) -> int:
+        """Counted trials of another study in the same storage (0 when there is none)."""
+        return st.counted_in(self.storage, study_name)
 
-    async def run(self) -> str:
-        """Run until done; returns why it stopped (``budget``, ``converged``, ``failures``,
-        ``duration``, ``exhausted``, ``stopped``; a twin-first study also ``rounds``: its
-        search-and-confirm rounds are done)."""
-        await self._recover()
-        if self.twin is not None:
-            self.stop_reason = await self.twin.run()
-            self.on_update(self)
-            return self.stop_reason
-        self._enqueue_baseline()
-        n = self.spec.strategy.recheck_trials
-        if n <= 0:
-            return await self.loop()
-        if st.ATTR_RECHECK not in self.study.user_attrs:
-            self.reserved = n
-            why = await self.loop()
-            if why in ("stopped", "duration", "failures") or not self.queue_recheck(why):
-                return why
-        return await self.recheck()
+    def out_of_time(self) -> bool:
+        """``budget.maxDuration`` has passed since this runner started."""
+        d = self.spec.budget.max_duration
+        return bool(d) and time.monotonic() - self.started >= d  # type: ignore[operator]
 
-    # ---- recheck ---------------------------------------------------------------------------
+    # ---- what the runner tells -------------------------------------------------------------
 
-    def queue_recheck(self, after: str) -> bool:
-        """Queue the recheck (once; ``spec.strategy.recheckTrials``, which the study before it
-        left unspent): the best that many measured feasible configurations
-        (:func:`~chunktune.tuning.results.recheck_order`), one more measurement each, and
-        ``after``, why the study before it ended. False when there is nothing to recheck (no
-        feasible measured configuration, or no real trial left)."""
-        self.reserved = 0
-        left = self.spec.budget.max_trials - self.counted()
-        res = collect(self.study, self.objectives, self.constraints)
-        points = [dict(t.params) for t in recheck_order(res)][
-            :max(0, min(self.spec.strategy.recheck_trials, left))]
-        if not points:
-            return False
-        for pt in points:
-            self.enqueue(pt, {st.ATTR_PHASE: st.PHASE_RECHECK})
-        self.study.set_user_attr(st.ATTR_RECHECK, {"points": points, "after": after})
-        log.info("%s: recheck: the %d best measured configurations run once more",
-                 self.tuning.metadata.name, len(points))
-        return True
+    def emit(self, event: TrialEvent) -> None:
+        """Tell ``on_event`` (a trial's start or end, a phase, a warning)."""
+        self.on_event(event)
 
-    async def recheck(self) -> str:
-        """Run the queued recheck trials (a restarted process: those not run yet); returns why
-        the study before the recheck ended, or why the recheck stopped."""
-        self.reserved = 0
-        if self.pending(st.PHASE_RECHECK):
-            why = await self.loop(queued_only=True)
-            if why != "queued" and not (why == "budget" and not self.waiting()):
-                return why
-        self.stop_reason = str(self.study.user_attrs[st.ATTR_RECHECK].get("after") or "budget")
-        return self.stop_reason
+    def changed(self) -> None:
+        """Tell ``on_update`` that the study changed (a status to write)."""
+        self.on_update(self)
+
+    # ---- the queue -------------------------------------------------------------------------
 
     def enqueue(self, point: dict[str, Any], attrs: dict[str, Any]) -> None:
         """Queue ``point`` to run as it is (``st.ATTR_POINT``), with ``attrs``; only its values
@@ -258,6 +223,18 @@ class Tuner:
         self.study.enqueue_trial(
             {k: v for k, v in point.items() if k in dists and space.contains(dists[k], v)},
             user_attrs={st.ATTR_POINT: point, **attrs}, skip_if_exists=False)
+
+    def enqueue_baseline(self) -> None:
+        """Trial 0: vLLM's defaults for this GPU class, queued once per study (once among
+        several writers too)."""
+        with storages.study_lock(self.storage, self.study.study_name):
+            if any(t.user_attrs.get(st.ATTR_BASELINE) for t in self.trials()):
+                return
+            point = self.context.default_point(self.params)
+            dists = space.distributions(self.params)
+            representable = {k: v for k, v in point.items() if space.contains(dists[k], v)}
+            self.study.enqueue_trial(representable,
+                                     user_attrs={st.ATTR_BASELINE: True, st.ATTR_POINT: point})
 
     def pending(self, phase: str) -> bool:
         """Trials of ``phase`` (``st.ATTR_PHASE``) are queued or in flight."""
@@ -269,9 +246,13 @@ class Tuner:
         """Queued trials not started yet."""
         return sum(1 for t in self.trials() if t.state == OptunaState.WAITING)
 
-    async def loop(self, queued_only: bool = False) -> str:
-        """Ask, launch, tell until a stop condition holds. ``queued_only``: run only the trials
-        already queued in the study (a twin-first phase's points), then stop with ``queued``."""
+    # ---- the loop --------------------------------------------------------------------------
+
+    async def run_trials(self, queued_only: bool = False, hold_back: int = 0) -> StopReason:
+        """Ask, launch, tell until a stop condition holds; returns why it stopped.
+        ``queued_only``: run only the trials already queued in the study (a phase's chosen
+        points), then stop with ``queued``. ``hold_back``: real trials of ``budget.maxTrials``
+        kept for a later phase (the recheck): the loop stops with ``budget`` that many early."""
         budget = self.spec.budget
         parallel = max(1, min(budget.parallelism, self.backend.max_parallel))
         running: set[asyncio.Task[None]] = set()
@@ -279,31 +260,37 @@ class Tuner:
         self.stop_reason = None
         sweep = time.monotonic() + st.HEARTBEAT_SECONDS
         while True:
-            if time.monotonic() >= sweep:  # trials another writer left since the start
+            if time.monotonic() >= sweep and not self.stop_requested():
+                # trials another writer left since the start (none taken while stopping)
                 sweep = time.monotonic() + st.HEARTBEAT_SECONDS
                 for t in self.trials():
                     left = self._claim_left(t)
                     if left is not None:
                         running.add(asyncio.create_task(self._adopt(t, left)))
-            reason = self._should_stop(len(running), queued_only)
+            reason = self._should_stop(len(running), queued_only, hold_back)
             drained = queued_only and not self.waiting()
             if reason:
                 if not running:
                     self.stop_reason = reason
                     break
-                if reason in ("stopped", "duration", "failures"):
+                if reason in (StopReason.DURATION, StopReason.FAILURES) or (
+                        reason == StopReason.STOPPED
+                        and self.stop_requested() == StopRequest.CANCEL):
+                    # left in flight in the storage: the next run re-adopts them or records
+                    # each as Interrupted and queues it again
                     for task in running:
                         task.cancel()
                     await asyncio.gather(*running, return_exceptions=True)
                     running.clear()
                     self.stop_reason = reason
                     break
+                # otherwise the trials in flight finish (a drain): no new one is asked
             elif drained and not running:
-                self.stop_reason = "queued"
+                self.stop_reason = StopReason.QUEUED
                 break
             elif len(running) < parallel and not drained:
                 if skips > MAX_SKIPS_PER_TRIAL * budget.max_trials:
-                    self.stop_reason = "exhausted"
+                    self.stop_reason = StopReason.EXHAUSTED
                     break
                 trial = self.study.ask()
                 trial.set_user_attr(st.ATTR_OWNER, self.owner)  # ours from the start
@@ -330,33 +317,34 @@ class Tuner:
                         other.cancel()
                     await asyncio.gather(*running, return_exceptions=True)
                 task.result()
-        self.on_update(self)
-        return self.stop_reason or "budget"
+        self.changed()
+        return self.stop_reason or StopReason.BUDGET
 
-    def _should_stop(self, in_flight: int, queued_only: bool = False) -> str | None:
+    def _should_stop(self, in_flight: int, queued_only: bool = False,
+                     hold_back: int = 0) -> StopReason | None:
         """Why the loop stops now, if it does. Running queued points only (a twin-first
         phase), ``budget.patience`` and an exhausted grid do not stop it: those points were
         chosen already, and left queued they would be run by nobody."""
         budget = self.spec.budget
         if self.stop_requested():
-            return "stopped"
+            return StopReason.STOPPED
         c = self.counts()
         if c[TrialState.FAIL] and c[TrialState.FAIL] >= budget.max_failed_trials:
-            return "failures"
-        if budget.max_duration and time.monotonic() - self.started >= budget.max_duration:
-            return "duration"
+            return StopReason.FAILURES
+        if self.out_of_time():
+            return StopReason.DURATION
         # NOTE: every trial running in the study, another writer's too (several writers
         # share one budget)
         if self.counted() + max(in_flight, c[TrialState.RUNNING]) >= \
-                budget.max_trials - self.reserved:
-            return "budget"
+                budget.max_trials - hold_back:
+            return StopReason.BUDGET
         if queued_only:
             return None
         if self._converged():
-            return "converged"
+            return StopReason.CONVERGED
         sampler = self.study.sampler
         if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(self.study):
-            return "exhausted"
+            return StopReason.EXHAUSTED
         return None
 
     def _converged(self) -> bool:
@@ -392,7 +380,7 @@ class Tuner:
         proposed reseeds this writer's sampler (two writers with one seed would otherwise
         propose the same points)."""
         if trial.user_attrs.get(st.ATTR_BASELINE) or \
-                trial.user_attrs.get(st.ATTR_PHASE) == st.PHASE_RECHECK:
+                trial.user_attrs.get(st.ATTR_PHASE) == TwinPhase.RECHECK:
             return False
         for t in self.trials():
             if t.number == trial.number or st.point_of(t) != point:
@@ -407,7 +395,7 @@ class Tuner:
                 trial.set_user_attr(st.ATTR_MESSAGE, f"trial {t.number} runs the same "
                                     "configuration (another writer)")
                 self.study.tell(trial, state=OptunaState.FAIL)
-                self.on_update(self)
+                self.changed()
                 return True
             if st.trial_state(t) not in (TrialState.COMPLETE, TrialState.INFEASIBLE) or \
                     t.values is None:
@@ -419,7 +407,7 @@ class Tuner:
             for key, value in (t.constraints or {}).items():
                 trial.set_constraint(key, value)
             self.study.tell(trial, list(t.values))
-            self.on_update(self)
+            self.changed()
             return True
         return False
 
@@ -443,19 +431,11 @@ class Tuner:
         trial.set_user_attr(st.ATTR_POINT, point)
         return point
 
-    def _enqueue_baseline(self) -> None:
-        """Trial 0: vLLM's defaults for this GPU class, queued once per study (once among
-        several writers too)."""
-        with storages.study_lock(self._storage, self.study.study_name):
-            if any(t.user_attrs.get(st.ATTR_BASELINE) for t in self.trials()):
-                return
-            point = self.context.default_point(self.params)
-            dists = space.distributions(self.params)
-            representable = {k: v for k, v in point.items() if space.contains(dists[k], v)}
-            self.study.enqueue_trial(representable,
-                                     user_attrs={st.ATTR_BASELINE: True, st.ATTR_POINT: point})
-
-    async def _recover(self) -> None:
+    async def recover(self) -> None:
+        """The trials a stopped writer left in flight (a previous run, or another writer of
+        the study whose heartbeat stopped): re-adopted by the backend where it can, else
+        recorded as FAIL ``Interrupted`` (not counted) and queued again. A trial another live
+        writer runs is left alone."""
         for t in self.trials():
             trial = self._claim_left(t)
             if trial is not None:
@@ -466,11 +446,11 @@ class Tuner:
         another live writer runs it (or it is not running)."""
         if t.state != OptunaState.RUNNING or not st.abandoned(t, self.owner):
             return None
-        return st.claim(self.study, self._storage, t.number, self.owner)
+        return st.claim(self.study, self.storage, t.number, self.owner)
 
     async def _adopt(self, t: optuna.trial.FrozenTrial, trial: optuna.Trial) -> None:
-        """Re-attach to a trial a stopped writer left (the backend's :meth:`recover`), or
-        close it as ``Interrupted`` and queue its point again."""
+        """Re-attach to a trial a stopped writer left (the backend's ``recover``), or close
+        it as ``Interrupted`` and queue its point again."""
         point = st.point_of(t)
         if not point:  # asked, never started (its answer lost with the database)
             trial.set_user_attr(st.ATTR_STATE, TrialState.FAIL.value)
@@ -507,7 +487,7 @@ class Tuner:
             await self._measure(trial, point, baseline)
 
     async def _measure(self, trial: optuna.Trial, point: dict[str, Any], baseline: bool) -> None:
-        self.on_event(TrialEvent("started", trial.number, point, baseline=baseline))
+        self.emit(TrialEvent(EventKind.STARTED, trial.number, point, baseline=baseline))
         plan = self.plan(trial.number, point)
         obj = self.objectives[0]
 
@@ -632,9 +612,9 @@ class Tuner:
             self.study.tell(trial, state=OptunaState.PRUNED)
         else:
             self.study.tell(trial, state=OptunaState.FAIL)
-        self.on_event(TrialEvent("finished", trial.number, point, result.state, result.reason,
-                                 result.message, result.metrics, baseline))
-        self.on_update(self)
+        self.emit(TrialEvent(EventKind.FINISHED, trial.number, point, result.state,
+                             result.reason, result.message, result.metrics, baseline))
+        self.changed()
 
     def _tell_startup_failure(self, trial: optuna.Trial, point: dict[str, Any], state: TrialState,
                               reason: str, message: str) -> None:
@@ -651,9 +631,9 @@ class Tuner:
             self.study.tell(trial, state=OptunaState.FAIL)
         else:
             self.study.tell(trial, self._placeholder_values())
-        self.on_event(TrialEvent("finished", trial.number, point, state, reason, message,
-                                 baseline=baseline))
-        self.on_update(self)
+        self.emit(TrialEvent(EventKind.FINISHED, trial.number, point, state, reason, message,
+                             baseline=baseline))
+        self.changed()
 
     def _placeholder_values(self) -> list[float]:
         out = []
@@ -682,4 +662,4 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["SpecError", "TrialEvent", "Tuner", "target_from_spec"]
+__all__ = ["SpecError", "TrialRunner", "target_from_spec"]

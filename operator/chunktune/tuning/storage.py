@@ -181,7 +181,7 @@ def call_with_retry(fn: Callable[[], T], url: str, what: str,
                     f"the study database {shown} refused the connection: {why}; fix the "
                     f"user, password or database in spec.storage (the operator: the Secret "
                     f"that spec.storageFrom names; the command line: the URL, PGPASSWORD or "
-                    f"~/.pgpass)", shown) from None
+                    f"~/.pgpass)", shown) from e
             if not transient(e):
                 raise
             if time.monotonic() + delay > deadline:

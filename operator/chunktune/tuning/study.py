@@ -27,7 +27,7 @@ from optuna.storages import BaseStorage
 from chunktune.api.metrics import Direction
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.core.errors import SpecError
-from chunktune.core.trials import TrialState
+from chunktune.core.trials import RESULT_STATES, TrialState
 from chunktune.tuning import space
 from chunktune.tuning import storage as storages
 
@@ -45,10 +45,10 @@ ATTR_OWNER = "owner"  # the process running the trial: host:pid:start (:func:`ow
 ATTR_HEARTBEAT = "heartbeat"  # when its owner last said it runs the trial (Unix time)
 ATTR_TIMES = "times"
 ATTR_STEPS = "steps"  # vLLM's step log of the trial: {"file": ..., "steps": N, ...totals}
-ATTR_PHASE = "phase"  # twin-first: calibrate | confirm | fallback | recheck
-#: The phase of a trial that measures a configuration again on purpose (never reused as a
-#: duplicate; its configuration's metrics become the mean of its measurements).
-PHASE_RECHECK = "recheck"
+#: The :class:`~chunktune.core.progress.TwinPhase` a trial was queued in: calibrate, confirm, or
+#: recheck (a configuration measured again on purpose: never reused as a duplicate; its
+#: configuration's metrics become the mean of its measurements).
+ATTR_PHASE = "phase"
 #: Study attribute: ``{"points": [...], "after": why the study before the recheck ended}``,
 #: once the recheck is queued.
 ATTR_RECHECK = "recheck"
@@ -67,6 +67,9 @@ ATTR_HIDDEN = "outside_search_space"
 HEARTBEAT_SECONDS = 10.0
 HEARTBEAT_GRACE = 60.0
 STUDY_FINGERPRINT = "chunktune_fingerprint"
+#: The image a simulated engine's spec defaulted to before chunktune stopped naming an image it
+#: does not publish; only :func:`fingerprint` still uses it.
+_FORMER_SIM_IMAGE = "ghcr.io/chunktune/chunktune:0.1.0"
 STUDY_SPEC = "chunktune_spec"
 
 
@@ -74,9 +77,14 @@ def fingerprint(tuning: ChunkedPrefillTuning) -> str:
     """What must not change under a running study: engine, search space, workload,
     objectives and constraints (budget, sampler seed and output may change)."""
     s = tuning.spec
+    engine = s.engine.model_dump(mode="json", by_alias=True,
+                                 exclude={"startup_timeout", "security_context"})
+    if s.engine.kind == "sim" and s.engine.image is None:
+        # a simulated engine without an image runs the operator's; studies fingerprinted
+        # while the spec filled in this default keep their fingerprint (and so resume)
+        engine["image"] = _FORMER_SIM_IMAGE
     keep = {
-        "engine": s.engine.model_dump(mode="json", by_alias=True,
-                                      exclude={"startup_timeout", "security_context"}),
+        "engine": engine,
         "searchSpace": [p.model_dump(mode="json", by_alias=True) for p in s.search_space or []],
         # (how many Locust processes send the load does not change what is measured)
         "workload": s.workload.model_dump(mode="json", by_alias=True,
@@ -129,10 +137,10 @@ def make_sampler(tuning: ChunkedPrefillTuning, n_objectives: int,
     if s.name == "gp":
         try:
             import torch  # noqa: F401
-        except ImportError:
+        except ImportError as e:
             raise SpecError("the gp sampler needs PyTorch, which is not installed: "
                             "pip install 'chunktune[gp]' (or use tpe)",
-                            field="spec.sampler.name") from None
+                            field="spec.sampler.name") from e
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=max(4, min(
@@ -347,3 +355,13 @@ def point_of(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """The configuration the trial ran (params, plus any the baseline fixed outside the
     space)."""
     return dict(t.user_attrs.get(ATTR_POINT) or t.params)
+
+
+def counted_in(storage: BaseStorage, name: str) -> int:
+    """Counted trials (:data:`~chunktune.core.trials.RESULT_STATES`) of study ``name`` in
+    ``storage`` (0 when there is none)."""
+    try:
+        trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    except KeyError:
+        return 0
+    return sum(1 for t in trials if trial_state(t) in RESULT_STATES)

@@ -105,3 +105,69 @@ def test_measured_rtx4090_kv_block_count():
           f"model (0.21+) {p.num_gpu_blocks}")
     assert blocks_019 == pytest.approx(2588, rel=0.10)
     assert p.num_gpu_blocks < 2588 < blocks_019
+
+
+# ---- FP8 ----------------------------------------------------------------------------------------
+
+
+def test_fp8_checkpoint_stores_its_linear_layers_in_one_byte():
+    """vLLM's Fp8LinearMethod quantizes the linear layers only: the embeddings and the lm_head
+    (2 x 128,256 x 8,192 parameters of Llama-3.1-70B, 3.9 GiB) stay in bf16."""
+    bf16, fp8 = resolve_model("llama-3.1-70b"), resolve_model("llama-3.1-70b-fp8")
+    emb = 2 * 128256 * 8192
+    assert bf16.num_params() == fp8.num_params()
+    assert fp8.weight_bytes() == pytest.approx(bf16.weight_bytes() / 2 + emb, rel=1e-4)
+    assert fp8.weight_bytes(tp=2) == pytest.approx(fp8.weight_bytes() / 2)
+    assert fp8.weight_bytes() / GiB == pytest.approx(67.67, abs=0.01)
+
+
+def test_fp8_llama_70b_on_one_h100_fails_as_vllm_would_and_fits_on_two():
+    """67.7 GiB of FP8 weights leave 1.6 GiB of KV cache at gmu 0.92 on an H100: 5,280 tokens
+    in bf16, nowhere near the 131,072-token context, so vLLM refuses to start; an FP8 KV cache
+    holds 10,576 (2x), enough for --max-model-len 8192. At TP 2 each rank holds half."""
+    with pytest.raises(EngineStartupError) as e:
+        plan("llama-3.1-70b-fp8")
+    assert e.value.reason == "MaxModelLenTooLarge"
+    assert "the estimated maximum model length is 5264" in e.value.message
+    with pytest.raises(EngineStartupError) as e:
+        plan("llama-3.1-70b-fp8", max_model_len=8192)
+    assert e.value.reason == "MaxModelLenTooLarge"
+    one = plan("llama-3.1-70b-fp8", max_model_len=8192, kv_cache_dtype="fp8")
+    assert one.kv_cache_tokens == 10_576
+    two = plan("llama-3.1-70b-fp8", tensor_parallel_size=2)
+    two_fp8 = plan("llama-3.1-70b-fp8", tensor_parallel_size=2, kv_cache_dtype="fp8")
+    assert two.weights / GiB == pytest.approx(33.83, abs=0.01)
+    assert two_fp8.kv_bytes_per_block == two.kv_bytes_per_block / 2
+    assert two_fp8.num_gpu_blocks == 2 * two.num_gpu_blocks
+    # the bf16 checkpoint does not fit at all; quantized online (--quantization fp8) it is
+    # the FP8 checkpoint's size
+    with pytest.raises(EngineStartupError) as e:
+        plan("llama-3.1-70b", tensor_parallel_size=2)
+    assert e.value.reason == "MaxModelLenTooLarge"
+    online = plan("llama-3.1-70b", tensor_parallel_size=2, quantization="fp8")
+    assert (online.weights, online.num_gpu_blocks) == (two.weights, two.num_gpu_blocks)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_fp8_kv_cache_doubles_the_blocks(dtype):
+    """vLLM 0.32's FullAttentionSpec pages are 2 x block x KV heads x head size x the cache
+    dtype's size (uint8 for fp8*): half the bytes per token, twice the blocks in the same KV
+    memory (bar the odd block)."""
+    auto = plan(max_model_len=8192)
+    fp8 = plan(max_model_len=8192, kv_cache_dtype=dtype)
+    assert fp8.kv_cache == auto.kv_cache
+    assert fp8.kv_bytes_per_block == auto.kv_bytes_per_block / 2
+    assert fp8.num_gpu_blocks in (2 * auto.num_gpu_blocks, 2 * auto.num_gpu_blocks + 1)
+
+
+def test_modelopt_checkpoint_quantizes_its_kv_cache_under_auto():
+    """vLLM 0.32 resolves --kv-cache-dtype auto to fp8_e4m3 for a ModelOpt checkpoint whose
+    kv_cache_quant_algo is FP8 (resolve_kv_cache_dtype_string); bfloat16 overrides it."""
+    m = resolve_model("llama-3.1-8b-fp8")
+    cfg = resolve(EngineArgs(max_model_len=8192), m, resolve_gpu("h200"))
+    assert (cfg.kv_cache_dtype, cfg.kv_cache_dtype_bytes, cfg.quantization) == \
+        ("fp8_e4m3", 1.0, "modelopt")
+    bf16 = resolve(EngineArgs(max_model_len=8192, kv_cache_dtype="bfloat16"), m,
+                   resolve_gpu("h200"))
+    assert bf16.kv_cache_dtype_bytes == 2.0
+    assert plan_memory(cfg).num_gpu_blocks > 1.9 * plan_memory(bf16).num_gpu_blocks

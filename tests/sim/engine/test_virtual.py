@@ -47,6 +47,19 @@ def test_closed_loop_keeps_concurrency():
     assert starts[:8] == [0.0] * 8 and starts[8] > 0
 
 
+def test_closed_loop_sends_the_first_wave_at_its_arrivals():
+    """A closed loop's first N specs may carry send times (a client that spreads its first
+    wave); later ones go when a request finishes, whatever their arrival says."""
+    specs = [RequestSpec(i, 0.5 * i if i < 4 else 99.0, 200, 20, 0) for i in range(12)]
+    res = engine().replay(specs, concurrency=4)
+    first = {r.rid: r for r in res.requests}
+    assert [first[i].arrival for i in range(4)] == [0.0, 0.5, 1.0, 1.5]
+    assert all(first[i].first_scheduled >= first[i].arrival for i in range(4))
+    # each later request is sent when one finishes, long before 99 s
+    finishes = sorted(r.finish_time for r in res.requests)
+    assert sorted(first[i].arrival for i in range(4, 12)) == finishes[:8]
+
+
 def test_too_long_requests_are_rejected_like_vllm():
     e = engine()
     specs = [RequestSpec(0, 0.0, 16000, 1000, 0), RequestSpec(1, 0.1, 100, 10, 0)]
@@ -62,21 +75,38 @@ def test_time_limit_stops_the_clock():
     assert 5.0 <= res.end_time < 5.5
 
 
-def test_server_overhead_delays_each_request_by_the_same_amount_at_idle():
-    """The pre-first-token server cost: at idle every TTFT and E2E grows by exactly it."""
+def test_server_cost_delays_each_request_by_its_part_at_idle():
+    """The pre-first-token server cost: at idle every TTFT and E2E grows by exactly its fixed
+    part plus its part per prompt token."""
     from chunktune.core.workload import RequestSpec
-    from chunktune.sim.engine.virtual import API_SERVER_OVERHEAD_S
+    from chunktune.sim.engine.virtual import API_SERVER
 
     eng = build_engine(EngineArgs(max_model_len=8192), resolve_model("llama-3.1-8b"),
                        resolve_gpu("h100-sxm"))
-    specs = [RequestSpec(i, 10.0 * i, 500, 20, 0) for i in range(3)]  # far apart: idle
+    specs = [RequestSpec(i, 10.0 * i, 500 * (i + 1), 20, 0) for i in range(3)]  # idle
     base = eng.replay(specs)
     eng2 = build_engine(EngineArgs(max_model_len=8192), resolve_model("llama-3.1-8b"),
                         resolve_gpu("h100-sxm"))
-    slow = eng2.replay(specs, server_overhead_s=API_SERVER_OVERHEAD_S)
+    slow = eng2.replay(specs, server_overhead_s=API_SERVER.fixed_s,
+                       server_per_token_s=API_SERVER.per_prompt_token_s)
     for a, b in zip(base.requests, slow.requests, strict=True):
+        cost = API_SERVER.before_first_token(a.prompt_len)
+        assert cost == pytest.approx(API_SERVER.fixed_s + 2e-6 * a.prompt_len)
         assert a.arrival == b.arrival
-        assert b.first_token - a.first_token == pytest.approx(API_SERVER_OVERHEAD_S)
-        assert b.finish_time - a.finish_time == pytest.approx(API_SERVER_OVERHEAD_S)
+        assert b.first_token - a.first_token == pytest.approx(cost)
+        assert b.finish_time - a.finish_time == pytest.approx(cost)
+
+
+def test_a_calibration_profile_s_server_overhead_replaces_the_default():
+    """A profile's fitted figure is the engine's own, measured: it replaces the default whole
+    (its per-token part included)."""
+    from chunktune.sim.engine.virtual import API_SERVER, ServerCost, server_cost
+
+    assert server_cost(None) == API_SERVER
+    assert server_cost(0.004) == ServerCost(0.004, 0.0)
+    assert server_cost(0.0) == ServerCost()
+    eng2 = build_engine(EngineArgs(max_model_len=8192), resolve_model("llama-3.1-8b"),
+                        resolve_gpu("h100-sxm"))
+    specs = [RequestSpec(i, 10.0 * i, 500, 20, 0) for i in range(3)]
     closed = eng2.replay(specs, concurrency=1, server_overhead_s=0.05)
     assert all(r.first_token - r.arrival >= 0.05 for r in closed.requests)

@@ -13,11 +13,15 @@ import pytest
 
 from chunktune.api.reader import parse_manifest, validate
 from chunktune.backends.simulated import SimulatedBackend
+from chunktune.core.progress import StopRequest, TrialEvent
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
-from chunktune.tuning.results import collect, format_results
-from chunktune.tuning.runner import TrialEvent, Tuner
-from chunktune.tuning.strategies import twin_first
+from chunktune.tuning.results.model import collect
+from chunktune.tuning.results.text import format_results
+from chunktune.tuning.runner import TrialRunner
+from chunktune.tuning.strategies import twin_first, twin_fit, twin_points, twin_report
+from chunktune.tuning.strategies.twin_state import TwinState
+from chunktune.tuning.tuner import Tuner
 from tests.tuning.conftest import manifest
 
 STRATEGY = {"name": "twin", "calibrationTrials": 3, "simulatedTrials": 25, "simulatedLoads": 1,
@@ -48,7 +52,7 @@ def test_phases_run_in_order_and_the_answer_is_measured(tmp_path: Path) -> None:
     tuner = make_tuner(tmp_path, twin_manifest(), events)
     why = asyncio.run(tuner.run())
     assert why in ("rounds", "converged")
-    phases = [e.reason for e in events if e.kind == "phase"]
+    phases = [e.phase for e in events if e.kind == "phase"]
     assert phases[0] == "calibrate" and "search" in phases and "confirm" in phases
     assert phases[-1] == "done"
     trials = real_trials(tuner)
@@ -76,12 +80,12 @@ def test_phases_run_in_order_and_the_answer_is_measured(tmp_path: Path) -> None:
     assert res.best_trial is not None and res.best_trial.number in {t.number for t in trials}
     text = format_results(res)
     assert "twin: predicted vs measured" in text and "median |error|" in text
-    report = twin_first.twin_report(tuner.study, tuner.objectives, tuner.constraints, 0.25)
+    report = twin_report.twin_report(tuner.study, tuner.objectives, tuner.constraints, 0.25)
     assert report["rounds"] and report["rounds"][0]["fit"]["num_steps"] > 100
     assert report["simulated_trials"] >= 25 and report["real_trials"] == len(trials)
     # a twin of the simulator itself: the calibrated replay stays close to the measurement
     assert report["overall_error"] is not None and report["overall_error"] < 0.25
-    status = tuner.twin.status()
+    status = tuner.strategy.status()
     assert status["phase"] == "done" and status["realTrials"] == len(trials)
     assert set(status["twinError"]) >= {"chat.ttft_p99"}
 
@@ -89,7 +93,8 @@ def test_phases_run_in_order_and_the_answer_is_measured(tmp_path: Path) -> None:
 def test_calibration_profile_is_stored_and_kept_as_a_file(tmp_path: Path) -> None:
     tuner = make_tuner(tmp_path, twin_manifest(refineRounds=0))
     asyncio.run(tuner.run())
-    stored = tuner.study.user_attrs[twin_first.ATTR_ROUND_PROFILE.format(1)]
+    stored = TwinState.read(tuner.study).round(1).profile
+    assert stored is not None
     on_disk = json.loads((tmp_path / "s.journal.twin" / "round-1.profile.json").read_text())
     assert stored["coefficients"] == on_disk["coefficients"]
     assert on_disk["kind"] == "chunktune-calibration" and on_disk["gpu"] == "h100-sxm"
@@ -105,10 +110,10 @@ def test_a_stopped_study_resumes_in_its_phase_and_runs_nothing_twice(tmp_path: P
 
     def on_event(e: TrialEvent) -> None:
         events.append(e)
-        if e.kind == "phase" and e.reason == "search" and "simulated" in (e.message or ""):
+        if e.kind == "phase" and e.phase == "search" and "simulated" in (e.message or ""):
             stop["now"] = True  # the process stops during the first search
 
-    tuner = make_tuner(tmp_path, m, stop=lambda: stop["now"])
+    tuner = make_tuner(tmp_path, m, stop=lambda: StopRequest.CANCEL if stop["now"] else None)
     tuner.on_event = on_event
     assert asyncio.run(tuner.run()) == "stopped"
     first = real_trials(tuner)
@@ -141,22 +146,22 @@ def test_an_untrusted_twin_falls_back_to_real_trials(tmp_path: Path) -> None:
     events: list[TrialEvent] = []
     tuner = make_tuner(tmp_path, twin_manifest(maxTwinError=0.0001, refineRounds=2), events)
     asyncio.run(tuner.run())
-    warnings = [e for e in events if e.kind == "phase" and e.reason == "untrusted"]
+    warnings = [e for e in events if e.kind == "warning" and e.reason == "TwinUntrusted"]
     assert warnings and "maxTwinError" in (warnings[0].message or "")
     phases = [t.user_attrs.get(st.ATTR_PHASE) for t in real_trials(tuner)]
     # the rest of the real budget ran as ordinary trials (no phase of the twin)
     # (a maxTwinError near 0 also confirms only what the twin puts above the measured best)
     assert len(phases) == 8 and 1 <= phases.count("confirm") <= 2
     assert phases.count(None) == 8 - 3 - phases.count("confirm")
-    assert tuner.twin.status()["trusted"] is False
+    assert tuner.strategy.status()["trusted"] is False
     # no more rounds
-    assert tuner.study.user_attrs.get(twin_first.ATTR_ROUND_DONE.format(2)) is None
+    assert TwinState.read(tuner.study).round(2).end is None
 
 
 def test_candidates_skip_measured_points_and_spread_a_pareto_front() -> None:
     from chunktune.api.status import TrialRecord
     from chunktune.tuning.objectives import ObjectiveDef
-    from chunktune.tuning.results import Results
+    from chunktune.tuning.results.model import Results
 
     objs = [ObjectiveDef("a", None, "minimize"), ObjectiveDef("b", None, "minimize")]
 
@@ -166,16 +171,16 @@ def test_candidates_skip_measured_points_and_spread_a_pareto_front() -> None:
 
     trials = [rec(i, float(i), float(10 - i)) for i in range(10)] + [rec(10, 0.0, 0.0, False)]
     res = Results(trials, objs, [], None, 0, list(range(10)))
-    picks = twin_first.candidates(res, measured=[{"x": 0}], m=3)
+    picks = twin_points.candidates(res, measured=[{"x": 0}], m=3)
     assert [p.number for p in picks] == [1, 5, 9]  # spread over the front, measured 0 skipped
     assert all(p.constraints_ok for p in picks)
-    assert twin_first.candidates(res, [], 0) == []
+    assert twin_points.candidates(res, [], 0) == []
 
 
 def test_candidates_measure_each_simulated_behaviour_once() -> None:
     from chunktune.api.status import TrialRecord
     from chunktune.tuning.objectives import ObjectiveDef
-    from chunktune.tuning.results import Results
+    from chunktune.tuning.results.model import Results
 
     def rec(n: int, budget: int, seqs: int, itl: float) -> TrialRecord:
         return TrialRecord(number=n, params={"budget": budget, "seqs": seqs},
@@ -187,23 +192,23 @@ def test_candidates_measure_each_simulated_behaviour_once() -> None:
               rec(3, 2048, 128, 0.0148), rec(4, 1024, 16, 0.0162), rec(5, 1024, 64, 0.0162)]
     res = Results(trials, [ObjectiveDef("itl", None, "minimize")], [], None, 0, [0])
     # 2048/128 was measured (vLLM's defaults): 2048/64 is not worth a real trial
-    picks = twin_first.candidates(res, measured=[{"budget": 2048, "seqs": 128}], m=3)
+    picks = twin_points.candidates(res, measured=[{"budget": 2048, "seqs": 128}], m=3)
     assert [dict(p.params) for p in picks] == [{"budget": 4096, "seqs": 128},
                                                {"budget": 1024, "seqs": 16}]
     # nothing left that behaves differently from what was measured
     measured = [{"budget": b, "seqs": 128} for b in (4096, 2048)] + [{"budget": 1024, "seqs": 16}]
-    assert twin_first.candidates(res, measured, 3) == []
+    assert twin_points.candidates(res, measured, 3) == []
     # with the measured best as incumbent, only what the twin puts within its error of it:
     # 1024 (predicted 16.2 ms against the incumbent's 14.8 ms) is 9.5% worse
     inc = {"budget": 2048, "seqs": 128}
-    picks = twin_first.candidates(res, [inc], 3, incumbent=inc, tolerance=0.05)
+    picks = twin_points.candidates(res, [inc], 3, incumbent=inc, tolerance=0.05)
     assert [dict(p.params) for p in picks] == [{"budget": 4096, "seqs": 128}]
-    picks = twin_first.candidates(res, [inc], 3, incumbent=inc, tolerance=0.10)
+    picks = twin_points.candidates(res, [inc], 3, incumbent=inc, tolerance=0.10)
     assert len(picks) == 2
     # the twin ranks the incumbent best of all, 2048 (14.8 ms) 2.8% behind: not within 2%
     best = {"budget": 4096, "seqs": 128}
     # 14.8 > 14.69
-    assert twin_first.candidates(res, [best], 3, incumbent=best, tolerance=0.02) == []
+    assert twin_points.candidates(res, [best], 3, incumbent=best, tolerance=0.02) == []
 
 
 @pytest.mark.parametrize(("strategy", "budget", "engine", "path", "words"), [
@@ -297,10 +302,10 @@ def test_the_round_that_spends_the_budget_is_still_judged(tmp_path: Path) -> Non
     m["spec"]["budget"] = {"maxTrials": 5}
     tuner = make_tuner(tmp_path, m, events)
     assert asyncio.run(tuner.run()) == "budget"
-    done = tuner.study.user_attrs[twin_first.ATTR_ROUND_DONE.format(1)]
-    assert done["error"] is not None and done["simulated"] > 0
-    assert any(e.kind == "phase" and e.reason == "untrusted" for e in events)
-    assert tuner.twin.status()["phase"] == "done"
+    done = TwinState.read(tuner.study).round(1).end
+    assert done is not None and done.error is not None and done.simulated > 0
+    assert any(e.kind == "warning" and e.reason == "TwinUntrusted" for e in events)
+    assert tuner.strategy.status()["phase"] == "done"
     assert len(real_trials(tuner)) == 5
 
 
@@ -335,12 +340,12 @@ def test_measurements_the_host_set_are_flagged_and_not_the_twins_error(tmp_path:
         met = t.user_attrs[st.ATTR_METRICS]
         assert 0 < met["engine_itl_p99"] <= 1.1 * met["itl_p99"]
     # the confirmations' ITL is 6x what their steps gave: flagged, listed, not counted
-    report = twin_first.twin_report(tuner.study, tuner.objectives, tuner.constraints, 0.25)
+    report = twin_report.twin_report(tuner.study, tuner.objectives, tuner.constraints, 0.25)
     assert all("outside_engine" in row for row in report["confirmed"])
     assert "chat.itl_p99" not in report["twin_error"]
     # ... so the twin is not judged on the host's noise (with them counted its ITL error would
     # be ~83% and the study would fall back to real trials)
-    assert not [e for e in events if e.kind == "phase" and e.reason == "untrusted"]
+    assert not [e for e in events if e.kind == "warning" and e.reason == "TwinUntrusted"]
     text = format_results(collect(tuner.study, tuner.objectives, tuner.constraints))
     assert "(host)" in text and "noisy:" in text and "engine_itl_p99" in text
 
@@ -351,14 +356,14 @@ def test_the_search_scores_each_configuration_over_draws_of_the_workload(
     workload and scores their mean (on the CPU example's load, one draw put vLLM's defaults
     and 4096/0 at 19.4 and 19.3 ms of chat ITL p99; ten draws at 55.7 and 26.8 ms, the order
     the real engine measures)."""
-    searches: list[Tuner] = []
-    real_search_tuner = twin_first.TwinDriver.search_tuner
+    searches: list[TrialRunner] = []
+    real_search_tuner = twin_first.TwinFirst.search_tuner
 
-    def keep(self: twin_first.TwinDriver, r: int, profile: Any) -> Tuner:
+    def keep(self: twin_first.TwinFirst, r: int, profile: Any) -> TrialRunner:
         searches.append(real_search_tuner(self, r, profile))
         return searches[-1]
 
-    monkeypatch.setattr(twin_first.TwinDriver, "search_tuner", keep)
+    monkeypatch.setattr(twin_first.TwinFirst, "search_tuner", keep)
     tuner = make_tuner(tmp_path, twin_manifest(refineRounds=0, simulatedLoads=3))
     asyncio.run(tuner.run())
     assert searches and all(s.backend.loads == 3 for s in searches)
@@ -410,12 +415,12 @@ def test_a_constraint_far_inside_its_bound_does_not_distrust_the_twin(tmp_path: 
                   str(tmp_path / "s.journal"), on_event=events.append)
     asyncio.run(tuner.run())
     assert [t for t in real_trials(tuner) if t.user_attrs.get(st.ATTR_PHASE) == "confirm"]
-    status = tuner.twin.status()
+    status = tuner.strategy.status()
     assert status["twinError"]["e2e_p99"] == pytest.approx(0.5, abs=0.05)  # shown as measured
     assert status["goalError"]["e2e_p99"] < 0.05  # a few seconds of a 600 s bound
     assert status["trusted"] is True
-    assert not [e for e in events if e.kind == "phase" and e.reason == "untrusted"]
-    report = twin_first.twin_report(tuner.study, tuner.objectives, tuner.constraints, 0.25)
+    assert not [e for e in events if e.kind == "warning" and e.reason == "TwinUntrusted"]
+    report = twin_report.twin_report(tuner.study, tuner.objectives, tuner.constraints, 0.25)
     assert report["goal_error"] == status["goalError"]
     assert report["overall_error"] == max(status["goalError"].values())
 
@@ -437,14 +442,14 @@ def test_latency_terms_recover_a_known_server(tmp_path: Path) -> None:
     for i, pt in enumerate(points):
         res = backend.run_sync(dataclasses.replace(plan0, number=i, name=f"r{i}", params=pt))
         assert res.steps_file
-        runs.append(twin_first.MeasuredRun(i, pt, dict(res.metrics), res.steps_file))
+        runs.append(twin_fit.MeasuredRun(i, pt, dict(res.metrics), res.steps_file))
 
     def simulate(point: dict[str, Any], prof: Any) -> dict[str, float]:
-        tgt = twin_first.twin_target(tuner.target, prof.to_dict())
+        tgt = twin_fit.twin_target(tuner.target, prof.to_dict())
         out = SimulatedBackend().run_sync(dataclasses.replace(plan0, params=point, target=tgt))
         return dict(out.metrics)
 
-    fitted = twin_first.fit_profile(tuner.target, runs, simulate)
+    fitted = twin_fit.fit_profile(tuner.target, runs, simulate)
     base = dataclasses.replace(fitted, step_gap_s=0.0, server_overhead_s=None,
                                delivery_stall_prob=0.0, delivery_stall_s=0.0, extra={})
     truth = dataclasses.replace(base, step_gap_s=0.0005, server_overhead_s=0.05,
@@ -460,7 +465,7 @@ def test_latency_terms_recover_a_known_server(tmp_path: Path) -> None:
     burst = dataclasses.replace(measured[0], number=9, metrics={
         **measured[0].metrics, "itl_p50": 0.0,
         "ttft_p50": measured[0].metrics["ttft_p50"] + 0.1})
-    got = twin_first.fit_latency_terms(base, [*measured, burst, burst, burst], simulate)
+    got = twin_fit.fit_latency_terms(base, [*measured, burst, burst, burst], simulate)
     assert got.step_gap_s == 0.0005
     assert got.server_overhead_s == pytest.approx(0.05, abs=0.002)
     assert (got.delivery_stall_prob, got.delivery_stall_s) == (0.02, 0.004)
@@ -469,4 +474,4 @@ def test_latency_terms_recover_a_known_server(tmp_path: Path) -> None:
     # a server without stalls is fitted without them
     plain = dataclasses.replace(truth, delivery_stall_prob=0.0, delivery_stall_s=0.0)
     measured = [dataclasses.replace(r, metrics=simulate(r.point, plain)) for r in runs]
-    assert twin_first.fit_latency_terms(base, measured, simulate).delivery_stall_prob == 0.0
+    assert twin_fit.fit_latency_terms(base, measured, simulate).delivery_stall_prob == 0.0

@@ -19,6 +19,9 @@ from chunktune.core.workload import RequestSpec
 from chunktune.sim.cost.kernel_data import EngineRun
 from chunktune.sim.engine.virtual import build_engine
 
+#: The vLLM LLMServingSim's runs used (their meta.json): its start-up memory accounting.
+LLMSS_VERSION = (0, 19, 0)
+
 
 @dataclass(frozen=True)
 class LatencyComparison:
@@ -53,7 +56,7 @@ def simulate_run(run: EngineRun, pre_first_token_s: float = 0.0) -> dict[str, np
                       max_model_len=run.max_model_len or 32768,
                       gpu_memory_utilization=0.9, tensor_parallel_size=run.tp,
                       num_gpu_blocks_override=run.kv_blocks)
-    eng = build_engine(args, resolve_model(run.model), resolve_gpu(run.gpu))
+    eng = build_engine(args, resolve_model(run.model), resolve_gpu(run.gpu), LLMSS_VERSION)
     specs = [RequestSpec(i, a, p, o, 0) for i, (a, p, o, _, _) in enumerate(run.requests)]
     res = eng.replay(specs, record_steps=False)
     done = [r for r in res.requests if r.finish_time >= 0 and r.first_token >= 0]

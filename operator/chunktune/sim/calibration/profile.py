@@ -200,14 +200,14 @@ def load_logs(paths: list[str], model: ModelConfig, declared: str) -> list[StepL
         path = Path(p)
         try:
             text = path.read_text(errors="replace")
-        except FileNotFoundError:
-            raise SpecError(f"{p} does not exist", field="--log") from None
+        except FileNotFoundError as e:
+            raise SpecError(f"{p} does not exist", field="--log") from e
         except OSError as e:
-            raise SpecError(f"{p} cannot be read: {e}", field="--log") from None
+            raise SpecError(f"{p} cannot be read: {e}", field="--log") from e
         try:
             records, meta = read_step_log(path)
         except ValueError as e:
-            raise SpecError(f"{p} is not a steps file: {e}", field="--log") from None
+            raise SpecError(f"{p} is not a steps file: {e}", field="--log") from e
         log = check_steps(records, meta, bool(text.strip()), p)
         check_model(meta.model, model, declared, p)
         check_token_sizes(log, model, p)
@@ -299,18 +299,18 @@ def parse_profile(d: Any, source: str, field_path: str = "--calibration") -> Cal
     try:
         return CalibrationProfile(**{k: v for k, v in d.items() if k in known})
     except TypeError as e:
-        raise bad(str(e)) from None
+        raise bad(str(e)) from e
 
 
 def read_profile(path: str | Path, field_path: str = "--calibration") -> CalibrationProfile:
     p = Path(path)
     try:
         d = json.loads(p.read_text())
-    except FileNotFoundError:
+    except FileNotFoundError as e:
         raise SpecError(f"calibration profile {str(p)!r} does not exist",
-                        field=field_path) from None
+                        field=field_path) from e
     except json.JSONDecodeError as e:
-        raise SpecError(f"{p}: not valid JSON: {e}", field=field_path) from None
+        raise SpecError(f"{p}: not valid JSON: {e}", field=field_path) from e
     return parse_profile(d, str(p), field_path)
 
 

@@ -124,6 +124,7 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     F = gpu.bf16_tflops * 1e12 * c.gemm_compute_eff
     B = gpu.hbm_tb_s * 1e12
     b = model.dtype_bytes
+    wb = model.weight_dtype_bytes  # 1 for FP8 linear layers; activations stay at b
     p = c.gemm_smoothness
 
     def gemm(m: np.ndarray, k: float, n: float, weight_bytes: float | np.ndarray) -> np.ndarray:
@@ -132,7 +133,7 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
         return c.gemm_overhead_s + (comp**p + mem**p) ** (1.0 / p)
 
     # a mixture-of-experts layer has only the attention's two: zip stops there
-    out = {name: gemm(T, k, n, k * n * b) for name, (k, n)
+    out = {name: gemm(T, k, n, k * n * wb) for name, (k, n)
            in zip(("qkv", "o", "up", "down"), layer_gemms(model, tp), strict=False)}
     h = model.hidden_size
     q = model.q_dim / tp
@@ -145,13 +146,13 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
         mats = 3 if model.gated_mlp else 2
         active = e * (1.0 - (1.0 - k_top / e) ** np.maximum(T, 0))
         tok = T * k_top
-        w = active * mats * h * i * b
+        w = active * mats * h * i * wb
         comp = 2.0 * tok * mats * h * i / F
         mem = (w + tok * (2 * h + mats * i) * b) / (B * c.gemm_memory_eff)
         ex = 3 * c.gemm_overhead_s + (comp**p + mem**p) ** (1.0 / p)
         if model.num_shared_experts:
             si = model.num_shared_experts * model.moe_intermediate_size / tp
-            ex = ex + gemm(T, h, 2 * si, h * 2 * si * b) + gemm(T, si, h, si * h * b)
+            ex = ex + gemm(T, h, 2 * si, h * 2 * si * wb) + gemm(T, si, h, si * h * wb)
         out["experts"] = ex + gemm(T, h, e, h * e * b)  # router
         inter = model.moe_intermediate_size * k_top / tp
     else:
@@ -195,9 +196,12 @@ class AttentionShape:
     dtype_bytes: float
 
     @classmethod
-    def of(cls, model: ModelConfig, tp: int) -> AttentionShape:
+    def of(cls, model: ModelConfig, tp: int,
+           kv_dtype_bytes: float | None = None) -> AttentionShape:
+        """``kv_dtype_bytes``: bytes per cached K or V element (None: the model's dtype)."""
         kv_heads = max(1, math.ceil(model.num_key_value_heads / tp))
-        return cls(model.num_attention_heads / tp, kv_heads, model.head_dim, model.dtype_bytes)
+        return cls(model.num_attention_heads / tp, kv_heads, model.head_dim,
+                   model.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes)
 
 
 def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
@@ -382,7 +386,8 @@ class StepCostModel:
     """Predicts step times for one (model, GPU, TP, budget) engine."""
 
     def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
-                 enforce_eager: bool = False, interconnect: Interconnect | None = None) -> None:
+                 enforce_eager: bool = False, interconnect: Interconnect | None = None,
+                 kv_dtype_bytes: float | None = None) -> None:
         if gpu.l2_mib <= 0 or gpu.boost_mhz <= 0:
             raise ValueError(f"GPU {gpu.name!r}: l2_mib and boost_mhz must be positive (the data "
                              "sheet's L2 size in MiB and SM boost clock in MHz; the attention "
@@ -398,7 +403,7 @@ class StepCostModel:
         self._linear: list[float] = lin.tolist()
         b = model.dtype_bytes
         self._B = gpu.hbm_tb_s * 1e12 * c.gemm_memory_eff
-        self._attn_shape = AttentionShape.of(model, tp)
+        self._attn_shape = AttentionShape.of(model, tp, kv_dtype_bytes)
         self._layers = layers
         # lm_head: [rows x hidden] x [hidden x vocab/tp], then fp32 logits through the sampler
         v = model.vocab_size / tp

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from chunktune.core.engine_args import EngineStartupError, ResolvedConfig
+from chunktune.core.vllm import cudagraphs_profiled
 
 GiB = float(2**30)
 
@@ -132,8 +133,9 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
         _torch_oom(act, total, free, weights + non_torch)
     if cfg.kv_cache_memory_bytes is not None:
         kv = float(cfg.kv_cache_memory_bytes)
-    else:
-        kv = requested - weights - act - non_torch - graphs
+    else:  # before v0.21 the graphs were captured after the KV cache, outside this budget
+        kv = requested - weights - act - non_torch \
+            - (graphs if cudagraphs_profiled(cfg.vllm_version) else 0.0)
     kv_per_token = cfg.model.kv_bytes_per_token(tp, cfg.kv_cache_dtype_bytes)
     per_block = kv_per_token * cfg.block_size
     blocks = int(kv // per_block) if kv > 0 else 0

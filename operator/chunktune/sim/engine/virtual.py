@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig
+from chunktune.core.vllm import Version
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.cost.step_time import StepCostModel
 from chunktune.sim.engine.memory import MemoryPlan, plan_memory
@@ -25,14 +26,35 @@ from chunktune.sim.engine.request import REJECTED, Request
 from chunktune.sim.engine.scheduler import Scheduler, StepPlan
 from chunktune.sim.engine.step_trace import StepCounts, iteration_counts
 
-#: The server-side time before a request reaches the engine's scheduler that a served vLLM pays
-#: and an offline engine does not: HTTP parsing, chat template and tokenization in the API
-#: process, the hand-off to the engine core, and the streaming of the first chunk back. Not
-#: measurable from the step-time data (LLMServingSim's runs are offline, engine-side
-#: timestamps); taken from the issue's comparison with real vLLM V1 servers on H100, where the
-#: simulator's TTFT at idle was 10-20 ms low: the midpoint. Applied by ``chunktune sim run`` and
-#: the simulated backend; ``chunktune sim serve`` pays the real HTTP cost instead.
-API_SERVER_OVERHEAD_S = 0.015
+
+@dataclass(frozen=True)
+class ServerCost:
+    """The time a served vLLM spends on a request outside the engine's steps before its first
+    token, which an offline engine does not: a fixed part (HTTP parsing, the hand-off to the
+    engine core, the first chunk detokenized and streamed back) and a part per prompt token
+    (chat template and tokenization in the API process). Waiting for the step in flight and
+    being scheduled are the engine's own (simulated). Applied by ``chunktune sim run`` and
+    the simulated backend; ``chunktune sim serve`` pays the real HTTP cost instead."""
+
+    fixed_s: float = 0.0
+    per_prompt_token_s: float = 0.0
+
+    def before_first_token(self, prompt_tokens: int) -> float:
+        return self.fixed_s + self.per_prompt_token_s * prompt_tokens
+
+
+#: A served vLLM's cost before the first token (docs/simulator.md, "Before the first token"):
+#: the fixed part fitted on AIConfigurator's light-load vLLM runs
+#: (:func:`chunktune.sim.calibration.e2e.first_token_residuals`), tokenization at an assumed
+#: 2 us per prompt token (the end-to-end runs cannot separate it from the prefill).
+API_SERVER = ServerCost(fixed_s=0.0115, per_prompt_token_s=2e-6)
+
+
+def server_cost(profile_overhead_s: float | None) -> ServerCost:
+    """The cost before the first token a replay adds: a calibration profile's fitted figure
+    (``server_overhead_s``, the engine's own, measured) where it has one, else
+    :data:`API_SERVER`."""
+    return API_SERVER if profile_overhead_s is None else ServerCost(profile_overhead_s)
 
 
 @dataclass
@@ -75,7 +97,8 @@ class Engine:
         self.memory = memory
         self.cost = StepCostModel(cfg.model, cfg.gpu, cfg.tensor_parallel_size,
                                   max_tokens=cfg.max_num_batched_tokens,
-                                  enforce_eager=cfg.enforce_eager)
+                                  enforce_eager=cfg.enforce_eager,
+                                  kv_dtype_bytes=cfg.kv_cache_dtype_bytes)
         self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
 
     def kv_tokens_in_use(self) -> int:
@@ -114,15 +137,18 @@ class Engine:
                on_tick: Callable[[float, list[Request]], bool] | None = None,
                stop_arrivals: float | None = None,
                server_overhead_s: float = 0.0,
-               log_iterations: bool = False) -> ReplayResult:
+               log_iterations: bool = False,
+               server_per_token_s: float = 0.0) -> ReplayResult:
         """Run ``specs`` to completion (or until ``time_limit`` of virtual time).
 
         Open loop: each spec arrives at its ``arrival``. Closed loop (``concurrency``): the
-        first N start at 0 and each finish lets the next one in at that instant, until
-        ``stop_arrivals``. ``on_tick(now, requests)`` is called every ``tick`` seconds of
-        virtual time; returning True stops the replay there (pruning).
-        ``server_overhead_s``: each request reaches the scheduler this long after it arrives
-        (see :data:`API_SERVER_OVERHEAD_S`); its latencies still count from its arrival.
+        first N start at their ``arrival`` (0 when None: all at once) and each finish lets the
+        next one in at that instant, until ``stop_arrivals``. ``on_tick(now, requests)`` is
+        called every ``tick`` seconds of virtual time; returning True stops the replay there
+        (pruning).
+        ``server_overhead_s`` (+ ``server_per_token_s`` x its prompt tokens): each request
+        reaches the scheduler this long after it arrives (see :class:`ServerCost`); its
+        latencies still count from its arrival.
         ``log_iterations``: also record each step's counts as vLLM's iteration log gives them
         (:func:`chunktune.sim.engine.step_trace.iteration_counts`; read before the step is
         applied).
@@ -140,6 +166,7 @@ class Engine:
 
         deferred: list[tuple[float, int, Request]] = []  # (reaches the scheduler, rid, req)
         delay = server_overhead_s
+        per_token = server_per_token_s
 
         def admit(spec: RequestSpec, t: float) -> bool:
             r = Request(spec.rid, t, spec.prompt_tokens, spec.output_tokens, spec.cls)
@@ -150,15 +177,16 @@ class Engine:
                 r.finish_time = t
                 rejected.append((r, err))
                 return False
-            if delay > 0:
-                heapq.heappush(deferred, (t + delay, spec.rid, r))
+            if delay > 0 or per_token > 0 or t > now:
+                heapq.heappush(deferred, (t + delay + per_token * spec.prompt_tokens,
+                                          spec.rid, r))
             else:
                 sched.add_request(r)
             return True
 
         if closed:
             while idx < n_specs and in_flight < concurrency:  # type: ignore[operator]
-                if admit(specs[idx], 0.0):
+                if admit(specs[idx], specs[idx].arrival or 0.0):
                     in_flight += 1
                 idx += 1
 
@@ -224,9 +252,11 @@ class Engine:
         return ReplayResult(reqs, steps, now, sched.num_preemptions, pool.peak_used, rejected)
 
 
-def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU) -> Engine:
-    """Resolve, profile memory and start the engine; raises EngineStartupError on failure and
-    SpecError for a setting the simulator does not model."""
+def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU,
+                 version: Version | None = None) -> Engine:
+    """Resolve, profile memory and start the engine (with vLLM ``version``'s start-up
+    defaults; None: the current); raises EngineStartupError on failure and SpecError for a
+    setting the simulator does not model."""
     args.check_simulated()
-    cfg = resolve(args, model, gpu)
+    cfg = resolve(args, model, gpu, version)
     return Engine(cfg, plan_memory(cfg))

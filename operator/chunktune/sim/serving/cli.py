@@ -43,6 +43,7 @@ from chunktune import __version__
 from chunktune.core.engine_args import EngineStartupError, resolve
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS
+from chunktune.core.vllm import parse_version
 from chunktune.sim.args import add_engine_args, engine_args_from, model_and_gpu, split_unknown
 from chunktune.sim.calibration import profile as profiles
 from chunktune.sim.engine.memory import GiB
@@ -87,6 +88,10 @@ def register(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="a calibration profile from `chunktune calibrate`: steps cost what the "
                         "profiled engine's steps cost (its server overhead is not added: this "
                         "server pays its own HTTP costs)")
+    s.add_argument("--vllm-version", metavar="VERSION",
+                   help="the vLLM whose start-up defaults apply (batch budget and sequences, "
+                        "--gpu-memory-utilization, CUDA-graph memory), e.g. 0.12.0 "
+                        "(default: the current, 0.32)")
     s.add_argument("--load-time", type=float, default=DEFAULT_LOAD_TIME_S, metavar="SECONDS",
                    help=f"simulated model-load delay before the port opens "
                         f"(default {DEFAULT_LOAD_TIME_S:g}; 0 allowed)")
@@ -182,7 +187,9 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
     if ns.load_time:
         time.sleep(ns.load_time)
     try:
-        engine = build_engine(args, model, gpu)
+        version = (parse_version(ns.vllm_version, "--vllm-version") if ns.vllm_version
+                   else None)
+        engine = build_engine(args, model, gpu, version)
         if calib is not None:
             profiles.apply(engine, calib)
     except EngineStartupError as e:
@@ -193,6 +200,9 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         return 2
     log(f"Model loading took {engine.memory.weights / GiB:.4f} GiB and "
         f"{time.monotonic() - t0:.6f} seconds", where="gpu_model_runner.py")
+    if engine.cfg.enable_chunked_prefill:  # vLLM's SchedulerConfig line, with the budget
+        log(f"Chunked prefill is enabled with max_num_batched_tokens="
+            f"{engine.cfg.max_num_batched_tokens}.", where="scheduler.py")
     for w in engine.cfg.warnings:
         log(w, level="WARNING", where="scheduler.py")
     for line in engine.memory.log_lines():

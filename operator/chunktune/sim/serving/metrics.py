@@ -273,8 +273,7 @@ class VllmMetrics:
         cache_info = {
             "_block_size_resolved": "True",
             "block_size": str(cfg.block_size),
-            "cache_dtype": "auto" if cfg.kv_cache_dtype_bytes == cfg.model.dtype_bytes
-            else "fp8",
+            "cache_dtype": cfg.kv_cache_dtype,
             "cache_hit_alignment_tokens": "None",
             "effective_attention_block_size": str(cfg.block_size),
             "enable_mamba_shared_prefix_checkpoint": "False",

@@ -48,6 +48,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from chunktune.core.errors import ChunktuneError
 from chunktune.sim.serving.tokenizer import HFTokenizer, WordCounter
 
 #: vLLM's ``CompletionRequest.max_tokens`` default.
@@ -77,7 +78,7 @@ class ServerConfig:
     seed: int = 0
 
 
-class ApiError(Exception):
+class ApiError(ChunktuneError):
     """An error response in vLLM's shape (:meth:`body`, with HTTP ``status``)."""
 
     def __init__(self, message: str, *, status: int = 400, err_type: str = "BadRequestError",
@@ -185,9 +186,10 @@ class Sampling:
     """The sampling parameters vLLM validates (``None``: not given, vLLM's default applies).
 
     The simulator generates filler tokens, so none of them changes its output; they are
-    validated so that a request vLLM refuses is refused here too. ``best_of`` is not among
-    them: vLLM 0.32's completions and chat requests have no such field (it went with the V0
-    engine), so like any unknown field it is accepted and ignored, one sequence is generated.
+    validated so that a request vLLM refuses is refused here too. ``best_of`` is not among them:
+    the supported vLLM's (:data:`~chunktune.core.vllm.VLLM_VERSION`) completions and chat requests
+    have no such field (it went with the V0 engine), so like any unknown field it is accepted and
+    ignored, one sequence is generated.
     """
 
     presence_penalty: float | None = None
@@ -348,9 +350,9 @@ def parse_body(raw: bytes, fast_ids: bool = False) -> dict[str, Any]:
         msg = getattr(e, "msg", str(e))
         raise validation_error([{"type": "json_invalid", "loc": ("body", pos),
                                  "msg": "JSON decode error", "input": {},
-                                 "ctx": {"error": msg}}]) from None
+                                 "ctx": {"error": msg}}]) from e
     except RecursionError:  # nested deeper than the interpreter's stack
-        raise _too_deep() from None
+        raise _too_deep() from None  # (its traceback is the parser's thousand frames)
     # Fewer brackets than the limit cannot nest past it (the count is C-fast; the walk not).
     if (raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
             and json_depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH):

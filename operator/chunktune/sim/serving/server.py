@@ -208,18 +208,18 @@ async def _json_body(request: web.Request, fast_ids: bool = False) -> dict[str, 
     try:
         async with asyncio.timeout(limits.room_timeout):
             held = await budget.acquire(need)
-    except TimeoutError:
+    except TimeoutError as e:
         raise ApiError(f"the server is reading too many request bodies at once; no room for "
                        f"this one within {limits.room_timeout:g} s, retry later", status=503,
-                       err_type="ServiceUnavailableError") from None
+                       err_type="ServiceUnavailableError") from e
     try:
         try:
             async with asyncio.timeout(limits.body_timeout):
                 raw = await _read_body(request, limits)
-        except TimeoutError:
+        except TimeoutError as e:
             raise ApiError(f"the request body was not received within "
                            f"{limits.body_timeout:g} s", status=408,
-                           err_type="RequestTimeout") from None
+                           err_type="RequestTimeout") from e
         return proto.parse_body(raw, fast_ids)
     finally:
         budget.release(held)

@@ -111,12 +111,12 @@ class HFTokenizer:
             try:
                 config = json.loads(cfg_file.read_text())
             except json.JSONDecodeError as e:
-                raise SpecError(f"{str(cfg_file)!r} is not valid JSON: {e}", field=field) from None
+                raise SpecError(f"{str(cfg_file)!r} is not valid JSON: {e}", field=field) from e
         try:
             return cls(file, config)
         except Exception as e:  # tokenizers raises a plain Exception for a broken file
             raise SpecError(f"{str(file)!r} is not a tokenizer.json the tokenizers library "
-                            f"reads: {e}", field=field) from None
+                            f"reads: {e}", field=field) from e
 
     def describe(self) -> str:
         chat = "its chat template" if self.chat_template else "no chat template (chat messages " \

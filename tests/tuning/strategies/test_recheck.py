@@ -1,6 +1,6 @@
-"""A twin-first study's ``recheck``: the best measured configurations measured once more
-before the answer, and the answer taken from the mean of each configuration's measurements
-(:func:`chunktune.tuning.results.merge`)."""
+"""The ``recheck`` every strategy ends with (:class:`chunktune.tuning.strategies.base.Strategy`):
+the best measured configurations measured once more before the answer, and the answer taken from
+the mean of each configuration's measurements (:func:`chunktune.tuning.results.merge.merge`)."""
 
 from __future__ import annotations
 
@@ -15,18 +15,14 @@ import pytest
 
 from chunktune.api.reader import validate
 from chunktune.api.status import render_status
+from chunktune.core.progress import TrialEvent
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
-from chunktune.tuning.results import (
-    collect,
-    engine_estimate,
-    format_results,
-    recheck_order,
-    summary,
-    to_json,
-)
-from chunktune.tuning.runner import TrialEvent
+from chunktune.tuning.results.files import to_json
+from chunktune.tuning.results.model import collect, recheck_order, summary
+from chunktune.tuning.results.noise import engine_estimate
+from chunktune.tuning.results.text import format_results
 from tests.tuning.strategies.test_twin_first import make_tuner, real_trials, twin_manifest
 from tests.tuning.strategies.test_twin_first_resume import stopped_at
 
@@ -131,9 +127,9 @@ def test_recheck_measures_the_best_again_within_the_real_budget(tmp_path: Path) 
     assert best is not None and len(best.repeats) >= 2
     assert best.repeats[-1] in {t.number for t in rechecked}
     assert len({t.number for t in rechecked} & set(best.repeats)) == 1
-    shown = [e.reason for e in events if e.kind == "phase"]
+    shown = [e.phase for e in events if e.kind == "phase"]
     assert shown[-2:] == ["recheck", "done"]
-    assert tuner.twin.status()["phase"] == "done"
+    assert tuner.strategy.status()["phase"] == "done"
     stored = tuner.study.user_attrs[st.ATTR_RECHECK]
     assert stored["points"] == [st.point_of(t) for t in rechecked] and stored["after"] == why
 
@@ -152,9 +148,9 @@ def test_a_study_stopped_in_recheck_resumes_there_and_queues_nothing_again(
     stopped_at(tmp_path, m, "recheck")
     events: list[TrialEvent] = []
     again = make_tuner(tmp_path, m, events)
-    assert again.twin.status()["phase"] == "recheck"  # before run(), from storage
+    assert again.strategy.status()["phase"] == "recheck"  # before run(), from storage
     asyncio.run(again.run())
-    assert [e.reason for e in events if e.kind == "phase"] == ["recheck", "done"]
+    assert [e.phase for e in events if e.kind == "phase"] == ["recheck", "done"]
     trials = real_trials(again)
     assert [t.user_attrs.get(st.ATTR_PHASE) for t in trials].count("recheck") == 2
     assert len(trials) <= 8
@@ -164,7 +160,7 @@ def test_a_study_stopped_in_recheck_resumes_there_and_queues_nothing_again(
     # and a third process finds it done, running nothing
     events3: list[TrialEvent] = []
     third = make_tuner(tmp_path, m, events3)
-    assert third.twin.status()["phase"] == "done"
+    assert third.strategy.status()["phase"] == "done"
     asyncio.run(third.run())
     assert not [e for e in events3 if e.kind == "started"]
 
@@ -277,9 +273,9 @@ def test_recheck_ranks_a_configuration_measured_only_noisily_by_its_engines_figu
     res = collect(study, [ITL], [])
     order = recheck_order(res)
     assert [c.params["max-num-batched-tokens"] for c in order] == [4096, 2048, 1024]
-    est = engine_estimate(res, [res.trial(2)], KEY)
+    est = engine_estimate(res.trials, [res.trial(2)], KEY)
     assert est == pytest.approx(0.0109 * statistics.median([0.0184 / 0.0159, 0.0320 / 0.0301]))
-    assert engine_estimate(res, [res.trial(2)], "chat.ttft_p99") is None  # not an ITL p99
+    assert engine_estimate(res.trials, [res.trial(2)], "chat.ttft_p99") is None  # not an ITL p99
 
 
 def test_recheck_falls_back_on_the_twins_prediction_without_a_clean_ratio() -> None:
@@ -301,7 +297,8 @@ def test_a_p99_on_a_cliff_is_the_configurations_own_and_stays_in_the_mean() -> N
     cliff), so 51.9 ms is the engine's and the measurement stays. 4096/0/16 (18.8, 18.1 ms)
     then wins; left out, the defaults' 17.8 ms alone won."""
     from chunktune.api.status import TrialRecord
-    from chunktune.tuning.results import Results, merge
+    from chunktune.tuning.results.merge import merge
+    from chunktune.tuning.results.model import Results
 
     def rec(n: int, budget: int, chat: float, client: float, engine: float,
             band: tuple[float, float]) -> TrialRecord:

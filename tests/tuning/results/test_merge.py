@@ -1,5 +1,5 @@
 """Configurations that differ only in limits no run reached behave the same: their runs are
-measurements of one behaviour (:func:`chunktune.tuning.results.merge`), and the results say
+measurements of one behaviour (:func:`chunktune.tuning.results.merge.merge`), and the results say
 which searched limits never mattered."""
 
 from __future__ import annotations
@@ -16,14 +16,10 @@ from chunktune.core.steps import StepRecord, StepSummary
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ObjectiveDef
-from chunktune.tuning.results import (
-    collect,
-    collect_trials,
-    format_results,
-    recheck_order,
-    to_json,
-)
-from chunktune.tuning.runner import Tuner
+from chunktune.tuning.results.files import to_json
+from chunktune.tuning.results.model import collect, collect_trials, recheck_order
+from chunktune.tuning.results.text import format_results
+from chunktune.tuning.tuner import Tuner
 from tests.tuning.conftest import manifest
 
 ITL = ObjectiveDef("itl_p99", "chat", "minimize")

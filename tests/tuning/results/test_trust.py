@@ -1,6 +1,6 @@
 """The trust check of a twin-first study (``maxTwinError``): an objective is judged by the
 twin's relative error, a constraint metric by how far the twin misses against its bound
-(:func:`chunktune.tuning.results.trust_errors`)."""
+(:func:`chunktune.tuning.results.trust.trust_errors`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 from chunktune.api.status import TrialRecord
 from chunktune.core.trials import TrialState
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
-from chunktune.tuning.results import collect_trials, format_results, trust_errors
+from chunktune.tuning.results.model import collect_trials
+from chunktune.tuning.results.text import format_results
+from chunktune.tuning.results.trust import trust_errors
 
 ITL = ObjectiveDef("itl_p99", "chat", "minimize")
 TTFT = ConstraintDef("ttft_p99", "chat", 3.0, None)  # chat.ttft_p99 <= 3s

@@ -1,11 +1,12 @@
-"""Rendering a study's results (chunktune.tuning.results)."""
+"""Rendering a study's results as text (chunktune.tuning.results.text)."""
 
 from __future__ import annotations
 
 from chunktune.api.status import TrialRecord
 from chunktune.core.trials import TrialState
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
-from chunktune.tuning.results import Results, format_results
+from chunktune.tuning.results.model import Results
+from chunktune.tuning.results.text import format_results
 
 
 def test_twin_rows_show_no_relative_error_where_the_measurement_is_zero() -> None:

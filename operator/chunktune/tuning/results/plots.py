@@ -1,9 +1,9 @@
 """Plots of a study: optimization history, parameter importances and the Pareto front, each as
 an interactive HTML page (plotly) and a PNG (matplotlib, no browser needed).
 
-Drawn from :class:`~chunktune.tuning.results.Results` rather than Optuna's stock plots, because
-infeasible trials carry placeholder objective values that must not be drawn as measurements:
-here they appear as markers on the axis, labelled with their reason.
+Drawn from :class:`~chunktune.tuning.results.model.Results` rather than Optuna's stock plots,
+because infeasible trials carry placeholder objective values that must not be drawn as
+measurements: here they appear as markers on the axis, labelled with their reason.
 """
 
 from __future__ import annotations
@@ -11,16 +11,13 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import optuna
 
+from chunktune.api.status import TrialRecord
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
-
-if TYPE_CHECKING:
-    from chunktune.api.status import TrialRecord
-    from chunktune.tuning.results import Results
+from chunktune.tuning.results.model import Results
 
 
 def importances(study: optuna.Study, results: Results) -> dict[str, float]:

