@@ -1,11 +1,12 @@
 """How faithful the simulator is: one table of every measured comparison.
 
-Usage: ``python bench/fidelity.py [--data ../shared/data] [--no-loo]``. Sections:
+Usage: ``python bench/fidelity.py [--data ../shared/data]``. Sections:
 
-1. kernel datasets (``chunktune.sim.cost.kernel_fit``): linear operators (Vidur A100/H100,
-   LLMServingSim RTX 4090 / RTX PRO 6000), attention (LLMServingSim vLLM 0.19 grid), NCCL
-   all-reduce (Vidur), Splitwise Llama-2-70B prefill and decode steps (held out), each in-sample
-   and leave-one-out by model and by GPU;
+1. kernel datasets (``python -m chunktune.sim.cost.kernel_fit report``): per operator family
+   (GEMM bf16 and fp8, attention prefill / decode / mixed, all-reduce, fused MoE, elementwise)
+   and GPU, in sample and with the GPU held out; the cross-checks between sources; the engine's
+   linear layers against Vidur's and LLMServingSim's per-layer sums; NCCL all-reduce (Vidur);
+   Splitwise Llama-2-70B steps and Vidur's unseen models (held out);
 2. LLMServingSim's end-to-end vLLM 0.19 runs replayed through the simulator: TTFT, TPOT and E2E
    p50/p99, predicted vs measured (engine-side timestamps, so no server overhead is added);
 3. the CPU twin (``chunktune calibrate`` on the real CPU engine, issue #10 items 4-5): the
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 from chunktune.sim.calibration.fidelity import compare_run
-from chunktune.sim.cost import kernel_data, kernel_fit
+from chunktune.sim.cost import kernel_data, kernel_report
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -66,7 +67,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA,
                     help="the shared data folder (default: ../shared/data beside the checkout)")
-    ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
     ap.add_argument("--twin", type=Path, default=DEFAULT_TWIN,
                     help="where bench/cpu_twin.py stored its runs (default .chunktune/cpu-twin)")
     a = ap.parse_args()
@@ -74,11 +74,8 @@ def main() -> int:
     t0 = time.perf_counter()
     print("== 1. kernel datasets " + ("(raw data: " + str(a.data) + ")" if data else
                                       "(committed derived tables only; no --data)"))
-    rows = kernel_fit.full_report(data, loo=not a.no_loo)
-    print(kernel_fit.format_rows(rows))
-    print("\nmedian over slices:")
-    for (ds, mode), v in kernel_fit.summarize(rows).items():
-        print(f"  {ds:22} {mode:10} {v:6.1%}")
+    rows, checks = kernel_report.full_report(data)
+    print(kernel_report.format_report(rows, checks))
 
     print("\n== 2. end-to-end vLLM 0.19 runs (LLMServingSim) replayed")
     if data is None:

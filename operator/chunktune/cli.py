@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "chunktune.tuning.cli",
     "chunktune.k8s.cli",
     "chunktune.load.cli",
+    "chunktune.metrics.cli",
     "chunktune.modelgen.cli",
 )
 

@@ -83,6 +83,9 @@ def _range(**kw: Any) -> Edit:
     return put(SS0, {"name": MNBT, "type": "int", "low": 512, "high": 4096, **kw})
 
 
+#: A ``spec.workload.fromPrometheus`` that is fine.
+_PROM = {"url": "http://prometheus.monitoring:9090", "selector": '{model_name="llama"}'}
+
 CORPUS: list[Bad] = [
     # ---- the review's examples (issue 12, findings 7 and 8) ----------------------------------
     Bad("review-50-ms", "q", put("workload.duration", "50 ms"), "spec.workload.duration"),
@@ -342,6 +345,26 @@ CORPUS: list[Bad] = [
         "spec.engine.securityContext.privileged"),
     Bad("cross-security-capability", "v", put("engine.securityContext", {
         "addCapabilities": ["SYS_ADMIN"]}), "spec.engine.securityContext.addCapabilities"),
+    # ---- a workload derived from Prometheus, re-tuning --------------------------------------
+    Bad("prom-and-profile", "q", put("workload.fromPrometheus", _PROM), "spec.workload"),
+    Bad("prom-selector-unquoted", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", {**_PROM, "selector": "{model_name=llama}"})),
+        "spec.workload.fromPrometheus.selector"),
+    Bad("prom-selector-injection", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", {**_PROM, "selector": '{a="b"}) or vector(1'})),
+        "spec.workload.fromPrometheus.selector"),
+    Bad("prom-url-credentials", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", {**_PROM, "url": "http://u:p@prom:9090"})),
+        "spec.workload.fromPrometheus.url"),
+    Bad("prom-window-zero", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", {**_PROM, "window": "0s"})),
+        "spec.workload.fromPrometheus.window"),
+    Bad("retune-long-share", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", _PROM), put("retune", {"drift": {"longShare": 2}})),
+        "spec.retune.drift.longShare"),
+    Bad("retune-max-trials", "q", both(drop("workload.profile"), put(
+        "workload.fromPrometheus", _PROM), put("retune", {"maxTrials": 1})),
+        "spec.retune.maxTrials"),
 ]
 
 

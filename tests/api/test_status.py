@@ -86,6 +86,17 @@ def test_pareto_front() -> None:
     assert "best" not in status
 
 
+def test_cost_model_line_in_the_status() -> None:
+    """A simulated study says what its GPU's step-time model was fitted on; a cut keeps it
+    within the CRD's bound on status strings."""
+    line = "h200: no measured kernels; borrowed from h100-sxm"
+    status = render_status(StudySummary(phase="Running", cost_model=line))
+    assert status["costModel"] == line
+    assert "costModel" not in render_status(StudySummary(phase="Running"))
+    long = render_status(StudySummary(phase="Running", cost_model="x" * 10_000))["costModel"]
+    assert len(long) <= 4096 and long.endswith("(cut)")
+
+
 def test_empty_study() -> None:
     assert render_status(StudySummary(phase="Pending")) == {
         "phase": "Pending", "conditions": [], "trialsCompleted": 0, "trialsSummary": "0",
@@ -124,3 +135,29 @@ def test_conditions_pass_through_render() -> None:
     conds = set_condition([], "Ready", False, "Pending", "waiting", 1, T0)
     status = render_status(StudySummary(phase="Pending", conditions=conds))
     assert status["conditions"] == conds
+
+
+def test_a_derived_workload_and_the_retune_history_render() -> None:
+    workload = {"url": "http://prom:9090", "selector": '{model_name="m"}', "window": 3600.0,
+                "peakWindow": 300.0, "at": "2026-01-01T00:00:00Z", "rateFrom": "mean",
+                "rate": 3.2, "peakRate": 7.9, "requests": 11520.0, "longShare": 0.17,
+                "longThreshold": 2000.0, "promptTokens": {"p50": 473.0, "p99": 15733.0},
+                "outputTokens": {"p50": 94.0, "mean": 110.0}}
+    retune = {"state": "Watching", "round": 1, "checks": 12, "drifting": 0,
+              "study": "ns/t#retune-1", "reference": {"rate": 3.2},
+              "lastCheck": {"time": "2026-01-01T01:00:00Z", "drift": []},
+              "history": [{"round": 1, "study": "ns/t#retune-1", "started": "s",
+                           "finished": "f", "reasons": ["arrival rate 2 -> 4 req/s"],
+                           "outcome": "Applied", "running": {"max-num-seqs": 256},
+                           "best": {"max-num-seqs": 128}, "metric": "ttft_p99",
+                           "before": 1.0, "after": 0.8, "gain": "-20%",
+                           "confirmedBy": [3, 5]}]}
+    s = render_status(StudySummary(phase="Succeeded", workload=workload, retune=retune))
+    assert s["workload"]["promptTokens"] == {"p50": 473.0, "p99": 15733.0}
+    assert s["workload"]["selector"] == '{model_name="m"}' and s["workload"]["peakRate"] == 7.9
+    (entry,) = s["retune"]["history"]
+    assert entry["outcome"] == "Applied" and entry["confirmedBy"] == [3, 5]
+    assert s["retune"]["lastCheck"] == {"time": "2026-01-01T01:00:00Z", "drift": []}
+    with pytest.raises(ValueError):
+        render_status(StudySummary(phase="Succeeded", retune={**retune, "history": [
+            {**retune["history"][0], "outcome": "Maybe"}]}))

@@ -16,6 +16,11 @@ from tests.api.factories import quickstart, vllm_manifest
 Edit = Callable[[dict[str, Any]], None]
 
 
+#: A ``spec.workload.fromPrometheus`` that parses.
+FROM_PROM = {"url": "http://prometheus.monitoring:9090", "selector": '{model_name="llama"}',
+             "window": "1h"}
+
+
 def spec(fn: Callable[[dict[str, Any]], Any]) -> Edit:
     """An edit of the quickstart's spec."""
     return lambda m: fn(m["spec"])
@@ -184,11 +189,34 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
        "every trial times out (got 60s)")]),
     ("profile and inline",
      spec(lambda s: s["workload"].update(inline={"classes": []})),
-     [("spec.workload", "give either profile or inline, not both")]),
+     [("spec.workload", "give one of profile, inline or fromPrometheus, not profile and "
+       "inline")]),
     ("neither profile nor inline",
      spec(lambda s: s["workload"].pop("profile")),
-     [("spec.workload", "needs profile (a shipped profile name or a file path) or inline (a "
-       "profile mapping)")]),
+     [("spec.workload", "needs profile (a shipped profile name or a file path), inline (a "
+       "profile mapping) or fromPrometheus (derived from the deployment's metrics)")]),
+    ("profile and fromPrometheus",
+     spec(lambda s: s["workload"].update(fromPrometheus=FROM_PROM)),
+     [("spec.workload", "give one of profile, inline or fromPrometheus, not profile and "
+       "fromPrometheus")]),
+    ("a selector that is not PromQL",
+     spec(lambda s: (s["workload"].pop("profile"), s["workload"].update(
+         fromPrometheus={**FROM_PROM, "selector": "{model_name=llama}"}))),
+     [("spec.workload.fromPrometheus.selector", 'must be PromQL label matchers such as '
+       '{model_name="llama"} (label="value", label!="value", label=~"regex", label!~"regex", '
+       "separated by commas) (got '{model_name=llama}')")]),
+    ("an objective on a class a derived workload lacks",
+     spec(lambda s: (s["workload"].pop("profile"), s["workload"].update(
+         fromPrometheus=FROM_PROM), s.update(objectives=[{"metric": "ttft_p99",
+                                                          "class": "chat"}]))),
+     [("spec.objectives[0].class", "unknown class 'chat'; the workload's classes are short, "
+       "long"),
+      ("spec.constraints[0].class", "unknown class 'chat'; the workload's classes are short, "
+       "long")]),
+    ("retune without fromPrometheus",
+     spec(lambda s: s.update(retune={"interval": "5m"})),
+     [("spec.retune", "needs spec.workload.fromPrometheus: the operator watches the "
+       "deployment's workload in the Prometheus it names")]),
     ("unknown profile",
      spec(lambda s: s["workload"].update(profile="mixd")),
      [("spec.workload.profile", "no profile file 'mixd'; give a path or one of: chat, "
@@ -232,7 +260,7 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
     ("sim without a gpu",
      spec(lambda s: s["engine"].pop("gpu")),
      [("spec.engine.gpu.type", "is required for engine kind sim: the simulated GPU, one of "
-       "a100-40g, a100-pcie, a100-sxm, a10g, a40, cpu, h100-pcie, h100-sxm, h200, l4, l40s, "
+       "a100-40g, a100-pcie, a100-sxm, a10g, a40, b200, cpu, h100-pcie, h100-sxm, h200, l4, l40s, "
        "rtx-pro-6000, rtx4090")]),
     ("missing image for vllm", _vllm,
      [("spec.engine.image", "is required for engine kind vllm (the server image, e.g. "

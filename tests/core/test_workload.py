@@ -16,6 +16,7 @@ from chunktune.core.workload import (
     Choice,
     Constant,
     Exponential,
+    Histogram,
     LogNormal,
     Normal,
     Uniform,
@@ -158,6 +159,7 @@ def test_round_trip_to_dict():
      500.0),
     ({"dist": "exponential", "mean": 30, "max": 90}, Exponential, 30.0),
     ({"dist": "choice", "values": [10, 30], "weights": [3, 1]}, Choice, 15.0),
+    ({"dist": "histogram", "edges": [0, 100, 200], "weights": [1, 3]}, Histogram, 125.0),
 ])
 def test_each_distribution_is_its_own_type(raw, kind, mean):
     d = parse_distribution(raw, "p")
@@ -168,3 +170,25 @@ def test_each_distribution_is_its_own_type(raw, kind, mean):
     lo = raw["min"] if isinstance(raw, dict) and "min" in raw else 1
     hi = raw["max"] if isinstance(raw, dict) and "max" in raw else math.inf
     assert all(isinstance(x, int) and max(1, lo) <= x <= hi for x in draws)
+
+
+def test_histogram_draws_inside_its_buckets_by_weight():
+    d = parse_distribution({"dist": "histogram", "edges": [0, 1, 2, 5, 10],
+                            "weights": [0, 1, 0, 3]}, "p")
+    rng = random.Random(3)
+    draws = [d.sample(rng) for _ in range(4000)]
+    assert set(draws) <= {2, 6, 7, 8, 9, 10}  # (1, 2] and (5, 10], never an empty bucket
+    assert sum(x == 2 for x in draws) / len(draws) == pytest.approx(0.25, abs=0.03)
+    assert {6, 10} <= set(draws)  # both ends of a bucket: above its lower edge, up to its upper
+
+
+@pytest.mark.parametrize(("raw", "path", "fragment"), [
+    ({"edges": [0, 10, 5], "weights": [1, 1]}, "p.edges", "must increase"),
+    ({"edges": [0, 10, 20], "weights": [1]}, "p.weights", "one entry per bucket"),
+    ({"edges": [0, 10], "weights": [0]}, "p.weights", "not all be 0"),
+    ({"edges": [5], "weights": []}, "p.edges", "at least 2"),
+])
+def test_bad_histograms_name_the_field(raw, path, fragment):
+    with pytest.raises(SpecError) as e:
+        parse_distribution({"dist": "histogram", **raw}, "p")
+    assert any(p == path and fragment in m for p, m in e.value.problems), e.value.problems

@@ -269,3 +269,55 @@ def test_startup_failures_are_classified(pod: dict[str, Any], log: str, state: s
     result = asyncio.run(backend._wait_ready(plan(SIM, 1), "t-t1", 0.0))
     assert not isinstance(result, dict)
     assert (result.state, result.reason) == (state, reason)
+
+
+# ---- spec.retune: the pure parts ---------------------------------------------------------
+
+
+def test_status_patches_drop_nested_keys_the_renderer_no_longer_gives() -> None:
+    from chunktune.k8s.state import merge_patch
+
+    old = {"phase": "Succeeded", "retune": {"lastCheck": {"time": "t1", "message": "few"},
+                                            "history": [{"round": 1}]}, "twin": {"round": 1}}
+    new = {"phase": "Succeeded", "retune": {"lastCheck": {"time": "t2", "drift": ["x"]},
+                                            "history": []}}
+    assert merge_patch(old, new) == {
+        "phase": "Succeeded", "twin": None,
+        "retune": {"lastCheck": {"time": "t2", "drift": ["x"], "message": None},
+                   "history": []}}
+
+
+def test_running_flags_are_read_from_the_deployment() -> None:
+    from chunktune.k8s.retune import deployment_flags
+
+    def deploy(container: dict[str, Any]) -> dict[str, Any]:
+        return {"spec": {"template": {"spec": {"containers": [
+            {"name": "sidecar", "args": ["--max-num-seqs", "8"]}, container]}}}}
+
+    names = ["max-num-batched-tokens", "max-num-seqs"]
+    args = deploy({"name": "vllm", "args": ["serve", "m", "--max-num-batched-tokens=4096",
+                                            "--max-model-len", "8192"]})
+    assert deployment_flags(args, "vllm", names) == {"max-num-batched-tokens": 4096}
+    assert deployment_flags(args, None, names) == {"max-num-seqs": 8}  # the first container
+    assert deployment_flags(args, "other", names) is None
+    shell = deploy({"name": "vllm", "command": [
+        "sh", "-c", "vllm serve m --max_num_batched_tokens 2048 --max-num-seqs 64"]})
+    assert deployment_flags(shell, "vllm", names) == {"max-num-batched-tokens": 2048,
+                                                      "max-num-seqs": 64}
+
+
+def test_production_slo_misses_come_from_the_latency_histograms() -> None:
+    from chunktune.k8s.retune import slo_bases, slo_misses
+    from chunktune.metrics.derive import Buckets, Observation
+
+    t = parse_manifest(tuning("slo", constraints=[
+        "ttft_p99 <= 500ms", "itl_p50 <= 50ms", "chat.ttft_p99 <= 1s", "error_rate <= 1%"]))
+    assert slo_bases(t) == ("ttft", "itl")
+    empty = Buckets.from_le({})
+    ttft = Buckets.from_le({"0.25": 50, "0.5": 90, "1.0": 100, "+Inf": 100})
+    itl = Buckets.from_le({"0.025": 80, "0.05": 100, "+Inf": 100})
+    obs = Observation(url="u", selector="{}", window=60, at=0, peak_window=10, requests=100,
+                      peak_rate=None, prompt=empty, output=empty,
+                      latency={"ttft": ttft, "itl": itl})
+    (miss,) = slo_misses(t, obs)
+    assert miss == "production ttft_p99 950ms misses ttft_p99 <= 500ms"

@@ -23,6 +23,20 @@ def test_sim_run_prints_table_and_json(tmp_path, capsys):
     assert s["overall"]["requests"]["ok"] > 50
     assert s["config"]["max-num-batched-tokens"] == 2048
     assert set(s["overall"]["ttft"]) == {"p50", "p90", "p95", "p99", "mean", "max"}
+    # what the GPU's cost model was fitted on: the H100's own measured kernels
+    assert "cost model: h100-sxm: fitted on measured kernels of h100-sxm" in text.out
+    assert s["cost_model"].startswith("h100-sxm: fitted on measured kernels of h100-sxm")
+
+
+def test_sim_run_says_when_a_gpu_borrows_its_cost_model(capsys):
+    """A GPU without measured kernels says whose it borrows and the error that makes."""
+    rc = main(["sim", "run", "--model", "llama-3.1-8b", "--gpu", "h200", "--workload", "smoke",
+               "--duration", "5"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    line = next(x for x in out.splitlines() if x.startswith("cost model: "))
+    assert "h200: no measured kernels; borrowed from h100-sxm" in line
+    assert "leave-one-GPU-out error of borrowing: " in line and "gemm " in line
 
 
 def test_vllm_spellings(capsys):

@@ -27,16 +27,18 @@ def run(budget: int, threshold: int = 0) -> dict:
     return summarize(eng, eng.replay(generate(profile)), profile)
 
 
-def test_larger_budget_lowers_long_prompt_ttft():
-    """A larger budget lowers the long prompts' TTFT p50 (0.96 s -> 0.86 s) and mean (1.01 s ->
-    0.91 s). Under the previous attention form (exact FLOPs at an occupancy-scaled efficiency,
-    decodes beside a prefill at an occupancy-scaled HBM bandwidth) the mean stayed flat (0.949 s
-    and 0.953 s); the varlen-kernel form fitted since (see test_calibration) lowers it again."""
+def test_larger_budget_buys_long_prompts_little_ttft():
+    """On this trace (Llama-3.1-8B, H100) a larger budget barely moves the long prompts' TTFT:
+    a 2,048-token chunk already runs the H100's GEMMs at their measured compute-bound rate
+    (AIConfigurator's vLLM kernels), so larger chunks save only per-step costs while queueing
+    sets the TTFT (p50 0.758 s at 2048, 0.759 s at 8192; mean 0.783 s and 0.788 s). Under the
+    earlier fit on Vidur's slower GEMMs a larger budget lowered them (p50 0.92 s -> 0.90 s).
+    The price of the larger budget is the chat ITL p99 (next test)."""
     small, large = run(2048), run(8192)
-    assert large["classes"]["long-context"]["ttft"]["p50"] < \
-        small["classes"]["long-context"]["ttft"]["p50"]
-    assert large["classes"]["long-context"]["ttft"]["mean"] < \
-        small["classes"]["long-context"]["ttft"]["mean"]
+    for stat in ("p50", "mean"):
+        a = small["classes"]["long-context"]["ttft"][stat]
+        b = large["classes"]["long-context"]["ttft"][stat]
+        assert b == pytest.approx(a, rel=0.05), stat
 
 
 def test_larger_budget_raises_chat_p99_itl():

@@ -254,3 +254,37 @@ def test_infrastructure_faults_are_not_results(make_tuning, tmp_path, monkeypatc
     assert [t.number for t in tuner.study.trials] == [0, 1, 2]  # trial 1 kept its number
     assert backend.adopted == [1] and tuner.faults == 3
     assert [n for n, m in seen if m is None] == [1] and len(seen) == 4
+
+
+def test_a_simulated_study_says_what_its_cost_model_was_fitted_on(make_tuning):
+    """`chunktune tune` and the status carry one line on the GPU's step-time model: its own
+    measured kernels, or borrowed (and from which GPU); none for a real engine."""
+    from chunktune.tuning.runner import cost_model
+
+    line = cost_model(make_tuning())
+    assert line is not None and line.startswith("h100-sxm: fitted on measured kernels of h100")
+    h200 = cost_model(make_tuning(engine={"kind": "sim", "model": "llama-3.1-8b",
+                                          "gpu": {"type": "h200"}}))
+    assert h200 is not None and "h200: no measured kernels; borrowed from h100-sxm" in h200
+    real = make_tuning(engine={"kind": "vllm", "model": "meta-llama/Llama-3.1-8B",
+                               "image": "vllm/vllm-openai:v0.32.0",
+                               "gpu": {"type": "h100-sxm", "count": 1}})
+    assert cost_model(real) is None
+
+
+def test_the_engines_start_up_figures_are_kept_with_the_trial(make_tuning, tmp_path):
+    """What a real engine's start-up log says it ran with (``server["engine"]``, a nested
+    record) is stored with the trial, not dropped with the values a study cannot keep."""
+    engine = {"vllm_version": "0.32.0", "max_num_batched_tokens": 8192, "kv_cache_tokens": 4096}
+
+    class Logged(SimulatedBackend):
+        async def run_trial(self, plan, report=None):
+            result = await super().run_trial(plan, report)
+            result.server["engine"] = dict(engine)
+            result.server["not_json"] = object()
+            return result
+
+    tuner = Tuner(make_tuning(budget={"maxTrials": 1}), Logged(), str(tmp_path / "s.journal"))
+    asyncio.run(tuner.run())
+    server = tuner.study.trials[0].user_attrs[st.ATTR_SERVER]
+    assert server["engine"] == engine and "not_json" not in server

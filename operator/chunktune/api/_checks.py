@@ -32,7 +32,15 @@ from chunktune.core.gpus import gpu_names, resolve_gpu
 from chunktune.core.models import ModelConfig, catalog_names, from_hf_config, resolve_model
 from chunktune.core.suggest import closest
 from chunktune.core.validation import Problem
-from chunktune.core.workload import Profile
+from chunktune.core.workload import (
+    DERIVED_CLASSES,
+    DERIVED_DURATION,
+    Arrival,
+    Constant,
+    Profile,
+    TrafficClass,
+    derived_warmup,
+)
 
 _IMAGES = {"vllm": "vllm/vllm-openai:v0.11.0", "sglang": "lmsysorg/sglang:latest"}
 #: The most traffic classes an inline profile may have (the CRD's maxItems).
@@ -63,6 +71,8 @@ class Parts:
     model: ModelConfig | None = None
     profile: Profile | None = None
     strategy: StrategySpec | None = None
+    retune: bool = False
+    """Whether the spec has ``retune``."""
     problems: list[Problem] = field(default_factory=list)
 
     def add(self, path: str, message: str) -> None:
@@ -76,6 +86,7 @@ def check(p: Parts) -> list[Problem]:
     _params(p)
     if p.workload is not None:
         _workload(p, p.workload)
+    _retune(p)
     _objectives(p)
     _constraints(p)
     if p.budget is not None:
@@ -367,13 +378,20 @@ def _model_limit(p: Parts, name: str, v: float) -> str | None:
 
 
 def _workload(p: Parts, w: WorkloadSpec) -> None:
-    if w.profile is not None and w.inline is not None:
-        p.add("spec.workload", "give either profile or inline, not both")
+    given = [k for k, v in (("profile", w.profile), ("inline", w.inline),
+                            ("fromPrometheus", w.from_prometheus)) if v is not None]
+    if len(given) > 1:
+        p.add("spec.workload", f"give one of profile, inline or fromPrometheus, not "
+              f"{' and '.join(given)}")
         return
-    if w.profile is None and w.inline is None:
-        p.add("spec.workload", "needs profile (a shipped profile name or a file path) or inline "
-              "(a profile mapping)")
+    if not given:
+        p.add("spec.workload", "needs profile (a shipped profile name or a file path), inline "
+              "(a profile mapping) or fromPrometheus (derived from the deployment's metrics)")
         return
+    if w.from_prometheus is not None:
+        # derived at study start: its shape is known (the classes), its figures are not yet
+        w = w.model_copy()
+        w.use_derived(derived_shape(w.duration or DERIVED_DURATION))
     classes = (w.inline or {}).get("classes")
     if isinstance(classes, list) and len(classes) > MAX_CLASSES:
         p.add("spec.workload.inline.classes", f"must have at most {MAX_CLASSES} traffic classes "
@@ -395,6 +413,23 @@ def _workload(p: Parts, w: WorkloadSpec) -> None:
         else:
             p.add("spec.workload.duration", f"must be longer than the profile's warmup "
                   f"({d} <= {wu})")
+
+
+def derived_shape(duration: float) -> Profile:
+    """What a workload derived from Prometheus looks like before it is derived: its classes
+    (``short``, ``long``), its duration and the warm-up
+    :func:`chunktune.metrics.derive.derive` gives it."""
+    one = Constant(value=1.0)
+    return Profile(name="fromPrometheus",
+                   classes=tuple(TrafficClass(c, 1.0, one, one) for c in DERIVED_CLASSES),
+                   arrival=Arrival("poisson", rate=1.0), duration=duration,
+                   warmup=derived_warmup(duration))
+
+
+def _retune(p: Parts) -> None:
+    if p.retune and p.workload is not None and p.workload.from_prometheus is None:
+        p.add("spec.retune", "needs spec.workload.fromPrometheus: the operator watches the "
+              "deployment's workload in the Prometheus it names")
 
 
 def _class(p: Parts, path: str, metric: str, cls: str | None) -> None:

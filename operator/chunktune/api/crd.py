@@ -250,9 +250,9 @@ _DURATION_FIELD = {"x-kubernetes-int-or-string": True, "pattern": DURATION_PATTE
                    "x-kubernetes-validations": [duration_rule(DURATION_CEILING, False)]}
 _DISTRIBUTION = {
     "description": "A token count: a number, or a mapping {dist: constant|uniform|normal|"
-                   "lognormal|exponential|choice, value|min|max|mean|std|sigma|values|"
-                   "weights}. Checked by the operator (a structural schema cannot type a "
-                   "number-or-mapping).",
+                   "lognormal|exponential|choice|histogram, value|min|max|mean|std|sigma|"
+                   "values|weights|edges}. Checked by the operator (a structural schema cannot "
+                   "type a number-or-mapping).",
     "x-kubernetes-preserve-unknown-fields": True,
 }
 #: The schema of ``spec.workload.inline`` (the ``loadtest/profiles`` format), so that the API

@@ -187,6 +187,7 @@ def _parts(spec: dict[str, Any], base_dir: Path | None) -> _checks.Parts:
         storage=spec.get("storage") if isinstance(spec.get("storage"), str) else None,
         prometheus_url=(spec.get("metrics") or {}).get("prometheusURL")
         if isinstance(spec.get("metrics"), dict) else None,
+        retune=spec.get("retune") is not None,
     )
 
 

@@ -35,6 +35,8 @@ DEFAULT_TRIALS_LIMIT = 50
 #: renderer stays within them, or the API server would refuse the status patch.
 MAX_LISTED = 1000
 MAX_TEXT = 4096
+#: Re-tunes kept in ``status.retune.history``.
+MAX_HISTORY = 20
 
 _COUNT_FIELD = {TrialState.COMPLETE: "completed", TrialState.PRUNED: "pruned",
                 TrialState.INFEASIBLE: "infeasible", TrialState.FAIL: "failed",
@@ -103,10 +105,17 @@ class StudySummary:
     trials_limit: int = DEFAULT_TRIALS_LIMIT
     twin: Mapping[str, Any] | None = None
     """Twin-first studies: the :class:`TwinStatus` fields (phase, round, counts, error)."""
+    cost_model: str | None = None
+    """Simulated and twin-first studies: what the simulator's step-time model for the study's
+    GPU was fitted on (``chunktune.sim.cost.provenance``)."""
     merged: Mapping[int, TrialRecord] = field(default_factory=dict)
     """Configurations measured more than once, by the number of each trial that measured
     them: one record with their mean (:attr:`TrialRecord.repeats`), which the baseline, the
     best and the Pareto front show instead of the single trial."""
+    workload: Mapping[str, Any] | None = None
+    """A workload derived from Prometheus: the :class:`WorkloadStatus` fields."""
+    retune: Mapping[str, Any] | None = None
+    """``spec.retune``: the :class:`RetuneStatus` fields."""
 
 
 # ---- output: the status shape -----------------------------------------------------------------
@@ -194,6 +203,109 @@ class TwinStatus(_StatusModel):
     message: str | None = None
 
 
+class LengthFigures(_StatusModel):
+    """Token-length percentiles read from a histogram (exact to its bucket), and the mean."""
+
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+
+
+class WorkloadFigures(_StatusModel):
+    """What a workload derived from a deployment's metrics is."""
+
+    rate: float
+    """Mean requests per second over the window."""
+    peak_rate: float | None = None
+    """The highest rate over ``peakWindow``-long stretches of the window."""
+    requests: float = 0.0
+    """Requests that finished in the window."""
+    long_share: float = 0.0
+    """Share of requests whose prompt is above ``longThreshold`` tokens."""
+    long_threshold: float = 0.0
+    """The bucket bound between the ``short`` and ``long`` classes, tokens."""
+    prompt_tokens: LengthFigures = Field(default_factory=LengthFigures)
+    output_tokens: LengthFigures = Field(default_factory=LengthFigures)
+
+
+class WorkloadStatus(WorkloadFigures):
+    """The workload ``spec.workload.fromPrometheus`` derived when the study started, and from
+    which window."""
+
+    url: str
+    selector: str
+    window: float
+    """Seconds, ending at ``at``."""
+    at: str
+    """The window's end (RFC 3339)."""
+    peak_window: float | None = None
+    rate_from: Literal["mean", "peak"] = "mean"
+    """Which rate the trials replay."""
+
+
+class RetuneCheck(_StatusModel):
+    """One check of the deployment's workload (``spec.retune``)."""
+
+    time: str
+    """When (RFC 3339)."""
+    workload: WorkloadFigures | None = None
+    """What the window showed."""
+    drift: list[str] = Field(default_factory=list, max_length=32)
+    """Why it counts as drift (empty: it does not)."""
+    message: str | None = None
+    """Why the check could not judge (Prometheus unreachable, too few requests)."""
+
+
+class RetuneRecord(_StatusModel):
+    """One re-tune: when, why, what changed and what it measured."""
+
+    round: int
+    study: str
+    """The re-tune's study in the storage."""
+    started: str
+    finished: str | None = None
+    reasons: list[str] = Field(default_factory=list, max_length=32)
+    """The drift (or the missed SLO) that started it."""
+    outcome: Literal["Running", "Applied", "Recommended", "Kept", "Failed"] = "Running"
+    """Applied (written to spec.output), Recommended (better, but spec.output has no
+    Deployment or ConfigMap to write), Kept (the running configuration stays), Failed."""
+    running: dict[str, int | float] = Field(default_factory=dict)
+    """The configuration that ran before (the Deployment's flags)."""
+    best: dict[str, int | float] | None = None
+    """The re-tune's best configuration."""
+    metric: str | None = None
+    """The first objective's key, which ``before``, ``after`` and ``gain`` compare."""
+    before: float | None = None
+    """The running configuration, measured under the new workload."""
+    after: float | None = None
+    """The best, measured under the new workload (the mean with its confirmation)."""
+    gain: str | None = None
+    """The change from ``before`` to ``after`` (``-23%``)."""
+    confirmed_by: list[int] | None = None
+    """The trials that measured the best (its confirmation among them)."""
+    message: str | None = None
+
+
+class RetuneStatus(_StatusModel):
+    """``spec.retune``: the watch on the deployment's workload and every re-tune so far."""
+
+    state: Literal["Watching", "Retuning"] = "Watching"
+    round: int = 0
+    """Re-tunes started."""
+    checks: int = 0
+    """Checks of the workload so far."""
+    drifting: int = 0
+    """Checks in a row that found drift."""
+    study: str | None = None
+    """The study the status shows (the latest re-tune's, or the first)."""
+    reference: WorkloadFigures | None = None
+    """The workload the running configuration was tuned for."""
+    last_check: RetuneCheck | None = None
+    history: list[RetuneRecord] = Field(default_factory=list, max_length=MAX_HISTORY)
+    """The latest re-tunes, oldest first."""
+
+
 class TrialStatus(_StatusModel):
     """One listed trial."""
 
@@ -238,6 +350,14 @@ class Status(_StatusModel):
     """The latest trials (bounded; ``counts`` covers all)."""
     twin: TwinStatus | None = None
     """Twin-first studies: phase, round, trial counts and the twin's measured error."""
+    workload: WorkloadStatus | None = None
+    """The workload ``spec.workload.fromPrometheus`` derived for this study."""
+    retune: RetuneStatus | None = None
+    """``spec.retune``: the watch on the deployment's workload and the re-tunes."""
+    cost_model: str | None = None
+    """Simulated and twin-first studies: what the simulator's step-time model for the study's
+    GPU was fitted on: that GPU's own measured kernels, or borrowed from the nearest measured
+    GPU with the error borrowing makes (docs/simulator.md, "Per-GPU cost models")."""
     start_time: str | None = None
     completion_time: str | None = None
 
@@ -286,6 +406,9 @@ def render_status(summary: StudySummary) -> dict[str, Any]:
         twin=TwinStatus.model_validate({**summary.twin,
                                         "message": _cut(summary.twin.get("message"))})
         if summary.twin else None,
+        workload=WorkloadStatus.model_validate(summary.workload) if summary.workload else None,
+        retune=RetuneStatus.model_validate(summary.retune) if summary.retune else None,
+        cost_model=_cut(summary.cost_model),
         start_time=_time(summary.start_time),
         completion_time=_time(summary.completion_time),
     )

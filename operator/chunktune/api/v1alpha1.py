@@ -44,6 +44,11 @@ from chunktune.api._goals import (
     Objective,
     parse_constraint_string,
 )
+from chunktune.api._retune import (
+    DriftSpec,
+    FromPrometheus,
+    RetuneSpec,
+)
 from chunktune.api._types import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
@@ -70,12 +75,12 @@ API_VERSION = "v1alpha1"
 KIND = "ChunkedPrefillTuning"
 
 __all__ = [
-    "API_GROUP", "API_VERSION", "KIND", "Budget", "CPUSpec",
-    "ChunkedPrefillTuning",
-    "Constraint", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource", "GPUSpec", "KeyRef",
+    "API_GROUP", "API_VERSION", "KIND", "Budget", "CPUSpec", "ChunkedPrefillTuning",
+    "Constraint", "DriftSpec", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource",
+    "FromPrometheus", "GPUSpec", "KeyRef",
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
-    "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "SamplerSpec", "Spec",
-    "StorageSource", "StrategySpec", "WorkloadSpec", "parse_constraint_string",
+    "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "RetuneSpec", "SamplerSpec",
+    "Spec", "StorageSource", "StrategySpec", "WorkloadSpec", "parse_constraint_string",
 ]
 
 SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid", "cmaes"]
@@ -271,12 +276,13 @@ def _seconds(x: str) -> str:
 
 
 class WorkloadSpec(Model):
-    """The traffic each trial replays: a profile (``loadtest/profiles`` format), plus
-    overrides."""
+    """The traffic each trial replays: a profile (``loadtest/profiles`` format), or one derived
+    from the deployment's metrics, plus overrides."""
 
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
-        {"rule": "has(self.profile) != has(self.inline)",
-         "message": "give exactly one of profile or inline"},
+        {"rule": "(has(self.profile) ? 1 : 0) + (has(self.inline) ? 1 : 0) + "
+                 "(has(self.fromPrometheus) ? 1 : 0) == 1",
+         "message": "give exactly one of profile, inline or fromPrometheus"},
         {"rule": "!(has(self.rate) && has(self.concurrency))",
          "message": "give rate or concurrency, not both"},
         {"rule": "!has(self.warmup) || !has(self.duration) || "
@@ -293,6 +299,9 @@ class WorkloadSpec(Model):
     inline: dict[str, Any] | None = Field(default=None,
                                           json_schema_extra={"x-chunktune-schema": "profile"})
     """A profile mapping inline (``classes``, ``arrival``, ``duration``, ...)."""
+    from_prometheus: FromPrometheus | None = None
+    """Derive the profile from the deployment's vLLM metrics in Prometheus at study start
+    (classes ``short`` and ``long``)."""
     duration: Duration | None = None
     """Override: how long each trial sends traffic."""
     warmup: DurationOrZero | None = None
@@ -309,11 +318,28 @@ class WorkloadSpec(Model):
     Job), the same arrival schedule split across them, their records merged."""
 
     _base_dir: Path | None = PrivateAttr(None)
+    _derived: Profile | None = PrivateAttr(None)
+
+    @property
+    def derived(self) -> Profile | None:
+        """The profile ``fromPrometheus`` derived, once given (:meth:`use_derived`)."""
+        return self._derived
+
+    def use_derived(self, profile: Profile) -> None:
+        """What ``fromPrometheus`` resolves to from now on: the profile derived at study
+        start (kept in the study)."""
+        self._derived = profile
 
     def resolve(self) -> Profile:
         """The profile with the overrides applied. Raises :class:`SpecError` with paths under
-        ``spec.workload``."""
-        if self.inline is not None:
+        ``spec.workload`` (for ``fromPrometheus``, until the derived profile is given:
+        :meth:`use_derived`)."""
+        if self.from_prometheus is not None:
+            if self._derived is None:
+                raise SpecError("is derived from Prometheus when the study starts; nothing was "
+                                "derived yet", field="spec.workload.fromPrometheus")
+            profile = self._derived
+        elif self.inline is not None:
             profile = parse_profile(self.inline, source="spec.workload.inline")
         else:
             profile = _load_profile(str(self.profile), self._base_dir)
@@ -554,6 +580,9 @@ class Spec(Model):
     """Where engine metrics come from."""
     output: OutputSpec = Field(default_factory=OutputSpec)
     """Where the result goes besides the status."""
+    retune: RetuneSpec | None = None
+    """Keep the deployment tuned: watch its workload after the study and re-tune when it
+    drifts (needs ``workload.fromPrometheus``)."""
     suspend: bool = False
     """Pause the study: no new trials start."""
 

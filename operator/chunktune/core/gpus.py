@@ -6,11 +6,11 @@ Sources: NVIDIA data sheets (A100, H100, H200, L40S, L4, A10, A40, GeForce RTX 4
 (the attention term's occupancy depends on them). The RTX 4090's memory is the total its CUDA
 runtime reported in LLMServingSim's vLLM 0.19 run (25,250,627,584 bytes).
 ``memory_gib`` is what ``torch.cuda.mem_get_info`` reports as total (a little under the marketing
-figure), which is what vLLM multiplies by ``gpu_memory_utilization``. ``family`` picks the
-fitted efficiency coefficients of the step-time model: ``ampere`` and ``hopper`` (Vidur's A100
-and H100 timings), ``ada`` (RTX 4090) and ``blackwell`` (RTX PRO 6000)
-from LLMServingSim's vLLM 0.19 timings; the A40 uses the Ampere fit (its own Vidur timings are
-held out to test that); L40S and L4 keep the Ampere fit they were tuned with.
+figure), which is what vLLM multiplies by ``gpu_memory_utilization``. ``family`` is the
+architecture (``ampere``, ``hopper``, ``ada``, ``blackwell``): the step-time model's per-step
+overheads and the NVSwitch generation of an SXM board follow it; its efficiency coefficients are
+per GPU (``chunktune.sim.cost.coefficients``), fitted on that GPU's own measured kernels or
+borrowed from the nearest GPU that has them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from chunktune.core.errors import SpecError
+
+#: Links at least this fast (GB/s, both directions) are NVLink; slower ones PCIe.
+NVLINK_MIN_GB_S = 200.0
 
 
 @dataclass(frozen=True)
@@ -40,10 +43,19 @@ class GPU:
     #: ``_FLASH_ATTENTION``): 2 issues the softmax beside the MMAs of the same warps, 3 and
     #: later overlap them (warp-specialised).
     flash_attention: int = 2
+    #: Dense FP8 tensor FLOP/s (data sheet, TFLOP/s, FP32 accumulate; see ``_FP8_TFLOPS``). 0:
+    #: no FP8 tensor cores (Ampere), where vLLM runs FP8 checkpoints weight-only (Marlin).
+    fp8_tflops: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
         return self.memory_gib * 2**30
+
+    @property
+    def nvlink(self) -> bool:
+        """Whether tensor-parallel ranks talk over NVLink (a link of ``NVLINK_MIN_GB_S`` or
+        more), else PCIe."""
+        return self.link_gb_s >= NVLINK_MIN_GB_S
 
 
 #: L2 cache per GPU, MiB. Sources: NVIDIA A100 Tensor Core GPU Architecture whitepaper (A100:
@@ -52,30 +64,43 @@ class GPU:
 #: boards A40 and A10/A10G: 6,144 KB), NVIDIA Ada GPU Architecture whitepaper v2.01 (GeForce RTX
 #: 4090: 73,728 KB = 72 MB of the full AD102's 96 MB; L40S: 96 MB; L4: 48 MB), NVIDIA RTX
 #: Blackwell GPU Architecture whitepaper (GB202: 128 MB, all of it on the RTX PRO 6000; the
-#: RTX 5090 has 96 MB). The CPU entry's figure is nominal (a server's last-level cache).
+#: RTX 5090 has 96 MB), NVIDIA Blackwell datacenter architecture (B200: 126 MB over its two
+#: dies). The CPU entry's figure is nominal (a server's last-level cache).
 _L2_MIB = {"a100-sxm": 40, "a100-pcie": 40, "a100-40g": 40, "h100-sxm": 50, "h100-pcie": 50,
            "h200": 50, "l40s": 96, "l4": 48, "a10g": 6, "a40": 6, "rtx4090": 72,
-           "rtx-pro-6000": 128, "cpu": 32}
+           "rtx-pro-6000": 128, "b200": 126, "cpu": 32}
 
 #: SM boost clock per GPU, MHz, from the NVIDIA data sheets and whitepapers: A100 1410, A40 1740,
 #: A10 1695 (AWS publishes none for the A10G; the A10's), L40S 2520, L4 2040, GeForce RTX 4090
 #: 2520 (Ada whitepaper). Where the sheet gives a FP32 peak but no clock, the clock is that peak
 #: over SMs x 128 FP32 lanes x 2: H100 SXM and H200 67 TF / 132 SMs = 1980, H100 PCIe 51 TF /
-#: 114 SMs = 1750, RTX PRO 6000 Blackwell Server Edition 120 TF / 188 SMs = 2493. The CPU
+#: 114 SMs = 1750, RTX PRO 6000 Blackwell Server Edition 120 TF / 188 SMs = 2493. B200: no
+#: published clock or FP32 peak; 1965 MHz is the maximum SM clock its driver reports (an
+#: estimate; it only enters the FlashAttention-2 terms, which the B200 does not run). The CPU
 #: entry's figure is nominal.
 _BOOST_MHZ = {"a100-sxm": 1410, "a100-pcie": 1410, "a100-40g": 1410, "h100-sxm": 1980,
               "h100-pcie": 1750, "h200": 1980, "l40s": 2520, "l4": 2040, "a10g": 1695,
-              "a40": 1740, "rtx4090": 2520, "rtx-pro-6000": 2493, "cpu": 2000}
+              "a40": 1740, "rtx4090": 2520, "rtx-pro-6000": 2493, "b200": 1965, "cpu": 2000}
+
+#: Dense FP8 tensor TFLOP/s with FP32 accumulate (what vLLM's CUTLASS scaled-mm kernels use):
+#: NVIDIA H100 data sheet (SXM 1,979, PCIe 1,513; H200 as the SXM), L40S data sheet (733), L4
+#: (242), Ada whitepaper (GeForce RTX 4090: 330.3 with FP32 accumulate, the half rate of its
+#: 660.6 with FP16 accumulate), RTX PRO 6000 Server Edition (twice its bf16 483.6: 967.2) and
+#: HGX B200 (4,500). Ampere has none.
+_FP8_TFLOPS = {"h100-sxm": 1979.0, "h100-pcie": 1513.0, "h200": 1979.0, "l40s": 733.0,
+               "l4": 242.0, "rtx4090": 330.3, "rtx-pro-6000": 967.2, "b200": 4500.0}
 
 #: FlashAttention generation per GPU where it is not 2: vLLM (0.32,
 #: ``vllm/v1/attention/backends/fa_utils.py``, ``get_flash_attn_version``) runs FA3 on compute
-#: capability 9 (Hopper), FA4 on 10 (B200/B300; none in this catalog) and FA2 on every other
+#: capability 9 (Hopper), FA4 on 10 (B200; AIConfigurator's B200 timings
+#: ran FlashInfer's TRT-LLM kernels, also warp-specialised) and FA2 on every other
 #: card (Ampere 8.0/8.6, Ada 8.9, the RTX PRO 6000's Blackwell 12.0).
-_FLASH_ATTENTION = {"h100-sxm": 3, "h100-pcie": 3, "h200": 3}
+_FLASH_ATTENTION = {"h100-sxm": 3, "h100-pcie": 3, "h200": 3, "b200": 4}
 
 GPUS: dict[str, GPU] = {
     g.name: replace(g, l2_mib=float(_L2_MIB[g.name]), boost_mhz=float(_BOOST_MHZ[g.name]),
-                    flash_attention=_FLASH_ATTENTION.get(g.name, 2))
+                    flash_attention=_FLASH_ATTENTION.get(g.name, 2),
+                    fp8_tflops=_FP8_TFLOPS.get(g.name, 0.0))
     for g in (
         GPU("a100-sxm", 79.15, 2.039, 312.0, 600.0, "ampere", 108, "NVIDIA A100-SXM4-80GB"),
         GPU("a100-pcie", 79.15, 1.935, 312.0, 64.0, "ampere", 108, "NVIDIA A100 80GB PCIe"),
@@ -83,8 +108,12 @@ GPUS: dict[str, GPU] = {
         GPU("h100-sxm", 79.19, 3.35, 989.0, 900.0, "hopper", 132, "NVIDIA H100 80GB HBM3"),
         GPU("h100-pcie", 79.19, 2.0, 756.0, 128.0, "hopper", 114, "NVIDIA H100 PCIe"),
         GPU("h200", 139.8, 4.8, 989.0, 900.0, "hopper", 132, "NVIDIA H200"),
-        GPU("l40s", 44.39, 0.864, 362.0, 64.0, "ampere", 142, "NVIDIA L40S"),
-        GPU("l4", 22.04, 0.300, 121.0, 64.0, "ampere", 58, "NVIDIA L4"),
+        # HGX B200 (per GPU): 180 GB HBM3e (CUDA total estimated as nvidia-smi's 183,359 MiB
+        # less the ~0.5 GiB the H100's runtime keeps back), 8 TB/s, 2.25 PF dense bf16,
+        # NVLink 5 at 1.8 TB/s, 148 SMs.
+        GPU("b200", 178.6, 8.0, 2250.0, 1800.0, "blackwell", 148, "NVIDIA B200"),
+        GPU("l40s", 44.39, 0.864, 362.0, 64.0, "ada", 142, "NVIDIA L40S"),
+        GPU("l4", 22.04, 0.300, 121.0, 64.0, "ada", 58, "NVIDIA L4"),
         GPU("a10g", 22.06, 0.600, 70.0, 64.0, "ampere", 80, "NVIDIA A10G"),
         GPU("a40", 44.34, 0.696, 149.7, 112.5, "ampere", 84, "NVIDIA A40"),
         # GeForce: bf16 tensor math accumulates in fp32, which runs at half rate: 165.2 TF
@@ -114,6 +143,7 @@ _ALIASES = {
     "rtx-4090": "rtx4090", "nvidia-geforce-rtx-4090": "rtx4090", "geforce-rtx-4090": "rtx4090",
     "rtxpro6000": "rtx-pro-6000", "rtx-pro-6000-blackwell": "rtx-pro-6000",
     "nvidia-rtx-pro-6000-blackwell-server-edition": "rtx-pro-6000",
+    "nvidia-b200": "b200", "b200-sxm": "b200", "b200-180g": "b200",
 }
 
 

@@ -22,7 +22,10 @@ One format serves the simulator, the Locust driver and the tuner's manifests
 
 Distributions: ``constant`` (value), ``uniform`` (min, max; integers inclusive), ``normal``
 (mean, std), ``lognormal`` (mean = the arithmetic mean, sigma = the log-space deviation),
-``exponential`` (mean), ``choice`` (values, optional weights). Every one takes optional ``min`` and
+``exponential`` (mean), ``choice`` (values, optional weights), ``histogram`` (``edges``, the
+bucket bounds, and ``weights``, one per bucket: a bucket is drawn by weight, then an integer
+uniformly inside it, above its lower edge and up to its upper one; the form a Prometheus
+histogram's buckets give, :mod:`chunktune.metrics.derive`). Every one takes optional ``min`` and
 ``max`` to clip. Draws are made from a seeded generator, so one seed gives one request sequence
 whichever tool replays it.
 
@@ -34,6 +37,7 @@ the runtime types (:class:`Profile`, one dataclass per distribution).
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -70,6 +74,17 @@ def _profile_dir() -> Path:
 
 #: Where the shipped profiles live.
 PROFILE_DIR = _profile_dir()
+#: The classes of a profile derived from a deployment's metrics (:mod:`chunktune.metrics.derive`):
+#: prompts at most, and above, a length threshold.
+DERIVED_CLASSES = ("short", "long")
+#: A derived profile's duration unless the manifest or the command says otherwise.
+DERIVED_DURATION = 300.0
+
+
+def derived_warmup(duration: float) -> float:
+    """A derived profile's warm-up unless one is given: 30 s, or a tenth of a shorter
+    duration."""
+    return min(30.0, duration / 10)
 
 
 def parse_duration(value: Any, field_name: str) -> float:
@@ -234,8 +249,30 @@ class Choice(_Clipped):
         return sum(a * b for a, b in zip(self.values, w, strict=True)) / sum(w)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Histogram(_Clipped):
+    """Buckets ``(edges[i], edges[i+1]]`` drawn by ``weights[i]``, then an integer uniformly
+    inside the bucket (a bucket narrower than one integer gives its upper edge)."""
+
+    edges: tuple[float, ...]
+    weights: tuple[float, ...]
+    dist: Literal["histogram"] = "histogram"
+
+    def _draw(self, rng: random.Random) -> float:
+        i = rng.choices(range(len(self.weights)), weights=self.weights)[0]
+        lo, hi = math.floor(self.edges[i]) + 1, math.floor(self.edges[i + 1])
+        return float(rng.randint(lo, hi)) if hi > lo else float(max(hi, 1))
+
+    def _params(self) -> dict[str, Any]:
+        return {"dist": self.dist, "edges": list(self.edges), "weights": list(self.weights)}
+
+    def mean(self) -> float:
+        mids = [(a + b) / 2 for a, b in itertools.pairwise(self.edges)]
+        return sum(m * w for m, w in zip(mids, self.weights, strict=True)) / sum(self.weights)
+
+
 #: A token-count distribution, told apart by its ``dist`` tag.
-Distribution = Constant | Uniform | Normal | LogNormal | Exponential | Choice
+Distribution = Constant | Uniform | Normal | LogNormal | Exponential | Choice | Histogram
 
 
 # ---- validation: the profile as pydantic models (the manifest's mechanism) ------------------
@@ -332,6 +369,37 @@ class ChoiceSpec(_ClipSpec):
                       min=self.min, max=self.max)
 
 
+class HistogramSpec(_ClipSpec):
+    dist: Literal["histogram"]
+    edges: list[NonNegative] = Field(min_length=2, max_length=256)
+    """Bucket bounds, increasing: bucket ``i`` is ``(edges[i], edges[i+1]]``."""
+    weights: list[NonNegative] = Field(min_length=1, max_length=255)
+    """One weight per bucket (counts or shares), not all zero."""
+
+    @field_validator("edges")
+    @classmethod
+    def _increasing(cls, v: list[float]) -> list[float]:
+        for a, b in itertools.pairwise(v):
+            if b <= a:
+                raise ValueError(f"must increase (got {a:g} then {b:g})")
+        return v
+
+    @field_validator("weights")
+    @classmethod
+    def _one_per_bucket(cls, w: list[float], info: ValidationInfo) -> list[float]:
+        edges = info.data.get("edges")
+        if edges is not None and len(w) != len(edges) - 1:
+            raise ValueError(f"must have one entry per bucket: len(edges) - 1 = "
+                             f"{len(edges) - 1} (got {len(w)})")
+        if not any(x > 0 for x in w):
+            raise ValueError("must not all be 0")
+        return w
+
+    def build(self) -> Histogram:
+        return Histogram(edges=tuple(self.edges), weights=tuple(self.weights), min=self.min,
+                         max=self.max)
+
+
 def _bare_number(raw: Any) -> Any:
     """``prompt_tokens: 128`` is ``{dist: constant, value: 128}``."""
     if isinstance(raw, int | float) and not isinstance(raw, bool):
@@ -343,8 +411,8 @@ def _bare_number(raw: Any) -> Any:
 
 
 DistributionSpec = Annotated[
-    ConstantSpec | UniformSpec | NormalSpec | LogNormalSpec | ExponentialSpec | ChoiceSpec,
-    Field(discriminator="dist"), BeforeValidator(_bare_number)]
+    ConstantSpec | UniformSpec | NormalSpec | LogNormalSpec | ExponentialSpec | ChoiceSpec
+    | HistogramSpec, Field(discriminator="dist"), BeforeValidator(_bare_number)]
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 

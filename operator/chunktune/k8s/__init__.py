@@ -1,7 +1,7 @@
 """The Kubernetes operator: ``chunktune operator run``, built on kopf.
 
-This package is the only importer of ``kopf`` (and, with :mod:`chunktune.backends.kubernetes`,
-of the ``kubernetes`` client). Its modules:
+This package is the only importer of ``kopf`` and of the ``kubernetes`` client
+(``.importlinter``). Its modules:
 
 - :mod:`.settings`: the settings tree, validated once from ``CHUNKTUNE_*`` and the command line;
 - :mod:`.kube`: the asynchronous view of the API over the official client;

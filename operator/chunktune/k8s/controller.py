@@ -37,7 +37,7 @@ from chunktune.core.errors import BackendUnavailable, InfrastructureFault, SpecE
 from chunktune.core.flags import flags_line
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent
 from chunktune.core.trials import TrialState
-from chunktune.k8s import policy, storage
+from chunktune.k8s import policy, retune, storage
 from chunktune.k8s.outputs import write_outputs
 from chunktune.k8s.state import (
     TERMINAL,
@@ -50,12 +50,15 @@ from chunktune.k8s.state import (
     parse,
     problems_text,
 )
+from chunktune.metrics.derive import WorkloadUnavailable
 from chunktune.tuning import storage as storages
 from chunktune.tuning import study as st
 from chunktune.tuning.results.model import collect
 from chunktune.tuning.tuner import Tuner
 
 log = logging.getLogger(__name__)
+#: Seconds between tries to derive a workload from Prometheus that could not be derived.
+WORKLOAD_RETRY = 30.0
 #: Backoff of the daemon after an API error it could not absorb: first delay, cap (seconds).
 FAULT_BACKOFF_FIRST = 1.0
 FAULT_BACKOFF_CAP = 30.0
@@ -152,41 +155,74 @@ class StudyController:
                 continue
             # NOTE: the writer, not the body: the watch event of our own last write may not
             # have arrived yet (the writer starts from the body's status on a restart).
+            if self.writer.phase in TERMINAL and not self.writer.pending and \
+                    self.writer.generation != gen and retune.owns_outputs(self.writer.retune):
+                self.writer.generation = gen  # re-tuned: the first study's end stays done
             if self.writer.phase in TERMINAL and self.writer.generation == gen and \
                     not self.writer.pending:
-                await self._until(live, changed)
+                if retune.watches(tuning, self.writer.phase):
+                    await self._guarded(retune.Retuner(self, tuning).watch(live), tuning,
+                                        live, changed)
+                else:
+                    await self._until(live, changed)
                 continue
             if not await self._allowed(tuning, gen):
                 loop = asyncio.get_running_loop()
                 await self._until(live, policy.changed_or_due(changed, loop.time))
                 continue
+            await self._guarded(self._study(tuning, live), tuning, live, changed)
+
+    async def _guarded(self, work: Awaitable[None], tuning: ChunkedPrefillTuning, live: Live,
+                       changed: Callable[[Mapping[str, Any]], bool]) -> None:
+        """Run ``work`` (the study, or the watch of ``spec.retune``): an invalid spec or
+        engine is Failed until the spec changes, a workload that cannot be derived is Pending
+        and tried again, and an API or study-database error the layers below did not absorb
+        is retried with backoff."""
+        gen = self.gen
+        try:
             try:
-                try:
-                    await self._study(tuning, live)
-                except SpecError as e:
-                    await self.invalid(e.problems, gen)
-                    await self._until(live, changed)
-                except BackendUnavailable as e:
-                    await self.invalid([("spec.engine", str(e))], gen)
-                    await self._until(live, changed)
-            except (ClusterApiError, InfrastructureFault) as e:
-                # NOTE: any API error the layers below did not absorb: the daemon lives on and
-                # starts over from the study storage (running trials are adopted).
-                self.api_faults += 1
-                delay = min(FAULT_BACKOFF_CAP, FAULT_BACKOFF_FIRST * 2 ** min(
-                    self.api_faults - 1, 8)) * random.uniform(0.5, 1.0)
-                if isinstance(e, storages.StorageFault):
-                    await self._storage_failed(e, tuning, gen, delay)
-                    await live.sleep(delay)
-                    continue
+                await work
+            except SpecError as e:
+                await self.invalid(e.problems, gen)
+                await self._until(live, changed)
+            except BackendUnavailable as e:
+                await self.invalid([("spec.engine", str(e))], gen)
+                await self._until(live, changed)
+            except WorkloadUnavailable as e:
+                await self._no_workload(e, gen)
+                loop = asyncio.get_running_loop()
+                due = loop.time() + WORKLOAD_RETRY
+                await self._until(live, lambda b: changed(b) or loop.time() >= due)
+        except (ClusterApiError, InfrastructureFault) as e:
+            # NOTE: any API error the layers below did not absorb: the daemon lives on and
+            # starts over from the study storage (running trials are adopted).
+            self.api_faults += 1
+            delay = min(FAULT_BACKOFF_CAP, FAULT_BACKOFF_FIRST * 2 ** min(
+                self.api_faults - 1, 8)) * random.uniform(0.5, 1.0)
+            if isinstance(e, storages.StorageFault):  # the study's database, not the API
+                await self._storage_failed(e, tuning, gen, delay)
+            else:
                 log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
                             "%.1f s", self.owner.namespace, self.owner.name, e, delay)
                 if self.api_faults == 3:  # not a blip: say so where users look
                     self.emit("Warning", "ApiError", f"the Kubernetes API keeps failing "
                               f"({e}); the study retries with backoff and loses nothing")
-                await live.sleep(delay)
-            else:
-                self.api_faults = 0
+            await live.sleep(delay)
+        else:
+            self.api_faults = 0
+
+    async def _no_workload(self, e: WorkloadUnavailable, gen: int) -> None:
+        """``spec.workload.fromPrometheus`` cannot derive the workload yet: Pending with a
+        ``WorkloadDerived=False`` condition and a warning naming the selector (once per
+        cause); the daemon tries again every :data:`WORKLOAD_RETRY` seconds."""
+        text = str(e)
+        was = next((c for c in self.writer.conditions if c.get("type") == "WorkloadDerived"),
+                   None)
+        if was is None or was.get("status") != "False" or was.get("reason") != e.reason:
+            self.emit("Warning", e.reason, text)
+        self.writer.set("Pending", gen, f"waiting for the workload: {text}",
+                        WorkloadDerived=(False, e.reason, text))
+        await self.writer.write(None)
 
     async def _storage_failed(self, e: storages.StorageFault, tuning: ChunkedPrefillTuning,
                               gen: int, delay: float) -> None:
@@ -278,7 +314,8 @@ class StudyController:
             self.writer.set("Running", self.gen, f"tuning {len(tuner.params)} flags",
                             SpecValid=(True, "Valid", "the spec is valid"),
                             Running=(True, "TrialsRunning", "the study is running"),
-                            Suspended=(False, "Resumed", "the study is not suspended"))
+                            Suspended=(False, "Resumed", "the study is not suspended"),
+                            **retune.derived_condition(tuner))
             await self.writer.write(tuner)
             reason = await tuner.run()
             await self._drain_flush()

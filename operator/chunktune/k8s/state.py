@@ -30,7 +30,9 @@ from chunktune.k8s import storage
 from chunktune.k8s.kube import KubeApi
 from chunktune.k8s.settings import Settings
 from chunktune.tuning import study as st
+from chunktune.tuning import workload_source
 from chunktune.tuning.results.model import collect, summary
+from chunktune.tuning.runner import cost_model
 from chunktune.tuning.tuner import Tuner
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,18 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``: ``new``, with None for
+    every key of ``old`` it lacks, in nested mappings too (lists are replaced whole)."""
+    out = dict(new)
+    for key, was in old.items():
+        if key not in new:
+            out[key] = None
+        elif isinstance(was, Mapping) and isinstance(new[key], Mapping):
+            out[key] = merge_patch(was, new[key])
+    return out
 
 
 def _now() -> datetime:
@@ -181,6 +195,8 @@ class StatusWriter:
         self.completion_time: str | None = current.get("completionTime")
         self.message: str | None = current.get("message")
         self.generation: int | None = current.get("observedGeneration")
+        self.retune: dict[str, Any] | None = current.get("retune")
+        """``status.retune`` (:mod:`chunktune.k8s.retune` keeps it)."""
         self.lock = asyncio.Lock()
         self.pending = False
         """A phase was set that no successful write has carried yet."""
@@ -216,13 +232,16 @@ class StatusWriter:
     def render(self, tuner: Tuner | None) -> dict[str, Any]:
         kw: dict[str, Any] = {"conditions": self.conditions, "observed_generation":
                               self.generation, "start_time": self.start_time,
-                              "completion_time": self.completion_time, "message": self.message}
+                              "completion_time": self.completion_time, "message": self.message,
+                              "retune": self.retune}
         if tuner is None:
             return render_status(StudySummary(phase=self.phase or "Pending", **kw))
         results = collect(tuner.study, tuner.objectives, tuner.constraints)
         twin = tuner.strategy.status()
         if twin is not None:
             kw["twin"] = twin
+        kw["cost_model"] = cost_model(tuner.tuning)
+        kw["workload"] = workload_source.status_of(tuner.derived)
         return render_status(summary(results, self.phase or "Pending",
                                      tuner.spec.budget.max_trials, **kw))
 
@@ -244,11 +263,9 @@ class StatusWriter:
             status = self.render(tuner)
             delay = 0.1
             for attempt in range(1, CONFLICT_RETRIES + 1):
-                patch: dict[str, Any] = dict(status)
-                for key in self.last:
-                    if key not in status:
-                        patch[key] = None  # merge patch: drop what the renderer no longer gives
-                if patch == self.last:
+                # merge patch: drop what the renderer no longer gives, at any depth
+                patch = merge_patch(self.last, status)
+                if status == self.last:
                     self.pending = False
                     return
                 try:
@@ -273,4 +290,4 @@ class StatusWriter:
 
 
 __all__ = ["CONFLICT_RETRIES", "TERMINAL", "Operator", "Problem", "StatusWriter", "generation",
-           "owner_of", "parse", "problems_text"]
+           "merge_patch", "owner_of", "parse", "problems_text"]

@@ -8,7 +8,9 @@ Prometheus. What the library leaves to us stays here: reading one number out of 
 query's result (``None`` for an empty result or ``NaN``), one error type, and
 :meth:`PrometheusClient.trial_metrics`, which runs :func:`chunktune.metrics.promql.trial_queries`
 for a trial's load window and returns the figures with the same keys as the scrape-based reader
-(:func:`chunktune.metrics.promtext.server_metrics`).
+(:func:`chunktune.metrics.promtext.server_metrics`), and :meth:`PrometheusClient.observe_workload`,
+which reads a deployment's request histograms under a label selector for
+:func:`chunktune.metrics.derive.derive`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +30,9 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
 from chunktune.core.errors import ChunktuneError
+from chunktune.core.selectors import LabelSelector
 from chunktune.metrics import promql
+from chunktune.metrics.derive import Buckets, Observation, WorkloadUnavailable
 from chunktune.metrics.promtext import Scrape
 
 log = logging.getLogger(__name__)
@@ -79,6 +85,82 @@ class PrometheusClient:
             raise PrometheusError(f"cannot query {self.url}: {e}") from e
         return _value(result)
 
+    def query_vector_sync(self, q: str, at: float | None = None) -> list[tuple[dict[str, str],
+                                                                              float]]:
+        """Every sample of an instant vector query at ``at``: ``(labels, value)``, non-numbers
+        left out. Blocks; raises :class:`PrometheusError`."""
+        params = {} if at is None else {"time": f"{at:.3f}"}
+        try:
+            result = self._prom.custom_query(q, params=params)
+        except PrometheusApiClientException as e:
+            raise PrometheusError(f"{e} (query {q})") from e
+        except (requests.RequestException, ValueError, KeyError, TypeError) as e:
+            raise PrometheusError(f"cannot query {self.url}: {e}") from e
+        out: list[tuple[dict[str, str], float]] = []
+        for sample in result if isinstance(result, list) else []:
+            if isinstance(sample, Mapping):
+                v = _value([sample])
+                if v is not None:
+                    out.append(({str(k): str(x) for k, x in (sample.get("metric") or {}).items()},
+                                v))
+        return out
+
+    def observe_workload(self, selector: str, window: float, at: float | None = None,
+                         peak_window: float | None = None,
+                         latency: tuple[str, ...] = ()) -> Observation:
+        """A deployment's request histograms under ``selector`` over the ``window`` seconds
+        ending ``at`` (default now); ``latency``: also these server-side latency histograms
+        (``ttft``, ``itl``, ``e2e``). Blocks. Raises :class:`WorkloadUnavailable` naming the
+        selector: Prometheus does not answer, or no series matches."""
+        sel = LabelSelector.parse(selector)
+        at = time.time() if at is None else at
+        sub = peak_window or default_peak_window(window)
+        queries = promql.workload_queries(sel, window, sub)
+        try:
+            n_series = self.query_sync(queries["series"], at)
+            if not n_series:
+                raise WorkloadUnavailable("NoMatchingSeries",
+                                          self._no_series(sel, window, at))
+            scalars = {k: self.query_sync(queries[k], at)
+                       for k in ("requests", "peak_rate", "prompt_sum", "output_sum")}
+            hist = {k: self._buckets(queries[k], at)
+                    for k in ("prompt_buckets", "output_buckets")}
+            lat = {base: self._buckets(promql.buckets(promql.LATENCY_HISTOGRAMS[base], sel,
+                                                      window), at) for base in latency}
+        except PrometheusError as e:
+            raise WorkloadUnavailable(
+                "PrometheusUnreachable", f"cannot derive the workload of {sel}: Prometheus at "
+                f"{self.url} did not answer ({_short(str(e))})") from e
+        return Observation(url=self.url, selector=str(sel), window=window, at=at,
+                           peak_window=sub, requests=scalars["requests"] or 0.0,
+                           peak_rate=scalars["peak_rate"], prompt=hist["prompt_buckets"],
+                           output=hist["output_buckets"], prompt_sum=scalars["prompt_sum"],
+                           output_sum=scalars["output_sum"], latency=lat)
+
+    def _buckets(self, q: str, at: float) -> Buckets:
+        return Buckets.from_le({labels.get("le", "+Inf"): v
+                                for labels, v in self.query_vector_sync(q, at)})
+
+    def _no_series(self, sel: LabelSelector, window: float, at: float) -> str:
+        """The error for a selector that matches nothing, with the values its labels have on
+        vLLM's request histograms (when Prometheus has any)."""
+        hints = []
+        for label in sel.labels():
+            try:
+                values = sorted({labels.get(label, "") for labels, _ in self.query_vector_sync(
+                    promql.label_values(label, window), at)} - {""})
+            except PrometheusError:
+                continue
+            if values:
+                shown = ", ".join(values[:10]) + (", ..." if len(values) > 10 else "")
+                hints.append(f"{label} there: {shown}")
+        tail = ("; " + "; ".join(hints)) if hints else (
+            "; Prometheus has no vllm:request_prompt_tokens series at all in that window "
+            "(is it scraping the engines' /metrics?)")
+        return (f"no series of vllm:request_prompt_tokens matches the selector {sel} in the "
+                f"{window:g} s ending {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(at))} "
+                f"at {self.url}{tail}")
+
     async def query(self, q: str, at: float | None = None) -> float | None:
         """:meth:`query_sync` in a worker thread."""
         return await asyncio.to_thread(self.query_sync, q, at)
@@ -111,6 +193,21 @@ class PrometheusClient:
         await asyncio.to_thread(self._prom.close)
 
 
+def _short(message: str) -> str:
+    """A connection error's cause (``Connection refused``) instead of urllib3's whole
+    chain."""
+    m = re.search(r"\[Errno -?\d+\] ([^'\")]+)", message)
+    if m:
+        return m.group(1).strip()
+    return message if len(message) <= 300 else message[:297] + "..."
+
+
+def default_peak_window(window: float) -> float:
+    """The stretch a peak rate is measured over: an eighth of the window, between 10 s and
+    5 min, and never longer than the window."""
+    return min(window, 300.0, max(window / 8, 10.0))
+
+
 def _value(result: Any) -> float | None:
     """The number in an instant query's ``data.result``: a vector's first sample
     (``[{"metric": ..., "value": [t, "v"]}, ...]``) or a scalar (``[t, "v"]``)."""
@@ -132,4 +229,4 @@ def _value(result: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-__all__ = ["PrometheusClient", "PrometheusError", "scrape"]
+__all__ = ["PrometheusClient", "PrometheusError", "default_peak_window", "scrape"]

@@ -1,4 +1,4 @@
-"""Pure PromQL builders for a trial's engine-side figures.
+"""Pure PromQL builders: a trial's engine-side figures, and a deployment's workload.
 
 Every query names its metric by a regular expression that accepts both spellings,
 ``vllm:num_preemptions_total`` and ``vllm_num_preemptions_total``
@@ -10,6 +10,12 @@ meet the same. Each query is filtered by label matchers that pick the trial's po
 
 The figures mirror :func:`chunktune.metrics.promtext.server_metrics` (the scrape-based reader),
 so a trial's metrics have the same keys whichever source produced them.
+
+A running deployment's workload (``chunktune workload from-prometheus``,
+``spec.workload.fromPrometheus``) is read from vLLM's request histograms under a user's label
+selector (:class:`LabelSelector`, ``{model_name="llama"}``): :func:`workload_queries` gives the
+request rate over the window and its peak over shorter sub-windows, and the prompt and output
+length buckets; :mod:`chunktune.metrics.derive` turns the answers into a profile.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from chunktune.core.selectors import LabelSelector
 
 #: Counters (without the ``vllm:`` prefix) whose increase over the load window is reported,
 #: with the key each becomes.
@@ -73,9 +81,10 @@ class PodSelector:
         return matchers({"namespace": self.namespace, "pod": self.pod})
 
 
-def series(name: str, sel: PodSelector) -> str:
-    """``{__name__=~"vllm(:|_)NAME",<pod matchers>}``."""
-    return "{" + metric_name(name) + "," + sel.text() + "}"
+def series(name: str, sel: PodSelector | LabelSelector) -> str:
+    """``{__name__=~"vllm(:|_)NAME",<matchers>}``."""
+    matchers_ = sel.text()
+    return "{" + metric_name(name) + ("," + matchers_ if matchers_ else "") + "}"
 
 
 def _range(seconds: float) -> str:
@@ -101,6 +110,55 @@ def gauge_max(name: str, sel: PodSelector, seconds: float, step: float = 1.0) ->
             f"{_range(step)}]))")
 
 
+#: vLLM's request histograms a workload is derived from (observed once per finished request).
+PROMPT_TOKENS = "request_prompt_tokens"
+GENERATION_TOKENS = "request_generation_tokens"
+#: Server-side latency histograms a production SLO is read from, by metric base name.
+LATENCY_HISTOGRAMS = {"ttft": "time_to_first_token_seconds",
+                      "itl": "inter_token_latency_seconds",
+                      "e2e": "e2e_request_latency_seconds"}
+
+
+def buckets(name: str, sel: PodSelector | LabelSelector, seconds: float) -> str:
+    """A histogram's cumulative bucket counts over the last ``seconds``, one sample per ``le``
+    (summed over engines and other labels)."""
+    return f"sum by (le) (increase({series(f'{name}_bucket', sel)}[{_range(seconds)}]))"
+
+
+def peak_rate(name: str, sel: LabelSelector, seconds: float, sub: float) -> str:
+    """The highest per-second rate of a counter over any ``sub``-second stretch of the last
+    ``seconds`` (sliding: a subquery evaluated every fifth of ``sub``)."""
+    step = max(1.0, sub / 5)
+    return (f"max_over_time(sum(rate({series(name, sel)}[{_range(sub)}]))"
+            f"[{_range(seconds)}:{_range(step)}])")
+
+
+def workload_queries(sel: LabelSelector, seconds: float, sub: float) -> dict[str, str]:
+    """The queries of a workload derivation over the last ``seconds``: requests (finished,
+    counted by the prompt-length histogram), their peak rate over ``sub``-second stretches,
+    how many series match, and both length histograms' buckets and sums."""
+    count = f"{PROMPT_TOKENS}_count"
+    return {
+        "requests": f"sum(increase({series(count, sel)}[{_range(seconds)}]))",
+        "peak_rate": peak_rate(count, sel, seconds, sub),
+        "series": f"count(last_over_time({series(count, sel)}[{_range(seconds)}]))",
+        "prompt_sum": f"sum(increase({series(PROMPT_TOKENS + '_sum', sel)}"
+                      f"[{_range(seconds)}]))",
+        "output_sum": f"sum(increase({series(GENERATION_TOKENS + '_sum', sel)}"
+                      f"[{_range(seconds)}]))",
+        "prompt_buckets": buckets(PROMPT_TOKENS, sel, seconds),
+        "output_buckets": buckets(GENERATION_TOKENS, sel, seconds),
+    }
+
+
+def label_values(label: str, seconds: float) -> str:
+    """The values of ``label`` on vLLM's request histograms over the last ``seconds`` (what
+    an error names when a selector matches nothing)."""
+    count = f"{PROMPT_TOKENS}_count"
+    return (f"count by ({label}) (last_over_time({{{metric_name(count)}}}"
+            f"[{_range(seconds)}]))")
+
+
 def trial_queries(sel: PodSelector, seconds: float) -> dict[str, str]:
     """Every query of a trial's load window, by the metric key it yields; evaluate each at
     the window's end."""
@@ -112,6 +170,7 @@ def trial_queries(sel: PodSelector, seconds: float) -> dict[str, str]:
     return out
 
 
-__all__ = ["COUNTERS", "HISTOGRAMS", "PodSelector", "counter_increase", "escape",
-           "gauge_max", "histogram_quantile", "matchers", "metric_name", "series",
-           "trial_queries"]
+__all__ = ["COUNTERS", "GENERATION_TOKENS", "HISTOGRAMS", "LATENCY_HISTOGRAMS", "PROMPT_TOKENS",
+           "PodSelector", "buckets", "counter_increase", "escape", "gauge_max",
+           "histogram_quantile", "label_values", "matchers", "metric_name", "peak_rate",
+           "series", "trial_queries", "workload_queries"]

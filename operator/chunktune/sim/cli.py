@@ -21,6 +21,7 @@ from chunktune.sim.args import (
     split_unknown,
 )
 from chunktune.sim.calibration import profile as profiles
+from chunktune.sim.cost.provenance import provenance
 from chunktune.sim.engine.virtual import build_engine, server_cost
 from chunktune.sim.report import format_summary, summarize
 
@@ -159,12 +160,14 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     summary: dict[str, Any] = summarize(engine, result, profile)
     summary["model"] = model.name
     summary["gpu"] = gpu.name
+    summary["cost_model"] = provenance(gpu)
     summary["workload"] = profile.name
     summary["wall_seconds"] = wall
     print(f"{model.name} on {gpu.name} x{engine.cfg.tensor_parallel_size}, workload "
           f"{profile.name} ({profile.duration:g}s, warm-up {profile.warmup:g}s); flags: "
           + flags_line({k: v for k, v in engine.cfg.flags().items()
                         if k in TUNABLE or k in args.point()}))
+    print(f"cost model: {summary['cost_model']}")
     print(format_summary(summary))
     print(f"(replayed in {wall:.2f} s wall, {result.end_time / max(wall, 1e-9):,.0f}x real time)")
     if ns.json:

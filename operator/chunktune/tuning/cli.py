@@ -17,6 +17,7 @@ from chunktune.core.errors import BackendUnavailable, SpecError
 from chunktune.core.flags import flags_line
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent
 from chunktune.core.trials import TrialState
+from chunktune.metrics.derive import WorkloadUnavailable
 
 if TYPE_CHECKING:
     from chunktune.tuning.tuner import Tuner
@@ -175,6 +176,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results.files import write_outputs
     from chunktune.tuning.results.model import collect
     from chunktune.tuning.results.text import format_results
+    from chunktune.tuning.runner import cost_model
     from chunktune.tuning.storage import StorageFault, display_url
     from chunktune.tuning.study import storage_url
     from chunktune.tuning.tuner import Tuner
@@ -197,7 +199,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     except SpecError as e:
         _print_problems(e)
         return 1
-    except (BackendUnavailable, StorageFault) as e:
+    except (BackendUnavailable, StorageFault, WorkloadUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     progress = Progress(tuner, ns.quiet)
@@ -210,6 +212,16 @@ def cmd_tune(ns: argparse.Namespace) -> int:
              if tuner.constraints else "")
           + f"; backend {backend.name}; storage {display_url(storage)}"
           + (f" (resuming: {prior} trials done)" if prior else ""), flush=True)
+    if tuner.derived:
+        src = tuner.derived["source"]
+        print(f"workload derived from {src['url']} ({src['selector']}, {src['window']:g} s "
+              f"ending {src['at']}): {tuner.profile.arrival.rate:g} req/s", flush=True)
+    if tuning.spec.retune is not None:
+        print("note: spec.retune is the operator's (it keeps watching the deployment); here "
+              "the study runs once", file=sys.stderr)
+    line = cost_model(tuning)
+    if line:
+        print(f"cost model: {line}", flush=True)
 
     old = signal.signal(signal.SIGINT, stop.on_signal)
     try:

@@ -52,6 +52,7 @@ from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend
 from chunktune.core import vllm as vllm_release
 from chunktune.core.errors import InfrastructureFault, SpecError
+from chunktune.core.gpus import resolve_gpu
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent, TwinPhase
 from chunktune.core.steps import (
     StepSummary,
@@ -70,7 +71,8 @@ from chunktune.core.trials import (
     TrialState,
 )
 from chunktune.sim.calibration import profile as profiles
-from chunktune.tuning import space
+from chunktune.sim.cost.provenance import provenance
+from chunktune.tuning import space, workload_source
 from chunktune.tuning import storage as storages
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (
@@ -105,6 +107,17 @@ def calibration_of(tuning: ChunkedPrefillTuning) -> dict[str, Any] | None:
     return profiles.read_profile(c.file, "spec.engine.calibration.file").to_dict()
 
 
+def cost_model(tuning: ChunkedPrefillTuning) -> str | None:
+    """What the simulator's step-time model for the study's GPU was fitted on, for a study
+    whose trials (engine kind ``sim``) or twin (``strategy: twin``) run in the simulator; None
+    for the others (and a twin on a CPU engine, which only a calibration profile describes)."""
+    spec = tuning.spec
+    gpu = spec.engine.gpu.type
+    if gpu is None or (spec.engine.kind != "sim" and spec.strategy.name != "twin"):
+        return None
+    return provenance(resolve_gpu(gpu))
+
+
 def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
     e = tuning.spec.engine
     ref = e.calibration.config_map_key_ref if e.calibration else None
@@ -128,10 +141,10 @@ class TrialRunner:
     """The trials of one study: ``on_event`` sees every trial start and end; ``on_update`` is
     called after each tell (to print progress or patch a status).
 
-    What a strategy uses: :meth:`run_trials`, :meth:`enqueue`, :meth:`enqueue_baseline`,
-    :meth:`pending`, :meth:`waiting`, :meth:`counted`, :meth:`trials`, :meth:`plan`,
-    :meth:`out_of_time`, :meth:`emit`, :meth:`changed`, :meth:`counted_in`, and the study, spec,
-    goals and target it holds."""
+    What a strategy uses: :meth:`recover`, :meth:`run_trials`, :meth:`enqueue`,
+    :meth:`enqueue_baseline`, :meth:`pending`, :meth:`waiting`, :meth:`counted`, :meth:`trials`,
+    :meth:`plan`, :meth:`out_of_time`, :meth:`emit`, :meth:`changed`, :meth:`counted_in`, and
+    the study, spec, goals and target it holds."""
 
     def __init__(self, tuning: ChunkedPrefillTuning, backend: TrialBackend, storage: str,
                  on_event: Callable[[TrialEvent], None] | None = None,
@@ -160,16 +173,18 @@ class TrialRunner:
         self.constraints = [ConstraintDef.from_spec(c) for c in self.spec.constraints]
         self.target = target or target_from_spec(tuning)
         self.context = space.EngineContext.build(self.target)
-        self.profile = self.spec.workload.resolve()
         self.slos = slos_for_goodput(self.constraints)
-        self.window_seconds = window_seconds or _default_window(self.profile.duration,
-                                                                self.profile.warmup)
         directions = [o.direction for o in self.objectives]
         sampler = st.make_sampler(tuning, len(directions), bool(self.constraints))
         pruner = st.make_pruner(tuning, len(directions))
         self.storage: BaseStorage = st.open_storage(storage)
         self.study = st.open_study(tuning, self.storage, directions, sampler, pruner,
                                    name=study_name)
+        self.profile, self.derived = workload_source.resolve(tuning, self.study)
+        """The profile every trial replays; ``derived``: what ``fromPrometheus`` derived for
+        it (kept in the study), else None."""
+        self.window_seconds = window_seconds or _default_window(self.profile.duration,
+                                                                self.profile.warmup)
         self.owner = st.owner_id()
         self.started = time.monotonic()
         self.stop_reason: StopReason | None = None
@@ -654,11 +669,27 @@ def _default_window(duration: float, warmup: float) -> float:
     return max(5.0, (duration - warmup) / 10)
 
 
+def _plain(v: Any) -> tuple[bool, Any]:
+    """``(True, v)`` for a JSON value (scalars, and lists and string-keyed dicts of them, the
+    unplain entries of a dict left out); ``(False, None)`` for anything else."""
+    if isinstance(v, int | float | str | bool) or v is None:
+        return True, v
+    if isinstance(v, dict):
+        return True, _jsonable(v)
+    if isinstance(v, list | tuple):
+        items = [_plain(x) for x in v]
+        return (True, [x for _, x in items]) if all(ok for ok, _ in items) else (False, None)
+    return False, None
+
+
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``d`` a study attribute can keep (:func:`_plain`), nested ones too (the
+    engine's start-up figures, ``server["engine"]``)."""
     out = {}
     for k, v in d.items():
-        if isinstance(v, int | float | str | bool) or v is None:
-            out[k] = v
+        ok, plain = _plain(v)
+        if ok and isinstance(k, str):
+            out[k] = plain
     return out
 
 

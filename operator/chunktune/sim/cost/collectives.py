@@ -1,30 +1,31 @@
-"""Tensor-parallel all-reduce time, modelled on NCCL's measured collectives.
+"""Tensor-parallel all-reduce time: vLLM's own, measured, and NCCL's curve fitted on Vidur's.
 
-Measured: microsoft/vidur ``data/profiling/network/<topology>/all_reduce.csv`` (MIT licence,
+vLLM's all-reduce as it runs it (custom all-reduce inside CUDA graphs for small messages, NCCL
+above): AIConfigurator's ``custom_allreduce_perf`` (Apache-2.0, NVIDIA), timed on A100, H100,
+B200, L40S and RTX PRO 6000 nodes over 2, 4 and 8 GPUs (``data/aic_allreduce_us.csv``). On NVLink
+:func:`tp_allreduce_s` interpolates the table of the GPU or of one on the same interconnect, and
+else the fitted form :func:`vllm_allreduce_s` of its nearest measured NVLink GPU.
+
+NCCL's curve: microsoft/vidur ``data/profiling/network/<topology>/all_reduce.csv`` (MIT licence,
 Copyright (c) Microsoft Corporation): NCCL all-reduce kernel times (``torch.distributed``, eager,
 the median of 11 back-to-back calls) for messages of 2 KB to 64 MB (512 MB on one machine) over
 2, 4 and 8 GPUs of one node. Vidur's profiler records ``size`` in **bytes** (its
 ``collectives_wrapper.py``: ``"size": self._size * 2  # bytes`` for fp16 elements). Four
 machines: DGX A100 and DGX H100 (every GPU on NVSwitches), and 4-GPU boxes of PCIe A100s and
-H100s joined in pairs by NVLink bridges, where a 4-GPU ring crosses PCIe.
-
-The model, per GPU, for ``S`` bytes over ``n`` ranks:
+H100s joined in pairs by NVLink bridges, where a 4-GPU ring crosses PCIe. The model, per GPU,
+for ``S`` bytes over ``n`` ranks:
 
     ring(n) = 2 (n - 1) / n                        bytes each GPU sends (and receives) per byte
     device  = latency + 2 (n - 1) x chunk / (eff x B) + ring(n) x S / (eff x B)
 
 ``B`` is the per-direction bandwidth of the slowest link the ring crosses (data sheet: half of
 the bidirectional NVLink or PCIe figure), ``eff`` the fraction of it a ring reaches (fitted per
-kind of link), ``chunk`` the bytes that must cross each of the ring's ``2 (n - 1)`` steps before
-it streams (pipeline fill: a latency that grows with the ranks and shrinks with the bandwidth).
-What Vidur's eager loop records is a soft maximum of that device time and a host floor (the
-rate at which ``torch.distributed`` issues calls and the ranks' skew, 20-60 us on these
-machines), which is fitted but not simulated: vLLM runs its collectives inside CUDA graphs.
-
-For vLLM, :func:`tp_allreduce_s`: on NVLink, messages up to ``CUSTOM_AR_MAX_BYTES`` go through
-vLLM's custom all-reduce (a one-shot or two-stage kernel over peer memory; its latency is a
-coefficient of the step-time model, not measured here) at the NVLink ring bandwidth; larger
-messages, and every message over PCIe, through NCCL as measured.
+kind of link, :mod:`chunktune.sim.cost.nccl_fit`), ``chunk`` the bytes that must cross each of
+the ring's ``2 (n - 1)`` steps before it streams. What Vidur's eager loop records is a soft
+maximum of that device time and a host floor (the rate at which ``torch.distributed`` issues
+calls and the ranks' skew, 20-60 us on these machines), which is fitted but not simulated. The
+engine runs it over PCIe and on nodes whose links are given (``interconnect``), with vLLM's
+custom all-reduce up to ``CUSTOM_AR_MAX_BYTES`` on a given NVLink.
 """
 
 from __future__ import annotations
@@ -37,17 +38,20 @@ from typing import Any
 
 import numpy as np
 
-from chunktune.core.gpus import GPU
+from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.sim.cost import aic_data
+from chunktune.sim.cost.coefficients import NEAREST
+from chunktune.sim.cost.coefficients import coefficients as kernel_coefficients
 
 COLLECTIVE_COEFFICIENTS_PATH = Path(__file__).with_name("data") / "allreduce_coefficients.json"
 
 #: Kinds of link a ring's slowest hop can be, each with its own fitted efficiency.
 LINK_KINDS = ("nvswitch-nvlink3", "nvswitch-nvlink4", "nvlink-bridge", "pcie")
-#: Links slower than this (GB/s, both directions) are PCIe (or a bridge vLLM treats alike).
-NVLINK_MIN_GB_S = 200.0
 #: vLLM's custom all-reduce handles messages up to this size (``CustomAllreduce.max_size``,
 #: 8 MiB); larger ones go to NCCL.
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+#: Its latency where nothing measured says otherwise (a GPU priced on Vidur's NCCL curve).
+CUSTOM_AR_LATENCY_S = 1e-5
 #: NVSwitch generation by GPU family (A100 SXM: NVLink 3, H100/H200 SXM: NVLink 4).
 NVSWITCH_KIND = {"ampere": "nvswitch-nvlink3", "hopper": "nvswitch-nvlink4"}
 
@@ -152,23 +156,94 @@ def gpu_interconnect(gpu: GPU) -> Interconnect:
     NVLink efficiency of the bridges, which both measured generations share), else PCIe at its
     link figure. Rings beyond one NVSwitch node (8 GPUs) cross the network, which is not
     measured here; they are priced at the node's own link figure and the PCIe efficiency."""
-    if gpu.link_gb_s >= NVLINK_MIN_GB_S:
+    if gpu.nvlink:
         return Interconnect(gpu.link_gb_s, 8, NVSWITCH_KIND.get(gpu.family, "nvlink-bridge"),
                             gpu.link_gb_s)
     return Interconnect(0.0, 1, "nvlink-bridge", gpu.link_gb_s)
 
 
-def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU, custom_latency_s: float,
+@lru_cache(maxsize=1)
+def _measured() -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
+    """(GPU, ranks) -> (log bytes, log seconds) of vLLM's measured all-reduce."""
+    acc: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for r in aic_data.read_committed_allreduce():
+        acc.setdefault((r.gpu, r.ranks), []).append((float(r.nbytes), r.us * 1e-6))
+    # a larger message never takes less time (the timings' noise, under a nanosecond, aside)
+    return {k: (np.log([b for b, _ in sorted(v)]),
+                np.maximum.accumulate(np.log([t for _, t in sorted(v)])))
+            for k, v in acc.items()}
+
+
+def measured_allreduce_source(gpu: GPU) -> str | None:
+    """The measured GPU whose vLLM all-reduce tables ``gpu`` uses: itself, or its nearest
+    measured GPU (``coefficients.NEAREST``) on the same interconnect (the same NVLink
+    generation and bandwidth: the H200 on the H100's NVSwitch board); None where none is."""
+    measured = {g for g, _ in _measured()}
+    for name in (gpu.name, *NEAREST.get(gpu.name, ())):
+        if name in measured and (name == gpu.name or (
+                resolve_gpu(name).link_gb_s == gpu.link_gb_s
+                and resolve_gpu(name).family == gpu.family)):
+            return name
+    return None
+
+
+def measured_allreduce_table(gpu: GPU, ranks: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(log bytes, log seconds) of vLLM's all-reduce over ``ranks`` measured on
+    :func:`measured_allreduce_source`'s GPU."""
+    src = measured_allreduce_source(gpu)
+    return None if src is None else _measured().get((src, ranks))
+
+
+def vllm_allreduce_source(gpu: GPU) -> str | None:
+    """The measured GPU whose fitted vLLM all-reduce ``gpu`` uses: itself, else the first of
+    ``coefficients.NEAREST`` with a measured table on the same kind of link (NVLink or PCIe);
+    None where there is none (then NCCL's curve, :func:`nccl_allreduce_s`)."""
+    measured = {g for g, _ in _measured()}
+    for name in (gpu.name, *NEAREST.get(gpu.name, ())):
+        if name in measured and resolve_gpu(name).nvlink == gpu.nvlink:
+            return name
+    return None
+
+
+def vllm_allreduce_s(nbytes: np.ndarray, tp: int, gpu: GPU, latency_s: float,
+                     link_eff: float) -> np.ndarray:
+    """The fitted form of vLLM's all-reduce: ``latency + ring(n) x S / (link x eff)`` with
+    the per-direction data-sheet bandwidth of the GPU's link."""
+    out: np.ndarray = latency_s + ring_factor(tp) * nbytes / (gpu.link_gb_s * 1e9 / 2 * link_eff)
+    return out
+
+
+def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
                    c: CollectiveCoefficients | None = None,
                    interconnect: Interconnect | None = None) -> Any:
-    """Seconds one tensor-parallel all-reduce of ``nbytes`` per rank takes in vLLM (0 at TP 1):
-    the custom all-reduce on NVLink up to ``CUSTOM_AR_MAX_BYTES`` (``custom_latency_s`` plus
-    the ring's bytes at the NVLink efficiency), else NCCL. ``interconnect``: how the GPUs are
-    linked when the catalog's figure does not say (PCIe cards with NVLink bridges); default
-    :func:`gpu_interconnect`."""
+    """Seconds one tensor-parallel all-reduce of ``nbytes`` per rank takes in vLLM (0 at TP 1).
+
+    On NVLink, in order: vLLM's all-reduce at ``tp`` ranks measured on the GPU or on one of
+    the same interconnect (AIConfigurator's CUDA-graph timings,
+    :func:`measured_allreduce_table`, interpolated in log bytes and log time, proportional to
+    the bytes beyond the largest); else the fitted form (:func:`vllm_allreduce_s`) with the
+    coefficients of its nearest measured NVLink GPU (:func:`vllm_allreduce_source`). Over
+    PCIe, whenever ``interconnect`` says how the GPUs are linked (PCIe cards with NVLink
+    bridges), and where no NVLink GPU was measured: the NCCL curve fitted on Vidur's
+    collectives (:func:`nccl_allreduce_s`) with vLLM's custom all-reduce on NVLink up to
+    ``CUSTOM_AR_MAX_BYTES``. PCIe all-reduces depend on the host's peer-to-peer path more than
+    on the GPU: AIConfigurator's RTX PRO 6000 pair reduces 1 MiB in 30 us (custom all-reduce
+    over P2P), which replays LLMServingSim's RTX PRO 6000 TP 2 run 22% fast in TPOT where
+    NCCL's PCIe curve replays it 7% fast; the measured PCIe tables stay in the kernel report."""
     s = np.asarray(nbytes, dtype=np.float64)
     if tp <= 1:
         return np.zeros_like(s)
+    if interconnect is None and gpu.nvlink:
+        table = measured_allreduce_table(gpu, tp)
+        if table is not None:
+            lb, lt = table
+            ls = np.log(np.maximum(s, 1.0))
+            t = np.interp(ls, lb, lt)
+            return np.exp(np.where(ls > lb[-1], lt[-1] + ls - lb[-1], t))
+        src = vllm_allreduce_source(gpu)
+        if src is not None:
+            k = kernel_coefficients(src)
+            return vllm_allreduce_s(s, tp, gpu, k.allreduce_latency_s, k.allreduce_link_eff)
     c = c or collective_coefficients()
     ic = interconnect or gpu_interconnect(gpu)
     link, kind = ic.bottleneck(tp)
@@ -176,5 +251,5 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU, custom_latency
     nccl = nccl_allreduce_s(s, tp, link, eff, c)
     if kind == "pcie":
         return nccl
-    custom = custom_latency_s + ring_factor(tp) * s / (link * eff)
+    custom = CUSTOM_AR_LATENCY_S + ring_factor(tp) * s / (link * eff)
     return np.where(s <= CUSTOM_AR_MAX_BYTES, custom, nccl)

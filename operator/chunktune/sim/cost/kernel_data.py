@@ -11,7 +11,15 @@ source and licence in its header). Datasets:
   Pratyush Patel): Llama-2-70B prefill and decode-iteration times at TP 2/4/8 on A100/H100;
 - ``vidur-network``: microsoft/vidur ``data/profiling/network/*/all_reduce.csv`` (MIT, Copyright
   (c) Microsoft Corporation): NCCL all-reduce times by message size (bytes) and GPU count; a
-  sub-sample is committed as ``data/vidur_allreduce_ms.csv``.
+  sub-sample is committed as ``data/vidur_allreduce_ms.csv``;
+- ``vidur``: microsoft/vidur ``data/profiling/compute/{a100,h100}/<model>/mlp.csv`` (MIT),
+  per-layer median timings of the linear operators on A100 and H100 at TP 1-8 for Llama-2-7B/70B,
+  CodeLlama-34B and Llama-3-8B/70B (Llama-3 on A100 only), and from its ``unseen/`` folder the
+  A40's timings of the catalog's Llama-2 and CodeLlama models; committed as
+  ``data/vidur_linear_ms.csv`` (every power of two and multiple of 256 tokens: per-layer sums
+  and their GEMM and elementwise parts).
+
+AIConfigurator's vLLM kernel timings have their own reader, :mod:`chunktune.sim.cost.aic_data`.
 """
 
 from __future__ import annotations
@@ -24,6 +32,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 POINTS_PATH = Path(__file__).with_name("data") / "kernel_points.csv"
+VIDUR_PATH = Path(__file__).with_name("data") / "vidur_linear_ms.csv"
+#: Vidur's linear operators in ``mlp.csv``, and its GEMMs under the cost model's names (the
+#: others are elementwise).
+VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
+             "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+VIDUR_GEMMS = {"attn_pre_proj": "qkv", "attn_post_proj": "o", "mlp_up_proj": "up",
+               "mlp_down_proj": "down"}
+#: Vidur's model directory names -> our catalog; its GPU names -> ours.
+VIDUR_MODELS = {
+    "Llama-2-7b-hf": "llama-2-7b",
+    "Llama-2-70b-hf": "llama-2-70b",
+    "CodeLlama-34b-Instruct-hf": "codellama-34b",
+    "Meta-Llama-3-8B": "llama-3-8b",
+    "Meta-Llama-3-70B": "llama-3-70b",
+}
+VIDUR_GPUS = {"a100": "a100-sxm", "h100": "h100-sxm", "a40": "a40"}
 
 #: LLMServingSim's hardware folder -> our GPU name; model folder -> our catalog name.
 LLMSS_GPUS = {"RTX4090": "rtx4090", "RTXPRO6000": "rtx-pro-6000"}
@@ -66,6 +90,64 @@ class LinearPoint:
     tokens: int
     per_layer_ms: float
     ops: tuple[float, ...] = ()
+
+
+def _kept(tokens: int) -> bool:
+    """The token counts the derived table keeps: powers of two and multiples of 256."""
+    return tokens & (tokens - 1) == 0 or tokens % 256 == 0
+
+
+def derive_vidur(data_dir: Path) -> list[LinearPoint]:
+    """Per-layer linear time from Vidur's raw ``mlp.csv`` files (``data_dir``: the
+    ``vidur-profiling`` folder), and its GEMM and elementwise parts (duplicates averaged),
+    under our GPU and catalog names."""
+    acc: dict[tuple[str, str, int, int], list[tuple[float, ...]]] = defaultdict(list)
+    files = sorted(data_dir.glob("*__*.mlp.csv")) + sorted(
+        (data_dir / "unseen").glob("a40__*.mlp.csv"))
+    for f in files:
+        gpu, model = f.name.removesuffix(".mlp.csv").split("__")
+        if model not in VIDUR_MODELS or gpu not in VIDUR_GPUS:
+            continue
+        with f.open() as fh:
+            for r in csv.DictReader(fh):
+                t = int(r["num_tokens"])
+                if not _kept(t):
+                    continue
+                by_op = dict.fromkeys(LINEAR_FIT_OPS, 0.0)
+                for op in VIDUR_OPS:
+                    by_op[VIDUR_GEMMS.get(op, "elementwise")] += float(
+                        r[f"time_stats.{op}.median"])
+                key = (VIDUR_GPUS[gpu], VIDUR_MODELS[model],
+                       int(r["num_tensor_parallel_workers"]), t)
+                acc[key].append(tuple(by_op[o] for o in LINEAR_FIT_OPS))
+    out = []
+    for (g, m, tp, t), v in sorted(acc.items()):
+        ops = tuple(statistics.fmean(x[i] for x in v) for i in range(len(LINEAR_FIT_OPS)))
+        out.append(LinearPoint(g, m, tp, t, sum(ops), ops))
+    return out
+
+
+def write_vidur(samples: list[LinearPoint], path: Path = VIDUR_PATH) -> None:
+    with path.open("w", newline="") as fh:
+        fh.write("# Derived from microsoft/vidur data/profiling/compute/*/mlp.csv and "
+                 "unseen/a40__*.mlp.csv (MIT licence, Copyright (c) Microsoft Corporation):\n")
+        fh.write("# per-layer sum of the linear operators' median times, duplicates averaged, "
+                 "and its parts: the four GEMMs and the elementwise kernels together.\n")
+        w = csv.writer(fh)
+        w.writerow(["gpu", "model", "tp", "num_tokens", "per_layer_ms"]
+                   + [f"{o}_ms" for o in LINEAR_FIT_OPS])
+        for s in samples:
+            w.writerow([s.gpu, s.model, s.tp, s.tokens, f"{s.per_layer_ms:.5f}"]
+                       + [f"{v:.5f}" for v in s.ops])
+
+
+def read_vidur(path: Path = VIDUR_PATH) -> list[LinearPoint]:
+    with path.open() as fh:
+        rows = csv.DictReader(line for line in fh if not line.startswith("#"))
+        return [LinearPoint(r["gpu"], r["model"], int(r["tp"]), int(r["num_tokens"]),
+                            float(r["per_layer_ms"]),
+                            tuple(float(r[f"{o}_ms"]) for o in LINEAR_FIT_OPS
+                                  if r.get(f"{o}_ms"))) for r in rows]
 
 
 def _llmss_sets(root: Path) -> Iterator[tuple[str, str, int, Path]]:

@@ -2,99 +2,50 @@
 
 A step's time is the sum of
 
-- the **linear operators** of every layer (QKV, O, gate/up and down projections, norms, RoPE,
-  activation, residual add) as a function of the step's token count ``T`` — a roofline per
-  operator, ``overhead + (compute^p + memory^p)^(1/p)``, with efficiency coefficients fitted per
-  GPU family to Vidur's per-layer GPU timings (see :mod:`chunktune.sim.cost.kernel_fit`);
-- **attention** (:func:`attention_layer_time`), fitted to vLLM 0.19's measured per-layer
-  attention times for mixed chunked-prefill batches. With a prefill chunk in the batch the
-  varlen kernel runs one CTA per 64-row query tile and query head (a decode is a one-row
-  tile): the soft maximum of its padded FLOPs (all CTAs at the bf16 peak, where the GPU runs
-  FlashAttention 2 with the query tiles' work beside their MMAs at SMs x clock; or the
-  longest CTA on one SM: its MMAs at that SM's share of the peak and the work beside them at
-  the SM's clock) and its memory traffic (the tiles' K/V reads, the decodes' KV read once
-  per KV head from HBM and re-read per query head through L2 at a rate per SM, where the
-  group's query heads run in one wave or one KV head's KV fits the L2), plus a fixed cost per
-  wave of CTAs over the SMs; decodes alone are memory-bound on their KV bytes;
+- the **linear operators** of every layer (QKV, O, gate/up and down projections; an MoE layer's
+  routed experts; norms, RoPE, activation, residual add) as a function of the step's token
+  count ``T``: each GEMM from the GPU's own measured grid where it covers the shape
+  (:mod:`chunktune.sim.cost.gemm_table`), else a fitted roofline ``overhead + (compute^p +
+  memory^p)^(1/p)``, in bf16 or FP8 (:data:`WEIGHT_DTYPES`);
+- **attention** (:func:`attention_layer_time`). With a prefill chunk in the batch the varlen
+  kernel runs one CTA per 64-row query tile and query head (a decode is a one-row tile): the
+  soft maximum of its padded FLOPs (all CTAs at the bf16 peak, where the GPU runs
+  FlashAttention 2 with the query tiles' work beside their MMAs at SMs x clock; or the longest
+  CTA on one SM: its MMAs at that SM's share of the peak and the work beside them at the SM's
+  clock) and its memory traffic (the tiles' K/V reads, the decodes' KV read once per KV head
+  from HBM and re-read per query head through L2 at a rate per SM, where the group's query
+  heads run in one wave or one KV head's KV fits the L2), plus a fixed cost per wave of CTAs
+  over the SMs; decodes alone are memory-bound on their KV bytes;
 - **lm_head and sampling** for the rows that produce a token (decodes, last prefill chunks);
 - **tensor-parallel all-reduces**, two per layer of the step's activations
-  (:func:`chunktune.sim.cost.collectives.tp_allreduce_s`: vLLM's custom all-reduce on NVLink, NCCL
-  as Vidur measured it beyond 8 MiB and over PCIe);
+  (:func:`chunktune.sim.cost.collectives.tp_allreduce_s`);
 - a fixed **per-step overhead** (scheduling, input preparation, launch) plus a small cost per
   scheduled request.
 
-The linear part depends only on ``T``, so it is tabulated once per engine for every ``T`` up to
-the budget; a step then costs a table lookup plus a few multiplications.
+Every coefficient is the GPU's own, fitted on its measured kernels, or borrowed from the
+nearest measured GPU (:mod:`chunktune.sim.cost.coefficients`, fitted by
+:mod:`chunktune.sim.cost.kernel_fit`). The linear part depends only on ``T``, so it is tabulated
+once per engine for every ``T`` up to the budget; a step then costs a table lookup plus a few
+multiplications.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig
+from chunktune.sim.cost import gemm_table
+from chunktune.sim.cost.coefficients import KernelCoefficients, coefficients
 from chunktune.sim.cost.collectives import Interconnect, tp_allreduce_s
 
-COEFFICIENTS_PATH = Path(__file__).with_name("data") / "step_time_coefficients.json"
-
-
-@dataclass(frozen=True)
-class FamilyCoefficients:
-    """Fitted efficiencies for one GPU family (see ``data/step_time_coefficients.json``)."""
-
-    gemm_compute_eff: float
-    gemm_memory_eff: float
-    gemm_overhead_s: float
-    gemm_smoothness: float
-    elementwise_memory_eff: float
-    elementwise_overhead_s: float
-    #: Attention (per layer, per rank), fitted to LLMServingSim's vLLM 0.19 attention grid.
-    attn_overhead_s: float
-    attn_per_decode_s: float
-    #: fraction of the bf16 peak the varlen kernel's (padded) FLOPs run at, all CTAs together
-    attn_compute_eff: float
-    #: SM clock cycles per (padded) FLOP that the longest CTA spends beside its MMAs (softmax,
-    #: loads, rescaling); its MMAs run at one SM's share of the bf16 peak
-    attn_cta_cycles_per_flop: float
-    #: HBM fraction for the K/V each query tile and query head reads (above 1: L2 hits)
-    attn_tile_memory_eff: float
-    #: effective HBM fraction for a mixed batch's decode KV (first read of each KV head)
-    attn_mixed_memory_eff: float
-    #: L2 bytes/s per SM for the re-reads of a KV head by its other query heads
-    attn_reread_l2_bytes_per_sm_s: float
-    #: exponent of the soft maximum of compute and memory time (1: they add)
-    attn_smoothness: float
-    #: fixed seconds per wave of CTAs (``ceil(CTAs / SMs)``): a CTA's prologue and epilogue
-    attn_per_wave_s: float
-    attn_decode_alone_overhead_s: float
-    attn_decode_memory_eff: float
-    step_overhead_s: float
-    per_request_overhead_s: float
-    eager_launch_overhead_per_layer_s: float
-    #: vLLM's custom all-reduce latency on NVLink (not measured here: ``calibration.FIXED``)
-    allreduce_latency_s: float
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FamilyCoefficients:
-        return cls(**{k: float(d[k]) for k in cls.__dataclass_fields__})
-
-
-@lru_cache(maxsize=1)
-def _load_coefficients() -> dict[str, Any]:
-    coefficients: dict[str, Any] = json.loads(COEFFICIENTS_PATH.read_text())
-    return coefficients
-
-
-def coefficients(family: str) -> FamilyCoefficients:
-    data = _load_coefficients()
-    return FamilyCoefficients.from_dict(data["families"][family])
+#: Weight dtypes the linear operators run in: ``bf16`` (also fp16) and ``fp8`` (an FP8
+#: checkpoint or ``--quantization fp8``: FP8 weights and per-tensor scaled FP8 activations).
+WEIGHT_DTYPES = ("bf16", "fp8")
 
 
 def layer_gemms(model: ModelConfig, tp: int) -> list[tuple[float, float]]:
@@ -115,46 +66,76 @@ def layer_gemms(model: ModelConfig, tp: int) -> list[tuple[float, float]]:
 LINEAR_OPS = ("qkv", "o", "up", "down", "experts", "elementwise")
 
 
+def gemm_form(m: np.ndarray, k: float | np.ndarray, n: float | np.ndarray, gpu: GPU,
+              c: KernelCoefficients, weight_dtype: str = "bf16") -> np.ndarray:
+    """The fitted form of a GEMM's seconds (arrays broadcast): ``overhead + (compute^p +
+    memory^p)^(1/p)``, compute at a fraction of the dtype's peak, memory the weights and bf16
+    activations at a fraction of HBM; FP8 adds the activation's quantisation (read bf16, write
+    fp8). FP8 on a GPU without FP8 tensor cores runs weight-only (Marlin): the bf16 terms with
+    one byte per weight."""
+    m = np.asarray(m, dtype=np.float64)
+    B = gpu.hbm_tb_s * 1e12
+    fp8 = weight_dtype == "fp8" and gpu.fp8_tflops > 0
+    wb = 1.0 if weight_dtype == "fp8" else 2.0
+    if fp8:
+        F, me, ov, p = (gpu.fp8_tflops * 1e12 * c.fp8_compute_eff, c.fp8_memory_eff,
+                        c.fp8_overhead_s, c.fp8_smoothness)
+    else:
+        F, me, ov, p = (gpu.bf16_tflops * 1e12 * c.gemm_compute_eff, c.gemm_memory_eff,
+                        c.gemm_overhead_s, c.gemm_smoothness)
+    comp = 2.0 * m * k * n / F
+    mem = (k * n * wb + (m * k + m * n) * 2.0) / (B * me)
+    t: np.ndarray = ov + (comp**p + mem**p) ** (1.0 / p)
+    if fp8:
+        t = t + m * k * 3.0 / (B * c.fp8_quant_memory_eff)
+    return t
+
+
+def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients,
+              weight_dtype: str = "bf16", use_table: bool = True) -> np.ndarray:
+    """Seconds of one GEMM, an ``m x k`` activation times a ``k x n`` weight, for each ``m``.
+
+    Where the GPU's own measured grid in that dtype covers (``n``, ``k``) (``use_table``), its
+    interpolation (:mod:`chunktune.sim.cost.gemm_table`), never faster than the weights take
+    to stream from HBM at the data sheet's bandwidth (the grid's small weights stayed in L2
+    between its repeated calls; in an engine each layer's weights come from HBM); else the
+    fitted form (:func:`gemm_form`)."""
+    fp8 = weight_dtype == "fp8"
+    own = "fp8" if fp8 and gpu.fp8_tflops > 0 else "bf16"
+    table = gemm_table.table(gpu.name, own) if use_table and (own == "fp8") == fp8 else None
+    if table is not None and table.covers(n, k):
+        wb = 1.0 if fp8 else 2.0
+        out: np.ndarray = np.maximum(table.seconds(m, n, k), k * n * wb / (gpu.hbm_tb_s * 1e12))
+        return out
+    return gemm_form(m, k, n, gpu, c, weight_dtype)
+
+
 def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
-                    c: FamilyCoefficients) -> dict[str, np.ndarray]:
+                    c: KernelCoefficients, weight_dtype: str = "bf16",
+                    use_table: bool = True) -> dict[str, np.ndarray]:
     """Seconds each linear operator of ONE layer takes on one rank, for each token count
     (keys: the ``LINEAR_OPS`` the model has). Measured per operator, these separate the GEMM
     efficiencies from the elementwise kernels, which a per-layer sum alone cannot."""
     T = np.asarray(tokens, dtype=np.float64)
-    F = gpu.bf16_tflops * 1e12 * c.gemm_compute_eff
     B = gpu.hbm_tb_s * 1e12
     b = model.dtype_bytes
-    wb = model.weight_dtype_bytes  # 1 for FP8 linear layers; activations stay at b
-    p = c.gemm_smoothness
 
-    def gemm(m: np.ndarray, k: float, n: float, weight_bytes: float | np.ndarray) -> np.ndarray:
-        comp = 2.0 * m * k * n / F
-        mem = (weight_bytes + (m * k + m * n) * b) / (B * c.gemm_memory_eff)
-        return c.gemm_overhead_s + (comp**p + mem**p) ** (1.0 / p)
+    def gemm(m: np.ndarray, k: float, n: float) -> np.ndarray:
+        return gemm_time(m, k, n, gpu, c, weight_dtype, use_table)
 
     # a mixture-of-experts layer has only the attention's two: zip stops there
-    out = {name: gemm(T, k, n, k * n * wb) for name, (k, n)
+    out = {name: gemm(T, k, n) for name, (k, n)
            in zip(("qkv", "o", "up", "down"), layer_gemms(model, tp), strict=False)}
     h = model.hidden_size
     q = model.q_dim / tp
     kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
     if model.is_moe:
-        # Routed experts: each token visits k of E experts; the weights of every expert that
-        # receives at least one token are read once. Expert MLPs are sharded across ranks.
-        e, k_top = model.num_experts, model.num_experts_per_tok
-        i = model.moe_intermediate_size / tp
-        mats = 3 if model.gated_mlp else 2
-        active = e * (1.0 - (1.0 - k_top / e) ** np.maximum(T, 0))
-        tok = T * k_top
-        w = active * mats * h * i * wb
-        comp = 2.0 * tok * mats * h * i / F
-        mem = (w + tok * (2 * h + mats * i) * b) / (B * c.gemm_memory_eff)
-        ex = 3 * c.gemm_overhead_s + (comp**p + mem**p) ** (1.0 / p)
+        out["experts"] = moe_time(model, gpu, tp, T, c, weight_dtype) + gemm_time(
+            T, h, model.num_experts, gpu, c, "bf16", use_table)  # the router stays bf16
         if model.num_shared_experts:
             si = model.num_shared_experts * model.moe_intermediate_size / tp
-            ex = ex + gemm(T, h, 2 * si, h * 2 * si * wb) + gemm(T, si, h, si * h * wb)
-        out["experts"] = ex + gemm(T, h, e, h * e * b)  # router
-        inter = model.moe_intermediate_size * k_top / tp
+            out["experts"] = out["experts"] + gemm(T, h, 2 * si) + gemm(T, si, h)
+        inter = model.moe_intermediate_size * model.num_experts_per_tok / tp
     else:
         inter = model.intermediate_size / tp
     # Elementwise: two RMSNorms, RoPE on q and k, activation (read 2i write i), residual add.
@@ -163,10 +144,41 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     return out
 
 
+def moe_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray, c: KernelCoefficients,
+             weight_dtype: str = "bf16") -> np.ndarray:
+    """Seconds of a fused MoE layer's routed experts on one rank (experts sharded across the
+    ranks), for each token count (:func:`moe_form`)."""
+    return moe_form(np.asarray(tokens, dtype=np.float64), model.hidden_size,
+                    model.moe_intermediate_size / tp, model.num_experts_per_tok,
+                    model.num_experts, 3 if model.gated_mlp else 2, gpu, c, weight_dtype)
+
+
+def moe_form(tokens: np.ndarray, hidden: float | np.ndarray, inter: float | np.ndarray,
+             topk: float | np.ndarray, experts: float | np.ndarray, mats: float, gpu: GPU,
+             c: KernelCoefficients, weight_dtype: str = "bf16") -> np.ndarray:
+    """A fused MoE layer's seconds (arrays broadcast; ``inter``: one expert's width on this
+    rank): each token visits ``topk`` of ``experts`` experts, and the weights of every expert
+    that receives a token are read once. Compute and memory at the GPU's fitted MoE
+    efficiencies (fitted on vLLM's fused MoE kernel in bf16; FP8 weights at the FP8 peak and
+    one byte per weight) combined as a soft maximum, plus a fixed cost."""
+    fp8 = weight_dtype == "fp8"
+    wb = 1.0 if fp8 else 2.0
+    peak = gpu.fp8_tflops if fp8 and gpu.fp8_tflops > 0 else gpu.bf16_tflops
+    active = experts * (1.0 - (1.0 - topk / experts) ** np.maximum(tokens, 0))
+    tok = tokens * topk
+    comp = 2.0 * tok * mats * hidden * inter / (peak * 1e12 * c.moe_compute_eff)
+    mem = (active * mats * hidden * inter * wb + tok * (2 * hidden + mats * inter) * 2.0) / (
+        gpu.hbm_tb_s * 1e12 * c.moe_memory_eff)
+    p = c.moe_smoothness
+    out: np.ndarray = c.moe_overhead_s + (comp**p + mem**p) ** (1.0 / p)
+    return out
+
+
 def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
-                      c: FamilyCoefficients) -> np.ndarray:
+                      c: KernelCoefficients, weight_dtype: str = "bf16",
+                      use_table: bool = True) -> np.ndarray:
     """Seconds the linear operators of ONE layer take on one rank, for each token count."""
-    ops = linear_op_times(model, gpu, tp, tokens, c)
+    ops = linear_op_times(model, gpu, tp, tokens, c, weight_dtype, use_table)
     t: np.ndarray = np.zeros_like(np.asarray(tokens, dtype=np.float64))
     for name in LINEAR_OPS:
         if name in ops:
@@ -196,15 +208,16 @@ class AttentionShape:
     dtype_bytes: float
 
     @classmethod
-    def of(cls, model: ModelConfig, tp: int,
-           kv_dtype_bytes: float | None = None) -> AttentionShape:
-        """``kv_dtype_bytes``: bytes per cached K or V element (None: the model's dtype)."""
+    def of(cls, model: ModelConfig, tp: int, kv_dtype_bytes: float | None = None
+           ) -> AttentionShape:
+        """``kv_dtype_bytes``: bytes per KV element (1 for an FP8 KV cache; default the
+        model's dtype)."""
         kv_heads = max(1, math.ceil(model.num_key_value_heads / tp))
         return cls(model.num_attention_heads / tp, kv_heads, model.head_dim,
                    model.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes)
 
 
-def attention_layer_time(s: AttentionShape, gpu: GPU, c: FamilyCoefficients,
+def attention_layer_time(s: AttentionShape, gpu: GPU, c: KernelCoefficients,
                          prefill_chunks: list[tuple[int, int]], num_decodes: int,
                          decode_context_tokens: int) -> float:
     """Seconds ONE layer's attention takes on one rank for a (possibly mixed) batch.
@@ -345,15 +358,17 @@ def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: n
                         c: dict[str, Any], chunk: np.ndarray,
                         computed: np.ndarray, decodes: np.ndarray,
                         decode_context: np.ndarray,
-                        overlapped: bool | np.ndarray = False) -> np.ndarray:
-    """:func:`attention_layer_time` over arrays of batches with at most one prefill chunk
-    (the measured grid's shape); ``c`` maps the ``attn_*`` names to scalars or arrays. Used by
-    the fit; ``tests/sim/cost/test_kernel_fit.py`` checks that both agree."""
+                        overlapped: bool | np.ndarray = False,
+                        prefills: np.ndarray | float = 1.0) -> np.ndarray:
+    """:func:`attention_layer_time` over arrays of batches with ``prefills`` identical prefill
+    chunks (0 or 1 in LLMServingSim's grid; a batch of prompts in AIConfigurator's) beside the
+    decodes; ``c`` maps the ``attn_*`` names to scalars or arrays. Used by the fit;
+    ``tests/sim/cost/test_kernel_fit.py`` checks that both agree."""
     kv_token = 2.0 * s_kv_heads * head_dim * dtype_bytes
     n = np.ceil(chunk / Q_TILE)
     has_pre = chunk > 0
     t = c["attn_overhead_s"] + c["attn_per_decode_s"] * decodes
-    tile_keys = n * computed + Q_TILE * (n - 1) * n / 2 + chunk
+    tile_keys = (n * computed + Q_TILE * (n - 1) * n / 2 + chunk) * prefills
     per_dec = np.where(decodes > 0, decode_context / np.maximum(decodes, 1), 0.0)
     longest = np.maximum(computed + chunk, per_dec)
     per_key = 4.0 * head_dim * Q_TILE
@@ -374,7 +389,7 @@ def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: n
            + reread * hit / (sm_count * c["attn_reread_l2_bytes_per_sm_s"]))
     p, top = c["attn_smoothness"], np.maximum(np.maximum(comp, mem), 1e-30)
     var = (top * ((comp / top) ** p + (mem / top) ** p) ** (1.0 / p)
-           + c["attn_per_wave_s"] * np.ceil(s_heads * (n + decodes) / sm_count))
+           + c["attn_per_wave_s"] * np.ceil(s_heads * (n * prefills + decodes) / sm_count))
     alone = (c["attn_decode_alone_overhead_s"]
              + decode_context * kv_token / (hbm * c["attn_decode_memory_eff"]))
     dec = np.where(decodes > 0, alone, 0.0)
@@ -387,18 +402,27 @@ class StepCostModel:
 
     def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
                  enforce_eager: bool = False, interconnect: Interconnect | None = None,
-                 kv_dtype_bytes: float | None = None) -> None:
+                 weight_dtype: str | None = None, kv_dtype_bytes: float | None = None) -> None:
+        """``weight_dtype``: what the linear layers run in (``WEIGHT_DTYPES``; None: the
+        model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``); ``kv_dtype_bytes``:
+        bytes per KV-cache element (None: the model's dtype)."""
+        if weight_dtype is None:
+            weight_dtype = "fp8" if model.weight_dtype == "fp8" else "bf16"
         if gpu.l2_mib <= 0 or gpu.boost_mhz <= 0:
             raise ValueError(f"GPU {gpu.name!r}: l2_mib and boost_mhz must be positive (the data "
                              "sheet's L2 size in MiB and SM boost clock in MHz; the attention "
                              "term scales with them); set them as chunktune.core.gpus does")
+        if weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"weight dtype {weight_dtype!r}: use one of "
+                             f"{', '.join(WEIGHT_DTYPES)}")
         self.model = model
         self.gpu = gpu
         self.tp = tp
-        self.c = c = coefficients(gpu.family)
+        self.weight_dtype = weight_dtype
+        self.c = c = coefficients(gpu)
         layers = model.num_hidden_layers
         tokens = np.arange(max_tokens + 1, dtype=np.float64)
-        lin = linear_layer_time(model, gpu, tp, tokens, c) * layers
+        lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype) * layers
         lin[0] = 0.0
         self._linear: list[float] = lin.tolist()
         b = model.dtype_bytes
@@ -413,7 +437,7 @@ class StepCostModel:
                              3 * v * 4 / self._B)
         # all-reduce: 2 per layer of T x hidden activations (after attention and after the MLP)
         ar = 2 * layers * tp_allreduce_s(tokens * model.hidden_size * b, tp, gpu,
-                                         c.allreduce_latency_s, interconnect=interconnect)
+                                         interconnect=interconnect)
         ar[0] = 0.0
         self._allreduce: list[float] = ar.tolist()
         self._overhead = c.step_overhead_s

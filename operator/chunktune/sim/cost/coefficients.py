@@ -1,0 +1,158 @@
+"""Per-GPU coefficients of the step-time model, and where each GPU's came from.
+
+Every GPU with measured kernels has its own coefficients, fitted on its own data only
+(:mod:`chunktune.sim.cost.kernel_fit`), in groups by operator family (``GROUPS``). A group a
+GPU has no data for is taken from the nearest GPU that has it (``NEAREST``: the same chip
+first, then the same architecture, then the nearest other); a GPU with no data at all takes
+every group that way. :func:`chunktune.sim.cost.provenance.provenance` says which, with the
+leave-one-GPU-out error the same rule makes on the GPUs that were measured (stored with the
+fit): a borrowed figure is never presented as a measured one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from chunktune.core.gpus import GPU
+
+COEFFICIENTS_PATH = Path(__file__).with_name("data") / "step_time_coefficients.json"
+
+#: The fitted coefficients by operator family: a GPU's group is fitted on that GPU's own data
+#: or borrowed whole from its nearest GPU that has data for the family.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "gemm": ("gemm_compute_eff", "gemm_memory_eff", "gemm_overhead_s", "gemm_smoothness"),
+    "gemm-fp8": ("fp8_compute_eff", "fp8_memory_eff", "fp8_overhead_s", "fp8_smoothness",
+                 "fp8_quant_memory_eff"),
+    "elementwise": ("elementwise_memory_eff", "elementwise_overhead_s"),
+    "attention-prefill": ("attn_overhead_s", "attn_compute_eff", "attn_cta_cycles_per_flop",
+                          "attn_tile_memory_eff", "attn_smoothness", "attn_per_wave_s"),
+    "attention-decode": ("attn_per_decode_s", "attn_decode_alone_overhead_s",
+                         "attn_decode_memory_eff"),
+    "attention-mixed": ("attn_mixed_memory_eff", "attn_reread_l2_bytes_per_sm_s"),
+    "all-reduce": ("allreduce_latency_s", "allreduce_link_eff"),
+    "moe": ("moe_compute_eff", "moe_memory_eff", "moe_overhead_s", "moe_smoothness"),
+}
+#: Not fitted (``kernel_fit.FIXED`` says where each comes from).
+FIXED_FIELDS = ("step_overhead_s", "per_request_overhead_s", "eager_launch_overhead_per_layer_s")
+
+#: Where a GPU borrows a group it has no data for: the first of these that has it. Same chip
+#: or board family first, then the same architecture, then the nearest datacenter or
+#: workstation part (a judgement, recorded here; ``kernel_fit report`` measures it by holding
+#: out each measured GPU and predicting it this way).
+NEAREST: dict[str, tuple[str, ...]] = {
+    "a100-sxm": ("a100-pcie", "a100-40g", "a40", "h100-sxm", "l40s", "rtx4090"),
+    "a100-pcie": ("a100-sxm", "a100-40g", "a40", "h100-sxm", "l40s"),
+    "a100-40g": ("a100-sxm", "a100-pcie", "a40", "h100-sxm", "l40s"),
+    "a40": ("a10g", "a100-sxm", "l40s", "rtx4090", "h100-sxm"),
+    "a10g": ("a40", "a100-sxm", "l4", "l40s", "rtx4090"),
+    "h100-sxm": ("h200", "h100-pcie", "b200", "a100-sxm", "rtx-pro-6000"),
+    "h100-pcie": ("h100-sxm", "h200", "b200", "a100-sxm"),
+    "h200": ("h100-sxm", "h100-pcie", "b200", "a100-sxm"),
+    "b200": ("h100-sxm", "h200", "rtx-pro-6000", "a100-sxm"),
+    "l40s": ("rtx4090", "l4", "rtx-pro-6000", "a40", "a100-sxm"),
+    "l4": ("l40s", "rtx4090", "rtx-pro-6000", "a40"),
+    "rtx4090": ("l40s", "l4", "rtx-pro-6000", "a40"),
+    "rtx-pro-6000": ("l40s", "rtx4090", "b200", "h100-sxm"),
+    "cpu": ("a100-sxm",),
+}
+
+
+@dataclass(frozen=True)
+class KernelCoefficients:
+    """One GPU's step-time coefficients (``data/step_time_coefficients.json``)."""
+
+    gemm_compute_eff: float
+    gemm_memory_eff: float
+    gemm_overhead_s: float
+    gemm_smoothness: float
+    #: the same for FP8 weights and activations (vLLM's per-tensor scaled GEMMs), against the
+    #: FP8 peak; on a GPU without FP8 tensor cores, unused (weight-only: the bf16 terms)
+    fp8_compute_eff: float
+    fp8_memory_eff: float
+    fp8_overhead_s: float
+    fp8_smoothness: float
+    #: HBM fraction of the activation's on-the-fly quantisation (read bf16, write fp8)
+    fp8_quant_memory_eff: float
+    elementwise_memory_eff: float
+    elementwise_overhead_s: float
+    attn_overhead_s: float
+    attn_per_decode_s: float
+    #: fraction of the bf16 peak the varlen kernel's (padded) FLOPs run at, all CTAs together
+    attn_compute_eff: float
+    #: SM clock cycles per (padded) FLOP that the longest CTA spends beside its MMAs (softmax,
+    #: loads, rescaling); its MMAs run at one SM's share of the bf16 peak
+    attn_cta_cycles_per_flop: float
+    #: HBM fraction for the K/V each query tile and query head reads (above 1: L2 hits)
+    attn_tile_memory_eff: float
+    #: effective HBM fraction for a mixed batch's decode KV (first read of each KV head)
+    attn_mixed_memory_eff: float
+    #: L2 bytes/s per SM for the re-reads of a KV head by its other query heads
+    attn_reread_l2_bytes_per_sm_s: float
+    #: exponent of the soft maximum of compute and memory time (1: they add)
+    attn_smoothness: float
+    #: fixed seconds per wave of CTAs (``ceil(CTAs / SMs)``): a CTA's prologue and epilogue
+    attn_per_wave_s: float
+    attn_decode_alone_overhead_s: float
+    attn_decode_memory_eff: float
+    #: routed experts of a fused MoE layer: fractions of the data sheet's peak and HBM, a fixed
+    #: cost per layer and the exponent of the soft maximum of compute and memory
+    moe_compute_eff: float
+    moe_memory_eff: float
+    moe_overhead_s: float
+    moe_smoothness: float
+    step_overhead_s: float
+    per_request_overhead_s: float
+    eager_launch_overhead_per_layer_s: float
+    #: vLLM's all-reduce where no measured table covers the GPU and ranks: a latency and the
+    #: fraction of the link's per-direction data-sheet bandwidth its ring bytes reach
+    allreduce_latency_s: float
+    allreduce_link_eff: float
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KernelCoefficients:
+        return cls(**{k: float(d[k]) for k in cls.__dataclass_fields__})
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: float(getattr(self, k)) for k in self.__dataclass_fields__}
+
+
+@lru_cache(maxsize=1)
+def load_document() -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(COEFFICIENTS_PATH.read_text())
+    return doc
+
+
+def measured_gpus() -> list[str]:
+    """The GPUs with coefficients of their own (at least one family fitted on their data)."""
+    return sorted(load_document()["gpus"])
+
+
+def source_gpu(gpu: str) -> str:
+    """The GPU whose coefficients ``gpu`` uses: itself when it was measured, else the first
+    of ``NEAREST[gpu]`` that was."""
+    gpus = load_document()["gpus"]
+    if gpu in gpus:
+        return gpu
+    for other in NEAREST.get(gpu, ()):
+        if other in gpus:
+            return other
+    raise KeyError(f"GPU {gpu!r} has no measured kernels and no measured GPU in "
+                   f"chunktune.sim.cost.coefficients.NEAREST[{gpu!r}]; add one there")
+
+
+def coefficients(gpu: str | GPU) -> KernelCoefficients:
+    """The coefficients the step-time model uses for ``gpu`` (its own, or borrowed)."""
+    name = gpu if isinstance(gpu, str) else gpu.name
+    return KernelCoefficients.from_dict(
+        load_document()["gpus"][source_gpu(name)]["coefficients"])
+
+
+def group_sources(gpu: str) -> dict[str, str]:
+    """Per family: the GPU whose measurements it was fitted on (``gpu`` itself where its own
+    data has the family)."""
+    src = source_gpu(gpu)
+    return dict(load_document()["gpus"][src]["sources"])

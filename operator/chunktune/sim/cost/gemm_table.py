@@ -1,0 +1,88 @@
+"""GEMM times interpolated in a GPU's measured table (AIConfigurator's vLLM linear layers).
+
+Where a GPU's measured grid covers a shape, the step-time model interpolates it rather than
+fitting a form to it: on the RTX PRO 6000, whose GEMMs two independent sources timed, the
+interpolated table predicts LLMServingSim's per-operator times at 3.6-5.1% (median by token
+band) where the fitted roofline gives 5.7-8.7% (``docs/simulator.md``). Interpolation is
+linear in log time over log ``m`` between the grid's powers of two (proportional to ``m``
+beyond the last measured one) and bilinear over log ``n`` and log ``k`` between the measured
+widths. Shapes outside the grid's ``n`` or ``k`` range are the fitted form's
+(:func:`chunktune.sim.cost.step_time.linear_op_times`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import lru_cache
+
+import numpy as np
+
+from chunktune.sim.cost import aic_data
+
+
+class GemmTable:
+    """One GPU's measured GEMM grid for one dtype: microseconds at (``m``, ``n``, ``k``)."""
+
+    def __init__(self, points: list[aic_data.GemmPoint]) -> None:
+        by_nk: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
+        for p in points:
+            by_nk[(p.n, p.k)][p.m] = p.us
+        self.ns = np.array(sorted({n for n, _ in by_nk}), dtype=np.float64)
+        self.ks = np.array(sorted({k for _, k in by_nk}), dtype=np.float64)
+        self._curves: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {
+            nk: (np.log(np.array(sorted(v), dtype=np.float64)),
+                 np.log(np.array([v[m] for m in sorted(v)], dtype=np.float64)))
+            for nk, v in by_nk.items()}
+
+    def covers(self, n: float, k: float) -> bool:
+        """Whether (``n``, ``k``) lies inside the grid and a measured corner surrounds it."""
+        if not (self.ns[0] <= n <= self.ns[-1] and self.ks[0] <= k <= self.ks[-1]):
+            return False
+        i = int(np.clip(np.searchsorted(self.ns, n) - 1, 0, len(self.ns) - 2))
+        j = int(np.clip(np.searchsorted(self.ks, k) - 1, 0, len(self.ks) - 2))
+        return any((int(self.ns[i + di]), int(self.ks[j + dj])) in self._curves
+                   for di in (0, 1) for dj in (0, 1))
+
+    def _log_us(self, n: int, k: int, log_m: np.ndarray) -> np.ndarray:
+        lm, lt = self._curves[(n, k)]
+        out: np.ndarray = np.interp(log_m, lm, lt)
+        # beyond the largest measured m: proportional to m (compute-bound)
+        return np.where(log_m > lm[-1], lt[-1] + (log_m - lm[-1]), out)
+
+    def seconds(self, m: np.ndarray, n: float, k: float) -> np.ndarray:
+        """Seconds for ``m`` tokens (an array, each >= 1) through a ``k x n`` weight;
+        :meth:`covers` must hold."""
+        log_m = np.log(np.maximum(np.asarray(m, dtype=np.float64), 1.0))
+        total = np.zeros_like(log_m)
+        i = int(np.clip(np.searchsorted(self.ns, n) - 1, 0, len(self.ns) - 2))
+        j = int(np.clip(np.searchsorted(self.ks, k) - 1, 0, len(self.ks) - 2))
+        a = float(np.log(n / self.ns[i]) / np.log(self.ns[i + 1] / self.ns[i]))
+        b = float(np.log(k / self.ks[j]) / np.log(self.ks[j + 1] / self.ks[j]))
+        weight = 0.0
+        for di, wa in ((0, 1.0 - a), (1, a)):
+            for dj, wb in ((0, 1.0 - b), (1, b)):
+                nk = (int(self.ns[i + di]), int(self.ks[j + dj]))
+                if wa * wb > 0 and nk in self._curves:  # a corner not measured: the others
+                    total += wa * wb * self._log_us(*nk, log_m)
+                    weight += wa * wb
+        total /= weight
+        out: np.ndarray = np.exp(total) * 1e-6
+        return out
+
+
+@lru_cache(maxsize=1)
+def _tables() -> dict[tuple[str, str], GemmTable]:
+    by: dict[tuple[str, str], list[aic_data.GemmPoint]] = defaultdict(list)
+    for p in aic_data.read_committed_gemm():
+        by[(p.gpu, p.dtype)].append(p)
+    return {key: GemmTable(pts) for key, pts in by.items()}
+
+
+def table(gpu: str, dtype: str) -> GemmTable | None:
+    """The committed table of ``gpu``'s own measured GEMMs in ``dtype`` (``bf16``, ``fp8``),
+    or None where it was not measured."""
+    return _tables().get((gpu, dtype))
+
+
+def table_gpus() -> list[tuple[str, str]]:
+    return sorted(_tables())

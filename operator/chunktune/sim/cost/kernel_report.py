@@ -1,0 +1,383 @@
+"""The step-time model's error on measured kernels: per operator family and GPU, in sample and
+with the GPU held out, the cross-checks between sources, and the held-out datasets.
+
+Holding a GPU out predicts its timings exactly as a GPU without data is predicted: with the
+coefficients of its nearest other GPU whose data has the family
+(:func:`chunktune.sim.cost.measurements.borrow_source`) and its own data sheet. A family a GPU
+has no data for is listed as such (``missing``), never filled in. Relative error is
+``|predicted / measured - 1|``; each row gives its median and p90.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import ModelConfig, resolve_model
+from chunktune.sim.cost import aic_data, nccl_fit
+from chunktune.sim.cost import collectives as col
+from chunktune.sim.cost import family_fit as ff
+from chunktune.sim.cost import kernel_data as kd
+from chunktune.sim.cost.coefficients import KernelCoefficients, coefficients
+from chunktune.sim.cost.gemm_table import GemmTable
+from chunktune.sim.cost.measurements import (
+    FAMILIES,
+    Measurements,
+    attention_kind,
+    attention_points,
+    borrow_source,
+    elementwise_points,
+    families_with_data,
+    gemm_points,
+    load,
+    op_gemms,
+)
+from chunktune.sim.cost.step_time import linear_layer_time
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    dataset: str
+    slice: str
+    mode: str
+    n: int
+    median_rel_err: float
+    p90_rel_err: float
+
+    @classmethod
+    def of(cls, dataset: str, slice_: str, mode: str, err: np.ndarray) -> ErrorRow:
+        err = np.asarray(err, dtype=np.float64)
+        return cls(dataset, slice_, mode, len(err), float(np.median(err)),
+                   float(np.percentile(err, 90)))
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """Two sources' timings of the same kernels on one GPU: the ratio other / trusted."""
+
+    name: str
+    n: int
+    median_ratio: float
+    p10_ratio: float
+    p90_ratio: float
+
+    @classmethod
+    def of(cls, name: str, ratio: np.ndarray) -> CrossCheck:
+        r = np.asarray(ratio, dtype=np.float64)
+        return cls(name, len(r), float(np.median(r)), float(np.percentile(r, 10)),
+                   float(np.percentile(r, 90)))
+
+
+# ---- per family and GPU ------------------------------------------------------------------
+
+def family_errors(family: str, gpu: str, c: KernelCoefficients, meas: Measurements
+                  ) -> np.ndarray | None:
+    """|relative error| of ``c`` (with ``gpu``'s data sheet) on ``gpu``'s own timings of
+    ``family``; None where it has none. GEMMs: the fitted form on the shapes it is fitted on
+    (the engine interpolates a measured GPU's own table, :func:`gemm_cross_checks`)."""
+    g = resolve_gpu(gpu)
+    if family in ("gemm", "gemm-fp8"):
+        dtype = "fp8" if family == "gemm-fp8" else "bf16"
+        pts = ff.gemm_fit_points(gemm_points(meas, dtype).get(gpu, []), g, dtype)
+        if not pts:
+            return None
+        gemm: np.ndarray = np.abs(ff.gemm_pred_us(c, g, pts, dtype)
+                                  / np.array([p.us for p in pts]) - 1)
+        return gemm
+    if family == "elementwise":
+        lin = elementwise_points(meas).get(gpu, [])
+        if not lin:
+            return None
+        ew: np.ndarray = np.abs(ff.elementwise_pred_ms(c, lin)
+                                / np.array([p.ops[-1] for p in lin]) - 1)
+        return ew
+    if family.startswith("attention"):
+        att = [p for p in attention_points(meas, gpu) if attention_kind(p) == family]
+        if not att:
+            return None
+        a = ff.attention_arrays(att)
+        out: np.ndarray = np.abs(ff.attention_pred_us(c, a) / a["us"] - 1)
+        return out
+    if family == "all-reduce":
+        ar = [r for r in meas.allreduce if r.gpu == gpu]
+        if not ar:
+            return None
+        allr: np.ndarray = np.abs(ff.allreduce_pred_us(c, g, ar)
+                                  / np.array([r.us for r in ar]) - 1)
+        return allr
+    if family == "moe":
+        moe = [r for r in meas.moe if r.gpu == gpu and r.dtype == "bf16"]
+        if not moe:
+            return None
+        moe_err: np.ndarray = np.abs(ff.moe_pred_us(c, g, moe)
+                                     / np.array([r.us for r in moe]) - 1)
+        return moe_err
+    raise ValueError(f"unknown family {family!r}")
+
+
+def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients]
+                  ) -> list[ErrorRow]:
+    """Per family and GPU: in sample (its own coefficients), held out (``loo-gpu``: its
+    nearest other measured GPU's; for a PCIe GPU's all-reduces, NCCL's curve, which the
+    engine runs over PCIe), and ``missing`` rows for GPUs without data."""
+    have = families_with_data(meas)
+    everyone = sorted(set().union(*have.values()))
+    rows = []
+    for fam in FAMILIES:
+        for g in everyone:
+            if g not in have[fam]:
+                rows.append(ErrorRow(fam, f"{g} (no data)", "missing", 0, float("nan"),
+                                     float("nan")))
+                continue
+            own = family_errors(fam, g, coef(g), meas)
+            assert own is not None
+            rows.append(ErrorRow.of(fam, g, "in-sample", own))
+            if fam == "all-reduce" and not resolve_gpu(g).nvlink:
+                rows.append(ErrorRow.of(fam, f"{g} from vidur-nccl", "loo-gpu",
+                                        pcie_allreduce_errors(g, meas)))
+                continue
+            src = borrow_source(g, fam, have)
+            if src is not None:
+                held = family_errors(fam, g, coef(src), meas)
+                assert held is not None
+                rows.append(ErrorRow.of(fam, f"{g} from {src}", "loo-gpu", held))
+    return rows
+
+
+def pcie_allreduce_errors(gpu: str, meas: Measurements) -> np.ndarray:
+    """|relative error| of what the engine runs over PCIe (NCCL's curve fitted on Vidur's
+    collectives) on a PCIe GPU's measured vLLM all-reduces."""
+    g = resolve_gpu(gpu)
+    ar = [r for r in meas.allreduce if r.gpu == gpu]
+    pred = np.array([float(col.tp_allreduce_s(float(r.nbytes), r.ranks, g)) for r in ar])
+    out: np.ndarray = np.abs(pred * 1e6 / np.array([r.us for r in ar]) - 1)
+    return out
+
+
+def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients]
+                    ) -> dict[str, float]:
+    """Per family, the median over GPUs of the held-out median error (stored with the fit)."""
+    rows = family_report(meas, lambda g: coef[g])
+    return {k[0]: float(f"{v:.4g}") for k, v in summarize(rows).items() if k[1] == "loo-gpu"}
+
+
+# ---- cross-checks between sources --------------------------------------------------------
+
+def _band(m: int) -> str:
+    return "m<=64" if m <= 64 else "m 65-1024" if m <= 1024 else "m>1024"
+
+
+def gemm_cross_checks(meas: Measurements) -> list[CrossCheck]:
+    """Vidur's (A100, H100) and LLMServingSim's (RTX PRO 6000) per-operator GEMMs against
+    AIConfigurator's grid on the same GPU (interpolated: the table the engine uses)."""
+    tables: dict[str, GemmTable] = {}
+    for g in {p.gpu for p in meas.gemm}:
+        tables[g] = GemmTable([p for p in meas.gemm if p.gpu == g and p.dtype == "bf16"])
+    out = []
+    for name, pts in (("Vidur", meas.vidur), ("LLMServingSim", meas.llmss_linear)):
+        ratios: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for p in op_gemms(pts):
+            t = tables.get(p.gpu)
+            if t is None or not t.covers(p.n, p.k) or p.m > aic_data.M_GRID[-1]:
+                continue
+            ratios[(p.gpu, _band(p.m))].append(p.us / float(t.seconds(
+                np.array([p.m]), p.n, p.k)[0] * 1e6))
+        for (g, band), r in sorted(ratios.items()):
+            out.append(CrossCheck.of(f"gemm {g} {name}/AIConfigurator {band}", np.array(r)))
+    return out
+
+
+def attention_cross_checks(meas: Measurements) -> list[CrossCheck]:
+    """LLMServingSim's RTX PRO 6000 prefills alone (one prompt from scratch) and decodes alone
+    against AIConfigurator's same batches on the same card."""
+    aic = {(r.gpu, r.kind, r.batch, r.prompt, r.history, r.heads, r.kv_heads): r.us
+           for r in meas.attention}
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for p in meas.llmss_attention:
+        m = resolve_model(p.model)
+        h, kv = m.num_attention_heads // p.tp, max(1, m.num_key_value_heads // p.tp)
+        if m.head_dim != aic_data.HEAD_DIM:
+            continue
+        if p.decodes == 0 and p.kv_prefill == 0:
+            key = (p.gpu, "prefill", 1, p.chunk, 0, h, kv)
+            kind = "prefill alone"
+        elif p.chunk == 0 and p.kv_decode > 0:
+            key = (p.gpu, "decode", p.decodes, 1, p.kv_decode - 1, h, kv)
+            kind = "decodes alone"
+        else:
+            continue
+        if key in aic:
+            ratios[f"attention {p.gpu} LLMServingSim/AIConfigurator {kind}"].append(
+                p.us / aic[key])
+    return [CrossCheck.of(k, np.array(v)) for k, v in sorted(ratios.items())]
+
+
+def linear_layer_report(meas: Measurements) -> list[ErrorRow]:
+    """The engine's per-layer linear time (a measured GPU's own GEMM table, else the fitted
+    form, plus the elementwise kernels) against Vidur's and LLMServingSim's per-layer sums."""
+    rows = []
+    for name, pts in (("vidur-linear", meas.vidur), ("llmss-linear", meas.llmss_linear)):
+        by: dict[tuple[str, str, int], list[kd.LinearPoint]] = defaultdict(list)
+        for p in pts:
+            by[(p.gpu, p.model, p.tp)].append(p)
+        errs: dict[str, list[np.ndarray]] = defaultdict(list)
+        for (g, m, tp), sel in sorted(by.items()):
+            tok = np.array([p.tokens for p in sel], dtype=np.float64)
+            pred = linear_layer_time(resolve_model(m), resolve_gpu(g), tp, tok,
+                                     coefficients(g)) * 1e3
+            errs[g].append(np.abs(pred / np.array([p.per_layer_ms for p in sel]) - 1))
+        rows += [ErrorRow.of(name, g, "engine", np.concatenate(e)) for g, e in errs.items()]
+    return rows
+
+
+# ---- held-out datasets -------------------------------------------------------------------
+
+def nccl_report(pts: list[kd.AllReducePoint]) -> list[ErrorRow]:
+    """Vidur's NCCL all-reduces per (topology, ranks): the committed curve in sample, then each
+    GPU generation predicted from a fit to the other's machines and its own data sheet (its
+    NVSwitch unseen: the NVLink bridges' efficiency)."""
+    ds = "vidur-nccl"
+    c = col.collective_coefficients()
+    rows = []
+    sweeps = sorted({(p.topology, p.workers) for p in pts})
+
+    def err(coef: col.CollectiveCoefficients, sel: list[kd.AllReducePoint]) -> np.ndarray:
+        out: np.ndarray = np.abs(nccl_fit.allreduce_pred_ms(coef, sel)
+                                 / np.array([p.ms for p in sel]) - 1.0)
+        return out
+
+    for topo, n in sweeps:
+        sel = [p for p in pts if (p.topology, p.workers) == (topo, n)]
+        rows.append(ErrorRow.of(ds, f"{topo} n{n}", "in-sample", err(c, sel)))
+    gens = sorted({p.gpu for p in pts})
+    for g in gens if len(gens) > 1 else []:
+        other = nccl_fit.fit_allreduce([p for p in pts if p.gpu != g])
+        seen = {col.VIDUR_TOPOLOGIES[p.topology].bottleneck(p.workers)[1]
+                for p in pts if p.gpu != g}
+        eff = {k: other.link_eff[k if k in seen else "nvlink-bridge"] for k in col.LINK_KINDS}
+        held = col.CollectiveCoefficients(other.latency_s, other.chunk_bytes, eff,
+                                          other.host_floor_s, other.smoothness)
+        for topo, n in sweeps:
+            if topo.split("_")[0] == g:
+                sel = [p for p in pts if (p.topology, p.workers) == (topo, n)]
+                rows.append(ErrorRow.of(ds, f"{topo} n{n}", "loo-gpu", err(held, sel)))
+    return rows
+
+
+def splitwise_report(pts: list[kd.SplitwisePoint]) -> list[ErrorRow]:
+    """The step-time model on Splitwise's Llama-2-70B static batches (a 2023 engine without
+    CUDA graphs): decode iterations at the mean context, prefills of the batch."""
+    from chunktune.sim.cost.step_time import StepCostModel
+
+    model = resolve_model("llama-2-70b")
+    seen: dict[tuple[str, int, int, int, int], kd.SplitwisePoint] = {}
+    for p in pts:  # one row per static-batch shape: token_time does not depend on token_size
+        seen.setdefault((p.gpu, p.tp, p.prompt, p.batch, p.generated), p)
+    out: dict[tuple[str, int, str], list[float]] = defaultdict(list)
+    cms: dict[tuple[str, int], StepCostModel] = {}
+    for p in seen.values():
+        cm = cms.get((p.gpu, p.tp))
+        if cm is None:
+            cm = cms[(p.gpu, p.tp)] = StepCostModel(model, resolve_gpu(p.gpu), p.tp)
+        b, ctx = p.batch, p.prompt + p.generated // 2
+        dec = cm.step_time(b, b, b, [], b, b * ctx) * 1e3
+        out[(p.gpu, p.tp, "decode")].append(abs(dec / p.token_ms - 1))
+        pre = cm.step_time(b * p.prompt, b, b, [(p.prompt, 0)] * b, 0, 0) * 1e3
+        out[(p.gpu, p.tp, "prefill")].append(abs(pre / p.prompt_ms - 1))
+    return [ErrorRow.of("splitwise-llama2-70b", f"{g} tp{tp} {kind}", "held-out", np.array(e))
+            for (g, tp, kind), e in sorted(out.items())]
+
+
+def unseen_report(vidur_dir: Path) -> list[ErrorRow]:
+    """Vidur timings of models the catalog does not carry (``unseen/``: Qwen-72B,
+    InternLM-20B, phi-2 on A100/H100/A40), each model built from the dimensions in its rows,
+    per-layer sums through the engine's linear model."""
+    acc: dict[tuple[str, str, int], dict[int, list[float]]] = defaultdict(
+        lambda: defaultdict(list))
+    shapes: dict[str, ModelConfig] = {}
+    for f in sorted((vidur_dir / "unseen").glob("*__*.mlp.csv")):
+        gpu, name = f.name.removesuffix(".mlp.csv").split("__")
+        if name in kd.VIDUR_MODELS:
+            continue  # a catalog model: the A40's own fit is made on it
+        with f.open() as fh:
+            for r in csv.DictReader(fh):
+                if name not in shapes:
+                    h, heads = int(r["n_embd"]), int(r["n_head"])
+                    shapes[name] = ModelConfig(
+                        name, h, 1, heads, int(r["n_kv_head"]), h // heads,
+                        int(r["n_expanded_embd"]), int(r["vocab_size"]), 4096,
+                        gated_mlp=r["use_gated_mlp"] == "True")
+                # phi-2 (attention and MLP in parallel) has no post-attention norm column
+                ms = sum(float(r.get(f"time_stats.{op}.median") or 0.0) for op in kd.VIDUR_OPS)
+                acc[(kd.VIDUR_GPUS[gpu], name, int(r["num_tensor_parallel_workers"]))][
+                    int(r["num_tokens"])].append(ms)
+    by_slice: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
+    for (g, name, tp), by_tok in sorted(acc.items()):
+        tok = np.array(sorted(by_tok), float)
+        meas = np.array([statistics.fmean(by_tok[int(t)]) for t in tok])
+        pred = linear_layer_time(shapes[name], resolve_gpu(g), tp, tok, coefficients(g)) * 1e3
+        by_slice[(g, name)].append(np.abs(pred / meas - 1.0))
+    return [ErrorRow.of("vidur-unseen", f"{g} {name}", "held-out", np.concatenate(errs))
+            for (g, name), errs in sorted(by_slice.items())]
+
+
+# ---- the whole report --------------------------------------------------------------------
+
+def full_report(data_root: Path | None, held_out: bool = True
+                ) -> tuple[list[ErrorRow], list[CrossCheck]]:
+    """Every family and check: from the raw data under ``data_root`` when given, else the
+    committed derived tables."""
+    meas = load(data_root)
+    rows = family_report(meas, coefficients)
+    rows += linear_layer_report(meas)
+    rows += nccl_report(kd.read_allreduce(data_root) if data_root is not None
+                        else kd.read_committed_allreduce())
+    if data_root is not None and held_out:
+        rows += unseen_report(data_root / "vidur-profiling")
+        rows += splitwise_report(kd.read_splitwise(data_root))
+    return rows, gemm_cross_checks(meas) + attention_cross_checks(meas)
+
+
+def summarize(rows: list[ErrorRow]) -> dict[tuple[str, str], float]:
+    """Median over slices of the median error, per (dataset, mode); ``missing`` rows left
+    out."""
+    acc: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        if r.mode != "missing":
+            acc[(r.dataset, r.mode)].append(r.median_rel_err)
+    return {k: float(np.median(v)) for k, v in sorted(acc.items())}
+
+
+def format_rows(rows: list[ErrorRow]) -> str:
+    out = [f"{'dataset':20} {'slice':40} {'mode':10} {'n':>6} {'median':>7} {'p90':>7}"]
+    for r in rows:
+        if r.mode == "missing":
+            out.append(f"{r.dataset:20} {r.slice:40} {'missing':10} {'-':>6} {'-':>7} {'-':>7}")
+        else:
+            out.append(f"{r.dataset:20} {r.slice:40} {r.mode:10} {r.n:>6} "
+                       f"{r.median_rel_err:>7.1%} {r.p90_rel_err:>7.1%}")
+    return "\n".join(out)
+
+
+def format_checks(checks: list[CrossCheck]) -> str:
+    out = [f"{'cross-check (ratio other / trusted)':62} {'n':>6} {'median':>7} "
+           f"{'p10':>6} {'p90':>6}"]
+    out += [f"{c.name:62} {c.n:>6} {c.median_ratio:>7.3f} {c.p10_ratio:>6.3f} "
+            f"{c.p90_ratio:>6.3f}" for c in checks]
+    return "\n".join(out)
+
+
+def format_report(rows: list[ErrorRow], checks: list[CrossCheck]) -> str:
+    parts = ["Step-time model: relative error per family (or dataset) and slice",
+             format_rows(rows), "", format_checks(checks), "",
+             "Median over slices (loo-gpu: each GPU predicted from its nearest other measured "
+             "GPU, as a GPU without data is):"]
+    parts += [f"  {ds:20} {mode:10} {v:6.1%}" for (ds, mode), v in summarize(rows).items()]
+    return "\n".join(parts)

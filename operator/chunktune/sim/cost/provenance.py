@@ -1,0 +1,51 @@
+"""What a GPU's step-time model was fitted on, in one line for ``chunktune sim run``,
+``chunktune tune`` and a study's status (:func:`provenance`)."""
+
+from __future__ import annotations
+
+from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.sim.cost.coefficients import group_sources, load_document, source_gpu
+from chunktune.sim.cost.collectives import measured_allreduce_source, vllm_allreduce_source
+
+
+def provenance(gpu: str | GPU) -> str:
+    """One line: the measured GPU whose kernels each family was fitted on, and where a family
+    is borrowed, the error borrowing makes (leave-one-GPU-out, median over the measured GPUs
+    of that family, stored with the fit). All-reduces say what they run on: a measured
+    table (the GPU's own or one on the same interconnect) or NCCL's curve over PCIe; FP8
+    GEMMs on a GPU without FP8 tensor cores run weight-only at the bf16 rate."""
+    g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
+    name = g.name
+    loo = load_document().get("loo_gpu", {})
+    src = source_gpu(name)
+    sources = {f: s for f, s in group_sources(name).items()
+               if f != "all-reduce" and not (f == "gemm-fp8" and g.fp8_tflops <= 0)}
+
+    def err(fams: list[str]) -> str:
+        figs = [f"{f} {loo[f]:.0%}" for f in fams if f in loo]
+        return f" (leave-one-GPU-out error of borrowing: {', '.join(figs)})" if figs else ""
+
+    if src != name:
+        text = f"{name}: no measured kernels; borrowed from {src}{err(sorted(sources))}"
+    else:
+        own = sorted(f for f, s in sources.items() if s == name)
+        text = f"{name}: fitted on measured kernels of {name} ({', '.join(own)})"
+        lent: dict[str, list[str]] = {}
+        for f, s in sorted(sources.items()):
+            if s != name:
+                lent.setdefault(s, []).append(f)
+        for s, fams in lent.items():
+            text += f"; {', '.join(fams)} borrowed from {s}{err(fams)}"
+    ar = measured_allreduce_source(g)
+    if not g.nvlink:
+        text += "; all-reduce over PCIe: NCCL's curve fitted on Vidur's collectives"
+    elif ar == name:
+        text += f"; all-reduce: {name}'s measured vLLM all-reduce"
+    elif ar is not None:
+        text += f"; all-reduce: {ar}'s measured vLLM all-reduce (same interconnect)"
+    else:
+        text += (f"; all-reduce: the fitted form of {vllm_allreduce_source(g)}"
+                 f"{err(['all-reduce'])}")
+    if g.fp8_tflops <= 0:
+        text += "; FP8 weights run weight-only (no FP8 tensor cores)"
+    return text

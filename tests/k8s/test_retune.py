@@ -1,0 +1,237 @@
+"""Re-tuning end to end (``spec.retune``): the real operator against the emulator, trials run by
+the fake kubelet, and a "production" deployment that is a real ``chunktune sim serve`` driven by
+the load driver and scraped by a real Prometheus.
+
+The study derives its workload from Prometheus (short prompts), tunes, and patches the
+Deployment. While the load stays the same, the checks find no drift and nothing starts. Then
+the load switches to long prompts: drift is detected, a re-tune runs with the running
+configuration as its baseline, and the Deployment is patched with the new best only after the
+confirmation trial, which comes after it in time. The operator is restarted in the middle of
+the re-tune and picks it up where its study is.
+
+The flip is built into the engine, not left to chance: with a budget of one trial the first
+study answers the engine's default step budget (8192 tokens), whose long prefill steps stall
+the decodes of a long-prompt load past the ``engine_itl_p99`` bound (in ``chunktune sim run``
+of the derived long load, 3 req/s of 5k-10k-token prompts: an ITL p99 of 224 ms at 8192 against
+24 ms at 512, for three seeds of 4 s each); with short prompts both are far inside it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from bench.serve_overhead import start_server
+
+from chunktune.metrics.cli import from_prometheus
+from chunktune.metrics.derive import WorkloadUnavailable
+from tests.k8s.conftest import (
+    journal_of,
+    operator_settings,
+    running_operator,
+    status_of,
+    tuning,
+    wait_phase,
+)
+from tests.kube.emulator import KubeEmulator
+from tests.kube.kubelet import FakeKubelet
+from tests.metrics.prometheus import HAVE_PROMETHEUS, MISSING, free_port, prometheus
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+
+SELECTOR = '{model_name="prod"}'
+WINDOW = 8.0
+
+
+def _profile(rate: float, prompt: tuple[int, int], output: int) -> dict[str, Any]:
+    return {"name": "production", "arrival": {"mode": "constant", "rate": rate},
+            "duration": 600, "warmup": 0,
+            "classes": [{"name": "all", "api": "completions",
+                         "prompt_tokens": {"dist": "uniform", "min": prompt[0], "max": prompt[1]},
+                         "output_tokens": {"dist": "constant", "value": output}}]}
+
+
+SHORT = _profile(4.0, (220, 480), 16)
+LONG = _profile(3.0, (6000, 8000), 16)
+
+
+class Load:
+    """The load driver against the production server, until :meth:`stop`."""
+
+    def __init__(self, tmp: Path, url: str, profile: dict[str, Any]) -> None:
+        path = tmp / f"load-{time.monotonic_ns()}.yaml"
+        path.write_text(yaml.safe_dump(profile))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "chunktune", "load", "run", "--target", url, "--profile",
+             str(path), "--out", str(path.with_suffix(".json")), "--quiet", "--token-ids",
+             "--drain-timeout", "1s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def events(kube: KubeEmulator, name: str) -> list[dict[str, Any]]:
+    return [e for e in kube.objects("v1/events", "default")
+            if (e.get("involvedObject") or {}).get("name") == name]
+
+
+def reasons(kube: KubeEmulator, name: str) -> list[str]:
+    return [e["reason"] for e in events(kube, name)]
+
+
+def deployment_args(kube: KubeEmulator) -> list[str]:
+    deploy = kube.get("deployments", "default", "prod") or {}
+    return list(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def retune_status(kube: KubeEmulator) -> dict[str, Any]:
+    return dict(status_of(kube, "keep").get("retune") or {})
+
+
+async def _watch_deployment(kube: KubeEmulator, seen: list[tuple[float, list[str]]]) -> None:
+    """Record when the Deployment's args change (wall clock)."""
+    while True:
+        args = await asyncio.to_thread(deployment_args, kube)
+        if not seen or seen[-1][1] != args:
+            seen.append((time.time(), args))
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not HAVE_PROMETHEUS, reason=MISSING)
+async def test_drift_starts_a_retune_that_patches_only_after_confirmation(
+        kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    with start_server("llama-3.1-8b", ["--max-model-len", "16384", "--served-model-name",
+                                       "prod"]) as srv, \
+            prometheus(tmp_path / "prom", [srv.url.removeprefix("http://")]) as prom:
+        kube.create("deployments", {"metadata": {"name": "prod", "annotations": {
+            "chunktune.dev/allow-patch": "keep"}}, "spec": {
+            "replicas": 0, "selector": {"matchLabels": {"app": "prod"}}, "template": {
+                "metadata": {"labels": {"app": "prod"}}, "spec": {"containers": [
+                    {"name": "engine", "image": "vllm/vllm-openai:v0.11.0",
+                     "args": ["--model", "llama", "--max-num-batched-tokens", "2048"]}]}}}},
+            "default")
+        spec = tuning("keep", searchSpace=[{"name": "max-num-batched-tokens",
+                                            "choices": [512, 8192]}],
+                      workload={"fromPrometheus": {"url": prom, "selector": SELECTOR,
+                                                   "window": f"{WINDOW:g}s"},
+                                "duration": "5s", "warmup": "1s"},
+                      constraints=["engine_itl_p99 <= 50ms"],
+                      budget={"maxTrials": 1},
+                      output={"patchDeployment": {"name": "prod", "container": "engine"}},
+                      retune={"interval": "2s", "drift": {"promptLength": 1.0},
+                              "slo": False, "minRequests": 5, "consecutiveChecks": 2,
+                              "strategy": "real", "maxTrials": 2, "confirmTrials": 1})
+        seen: list[tuple[float, list[str]]] = []
+        watcher = asyncio.create_task(_watch_deployment(kube, seen))
+        state = tmp_path / "state"
+        load = Load(tmp_path, srv.url, SHORT)
+        try:
+            # a full window of the short load before the study derives it
+            await kube.until(lambda: _requests(prom) >= 0.8 * 4 * WINDOW, timeout=90,
+                             interval=0.5, message="a window of traffic in Prometheus")
+            kube.create("cpt", spec, "default")
+            async with running_operator(kube, operator_settings(state)):
+                status = await wait_phase(kube, "keep", ("Succeeded", "Failed"), timeout=120)
+                assert status["phase"] == "Succeeded", status.get("message")
+                conds = {c["type"]: c for c in status["conditions"]}
+                assert conds["WorkloadDerived"]["status"] == "True", conds
+                derived = status["workload"]
+                assert derived["selector"] == SELECTOR and derived["window"] == WINDOW
+                assert derived["rate"] == pytest.approx(4.0, rel=0.25)
+                assert derived["promptTokens"]["p50"] == pytest.approx(350)  # (200, 500]
+                first = deployment_args(kube)
+                assert first[first.index("--max-num-batched-tokens") + 1] == "8192"
+                # the same load: checks, no drift, nothing starts
+                await kube.until(lambda: retune_status(kube).get("checks", 0) >= 3,
+                                 timeout=60, interval=0.2, message="three checks")
+                rs = retune_status(kube)
+                assert rs["round"] == 0 and not rs.get("history"), rs
+                assert not rs["lastCheck"].get("drift") and rs["drifting"] == 0, rs
+                assert "RetuneStarted" not in reasons(kube, "keep")
+                assert "DriftDetected" not in reasons(kube, "keep")
+                # the load changes under the tuned deployment
+                load.stop()
+                load = Load(tmp_path, srv.url, LONG)
+                await kube.until(lambda: "RetuneStarted" in reasons(kube, "keep"),
+                                 timeout=120, interval=0.2, message="a re-tune starting")
+            # the operator restarts in the middle of the re-tune, which goes on
+            async with running_operator(kube, operator_settings(state)):
+                entry = await kube.until(
+                    lambda: next((h for h in retune_status(kube).get("history") or []
+                                  if h.get("outcome") not in (None, "Running")), None),
+                    timeout=300, interval=0.2, message="the re-tune deciding")
+        finally:
+            load.stop()
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+    rs = retune_status(kube)
+    assert entry["outcome"] == "Applied", entry
+    assert entry["round"] == 1 and len(rs["history"]) == 1 and rs["round"] == 1
+    assert any("prompt length" in r for r in entry["reasons"]), entry
+    assert entry["running"] == {"max-num-batched-tokens": 8192}
+    assert entry["best"] == {"max-num-batched-tokens": 512}
+    assert entry["metric"] == "ttft_p99" and "confirmedBy" in entry
+    args = deployment_args(kube)
+    assert args[args.index("--max-num-batched-tokens") + 1] == "512"
+    assert {"DriftDetected", "RetuneStarted", "RetuneApplied"} <= set(reasons(kube, "keep"))
+    # the re-tune's study: the running configuration, the other one, its confirmation
+    import optuna
+
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(journal_of(kube, state, "keep"))))
+    study = optuna.load_study(study_name="default/keep#retune-1", storage=storage)
+    measured = [t for t in study.trials
+                if t.user_attrs.get("chunktune_state") in ("COMPLETE", "INFEASIBLE")]
+    points = [t.user_attrs["point"]["max-num-batched-tokens"] for t in measured]
+    assert sorted(points) == [512, 512, 8192], points
+    assert sorted(entry["confirmedBy"]) == sorted(t.number for t in measured
+                                                  if t.user_attrs["point"][
+                                                      "max-num-batched-tokens"] == 512)
+    # patched once by the first study (8192) and once by the re-tune (512), the second only
+    # after the confirmation trial ended
+    changes = [(t, a[a.index("--max-num-batched-tokens") + 1]) for t, a in seen]
+    assert [v for _, v in changes] == ["2048", "8192", "512"], changes
+    confirmed = max(t.datetime_complete.timestamp() for t in measured
+                    if t.datetime_complete is not None)
+    assert changes[-1][0] >= confirmed - 0.5, (changes, confirmed)
+
+
+async def test_a_workload_that_cannot_be_derived_keeps_the_study_pending(
+        kube: KubeEmulator, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # no Prometheus there
+    kube.create("cpt", tuning("blind", workload={"fromPrometheus": {
+        "url": url, "selector": SELECTOR}, "duration": "4s"}), "default")
+    async with running_operator(kube, operator_settings(tmp_path / "state")):
+        status = await kube.until(
+            lambda: (s := status_of(kube, "blind")).get("phase") == "Pending" and any(
+                c["type"] == "WorkloadDerived" for c in s.get("conditions", [])) and s,
+            timeout=60, interval=0.2, message="Pending with WorkloadDerived")
+        await kube.until(lambda: "PrometheusUnreachable" in reasons(kube, "blind"),
+                         timeout=30, interval=0.2, message="the warning event")
+    (cond,) = [c for c in status["conditions"] if c["type"] == "WorkloadDerived"]
+    assert cond["status"] == "False" and cond["reason"] == "PrometheusUnreachable"
+    assert SELECTOR in cond["message"] and url in cond["message"], cond
+    assert SELECTOR in status["message"] and not status.get("trials")  # nothing ran
+    (event,) = [e for e in events(kube, "blind") if e["reason"] == "PrometheusUnreachable"]
+    assert SELECTOR in event["message"]
+
+
+def _requests(prom: str) -> float:
+    try:
+        return from_prometheus(prom, SELECTOR, WINDOW, timeout=5).stats.requests
+    except WorkloadUnavailable:
+        return 0.0
