@@ -46,7 +46,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -58,6 +57,7 @@ from pydantic import (
     model_validator,
 )
 
+from chunktune.core import yamlsafe
 from chunktune.core.errors import SpecError
 from chunktune.core.validation import problems_from
 
@@ -619,9 +619,14 @@ def load_profile(ref: str | Path) -> Profile:
         raise SpecError(f"no profile file {str(ref)!r}; give a path or one of: {shipped}",
                         field="--workload")
     try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError(f"{p.name} is not valid YAML: {e}", field="--workload") from e
+        text = p.read_text()
+    except OSError as e:
+        raise SpecError(f"cannot read {p.name}: {e.strerror or e}", field="--workload") from e
+    try:
+        raw = yamlsafe.load(text, p.name)
+    except SpecError as e:
+        raise SpecError("; ".join(f"{f}: {m}" for f, m in e.problems),
+                        field="--workload") from e
     return parse_profile(raw, source=p.stem)
 
 
