@@ -389,3 +389,51 @@ CORPUS: list[Bad] = [
         "workload.fromPrometheus", _PROM), put("retune", {"maxTrials": 1})),
         "spec.retune.maxTrials"),
 ]
+
+
+# ---- YAML that is bad before it is a manifest: alias bombs -----------------------------------
+
+
+def alias_bomb(indent: str = "", levels: int = 9, fanout: int = 9, mapping: bool = False) -> str:
+    """The "billion laughs": ``levels`` anchors, each ``fanout`` aliases of the previous (a
+    document of ~100 nodes that expands to ``fanout ** levels``), as YAML lines at
+    ``indent``; ``mapping``: each level a mapping of aliases instead of a list."""
+    lines = [f"{indent}l0: &l0 [" + ", ".join(['"lol"'] * fanout) + "]"]
+    for i in range(1, levels):
+        if mapping:
+            body = ", ".join(f"k{j}: *l{i - 1}" for j in range(fanout))
+            lines.append(f"{indent}l{i}: &l{i} {{{body}}}")
+        else:
+            lines.append(f"{indent}l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * fanout) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def _manifest_with(bomb: str) -> str:
+    import yaml
+
+    from tests.api.factories import quickstart
+
+    return yaml.safe_dump(quickstart(), sort_keys=False) + "bomb:\n" + bomb
+
+
+@dataclass(frozen=True)
+class BadYaml:
+    """A YAML text that must be refused, before it is read as a ``kind`` (a manifest or a
+    workload profile), with ``words`` in the error."""
+
+    id: str
+    kind: str
+    text: str
+    words: str = "alias bomb"
+
+
+YAML_BOMBS = [
+    BadYaml("alias-bomb-manifest", "manifest", _manifest_with(alias_bomb("  "))),
+    BadYaml("alias-bomb-manifest-mappings", "manifest",
+            _manifest_with(alias_bomb("  ", mapping=True))),
+    BadYaml("alias-bomb-second-document", "manifest",
+            _manifest_with("  x: 1\n") + "---\n" + alias_bomb()),
+    BadYaml("alias-bomb-wide", "manifest", _manifest_with(alias_bomb("  ", levels=4,
+                                                                     fanout=40))),
+    BadYaml("alias-bomb-profile", "profile", alias_bomb()),
+]

@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from chunktune.api import _checks
@@ -33,6 +32,7 @@ from chunktune.api.v1alpha1 import (
     StrategySpec,
     WorkloadSpec,
 )
+from chunktune.core import yamlsafe
 from chunktune.core.errors import SpecError
 from chunktune.core.validation import Problem, problems_from
 
@@ -110,14 +110,10 @@ def read_manifest(path: str | Path, name: str | None = None) -> dict[str, Any]:
     :class:`SpecError`."""
     p = Path(path)
     try:
-        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+        text = p.read_text()
     except OSError as e:
         raise SpecError(f"cannot read: {e.strerror or e}", field=str(p)) from e
-    except yaml.YAMLError as e:
-        raise SpecError(f"is not valid YAML: {e}", field=str(p)) from e
-    except RecursionError:  # its traceback (the parser's thousand frames) is dropped
-        raise SpecError(f"is nested too deeply to read (more than {MAX_DEPTH} levels are "
-                        "refused anyway)", field=str(p)) from None
+    docs = yamlsafe.load_all(text, str(p))
     if len(docs) == 1 and isinstance(docs[0], dict) and "kind" not in docs[0]:
         return docs[0]  # let validate() report the missing kind
     ours = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]

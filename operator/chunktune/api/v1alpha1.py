@@ -320,6 +320,10 @@ class WorkloadSpec(Model):
     """Override: closed-loop mode with this many requests in flight."""
     seed: int | None = Field(default=None, ge=0, le=2**32 - 1)
     """Override: the profile's random seed."""
+    load_workers: int = Field(default=0, ge=0, le=64)
+    """Locust workers of each trial's load: 0 (default) runs Locust in one process; N runs
+    Locust's master and N workers (local processes; in a cluster a worker Job beside the load
+    Job), the same arrival schedule split across them, their records merged."""
 
     _base_dir: Path | None = PrivateAttr(None)
     _trace_data: str | None = PrivateAttr(None)
@@ -611,8 +615,9 @@ class Spec(Model):
     ``postgresql://host:5432/db``; no password: credentials come from the operator). Default:
     chosen by the runner."""
     storage_from: StorageSource | None = None
-    """Operator only: the Optuna storage URL from a Secret's key (a database URL with
-    credentials), instead of ``storage``."""
+    """Operator only: a Secret's key holding the Optuna storage URL (a database URL with
+    credentials) instead of ``storage``, or, with ``storage`` set to a database URL, that
+    URL's password."""
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     """Where engine metrics come from."""
     output: OutputSpec = Field(default_factory=OutputSpec)

@@ -22,6 +22,10 @@ clean-up):
   profile mounted from the ConfigMap. Its log carries the intermediate windows as JSON lines
   (``--windows``) and, last, the summary on one line after :data:`SUMMARY_MARKER`
   (:data:`LOAD_SCRIPT`); :func:`parse_load_log` reads both back and ignores everything else.
+
+A distributed load (``workload.loadWorkers`` N) adds two: the load Job's pod is Locust's
+master (``--workers N --external-workers``), the **Service** ``<base>-lm`` leads to it, and
+the worker **Job** ``<base>-lw`` runs N pods of ``chunktune load worker`` at once.
 """
 
 from __future__ import annotations
@@ -216,6 +220,10 @@ class TrialNames:
     pod: str
     job: str
     configmap: str
+    workers: str = ""
+    """The worker Job of a distributed load (``workload.loadWorkers``), and the Service that
+    leads its pods to the load Job's pod, Locust's master."""
+    master: str = ""
 
 
 def label_value(text: str) -> str:
@@ -236,7 +244,8 @@ def trial_names(tuning: str, number: int) -> TrialNames:
         digest = hashlib.sha256(tuning.encode()).hexdigest()[:6]
         keep = _MAX_JOB_NAME - len("-load") - len(suffix) - len(digest) - 1
         base = f"{tuning[:keep].rstrip('-.')}-{digest}{suffix}"
-    return TrialNames(pod=base, job=f"{base}-load", configmap=f"{base}-workload")
+    return TrialNames(pod=base, job=f"{base}-load", configmap=f"{base}-workload",
+                      workers=f"{base}-lw", master=f"{base}-lm")
 
 
 def labels(owner: Owner, number: int, component: str) -> dict[str, str]:
@@ -440,7 +449,44 @@ def load_args(plan: TrialPlan, target_url: str) -> list[str]:
     for cls, slo in plan.slos.items():
         for metric, value in slo.items():
             args += ["--slo", f"{'' if cls == '*' else cls + ':'}{metric}={value!r}"]
+    if plan.load_workers:
+        args += ["--workers", str(plan.load_workers), "--master-bind", "0.0.0.0",
+                 "--master-port", str(MASTER_PORT), "--external-workers"]
     return args
+
+
+#: The port of a distributed load's Locust master (in the load Job's pod).
+MASTER_PORT = 5557
+
+
+def load_master_service(plan: TrialPlan, owner: Owner) -> dict[str, Any]:
+    """The Service in front of the load Job's pod (Locust's master) that the worker Job's pods
+    connect to (``workload.loadWorkers``)."""
+    names = trial_names(owner.name, plan.number)
+    meta = _metadata(owner, names.master, plan.number, "load-master", plan)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {
+        "selector": {**labels(owner, plan.number, "load"), "job-name": names.job},
+        "ports": [{"name": "locust", "port": MASTER_PORT, "targetPort": MASTER_PORT,
+                   "protocol": "TCP"}],
+        "publishNotReadyAddresses": True}}
+
+
+def load_workers_job(plan: TrialPlan, owner: Owner, options: TrialOptions) -> dict[str, Any]:
+    """The worker Job of a distributed load: ``workload.loadWorkers`` pods at once, each
+    ``chunktune load worker`` connected to the master's Service; bounded like the load Job."""
+    names = trial_names(owner.name, plan.number)
+    job = load_job(plan, owner, options, "")
+    meta = _metadata(owner, names.workers, plan.number, "load-worker", plan)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    container.update(name="load-worker", command=["chunktune", "load", "worker"],
+                     args=["--master", f"{names.master}.{owner.namespace}.svc:{MASTER_PORT}"])
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] == "tmp"]
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] == "tmp"]
+    job.update(metadata=meta)
+    job["spec"].update(parallelism=plan.load_workers, completions=plan.load_workers,
+                       template={"metadata": {"labels": dict(meta["labels"])}, "spec": pod})
+    return job
 
 
 def load_job(plan: TrialPlan, owner: Owner, options: TrialOptions,

@@ -56,9 +56,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-import yaml
 from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
 
+from chunktune.core import yamlsafe
 from chunktune.core.distributions import (
     APIS,
     NAME_PATTERN,
@@ -344,9 +344,14 @@ def load_profile(ref: str | Path) -> Profile:
         raise SpecError(f"no profile file {str(ref)!r}; give a path or one of: {shipped}",
                         field="--workload")
     try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError(f"{p.name} is not valid YAML: {e}", field="--workload") from e
+        text = p.read_text()
+    except OSError as e:
+        raise SpecError(f"cannot read {p.name}: {e.strerror or e}", field="--workload") from e
+    try:
+        raw = yamlsafe.load(text, p.name)
+    except SpecError as e:
+        raise SpecError("; ".join(f"{f}: {m}" for f, m in e.problems),
+                        field="--workload") from e
     return parse_profile(raw, source=p.stem, base_dir=p.parent)
 
 

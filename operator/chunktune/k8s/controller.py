@@ -52,6 +52,7 @@ from chunktune.k8s.state import (
     problems_text,
 )
 from chunktune.metrics.derive import WorkloadUnavailable
+from chunktune.tuning import storage as storages
 from chunktune.tuning import study as st
 from chunktune.tuning.results.model import collect
 from chunktune.tuning.tuner import Tuner
@@ -65,6 +66,8 @@ FAULT_BACKOFF_CAP = 30.0
 #: A log line that names a failure's cause (an exception, a fatal signal, an OOM).
 CAUSE_LINE = re.compile(r"(\b\w*(Error|Exception)\b|Traceback|Segmentation fault|core dumped|"
                         r"Killed|OOM|out of memory|FATAL|fatal|panic|Aborted|exit code \d+)")
+#: The condition that says whether the study's database answers (set once it failed).
+STORAGE_CONDITION = "StorageReachable"
 #: ``emit(type, reason, message)``: post a Kubernetes Event on the resource.
 Emit = Callable[[str, str, str], None]
 
@@ -159,8 +162,8 @@ class StudyController:
             if self.writer.phase in TERMINAL and self.writer.generation == gen and \
                     not self.writer.pending:
                 if retune.watches(tuning, self.writer.phase):
-                    await self._guarded(retune.Retuner(self, tuning).watch(live), live,
-                                        changed)
+                    await self._guarded(retune.Retuner(self, tuning).watch(live), tuning,
+                                        live, changed)
                 else:
                     await self._until(live, changed)
                 continue
@@ -174,14 +177,14 @@ class StudyController:
                 await self._until(live, policy.changed_or_due(changed, loop.time))
                 continue
             tuning = traced
-            await self._guarded(self._study(tuning, live), live, changed)
+            await self._guarded(self._study(tuning, live), tuning, live, changed)
 
-    async def _guarded(self, work: Awaitable[None], live: Live,
+    async def _guarded(self, work: Awaitable[None], tuning: ChunkedPrefillTuning, live: Live,
                        changed: Callable[[Mapping[str, Any]], bool]) -> None:
         """Run ``work`` (the study, or the watch of ``spec.retune``): an invalid spec or
         engine is Failed until the spec changes, a workload that cannot be derived is Pending
-        and tried again, and an API error the layers below did not absorb is retried with
-        backoff."""
+        and tried again, and an API or study-database error the layers below did not absorb
+        is retried with backoff."""
         gen = self.gen
         try:
             try:
@@ -203,11 +206,14 @@ class StudyController:
             self.api_faults += 1
             delay = min(FAULT_BACKOFF_CAP, FAULT_BACKOFF_FIRST * 2 ** min(
                 self.api_faults - 1, 8)) * random.uniform(0.5, 1.0)
-            log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
-                        "%.1f s", self.owner.namespace, self.owner.name, e, delay)
-            if self.api_faults == 3:  # not a blip: say so where users look
-                self.emit("Warning", "ApiError", f"the Kubernetes API keeps failing "
-                          f"({e}); the study retries with backoff and loses nothing")
+            if isinstance(e, storages.StorageFault):  # the study's database, not the API
+                await self._storage_failed(e, tuning, gen, delay)
+            else:
+                log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
+                            "%.1f s", self.owner.namespace, self.owner.name, e, delay)
+                if self.api_faults == 3:  # not a blip: say so where users look
+                    self.emit("Warning", "ApiError", f"the Kubernetes API keeps failing "
+                              f"({e}); the study retries with backoff and loses nothing")
             await live.sleep(delay)
         else:
             self.api_faults = 0
@@ -224,6 +230,27 @@ class StudyController:
         self.writer.set("Pending", gen, f"waiting for the workload: {text}",
                         WorkloadDerived=(False, e.reason, text))
         await self.writer.write(None)
+
+    async def _storage_failed(self, e: storages.StorageFault, tuning: ChunkedPrefillTuning,
+                              gen: int, delay: float) -> None:
+        """The study's database failed: ``StorageReachable=False`` naming the field and the
+        fix (an event when it changes); the daemon tries again after ``delay``."""
+        field = "spec.storageFrom" if tuning.spec.storage_from is not None else "spec.storage"
+        text = f"{field}: {e} (next try in {delay:.0f} s)"
+        was = next((c for c in self.writer.conditions if c.get("type") == STORAGE_CONDITION),
+                   None)
+        if was is None or was.get("status") != "False" or was.get("reason") != e.reason:
+            self.emit("Warning", e.reason, text)
+        log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, text)
+        self.writer.condition(STORAGE_CONDITION, False, e.reason, text, gen)
+        with contextlib.suppress(ClusterApiError):
+            await self.writer.write_conditions()
+
+    def _storage_answers(self) -> None:
+        if self.writer.condition_status(STORAGE_CONDITION) == "False":
+            self.writer.condition(STORAGE_CONDITION, True, "Reachable",
+                                  "the study's database answers", self.gen)
+            self.emit("Normal", "DatabaseReachable", "the study's database answers again")
 
     async def _allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> bool:
         """The operator's policy (:mod:`.policy`) on what the trials reference: False (and a
@@ -326,6 +353,7 @@ class StudyController:
                 stop_requested=lambda: (StopRequest.CANCEL if self._stop_requested(live)
                                         else None), on_fault=self._fault)
             self.tuner, self.backend, self.stop_cause = tuner, backend, None
+            self._storage_answers()
             running = {t.number for t in tuner.trials() if st.trial_state(t) == TrialState.RUNNING}
             swept = await backend.sweep(keep=running)
             if swept:
@@ -533,7 +561,8 @@ async def delete_study(op: Operator, body: Mapping[str, Any],
     spec = body.get("spec") or {}
     if not spec.get("storage") and not spec.get("storageFrom") and owner.uid:
         path = storage.journal_path(op.settings.state_dir, owner.uid)  # its own, by uid
-        for p in (path, path.with_name(path.name + ".lock")):
+        for p in (path, path.with_name(path.name + ".lock"),
+                  path.with_name(path.name + ".study.lock")):
             with contextlib.suppress(OSError):
                 p.unlink()
     if owner.uid:

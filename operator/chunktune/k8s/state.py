@@ -111,13 +111,11 @@ class Operator:
 
     async def storage(self, tuning: ChunkedPrefillTuning, owner: mf.Owner) -> str:
         """The study's storage (:mod:`chunktune.k8s.storage`): its uid's journal, a confined
-        ``spec.storage``, or the URL in ``spec.storageFrom``'s Secret. Raises
+        ``spec.storage``, the URL in ``spec.storageFrom``'s Secret, or both: the database
+        URL in ``spec.storage`` with the password in the Secret. Raises
         :class:`SpecError` naming the field and the fix."""
         spec = tuning.spec
         state_dir = self.settings.state_dir
-        if spec.storage is not None and spec.storage_from is not None:
-            raise SpecError("give spec.storage or spec.storageFrom, not both",
-                            field="spec.storageFrom")
         secret_url = None
         if spec.storage_from is not None:
             ref = spec.storage_from.secret_key_ref
@@ -134,6 +132,8 @@ class Operator:
                                 "storage.allowDatabaseURLs=true",
                                 field="spec.storageFrom.secretKeyRef") from e
             secret_url = storage.secret_value(secret, ref.name, ref.key)
+            if spec.storage is not None:  # the URL in the spec, the password in the Secret
+                secret_url = storage.with_password(spec.storage, secret_url)
         if spec.storage is None and spec.storage_from is None:
             await asyncio.to_thread(storage.adopt_legacy, state_dir, owner.namespace,
                                     owner.name, owner.uid)
@@ -246,6 +246,15 @@ class StatusWriter:
         kw["workload"] = workload_source.status_of(tuner.derived)
         return render_status(summary(results, self.phase or "Pending",
                                      tuner.spec.budget.max_trials, **kw))
+
+    async def write_conditions(self) -> None:
+        """Patch the conditions alone (when the study cannot be read to render the rest)."""
+        async with self.lock:
+            if self.last.get("conditions") == self.conditions:
+                return
+            await self.api.patch_tuning_status(self.owner.namespace, self.owner.name,
+                                               {"conditions": self.conditions})
+            self.last = {**self.last, "conditions": self.conditions}
 
     async def write(self, tuner: Tuner | None = None) -> None:
         """Patch the status; a conflict (409) is retried in place after a fresh read of the

@@ -53,6 +53,7 @@ from chunktune.core.errors import ChunktuneError
 from chunktune.core.records import RequestRecord
 from chunktune.core.tokens import count_chat_tokens
 from chunktune.core.workload import Profile, RequestSpec, TrafficClass, generate
+from chunktune.load import shards
 from chunktune.load.client import API_PATHS, build_body, prepare_request, stream_request
 from chunktune.load.config import DriverConfig
 from chunktune.load.prompts import PromptSynth
@@ -166,7 +167,14 @@ class Schedule:
     """
 
     def __init__(self, env: Environment, profile: Profile, cfg: DriverConfig, sink: Sink,
-                 classes: Sequence[type[StreamingOpenAIUser]] | None = None) -> None:
+                 classes: Sequence[type[StreamingOpenAIUser]] | None = None,
+                 share: tuple[int, int] | None = None, start_wall: float | None = None,
+                 run_tag: str | None = None) -> None:
+        """``share``: ``(index, count)``, this worker's part of the schedule
+        (:mod:`chunktune.load.shards`); ``start_wall``: the run's time zero (``time.time()``)
+        that every worker shares; ``run_tag``: the request-id tag all workers share."""
+        self.share = share
+        self.start_wall = start_wall
         self.env = env
         self.profile = profile
         self.cfg = cfg
@@ -177,7 +185,7 @@ class Schedule:
             cls.driver = cfg
             cls.prompt_seed = profile.seed
             cls.host = cfg.target
-            cls.run_tag = secrets.token_hex(3)
+            cls.run_tag = run_tag or secrets.token_hex(3)
         self.classes = list(classes)
         self.stopped = gevent.event.Event()
         self.names = [c.name for c in profile.classes]
@@ -185,6 +193,8 @@ class Schedule:
         self.active: dict[gevent.Greenlet, RequestRecord] = {}
         self.clock0 = 0.0
         self.done = gevent.event.Event()
+        self._prepared: tuple[list[StreamingOpenAIUser], list[RequestSpec], int, int,
+                              int] | None = None
 
     def stop(self) -> None:
         self.stopped.set()
@@ -241,24 +251,45 @@ class Schedule:
             wake = min(next_tick, next_mark if next_mark is not None else next_tick)
             gevent.sleep(max(0.0, wake - (time.perf_counter() - self.clock0)))
 
-    def run(self) -> None:
-        p, cfg = self.profile, self.cfg
+    def prepare(self) -> None:
+        """Build the users and this run's part of the request sequence (what :meth:`run`
+        does first; a distributed worker does it before the shared time zero is set)."""
+        if self._prepared is not None:
+            return
+        p = self.profile
         users = [cls(self.env) for cls in self.classes]
         closed = p.arrival.mode == "concurrency"
         # Closed loop takes what it needs; the client cannot pass ~500 req/s, and the sequence
         # wraps around (with fresh request ids, so fresh prompts) if a run outlasts it.
         specs = generate(p, limit=min(200_000, int(500 * p.duration) + 1000) if closed else None)
+        concurrency = p.arrival.concurrency or 1
+        index, count = self.share or (0, 1)
+        if count > 1 and closed:
+            concurrency = shards.clients(concurrency, index, count)
+        elif count > 1:
+            specs = shards.shard(specs, index, count)
         # Everything allocated so far lives for the whole run: keep the collector off it, or a
         # full collection over a long sequence stalls every stream for milliseconds.
         gc.collect()
         gc.freeze()
+        self._prepared = (users, specs, concurrency, index, count)
+
+    def run(self) -> None:
+        p, cfg = self.profile, self.cfg
+        self.prepare()
+        assert self._prepared is not None
+        users, specs, concurrency, index, count = self._prepared
+        closed = p.arrival.mode == "concurrency"
         self.clock0 = time.perf_counter()
+        if self.start_wall is not None:  # a shared time zero, maybe a little ahead
+            self.clock0 += self.start_wall - time.time()
+            gevent.sleep(max(0.0, self.clock0 - time.perf_counter()))
         self.sink({"type": "start", "wall": time.time(), "classes": self.names,
                    "requests_planned": None if closed else len(specs)})
         ticker = gevent.spawn(self._ticker)
         workers: list[gevent.Greenlet] = []
         if closed:
-            counter = itertools.count()
+            counter = itertools.count(index, count)
 
             def worker() -> None:
                 while not self.stopped.is_set():
@@ -269,7 +300,7 @@ class Schedule:
                     spec = specs[i % len(specs)]
                     self._execute(users[spec.cls], spec, self._record(spec, i, now))
 
-            workers = [gevent.spawn(worker) for _ in range(p.arrival.concurrency or 1)]
+            workers = [gevent.spawn(worker) for _ in range(concurrency)]
             self.stopped.wait(p.duration)
         else:
             for spec in specs:
