@@ -249,6 +249,12 @@ CORPUS: list[Bad] = [
         "spec.workload.profile"),
     Bad("traverse-profile-hidden", "q", put("workload.profile", ".secrets/p.yaml"),
         "spec.workload.profile"),
+    Bad("traverse-trace-absolute", "q", both(drop("workload.profile"),
+                                             put("workload.trace", {"file": "/etc/shadow"})),
+        "spec.workload.trace.file"),
+    Bad("traverse-trace-dotdot", "q", both(drop("workload.profile"),
+                                           put("workload.trace", {"file": "../t.csv"})),
+        "spec.workload.trace.file"),
     # ---- bounds -----------------------------------------------------------------------------
     Bad("bound-maxtrials-0", "q", put("budget.maxTrials", 0), "spec.budget.maxTrials"),
     Bad("bound-parallelism-0", "q", put("budget.parallelism", 0), "spec.budget.parallelism"),
@@ -345,6 +351,23 @@ CORPUS: list[Bad] = [
         "spec.engine.securityContext.privileged"),
     Bad("cross-security-capability", "v", put("engine.securityContext", {
         "addCapabilities": ["SYS_ADMIN"]}), "spec.engine.securityContext.addCapabilities"),
+    Bad("cross-trace-and-profile", "q", put("workload.trace", {"file": "t.csv"}),
+        "spec.workload"),
+    Bad("cross-trace-with-rate", "q", both(drop("workload.profile"), put("workload.trace", {
+        "file": "t.csv"}), put("workload.rate", 4)), "spec.workload"),
+    Bad("cross-trace-file-and-configmap", "q", both(drop("workload.profile"), put(
+        "workload.trace", {"file": "t.csv", "configMapKeyRef": {"name": "t", "key": "k"}})),
+        "spec.workload.trace"),
+    Bad("cross-trace-and-prom", "q", both(drop("workload.profile"), put("workload.trace", {
+        "file": "t.csv"}), put("workload.fromPrometheus", _PROM)), "spec.workload"),
+    Bad("cross-trace-no-source", "q", both(drop("workload.profile"),
+                                           put("workload.trace", {"speedup": 2})),
+        "spec.workload.trace"),
+    Bad("bound-trace-speedup-0", "q", both(drop("workload.profile"), put("workload.trace", {
+        "file": "t.csv", "speedup": 0})), "spec.workload.trace.speedup"),
+    Bad("bound-trace-classes", "q", both(drop("workload.profile"), put("workload.trace", {
+        "file": "t.csv", "classes": [{"name": f"c{i}"} for i in range(33)]})),
+        "spec.workload.trace.classes"),
     # ---- a workload derived from Prometheus, re-tuning --------------------------------------
     Bad("prom-and-profile", "q", put("workload.fromPrometheus", _PROM), "spec.workload"),
     Bad("prom-selector-unquoted", "q", both(drop("workload.profile"), put(

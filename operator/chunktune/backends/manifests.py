@@ -9,8 +9,9 @@ One trial is three objects, all labelled with the tuning and the trial and owned
 ``ChunkedPrefillTuning`` (the garbage collector is the second net behind the operator's own
 clean-up):
 
-* a **ConfigMap** ``<base>-workload`` holding the workload profile (``profile.yaml``) and, for a
-  simulated engine with an inline ``modelConfig``, ``model-config.json``;
+* a **ConfigMap** ``<base>-workload`` holding the workload profile (``profile.yaml``), a
+  trace's requests (``trace.csv``, which the profile names) and, for a simulated engine with an
+  inline ``modelConfig``, ``model-config.json``;
 * the engine **Pod** ``<base>``: ``vllm serve <model> --host 0.0.0.0 --port <port>
   --served-model-name <name> <flags>`` (``engine.kind: vllm``) or ``chunktune sim serve --model
   <model> --gpu <type> ...`` (``engine.kind: sim``), with ``nvidia.com/gpu`` requests = limits
@@ -39,8 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunktune.backends import vllm
+from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, Flag, coerce_point, flags_line
 from chunktune.core.trials import TrialPlan
+from chunktune.core.workload import Profile
 
 #: Label keys (``app.kubernetes.io/*`` plus ours).
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -57,6 +60,11 @@ ENGINE_CONTAINER = "engine"
 LOAD_CONTAINER = "load"
 WORKLOAD_DIR = "/etc/chunktune"
 PROFILE_FILE = "profile.yaml"
+#: A trace's requests (the generic CSV), beside the profile that names it.
+TRACE_FILE = "trace.csv"
+#: What a ConfigMap's data may hold: Kubernetes refuses objects over 1 MiB; the rest is left
+#: to the metadata.
+CONFIGMAP_DATA_LIMIT = 1_000_000
 MODEL_CONFIG_FILE = "model-config.json"
 #: A simulated engine's calibration profile (spec.engine.calibration), in the workload ConfigMap
 #: when given as a file, else mounted from the user's ConfigMap under CALIBRATION_DIR.
@@ -264,13 +272,34 @@ def _metadata(owner: Owner, name: str, number: int, component: str,
 # ---- the workload ConfigMap ---------------------------------------------------------------------
 
 
-def workload_configmap(plan: TrialPlan, owner: Owner) -> dict[str, Any]:
-    """The trial's profile (overrides applied) as ``profile.yaml``; ``model-config.json`` when
-    a simulated engine's model comes inline."""
+def workload_files(profile: Profile) -> dict[str, str]:
+    """The profile (overrides applied) as ``profile.yaml``; a trace's requests beside it as
+    ``trace.csv``, which the profile names. Raises :class:`SpecError` when they would not fit
+    a ConfigMap."""
     import yaml
 
+    doc = profile.to_dict()
+    files: dict[str, str] = {}
+    if "trace" in doc:
+        trace = dict(doc["trace"])
+        files[TRACE_FILE] = trace.pop("data")
+        doc["trace"] = {"file": TRACE_FILE, **trace}
+    files[PROFILE_FILE] = yaml.safe_dump(doc, sort_keys=False)
+    size = sum(len(v.encode()) for v in files.values())
+    if size > CONFIGMAP_DATA_LIMIT:
+        n = len(profile.trace) if profile.trace is not None else 0
+        raise SpecError(f"the load Job's workload ({n:,} trace requests, {size / 1e6:.2f} MB) "
+                        f"does not fit a ConfigMap ({CONFIGMAP_DATA_LIMIT / 1e6:g} MB); replay "
+                        "a shorter window of the trace (trace.start, trace.end)",
+                        field="spec.workload.trace")
+    return files
+
+
+def workload_configmap(plan: TrialPlan, owner: Owner) -> dict[str, Any]:
+    """The trial's workload files (:func:`workload_files`); ``model-config.json`` when a
+    simulated engine's model comes inline."""
     names = trial_names(owner.name, plan.number)
-    data = {PROFILE_FILE: yaml.safe_dump(plan.profile.to_dict(), sort_keys=False)}
+    data = workload_files(plan.profile)
     if plan.target.kind == "sim" and plan.target.hf_config:
         data[MODEL_CONFIG_FILE] = json.dumps(plan.target.hf_config, sort_keys=True)
     if plan.target.kind == "sim" and plan.target.calibration:
@@ -640,4 +669,5 @@ __all__ = [
     "startup_failure_threshold",
     "trial_names",
     "workload_configmap",
+    "workload_files",
 ]

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from chunktune.api.status import set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
+from chunktune.backends import manifests as mf
 from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
 from chunktune.core.errors import BackendUnavailable, InfrastructureFault, SpecError
 from chunktune.core.flags import flags_line
@@ -170,6 +171,12 @@ class StudyController:
                 loop = asyncio.get_running_loop()
                 await self._until(live, policy.changed_or_due(changed, loop.time))
                 continue
+            traced = await self._with_trace(tuning, body, gen)
+            if traced is None:  # the trace's ConfigMap is missing or bad: look again later
+                loop = asyncio.get_running_loop()
+                await self._until(live, policy.changed_or_due(changed, loop.time))
+                continue
+            tuning = traced
             await self._guarded(self._study(tuning, live), tuning, live, changed)
 
     async def _guarded(self, work: Awaitable[None], tuning: ChunkedPrefillTuning, live: Live,
@@ -267,6 +274,50 @@ class StudyController:
                         **{policy.CONDITION: (False, refused[0].reason, text)})
         await self.writer.write(None)
         return False
+
+    async def _with_trace(self, tuning: ChunkedPrefillTuning, body: Mapping[str, Any],
+                          gen: int) -> ChunkedPrefillTuning | None:
+        """The tuning with its trace read: ``spec.workload.trace.configMapKeyRef``'s text, and
+        the spec checked again with it (the classes objectives name, the trace's content), and
+        the load Job's workload checked to fit its ConfigMap. None when the ConfigMap or its
+        key is missing or the trace is bad: phase Pending with ``SpecValid=False`` (reason
+        ``TraceUnavailable``) and an event naming the field and the fix; the daemon looks again
+        every :data:`~.policy.RECHECK_SECONDS` (the ConfigMap may be created or fixed)."""
+        trace = tuning.spec.workload.trace
+        if trace is None:
+            return tuning
+        ref = trace.config_map_key_ref
+        where = "spec.workload.trace.configMapKeyRef"
+        data = None
+        problems: list[Problem] = []
+        if ref is not None:
+            cm = await self.op.api.get("configmaps", self.owner.namespace, ref.name)
+            keys = sorted((cm or {}).get("data") or {})
+            data = None if cm is None else ((cm.get("data") or {}).get(ref.key))
+            if cm is None:
+                problems = [(where, f"there is no ConfigMap {ref.name!r} in namespace "
+                             f"{self.owner.namespace!r}; create it with the trace under key "
+                             f"{ref.key!r} (kubectl create configmap {ref.name} "
+                             f"--from-file={ref.key}=TRACE_FILE)")]
+            elif data is None:
+                problems = [(where, f"ConfigMap {ref.name!r} has no key {ref.key!r} (its keys: "
+                             f"{', '.join(keys) or 'none'})")]
+        if not problems:
+            traced, problems = parse(body, trace_data=data)
+            if traced is not None:
+                try:
+                    mf.workload_files(traced.spec.workload.resolve())
+                except SpecError as e:
+                    problems = e.problems
+                else:
+                    return traced
+        text = problems_text(problems)
+        if self.writer.message != f"waiting for the trace: {text}":
+            self.emit("Warning", "TraceUnavailable", text)
+        self.writer.set("Pending", gen, f"waiting for the trace: {text}",
+                        SpecValid=(False, "TraceUnavailable", text))
+        await self.writer.write(None)
+        return None
 
     async def _outputs_allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> None:
         """Warn at the start (``OutputAllowed=False`` and an event) when ``spec.output`` would

@@ -53,16 +53,18 @@ def owner_of(body: Mapping[str, Any]) -> mf.Owner:
                     api_version=str(body.get("apiVersion") or "chunktune.dev/v1alpha1"))
 
 
-def parse(body: Mapping[str, Any]) -> tuple[ChunkedPrefillTuning | None, list[Problem]]:
-    """The resource as a validated model, or every problem with its field path."""
+def parse(body: Mapping[str, Any], trace_data: str | None = None
+          ) -> tuple[ChunkedPrefillTuning | None, list[Problem]]:
+    """The resource as a validated model, or every problem with its field path;
+    ``trace_data``: the text of its ``spec.workload.trace.configMapKeyRef``, once read."""
     meta = body.get("metadata") or {}
     raw = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
            "metadata": {k: meta[k] for k in ("name", "namespace", "generation") if k in meta},
            "spec": _plain(body.get("spec"))}
-    problems = validate(raw)
+    problems = validate(raw, trace_data=trace_data)
     if problems:
         return None, problems
-    tuning = parse_manifest(raw)
+    tuning = parse_manifest(raw, trace_data=trace_data)
     if tuning.spec.engine.kind == "sglang":
         return None, [("spec.engine.kind", "the operator cannot run sglang engines yet; use "
                                            "vllm or sim")]

@@ -33,9 +33,15 @@ _SLO_METRICS = ("ttft", "tpot", "e2e")
 def add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--target", required=True,
                      help="base URL of the OpenAI-compatible server, e.g. http://vllm:8000")
-    run.add_argument("--profile", default="mixed",
-                     help="workload profile file, or a shipped name (mixed, chat, "
-                          "long-context, smoke); default: mixed")
+    source = run.add_mutually_exclusive_group()
+    source.add_argument("--profile",
+                        help="workload profile file, or a shipped name (mixed, chat, "
+                             "long-context, smoke); default: mixed. A profile file with a "
+                             "trace: mapping replays a trace with options")
+    source.add_argument("--trace", metavar="FILE",
+                        help="replay this request trace (Azure CSV, Mooncake JSONL or the "
+                             "generic CSV/JSONL; docs/traffic.md) open loop at its own arrival "
+                             "times")
     run.add_argument("--model", help="served model name (default: the first of GET /v1/models)")
     run.add_argument("--out", default="-",
                      help="where to write the JSON summary (default: stdout)")
@@ -125,17 +131,20 @@ def parse_slos(items: Sequence[str]) -> dict[str, Slo]:
 
 def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
     """The run's settings from parsed arguments (raises SpecError for bad values)."""
-    from chunktune.core.workload import load_profile, parse_duration
+    from chunktune.core.workload import load_profile, parse_duration, trace_profile
 
-    profile = load_profile(ns.profile)
+    profile = trace_profile(ns.trace) if ns.trace else load_profile(ns.profile or "mixed")
     dur = None if ns.duration is None else parse_duration(ns.duration, "--duration")
     warm = None if ns.warmup is None else parse_duration(ns.warmup, "--warmup")
     if ns.rate is not None and ns.rate <= 0:
         raise SpecError(f"must be > 0 (got {ns.rate})", field="--rate")
     if ns.concurrency is not None and ns.concurrency <= 0:
         raise SpecError(f"must be > 0 (got {ns.concurrency})", field="--concurrency")
-    profile = profile.with_overrides(duration=dur, warmup=warm, rate=ns.rate,
-                                     concurrency=ns.concurrency, seed=ns.seed)
+    try:
+        profile = profile.with_overrides(duration=dur, warmup=warm, rate=ns.rate,
+                                         concurrency=ns.concurrency, seed=ns.seed)
+    except SpecError as e:  # a trace refuses --rate and --concurrency
+        raise SpecError([(f"--{p}", m) for p, m in e.problems]) from e
     if profile.duration <= 0:
         raise SpecError("must be > 0", field="--duration")
     if profile.warmup >= profile.duration:
@@ -217,6 +226,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         p = cfg.parsed_profile()
         arr = (f"{p.arrival.concurrency} in flight" if p.arrival.mode == "concurrency"
                else f"{p.arrival.mode} {p.arrival.rate:g} req/s")
+        if p.trace is not None:
+            arr = f"trace {p.trace.source}, {p.arrival.rate:.3g} req/s"
+            for note in p.trace.notes:
+                print(f"chunktune load run: {note}", file=err)
         print(f"chunktune load run: {p.name} ({arr}, {p.duration:g}s, warm-up {p.warmup:g}s) "
               f"against {cfg.target}, model {model}", file=err)
     stop = threading.Event()

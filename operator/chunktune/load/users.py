@@ -11,8 +11,12 @@ class of the profile (``weight``, ``api`` and the length distributions come from
 and a :class:`Schedule` replays the profile's request sequence (``core.workload.generate``, the
 same sequence the simulator replays for the same seed) through them:
 
-* ``poisson`` / ``constant``: one dispatcher greenlet sleeps until each request's arrival time
-  and spawns a greenlet that sends it with its class's user, never waiting for earlier ones;
+* ``poisson`` / ``constant`` / ``trace``: one dispatcher greenlet spawns each request's greenlet
+  :data:`SEND_LEAD` before its arrival time; the greenlet prepares the request (prompt, body,
+  encoding), sleeps until the arrival time and sends it with its class's user, never waiting
+  for earlier ones. How late the sends went out is the summary's ``schedule.send_lag``: the
+  process's own wake-up delays (its event loop's work, a busy CPU), under a millisecond on an
+  idle machine;
 * ``concurrency``: N worker greenlets, each sending the next request of the sequence as soon
   as its previous one ended (closed loop, no think time); the class mix is per request, as in
   the simulator, not per user.
@@ -42,6 +46,7 @@ import gevent.event  # type: ignore[import-untyped]
 from gevent import GreenletExit
 from locust import HttpUser, constant
 from locust.env import Environment
+from requests import PreparedRequest
 from urllib3 import PoolManager
 
 from chunktune.core.errors import ChunktuneError
@@ -49,13 +54,17 @@ from chunktune.core.records import RequestRecord
 from chunktune.core.tokens import count_chat_tokens
 from chunktune.core.workload import Profile, RequestSpec, TrafficClass, generate
 from chunktune.load import shards
-from chunktune.load.client import API_PATHS, build_body, stream_request
+from chunktune.load.client import API_PATHS, build_body, prepare_request, stream_request
 from chunktune.load.config import DriverConfig
 from chunktune.load.prompts import PromptSynth
 
 __all__ = ["LoadFailure", "Schedule", "StreamingOpenAIUser", "make_user_classes"]
 
 Sink = Callable[[dict[str, Any]], None]
+
+#: Open loop: a request's greenlet starts this long before its arrival time and prepares it
+#: (prompt, body, encoding), so that at its arrival it only has to wake up and send.
+SEND_LEAD = 0.05
 
 
 class LoadFailure(ChunktuneError):
@@ -100,13 +109,22 @@ class StreamingOpenAIUser(HttpUser):
             return self._synth.token_ids(n, rid), n
         return self._synth.text(n, rid), n
 
-    def send(self, spec: RequestSpec, record: RequestRecord, clock0: float) -> RequestRecord:
+    def prepare(self, spec: RequestSpec, record: RequestRecord) -> PreparedRequest:
+        """The request, encoded and ready to go out (its prompt's count in ``record``)."""
         prompt, n = self.prompt(spec, record.rid)
         record.prompt_tokens = n
-        body = build_body(self.api, self.driver.model, prompt, spec.output_tokens)
+        body = build_body(self.api, self.driver.model, prompt, spec.output_tokens,
+                          spec.priority)
         headers = {**self._headers, "X-Request-Id": f"chunktune-{self.run_tag}-{record.rid}"}
-        stream_request(self.client, self.url, body, record, api=self.api, clock0=clock0,
-                       timeout=self._timeout, headers=headers)
+        return prepare_request(self.client, self.url, body, headers)
+
+    def send(self, spec: RequestSpec, record: RequestRecord, clock0: float,
+             prepared: PreparedRequest | None = None) -> RequestRecord:
+        """Send the request (``prepared`` by :meth:`prepare`, or now) and record it."""
+        if prepared is None:
+            prepared = self.prepare(spec, record)
+        stream_request(self.client, self.url, {}, record, api=self.api, clock0=clock0,
+                       timeout=self._timeout, prepared=prepared)
         self.report(record)
         return record
 
@@ -181,12 +199,21 @@ class Schedule:
     def stop(self) -> None:
         self.stopped.set()
 
-    def _execute(self, user: StreamingOpenAIUser, spec: RequestSpec, rec: RequestRecord) -> None:
+    def _execute(self, user: StreamingOpenAIUser, spec: RequestSpec, rec: RequestRecord,
+                 at: float | None = None) -> None:
+        """Send one request and sink its record. ``at`` (open loop): prepare it now, send it at
+        that offset from the start, or not at all if the run is stopped before."""
+        prepared = None
+        if at is not None:
+            prepared = user.prepare(spec, rec)
+            wait = self.clock0 + at - time.perf_counter()
+            if (wait > 0 and self.stopped.wait(wait)) or self.stopped.is_set():
+                return
         g = gevent.getcurrent()
         self.active[g] = rec
         self.sent[spec.cls] += 1
         try:
-            user.send(spec, rec, self.clock0)
+            user.send(spec, rec, self.clock0, prepared)
         except GreenletExit:
             rec.e2e = time.perf_counter() - self.clock0 - rec.start
             if self.stopped.is_set():
@@ -278,14 +305,14 @@ class Schedule:
         else:
             for spec in specs:
                 assert spec.arrival is not None
-                delay = self.clock0 + spec.arrival - time.perf_counter()
+                delay = self.clock0 + spec.arrival - SEND_LEAD - time.perf_counter()
                 if delay > 0 and self.stopped.wait(delay):
                     break
                 if self.stopped.is_set():
                     break
                 now = time.perf_counter() - self.clock0
                 workers.append(gevent.spawn(self._execute, users[spec.cls], spec,
-                                            self._record(spec, spec.rid, now)))
+                                            self._record(spec, spec.rid, now), spec.arrival))
             else:
                 self.stopped.wait(max(0.0, self.clock0 + p.duration - time.perf_counter()))
         complete = not self.stopped.is_set()
