@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from chunktune.backends.base import take_kv_peak_from_steps
+from chunktune.backends.base import take_kv_peak_from_steps, within
 from chunktune.core.steps import StepRecord
 from chunktune.core.trials import TrialResult, TrialState
 
@@ -37,3 +39,31 @@ def test_a_higher_sample_stays_and_nothing_is_invented() -> None:
                         steps=steps(None))
     take_kv_peak_from_steps(blank)
     assert blank.metrics == {"kv_cache_usage_peak": 0.1}
+
+
+@pytest.mark.asyncio
+async def test_within_leaves_the_paused_time_out_of_the_timeout() -> None:
+    """A trial whose engine waited for capacity: ``budget.trialTimeout`` counts only the rest
+    (the tuner runs each trial under :func:`within`)."""
+    started = asyncio.Event()
+    cleaned: list[str] = []
+
+    async def trial(seconds: float) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            cleaned.append("done")
+        return "result"
+
+    assert await within(trial(0.5), 0.2, lambda: 30.0) == "result"
+    with pytest.raises(TimeoutError):  # nothing paused: the plain timeout
+        await within(trial(30.0), 0.2, lambda: 0.0)
+    assert cleaned == ["done", "done"]  # the timed-out trial ran its clean-up first
+    task = asyncio.ensure_future(within(trial(30.0), 60.0, lambda: 0.0))
+    started.clear()
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned == ["done"] * 3

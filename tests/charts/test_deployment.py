@@ -14,14 +14,14 @@ from tests.charts import REPO, REPOSITORY
 from tests.charts.helpers import Render, container, env_of, load_values, only, pod_spec
 
 STATE_DIR = "/var/lib/chunktune"
-LIVENESS = "http://0.0.0.0:8080/healthz"
+METRICS = "0.0.0.0:8080"
 IMAGE = f"{REPOSITORY}:0.1.0"
 
 
 def test_default_args(render: Render) -> None:
     assert container(render())["args"] == [
         "operator", "run", "--all-namespaces", "--state-dir", STATE_DIR, "--standalone",
-        "--liveness", LIVENESS]
+        "--metrics-address", METRICS]
 
 
 def test_watched_namespaces_become_namespace_flags(render: Render) -> None:
@@ -29,7 +29,7 @@ def test_watched_namespaces_become_namespace_flags(render: Render) -> None:
     assert args[:6] == ["operator", "run", "--namespace", "chunktune-ci",
                         "--namespace", "chunktune-ci-2"]
     assert "--all-namespaces" not in args
-    assert args[6:] == ["--state-dir", STATE_DIR, "--standalone", "--liveness", LIVENESS]
+    assert args[6:] == ["--state-dir", STATE_DIR, "--standalone", "--metrics-address", METRICS]
 
 
 def test_extra_args_come_last(render: Render) -> None:
@@ -60,7 +60,8 @@ def test_image_and_chunktune_image(render: Render) -> None:
 
 def test_trial_and_operator_environment(render: Render) -> None:
     env = env_of(container(render()))
-    assert env == {"CHUNKTUNE_IMAGE": IMAGE, "CHUNKTUNE_IMAGE_PULL_POLICY": "IfNotPresent",
+    assert env == {"POD_NAME": "", "POD_NAMESPACE": "",  # from the downward API
+                   "CHUNKTUNE_IMAGE": IMAGE, "CHUNKTUNE_IMAGE_PULL_POLICY": "IfNotPresent",
                    "CHUNKTUNE_SHM_SIZE": "8Gi", "CHUNKTUNE_KEEP_TRIAL_OBJECTS": "false",
                    "CHUNKTUNE_PROMETHEUS_SELECT_BY": "pod", "CHUNKTUNE_LOG_LEVEL": "INFO",
                    "CHUNKTUNE_ALLOW_DATABASE_URLS": "false",
@@ -142,19 +143,22 @@ def test_the_operator_cli_accepts_the_args(render: Render, values: dict[str, Any
     assert args[:2] == ["operator", "run"]
     help_text = parser.format_help()
     for flag in ("--all-namespaces", "--namespace", "--state-dir", "--standalone",
-                 "--liveness"):
+                 "--metrics-address", "--leader-elect"):
         assert flag in help_text, f"`chunktune operator run --help` lacks {flag}"
     _, unknown = parser.parse_known_args(args[2:])
     assert not unknown, f"`chunktune operator run` does not know {unknown}"
 
 
-def test_probes_hit_the_liveness_endpoint(render: Render) -> None:
+def test_probes_hit_the_operator_endpoint(render: Render) -> None:
+    """/healthz and /metrics on one port, served by every replica (a standby too, which runs
+    no kopf and so has no kopf liveness endpoint)."""
     for port in (8080, 9091):
         c = container(render({"operator": {"healthPort": port}}))
-        assert c["ports"] == [{"name": "healthz", "containerPort": port, "protocol": "TCP"}]
-        assert c["args"][c["args"].index("--liveness") + 1] == f"http://0.0.0.0:{port}/healthz"
+        assert c["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+        assert c["args"][c["args"].index("--metrics-address") + 1] == f"0.0.0.0:{port}"
+        assert "--liveness" not in c["args"]
         for probe in ("livenessProbe", "readinessProbe"):
-            assert c[probe]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+            assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
             assert c[probe]["failureThreshold"] >= 3
 
 

@@ -96,7 +96,7 @@ def test_least_privilege(render: Render, values: dict[str, Any]) -> None:
 def test_rbac_can_be_left_out(render: Render) -> None:
     objects = render({"rbac": {"create": False}, "serviceAccount": {"create": False,
                                                                     "name": "ops"}})
-    assert kinds(objects) == ["Deployment", "PersistentVolumeClaim"]
+    assert kinds(objects) == ["Deployment", "PersistentVolumeClaim", "Service"]
 
 
 def test_bindings_follow_the_service_account_name(render: Render) -> None:

@@ -29,6 +29,15 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "pod-monitor-namespaced": {"watchNamespaces": ["ml", "batch"],
                                "metrics": {"podMonitor": {"enabled": True,
                                                           "namespace": "monitoring"}}},
+    "ha": {"replicaCount": 2, "persistence": {"accessModes": ["ReadWriteMany"]},
+           "leaderElection": {"leaseDuration": 20, "renewDeadline": 12.5, "retryPeriod": 2},
+           "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"},
+                                          "interval": "15s", "scrapeTimeout": "10s"},
+                       "service": {"annotations": {"prometheus.io/scrape": "true"}},
+                       "dashboard": {"enabled": True, "namespace": "monitoring",
+                                     "annotations": {"grafana_folder": "chunktune"}}}},
+    "ha-database": {"replicaCount": 3, "persistence": {"enabled": False},
+                    "storage": {"allowDatabaseURLs": True}, "watchNamespaces": ["ml"]},
     "no-rbac-existing-sa": {"rbac": {"create": False},
                             "serviceAccount": {"create": False, "name": "ops"}},
     "everything": {
@@ -56,7 +65,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 }
 
 #: Objects of CRDs that kubernetes-validate has no schema for, with the fields we check.
-FOREIGN = {("monitoring.coreos.com/v1", "PodMonitor")}
+FOREIGN = {("monitoring.coreos.com/v1", "PodMonitor"),
+           ("monitoring.coreos.com/v1", "ServiceMonitor")}
 
 
 @pytest.fixture(params=sorted(VALUE_SETS), scope="module")
@@ -125,7 +135,7 @@ def test_every_object_is_labelled_and_namespaced(render: Render,
 def test_default_objects(render: Render) -> None:
     objects = render()
     assert kinds(objects) == ["ClusterRole", "ClusterRoleBinding", "Deployment",
-                              "PersistentVolumeClaim", "ServiceAccount"]
+                              "PersistentVolumeClaim", "Service", "ServiceAccount"]
     assert all(o["metadata"]["name"].startswith("chunktune") for o in objects)
 
 

@@ -100,10 +100,10 @@ async def running_operator(kube: KubeEmulator, settings: Any,
     stop = asyncio.Event()
     ready = asyncio.Event()
     client = api_client_at(kube, url) if server else kube.api_client()
-    registry, op = runtime.build(settings, client, login)
-    task = asyncio.create_task(kopf.operator(
-        registry=registry, clusterwide=True, standalone=True, stop_flag=stop,
-        ready_flag=ready))
+    built = runtime.build(settings, client, login)
+    op = built[1]
+    task = asyncio.create_task(runtime.run(settings, built=built, stop_flag=stop,
+                                           ready_flag=ready))
     try:
         await asyncio.wait_for(ready.wait(), 20)
         yield op

@@ -96,9 +96,9 @@ def test_vllm_engine_pod() -> None:
         "--served-model-name", "llama", "--tensor-parallel-size", "2", "--max-model-len",
         "32768", "--max-num-batched-tokens", "4096", "--long-prefill-token-threshold", "512",
         "--enable-logging-iteration-details"]  # the trial's per-step log
-    assert c["resources"] == {
-        "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": 2},
-        "limits": {"nvidia.com/gpu": 2}}
+    assert c["resources"] == {  # quantities as strings: the kubernetes client refuses numbers
+        "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "2"},
+        "limits": {"nvidia.com/gpu": "2"}}
     # the secret stays a reference: no value is ever copied
     hf = next(e for e in c["env"] if e["name"] == "HF_TOKEN")
     assert hf == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf",
@@ -292,7 +292,7 @@ def test_examples_make_valid_trial_objects(name: str) -> None:
     (c,) = pod["spec"]["containers"]
     if target.kind == "vllm":
         assert c["command"] == ["vllm", "serve"] and c["image"].startswith("vllm/vllm-openai:v")
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"  # a string: see below
         hf = next(e for e in c["env"] if e["name"] == "HF_TOKEN")
         assert hf["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
     else:

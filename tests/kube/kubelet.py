@@ -65,6 +65,7 @@ from tests.kube.emulator import (
     WatchEvent,
     now_rfc3339,
 )
+from tests.kube.scheduler import NodeCapacity, unschedulable_message
 
 logger = logging.getLogger(__name__)
 
@@ -476,7 +477,8 @@ class FakeKubelet:
                  max_container_seconds: float | None = 900.0, inherit_env: bool = True,
                  extra_env: Mapping[str, str] | None = None, jobs: bool = True,
                  deployments: bool = True, log_limit: int = 1 << 20,
-                 entrypoints: Mapping[str, Sequence[str]] | None = None) -> None:
+                 entrypoints: Mapping[str, Sequence[str]] | None = None,
+                 capacity: Mapping[str, Any] | None = None) -> None:
         self.kube = kube
         self.node_name = node_name
         self.probe_interval = probe_interval
@@ -493,7 +495,13 @@ class FakeKubelet:
         self.entrypoints = {image: list(command) for image, command in (entrypoints or {}).items()}
         """Image (with or without tag) -> the command a container without ``command`` runs,
         as the image's ENTRYPOINT would (``args`` are appended)."""
+        self.capacity = NodeCapacity(capacity) if capacity is not None else None
+        """The node's allocatable resources (``None``: unlimited). A pod asking more than is
+        free stays ``Pending`` and ``Unschedulable`` until enough is released by pods that end
+        or are deleted; waiting pods are bound in creation order, each as soon as it fits."""
         self.errors: list[BaseException] = []
+        self._unscheduled: dict[str, Body] = {}
+        """Pods waiting for capacity, by uid, oldest first."""
         self._queue: asyncio.Queue[WatchEvent] | None = None
         self._main_task: asyncio.Task[None] | None = None
         self._pods: dict[str, tuple[_PodRunner, asyncio.Task[None]]] = {}
@@ -550,6 +558,7 @@ class FakeKubelet:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._pods.clear()
+        self._unscheduled.clear()
         self._controllers.clear()
         if self._http is not None:
             await self._http.close()
@@ -633,15 +642,63 @@ class FakeKubelet:
         if event.type == 'DELETED' or meta.get('deletionTimestamp'):
             if uid in self._pods:
                 self._pods.pop(uid)[1].cancel()
+            if self._unscheduled.pop(uid, None) is not None:
+                self._schedule_waiting()
             return
         node = (pod.get('spec') or {}).get('nodeName')
-        if uid in self._pods or _phase(pod) in ('Succeeded', 'Failed') or (
+        if uid in self._pods or uid in self._unscheduled or \
+                _phase(pod) in ('Succeeded', 'Failed') or (
                 node and node != self.node_name) or event.type != 'ADDED':
             return
+        if self.capacity is not None and (self._unscheduled or self.capacity.insufficient(pod)):
+            self._unscheduled[uid] = pod
+            self._schedule_waiting()
+            return
+        self._bind(pod)
+
+    def _bind(self, pod: Body) -> None:
+        uid = pod['metadata']['uid']
+        if self.capacity is not None:
+            self.capacity.bind(uid, pod)
         runner = _PodRunner(self, pod)
         task = self._spawn(runner.run())
         self._pods[uid] = (runner, task)
-        task.add_done_callback(lambda _: self._pods.pop(uid, None))
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._pods.pop(uid, None)
+            if self.capacity is not None and self.capacity.release(uid):
+                self._schedule_waiting()
+
+        task.add_done_callback(done)
+
+    def _schedule_waiting(self) -> None:
+        """Bind the waiting pods that fit now (oldest first); tell the others why not."""
+        assert self.capacity is not None
+        for uid, pod in list(self._unscheduled.items()):
+            meta = pod['metadata']
+            current = self.kube.server.store_get(PODS, meta['namespace'], meta['name'])
+            if current is None or current['metadata'].get('uid') != uid or \
+                    current['metadata'].get('deletionTimestamp'):
+                del self._unscheduled[uid]
+                continue
+            missing = self.capacity.insufficient(current)
+            if not missing:
+                del self._unscheduled[uid]
+                self._bind(current)
+            elif not (current.get('status') or {}).get('conditions'):
+                self._spawn(self._unschedulable(current, unschedulable_message(missing)))
+
+    async def _unschedulable(self, pod: Body, message: str) -> None:
+        meta = pod['metadata']
+        if meta['uid'] not in self._unscheduled:
+            return  # bound meanwhile
+        status = {'phase': 'Pending', 'qosClass': 'BestEffort', 'conditions': [{
+            'type': 'PodScheduled', 'status': 'False', 'reason': 'Unschedulable',
+            'message': message, 'lastProbeTime': None, 'lastTransitionTime': now_rfc3339()}]}
+        with contextlib.suppress(kmock.KubernetesError):
+            await self.kube.server.store_update(PODS, meta['namespace'], meta['name'],
+                                                {'status': status}, patch_type='replace',
+                                                subresource='status')
 
     def _on_controller(self, event: WatchEvent) -> None:
         uid = event.object.get('metadata', {}).get('uid', '')

@@ -59,6 +59,7 @@ BUILTIN_RESOURCES: tuple[ResourceSpec, ...] = (
     ResourceSpec('apps', 'v1', 'deployments', 'Deployment', True, ('status',), ('deploy',),
                  ('all',)),
     ResourceSpec('batch', 'v1', 'jobs', 'Job', True, ('status',), (), ('all',)),
+    ResourceSpec('coordination.k8s.io', 'v1', 'leases', 'Lease'),
     ResourceSpec('apiextensions.k8s.io', 'v1', 'customresourcedefinitions',
                  'CustomResourceDefinition', False, ('status',), ('crd', 'crds')),
 )

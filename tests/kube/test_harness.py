@@ -691,3 +691,55 @@ def test_kubelet_plays_a_minimal_deployment_controller(
     kube.wait_for(lambda: len(kube.objects('pods', 'default', label_selector='app=d')) == 1)
     apps.delete_namespaced_deployment('d', 'default')
     kube.wait_for(lambda: not kube.objects('pods', 'default', label_selector='app=d'))
+
+
+def test_kubelet_capacity_leaves_pods_unschedulable_until_one_ends(
+        kube: KubeEmulator, core: kubernetes.client.CoreV1Api) -> None:
+    def pod(name: str, gpus: int, seconds: float) -> dict[str, Any]:
+        return {'metadata': {'name': name}, 'spec': {'containers': [{
+            'name': 'c', 'image': 'python', 'resources': {'limits': {'nvidia.com/gpu': str(gpus)}},
+            'command': [PY, '-c', f'import time; time.sleep({seconds})']}]}}
+
+    with FakeKubelet(kube, capacity={'nvidia.com/gpu': 2}) as kubelet:
+        core.create_namespaced_pod('default', pod('a', 1, 60))
+        core.create_namespaced_pod('default', pod('b', 1, 0.2))
+        core.create_namespaced_pod('default', pod('c', 2, 0))   # waits for both
+        core.create_namespaced_pod('default', pod('d', 1, 60))  # fits once b ends
+        kube.wait_for(lambda: kubelet.phase('default', 'd') == 'Running', timeout=20,
+                      message='d bound when b ended')
+        c = kube.get('pods', 'default', 'c')
+        assert c['status']['phase'] == 'Pending'
+        [cond] = c['status']['conditions']
+        assert (cond['type'], cond['status'], cond['reason']) == (
+            'PodScheduled', 'False', 'Unschedulable')
+        assert cond['message'].startswith('0/1 nodes are available: 1 Insufficient '
+                                          'nvidia.com/gpu.')
+        assert kubelet.phase('default', 'b') == 'Succeeded'
+        core.delete_namespaced_pod('a', 'default')
+        core.delete_namespaced_pod('d', 'default')
+        kube.wait_for(lambda: kubelet.phase('default', 'c') == 'Succeeded', timeout=20,
+                      message='c bound and run once a and d are gone')
+        scheduled = [x for x in kube.get('pods', 'default', 'c')['status']['conditions']
+                     if x['type'] == 'PodScheduled']
+        assert scheduled[0]['status'] == 'True'
+        assert kubelet.errors == []
+
+
+def test_leases_serve_leader_election(kube: KubeEmulator,
+                                      api: kubernetes.client.ApiClient) -> None:
+    coord = kubernetes.client.CoordinationV1Api(api)
+    body = {'metadata': {'name': 'op'}, 'spec': {'holderIdentity': 'a',
+                                                 'leaseDurationSeconds': 15}}
+    lease = coord.create_namespaced_lease('default', body)
+    with pytest.raises(ApiException) as exists:
+        coord.create_namespaced_lease('default', body)
+    assert _status(exists) == 409
+    stale = lease.metadata.resource_version
+    lease.spec.holder_identity = 'b'
+    coord.replace_namespaced_lease('op', 'default', lease)
+    lease.spec.holder_identity = 'c'
+    lease.metadata.resource_version = stale
+    with pytest.raises(ApiException) as conflict:  # the loser of a race sees a 409
+        coord.replace_namespaced_lease('op', 'default', lease)
+    assert _status(conflict) == 409
+    assert coord.read_namespaced_lease('op', 'default').spec.holder_identity == 'b'

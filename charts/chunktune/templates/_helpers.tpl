@@ -80,6 +80,31 @@ win, because the operator pod's are its Deployment's (immutable) selector.
 /var/lib/chunktune
 {{- end -}}
 
+{{/* "true" when the replicas elect a leader (several replicas, or leaderElection.enabled). */}}
+{{- define "chunktune.leaderElect" -}}
+{{- if or (gt (int .Values.replicaCount) 1) .Values.leaderElection.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Refuse values that would break high availability: several replicas need one state volume they
+can all mount, and lease timings in which the leader stops before a standby may take over.
+*/}}
+{{- define "chunktune.checkReplicas" -}}
+{{- if gt (int .Values.replicaCount) 1 -}}
+{{- if and .Values.persistence.enabled (not .Values.persistence.existingClaim) (not (has "ReadWriteMany" .Values.persistence.accessModes)) -}}
+{{- fail "replicaCount > 1 needs a state volume every replica can mount: set persistence.accessModes to [ReadWriteMany] (a storage class that offers it) or persistence.existingClaim, or persistence.enabled=false with studies in a database (storage.allowDatabaseURLs=true, spec.storageFrom)" -}}
+{{- end -}}
+{{- if and (not .Values.persistence.enabled) (not .Values.storage.allowDatabaseURLs) -}}
+{{- fail "replicaCount > 1 with persistence.enabled=false would lose every journal study at each failover: enable persistence (ReadWriteMany) or keep studies in a database (storage.allowDatabaseURLs=true, spec.storageFrom)" -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.leaderElection -}}
+{{- if not (and (gt (float64 .leaseDuration) (float64 .renewDeadline)) (gt (float64 .renewDeadline) (float64 .retryPeriod))) -}}
+{{- fail (printf "leaderElection needs leaseDuration > renewDeadline > retryPeriod (got %v, %v, %v): the leader must stop before a standby may take over" .leaseDuration .renewDeadline .retryPeriod) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The claim that holds the state directory. */}}
 {{- define "chunktune.claimName" -}}
 {{- default (printf "%s-state" (include "chunktune.fullname" .)) .Values.persistence.existingClaim -}}

@@ -8,10 +8,39 @@ below both the backends and the tuner).
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 from chunktune.core.steps import kv_usage_peak, parse_meta
 from chunktune.core.trials import Reporter, TrialPlan, TrialResult
+
+T = TypeVar("T")
+
+
+async def within(aw: Awaitable[T], timeout: float, paused: Callable[[], float]) -> T:
+    """``await aw`` with a timeout that leaves out the time ``paused()`` reports (seconds the
+    trial spent waiting for capacity, :meth:`TrialBackend.paused_seconds`): like
+    :func:`asyncio.wait_for`, raising :class:`TimeoutError` once ``timeout`` seconds of
+    unpaused time have passed."""
+    task = asyncio.ensure_future(aw)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    try:
+        while True:
+            left = start + timeout + paused() - loop.time()
+            if left <= 0:
+                break
+            done, _ = await asyncio.wait({task}, timeout=left)
+            if done:
+                return task.result()
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)  # its clean-up runs first
+        raise
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise TimeoutError
 
 
 def trial_tag(plan: TrialPlan) -> str:
@@ -62,6 +91,12 @@ class TrialBackend(abc.ABC):
         The default cannot: the caller re-runs the plan. Kubernetes adopts the trial's
         objects."""
         return None
+
+    def paused_seconds(self, number: int) -> float:
+        """Seconds trial ``number`` has waited for capacity so far (its engine could not be
+        scheduled: no free GPU): never counted against its timeouts. Kubernetes knows; the
+        others never wait."""
+        return 0.0
 
     async def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release anything the backend holds (processes, clients)."""

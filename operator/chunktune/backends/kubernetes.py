@@ -3,11 +3,15 @@
 A trial (:meth:`KubernetesBackend.run_trial`):
 
 1. create the workload ConfigMap and the engine Pod (:mod:`.manifests`);
-2. wait until the pod is Ready, within ``engine.startupTimeout``. A container that ends
-   before that is classified from its termination state and the tail of its log
-   (:func:`~.classify.classify`): vLLM's OOM, KV-cache and argument messages make the point
-   ``INFEASIBLE``; an unrecognised crash is ``FAIL EngineCrashed``; ``OOMKilled`` is ``FAIL
-   HostOOMKilled``;
+2. wait until the pod is Ready, within ``engine.startupTimeout``. A pod the scheduler cannot
+   place for lack of resources (``PodScheduled=False``, ``Unschedulable``, ``Insufficient
+   nvidia.com/gpu``) is *waiting for capacity* (:mod:`.capacity`; told to
+   ``capacity.on_change``): that time counts against neither ``startupTimeout`` nor
+   ``budget.trialTimeout`` (:meth:`KubernetesBackend.paused_seconds`), and is never a failure.
+   A container that ends before that is classified from its termination state and the tail
+   of its log (:func:`~.classify.classify`): vLLM's OOM, KV-cache and argument messages make
+   the point ``INFEASIBLE``; an unrecognised crash is ``FAIL EngineCrashed``; ``OOMKilled`` is
+   ``FAIL HostOOMKilled``;
 3. scrape the engine's ``/metrics`` (unless Prometheus is used), create the load Job against
    the pod IP, and follow it: its log's windows go to ``report`` (pruning deletes the Job),
    ``/metrics`` is sampled for the KV-usage peak (every ``kv_sample_interval``; only every
@@ -54,7 +58,9 @@ from chunktune.backends.base import (
     record_engine_startup,
     take_kv_peak_from_steps,
     trial_tag,
+    within,
 )
+from chunktune.backends.capacity import CapacityWaits, capacity_wait, scheduling_wait
 from chunktune.backends.classify import classify
 from chunktune.backends.vllm import STEP_LOG_FLAG, STEP_LOG_KINDS
 from chunktune.core.errors import ChunktuneError, InfrastructureFault
@@ -195,10 +201,15 @@ class KubernetesBackend(TrialBackend):
         """Trials whose load is distributed (their worker Job and Service go with them)."""
         self._unclean: set[int] = set()
         """Trials whose objects could not be deleted yet."""
+        self.capacity = CapacityWaits()
+        """Trials whose engine pod waits for capacity, and how long each has."""
 
     @property
     def ns(self) -> str:
         return self.owner.namespace
+
+    def paused_seconds(self, number: int) -> float:
+        return self.capacity.paused(number)
 
     # ---- the protocol ----------------------------------------------------------------------
 
@@ -207,6 +218,7 @@ class KubernetesBackend(TrialBackend):
         self.timings[plan.number] = {}
         await self._retry_cleanups()
         self._before.pop(plan.number, None)
+        self.capacity.start(plan.number)
         fault = False
         try:
             await self._create_objects(plan)
@@ -216,6 +228,7 @@ class KubernetesBackend(TrialBackend):
             fault = True  # the objects stay, to be re-adopted once the API answers
             raise
         finally:
+            self.capacity.update(plan.number, None, scheduled=False)
             if not fault:
                 await self._finish(plan.number)
 
@@ -238,9 +251,12 @@ class KubernetesBackend(TrialBackend):
             created = _time(pods[0]["metadata"].get("creationTimestamp"))
             t0 = time.monotonic() - max(0.0, time.time() - created) if created else \
                 time.monotonic()
+            # the wait for capacity before this process (its pod's scheduling, not the engine)
+            self.capacity.start(plan.number, scheduling_wait(pods[0]))
             try:
-                return await asyncio.wait_for(self._drive(plan, report, fresh=False, t0=t0),
-                                              self.settings.trial_timeout)
+                return await within(self._drive(plan, report, fresh=False, t0=t0),
+                                    self.settings.trial_timeout,
+                                    lambda: self.paused_seconds(plan.number))
             except TimeoutError:
                 return TrialResult(TrialState.FAIL, reason="TrialTimeout",
                                    message=f"the adopted trial did not end within "
@@ -249,6 +265,7 @@ class KubernetesBackend(TrialBackend):
             fault = True
             raise
         finally:
+            self.capacity.update(plan.number, None, scheduled=False)
             if not fault:
                 await self._finish(plan.number)
 
@@ -353,9 +370,10 @@ class KubernetesBackend(TrialBackend):
         t = time.monotonic()
         ready = await self._wait_ready(plan, names.pod, t0)
         self._mark(plan.number, "startup", t)
+        self.timings[plan.number]["capacity"] = self.paused_seconds(plan.number)
         if isinstance(ready, TrialResult):
             return ready
-        startup = time.monotonic() - t0
+        startup = time.monotonic() - t0 - self.paused_seconds(plan.number)
         ip = ready["status"]["podIP"]
         url = f"http://{ip}:{plan.target.port}"
         # NOTE: scraped with Prometheus too: the figures fall back to this scrape's delta when
@@ -420,31 +438,41 @@ class KubernetesBackend(TrialBackend):
                         "with %s?)", where, STEP_LOG_FLAG)
 
     async def _wait_ready(self, plan: TrialPlan, pod_name: str, t0: float) -> Body | TrialResult:
+        """The ready pod, or the trial's result if it never gets there. The start-up clock
+        stops while the pod waits for capacity."""
         timeout = plan.target.startup_timeout
         waiting = ""
         poll = _Poll(self.settings.poll_interval)
+        n = plan.number
         while True:
             pod = await self.api.get("pods", self.ns, pod_name)
             if pod is None or pod["metadata"].get("deletionTimestamp"):
                 return TrialResult(TrialState.FAIL, reason="EngineDeleted",
                                    message="the engine pod was deleted before it was ready",
-                                   startup_seconds=time.monotonic() - t0)
+                                   startup_seconds=time.monotonic() - t0
+                                   - self.paused_seconds(n))
+            unschedulable = capacity_wait(pod)
+            self.capacity.update(n, unschedulable)
+            if unschedulable is not None:
+                await poll.sleep()
+                continue
             status = pod.get("status") or {}
             cs = _container(pod, mf.ENGINE_CONTAINER)
             if _ready(pod) and status.get("podIP"):
                 return pod
+            startup = time.monotonic() - t0 - self.paused_seconds(n)
             if (cs or {}).get("state", {}).get("terminated") or \
                     status.get("phase") in ("Failed", "Succeeded"):
-                return await self._startup_failure(pod, cs, time.monotonic() - t0)
+                return await self._startup_failure(pod, cs, startup)
             waiting = _waiting(pod, cs) or waiting
-            if time.monotonic() - t0 > timeout:
+            if startup > timeout:
                 tail = await self.api.pod_log(self.ns, pod_name, mf.ENGINE_CONTAINER, 5)
                 return TrialResult(
                     TrialState.FAIL, reason="StartupTimeout",
                     message=f"the engine was not ready within {timeout:g} s "
                             f"(engine.startupTimeout)" + (f"; {waiting}" if waiting else "")
                             + (f"; last log lines:\n{tail.strip()}" if tail.strip() else ""),
-                    startup_seconds=time.monotonic() - t0)
+                    startup_seconds=startup)
             await poll.sleep()
 
     async def _startup_failure(self, pod: Body, cs: Body | None, startup: float,

@@ -208,6 +208,10 @@ class TrialOptions:
     """``ttlSecondsAfterFinished`` of load Jobs (a net for Jobs the operator never deletes)."""
     gpu_tolerations: bool = True
     """Tolerate the ``nvidia.com/gpu`` NoSchedule taint on GPU pods."""
+    sim_requests_gpus: bool = False
+    """Simulated engines request (and tolerate) the ``nvidia.com/gpu`` they simulate, as a
+    vLLM engine would: a rehearsal of the cluster's GPU scheduling (parallel trials waiting for
+    capacity) with simulated engines."""
     tmp_size: str = "1Gi"
     """``sizeLimit`` of the ``/tmp`` ``emptyDir`` of trial containers (their root file system
     is read-only)."""
@@ -354,13 +358,23 @@ def startup_failure_threshold(startup_timeout: float, period: int = 10) -> int:
     return max(1, math.ceil(startup_timeout / period) + 1)
 
 
-def _resources(plan: TrialPlan, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+def requests_gpus(plan: TrialPlan, options: TrialOptions) -> bool:
+    """The engine pod asks for ``nvidia.com/gpu``: a vLLM engine on GPUs, or a simulated one
+    when :attr:`TrialOptions.sim_requests_gpus`."""
+    t = plan.target
+    return t.cpu is None and (t.kind != "sim" or options.sim_requests_gpus)
+
+
+def _resources(plan: TrialPlan, extra: Mapping[str, Any] | None,
+               gpus: bool) -> dict[str, Any]:
+    """Requests and limits, every quantity a string (the ``kubernetes`` client refuses a
+    number where the API takes a quantity)."""
     out: dict[str, dict[str, Any]] = {}
     for part in ("requests", "limits"):
         given = (extra or {}).get(part) or {}
-        values = {k: v for k, v in given.items() if v is not None}
-        if plan.target.kind != "sim" and plan.target.cpu is None:
-            values[GPU_RESOURCE] = plan.target.gpu_count
+        values = {k: str(v) for k, v in given.items() if v is not None}
+        if gpus:
+            values[GPU_RESOURCE] = str(plan.target.gpu_count)
         if values:
             out[part] = values
     return out
@@ -414,7 +428,8 @@ def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
     }
     if options.image_pull_policy:
         container["imagePullPolicy"] = options.image_pull_policy
-    res = _resources(plan, resources)
+    gpus = requests_gpus(plan, options)
+    res = _resources(plan, resources, gpus)
     if res:
         container["resources"] = res
     spec: dict[str, Any] = {
@@ -428,7 +443,7 @@ def engine_pod(plan: TrialPlan, owner: Owner, options: TrialOptions,
     }
     if options.service_account:
         spec["serviceAccountName"] = options.service_account
-    if t.kind != "sim" and t.cpu is None and options.gpu_tolerations:
+    if gpus and options.gpu_tolerations:
         spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists",
                                 "effect": "NoSchedule"}]
     return {"apiVersion": "v1", "kind": "Pod",

@@ -11,5 +11,8 @@ This package is the only importer of ``kopf`` and of the ``kubernetes`` client
   tuning may make the operator reference or write (Secrets, images, outputs);
 - :mod:`.handlers`: the thin kopf handlers (startup, create/update validation, the study
   daemon, the deletion finalizer);
-- :mod:`.runtime`: builds the registry and runs kopf; :mod:`.cli`: ``chunktune operator run``.
+- :mod:`.leader`: leader election over a Lease (one active replica of several);
+- :mod:`.metrics`: the operator's Prometheus metrics and its ``/metrics``, ``/healthz``;
+- :mod:`.runtime`: builds the registry and runs kopf (as the leader, with leader election);
+  :mod:`.cli`: ``chunktune operator run``.
 """

@@ -4,9 +4,11 @@
 
     chunktune operator run [--namespace NS ... | --all-namespaces] [--state-dir DIR]
                            [--standalone] [--liveness URL] [--log-level LEVEL]
+                           [--metrics-address HOST:PORT] [--leader-elect]
 
 Flags override the ``CHUNKTUNE_*`` environment (:mod:`chunktune.k8s.settings`). Exit status 0
-on a clean stop (SIGTERM/SIGINT), 1 when the settings are invalid.
+on a clean stop (SIGTERM/SIGINT), 1 when the settings are invalid, 3 when a leader lost its
+Lease (:mod:`chunktune.k8s.leader`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
     run.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                      help="default INFO, or $CHUNKTUNE_LOG_LEVEL")
+    run.add_argument("--metrics-address", metavar="HOST:PORT",
+                     help="serve /metrics and /healthz here, e.g. 0.0.0.0:8080 "
+                          "($CHUNKTUNE_METRICS_ADDRESS)")
+    run.add_argument("--leader-elect", action="store_true", default=None,
+                     help="one active replica: run the studies only while holding the Lease "
+                          "($CHUNKTUNE_LEADER_ELECT; $CHUNKTUNE_LEASE_* tune it)")
     run.set_defaults(func=cmd_run)
 
 
@@ -54,7 +62,10 @@ def settings_from(ns: argparse.Namespace) -> Any:
     from chunktune.k8s.settings import Settings
 
     overrides: dict[str, Any] = {"standalone": ns.standalone, "liveness": ns.liveness,
-                                 "log_level": ns.log_level}
+                                 "log_level": ns.log_level,
+                                 "metrics_address": ns.metrics_address}
+    if ns.leader_elect:
+        overrides["leader"] = {"enabled": True}
     if ns.state_dir:
         overrides["state_dir"] = Path(ns.state_dir)
     if ns.namespace:

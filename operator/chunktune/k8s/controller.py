@@ -120,6 +120,8 @@ class StudyController:
         """API errors in a row that reached the daemon."""
         self.faulted: set[int] = set()
         """Trials waiting out an API fault."""
+        self.unschedulable: dict[int, str] = {}
+        """Trials waiting for capacity, with the scheduler's message."""
 
     # ---- phases --------------------------------------------------------------------------------
 
@@ -204,6 +206,7 @@ class StudyController:
             # NOTE: any API error the layers below did not absorb: the daemon lives on and
             # starts over from the study storage (running trials are adopted).
             self.api_faults += 1
+            self.op.metrics.fault(self.owner.namespace, self.owner.name, "study")
             delay = min(FAULT_BACKOFF_CAP, FAULT_BACKOFF_FIRST * 2 ** min(
                 self.api_faults - 1, 8)) * random.uniform(0.5, 1.0)
             if isinstance(e, storages.StorageFault):  # the study's database, not the API
@@ -343,6 +346,7 @@ class StudyController:
             url, self.op.settings.state_dir, self.owner.uid))
         backend.on_warning = self._degraded
         backend.on_recovered = self._recovered
+        backend.capacity.on_change = self._capacity
         self.op.backends.append(backend)
         try:
             tuner = await asyncio.to_thread(
@@ -455,6 +459,7 @@ class StudyController:
         if message is not None:
             if number not in self.faulted:
                 self.faulted.add(number)
+                self.op.metrics.fault(self.owner.namespace, self.owner.name, "trial")
                 self.emit("Warning", "ApiUnavailable",
                           f"trial {number}: the Kubernetes API failed ({message}); the trial "
                           f"stays in flight and is re-adopted when the API answers (not a "
@@ -463,6 +468,33 @@ class StudyController:
             self.faulted.discard(number)
             self.emit("Normal", "TrialReadopted",
                       f"trial {number}: re-adopted after the Kubernetes API came back")
+
+    def _capacity(self, number: int, message: str | None, waited: float,
+                  scheduled: bool) -> None:
+        """Trial ``number``'s engine pod waits for capacity (``message``: the scheduler's), or
+        stopped waiting after ``waited`` seconds (``scheduled``, or the trial ended): events,
+        the ``CapacityAvailable`` condition while any trial waits, the metrics."""
+        if message is not None:
+            self.unschedulable[number] = message
+            self.emit("Normal", "TrialWaitingForCapacity", (
+                f"trial {number}: waiting for capacity ({message}); the wait counts against "
+                f"neither engine.startupTimeout nor budget.trialTimeout and is not a failure"))
+        elif self.unschedulable.pop(number, None) is not None and scheduled:
+            self.emit("Normal", "TrialScheduled",
+                      f"trial {number}: scheduled after {waited:.0f} s waiting for capacity")
+        self.op.metrics.capacity(self.owner.namespace, self.owner.name,
+                                 len(self.unschedulable), waited if message is None else None)
+        if self.unschedulable:
+            numbers = sorted(self.unschedulable)
+            self.writer.condition(
+                "CapacityAvailable", False, "WaitingForCapacity",
+                f"{len(numbers)} trial{'s' if len(numbers) > 1 else ''} "
+                f"({', '.join(map(str, numbers))}) wait for capacity: "
+                f"{self.unschedulable[numbers[-1]]}", self.gen)
+        elif self.writer.condition_status("CapacityAvailable") == "False":
+            self.writer.condition("CapacityAvailable", True, "Scheduled",
+                                  "no trial waits for capacity", self.gen)
+        self._changed()
 
     def _degraded(self, reason: str, message: str) -> None:
         """The study goes on without something (Prometheus): a Warning event each time, and
@@ -512,7 +544,19 @@ class StudyController:
             except Exception:
                 log.exception("status flush of %s/%s", self.owner.namespace, self.owner.name)
 
+    def _ended(self, e: TrialEvent) -> None:
+        """The metrics of a trial that ended."""
+        times = None
+        if self.tuner is not None:
+            t = next((t for t in self.tuner.trials() if t.number == e.number), None)
+            times = t.user_attrs.get(st.ATTR_TIMES) if t is not None else None
+        waited = self.backend.paused_seconds(e.number) if self.backend is not None else 0.0
+        self.op.metrics.trial_ended(self.owner.namespace, self.owner.name, e.state, e.reason,
+                                    times, waited)
+
     def _event(self, e: TrialEvent) -> None:
+        if e.kind == EventKind.FINISHED:
+            self._ended(e)
         if e.kind == EventKind.WARNING:  # the twin is not trusted
             self.emit("Warning", e.reason or "Warning", e.message or "")
             return

@@ -55,6 +55,7 @@ _KINDS: dict[str, tuple[str, str]] = {
     "events": ("core", "namespaced_event"),
     "jobs": ("batch", "namespaced_job"),
     "deployments": ("apps", "namespaced_deployment"),
+    "leases": ("coordination", "namespaced_lease"),
 }
 #: First retry delay and the cap of the doubling delays, seconds.
 RETRY_FIRST = 0.2
@@ -91,6 +92,10 @@ class KubeApi:
         self.batch = kubernetes.client.BatchV1Api(api_client)
         self.apps = kubernetes.client.AppsV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.coordination = kubernetes.client.CoordinationV1Api(api_client)
+        self.on_retry: Callable[[str, int], None] = lambda what, status: None
+        """Told ``(call, HTTP status)`` of every transient error retried in place (status 0:
+        no answer)."""
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="chunktune-kube")
 
@@ -126,14 +131,18 @@ class KubeApi:
                                                    f"{attempt} tries in {waited:.1f} s)") from e
                 sleep = delay * random.uniform(0.5, 1.0)
                 log.warning("%s: %s; retry %d in %.1f s", what, e, attempt, sleep)
+                self.on_retry(what, e.status)
                 await asyncio.sleep(sleep)
                 delay = min(RETRY_CAP, delay * 2)
 
-    async def _json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _json(self, fn: Callable[..., Any], *args: Any, _once: float | None = None,
+                    **kwargs: Any) -> Any:
+        """The call's JSON answer. ``_once``: one try with this timeout, no retries (leader
+        election must know within its deadline, and retries on its own schedule)."""
         def run() -> Any:
             try:
                 resp = fn(*args, _preload_content=False,
-                          _request_timeout=self.request_timeout, **kwargs)
+                          _request_timeout=_once or self.request_timeout, **kwargs)
                 data = resp.data
             except ApiException as e:
                 raise _error(e) from e
@@ -141,6 +150,8 @@ class KubeApi:
                 raise _unreachable(e) from e
             return json.loads(data) if data else None
 
+        if _once is not None:
+            return await self._call(run)
         return await self._retrying(run, _describe(fn, args))
 
     def _method(self, verb: str, kind: str) -> Callable[..., Any]:
@@ -241,6 +252,28 @@ class KubeApi:
             "metadata": {"labels": meta.get("labels") or {},
                          "annotations": meta.get("annotations") or {}},
             "data": body.get("data") or {}}, content_type=MERGE_PATCH)
+
+    # ---- leases (one try each: see :mod:`chunktune.k8s.leader`) -------------------------------
+
+    async def get_lease(self, namespace: str, name: str, timeout: float) -> Body | None:
+        try:
+            return await self._json(self._method("read", "leases"), name, namespace,  # type: ignore[no-any-return]
+                                    _once=timeout)
+        except ClusterApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def create_lease(self, namespace: str, body: Body, timeout: float) -> Body:
+        return await self._json(self._method("create", "leases"), namespace, body,  # type: ignore[no-any-return]
+                                _once=timeout)
+
+    async def replace_lease(self, namespace: str, name: str, body: Body,
+                            timeout: float) -> Body:
+        """PUT the whole Lease; its ``metadata.resourceVersion`` makes the write conditional
+        (a 409 when another replica wrote it first)."""
+        return await self._json(self._method("replace", "leases"), name, namespace, body,  # type: ignore[no-any-return]
+                                _once=timeout)
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

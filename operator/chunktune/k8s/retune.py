@@ -172,7 +172,10 @@ class Retuner:
         self.url = await self.ctrl.op.storage(self.tuning, self.ctrl.owner)
         self.backend = self.ctrl.op.backend(self.tuning, self.ctrl.owner, storage.steps_dir(
             self.url, self.ctrl.op.settings.state_dir, self.ctrl.owner.uid))
+        # trials waiting for capacity show as the study's do (condition, events, metrics)
+        self.backend.capacity.on_change = self.ctrl._capacity
         self.ctrl.op.backends.append(self.backend)
+        self.ctrl.backend = self.backend
         try:
             await self._open(int(self.status.get("round") or 0))
             if self.status.get("reference") is None and self.tuner is not None:
@@ -202,7 +205,7 @@ class Retuner:
             self.ctrl.op.backends.remove(self.backend)
             await self.backend.close()
             self.backend = None
-            self.ctrl.tuner = None
+            self.ctrl.tuner = self.ctrl.backend = None
 
     def _stop(self, live: Live) -> bool:
         why = live.stopping()

@@ -19,6 +19,8 @@ Environment variables (defaults in brackets):
 ``CHUNKTUNE_TRIAL_SERVICE_ACCOUNT`` service account of trial pods [unset: the default]
 ``CHUNKTUNE_SHM_SIZE``             sizeLimit of the engine's /dev/shm [8Gi]
 ``CHUNKTUNE_SIM_LOAD_TIME``        ``--load-time`` of simulated engines, seconds [unset]
+``CHUNKTUNE_SIM_REQUEST_GPUS``     simulated engines request the ``nvidia.com/gpu`` they
+                                   simulate (a rehearsal of GPU scheduling) [false]
 ``CHUNKTUNE_POLL_INTERVAL``        seconds between checks of a trial's objects [1]
 ``CHUNKTUNE_KV_SAMPLE_INTERVAL``   seconds between engine checks during the load [2]
 ``CHUNKTUNE_KEEP_TRIAL_OBJECTS``   leave finished trials' objects for debugging [false]
@@ -36,6 +38,14 @@ Environment variables (defaults in brackets):
                                    ``spec.storageFrom`` [false: journal files in the state
                                    directory only]
 ``CHUNKTUNE_LOG_LEVEL``            DEBUG, INFO, WARNING, ERROR [INFO]
+``CHUNKTUNE_METRICS_ADDRESS``      serve ``/metrics`` and ``/healthz`` at ``HOST:PORT`` []
+``CHUNKTUNE_LEADER_ELECT``         one active replica, elected through a Lease [false]
+``CHUNKTUNE_LEASE_NAME``           the Lease [chunktune-operator]
+``CHUNKTUNE_LEASE_NAMESPACE``      its namespace [the pod's own, else default]
+``CHUNKTUNE_LEASE_DURATION``       seconds a standby waits after the last renewal seen [15]
+``CHUNKTUNE_LEASE_RENEW_DEADLINE`` seconds the leader may fail to renew before it exits [10]
+``CHUNKTUNE_LEASE_RETRY_PERIOD``   seconds between renewals and acquisition tries [2]
+``CHUNKTUNE_LEADER_IDENTITY``      this replica's name in the Lease [pod name + random suffix]
 ``CHUNKTUNE_ALLOWED_SECRETS``      comma-separated Secrets any tuning may reference []
 ``CHUNKTUNE_SECRET_OPT_IN``        also allow Secrets labelled chunktune.dev/allow-reference
                                    [false]
@@ -94,6 +104,9 @@ class TrialSettings:
     """``sizeLimit`` of the memory ``emptyDir`` mounted on the engine's ``/dev/shm``."""
     sim_load_time: float | None = None
     """``--load-time`` of simulated engines, seconds (None: the simulator's default, 2 s)."""
+    sim_requests_gpus: bool = False
+    """Simulated engines request the ``nvidia.com/gpu`` they simulate, as vLLM would: parallel
+    trials then meet the cluster's GPU capacity (a rehearsal with simulated engines)."""
     poll_interval: float = 1.0
     """Seconds between checks of a trial's pod, Job and log."""
     kv_sample_interval: float = 2.0
@@ -112,7 +125,8 @@ class TrialSettings:
             raise SpecError(IMAGE_MISSING, field="CHUNKTUNE_IMAGE")
         return TrialOptions(load_image=self.image, image_pull_policy=self.image_pull_policy,
                             service_account=self.service_account, shm_size=self.shm_size,
-                            sim_load_time=self.sim_load_time)
+                            sim_load_time=self.sim_load_time,
+                            sim_requests_gpus=self.sim_requests_gpus)
 
 
 @dataclass(frozen=True)
@@ -128,6 +142,28 @@ class PolicySettings:
     allowed_registries: tuple[str, ...] = ()
     """Registries or repositories engine images must come from (``docker.io/vllm``,
     ``nvcr.io``); empty: any."""
+
+
+@dataclass(frozen=True)
+class LeaderSettings:
+    """Leader election: with several operator replicas, the one holding a
+    ``coordination.k8s.io/v1`` Lease runs the studies, the others wait to take over
+    (:mod:`chunktune.k8s.leader`)."""
+
+    enabled: bool = False
+    lease_name: str = "chunktune-operator"
+    lease_namespace: str = ""
+    """Empty: the operator pod's namespace (``POD_NAMESPACE``, else the service account's),
+    else ``default``."""
+    identity: str = ""
+    """Empty: the pod's name (``POD_NAME``, else the host name) and a random suffix."""
+    lease_duration: float = 15.0
+    """Seconds a standby waits, after the last renewal it saw, before it takes the Lease."""
+    renew_deadline: float = 10.0
+    """Seconds the leader may go without renewing before it exits (< lease_duration, so
+    that it has stopped before a standby can take over)."""
+    retry_period: float = 2.0
+    """Seconds between renewals, and between a standby's tries."""
 
 
 @dataclass(frozen=True)
@@ -159,9 +195,12 @@ class Settings:
     ``spec.storageFrom`` (a Secret's key holding the URL). Off: only journal files confined to
     :attr:`state_dir`."""
     log_level: str = "INFO"
+    metrics_address: str | None = None
+    """``HOST:PORT`` of the operator's ``/metrics`` and ``/healthz`` (port 0: any free one)."""
     watch: WatchSettings = field(default_factory=WatchSettings)
     trials: TrialSettings = field(default_factory=TrialSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+    leader: LeaderSettings = field(default_factory=LeaderSettings)
 
     @property
     def clusterwide(self) -> bool:
@@ -192,6 +231,7 @@ class Settings:
             service_account=get("CHUNKTUNE_TRIAL_SERVICE_ACCOUNT", _optional, None),
             shm_size=get("CHUNKTUNE_SHM_SIZE", _quantity, d.shm_size),
             sim_load_time=get("CHUNKTUNE_SIM_LOAD_TIME", _seconds_or_none, None),
+            sim_requests_gpus=get("CHUNKTUNE_SIM_REQUEST_GPUS", _bool, False),
             poll_interval=get("CHUNKTUNE_POLL_INTERVAL", _positive, d.poll_interval),
             kv_sample_interval=get("CHUNKTUNE_KV_SAMPLE_INTERVAL", _positive,
                                    d.kv_sample_interval),
@@ -206,6 +246,15 @@ class Settings:
             allowed_secrets=get("CHUNKTUNE_ALLOWED_SECRETS", _names, ()),
             secret_opt_in_label=get("CHUNKTUNE_SECRET_OPT_IN", _bool, False),
             allowed_registries=get("CHUNKTUNE_ALLOWED_REGISTRIES", _registries, ()))
+        e = LeaderSettings()
+        leader = LeaderSettings(
+            enabled=get("CHUNKTUNE_LEADER_ELECT", _bool, False),
+            lease_name=get("CHUNKTUNE_LEASE_NAME", _lease_name, e.lease_name),
+            lease_namespace=get("CHUNKTUNE_LEASE_NAMESPACE", _optional, None) or "",
+            identity=get("CHUNKTUNE_LEADER_IDENTITY", _optional, None) or "",
+            lease_duration=get("CHUNKTUNE_LEASE_DURATION", _positive, e.lease_duration),
+            renew_deadline=get("CHUNKTUNE_LEASE_RENEW_DEADLINE", _positive, e.renew_deadline),
+            retry_period=get("CHUNKTUNE_LEASE_RETRY_PERIOD", _positive, e.retry_period))
         settings = cls(
             namespaces=get("CHUNKTUNE_NAMESPACES", _namespaces, ()),
             state_dir=get("CHUNKTUNE_STATE_DIR", lambda v: Path(_nonempty(v)),
@@ -218,7 +267,8 @@ class Settings:
             api_outage_seconds=get("CHUNKTUNE_API_OUTAGE_SECONDS", _non_negative, 600.0),
             allow_database_urls=get("CHUNKTUNE_ALLOW_DATABASE_URLS", _bool, False),
             log_level=get("CHUNKTUNE_LOG_LEVEL", _level, "INFO"),
-            watch=watch, trials=trials, policy=policy)
+            metrics_address=get("CHUNKTUNE_METRICS_ADDRESS", _optional, None),
+            watch=watch, trials=trials, policy=policy, leader=leader)
         if problems:
             raise SpecError(problems)
         return settings.with_overrides(**overrides)
@@ -227,7 +277,7 @@ class Settings:
         """A copy with fields replaced (``trials``/``watch`` may be mappings of fields);
         checked as :meth:`from_env` checks the environment."""
         nested: dict[str, Any] = {}
-        for key in ("trials", "watch", "policy"):
+        for key in ("trials", "watch", "policy", "leader"):
             value = overrides.pop(key, None)
             if isinstance(value, Mapping):
                 nested[key] = replace(getattr(self, key), **value)
@@ -250,11 +300,38 @@ class Settings:
             problems.append(("--liveness", f"must be an http(s) URL (got {self.liveness!r})"))
         if self.trials.image is None:
             problems.append(("CHUNKTUNE_IMAGE", IMAGE_MISSING))
+        if self.metrics_address is not None:
+            try:
+                split_address(self.metrics_address)
+            except ValueError as e:
+                problems.append(("--metrics-address", str(e)))
+        le = self.leader
+        if le.enabled and not le.lease_duration > le.renew_deadline > le.retry_period:
+            problems.append(("CHUNKTUNE_LEASE_RENEW_DEADLINE", (
+                f"must be below the lease duration and above the retry period (got duration "
+                f"{le.lease_duration:g} s, renew deadline {le.renew_deadline:g} s, retry "
+                f"period {le.retry_period:g} s): the leader must stop before a standby may "
+                f"take over")))
         if problems:
             raise SpecError(problems)
 
 
 # ---- parsers (raise ValueError with the message) ------------------------------------------------
+
+
+def split_address(v: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``:PORT``: every interface) as ``(host, port)``."""
+    host, sep, port = v.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"must be HOST:PORT, e.g. 0.0.0.0:8080 (got {v!r})")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _lease_name(v: str) -> str:
+    from chunktune.api._types import check_object_name
+
+    check_object_name(v, "Lease name")
+    return v
 
 
 def _nonempty(v: str) -> str:
@@ -367,4 +444,5 @@ def _level(v: str) -> str:
     return name
 
 
-__all__ = ["DEFAULT_STATE_DIR", "PolicySettings", "Settings", "TrialSettings", "WatchSettings"]
+__all__ = ["DEFAULT_STATE_DIR", "LeaderSettings", "PolicySettings", "Settings", "TrialSettings",
+           "WatchSettings", "split_address"]

@@ -28,6 +28,7 @@ from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, Kube
 from chunktune.core.errors import SpecError
 from chunktune.k8s import storage
 from chunktune.k8s.kube import KubeApi
+from chunktune.k8s.metrics import OperatorMetrics
 from chunktune.k8s.settings import Settings
 from chunktune.tuning import study as st
 from chunktune.tuning import workload_source
@@ -108,6 +109,7 @@ class Operator:
     writers: dict[str, StatusWriter] = field(default_factory=dict)
     exited: dict[str, asyncio.Event] = field(default_factory=dict)
     backends: list[KubernetesBackend] = field(default_factory=list)
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
     async def storage(self, tuning: ChunkedPrefillTuning, owner: mf.Owner) -> str:
         """The study's storage (:mod:`chunktune.k8s.storage`): its uid's journal, a confined
@@ -145,7 +147,8 @@ class Operator:
         owner = owner_of(body)
         if owner.uid not in self.writers:
             self.writers[owner.uid] = StatusWriter(self.api, owner,
-                                                   dict(body.get("status") or {}))
+                                                   dict(body.get("status") or {}),
+                                                   metrics=self.metrics)
         return self.writers[owner.uid]
 
     def backend(self, tuning: ChunkedPrefillTuning, owner: mf.Owner,
@@ -179,17 +182,22 @@ class Operator:
                       st.make_pruner(tuning, len(directions)))
 
     def forget(self, uid: str) -> None:
-        self.writers.pop(uid, None)
+        writer = self.writers.pop(uid, None)
         self.exited.pop(uid, None)
+        if writer is not None:
+            self.metrics.forget(writer.owner.namespace, writer.owner.name)
 
 
 class StatusWriter:
     """Serialised status patches of one resource, and the status fields the renderer does not
     know (conditions, times, phase, message)."""
 
-    def __init__(self, api: KubeApi, owner: mf.Owner, current: dict[str, Any]) -> None:
+    def __init__(self, api: KubeApi, owner: mf.Owner, current: dict[str, Any],
+                 metrics: OperatorMetrics | None = None) -> None:
         self.api = api
         self.owner = owner
+        self.metrics = metrics
+        """Sees every status rendered (the study's gauges)."""
         self.last = current
         self.phase: str | None = current.get("phase")
         self.conditions: list[dict[str, Any]] = list(current.get("conditions") or [])
@@ -263,6 +271,10 @@ class StatusWriter:
         the API wrapper. :attr:`pending` stays True until a write succeeds."""
         async with self.lock:
             status = self.render(tuner)
+            if self.metrics is not None:
+                self.metrics.observe_status(
+                    self.owner.namespace, self.owner.name, status,
+                    [(o.key, o.direction) for o in tuner.objectives] if tuner else ())
             delay = 0.1
             for attempt in range(1, CONFLICT_RETRIES + 1):
                 # merge patch: drop what the renderer no longer gives, at any depth

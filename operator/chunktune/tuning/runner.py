@@ -49,7 +49,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import TrialState as OptunaState
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
-from chunktune.backends.base import TrialBackend
+from chunktune.backends.base import TrialBackend, within
 from chunktune.core import vllm_release
 from chunktune.core.errors import InfrastructureFault, SpecError
 from chunktune.core.gpus import resolve_gpu
@@ -521,8 +521,7 @@ class TrialRunner:
         reporter = report if self._prunable() else None
         try:
             try:
-                result = await asyncio.wait_for(self.backend.run_trial(plan, reporter),
-                                                timeout=self.spec.budget.trial_timeout)
+                result = await self._bounded(plan, reporter)
             except InfrastructureFault as fault:
                 result = await self._readopt(plan, reporter, fault)
         except TimeoutError:
@@ -539,6 +538,13 @@ class TrialRunner:
                                             "startup": result.startup_seconds,
                                             "load": result.load_seconds})
         self._tell(trial, point, result)
+
+    async def _bounded(self, plan: TrialPlan,
+                       report: Callable[[int, dict[str, float]], bool] | None) -> TrialResult:
+        """The backend's run of ``plan`` within ``budget.trialTimeout``, the time its engine
+        waited for capacity left out (:meth:`TrialBackend.paused_seconds`)."""
+        return await within(self.backend.run_trial(plan, report), self.spec.budget.trial_timeout,
+                            lambda: self.backend.paused_seconds(plan.number))
 
     async def _readopt(self, plan: TrialPlan, report: Callable[[int, dict[str, float]], bool]
                        | None, fault: InfrastructureFault) -> TrialResult:
@@ -562,8 +568,7 @@ class TrialRunner:
                 if result is None:
                     log.warning("trial %d: its objects are gone; running it again",
                                 plan.number)
-                    result = await asyncio.wait_for(self.backend.run_trial(plan, report),
-                                                    timeout=self.spec.budget.trial_timeout)
+                    result = await self._bounded(plan, report)
                 self.on_fault(plan.number, None)
                 return result
             except InfrastructureFault as again:
