@@ -19,7 +19,11 @@ fault:
 An engine crash and a failed load Job are the trial's genuine results (``FAIL``, counted);
 they are listed to show they are recorded with their cause and the study goes on.
 
-    python bench/faults.py [--only outage-retried,storm,...] [--outage 12]
+Bad input comes first (``--only yaml``): each YAML alias bomb of ``tests/api/corpus.py``
+(``YAML_BOMBS``), the seconds until ``chunktune validate`` (or reading the profile) refuses it
+in process, and once as a ``chunktune validate`` process (its start-up included).
+
+    python bench/faults.py [--only yaml,outage-retried,storm,...] [--outage 12]
 """
 
 from __future__ import annotations
@@ -73,9 +77,66 @@ async def run_one(key: str, fn: Callable[..., Awaitable[Any]], folder: Path) -> 
             return await fn(kube, folder / "state")
 
 
+def yaml_bombs(folder: Path) -> bool:
+    """Time the refusal of each alias bomb; True when every one was refused in under 1 s."""
+    import contextlib
+    import io
+    import os
+    import subprocess
+
+    from tests.api.corpus import YAML_BOMBS
+
+    from chunktune.api.cli import main_validate
+    from chunktune.core.errors import SpecError
+    from chunktune.core.workload import load_profile
+
+    ok = True
+    print("bad input        refused in   error")
+    for bad in YAML_BOMBS:
+        path = folder / f"{bad.id}.yaml"
+        path.write_text(bad.text)
+        err = io.StringIO()
+        t0 = time.perf_counter()
+        with contextlib.redirect_stderr(err):
+            if bad.kind == "manifest":
+                refused = main_validate(path) == 1
+            else:
+                try:
+                    load_profile(path)
+                    refused = False
+                except SpecError as e:
+                    print(e, file=err)
+                    refused = True
+        took = time.perf_counter() - t0
+        ok = ok and refused and bad.words in err.getvalue() and took < 1.0
+        first = err.getvalue().strip().splitlines()[0] if err.getvalue().strip() else "-"
+        print(f"{bad.id:<34} {took * 1000:7.1f} ms  {first[:90]}")
+    path = folder / f"{YAML_BOMBS[0].id}.yaml"
+    t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path[:2])}  # this checkout
+    out = subprocess.run([sys.executable, "-m", "chunktune", "validate", str(path)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    took = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "chunktune", "validate",
+                    str(ROOT / "examples" / "quickstart.yaml")], capture_output=True, timeout=600,
+                   env=env)
+    base = time.perf_counter() - t0
+    print(f"chunktune validate (a process): exit {out.returncode} in {took:.2f} s "
+          f"(a valid manifest: {base:.2f} s, the start-up)")
+    return ok and out.returncode == 1
+
+
 async def main_async(ns: argparse.Namespace) -> int:
     table = scenarios(ns.outage)
-    keys = ns.only.split(",") if ns.only else list(table)
+    keys = ns.only.split(",") if ns.only else ["yaml", *table]
+    bad_input_ok = True
+    if "yaml" in keys:
+        keys.remove("yaml")
+        with tempfile.TemporaryDirectory(prefix="faults-yaml-") as tmp:
+            bad_input_ok = yaml_bombs(Path(tmp))
+        if not keys:
+            return 0 if bad_input_ok else 1
     unknown = [k for k in keys if k not in table]
     if unknown:
         print(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(table)}",
@@ -102,12 +163,14 @@ async def main_async(ns: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, tuple("-" * w for w in widths), *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return 0 if all(r[1] == r[2] == r[3] == "0" and r[5] == "0" for r in rows) else 1
+    return 0 if bad_input_ok and all(r[1] == r[2] == r[3] == "0" and r[5] == "0"
+                                     for r in rows) else 1
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=textwrap.dedent(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--only", help="comma-separated faults to run (default: all)")
+    p.add_argument("--only", help="comma-separated faults to run (default: all; yaml: the "
+                                  "alias bombs)")
     p.add_argument("--outage", type=float, default=12.0,
                    help="seconds the API is unreachable in the outage faults [12]")
     ns = p.parse_args()

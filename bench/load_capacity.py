@@ -24,6 +24,9 @@ which costs the client a wake-up per token). ``--target URL`` uses another serve
 
     python bench/load_capacity.py                        # the fake server
     python bench/load_capacity.py --target http://127.0.0.1:8000 --rates 10,20,40
+
+``--workers 0,2`` repeats the steps with Locust in one process (0) and with its master and two
+worker processes (2, ``workload.loadWorkers``), and prints the highest sustained rate of each.
 """
 
 from __future__ import annotations
@@ -120,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--error-stat", choices=("mean", "p50", "p99"), default="mean",
                     help="which statistic of the per-request TTFT error gates a step")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", default="0",
+                    help="comma-separated Locust worker counts to compare (0: one process)")
     args = ap.parse_args(argv)
 
     import psutil
@@ -141,75 +146,87 @@ def main(argv: list[str] | None = None) -> int:
               f"request; steps of {args.duration:g}s ({args.warmup:g}s warm-up); "
               f"{psutil.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} before the "
               f"first step", flush=True)
-        head = (f"{'offered':>8} {'(seq)':>7} {'sent/s':>7} {'done/s':>7} {'fail':>5} "
-                f"{'TTFT p50':>9} {'TTFT p99':>9} {'err mean':>8} {'err p50':>8} {'err p99':>8} "
-                f"{'client CPU':>10} {'server CPU':>10}  verdict")
-        print(head)
-        print("-" * len(head))
-        best = None
-        for rate in (float(x) for x in args.rates.split(",")):
-            prof = profile(rate, args.duration, args.warmup, args.prompt, args.tokens,
-                           args.seed)
-            seq = sum(1 for s in generate(parse_profile(prof))
-                      if s.arrival is not None and s.arrival >= args.warmup)
-            offered = seq / (args.duration - args.warmup)
-            before = server_ttft_totals(target)
-            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            srv0 = sum(server_proc.cpu_times()[:2]) if server_proc else None
-            t0 = time.perf_counter()
-            s = run_load(DriverConfig(target=target, model=model, profile=prof,
-                                      drain_timeout=30.0), raw=True)
-            wall = time.perf_counter() - t0
-            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            client_cpu = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime)
-            # CPU over the child's whole life (imports included), per second of the run.
-            client_pct = 100 * client_cpu / max(s.duration.elapsed, 1e-9)
-            srv_pct = (100 * (sum(server_proc.cpu_times()[:2]) - srv0) / wall
-                       if server_proc and srv0 is not None else None)
-            o = s.overall
-            errs = per_request_errors(target, s)
-            if errs:
-                emean, e50, e99 = statistics.fmean(errs), statistics.median(errs), _pct(errs, 99)
-                err_gate = {"mean": emean, "p50": e50, "p99": e99}[args.error_stat]
-            else:
-                after = server_ttft_totals(target)
-                if before and after and after[1] > before[1] and o.ttft:
-                    srv_mean = (after[0] - before[0]) / (after[1] - before[1])
-                    emean = err_gate = o.ttft.mean - srv_mean
-                    e50 = e99 = float("nan")
-                else:
-                    emean = e50 = e99 = err_gate = float("nan")
-            done = o.throughput.request_rate
-            short = done < offered * (1 - args.max_shortfall)
-            bad_err = not (abs(err_gate) <= args.max_error)
-            verdict = "ok"
-            if o.requests.failed:
-                verdict = f"{o.requests.failed} failed"
-            elif short:
-                verdict = f"short by {100 * (1 - done / offered):.1f}%"
-            elif bad_err:
-                verdict = f"TTFT error {args.error_stat} {err_gate * 1000:.1f} ms"
-            ttft = o.ttft
-            print(f"{rate:8g} {offered:7.1f} {o.throughput.sent_rate:7.1f} {done:7.1f} "
-                  f"{o.requests.failed:5d} "
-                  f"{(ttft.p50 * 1000 if ttft else float('nan')):8.2f}m "
-                  f"{(ttft.p99 * 1000 if ttft else float('nan')):8.2f}m "
-                  f"{emean * 1000:7.2f}m {e50 * 1000:7.2f}m {e99 * 1000:7.2f}m "
-                  f"{client_pct:9.0f}% "
-                  f"{(f'{srv_pct:9.0f}%' if srv_pct is not None else '        -'):>10}  "
-                  f"{verdict}", flush=True)
-            if verdict != "ok":
-                break
-            best = rate
+        found: dict[int, float | None] = {}
+        for workers in (int(x) for x in args.workers.split(",")):
+            found[workers] = steps(args, target, model, server_proc, workers)
         print(f"\nload average after the last step: {os.getloadavg()[0]:.2f} (other processes "
               f"on the machine compete for the same CPUs and inflate the timing error)")
-        if best is None:
-            print("no step passed")
-            return 1
-        print(f"highest sustained rate: {best:g} req/s (completed within "
-              f"{args.max_shortfall * 100:g}% of offered, no failures, TTFT error "
-              f"{args.error_stat} <= {args.max_error * 1000:g} ms)")
-    return 0
+        for workers, best in found.items():
+            how = "one Locust process" if not workers else f"Locust master + {workers} workers"
+            if best is None:
+                print(f"{how}: no step passed")
+                continue
+            print(f"{how}: highest sustained rate {best:g} req/s (completed within "
+                  f"{args.max_shortfall * 100:g}% of offered, no failures, TTFT error "
+                  f"{args.error_stat} <= {args.max_error * 1000:g} ms)")
+    return 0 if all(v is not None for v in found.values()) else 1
+
+
+def steps(args: argparse.Namespace, target: str, model: str, server_proc: Any,
+          workers: int) -> float | None:
+    """Step the rate up with ``workers`` Locust workers; the highest rate that passed."""
+    print(f"\n{'one Locust process' if not workers else f'{workers} Locust workers'}:")
+    head = (f"{'offered':>8} {'(seq)':>7} {'sent/s':>7} {'done/s':>7} {'fail':>5} "
+            f"{'TTFT p50':>9} {'TTFT p99':>9} {'err mean':>8} {'err p50':>8} {'err p99':>8} "
+            f"{'client CPU':>10} {'server CPU':>10}  verdict")
+    print(head)
+    print("-" * len(head))
+    best = None
+    for rate in (float(x) for x in args.rates.split(",")):
+        prof = profile(rate, args.duration, args.warmup, args.prompt, args.tokens,
+                       args.seed)
+        seq = sum(1 for s in generate(parse_profile(prof))
+                  if s.arrival is not None and s.arrival >= args.warmup)
+        offered = seq / (args.duration - args.warmup)
+        before = server_ttft_totals(target)
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        srv0 = sum(server_proc.cpu_times()[:2]) if server_proc else None
+        t0 = time.perf_counter()
+        s = run_load(DriverConfig(target=target, model=model, profile=prof,
+                                  drain_timeout=30.0, load_workers=workers), raw=True)
+        wall = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        client_cpu = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime)
+        # CPU over the child's whole life (imports included), per second of the run.
+        client_pct = 100 * client_cpu / max(s.duration.elapsed, 1e-9)
+        srv_pct = (100 * (sum(server_proc.cpu_times()[:2]) - srv0) / wall
+                   if server_proc and srv0 is not None else None)
+        o = s.overall
+        errs = per_request_errors(target, s)
+        if errs:
+            emean, e50, e99 = statistics.fmean(errs), statistics.median(errs), _pct(errs, 99)
+            err_gate = {"mean": emean, "p50": e50, "p99": e99}[args.error_stat]
+        else:
+            after = server_ttft_totals(target)
+            if before and after and after[1] > before[1] and o.ttft:
+                srv_mean = (after[0] - before[0]) / (after[1] - before[1])
+                emean = err_gate = o.ttft.mean - srv_mean
+                e50 = e99 = float("nan")
+            else:
+                emean = e50 = e99 = err_gate = float("nan")
+        done = o.throughput.request_rate
+        short = done < offered * (1 - args.max_shortfall)
+        bad_err = not (abs(err_gate) <= args.max_error)
+        verdict = "ok"
+        if o.requests.failed:
+            verdict = f"{o.requests.failed} failed"
+        elif short:
+            verdict = f"short by {100 * (1 - done / offered):.1f}%"
+        elif bad_err:
+            verdict = f"TTFT error {args.error_stat} {err_gate * 1000:.1f} ms"
+        ttft = o.ttft
+        print(f"{rate:8g} {offered:7.1f} {o.throughput.sent_rate:7.1f} {done:7.1f} "
+              f"{o.requests.failed:5d} "
+              f"{(ttft.p50 * 1000 if ttft else float('nan')):8.2f}m "
+              f"{(ttft.p99 * 1000 if ttft else float('nan')):8.2f}m "
+              f"{emean * 1000:7.2f}m {e50 * 1000:7.2f}m {e99 * 1000:7.2f}m "
+              f"{client_pct:9.0f}% "
+              f"{(f'{srv_pct:9.0f}%' if srv_pct is not None else '        -'):>10}  "
+              f"{verdict}", flush=True)
+        if verdict != "ok":
+            break
+        best = rate
+    return best
 
 
 if __name__ == "__main__":

@@ -66,9 +66,9 @@ elif args[:2] == ["load", "run"]:
 
 
 def canned_summary() -> dict[str, Any]:
+    from chunktune.core.aggregate import RunInfo, build_summary
     from chunktune.core.records import RequestRecord
     from chunktune.core.summary import ArrivalInfo
-    from chunktune.load.aggregate import RunInfo, build_summary
 
     records = [RequestRecord(rid=i, cls="chat", arrival=i * 0.1, start=i * 0.1,
                              prompt_tokens=200, max_tokens=16, ok=True, ttft=0.02 + i * 1e-3,

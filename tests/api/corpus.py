@@ -249,6 +249,12 @@ CORPUS: list[Bad] = [
         "spec.workload.profile"),
     Bad("traverse-profile-hidden", "q", put("workload.profile", ".secrets/p.yaml"),
         "spec.workload.profile"),
+    Bad("traverse-trace-absolute", "q", both(drop("workload.profile"),
+                                             put("workload.trace", {"file": "/etc/shadow"})),
+        "spec.workload.trace.file"),
+    Bad("traverse-trace-dotdot", "q", both(drop("workload.profile"),
+                                           put("workload.trace", {"file": "../t.csv"})),
+        "spec.workload.trace.file"),
     # ---- bounds -----------------------------------------------------------------------------
     Bad("bound-maxtrials-0", "q", put("budget.maxTrials", 0), "spec.budget.maxTrials"),
     Bad("bound-parallelism-0", "q", put("budget.parallelism", 0), "spec.budget.parallelism"),
@@ -345,6 +351,23 @@ CORPUS: list[Bad] = [
         "spec.engine.securityContext.privileged"),
     Bad("cross-security-capability", "v", put("engine.securityContext", {
         "addCapabilities": ["SYS_ADMIN"]}), "spec.engine.securityContext.addCapabilities"),
+    Bad("cross-trace-and-profile", "q", put("workload.trace", {"file": "t.csv"}),
+        "spec.workload"),
+    Bad("cross-trace-with-rate", "q", both(drop("workload.profile"), put("workload.trace", {
+        "file": "t.csv"}), put("workload.rate", 4)), "spec.workload"),
+    Bad("cross-trace-file-and-configmap", "q", both(drop("workload.profile"), put(
+        "workload.trace", {"file": "t.csv", "configMapKeyRef": {"name": "t", "key": "k"}})),
+        "spec.workload.trace"),
+    Bad("cross-trace-and-prom", "q", both(drop("workload.profile"), put("workload.trace", {
+        "file": "t.csv"}), put("workload.fromPrometheus", _PROM)), "spec.workload"),
+    Bad("cross-trace-no-source", "q", both(drop("workload.profile"),
+                                           put("workload.trace", {"speedup": 2})),
+        "spec.workload.trace"),
+    Bad("bound-trace-speedup-0", "q", both(drop("workload.profile"), put("workload.trace", {
+        "file": "t.csv", "speedup": 0})), "spec.workload.trace.speedup"),
+    Bad("bound-trace-classes", "q", both(drop("workload.profile"), put("workload.trace", {
+        "file": "t.csv", "classes": [{"name": f"c{i}"} for i in range(33)]})),
+        "spec.workload.trace.classes"),
     # ---- a workload derived from Prometheus, re-tuning --------------------------------------
     Bad("prom-and-profile", "q", put("workload.fromPrometheus", _PROM), "spec.workload"),
     Bad("prom-selector-unquoted", "q", both(drop("workload.profile"), put(
@@ -365,4 +388,52 @@ CORPUS: list[Bad] = [
     Bad("retune-max-trials", "q", both(drop("workload.profile"), put(
         "workload.fromPrometheus", _PROM), put("retune", {"maxTrials": 1})),
         "spec.retune.maxTrials"),
+]
+
+
+# ---- YAML that is bad before it is a manifest: alias bombs -----------------------------------
+
+
+def alias_bomb(indent: str = "", levels: int = 9, fanout: int = 9, mapping: bool = False) -> str:
+    """The "billion laughs": ``levels`` anchors, each ``fanout`` aliases of the previous (a
+    document of ~100 nodes that expands to ``fanout ** levels``), as YAML lines at
+    ``indent``; ``mapping``: each level a mapping of aliases instead of a list."""
+    lines = [f"{indent}l0: &l0 [" + ", ".join(['"lol"'] * fanout) + "]"]
+    for i in range(1, levels):
+        if mapping:
+            body = ", ".join(f"k{j}: *l{i - 1}" for j in range(fanout))
+            lines.append(f"{indent}l{i}: &l{i} {{{body}}}")
+        else:
+            lines.append(f"{indent}l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * fanout) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def _manifest_with(bomb: str) -> str:
+    import yaml
+
+    from tests.api.factories import quickstart
+
+    return yaml.safe_dump(quickstart(), sort_keys=False) + "bomb:\n" + bomb
+
+
+@dataclass(frozen=True)
+class BadYaml:
+    """A YAML text that must be refused, before it is read as a ``kind`` (a manifest or a
+    workload profile), with ``words`` in the error."""
+
+    id: str
+    kind: str
+    text: str
+    words: str = "alias bomb"
+
+
+YAML_BOMBS = [
+    BadYaml("alias-bomb-manifest", "manifest", _manifest_with(alias_bomb("  "))),
+    BadYaml("alias-bomb-manifest-mappings", "manifest",
+            _manifest_with(alias_bomb("  ", mapping=True))),
+    BadYaml("alias-bomb-second-document", "manifest",
+            _manifest_with("  x: 1\n") + "---\n" + alias_bomb()),
+    BadYaml("alias-bomb-wide", "manifest", _manifest_with(alias_bomb("  ", levels=4,
+                                                                     fanout=40))),
+    BadYaml("alias-bomb-profile", "profile", alias_bomb()),
 ]

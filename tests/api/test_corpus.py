@@ -14,7 +14,7 @@ import pytest
 from chunktune.api.cli import main_validate
 from chunktune.api.reader import validate
 from tests.api.admission import names, refusals
-from tests.api.corpus import CORPUS, Bad
+from tests.api.corpus import CORPUS, YAML_BOMBS, Bad, BadYaml, alias_bomb
 
 pytest.importorskip("celpy")
 
@@ -104,8 +104,9 @@ def _valid_manifests() -> list[tuple[str, dict[str, object]]]:
         for doc in yaml.safe_load_all(path.read_text()):
             if isinstance(doc, dict) and doc.get("kind") == "ChunkedPrefillTuning":
                 out.append((path.name, doc))
-    out += [(f"{name} (defaults filled in)", parse_manifest(m).to_manifest())
-            for name, m in list(out) if not validate(m)]
+    # (relative files, such as a trace's, are the examples' own)
+    out += [(f"{name} (defaults filled in)", parse_manifest(m, EXAMPLES).to_manifest())
+            for name, m in list(out) if not validate(m, EXAMPLES)]
     return out
 
 
@@ -114,7 +115,9 @@ def _valid_manifests() -> list[tuple[str, dict[str, object]]]:
 def test_valid_manifests_pass_schema_and_cel(name: str, manifest: dict[str, object]) -> None:
     """No rule refuses a manifest the validator accepts: the examples as written and with
     every default filled in (what the operator writes back)."""
-    assert validate(manifest) == []
+    from tests.api.factories import EXAMPLES
+
+    assert validate(manifest, EXAMPLES) == []
     assert refusals(manifest) == []
 
 
@@ -154,3 +157,40 @@ def test_no_value_anywhere_crashes_validate() -> None:
                            for p, msg in problems), (path, value)
                 checked += 1
     assert checked > 500
+
+
+@pytest.mark.parametrize("bad", YAML_BOMBS, ids=[b.id for b in YAML_BOMBS])
+def test_alias_bombs_are_refused_naming_the_file(bad: BadYaml, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 25: a billion laughs is refused while it is read (the test's timeout would catch
+    the minutes that expanding it takes); ``bench/faults.py --yaml`` times it."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(bad.text)
+    if bad.kind == "manifest":
+        assert main_validate(path) == 1
+        err = capsys.readouterr().err
+        assert bad.words in err and str(path) in err, err
+        return
+    from chunktune.core.errors import SpecError
+    from chunktune.core.workload import load_profile
+
+    with pytest.raises(SpecError, match=bad.words) as info:
+        load_profile(path)
+    assert info.value.problems[0][0] == "--workload" and "bomb.yaml" in str(info.value)
+
+
+def test_tune_refuses_an_alias_bomb(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(YAML_BOMBS[0].text)
+    result = subprocess.run([sys.executable, "-m", "chunktune", "tune", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "alias bomb" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_aliases_in_moderation_still_load() -> None:
+    from chunktune.core import yamlsafe
+
+    text = "base: &b {a: 1, b: [1, 2]}\nx: *b\ny: [*b, *b]\n" + alias_bomb(levels=3, fanout=9)
+    doc = yamlsafe.load(text, "ok.yaml")
+    assert doc["y"][1] == {"a": 1, "b": [1, 2]} and len(doc["l2"]) == 9

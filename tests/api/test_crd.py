@@ -132,8 +132,8 @@ def test_cel_rules(schema: dict[str, Any]) -> None:
     assert "!has(self.low) || !has(self.high) || self.low <= self.high" in rules(item)
     assert any("self.log" in r and "self.step" in r for r in rules(item))
     assert any(r.startswith("has(self.choices) ?") for r in rules(item))
-    assert ("(has(self.profile) ? 1 : 0) + (has(self.inline) ? 1 : 0) + "
-            "(has(self.fromPrometheus) ? 1 : 0) == 1") in rules(at(spec, "workload"))
+    assert ("(has(self.profile) ? 1 : 0) + (has(self.inline) ? 1 : 0) + (has(self.trace) ? 1 : 0) "
+            "+ (has(self.fromPrometheus) ? 1 : 0) == 1") in rules(at(spec, "workload"))
     assert "!(has(self.rate) && has(self.concurrency))" in rules(at(spec, "workload"))
     assert any("self.parallelism <=" in r for r in rules(at(spec, "budget")))
     # immutability of what a running study depends on

@@ -189,16 +189,25 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
        "every trial times out (got 60s)")]),
     ("profile and inline",
      spec(lambda s: s["workload"].update(inline={"classes": []})),
-     [("spec.workload", "give one of profile, inline or fromPrometheus, not profile and "
-       "inline")]),
+     [("spec.workload", "give one of profile, inline, trace or fromPrometheus, not profile "
+       "and inline")]),
+    ("profile and trace",
+     spec(lambda s: s["workload"].update(trace={"file": "t.csv"})),
+     [("spec.workload", "give one of profile, inline, trace or fromPrometheus, not profile "
+       "and trace")]),
+    ("trace with a rate",
+     spec(lambda s: s["workload"].update(profile=None, trace={"file": "t.csv"}, rate=3)),
+     [("spec.workload.rate", "a trace replays its own arrival times: set trace.speedup or "
+       "trace.rateScale")]),
     ("neither profile nor inline",
      spec(lambda s: s["workload"].pop("profile")),
      [("spec.workload", "needs profile (a shipped profile name or a file path), inline (a "
-       "profile mapping) or fromPrometheus (derived from the deployment's metrics)")]),
+       "profile mapping), trace (a request trace) or fromPrometheus (derived from the "
+       "deployment's metrics)")]),
     ("profile and fromPrometheus",
      spec(lambda s: s["workload"].update(fromPrometheus=FROM_PROM)),
-     [("spec.workload", "give one of profile, inline or fromPrometheus, not profile and "
-       "fromPrometheus")]),
+     [("spec.workload", "give one of profile, inline, trace or fromPrometheus, not profile "
+       "and fromPrometheus")]),
     ("a selector that is not PromQL",
      spec(lambda s: (s["workload"].pop("profile"), s["workload"].update(
          fromPrometheus={**FROM_PROM, "selector": "{model_name=llama}"}))),

@@ -30,6 +30,8 @@ class Case:
     name: str
     #: (request id, prompt tokens, output tokens)
     requests: tuple[tuple[str, int, int], ...]
+    #: each request's priority (``--scheduling-policy priority``); empty: all 0
+    priorities: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class EngineCase:
     num_gpu_blocks: int
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
     cases: tuple[Case, ...] = field(default_factory=tuple)
 
     def vllm_engine_args(self) -> dict[str, Any]:
@@ -55,6 +58,7 @@ class EngineCase:
             "num_gpu_blocks_override": self.num_gpu_blocks,
             "kv_cache_memory_bytes": KV_CACHE_BYTES,
             "block_size": CPU_BLOCK_SIZE,
+            "scheduling_policy": self.scheduling_policy,
         }
 
     def flags(self) -> list[str]:
@@ -67,6 +71,8 @@ class EngineCase:
                "--block-size", str(CPU_BLOCK_SIZE)]
         if not self.enable_chunked_prefill:
             out.append("--no-enable-chunked-prefill")
+        if self.scheduling_policy != "fcfs":
+            out += ["--scheduling-policy", self.scheduling_policy]
         return out
 
 
@@ -101,6 +107,21 @@ ENGINES: tuple[EngineCase, ...] = (
         max_model_len=512, num_gpu_blocks=256, enable_chunked_prefill=False,
         cases=(Case("whole_prompts_only",
                     (("a", 300, 4), ("b", 200, 4), ("c", 100, 4), ("d", 400, 4))),)),
+    EngineCase(
+        "priority_policy", max_num_batched_tokens=512, max_num_seqs=2, max_model_len=512,
+        num_gpu_blocks=5, scheduling_policy="priority",
+        cases=(
+            # Added lowest priority first: WAITING serves them by (priority, arrival).
+            Case("waiting_by_priority",
+                 (("c0", 60, 6), ("c1", 60, 6), ("a0", 60, 6), ("b0", 60, 6)),
+                 priorities=(2, 2, 0, 1)),
+            # Two running (admitted by priority), growing past the four blocks: the victim is
+            # the running request with the largest (priority, arrival), and it goes back to
+            # WAITING in its (priority, arrival) place, ahead of the lower-priority one.
+            Case("preemption_by_priority",
+                 (("hi", 250, 24), ("lo", 250, 24), ("mid", 250, 24)),
+                 priorities=(0, 5, 1)),
+        )),
 )
 
 
@@ -111,8 +132,9 @@ def vllm_spec(model_dir: str | Path, engines: tuple[EngineCase, ...] = ENGINES) 
         "engines": [
             {"name": e.name, "engine": e.vllm_engine_args(),
              "cases": [{"name": c.name,
-                        "requests": [{"id": rid, "prompt_len": p, "max_tokens": o}
-                                     for rid, p, o in c.requests]}
+                        "requests": [{"id": rid, "prompt_len": p, "max_tokens": o,
+                                      "priority": c.priorities[i] if c.priorities else 0}
+                                     for i, (rid, p, o) in enumerate(c.requests)]}
                        for c in e.cases]}
             for e in engines
         ],
@@ -135,5 +157,7 @@ def sim_trace(engine: EngineCase, case: Case, model_config: str | Path) -> Batch
         num_gpu_blocks_override=engine.num_gpu_blocks,
         block_size=CPU_BLOCK_SIZE,
         enforce_eager=True,
+        scheduling_policy=engine.scheduling_policy,
     ), resolve_model(config_path=model_config), resolve_gpu("h100-sxm"))
-    return run_batch(cfg, engine.num_gpu_blocks, list(case.requests))
+    return run_batch(cfg, engine.num_gpu_blocks, list(case.requests),
+                     priorities=case.priorities)

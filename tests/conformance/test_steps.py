@@ -58,6 +58,10 @@ def test_the_cases_exercise_what_they_are_named_for(real):
     assert any(s[1] == 32 and s[2] > 0 for s in beside)  # threshold beside decodes
     small = real[("budget_below_threshold", "budget_caps_chunks")]["steps"]
     assert max(s[1] + s[3] for s in small) == 16
+    by_priority = real[("priority_policy", "waiting_by_priority")]["finished"]
+    assert by_priority == ["a0", "b0", "c0", "c1"]  # added c0, c1, a0, b0
+    preempted = real[("priority_policy", "preemption_by_priority")]["request_preemptions"]
+    assert preempted == {"hi": 0, "mid": 1, "lo": 0}
     seqs = real[("max_num_seqs_binding", "two_running_at_most")]["steps"]
     assert max(s[0] + s[2] for s in seqs) == 2
     kv = real[("kv_exhaustion", "preemption_by_recompute")]

@@ -3,7 +3,7 @@
 Usage: ``python vllm_steps.py SPEC.json OUT.json``. SPEC holds ``model`` (a model directory)
 and ``engines``: a list of ``{"name", "engine": {keyword arguments for vllm.EngineArgs, e.g.
 "max_num_batched_tokens"}, "cases": [{"name", "requests": [{"id", "prompt_len",
-"max_tokens"}]}]}``. The engines start one after the other in this one process (vLLM is
+"max_tokens", "priority"}]}]}``. The engines start one after the other in this one process (vLLM is
 imported once); each serves its cases in turn, a case starting only when the previous one has
 finished.
 
@@ -118,6 +118,7 @@ def main(spec_path: str, out_path: str) -> int:
                     TokensPrompt(prompt_token_ids=ids),
                     SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True,
                                    temperature=0.0),
+                    priority=int(r.get("priority", 0)),
                 )
             budget = int(case.get("max_steps", 5000))
             while engine.has_unfinished_requests() and budget > 0:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from chunktune.core.aggregate import RunInfo, build_summary, build_window, goodput
 from chunktune.core.records import RequestRecord
 from chunktune.core.summary import (
     SCHEMA_ID,
@@ -14,7 +15,6 @@ from chunktune.core.summary import (
     LoadSummary,
     Slo,
 )
-from chunktune.load.aggregate import RunInfo, build_summary, build_window, goodput
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -16,7 +16,7 @@ from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.core.steps import parse_meta
 from chunktune.core.trials import TrialResult, TrialState
-from chunktune.core.vllm import image_version, parse_version
+from chunktune.core.vllm_release import image_version, parse_version
 from chunktune.sim.engine.memory import plan_memory
 from tests.api.factories import quickstart, vllm_manifest
 

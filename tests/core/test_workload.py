@@ -10,9 +10,7 @@ import statistics
 import pytest
 import yaml
 
-from chunktune.core.errors import SpecError
-from chunktune.core.workload import (
-    PROFILE_DIR,
+from chunktune.core.distributions import (
     Choice,
     Constant,
     Exponential,
@@ -20,9 +18,13 @@ from chunktune.core.workload import (
     LogNormal,
     Normal,
     Uniform,
+    parse_distribution,
+)
+from chunktune.core.errors import SpecError
+from chunktune.core.workload import (
+    PROFILE_DIR,
     generate,
     load_profile,
-    parse_distribution,
     parse_duration,
     parse_profile,
 )

@@ -164,6 +164,36 @@ def test_load_job() -> None:
         c["volumeMounts"]
 
 
+def test_distributed_load_is_a_master_service_and_a_worker_job() -> None:
+    """``workload.loadWorkers``: the load Job's pod is Locust's master behind a Service; a
+    worker Job runs that many ``chunktune load worker`` pods at once, pointed at it."""
+    p = plan(load_workers=3)
+    job = valid(mf.load_job(p, OWNER, OPTIONS, "http://10.1.2.3:8000"))
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["args"][-7:] == ["--workers", "3", "--master-bind", "0.0.0.0", "--master-port",
+                              str(mf.MASTER_PORT), "--external-workers"]
+    svc = valid(mf.load_master_service(p, OWNER))
+    assert svc["metadata"]["name"] == "llama-tune-t7-lm"
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    # the Service selects the load Job's pod (the Job controller adds job-name to its pods)
+    assert {k: v for k, v in svc["spec"]["selector"].items() if k != "job-name"}.items() <= \
+        pod_labels.items() and svc["spec"]["selector"]["job-name"] == job["metadata"]["name"]
+    assert svc["spec"]["ports"][0]["port"] == mf.MASTER_PORT
+    workers = valid(mf.load_workers_job(p, OWNER, OPTIONS))
+    assert workers["metadata"]["name"] == "llama-tune-t7-lw"
+    assert workers["spec"]["parallelism"] == workers["spec"]["completions"] == 3
+    wpod = workers["spec"]["template"]["spec"]
+    (w,) = wpod["containers"]
+    assert w["command"] == ["chunktune", "load", "worker"]
+    assert w["args"] == ["--master", f"llama-tune-t7-lm.ml.svc:{mf.MASTER_PORT}"]
+    assert w["securityContext"] == c["securityContext"]
+    assert [v["name"] for v in wpod["volumes"]] == ["tmp"]
+    # nothing distributed by default
+    (c0,) = mf.load_job(plan(), OWNER, OPTIONS, "http://x")["spec"]["template"]["spec"][
+        "containers"]
+    assert "--workers" not in c0["args"]
+
+
 def test_names_fit_kubernetes_limits() -> None:
     long = "a" * 200
     names = mf.trial_names(long, 12345)

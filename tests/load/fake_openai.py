@@ -109,7 +109,8 @@ class App:
             "max_tokens": body.get("max_tokens"),
             "min_tokens": body.get("min_tokens"), "ignore_eos": body.get("ignore_eos"),
             "stream": body.get("stream"), "stream_options": body.get("stream_options"),
-            "model": body.get("model"), "status": 200, "ttft": None, "token_times": [],
+            "model": body.get("model"), "priority": body.get("priority"), "status": 200,
+            "ttft": None, "token_times": [],
             "end": None, "outcome": "ok",
         }
         self.records.append(rec)

@@ -31,6 +31,9 @@ def test_build_body() -> None:
     assert b["stream_options"] == {"include_usage": True}
     c = build_body("chat", "m", [{"role": "user", "content": "hi"}], 2)
     assert c["messages"][0]["content"] == "hi" and "prompt" not in c
+    # vLLM's priority field only when the request has one (any server takes the body then)
+    assert "priority" not in b and "priority" not in c
+    assert build_body("chat", "m", [], 2, priority=-3)["priority"] == -3
 
 
 def test_chat_role_and_finish_chunks_carry_no_token() -> None:

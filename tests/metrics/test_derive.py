@@ -9,8 +9,9 @@ import random
 
 import pytest
 
+from chunktune.core.distributions import Histogram
 from chunktune.core.selectors import LabelSelector
-from chunktune.core.workload import Histogram, generate, parse_profile
+from chunktune.core.workload import generate, parse_profile
 from chunktune.metrics import promql
 from chunktune.metrics.cli import from_prometheus, profile_yaml
 from chunktune.metrics.derive import (

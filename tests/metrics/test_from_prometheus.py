@@ -17,7 +17,8 @@ import pytest
 import yaml
 from bench.serve_overhead import start_server
 
-from chunktune.core.workload import Histogram, Profile, load_profile
+from chunktune.core.distributions import Histogram
+from chunktune.core.workload import Profile, load_profile
 from chunktune.metrics.cli import from_prometheus
 from chunktune.metrics.derive import WorkloadUnavailable
 from tests.metrics.prometheus import HAVE_PROMETHEUS, MISSING, prometheus

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import yaml
+
 from chunktune.cli import main
 
 
@@ -22,7 +24,11 @@ def test_sim_run_prints_table_and_json(tmp_path, capsys):
     s = json.loads(out.read_text())
     assert s["overall"]["requests"]["ok"] > 50
     assert s["config"]["max-num-batched-tokens"] == 2048
-    assert set(s["overall"]["ttft"]) == {"p50", "p90", "p95", "p99", "mean", "max"}
+    # the load driver's summary schema, plus what the engine saw
+    assert s["schema"] == "chunktune.dev/load-summary/v1"
+    assert set(s["overall"]["ttft"]) == {"count", "mean", "min", "p50", "p90", "p95", "p99",
+                                         "max"}
+    assert s["engine"]["steps"] > 0
     # what the GPU's cost model was fitted on: the H100's own measured kernels
     assert "cost model: h100-sxm: fitted on measured kernels of h100-sxm" in text.out
     assert s["cost_model"].startswith("h100-sxm: fitted on measured kernels of h100-sxm")
@@ -98,3 +104,29 @@ def test_flags_vllm_0_32_does_not_know_exit_2_like_vllm(capsys):
                "--disable-log-stats"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
+
+
+def test_class_priority_is_honoured_under_the_priority_policy(tmp_path, capsys):
+    """A profile's per-class priority reaches the simulated scheduler: on a saturated engine
+    (8 running at most) ``--scheduling-policy priority`` serves the urgent class first, so its
+    TTFT falls and the batch class's rises, against ``fcfs`` on the same requests."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({
+        "name": "p", "arrival": {"mode": "poisson", "rate": 5}, "duration": 20, "seed": 1,
+        "classes": [
+            {"name": "urgent", "weight": 1, "priority": -1, "prompt_tokens": 200,
+             "output_tokens": 50},
+            {"name": "batch", "weight": 3, "priority": 1, "prompt_tokens": 2000,
+             "output_tokens": 200}]}))
+    runs = {}
+    for policy in ("fcfs", "priority"):
+        out = tmp_path / f"{policy}.json"
+        assert main(["sim", "run", "--workload", str(profile), "--max-num-seqs", "8",
+                     "--scheduling-policy", policy, "--json", str(out)]) == 0
+        runs[policy] = json.loads(out.read_text())["classes"]
+    capsys.readouterr()
+    fcfs, prio = runs["fcfs"], runs["priority"]
+    assert fcfs["urgent"]["requests"] == prio["urgent"]["requests"]  # the same, all ok
+    assert fcfs["batch"]["requests"]["failed"] == prio["batch"]["requests"]["failed"] == 0
+    assert prio["urgent"]["ttft"]["p50"] < 0.5 * fcfs["urgent"]["ttft"]["p50"]
+    assert prio["batch"]["ttft"]["p50"] > fcfs["batch"]["ttft"]["p50"]

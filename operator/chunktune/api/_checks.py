@@ -25,6 +25,7 @@ from chunktune.api.v1alpha1 import (
     StrategySpec,
     WorkloadSpec,
 )
+from chunktune.core.distributions import Constant
 from chunktune.core.engine_args import EngineArgs
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, parse_argv
@@ -36,7 +37,6 @@ from chunktune.core.workload import (
     DERIVED_CLASSES,
     DERIVED_DURATION,
     Arrival,
-    Constant,
     Profile,
     TrafficClass,
     derived_warmup,
@@ -378,15 +378,16 @@ def _model_limit(p: Parts, name: str, v: float) -> str | None:
 
 
 def _workload(p: Parts, w: WorkloadSpec) -> None:
-    given = [k for k, v in (("profile", w.profile), ("inline", w.inline),
+    given = [k for k, v in (("profile", w.profile), ("inline", w.inline), ("trace", w.trace),
                             ("fromPrometheus", w.from_prometheus)) if v is not None]
     if len(given) > 1:
-        p.add("spec.workload", f"give one of profile, inline or fromPrometheus, not "
+        p.add("spec.workload", f"give one of profile, inline, trace or fromPrometheus, not "
               f"{' and '.join(given)}")
         return
     if not given:
         p.add("spec.workload", "needs profile (a shipped profile name or a file path), inline "
-              "(a profile mapping) or fromPrometheus (derived from the deployment's metrics)")
+              "(a profile mapping), trace (a request trace) or fromPrometheus (derived from "
+              "the deployment's metrics)")
         return
     if w.from_prometheus is not None:
         # derived at study start: its shape is known (the classes), its figures are not yet
@@ -396,6 +397,16 @@ def _workload(p: Parts, w: WorkloadSpec) -> None:
     if isinstance(classes, list) and len(classes) > MAX_CLASSES:
         p.add("spec.workload.inline.classes", f"must have at most {MAX_CLASSES} traffic classes "
               f"(got {len(classes)})")
+        return
+    if w.trace is not None and (w.trace.file is None) == (w.trace.config_map_key_ref is None):
+        p.add("spec.workload.trace", "give exactly one of file (a trace file next to the "
+              "manifest) or configMapKeyRef (a ConfigMap key the operator reads)")
+        return
+    if w.trace is not None and (w.rate is not None or w.concurrency is not None):
+        p.add(f"spec.workload.{'rate' if w.rate is not None else 'concurrency'}",
+              "a trace replays its own arrival times: set trace.speedup or trace.rateScale")
+        return
+    if w.trace_pending:  # read (and checked with the classes it names) when the study starts
         return
     if w.rate is not None and w.concurrency is not None:
         p.add("spec.workload.concurrency", "cannot be combined with rate; give one of them")

@@ -19,7 +19,7 @@ from chunktune.api._types import (
     pattern_str,
 )
 from chunktune.core import gpus as _gpus
-from chunktune.core import vllm as _vllm_release
+from chunktune.core import vllm_release as _vllm_release
 from chunktune.core.errors import SpecError
 
 EngineKind = Literal["vllm", "sim", "sglang"]

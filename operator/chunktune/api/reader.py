@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from chunktune.api import _checks
@@ -33,6 +32,7 @@ from chunktune.api.v1alpha1 import (
     StrategySpec,
     WorkloadSpec,
 )
+from chunktune.core import yamlsafe
 from chunktune.core.errors import SpecError
 from chunktune.core.validation import Problem, problems_from
 
@@ -65,10 +65,13 @@ def too_deep(obj: Any, limit: int = MAX_DEPTH) -> str | None:
     return None
 
 
-def validate(obj: Any, base_dir: str | Path | None = None) -> list[Problem]:
+def validate(obj: Any, base_dir: str | Path | None = None,
+             trace_data: str | None = None) -> list[Problem]:
     """Every problem of a manifest mapping, as ``(path, message)``; empty when it is valid.
 
-    ``base_dir`` resolves a relative ``spec.workload.profile`` path (the manifest's folder)."""
+    ``base_dir`` resolves a relative ``spec.workload.profile`` or ``trace.file`` path (the
+    manifest's folder); ``trace_data`` is the text of ``spec.workload.trace.configMapKeyRef``
+    (read by the operator; without it the trace's content and class names go unchecked)."""
     if not isinstance(obj, dict):
         return [("", f"must be a mapping: a {KIND} manifest (got {type(obj).__name__})")]
     deep = too_deep(obj)
@@ -82,18 +85,22 @@ def validate(obj: Any, base_dir: str | Path | None = None) -> list[Problem]:
         problems += problems_from(e, ChunkedPrefillTuning)
     spec = obj.get("spec")
     if isinstance(spec, dict):
-        problems += _checks.check(_parts(spec, None if base_dir is None else Path(base_dir)))
+        problems += _checks.check(_parts(spec, None if base_dir is None else Path(base_dir),
+                                         trace_data))
     return _ordered(problems)
 
 
-def parse_manifest(obj: Any, base_dir: str | Path | None = None) -> ChunkedPrefillTuning:
-    """The manifest as a model, defaults filled in. Raises :class:`SpecError` listing every
-    problem."""
-    problems = validate(obj, base_dir)
+def parse_manifest(obj: Any, base_dir: str | Path | None = None,
+                   trace_data: str | None = None) -> ChunkedPrefillTuning:
+    """The manifest as a model, defaults filled in (see :func:`validate`). Raises
+    :class:`SpecError` listing every problem."""
+    problems = validate(obj, base_dir, trace_data)
     if problems:
         raise SpecError(problems)
     m = ChunkedPrefillTuning.model_validate(obj, by_name=False)
     m.spec.workload._base_dir = None if base_dir is None else Path(base_dir)
+    if trace_data is not None:
+        m.spec.workload.set_trace_data(trace_data)
     return m
 
 
@@ -103,14 +110,10 @@ def read_manifest(path: str | Path, name: str | None = None) -> dict[str, Any]:
     :class:`SpecError`."""
     p = Path(path)
     try:
-        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+        text = p.read_text()
     except OSError as e:
         raise SpecError(f"cannot read: {e.strerror or e}", field=str(p)) from e
-    except yaml.YAMLError as e:
-        raise SpecError(f"is not valid YAML: {e}", field=str(p)) from e
-    except RecursionError:  # its traceback (the parser's thousand frames) is dropped
-        raise SpecError(f"is nested too deeply to read (more than {MAX_DEPTH} levels are "
-                        "refused anyway)", field=str(p)) from None
+    docs = yamlsafe.load_all(text, str(p))
     if len(docs) == 1 and isinstance(docs[0], dict) and "kind" not in docs[0]:
         return docs[0]  # let validate() report the missing kind
     ours = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
@@ -157,7 +160,8 @@ def _items(cls: type[M], raw: Any) -> list[tuple[int, M]]:
     return out
 
 
-def _parts(spec: dict[str, Any], base_dir: Path | None) -> _checks.Parts:
+def _parts(spec: dict[str, Any], base_dir: Path | None,
+           trace_data: str | None = None) -> _checks.Parts:
     engine = _try(EngineSpec, spec.get("engine"), default=False)
     raw_kind = (spec.get("engine") or {}).get("kind", "vllm") \
         if isinstance(spec.get("engine"), dict) else "vllm"
@@ -165,6 +169,8 @@ def _parts(spec: dict[str, Any], base_dir: Path | None) -> _checks.Parts:
     workload = _try(WorkloadSpec, spec.get("workload"), default=False)
     if workload is not None:
         workload._base_dir = base_dir
+        if trace_data is not None:
+            workload.set_trace_data(trace_data)
     raw_objectives = spec.get("objectives")
     raw_constraints = spec.get("constraints")
     pruner_raw = spec.get("pruner")

@@ -49,6 +49,7 @@ from chunktune.api._retune import (
     FromPrometheus,
     RetuneSpec,
 )
+from chunktune.api._trace import TraceClassItem, TraceWorkload
 from chunktune.api._types import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
@@ -80,7 +81,8 @@ __all__ = [
     "FromPrometheus", "GPUSpec", "KeyRef",
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
     "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "RetuneSpec", "SamplerSpec",
-    "Spec", "StorageSource", "StrategySpec", "WorkloadSpec", "parse_constraint_string",
+    "Spec", "StorageSource", "StrategySpec", "TraceClassItem", "TraceWorkload", "WorkloadSpec",
+    "parse_constraint_string",
 ]
 
 SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid", "cmaes"]
@@ -276,15 +278,18 @@ def _seconds(x: str) -> str:
 
 
 class WorkloadSpec(Model):
-    """The traffic each trial replays: a profile (``loadtest/profiles`` format), or one derived
-    from the deployment's metrics, plus overrides."""
+    """The traffic each trial replays: a profile (``loadtest/profiles`` format), a request
+    trace, or a profile derived from the deployment's metrics, plus overrides."""
 
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
         {"rule": "(has(self.profile) ? 1 : 0) + (has(self.inline) ? 1 : 0) + "
-                 "(has(self.fromPrometheus) ? 1 : 0) == 1",
-         "message": "give exactly one of profile, inline or fromPrometheus"},
+                 "(has(self.trace) ? 1 : 0) + (has(self.fromPrometheus) ? 1 : 0) == 1",
+         "message": "give exactly one of profile, inline, trace or fromPrometheus"},
         {"rule": "!(has(self.rate) && has(self.concurrency))",
          "message": "give rate or concurrency, not both"},
+        {"rule": "!has(self.trace) || !(has(self.rate) || has(self.concurrency))",
+         "message": "a trace replays its own arrival times: set trace.speedup or "
+                    "trace.rateScale instead of rate or concurrency"},
         {"rule": "!has(self.warmup) || !has(self.duration) || "
                  f"{_seconds('self.warmup')} < {_seconds('self.duration')}",
          "message": "warmup must be shorter than duration"},
@@ -299,11 +304,14 @@ class WorkloadSpec(Model):
     inline: dict[str, Any] | None = Field(default=None,
                                           json_schema_extra={"x-chunktune-schema": "profile"})
     """A profile mapping inline (``classes``, ``arrival``, ``duration``, ...)."""
+    trace: TraceWorkload | None = None
+    """A request trace replayed at its own arrival times (docs/traffic.md)."""
     from_prometheus: FromPrometheus | None = None
     """Derive the profile from the deployment's vLLM metrics in Prometheus at study start
     (classes ``short`` and ``long``)."""
     duration: Duration | None = None
-    """Override: how long each trial sends traffic."""
+    """Override: how long each trial sends traffic (a trace: cut to this; default its
+    span)."""
     warmup: DurationOrZero | None = None
     """Override: requests arriving before this are not measured."""
     rate: float | None = Field(default=None, gt=0, le=100_000)
@@ -312,9 +320,25 @@ class WorkloadSpec(Model):
     """Override: closed-loop mode with this many requests in flight."""
     seed: int | None = Field(default=None, ge=0, le=2**32 - 1)
     """Override: the profile's random seed."""
+    load_workers: int = Field(default=0, ge=0, le=64)
+    """Locust workers of each trial's load: 0 (default) runs Locust in one process; N runs
+    Locust's master and N workers (local processes; in a cluster a worker Job beside the load
+    Job), the same arrival schedule split across them, their records merged."""
 
     _base_dir: Path | None = PrivateAttr(None)
+    _trace_data: str | None = PrivateAttr(None)
     _derived: Profile | None = PrivateAttr(None)
+
+    def set_trace_data(self, data: str) -> None:
+        """The text of ``trace.configMapKeyRef``, read by the operator."""
+        self._trace_data = data
+
+    @property
+    def trace_pending(self) -> bool:
+        """The trace is in a ConfigMap not read yet: its requests (and class names) are known
+        only once the operator reads it."""
+        return self.trace is not None and self.trace.config_map_key_ref is not None \
+            and self._trace_data is None
 
     @property
     def derived(self) -> Profile | None:
@@ -337,11 +361,33 @@ class WorkloadSpec(Model):
             profile = self._derived
         elif self.inline is not None:
             profile = parse_profile(self.inline, source="spec.workload.inline")
+        elif self.trace is not None:
+            profile = _trace_profile(self.trace, self._trace_data, self._base_dir)
         else:
             profile = _load_profile(str(self.profile), self._base_dir)
-        return profile.with_overrides(duration=self.duration, warmup=self.warmup,
-                                      rate=self.rate, concurrency=self.concurrency,
-                                      seed=self.seed)
+        try:
+            return profile.with_overrides(duration=self.duration, warmup=self.warmup,
+                                          rate=self.rate, concurrency=self.concurrency,
+                                          seed=self.seed)
+        except SpecError as e:
+            raise SpecError([(f"spec.workload.{p}", m) for p, m in e.problems]) from e
+
+
+def _trace_profile(trace: TraceWorkload, data: str | None, base_dir: Path | None) -> Profile:
+    ref = trace.config_map_key_ref
+    if ref is not None and data is None:
+        raise SpecError(f"the ConfigMap {ref.name!r} is read by the operator when the study "
+                        "starts; give the trace as file for `chunktune tune`",
+                        field="spec.workload.trace.configMapKeyRef")
+    name = Path(trace.file).stem if trace.file is not None else ref.name if ref else "trace"
+    where = "spec.workload.trace.configMapKeyRef" if ref is not None else \
+        "spec.workload.trace.file"
+    try:
+        return parse_profile({"name": name, "trace": trace.core(data)}, source="spec.workload",
+                             base_dir=base_dir)
+    except SpecError as e:
+        raise SpecError([(where if p in ("spec.workload.trace.file", "spec.workload.trace.data")
+                          else p, m) for p, m in e.problems]) from e
 
 
 def _load_profile(ref: str, base_dir: Path | None) -> Profile:
@@ -569,8 +615,9 @@ class Spec(Model):
     ``postgresql://host:5432/db``; no password: credentials come from the operator). Default:
     chosen by the runner."""
     storage_from: StorageSource | None = None
-    """Operator only: the Optuna storage URL from a Secret's key (a database URL with
-    credentials), instead of ``storage``."""
+    """Operator only: a Secret's key holding the Optuna storage URL (a database URL with
+    credentials) instead of ``storage``, or, with ``storage`` set to a database URL, that
+    URL's password."""
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     """Where engine metrics come from."""
     output: OutputSpec = Field(default_factory=OutputSpec)

@@ -197,6 +197,8 @@ class KubernetesBackend(TrialBackend):
         """Told ``reason`` when that degradation is over."""
         self._before: dict[int, Scrape] = {}
         """Per trial: the engine's /metrics before the load (kept across re-adoption)."""
+        self._distributed: set[int] = set()
+        """Trials whose load is distributed (their worker Job and Service go with them)."""
         self._unclean: set[int] = set()
         """Trials whose objects could not be deleted yet."""
         self.capacity = CapacityWaits()
@@ -315,9 +317,11 @@ class KubernetesBackend(TrialBackend):
         refuses or does not answer is logged and retried before the next trial starts and when
         the backend closes (and the next operator's sweep is the last net); False then."""
         names = mf.trial_names(self.owner.name, number)
-        results = await asyncio.gather(*(self.api.delete(kind, self.ns, name) for kind, name in (
-            ("jobs", names.job), ("pods", names.pod), ("configmaps", names.configmap))),
-            return_exceptions=True)
+        objects = [("jobs", names.job), ("pods", names.pod), ("configmaps", names.configmap)]
+        if number in self._distributed:  # a distributed load's worker Job and Service
+            objects += [("jobs", names.workers), ("services", names.master)]
+        results = await asyncio.gather(*(self.api.delete(kind, self.ns, name)
+                                         for kind, name in objects), return_exceptions=True)
         errors = [r for r in results if isinstance(r, Exception)]
         if errors:
             log.warning("cannot delete the objects of trial %d of %s/%s yet: %s", number,
@@ -380,6 +384,11 @@ class KubernetesBackend(TrialBackend):
         job = await self.api.get("jobs", self.ns, names.job)
         if job is None:
             t = time.monotonic()
+            if plan.load_workers:
+                self._distributed.add(plan.number)
+                await self._create("services", mf.load_master_service(plan, self.owner))
+                await self._create("jobs", mf.load_workers_job(plan, self.owner,
+                                                               self.settings.options))
             job = await self._create("jobs", mf.load_job(plan, self.owner,
                                                          self.settings.options, url))
             self._mark(plan.number, "job_created", t)

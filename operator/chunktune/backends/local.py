@@ -150,6 +150,8 @@ class LocalBackend(TrialBackend):
                "--out", str(out), "--drain-timeout", f"{plan.drain_timeout:g}s", "--quiet"]
         if windows is not None and plan.window_seconds:
             cmd += ["--windows", f"{plan.window_seconds:g}s", "--windows-out", str(windows)]
+        if plan.load_workers:
+            cmd += ["--workers", str(plan.load_workers)]
         for cls, slo in plan.slos.items():
             for metric, value in slo.items():
                 cmd += ["--slo", f"{'' if cls == '*' else cls + ':'}{metric}={value:g}"]

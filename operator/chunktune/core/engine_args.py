@@ -16,7 +16,7 @@ from chunktune.core.errors import ChunktuneError, SpecError
 from chunktune.core.flags import BY_ATTR, FLAGS, argv, engine_defaults
 from chunktune.core.gpus import GPU
 from chunktune.core.models import MODELLED_QUANTIZATION, ModelConfig
-from chunktune.core.vllm import Version
+from chunktune.core.vllm_release import Version
 
 
 class EngineStartupError(ChunktuneError):
@@ -290,7 +290,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
     combination vLLM refuses, with vLLM's message. ``--quantization`` and the checkpoint's
     quantization are resolved as vLLM 0.32's ``ModelConfig._verify_quantization`` does: the
     model the result holds has its linear layers at the resolved weight type. ``version``:
-    the vLLM whose defaults apply (:mod:`chunktune.core.vllm`; None: the current)."""
+    the vLLM whose defaults apply (:mod:`chunktune.core.vllm_release`; None: the current)."""
     args.check()
     model = apply_quantization(model, args.quantization)
     tp = args.tensor_parallel_size

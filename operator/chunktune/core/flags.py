@@ -10,7 +10,7 @@ name as vLLM spells it without dashes (``max-num-batched-tokens``); strings appe
 point crosses a process boundary.
 
 Parsers accept what the supported vLLM's ``vllm serve`` accepts
-(:data:`~chunktune.core.vllm.VLLM_VERSION`; ``vllm/engine/arg_utils.py``,
+(:data:`~chunktune.core.vllm_release.VLLM_VERSION`; ``vllm/engine/arg_utils.py``,
 ``vllm/utils/argparse_utils.py``): ``--max-num-batched-tokens`` and ``--kv-cache-memory-bytes``
 take vLLM's human-readable integers (``8k`` = 8000, ``8K`` = 8192, ``25.6k`` = 25600),
 ``--max-model-len`` also ``auto`` / ``-1``, the other integer flags plain integers only; boolean
@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from chunktune.core import vllm as vllm_release
+from chunktune.core import vllm_release
 from chunktune.core.errors import ChunktuneError
 from chunktune.core.gpus import GPU
 
@@ -506,7 +506,7 @@ def batch_defaults(gpu: GPU | None, cpu: bool = False,
     ``version`` (None: the current one): 16384/1024 with >= 160 GiB (since 0.28), 8192/1024
     with >= 70 GiB unless the name contains "a100" (PR #17885), else 2048/256 — also when the
     GPU is unknown, as vLLM does when it cannot query one (``EngineArgs.get_batch_defaults``,
-    API-server usage context; :mod:`chunktune.core.vllm`)."""
+    API-server usage context; :mod:`chunktune.core.vllm_release`)."""
     if cpu:
         return CPU_BATCH_DEFAULTS
     if gpu is None:

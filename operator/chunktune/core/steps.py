@@ -1,7 +1,7 @@
 """vLLM's per-step log: one :class:`StepRecord` per engine step, parsed from its log lines.
 
-With ``--enable-logging-iteration-details`` vLLM (:data:`~chunktune.core.vllm.VLLM_VERSION`) logs
-every engine step as::
+With ``--enable-logging-iteration-details`` vLLM
+(:data:`~chunktune.core.vllm_release.VLLM_VERSION`) logs every engine step as::
 
     (APIServer pid=8177) INFO 12-03 00:25:21 [loggers.py:199] Engine 000: Iteration(0):
     1 context requests, 10 context tokens, 0 generation requests, 0 generation tokens,

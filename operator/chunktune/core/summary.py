@@ -16,6 +16,9 @@ JSON Schema). All times are seconds; rates are per second. Top level::
     overall     a ClassSummary over every class; classes {name: ClassSummary}
     windows     [Window]: intermediate summaries every --windows seconds (empty without)
     goodput     null, or {slos, request_rate, fraction, classes} when SLOs were given
+    schedule    how closely the client kept to its schedule: {send_lag}, each request's send
+                time minus its scheduled arrival (open loop, warm-up requests included; null
+                in concurrency mode)
     raw         null, or every RequestRecord (with --raw), warm-up ones included
 
 A ClassSummary::
@@ -61,6 +64,7 @@ __all__ = [
     "GoodputClass",
     "LoadSummary",
     "RequestCounts",
+    "ScheduleLag",
     "Slo",
     "Throughput",
     "TokenCounts",
@@ -209,6 +213,20 @@ class Durations:
 
 
 @dataclass(frozen=True)
+class ScheduleLag:
+    """How closely the client kept to its schedule (see the module docstring)."""
+
+    send_lag: MetricStats | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ScheduleLag:
+        return cls(send_lag=_metric(d.get("send_lag")))
+
+
+@dataclass(frozen=True)
 class LoadSummary:
     target: str
     model: str
@@ -225,6 +243,7 @@ class LoadSummary:
     goodput: Goodput | None = None
     raw: list[RequestRecord] | None = None
     tool: dict[str, str] = field(default_factory=dict)
+    schedule: ScheduleLag | None = None
     schema: str = SCHEMA_ID
 
     def to_dict(self) -> dict[str, Any]:
@@ -240,6 +259,7 @@ class LoadSummary:
         d["classes"] = {k: v.to_dict() for k, v in self.classes.items()}
         d["windows"] = [w.to_dict() for w in self.windows]
         d["goodput"] = None if self.goodput is None else self.goodput.to_dict()
+        d["schedule"] = None if self.schedule is None else self.schedule.to_dict()
         d["raw"] = None if self.raw is None else [r.to_dict() for r in self.raw]
         return d
 
@@ -258,6 +278,8 @@ class LoadSummary:
             classes={k: ClassSummary.from_dict(v) for k, v in d["classes"].items()},
             windows=[Window.from_dict(w) for w in d.get("windows") or ()],
             goodput=None if d.get("goodput") is None else Goodput.from_dict(d["goodput"]),
+            schedule=None if d.get("schedule") is None else ScheduleLag.from_dict(
+                d["schedule"]),
             raw=None if d.get("raw") is None else [RequestRecord.from_dict(r) for r in d["raw"]],
         )
 
@@ -315,7 +337,7 @@ SUMMARY_JSON_SCHEMA: dict[str, Any] = {
         "target": {"type": "string"},
         "model": {"type": "string"},
         "profile": {"type": "string"},
-        "arrival": _obj({"mode": {"enum": ["poisson", "constant", "concurrency"]},
+        "arrival": _obj({"mode": {"enum": ["poisson", "constant", "concurrency", "trace"]},
                          "rate": {"type": ["number", "null"], "exclusiveMinimum": 0},
                          "concurrency": {"type": ["integer", "null"], "minimum": 1}},
                         required=["mode"]),
@@ -339,6 +361,8 @@ SUMMARY_JSON_SCHEMA: dict[str, Any] = {
                 {"request_rate": _NN, "fraction": {"type": "number", "minimum": 0,
                                                    "maximum": 1}})},
         })]},
+        "schedule": {"oneOf": [{"type": "null"}, _obj(
+            {"send_lag": _nullable("#/$defs/metric")}, required=[])]},
         "raw": {"oneOf": [{"type": "null"}, {"type": "array", "items": _RECORD}]},
     },
     "$defs": {"metric": _METRIC, "class": _CLASS},

@@ -99,6 +99,8 @@ class TrialPlan:
     drain_timeout: float = 60.0
     slos: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per-class per-request SLOs for goodput (``{"chat": {"ttft": 0.5, "tpot": 0.05}}``)."""
+    load_workers: int = 0
+    """Locust workers of the load run (``workload.loadWorkers``; 0: one process)."""
 
     def engine_flags(self) -> list[str]:
         """The trial's flags as ``vllm serve`` takes them, fixed args first."""

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from chunktune.api.status import set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
+from chunktune.backends import manifests as mf
 from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
 from chunktune.core.errors import BackendUnavailable, InfrastructureFault, SpecError
 from chunktune.core.flags import flags_line
@@ -51,6 +52,7 @@ from chunktune.k8s.state import (
     problems_text,
 )
 from chunktune.metrics.derive import WorkloadUnavailable
+from chunktune.tuning import storage as storages
 from chunktune.tuning import study as st
 from chunktune.tuning.results.model import collect
 from chunktune.tuning.tuner import Tuner
@@ -64,6 +66,8 @@ FAULT_BACKOFF_CAP = 30.0
 #: A log line that names a failure's cause (an exception, a fatal signal, an OOM).
 CAUSE_LINE = re.compile(r"(\b\w*(Error|Exception)\b|Traceback|Segmentation fault|core dumped|"
                         r"Killed|OOM|out of memory|FATAL|fatal|panic|Aborted|exit code \d+)")
+#: The condition that says whether the study's database answers (set once it failed).
+STORAGE_CONDITION = "StorageReachable"
 #: ``emit(type, reason, message)``: post a Kubernetes Event on the resource.
 Emit = Callable[[str, str, str], None]
 
@@ -160,8 +164,8 @@ class StudyController:
             if self.writer.phase in TERMINAL and self.writer.generation == gen and \
                     not self.writer.pending:
                 if retune.watches(tuning, self.writer.phase):
-                    await self._guarded(retune.Retuner(self, tuning).watch(live), live,
-                                        changed)
+                    await self._guarded(retune.Retuner(self, tuning).watch(live), tuning,
+                                        live, changed)
                 else:
                     await self._until(live, changed)
                 continue
@@ -169,14 +173,20 @@ class StudyController:
                 loop = asyncio.get_running_loop()
                 await self._until(live, policy.changed_or_due(changed, loop.time))
                 continue
-            await self._guarded(self._study(tuning, live), live, changed)
+            traced = await self._with_trace(tuning, body, gen)
+            if traced is None:  # the trace's ConfigMap is missing or bad: look again later
+                loop = asyncio.get_running_loop()
+                await self._until(live, policy.changed_or_due(changed, loop.time))
+                continue
+            tuning = traced
+            await self._guarded(self._study(tuning, live), tuning, live, changed)
 
-    async def _guarded(self, work: Awaitable[None], live: Live,
+    async def _guarded(self, work: Awaitable[None], tuning: ChunkedPrefillTuning, live: Live,
                        changed: Callable[[Mapping[str, Any]], bool]) -> None:
         """Run ``work`` (the study, or the watch of ``spec.retune``): an invalid spec or
         engine is Failed until the spec changes, a workload that cannot be derived is Pending
-        and tried again, and an API error the layers below did not absorb is retried with
-        backoff."""
+        and tried again, and an API or study-database error the layers below did not absorb
+        is retried with backoff."""
         gen = self.gen
         try:
             try:
@@ -199,11 +209,14 @@ class StudyController:
             self.op.metrics.fault(self.owner.namespace, self.owner.name, "study")
             delay = min(FAULT_BACKOFF_CAP, FAULT_BACKOFF_FIRST * 2 ** min(
                 self.api_faults - 1, 8)) * random.uniform(0.5, 1.0)
-            log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
-                        "%.1f s", self.owner.namespace, self.owner.name, e, delay)
-            if self.api_faults == 3:  # not a blip: say so where users look
-                self.emit("Warning", "ApiError", f"the Kubernetes API keeps failing "
-                          f"({e}); the study retries with backoff and loses nothing")
+            if isinstance(e, storages.StorageFault):  # the study's database, not the API
+                await self._storage_failed(e, tuning, gen, delay)
+            else:
+                log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
+                            "%.1f s", self.owner.namespace, self.owner.name, e, delay)
+                if self.api_faults == 3:  # not a blip: say so where users look
+                    self.emit("Warning", "ApiError", f"the Kubernetes API keeps failing "
+                              f"({e}); the study retries with backoff and loses nothing")
             await live.sleep(delay)
         else:
             self.api_faults = 0
@@ -220,6 +233,27 @@ class StudyController:
         self.writer.set("Pending", gen, f"waiting for the workload: {text}",
                         WorkloadDerived=(False, e.reason, text))
         await self.writer.write(None)
+
+    async def _storage_failed(self, e: storages.StorageFault, tuning: ChunkedPrefillTuning,
+                              gen: int, delay: float) -> None:
+        """The study's database failed: ``StorageReachable=False`` naming the field and the
+        fix (an event when it changes); the daemon tries again after ``delay``."""
+        field = "spec.storageFrom" if tuning.spec.storage_from is not None else "spec.storage"
+        text = f"{field}: {e} (next try in {delay:.0f} s)"
+        was = next((c for c in self.writer.conditions if c.get("type") == STORAGE_CONDITION),
+                   None)
+        if was is None or was.get("status") != "False" or was.get("reason") != e.reason:
+            self.emit("Warning", e.reason, text)
+        log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, text)
+        self.writer.condition(STORAGE_CONDITION, False, e.reason, text, gen)
+        with contextlib.suppress(ClusterApiError):
+            await self.writer.write_conditions()
+
+    def _storage_answers(self) -> None:
+        if self.writer.condition_status(STORAGE_CONDITION) == "False":
+            self.writer.condition(STORAGE_CONDITION, True, "Reachable",
+                                  "the study's database answers", self.gen)
+            self.emit("Normal", "DatabaseReachable", "the study's database answers again")
 
     async def _allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> bool:
         """The operator's policy (:mod:`.policy`) on what the trials reference: False (and a
@@ -243,6 +277,50 @@ class StudyController:
                         **{policy.CONDITION: (False, refused[0].reason, text)})
         await self.writer.write(None)
         return False
+
+    async def _with_trace(self, tuning: ChunkedPrefillTuning, body: Mapping[str, Any],
+                          gen: int) -> ChunkedPrefillTuning | None:
+        """The tuning with its trace read: ``spec.workload.trace.configMapKeyRef``'s text, and
+        the spec checked again with it (the classes objectives name, the trace's content), and
+        the load Job's workload checked to fit its ConfigMap. None when the ConfigMap or its
+        key is missing or the trace is bad: phase Pending with ``SpecValid=False`` (reason
+        ``TraceUnavailable``) and an event naming the field and the fix; the daemon looks again
+        every :data:`~.policy.RECHECK_SECONDS` (the ConfigMap may be created or fixed)."""
+        trace = tuning.spec.workload.trace
+        if trace is None:
+            return tuning
+        ref = trace.config_map_key_ref
+        where = "spec.workload.trace.configMapKeyRef"
+        data = None
+        problems: list[Problem] = []
+        if ref is not None:
+            cm = await self.op.api.get("configmaps", self.owner.namespace, ref.name)
+            keys = sorted((cm or {}).get("data") or {})
+            data = None if cm is None else ((cm.get("data") or {}).get(ref.key))
+            if cm is None:
+                problems = [(where, f"there is no ConfigMap {ref.name!r} in namespace "
+                             f"{self.owner.namespace!r}; create it with the trace under key "
+                             f"{ref.key!r} (kubectl create configmap {ref.name} "
+                             f"--from-file={ref.key}=TRACE_FILE)")]
+            elif data is None:
+                problems = [(where, f"ConfigMap {ref.name!r} has no key {ref.key!r} (its keys: "
+                             f"{', '.join(keys) or 'none'})")]
+        if not problems:
+            traced, problems = parse(body, trace_data=data)
+            if traced is not None:
+                try:
+                    mf.workload_files(traced.spec.workload.resolve())
+                except SpecError as e:
+                    problems = e.problems
+                else:
+                    return traced
+        text = problems_text(problems)
+        if self.writer.message != f"waiting for the trace: {text}":
+            self.emit("Warning", "TraceUnavailable", text)
+        self.writer.set("Pending", gen, f"waiting for the trace: {text}",
+                        SpecValid=(False, "TraceUnavailable", text))
+        await self.writer.write(None)
+        return None
 
     async def _outputs_allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> None:
         """Warn at the start (``OutputAllowed=False`` and an event) when ``spec.output`` would
@@ -279,6 +357,7 @@ class StudyController:
                 stop_requested=lambda: (StopRequest.CANCEL if self._stop_requested(live)
                                         else None), on_fault=self._fault)
             self.tuner, self.backend, self.stop_cause = tuner, backend, None
+            self._storage_answers()
             running = {t.number for t in tuner.trials() if st.trial_state(t) == TrialState.RUNNING}
             swept = await backend.sweep(keep=running)
             if swept:
@@ -526,7 +605,8 @@ async def delete_study(op: Operator, body: Mapping[str, Any],
     spec = body.get("spec") or {}
     if not spec.get("storage") and not spec.get("storageFrom") and owner.uid:
         path = storage.journal_path(op.settings.state_dir, owner.uid)  # its own, by uid
-        for p in (path, path.with_name(path.name + ".lock")):
+        for p in (path, path.with_name(path.name + ".lock"),
+                  path.with_name(path.name + ".study.lock")):
             with contextlib.suppress(OSError):
                 p.unlink()
     if owner.uid:

@@ -38,7 +38,9 @@ from chunktune.k8s.controller import (
     problems_text,
 )
 from chunktune.k8s.settings import Settings
+from chunktune.tuning import storage as storages
 
+log = logging.getLogger(__name__)
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 #: Prefix of kopf's annotations (handler progress, last handled spec) and our finalizer.
 ANNOTATION_PREFIX = "chunktune.dev"
@@ -117,6 +119,8 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
                 await asyncio.to_thread(op.check_study, tuning, url)
             except SpecError as e:
                 problems = e.problems
+            except storages.StorageFault as e:  # the daemon's condition says it, and retries
+                log.warning("%s: %s", body.get("metadata", {}).get("name"), e)
         if problems:
             ctrl = StudyController(op, body, emitter(body))
             await ctrl.invalid(problems, generation(body))

@@ -54,16 +54,18 @@ def owner_of(body: Mapping[str, Any]) -> mf.Owner:
                     api_version=str(body.get("apiVersion") or "chunktune.dev/v1alpha1"))
 
 
-def parse(body: Mapping[str, Any]) -> tuple[ChunkedPrefillTuning | None, list[Problem]]:
-    """The resource as a validated model, or every problem with its field path."""
+def parse(body: Mapping[str, Any], trace_data: str | None = None
+          ) -> tuple[ChunkedPrefillTuning | None, list[Problem]]:
+    """The resource as a validated model, or every problem with its field path;
+    ``trace_data``: the text of its ``spec.workload.trace.configMapKeyRef``, once read."""
     meta = body.get("metadata") or {}
     raw = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
            "metadata": {k: meta[k] for k in ("name", "namespace", "generation") if k in meta},
            "spec": _plain(body.get("spec"))}
-    problems = validate(raw)
+    problems = validate(raw, trace_data=trace_data)
     if problems:
         return None, problems
-    tuning = parse_manifest(raw)
+    tuning = parse_manifest(raw, trace_data=trace_data)
     if tuning.spec.engine.kind == "sglang":
         return None, [("spec.engine.kind", "the operator cannot run sglang engines yet; use "
                                            "vllm or sim")]
@@ -111,13 +113,11 @@ class Operator:
 
     async def storage(self, tuning: ChunkedPrefillTuning, owner: mf.Owner) -> str:
         """The study's storage (:mod:`chunktune.k8s.storage`): its uid's journal, a confined
-        ``spec.storage``, or the URL in ``spec.storageFrom``'s Secret. Raises
+        ``spec.storage``, the URL in ``spec.storageFrom``'s Secret, or both: the database
+        URL in ``spec.storage`` with the password in the Secret. Raises
         :class:`SpecError` naming the field and the fix."""
         spec = tuning.spec
         state_dir = self.settings.state_dir
-        if spec.storage is not None and spec.storage_from is not None:
-            raise SpecError("give spec.storage or spec.storageFrom, not both",
-                            field="spec.storageFrom")
         secret_url = None
         if spec.storage_from is not None:
             ref = spec.storage_from.secret_key_ref
@@ -134,6 +134,8 @@ class Operator:
                                 "storage.allowDatabaseURLs=true",
                                 field="spec.storageFrom.secretKeyRef") from e
             secret_url = storage.secret_value(secret, ref.name, ref.key)
+            if spec.storage is not None:  # the URL in the spec, the password in the Secret
+                secret_url = storage.with_password(spec.storage, secret_url)
         if spec.storage is None and spec.storage_from is None:
             await asyncio.to_thread(storage.adopt_legacy, state_dir, owner.namespace,
                                     owner.name, owner.uid)
@@ -252,6 +254,15 @@ class StatusWriter:
         kw["workload"] = workload_source.status_of(tuner.derived)
         return render_status(summary(results, self.phase or "Pending",
                                      tuner.spec.budget.max_trials, **kw))
+
+    async def write_conditions(self) -> None:
+        """Patch the conditions alone (when the study cannot be read to render the rest)."""
+        async with self.lock:
+            if self.last.get("conditions") == self.conditions:
+                return
+            await self.api.patch_tuning_status(self.owner.namespace, self.owner.name,
+                                               {"conditions": self.conditions})
+            self.last = {**self.last, "conditions": self.conditions}
 
     async def write(self, tuner: Tuner | None = None) -> None:
         """Patch the status; a conflict (409) is retried in place after a fresh read of the

@@ -14,8 +14,9 @@ this resource's study alone, copied when other studies share it (they keep the o
 * an RDB URL (``sqlite:///...``, ``postgresql://...``, ``mysql://...``) only when the operator
   allows them (``CHUNKTUNE_ALLOW_DATABASE_URLS``, chart value
   ``storage.allowDatabaseURLs``), without an inline password; a URL with credentials comes from
-  a Secret (``spec.storageFrom.secretKeyRef``), read at the study's start. SQLite files are
-  confined like journals.
+  a Secret (``spec.storageFrom.secretKeyRef``), read at the study's start; with both, the
+  Secret holds the password of ``spec.storage``'s URL (:func:`with_password`). SQLite files
+  are confined like journals.
 
 Every refusal is a :class:`~chunktune.core.errors.SpecError` naming the field and the fix.
 
@@ -113,6 +114,31 @@ def _database(url: str, state_dir: Path, allowed: bool, field: str, inline: bool
     return url
 
 
+def with_password(url: str, password: str) -> str:
+    """``spec.storage``'s database URL with the password ``spec.storageFrom``'s Secret holds
+    (both given: the URL stays visible in the spec, the password in the Secret)."""
+    field = "spec.storageFrom.secretKeyRef"
+    if "://" not in url or url.startswith(("journal://", "file://", "sqlite")):
+        raise SpecError("a password from spec.storageFrom needs a database URL in spec.storage "
+                        "(postgresql://user@host:5432/db); remove spec.storage to read the "
+                        "whole URL from the Secret", field=field)
+    password = password.strip()
+    if "://" in password:
+        raise SpecError("with spec.storage set, the Secret's key holds the password only, not "
+                        "a URL; remove spec.storage to read the whole URL from the Secret",
+                        field=field)
+    if not password:
+        raise SpecError("the Secret's key is empty: it must hold the database password",
+                        field=field)
+    import sqlalchemy
+
+    parts = sqlalchemy.engine.make_url(url)
+    if not parts.username:
+        raise SpecError("the database URL names no user: write postgresql://USER@host/db",
+                        field="spec.storage")
+    return parts.set(password=password).render_as_string(hide_password=False)
+
+
 def steps_dir(url: str, state_dir: Path, uid: str) -> Path:
     """Where the trials of the resource with this uid and storage ``url`` (:func:`resolve`'s)
     keep their engines' step logs."""
@@ -175,4 +201,4 @@ def adopt_legacy(state_dir: Path, namespace: str, name: str, uid: str) -> Path |
 
 
 __all__ = ["ALLOW_HINT", "adopt_legacy", "confine", "journal_path", "legacy_journal_path",
-           "remove_steps", "resolve", "secret_value", "steps_dir"]
+           "remove_steps", "resolve", "secret_value", "steps_dir", "with_password"]

@@ -28,7 +28,7 @@ _NAMES = {
     "SUMMARY_JSON_SCHEMA": "chunktune.core.summary", "Slo": "chunktune.core.summary",
     "Window": "chunktune.core.summary", "ClassSummary": "chunktune.core.summary",
     "RequestRecord": "chunktune.core.records",
-    "goodput": "chunktune.load.aggregate", "build_summary": "chunktune.load.aggregate",
+    "goodput": "chunktune.core.aggregate", "build_summary": "chunktune.core.aggregate",
     "percentile": "chunktune.core.stats", "MetricStats": "chunktune.core.stats",
     "format_summary": "chunktune.load.report",
 }

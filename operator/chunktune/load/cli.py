@@ -33,9 +33,15 @@ _SLO_METRICS = ("ttft", "tpot", "e2e")
 def add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--target", required=True,
                      help="base URL of the OpenAI-compatible server, e.g. http://vllm:8000")
-    run.add_argument("--profile", default="mixed",
-                     help="workload profile file, or a shipped name (mixed, chat, "
-                          "long-context, smoke); default: mixed")
+    source = run.add_mutually_exclusive_group()
+    source.add_argument("--profile",
+                        help="workload profile file, or a shipped name (mixed, chat, "
+                             "long-context, smoke); default: mixed. A profile file with a "
+                             "trace: mapping replays a trace with options")
+    source.add_argument("--trace", metavar="FILE",
+                        help="replay this request trace (Azure CSV, Mooncake JSONL or the "
+                             "generic CSV/JSONL; docs/traffic.md) open loop at its own arrival "
+                             "times")
     run.add_argument("--model", help="served model name (default: the first of GET /v1/models)")
     run.add_argument("--out", default="-",
                      help="where to write the JSON summary (default: stdout)")
@@ -70,6 +76,16 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
                    help="goodput objective, repeatable: ttft=0.5, chat:tpot=50ms, e2e=10s "
                         "(metrics: ttft, tpot, e2e)")
     r.add_argument("--locust-csv", metavar="PREFIX", help="also write Locust's CSV statistics")
+    r.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="run Locust's master and N worker processes, one schedule split "
+                        "across them (workload.loadWorkers) [0: one process]")
+    r.add_argument("--master-bind", default="127.0.0.1", metavar="HOST",
+                   help="with --workers: where the master listens [127.0.0.1]")
+    r.add_argument("--master-port", type=int, default=0, metavar="PORT",
+                   help="with --workers: the master's port [a free one]")
+    r.add_argument("--external-workers", action="store_true",
+                   help="with --workers: start no worker processes, wait for N `chunktune "
+                        "load worker` to connect (a worker Job in a cluster)")
     r.add_argument("--quiet", action="store_true", help="no progress or report on stderr")
 
 
@@ -81,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _add_commands(load: argparse.ArgumentParser) -> None:
-    sub = load.add_subparsers(dest="load_cmd", required=True, metavar="{run}")
+    sub = load.add_subparsers(dest="load_cmd", required=True, metavar="{run,worker}")
     run = sub.add_parser(
         "run", help="run a workload profile against a server and write a JSON summary",
         description="Run a workload profile against an OpenAI-compatible server (streaming "
@@ -90,6 +106,12 @@ def _add_commands(load: argparse.ArgumentParser) -> None:
         allow_abbrev=False)
     add_run_arguments(run)
     run.set_defaults(func=cmd_run)
+    worker = sub.add_parser(
+        "worker", help="be one Locust worker of a `load run --workers N --external-workers`",
+        description="Connect to a distributed load run's master and send the share of its "
+                    "schedule the master gives this worker.")
+    worker.add_argument("--master", required=True, metavar="HOST:PORT")
+    worker.set_defaults(func=cmd_worker)
 
 
 def parse_slos(items: Sequence[str]) -> dict[str, Slo]:
@@ -109,17 +131,20 @@ def parse_slos(items: Sequence[str]) -> dict[str, Slo]:
 
 def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
     """The run's settings from parsed arguments (raises SpecError for bad values)."""
-    from chunktune.core.workload import load_profile, parse_duration
+    from chunktune.core.workload import load_profile, parse_duration, trace_profile
 
-    profile = load_profile(ns.profile)
+    profile = trace_profile(ns.trace) if ns.trace else load_profile(ns.profile or "mixed")
     dur = None if ns.duration is None else parse_duration(ns.duration, "--duration")
     warm = None if ns.warmup is None else parse_duration(ns.warmup, "--warmup")
     if ns.rate is not None and ns.rate <= 0:
         raise SpecError(f"must be > 0 (got {ns.rate})", field="--rate")
     if ns.concurrency is not None and ns.concurrency <= 0:
         raise SpecError(f"must be > 0 (got {ns.concurrency})", field="--concurrency")
-    profile = profile.with_overrides(duration=dur, warmup=warm, rate=ns.rate,
-                                     concurrency=ns.concurrency, seed=ns.seed)
+    try:
+        profile = profile.with_overrides(duration=dur, warmup=warm, rate=ns.rate,
+                                         concurrency=ns.concurrency, seed=ns.seed)
+    except SpecError as e:  # a trace refuses --rate and --concurrency
+        raise SpecError([(f"--{p}", m) for p, m in e.problems]) from e
     if profile.duration <= 0:
         raise SpecError("must be > 0", field="--duration")
     if profile.warmup >= profile.duration:
@@ -133,7 +158,15 @@ def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
         drain_timeout=parse_duration(ns.drain_timeout, "--drain-timeout"),
         request_timeout=parse_duration(ns.request_timeout, "--request-timeout"),
         token_ids=ns.token_ids, api_key=ns.api_key, window=window,
-        locust_csv=ns.locust_csv)
+        locust_csv=ns.locust_csv, load_workers=_workers(ns.workers),
+        master_bind=ns.master_bind, master_port=ns.master_port,
+        spawn_workers=not ns.external_workers)
+
+
+def _workers(n: int) -> int:
+    if not 0 <= n <= 64:
+        raise SpecError(f"must be 0 (one process) to 64 (got {n})", field="--workers")
+    return n
 
 
 def _progress_printer(stream: IO[str]) -> Any:
@@ -151,6 +184,17 @@ def _progress_printer(stream: IO[str]) -> Any:
         stream.flush()
 
     return show
+
+
+def cmd_worker(ns: argparse.Namespace) -> int:
+    """Become a Locust worker process (gevent's patch comes first, in a fresh interpreter)."""
+    import subprocess
+
+    from chunktune.load.launcher import BOOTSTRAP
+
+    if ":" not in ns.master:
+        raise SpecError(f"must be HOST:PORT (got {ns.master!r})", field="--master")
+    return subprocess.call([sys.executable, "-c", BOOTSTRAP, "--worker", ns.master])
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -182,6 +226,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         p = cfg.parsed_profile()
         arr = (f"{p.arrival.concurrency} in flight" if p.arrival.mode == "concurrency"
                else f"{p.arrival.mode} {p.arrival.rate:g} req/s")
+        if p.trace is not None:
+            arr = f"trace {p.trace.source}, {p.arrival.rate:.3g} req/s"
+            for note in p.trace.notes:
+                print(f"chunktune load run: {note}", file=err)
         print(f"chunktune load run: {p.name} ({arr}, {p.duration:g}s, warm-up {p.warmup:g}s) "
               f"against {cfg.target}, model {model}", file=err)
     stop = threading.Event()

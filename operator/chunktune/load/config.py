@@ -36,6 +36,17 @@ class DriverConfig:
     locust_csv: str | None = None
     """Write Locust's own CSV statistics with this prefix."""
     extra_headers: dict[str, str] = field(default_factory=dict)
+    load_workers: int = 0
+    """Locust workers (``workload.loadWorkers``): 0 runs the load in one process; N > 0 runs
+    Locust's master and N workers, one schedule split across them
+    (:mod:`chunktune.load.distributed`)."""
+    master_bind: str = "127.0.0.1"
+    """Where the master listens for its workers."""
+    master_port: int = 0
+    """The master's port (0: a free one)."""
+    spawn_workers: bool = True
+    """Start the workers as local processes; False: wait for N workers to connect (a worker
+    Job in a cluster)."""
 
     def parsed_profile(self) -> Profile:
         return parse_profile(self.profile, source=str(self.profile.get("name") or "profile"))

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import chunktune
+from chunktune.core.aggregate import RunInfo, build_summary, build_window
 from chunktune.core.errors import ChunktuneError
 from chunktune.core.records import RequestRecord
 from chunktune.core.stats import percentile
 from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo, Window
-from chunktune.load.aggregate import RunInfo, build_summary, build_window
 from chunktune.load.config import DriverConfig
 
 __all__ = ["BOOTSTRAP", "EventCollector", "LoadRunError", "Progress", "resolve_model", "run_load"]

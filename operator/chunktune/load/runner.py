@@ -57,14 +57,24 @@ class FdSink:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="chunktune-load-child", description=__doc__)
-    ap.add_argument("--config", required=True, help="JSON file with a DriverConfig")
-    ap.add_argument("--events-fd", type=int, required=True, help="where to write JSON events")
+    ap.add_argument("--config", help="JSON file with a DriverConfig")
+    ap.add_argument("--events-fd", type=int, help="where to write JSON events")
+    ap.add_argument("--worker", metavar="HOST:PORT",
+                    help="be a Locust worker of the master at HOST:PORT instead")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="locust child: %(levelname)s %(name)s: %(message)s")
+    if args.worker:
+        from chunktune.load.distributed import run_worker
+
+        return run_worker(args.worker)
+    if args.config is None or args.events_fd is None:
+        ap.error("--config and --events-fd are required")
     with open(args.config) as f:
         cfg = DriverConfig.from_dict(json.load(f))
     sink = FdSink(args.events_fd)
+    if cfg.load_workers > 0:
+        return _master(cfg, sink)
     try:
         profile = cfg.parsed_profile()
         env = Environment(user_classes=[], events=events, host=cfg.target)
@@ -94,6 +104,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         csv_writer.close_files()
     if env.runner is not None:
         env.runner.quit()
+    return rc
+
+
+def _master(cfg: DriverConfig, sink: FdSink) -> int:
+    """The master of a distributed run (:mod:`chunktune.load.distributed`)."""
+    from chunktune.load.distributed import Master
+    from chunktune.load.launcher import BOOTSTRAP
+
+    try:
+        master = Master(cfg, sink, BOOTSTRAP)
+    except Exception as e:
+        sink({"type": "error", "message": f"{type(e).__name__}: {e}"})
+        return 1
+    sink.on_broken.append(master.stop)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(sig, master.stop)
+    g = gevent.spawn(master.run)
+    g.join()
+    rc = 0
+    if not g.successful():
+        master.stop()
+        sink({"type": "error", "message": "".join(traceback.format_exception(g.exception))})
+        rc = 1
+    master.close()
     return rc
 
 

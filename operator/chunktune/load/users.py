@@ -11,8 +11,12 @@ class of the profile (``weight``, ``api`` and the length distributions come from
 and a :class:`Schedule` replays the profile's request sequence (``core.workload.generate``, the
 same sequence the simulator replays for the same seed) through them:
 
-* ``poisson`` / ``constant``: one dispatcher greenlet sleeps until each request's arrival time
-  and spawns a greenlet that sends it with its class's user, never waiting for earlier ones;
+* ``poisson`` / ``constant`` / ``trace``: one dispatcher greenlet spawns each request's greenlet
+  :data:`SEND_LEAD` before its arrival time; the greenlet prepares the request (prompt, body,
+  encoding), sleeps until the arrival time and sends it with its class's user, never waiting
+  for earlier ones. How late the sends went out is the summary's ``schedule.send_lag``: the
+  process's own wake-up delays (its event loop's work, a busy CPU), under a millisecond on an
+  idle machine;
 * ``concurrency``: N worker greenlets, each sending the next request of the sequence as soon
   as its previous one ended (closed loop, no think time); the class mix is per request, as in
   the simulator, not per user.
@@ -42,19 +46,25 @@ import gevent.event  # type: ignore[import-untyped]
 from gevent import GreenletExit
 from locust import HttpUser, constant
 from locust.env import Environment
+from requests import PreparedRequest
 from urllib3 import PoolManager
 
 from chunktune.core.errors import ChunktuneError
 from chunktune.core.records import RequestRecord
 from chunktune.core.tokens import count_chat_tokens
 from chunktune.core.workload import Profile, RequestSpec, TrafficClass, generate
-from chunktune.load.client import API_PATHS, build_body, stream_request
+from chunktune.load import shards
+from chunktune.load.client import API_PATHS, build_body, prepare_request, stream_request
 from chunktune.load.config import DriverConfig
 from chunktune.load.prompts import PromptSynth
 
 __all__ = ["LoadFailure", "Schedule", "StreamingOpenAIUser", "make_user_classes"]
 
 Sink = Callable[[dict[str, Any]], None]
+
+#: Open loop: a request's greenlet starts this long before its arrival time and prepares it
+#: (prompt, body, encoding), so that at its arrival it only has to wake up and send.
+SEND_LEAD = 0.05
 
 
 class LoadFailure(ChunktuneError):
@@ -99,13 +109,22 @@ class StreamingOpenAIUser(HttpUser):
             return self._synth.token_ids(n, rid), n
         return self._synth.text(n, rid), n
 
-    def send(self, spec: RequestSpec, record: RequestRecord, clock0: float) -> RequestRecord:
+    def prepare(self, spec: RequestSpec, record: RequestRecord) -> PreparedRequest:
+        """The request, encoded and ready to go out (its prompt's count in ``record``)."""
         prompt, n = self.prompt(spec, record.rid)
         record.prompt_tokens = n
-        body = build_body(self.api, self.driver.model, prompt, spec.output_tokens)
+        body = build_body(self.api, self.driver.model, prompt, spec.output_tokens,
+                          spec.priority)
         headers = {**self._headers, "X-Request-Id": f"chunktune-{self.run_tag}-{record.rid}"}
-        stream_request(self.client, self.url, body, record, api=self.api, clock0=clock0,
-                       timeout=self._timeout, headers=headers)
+        return prepare_request(self.client, self.url, body, headers)
+
+    def send(self, spec: RequestSpec, record: RequestRecord, clock0: float,
+             prepared: PreparedRequest | None = None) -> RequestRecord:
+        """Send the request (``prepared`` by :meth:`prepare`, or now) and record it."""
+        if prepared is None:
+            prepared = self.prepare(spec, record)
+        stream_request(self.client, self.url, {}, record, api=self.api, clock0=clock0,
+                       timeout=self._timeout, prepared=prepared)
         self.report(record)
         return record
 
@@ -148,7 +167,14 @@ class Schedule:
     """
 
     def __init__(self, env: Environment, profile: Profile, cfg: DriverConfig, sink: Sink,
-                 classes: Sequence[type[StreamingOpenAIUser]] | None = None) -> None:
+                 classes: Sequence[type[StreamingOpenAIUser]] | None = None,
+                 share: tuple[int, int] | None = None, start_wall: float | None = None,
+                 run_tag: str | None = None) -> None:
+        """``share``: ``(index, count)``, this worker's part of the schedule
+        (:mod:`chunktune.load.shards`); ``start_wall``: the run's time zero (``time.time()``)
+        that every worker shares; ``run_tag``: the request-id tag all workers share."""
+        self.share = share
+        self.start_wall = start_wall
         self.env = env
         self.profile = profile
         self.cfg = cfg
@@ -159,7 +185,7 @@ class Schedule:
             cls.driver = cfg
             cls.prompt_seed = profile.seed
             cls.host = cfg.target
-            cls.run_tag = secrets.token_hex(3)
+            cls.run_tag = run_tag or secrets.token_hex(3)
         self.classes = list(classes)
         self.stopped = gevent.event.Event()
         self.names = [c.name for c in profile.classes]
@@ -167,16 +193,27 @@ class Schedule:
         self.active: dict[gevent.Greenlet, RequestRecord] = {}
         self.clock0 = 0.0
         self.done = gevent.event.Event()
+        self._prepared: tuple[list[StreamingOpenAIUser], list[RequestSpec], int, int,
+                              int] | None = None
 
     def stop(self) -> None:
         self.stopped.set()
 
-    def _execute(self, user: StreamingOpenAIUser, spec: RequestSpec, rec: RequestRecord) -> None:
+    def _execute(self, user: StreamingOpenAIUser, spec: RequestSpec, rec: RequestRecord,
+                 at: float | None = None) -> None:
+        """Send one request and sink its record. ``at`` (open loop): prepare it now, send it at
+        that offset from the start, or not at all if the run is stopped before."""
+        prepared = None
+        if at is not None:
+            prepared = user.prepare(spec, rec)
+            wait = self.clock0 + at - time.perf_counter()
+            if (wait > 0 and self.stopped.wait(wait)) or self.stopped.is_set():
+                return
         g = gevent.getcurrent()
         self.active[g] = rec
         self.sent[spec.cls] += 1
         try:
-            user.send(spec, rec, self.clock0)
+            user.send(spec, rec, self.clock0, prepared)
         except GreenletExit:
             rec.e2e = time.perf_counter() - self.clock0 - rec.start
             if self.stopped.is_set():
@@ -214,24 +251,45 @@ class Schedule:
             wake = min(next_tick, next_mark if next_mark is not None else next_tick)
             gevent.sleep(max(0.0, wake - (time.perf_counter() - self.clock0)))
 
-    def run(self) -> None:
-        p, cfg = self.profile, self.cfg
+    def prepare(self) -> None:
+        """Build the users and this run's part of the request sequence (what :meth:`run`
+        does first; a distributed worker does it before the shared time zero is set)."""
+        if self._prepared is not None:
+            return
+        p = self.profile
         users = [cls(self.env) for cls in self.classes]
         closed = p.arrival.mode == "concurrency"
         # Closed loop takes what it needs; the client cannot pass ~500 req/s, and the sequence
         # wraps around (with fresh request ids, so fresh prompts) if a run outlasts it.
         specs = generate(p, limit=min(200_000, int(500 * p.duration) + 1000) if closed else None)
+        concurrency = p.arrival.concurrency or 1
+        index, count = self.share or (0, 1)
+        if count > 1 and closed:
+            concurrency = shards.clients(concurrency, index, count)
+        elif count > 1:
+            specs = shards.shard(specs, index, count)
         # Everything allocated so far lives for the whole run: keep the collector off it, or a
         # full collection over a long sequence stalls every stream for milliseconds.
         gc.collect()
         gc.freeze()
+        self._prepared = (users, specs, concurrency, index, count)
+
+    def run(self) -> None:
+        p, cfg = self.profile, self.cfg
+        self.prepare()
+        assert self._prepared is not None
+        users, specs, concurrency, index, count = self._prepared
+        closed = p.arrival.mode == "concurrency"
         self.clock0 = time.perf_counter()
+        if self.start_wall is not None:  # a shared time zero, maybe a little ahead
+            self.clock0 += self.start_wall - time.time()
+            gevent.sleep(max(0.0, self.clock0 - time.perf_counter()))
         self.sink({"type": "start", "wall": time.time(), "classes": self.names,
                    "requests_planned": None if closed else len(specs)})
         ticker = gevent.spawn(self._ticker)
         workers: list[gevent.Greenlet] = []
         if closed:
-            counter = itertools.count()
+            counter = itertools.count(index, count)
 
             def worker() -> None:
                 while not self.stopped.is_set():
@@ -242,19 +300,19 @@ class Schedule:
                     spec = specs[i % len(specs)]
                     self._execute(users[spec.cls], spec, self._record(spec, i, now))
 
-            workers = [gevent.spawn(worker) for _ in range(p.arrival.concurrency or 1)]
+            workers = [gevent.spawn(worker) for _ in range(concurrency)]
             self.stopped.wait(p.duration)
         else:
             for spec in specs:
                 assert spec.arrival is not None
-                delay = self.clock0 + spec.arrival - time.perf_counter()
+                delay = self.clock0 + spec.arrival - SEND_LEAD - time.perf_counter()
                 if delay > 0 and self.stopped.wait(delay):
                     break
                 if self.stopped.is_set():
                     break
                 now = time.perf_counter() - self.clock0
                 workers.append(gevent.spawn(self._execute, users[spec.cls], spec,
-                                            self._record(spec, spec.rid, now)))
+                                            self._record(spec, spec.rid, now), spec.arrival))
             else:
                 self.stopped.wait(max(0.0, self.clock0 + p.duration - time.perf_counter()))
         complete = not self.stopped.is_set()

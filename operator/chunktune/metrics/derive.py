@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from chunktune.core.distributions import Constant, Histogram
 from chunktune.core.errors import ChunktuneError
 from chunktune.core.workload import (
     DERIVED_CLASSES,
     DERIVED_DURATION,
     Arrival,
-    Constant,
-    Histogram,
     Profile,
     TrafficClass,
     derived_warmup,

@@ -7,9 +7,9 @@ The engine flags, their spellings, parsers and help come from the registry
 one. Flags only the simulator has (``--gpu``, ``--model-config``, ``--load-time``) sit in their
 own group. A vLLM flag the simulator does not model is accepted with one warning; a near-miss of
 a modeled flag is an error with the suggestion, since a typo would otherwise silently tune
-nothing. A flag the supported vLLM (:data:`~chunktune.core.vllm.VLLM_VERSION`) itself does not
-know (:data:`VLLM_FLAGS_FILE`, every option string of its API server's parser) is refused as
-vLLM refuses it: ``error: unrecognized arguments: ...``, exit status 2 — so
+nothing. A flag the supported vLLM (:data:`~chunktune.core.vllm_release.VLLM_VERSION`)
+itself does not know (:data:`VLLM_FLAGS_FILE`, every option string of its API server's
+parser) is refused as vLLM refuses it: ``error: unrecognized arguments: ...``, exit status 2 — so
 ``--max-num-partial-prefills`` and ``--max-long-partial-prefills``, which that release removed,
 fail exactly as on a real engine.
 """
@@ -28,7 +28,7 @@ from chunktune.core.engine_args import EngineArgs
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.gpus import GPU, gpu_names, resolve_gpu
 from chunktune.core.models import ModelConfig, catalog_names, resolve_model
-from chunktune.core.vllm import VLLM_VERSION
+from chunktune.core.vllm_release import VLLM_VERSION
 
 #: The option strings of the supported vLLM's API server (package data of ``chunktune.sim``).
 VLLM_FLAGS_FILE = f"data/vllm_{VLLM_VERSION.replace('.', '_')}_flags.txt"

@@ -12,8 +12,14 @@ from typing import Any
 from chunktune.core.engine_args import EngineStartupError
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.flags import TUNABLE, flags_line
-from chunktune.core.vllm import parse_version
-from chunktune.core.workload import generate, load_profile, parse_duration
+from chunktune.core.vllm_release import parse_version
+from chunktune.core.workload import (
+    Profile,
+    generate,
+    load_profile,
+    parse_duration,
+    trace_profile,
+)
 from chunktune.sim.args import (
     add_engine_args,
     engine_args_from,
@@ -40,17 +46,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_engine_args(run)
     w = run.add_argument_group("workload")
     w.add_argument("--workload", default="mixed",
-                   help="profile file or shipped name (mixed, chat, long-context, smoke)")
+                   help="profile file or shipped name (mixed, chat, long-context, smoke); a "
+                        "profile file with a trace: mapping replays a trace with options")
+    w.add_argument("--trace", metavar="FILE",
+                   help="replay this request trace (Azure CSV, Mooncake JSONL or the generic "
+                        "CSV/JSONL; docs/traffic.md) at its own arrival times, instead of "
+                        "--workload")
     w.add_argument("--duration", help="arrival window, e.g. 600, 90s, 10m (default: profile's)")
     w.add_argument("--warmup", help="requests arriving earlier are not measured")
     w.add_argument("--rate", type=float, help="Poisson arrival rate, req/s")
     w.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
     w.add_argument("--seed", type=int, help="workload seed (default: profile's)")
+    w.add_argument("--drain-timeout", default="60s",
+                   help="how long requests still in flight when arrivals end may take to "
+                        "finish before they count as timeouts, as in `chunktune load run` "
+                        "(default: 60s)")
     run.add_argument("--vllm-version", metavar="VERSION",
                      help="the vLLM whose start-up defaults apply (batch budget and sequences, "
                           "--gpu-memory-utilization, CUDA-graph memory), e.g. 0.12.0 "
                           "(default: the current, 0.32)")
-    run.add_argument("--json", metavar="PATH", help="also write the summary as JSON")
+    run.add_argument("--json", metavar="PATH",
+                     help="also write the summary as JSON (the load driver's summary schema, "
+                          "plus engine and config)")
+    run.add_argument("--raw", action="store_true",
+                     help="keep every request record in the JSON summary, as `chunktune load "
+                          "run --raw` does")
     run.add_argument("--calibration", metavar="PROFILE",
                      help="a calibration profile from `chunktune calibrate` (its model and "
                           "--gpu): steps cost what the profiled engine's steps cost")
@@ -101,7 +121,9 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     args = collect(engine_args_from, ns)
     if args is not None:
         collect(args.check_simulated)
-    profile = collect(load_profile, ns.workload)
+    profile = collect(trace_profile, ns.trace) if ns.trace else \
+        collect(load_profile, ns.workload)
+    drain = collect(parse_duration, ns.drain_timeout, "--drain-timeout")
     if ns.rate is not None and ns.rate <= 0:
         problems.append(("--rate", f"must be > 0 (got {ns.rate})"))
     if ns.concurrency is not None and ns.concurrency <= 0:
@@ -111,16 +133,15 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     duration = collect(parse_duration, ns.duration, "--duration") if ns.duration else None
     warmup = collect(parse_duration, ns.warmup, "--warmup") if ns.warmup else None
     if profile is not None and not problems:
-        profile = profile.with_overrides(duration=duration, warmup=warmup, rate=ns.rate,
-                                         concurrency=ns.concurrency, seed=ns.seed)
-        if profile.warmup >= profile.duration:
-            problems.append(("--warmup", f"must be shorter than --duration "
-                             f"({profile.warmup:g}s >= {profile.duration:g}s)"))
-    if problems or mg is None or profile is None:  # attempt() recorded why a value is missing
+        profile = collect(_overrides, profile, duration, warmup, ns)
+    if profile is not None and not problems and profile.warmup >= profile.duration:
+        problems.append(("--warmup", f"must be shorter than --duration "
+                         f"({profile.warmup:g}s >= {profile.duration:g}s)"))
+    if problems or mg is None or profile is None or drain is None:  # attempt() said why
         for path, msg in problems:
             print(f"error: {path}: {msg}" if path else f"error: {msg}", file=sys.stderr)
         return 2
-    assert mg is not None and args is not None and profile is not None
+    assert mg is not None and args is not None and profile is not None and drain is not None
     model, gpu = mg
     calib = None
     if ns.calibration:
@@ -149,15 +170,19 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
         print(f"WARNING {w}", file=sys.stderr)
     for line in engine.memory.log_lines()[1:]:
         print(f"INFO {line}", file=sys.stderr)
+    if profile.trace is not None:
+        print(f"INFO replaying {profile.trace.source}", file=sys.stderr)
+        for note in profile.trace.notes:
+            print(f"WARNING {note}", file=sys.stderr)
     specs = generate(profile)
     t0 = time.perf_counter()
     server = server_cost(calib.server_overhead_s if calib is not None else None)
-    result = engine.replay(specs, concurrency=profile.arrival.concurrency,
-                           time_limit=None if profile.arrival.mode != "concurrency"
-                           else profile.duration, server_overhead_s=server.fixed_s,
-                           server_per_token_s=server.per_prompt_token_s)
+    result = engine.replay_profile(specs, profile, drain, server_overhead_s=server.fixed_s,
+                                   server_per_token_s=server.per_prompt_token_s)
     wall = time.perf_counter() - t0
-    summary: dict[str, Any] = summarize(engine, result, profile)
+    summary: dict[str, Any] = summarize(engine, result, profile,
+                                        deliver=profiles.delivery(calib, profile.seed),
+                                        include_raw=ns.raw)
     summary["model"] = model.name
     summary["gpu"] = gpu.name
     summary["cost_model"] = provenance(gpu)
@@ -173,6 +198,15 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     if ns.json:
         Path(ns.json).write_text(json.dumps(summary, indent=2) + "\n")
     return 0
+
+
+def _overrides(profile: Profile, duration: float | None, warmup: float | None,
+               ns: argparse.Namespace) -> Profile:
+    try:
+        return profile.with_overrides(duration=duration, warmup=warmup, rate=ns.rate,
+                                      concurrency=ns.concurrency, seed=ns.seed)
+    except SpecError as e:  # a trace refuses --rate and --concurrency
+        raise SpecError([(f"--{p}", m) for p, m in e.problems]) from e
 
 
 def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> int:

@@ -1,135 +1,119 @@
-"""Summaries of a replay: latency percentiles per traffic class and overall, throughput,
-preemptions, KV usage — the figures ``chunktune sim run`` prints and the tuner scores.
+"""Summaries of a replay, counted as the load driver counts a run against a server.
 
-Measured requests are those that arrive in ``[warmup, duration)``; latencies in seconds.
-TTFT = first token - arrival; ITL = gaps between a request's consecutive tokens; E2E = last
-token - arrival; TPOT = (E2E - TTFT) / (output tokens - 1); queue = first scheduled - arrival.
+A replay's requests become the records the load client would have made of them
+(:func:`records`), and :func:`chunktune.core.aggregate.build_summary` summarizes them with the
+population rules of :mod:`chunktune.core.summary`: so ``chunktune sim run``, the tuner's
+simulated backend and ``chunktune load run`` against a server give one answer for one workload.
+Requests still in flight when the arrival window ends are drained (the replay runs on for up to
+the drain timeout, :meth:`~chunktune.sim.engine.virtual.Engine.replay_profile`); only those still
+running after it fail, with reason ``timeout``, as the load driver records them.
+
+:func:`summarize` adds what the engine saw (preemptions, KV usage, steps) and the configuration:
+the figures ``chunktune sim run`` prints (:func:`format_summary`) and writes with ``--json``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from chunktune.core.aggregate import RunInfo, build_summary
+from chunktune.core.records import RequestRecord
+from chunktune.core.stats import summarize as stats
+from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
 from chunktune.core.workload import Profile
 from chunktune.sim.engine.request import FINISHED, REJECTED, Request
 from chunktune.sim.engine.virtual import Engine, ReplayResult
 
-PERCENTILES = (50, 90, 95, 99)
+#: ``deliver(token_times, rid)``: when the client receives tokens the engine made at
+#: ``token_times`` (a calibration profile's delivery stalls); None: as made.
+Deliver = Callable[[np.ndarray, int], np.ndarray]
 
 
-def distribution(values: list[float] | np.ndarray) -> dict[str, float | None]:
-    """p50/p90/p95/p99, mean and max (numpy's linear interpolation); None when empty."""
-    a = np.asarray(values, dtype=float)
-    if a.size == 0:
-        return {**{f"p{p}": None for p in PERCENTILES}, "mean": None, "max": None}
-    qs = np.percentile(a, PERCENTILES)
-    out: dict[str, float | None] = {f"p{p}": float(q) for p, q in zip(PERCENTILES, qs,
-                                                                       strict=True)}
-    out["mean"] = float(a.mean())
-    out["max"] = float(a.max())
-    return out
+def record(r: Request, names: Sequence[str], warmup: float, now: float, engine: Engine,
+           deliver: Deliver | None = None) -> RequestRecord:
+    """What the load client records of ``r`` at virtual time ``now``: ok with its latencies,
+    ``http_400`` when the engine refused it (too long for ``max_model_len``), else
+    ``timeout`` (still running when the drain timeout expired)."""
+    rec = RequestRecord(rid=r.rid, cls=names[r.cls], arrival=r.arrival, start=r.arrival,
+                        prompt_tokens=r.prompt_len, max_tokens=r.max_tokens,
+                        warmup=r.arrival < warmup)
+    if r.status == FINISHED and r.num_output >= r.max_tokens:
+        rec.ok = True
+        rec.ttft = r.first_token - r.arrival
+        rec.e2e = r.last_token - r.arrival
+        rec.output_tokens = r.num_output
+        rec.itl = r.itl
+        if deliver is not None:
+            made = r.first_token + np.concatenate(([0.0], np.cumsum(r.itl)))
+            got = deliver(made, r.rid)
+            rec.ttft = float(got[0]) - r.arrival
+            rec.e2e = float(got[-1]) - r.arrival
+            rec.itl = [float(x) for x in np.diff(got)]
+    elif r.status == REJECTED:
+        rec.fail("http_400", engine.validate_request(r.prompt_len, r.max_tokens) or "rejected",
+                 400)
+    else:
+        rec.output_tokens = r.num_output
+        if r.first_token >= 0:
+            rec.ttft = r.first_token - r.arrival
+        rec.e2e = now - r.arrival
+        rec.fail("timeout", f"still running {now - r.arrival:.1f} s after arrival when the "
+                            "drain timeout expired")
+    return rec
 
 
-@dataclass
-class _Acc:
-    ttft: list[float]
-    itl: list[float]
-    e2e: list[float]
-    tpot: list[float]
-    queue: list[float]
-    ok: int = 0
-    failed: int = 0
-    output_tokens: int = 0
-    prompt_tokens: int = 0
-    preemptions: int = 0
-    last_finish: float = 0.0
-
-    @classmethod
-    def new(cls) -> _Acc:
-        return cls([], [], [], [], [])
-
-    def add(self, r: Request) -> None:
-        self.ttft.append(r.first_token - r.arrival)
-        self.e2e.append(r.last_token - r.arrival)
-        self.queue.append(r.first_scheduled - r.arrival)
-        self.itl.extend(r.itl)
-        if r.num_output > 1:
-            self.tpot.append((r.last_token - r.first_token) / (r.num_output - 1))
-        self.ok += 1
-        self.output_tokens += r.num_output
-        self.prompt_tokens += r.prompt_len
-        self.preemptions += r.num_preemptions
-        self.last_finish = max(self.last_finish, r.finish_time)
-
-
-def summarize(engine: Engine, result: ReplayResult, profile: Profile) -> dict[str, Any]:
-    """The summary of one replay, as a JSON-ready dict."""
+def load_summary(profile: Profile, engine: Engine, reqs: Sequence[Request], *,
+                 dispatch_end: float, now: float, complete: bool = True, target: str = "sim",
+                 model: str = "", slos: Mapping[str, Slo] | None = None,
+                 deliver: Deliver | None = None, include_raw: bool = False) -> LoadSummary:
+    """The load-run summary of the replayed requests ``reqs`` at virtual time ``now``
+    (``dispatch_end``: when arrivals stopped)."""
     names = profile.class_names()
-    accs = {n: _Acc.new() for n in names}
-    overall = _Acc.new()
-    failures: dict[str, dict[str, int]] = {n: {} for n in names}
-    lo, hi = profile.warmup, profile.duration
-    measured = [r for r in result.requests if lo <= r.arrival < hi]
-    for r in measured:
-        name = names[r.cls]
-        if r.status == FINISHED and r.num_output >= r.max_tokens:
-            accs[name].add(r)
-            overall.add(r)
-        else:
-            reason = "rejected_max_model_len" if r.status == REJECTED else "incomplete"
-            failures[name][reason] = failures[name].get(reason, 0) + 1
-            accs[name].failed += 1
-            overall.failed += 1
-    window_end = max([a.last_finish for a in accs.values()] + [hi])
-    span = max(window_end - lo, 1e-9)
-    steps = result.steps
+    recs = [record(r, names, profile.warmup, now, engine, deliver) for r in reqs]
+    info = RunInfo(
+        target=target, model=model, profile=profile.name,
+        arrival=ArrivalInfo(profile.arrival.mode, profile.arrival.rate,
+                            profile.arrival.concurrency),
+        seed=profile.seed, class_names=tuple(names), started_wall=0.0, ended_wall=now,
+        configured=profile.duration, warmup=profile.warmup,
+        dispatch_end=min(dispatch_end, profile.duration),
+        drain=max(0.0, now - profile.duration), complete=complete)
+    return build_summary(recs, info, slos=slos or None, include_raw=include_raw)
+
+
+def summarize(engine: Engine, result: ReplayResult, profile: Profile, *,
+              deliver: Deliver | None = None, include_raw: bool = False) -> dict[str, Any]:
+    """The summary of one whole replay (as :func:`load_summary`), plus ``engine`` (what the
+    engine saw) and ``config`` (its flags), as a JSON-ready dict."""
+    out = load_summary(profile, engine, result.requests, dispatch_end=profile.duration,
+                       now=result.end_time, deliver=deliver, include_raw=include_raw).to_dict()
+    names = profile.class_names()
+    by_class = dict.fromkeys(names, 0)
+    for r in result.requests:
+        if r.arrival >= profile.warmup:
+            by_class[names[r.cls]] += r.num_preemptions
     mem = engine.memory
-    by_class = {n: _section(a, failures[n], span) for n, a in accs.items()}
-    all_failures: dict[str, int] = {}
-    for f in failures.values():
-        for k, v in f.items():
-            all_failures[k] = all_failures.get(k, 0) + v
+    steps = result.steps
     kv_peak = result.peak_kv_blocks / mem.num_gpu_blocks if mem.num_gpu_blocks else 0.0
-    step_dur = np.asarray(steps.duration) if len(steps) else np.zeros(0)
-    return {
-        "overall": _section(overall, all_failures, span),
-        "classes": by_class,
-        "engine": {
-            "preemptions": result.num_preemptions,
-            "preemptions_per_minute": result.num_preemptions / (result.end_time / 60)
-            if result.end_time > 0 else 0.0,
-            "kv_cache_usage_peak": kv_peak,
-            "kv_cache_tokens": mem.kv_cache_tokens,
-            "num_gpu_blocks": mem.num_gpu_blocks,
-            "steps": len(steps),
-            "step_time": distribution(step_dur),
-            "simulated_seconds": result.end_time,
-        },
-        "config": engine.cfg.flags(),
-        "window": {"start": lo, "end": hi, "span": span},
+    step_time = stats(steps.duration)
+    out["engine"] = {
+        "preemptions": result.num_preemptions,
+        "preemptions_per_minute": result.num_preemptions / (result.end_time / 60)
+        if result.end_time > 0 else 0.0,
+        "preemptions_by_class": by_class,
+        "kv_cache_usage_peak": kv_peak,
+        "kv_cache_tokens": mem.kv_cache_tokens,
+        "num_gpu_blocks": mem.num_gpu_blocks,
+        "steps": len(steps),
+        "step_time": None if step_time is None else step_time.to_dict(),
+        "simulated_seconds": result.end_time,
     }
-
-
-def _section(a: _Acc, failures: dict[str, int], span: float) -> dict[str, Any]:
-    total = a.ok + a.failed
-    return {
-        "requests": {"ok": a.ok, "failed": a.failed, "total": total},
-        "failures": dict(sorted(failures.items())),
-        "error_rate": a.failed / total if total else 0.0,
-        "ttft": distribution(a.ttft),
-        "itl": distribution(a.itl),
-        "e2e": distribution(a.e2e),
-        "tpot": distribution(a.tpot),
-        "queue_time": distribution(a.queue),
-        "output_tokens_per_s": a.output_tokens / span,
-        "total_tokens_per_s": (a.output_tokens + a.prompt_tokens) / span,
-        "request_rate": a.ok / span,
-        "preemptions": a.preemptions,
-    }
+    out["config"] = engine.cfg.flags()
+    return out
 
 
 def _ms(v: float | None) -> str:
@@ -144,21 +128,29 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{'ITL p50/p90/p99 ms':>20}  {'E2E p50/p90/p99 ms':>24}  {'out tok/s':>9}  "
             f"{'preempt':>7}")
     lines = [head, "-" * len(head)]
-    rows = [*s["classes"].items(), ("overall", s["overall"])]
-    for name, sec in rows:
-        def trip(d: dict[str, float | None]) -> str:
-            return "/".join(_ms(d[k]) for k in ("p50", "p90", "p99"))
+    e = s["engine"]
+    by_class = e["preemptions_by_class"]
+    rows = [*((n, c, by_class.get(n, 0)) for n, c in s["classes"].items()),
+            ("overall", s["overall"], sum(by_class.values()))]
+    for name, sec, preempt in rows:
+        def trip(d: dict[str, float] | None) -> str:
+            return "/".join(_ms(None if d is None else d[k]) for k in ("p50", "p90", "p99"))
         lines.append(
             f"{name:14} {sec['requests']['ok']:>6} {sec['requests']['failed']:>5}  "
             f"{trip(sec['ttft']):>22}  {trip(sec['itl']):>20}  {trip(sec['e2e']):>24}  "
-            f"{sec['output_tokens_per_s']:>9,.0f}  {sec['preemptions']:>7}"
+            f"{sec['throughput']['output_tokens_per_s']:>9,.0f}  {preempt:>7}"
         )
-    e = s["engine"]
+    failures = s["overall"]["failures"]
+    if failures:
+        lines.append("failed: " + "; ".join(f"{k} x{v['count']} ({v['example']})"
+                                            for k, v in failures.items()))
     lines.append("")
+    d = s["duration"]
     lines.append(
         f"KV cache: {e['kv_cache_tokens']:,} tokens ({e['num_gpu_blocks']:,} blocks), peak usage "
         f"{e['kv_cache_usage_peak']:.1%}; preemptions: {e['preemptions']} "
         f"({e['preemptions_per_minute']:.1f}/min); steps: {e['steps']:,}; simulated "
-        f"{e['simulated_seconds']:.1f} s"
+        f"{e['simulated_seconds']:.1f} s (arrivals {d['configured']:g} s, drain "
+        f"{d['drain']:.1f} s)"
     )
     return "\n".join(lines)

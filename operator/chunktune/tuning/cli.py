@@ -177,6 +177,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results.model import collect
     from chunktune.tuning.results.text import format_results
     from chunktune.tuning.runner import cost_model
+    from chunktune.tuning.storage import StorageFault, display_url
     from chunktune.tuning.study import storage_url
     from chunktune.tuning.tuner import Tuner
 
@@ -198,7 +199,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     except SpecError as e:
         _print_problems(e)
         return 1
-    except (BackendUnavailable, WorkloadUnavailable) as e:
+    except (BackendUnavailable, StorageFault, WorkloadUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     progress = Progress(tuner, ns.quiet)
@@ -209,7 +210,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
           f"{', '.join(o.label() for o in tuner.objectives)}"
           + (f", constraints {', '.join(c.text() for c in tuner.constraints)}"
              if tuner.constraints else "")
-          + f"; backend {backend.name}; storage {storage}"
+          + f"; backend {backend.name}; storage {display_url(storage)}"
           + (f" (resuming: {prior} trials done)" if prior else ""), flush=True)
     if tuner.derived:
         src = tuner.derived["source"]
@@ -225,6 +226,9 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     old = signal.signal(signal.SIGINT, stop.on_signal)
     try:
         why = asyncio.run(_run(tuner, backend))
+    except StorageFault as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     finally:
         signal.signal(signal.SIGINT, old)
     results = collect(tuner.study, tuner.objectives, tuner.constraints)
@@ -242,7 +246,8 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     print(format_results(results))
     if ns.out:
         files = write_outputs(Path(ns.out), results, tuner.study, stop_reason=why,
-                              storage=storage, name=tuning.metadata.name, wall_s=elapsed,
+                              storage=display_url(storage), name=tuning.metadata.name,
+                              wall_s=elapsed,
                               **extra)
         print(f"\nwrote {', '.join(str(f) for f in files)}")
     if why == StopReason.FAILURES:
@@ -265,6 +270,7 @@ def cmd_results(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results.files import write_outputs
     from chunktune.tuning.results.model import collect
     from chunktune.tuning.results.text import format_results
+    from chunktune.tuning.storage import StorageFault
 
     src = Path(ns.source)
     try:
@@ -293,6 +299,9 @@ def cmd_results(ns: argparse.Namespace) -> int:
             constraints = [ConstraintDef.from_spec(c) for c in spec.constraints]
     except SpecError as e:
         _print_problems(e)
+        return 1
+    except StorageFault as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
     results = collect(study, objectives, constraints)
     print(f"study {study.study_name}")

@@ -20,6 +20,13 @@ runner starts was left by a process that died or was cancelled: the backend may 
 (:meth:`TrialBackend.recover`); if it cannot, the trial is closed as FAIL with reason
 ``Interrupted`` (not counted) and its point is queued again, so nothing is lost or repeated.
 
+Several writers (two ``chunktune tune`` runs, the CLI beside the operator) may share one study
+in a database: a trial is its writer's from its ask (``st.ATTR_OWNER``) and carries a heartbeat
+while it runs; a trial whose writer stopped (:func:`~chunktune.tuning.study.abandoned`) is
+taken over under the study's lock, at the start and every ``st.HEARTBEAT_SECONDS`` after. The
+budget counts every writer's running trials, a point another live writer runs is skipped as
+``Duplicate``, and the baseline is queued once.
+
 Faults are not results: a backend that raises :class:`~chunktune.core.errors.InfrastructureFault`
 (the cluster API unreachable past its retries) leaves the trial in flight — not told to
 Optuna, not counted against ``maxTrials`` or ``maxFailedTrials`` — and the trial is re-adopted
@@ -32,9 +39,7 @@ import asyncio
 import dataclasses
 import logging
 import math
-import os
 import random
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +50,7 @@ from optuna.trial import TrialState as OptunaState
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend, within
-from chunktune.core import vllm as vllm_release
+from chunktune.core import vllm_release
 from chunktune.core.errors import InfrastructureFault, SpecError
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent, TwinPhase
@@ -68,6 +73,7 @@ from chunktune.core.trials import (
 from chunktune.sim.calibration import profile as profiles
 from chunktune.sim.cost.provenance import provenance
 from chunktune.tuning import space, workload_source
+from chunktune.tuning import storage as storages
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (
     STARTUP_CONSTRAINT,
@@ -179,7 +185,7 @@ class TrialRunner:
         it (kept in the study), else None."""
         self.window_seconds = window_seconds or _default_window(self.profile.duration,
                                                                 self.profile.warmup)
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
+        self.owner = st.owner_id()
         self.started = time.monotonic()
         self.stop_reason: StopReason | None = None
 
@@ -234,14 +240,16 @@ class TrialRunner:
             user_attrs={st.ATTR_POINT: point, **attrs}, skip_if_exists=False)
 
     def enqueue_baseline(self) -> None:
-        """Trial 0: vLLM's defaults for this GPU class, queued once per study."""
-        if any(t.user_attrs.get(st.ATTR_BASELINE) for t in self.trials()):
-            return
-        point = self.context.default_point(self.params)
-        dists = space.distributions(self.params)
-        representable = {k: v for k, v in point.items() if space.contains(dists[k], v)}
-        self.study.enqueue_trial(representable,
-                                 user_attrs={st.ATTR_BASELINE: True, st.ATTR_POINT: point})
+        """Trial 0: vLLM's defaults for this GPU class, queued once per study (once among
+        several writers too)."""
+        with storages.study_lock(self.storage, self.study.study_name):
+            if any(t.user_attrs.get(st.ATTR_BASELINE) for t in self.trials()):
+                return
+            point = self.context.default_point(self.params)
+            dists = space.distributions(self.params)
+            representable = {k: v for k, v in point.items() if space.contains(dists[k], v)}
+            self.study.enqueue_trial(representable,
+                                     user_attrs={st.ATTR_BASELINE: True, st.ATTR_POINT: point})
 
     def pending(self, phase: str) -> bool:
         """Trials of ``phase`` (``st.ATTR_PHASE``) are queued or in flight."""
@@ -265,7 +273,15 @@ class TrialRunner:
         running: set[asyncio.Task[None]] = set()
         skips = 0
         self.stop_reason = None
+        sweep = time.monotonic() + st.HEARTBEAT_SECONDS
         while True:
+            if time.monotonic() >= sweep and not self.stop_requested():
+                # trials another writer left since the start (none taken while stopping)
+                sweep = time.monotonic() + st.HEARTBEAT_SECONDS
+                for t in self.trials():
+                    left = self._claim_left(t)
+                    if left is not None:
+                        running.add(asyncio.create_task(self._adopt(t, left)))
             reason = self._should_stop(len(running), queued_only, hold_back)
             drained = queued_only and not self.waiting()
             if reason:
@@ -292,6 +308,7 @@ class TrialRunner:
                     self.stop_reason = StopReason.EXHAUSTED
                     break
                 trial = self.study.ask()
+                trial.set_user_attr(st.ATTR_OWNER, self.owner)  # ours from the start
                 point = self._point(trial)
                 if self._reuse_duplicate(trial, point):
                     skips += 1
@@ -308,6 +325,12 @@ class TrialRunner:
                                          timeout=1.0)
             for task in done:
                 running.discard(task)
+                if task.exception() is not None and running:
+                    # a fault below the trials (the study's storage): stop the others, which
+                    # stay RUNNING in the study for the next start to adopt
+                    for other in running:
+                        other.cancel()
+                    await asyncio.gather(*running, return_exceptions=True)
                 task.result()
         self.changed()
         return self.stop_reason or StopReason.BUDGET
@@ -325,7 +348,10 @@ class TrialRunner:
             return StopReason.FAILURES
         if self.out_of_time():
             return StopReason.DURATION
-        if self.counted() + in_flight >= budget.max_trials - hold_back:
+        # NOTE: every trial running in the study, another writer's too (several writers
+        # share one budget)
+        if self.counted() + max(in_flight, c[TrialState.RUNNING]) >= \
+                budget.max_trials - hold_back:
             return StopReason.BUDGET
         if queued_only:
             return None
@@ -364,15 +390,30 @@ class TrialRunner:
         """A point already measured is not launched again: the trial is recorded as SKIPPED
         (reason ``Duplicate``) with the earlier trial's values and constraints, so the sampler
         still learns from it. Does not count against ``maxTrials``. The baseline and a
-        ``recheck`` (a configuration measured again on purpose) always run."""
+        ``recheck`` (a configuration measured again on purpose) always run. A point another
+        live writer of the study runs now is SKIPPED too, and a point another writer
+        proposed reseeds this writer's sampler (two writers with one seed would otherwise
+        propose the same points)."""
         if trial.user_attrs.get(st.ATTR_BASELINE) or \
                 trial.user_attrs.get(st.ATTR_PHASE) == TwinPhase.RECHECK:
             return False
         for t in self.trials():
-            if t.number == trial.number or st.trial_state(t) not in (TrialState.COMPLETE,
-                                                                   TrialState.INFEASIBLE):
+            if t.number == trial.number or st.point_of(t) != point:
                 continue
-            if st.point_of(t) != point or t.values is None:
+            elsewhere = st.runs_elsewhere(t, self.owner)
+            if elsewhere:
+                # another writer with the same seed proposes what this one does: diverge
+                self.study.sampler.reseed_rng()
+            if st.trial_state(t) == TrialState.RUNNING and elsewhere:
+                trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
+                trial.set_user_attr(st.ATTR_REASON, "Duplicate")
+                trial.set_user_attr(st.ATTR_MESSAGE, f"trial {t.number} runs the same "
+                                    "configuration (another writer)")
+                self.study.tell(trial, state=OptunaState.FAIL)
+                self.changed()
+                return True
+            if st.trial_state(t) not in (TrialState.COMPLETE, TrialState.INFEASIBLE) or \
+                    t.values is None:
                 continue
             trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
             trial.set_user_attr(st.ATTR_REASON, "Duplicate")
@@ -406,39 +447,61 @@ class TrialRunner:
         return point
 
     async def recover(self) -> None:
-        """The trials a previous run left in flight: re-adopted by the backend where it can,
-        else recorded as FAIL ``Interrupted`` (not counted) and queued again."""
+        """The trials a stopped writer left in flight (a previous run, or another writer of
+        the study whose heartbeat stopped): re-adopted by the backend where it can, else
+        recorded as FAIL ``Interrupted`` (not counted) and queued again. A trial another live
+        writer runs is left alone."""
         for t in self.trials():
-            if t.state != OptunaState.RUNNING:
-                continue
-            point = st.point_of(t)
-            plan = self.plan(t.number, point)
-            result = await self.backend.recover(plan)
-            trial = st.live_trial(self.study, self.storage, t.number)
-            if result is not None:
-                self._tell(trial, point, result)
-                continue
+            trial = self._claim_left(t)
+            if trial is not None:
+                await self._adopt(t, trial)
+
+    def _claim_left(self, t: optuna.trial.FrozenTrial) -> optuna.Trial | None:
+        """Trial ``t``, taken over, if it is RUNNING and its writer stopped; None when
+        another live writer runs it (or it is not running)."""
+        if t.state != OptunaState.RUNNING or not st.abandoned(t, self.owner):
+            return None
+        return st.claim(self.study, self.storage, t.number, self.owner)
+
+    async def _adopt(self, t: optuna.trial.FrozenTrial, trial: optuna.Trial) -> None:
+        """Re-attach to a trial a stopped writer left (the backend's ``recover``), or close
+        it as ``Interrupted`` and queue its point again."""
+        point = st.point_of(t)
+        if not point:  # asked, never started (its answer lost with the database)
             trial.set_user_attr(st.ATTR_STATE, TrialState.FAIL.value)
             trial.set_user_attr(st.ATTR_REASON, "Interrupted")
-            trial.set_user_attr(st.ATTR_MESSAGE, "the process running this trial stopped "
-                                "before it ended; its configuration was queued again")
             self.study.tell(trial, state=OptunaState.FAIL)
-            self.enqueue(point, {key: t.user_attrs[key]
-                                 for key in (st.ATTR_BASELINE, *st.QUEUED_ATTRS)
-                                 if t.user_attrs.get(key) is not None})
+            return
+        plan = self.plan(t.number, point)
+        async with st.heartbeat(trial, self.owner):
+            result = await self.backend.recover(plan)
+        if result is not None:
+            self._tell(trial, point, result)
+            return
+        trial.set_user_attr(st.ATTR_STATE, TrialState.FAIL.value)
+        trial.set_user_attr(st.ATTR_REASON, "Interrupted")
+        trial.set_user_attr(st.ATTR_MESSAGE, "the process running this trial stopped "
+                            "before it ended; its configuration was queued again")
+        self.study.tell(trial, state=OptunaState.FAIL)
+        self.enqueue(point, {key: t.user_attrs[key]
+                             for key in (st.ATTR_BASELINE, *st.QUEUED_ATTRS)
+                             if t.user_attrs.get(key) is not None})
 
     def plan(self, number: int, point: dict[str, Any]) -> TrialPlan:
         return TrialPlan(number=number, params=point, target=self.target, profile=self.profile,
                          name=f"{self.tuning.metadata.name}-t{number}",
                          window_seconds=self.window_seconds if self._prunable() else None,
-                         slos=self.slos)
+                         slos=self.slos, load_workers=self.spec.workload.load_workers)
 
     def _prunable(self) -> bool:
         return len(self.objectives) == 1 and self.spec.pruner.name != "none"
 
     async def _run_one(self, trial: optuna.Trial, point: dict[str, Any]) -> None:
         baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
-        trial.set_user_attr(st.ATTR_OWNER, self.owner)
+        async with st.heartbeat(trial, self.owner):
+            await self._measure(trial, point, baseline)
+
+    async def _measure(self, trial: optuna.Trial, point: dict[str, Any], baseline: bool) -> None:
         self.emit(TrialEvent(EventKind.STARTED, trial.number, point, baseline=baseline))
         plan = self.plan(trial.number, point)
         obj = self.objectives[0]
@@ -465,8 +528,8 @@ class TrialRunner:
             result = TrialResult(TrialState.FAIL, reason="TrialTimeout",
                                  message=f"the trial did not end within "
                                          f"{self.spec.budget.trial_timeout:g} s (trialTimeout)")
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, storages.StorageFault):
+            raise  # the study's storage failed: never the trial's result
         except Exception as e:  # a broken trial, not a broken study
             log.exception("trial %d broke", trial.number)
             result = TrialResult(TrialState.FAIL, reason="BackendError",

@@ -7,9 +7,16 @@ attribute) so that a storage is never resumed with a different search.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
+import logging
+import os
+import socket
+import time
 import warnings
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +29,9 @@ from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.core.errors import SpecError
 from chunktune.core.trials import RESULT_STATES, TrialState
 from chunktune.tuning import space
+from chunktune.tuning import storage as storages
+
+log = logging.getLogger(__name__)
 
 #: Trial user-attribute names (one vocabulary for the runner, the results and the status).
 ATTR_STATE = "chunktune_state"  # a TrialState value (INFEASIBLE, SKIPPED, FAIL, ...)
@@ -31,7 +41,8 @@ ATTR_METRICS = "metrics"
 ATTR_POINT = "point"
 ATTR_BASELINE = "baseline"
 ATTR_SERVER = "server"
-ATTR_OWNER = "owner"
+ATTR_OWNER = "owner"  # the process running the trial: host:pid:start (:func:`owner_id`)
+ATTR_HEARTBEAT = "heartbeat"  # when its owner last said it runs the trial (Unix time)
 ATTR_TIMES = "times"
 ATTR_STEPS = "steps"  # vLLM's step log of the trial: {"file": ..., "steps": N, ...totals}
 #: The :class:`~chunktune.core.progress.TwinPhase` a trial was queued in: calibrate, confirm, or
@@ -50,6 +61,11 @@ QUEUED_ATTRS = (ATTR_PHASE, ATTR_ROUND, ATTR_PREDICTED)
 #: would make GP and multivariate TPE sample that parameter at random); our own state is in
 #: ATTR_STATE.
 ATTR_HIDDEN = "outside_search_space"
+#: How often a running trial's owner records its heartbeat, and how old a heartbeat may be
+#: before another writer takes the trial as left behind (seconds; the grace covers clock skew
+#: between hosts too). ``CHUNKTUNE_HEARTBEAT_GRACE`` overrides the grace.
+HEARTBEAT_SECONDS = 10.0
+HEARTBEAT_GRACE = 60.0
 STUDY_FINGERPRINT = "chunktune_fingerprint"
 #: The image a simulated engine's spec defaulted to before chunktune stopped naming an image it
 #: does not publish; only :func:`fingerprint` still uses it.
@@ -70,7 +86,9 @@ def fingerprint(tuning: ChunkedPrefillTuning) -> str:
     keep = {
         "engine": engine,
         "searchSpace": [p.model_dump(mode="json", by_alias=True) for p in s.search_space or []],
-        "workload": s.workload.model_dump(mode="json", by_alias=True),
+        # (how many Locust processes send the load does not change what is measured)
+        "workload": s.workload.model_dump(mode="json", by_alias=True,
+                                          exclude={"load_workers"}),
         "objectives": [o.model_dump(mode="json", by_alias=True) for o in s.objectives],
         "constraints": [c.model_dump(mode="json", by_alias=True) for c in s.constraints],
     }
@@ -92,15 +110,9 @@ def storage_url(tuning: ChunkedPrefillTuning, override: str | None = None,
 
 
 def open_storage(url: str) -> BaseStorage:
-    """An Optuna storage for a URL: ``sqlite:///...``/``postgresql://...`` as RDB, a path (or
-    ``journal://PATH``) as a journal file — ~10x faster per trial than SQLite."""
-    if "://" in url and not url.startswith(("journal://", "file://")):
-        return optuna.storages.RDBStorage(url)
-    path = Path(url.split("://", 1)[1] if "://" in url else url)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    from optuna.storages.journal import JournalFileBackend
-
-    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    """An Optuna storage for a URL (:func:`chunktune.tuning.storage.open_storage`): a database
+    that waits out its outages, or a journal file."""
+    return storages.open_storage(url)
 
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):
@@ -228,6 +240,101 @@ def live_trial(study: optuna.Study, storage: BaseStorage, number: int) -> optuna
     storage's public lookups, not Optuna's private ``FrozenTrial._trial_id``."""
     study_id = storage.get_study_id_from_name(study.study_name)
     return optuna.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, number))
+
+
+def owner_id() -> str:
+    """This writer's name for the trials it runs: ``host:pid:start``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{time.time():.6f}"
+
+
+def _grace() -> float:
+    try:
+        return float(os.environ.get("CHUNKTUNE_HEARTBEAT_GRACE") or HEARTBEAT_GRACE)
+    except ValueError:
+        return HEARTBEAT_GRACE
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def abandoned(t: optuna.trial.FrozenTrial, me: str, now: float | None = None) -> bool:
+    """Whether the RUNNING trial ``t`` was left by a writer that stopped, so that writer
+    ``me`` may take it over: its owner is a process of this host that is gone (or an earlier
+    life of this process); or its last heartbeat (or, without an owner, its start) is older
+    than the grace (:data:`HEARTBEAT_GRACE`). A trial another live writer runs is left
+    alone."""
+    owner = t.user_attrs.get(ATTR_OWNER)
+    now = now if now is not None else time.time()
+    if not isinstance(owner, str) or not owner:  # asked a moment ago, or never started
+        start = t.datetime_start.timestamp() if t.datetime_start is not None else 0.0
+        return now - start > _grace()
+    if owner == me:
+        return False
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    my_host, my_pid = me.split(":")[:2]
+    if host == my_host and pid_text.isdigit() and (pid_text == my_pid or
+                                                   not _pid_alive(int(pid_text))):
+        return True
+    beat = t.user_attrs.get(ATTR_HEARTBEAT)
+    if not isinstance(beat, int | float):
+        return host != my_host  # a writer from before heartbeats, on another host
+    return now - float(beat) > _grace()
+
+
+def runs_elsewhere(t: optuna.trial.FrozenTrial, me: str) -> bool:
+    """Trial ``t`` is (or was just) run by another live writer of the study, not by ``me``
+    nor by a writer that stopped."""
+    owner = t.user_attrs.get(ATTR_OWNER)
+    return isinstance(owner, str) and bool(owner) and owner != me and not abandoned(t, me)
+
+
+def claim(study: optuna.Study, storage: BaseStorage, number: int,
+          me: str) -> optuna.Trial | None:
+    """Take over trial ``number`` for writer ``me`` if it is still RUNNING and
+    :func:`abandoned` (atomically among the study's writers: :func:`storage.study_lock`);
+    None when another writer has it or it ended meanwhile."""
+    with storages.study_lock(storage, study.study_name):
+        study_id = storage.get_study_id_from_name(study.study_name)
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+        fresh = storage.get_trial(trial_id)
+        if fresh.state != optuna.trial.TrialState.RUNNING or not abandoned(fresh, me):
+            return None
+        trial = optuna.Trial(study, trial_id)
+        trial.set_user_attr(ATTR_OWNER, me)
+        trial.set_user_attr(ATTR_HEARTBEAT, time.time())
+        return trial
+
+
+@contextlib.asynccontextmanager
+async def heartbeat(trial: optuna.Trial, me: str) -> AsyncIterator[None]:
+    """Record ``me`` as the trial's owner, and its heartbeat every :data:`HEARTBEAT_SECONDS`
+    while the block runs (a storage that does not answer delays a beat, never the trial)."""
+    trial.set_user_attr(ATTR_OWNER, me)
+    trial.set_user_attr(ATTR_HEARTBEAT, time.time())
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            try:
+                trial.set_user_attr(ATTR_HEARTBEAT, time.time())
+            except storages.StorageFault as e:
+                log.warning("trial %d: heartbeat not recorded (%s)", trial.number, e)
+
+    task = asyncio.get_running_loop().create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def trial_state(t: optuna.trial.FrozenTrial) -> TrialState:

@@ -47,7 +47,7 @@ from chunktune.core.engine_args import EngineArgs, EngineStartupError
 from chunktune.core.errors import SpecError
 from chunktune.core.gpus import GPU, GPUS, resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
-from chunktune.core.vllm import Version, parse_version
+from chunktune.core.vllm_release import Version, parse_version
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.calibration.fidelity import measured_latencies, simulate_run
 from chunktune.sim.cost.kernel_data import EngineRun

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,20 @@ def deliver(token_times: np.ndarray, prob: float, mean_s: float,
     late = np.where(rng.random(t.size) < prob, rng.exponential(mean_s, t.size), 0.0)
     out: np.ndarray = np.maximum.accumulate(t + late)
     return out
+
+
+def delivery(profile: CalibrationProfile | None, seed: int
+             ) -> Callable[[np.ndarray, int], np.ndarray] | None:
+    """The profile's delivery stalls as ``deliver(token_times, rid)`` (:func:`deliver`), drawn
+    per request from the workload ``seed`` and the request's id so that a replay repeats; None
+    when the profile has none."""
+    if profile is None or profile.delivery_stall_prob <= 0 or profile.delivery_stall_s <= 0:
+        return None
+    prob, mean_s = profile.delivery_stall_prob, profile.delivery_stall_s
+
+    def stalled(made: np.ndarray, rid: int) -> np.ndarray:
+        return deliver(made, prob, mean_s, np.random.default_rng([seed, rid]))
+    return stalled
 
 
 def write_profile(path: str | Path, profile: CalibrationProfile) -> Path:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from chunktune.core.engine_args import EngineStartupError, ResolvedConfig
-from chunktune.core.vllm import cudagraphs_profiled
+from chunktune.core.vllm_release import cudagraphs_profiled
 
 GiB = float(2**30)
 

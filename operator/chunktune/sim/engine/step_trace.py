@@ -15,6 +15,7 @@ traces can be compared step by step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from chunktune.core.engine_args import ResolvedConfig
@@ -61,9 +62,13 @@ class BatchTrace:
 
 
 def run_batch(cfg: ResolvedConfig, num_gpu_blocks: int,
-              requests: list[tuple[str, int, int]], max_steps: int = 100_000) -> BatchTrace:
+              requests: list[tuple[str, int, int]], max_steps: int = 100_000,
+              priorities: Sequence[int] = ()) -> BatchTrace:
     """Run ``(id, prompt tokens, output tokens)`` requests, all waiting before step 0, to
     completion through a fresh :class:`Scheduler` with ``num_gpu_blocks`` KV blocks.
+    ``priorities``: each request's (``--scheduling-policy priority``; default 0). The requests
+    arrive in list order, a microsecond apart, as they do when added one after the other to
+    an engine (vLLM stamps each with its own arrival time).
 
     Raises ``RuntimeError`` if a step schedules nothing while work is left (a request that can
     never fit) or if ``max_steps`` pass first.
@@ -75,7 +80,8 @@ def run_batch(cfg: ResolvedConfig, num_gpu_blocks: int,
             raise ValueError(f"request {rid!r}: prompt and output tokens must be > 0 "
                              f"(got {prompt}, {out})")
         ids[i] = rid
-        sched.add_request(Request(i, 0.0, prompt, out))
+        sched.add_request(Request(i, i * 1e-6, prompt, out,
+                                  priority=priorities[i] if priorities else 0))
     trace = BatchTrace()
     seen: dict[int, int] = {}  # preemptions already reported, per request
     now = 0.0

@@ -14,12 +14,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig
-from chunktune.core.vllm import Version
-from chunktune.core.workload import RequestSpec
+from chunktune.core.vllm_release import Version
+from chunktune.core.workload import Profile, RequestSpec
 from chunktune.sim.cost.step_time import StepCostModel
 from chunktune.sim.engine.memory import MemoryPlan, plan_memory
 from chunktune.sim.engine.request import REJECTED, Request
@@ -131,6 +132,17 @@ class Engine:
             plan.num_decodes, plan.decode_context_tokens,
         )
 
+    def replay_profile(self, specs: list[RequestSpec], profile: Profile, drain_timeout: float,
+                       **kw: Any) -> ReplayResult:
+        """Replay a profile's requests as every path runs a workload: arrivals (open loop) or
+        new requests (closed loop) until ``profile.duration``, then the requests in flight
+        drain for up to ``drain_timeout`` seconds, as the load driver lets them; those still
+        running then are the summary's ``timeout`` failures (:mod:`chunktune.sim.report`).
+        ``kw`` goes to :meth:`replay`."""
+        return self.replay(specs, concurrency=profile.arrival.concurrency,
+                           time_limit=profile.duration + drain_timeout,
+                           stop_arrivals=profile.duration, **kw)
+
     def replay(self, specs: list[RequestSpec], concurrency: int | None = None,
                time_limit: float | None = None, record_steps: bool = True,
                tick: float | None = None,
@@ -169,7 +181,8 @@ class Engine:
         per_token = server_per_token_s
 
         def admit(spec: RequestSpec, t: float) -> bool:
-            r = Request(spec.rid, t, spec.prompt_tokens, spec.output_tokens, spec.cls)
+            r = Request(spec.rid, t, spec.prompt_tokens, spec.output_tokens, spec.cls,
+                        spec.priority)
             reqs.append(r)
             err = self.validate_request(spec.prompt_tokens, spec.output_tokens)
             if err:

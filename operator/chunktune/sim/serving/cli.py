@@ -43,7 +43,7 @@ from chunktune import __version__
 from chunktune.core.engine_args import EngineStartupError, resolve
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS
-from chunktune.core.vllm import parse_version
+from chunktune.core.vllm_release import parse_version
 from chunktune.sim.args import add_engine_args, engine_args_from, model_and_gpu, split_unknown
 from chunktune.sim.calibration import profile as profiles
 from chunktune.sim.engine.memory import GiB

@@ -187,9 +187,9 @@ class Sampling:
 
     The simulator generates filler tokens, so none of them changes its output; they are
     validated so that a request vLLM refuses is refused here too. ``best_of`` is not among them:
-    the supported vLLM's (:data:`~chunktune.core.vllm.VLLM_VERSION`) completions and chat requests
-    have no such field (it went with the V0 engine), so like any unknown field it is accepted and
-    ignored, one sequence is generated.
+    the supported vLLM's (:data:`~chunktune.core.vllm_release.VLLM_VERSION`) completions and
+    chat requests have no such field (it went with the V0 engine), so like any unknown field it
+    is accepted and ignored, one sequence is generated.
     """
 
     presence_penalty: float | None = None

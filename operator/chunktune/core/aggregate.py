@@ -21,6 +21,7 @@ from chunktune.core.summary import (
     GoodputClass,
     LoadSummary,
     RequestCounts,
+    ScheduleLag,
     Slo,
     Throughput,
     TokenCounts,
@@ -172,6 +173,8 @@ def build_summary(records: Sequence[RequestRecord], info: RunInfo, *,
         windows=list(windows),
         goodput=None if not slos else goodput(records, slos, start=w, end=d,
                                                class_names=info.class_names),
+        schedule=ScheduleLag(send_lag=summarize(r.start - r.arrival for r in records
+                                                if r.arrival is not None)),
         raw=sorted(records, key=lambda r: r.rid) if include_raw else None,
         tool={"name": "chunktune", "version": __version__},
     )
