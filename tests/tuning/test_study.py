@@ -36,3 +36,7 @@ def test_a_simulated_engine_keeps_the_fingerprint_it_had(make_tuning) -> None:
     tuning = make_tuning()
     assert tuning.spec.engine.image is None
     assert st.fingerprint(tuning) == "2f824cbb67524c61"
+    # fields added since count once they are set
+    engine = {"kind": "sim", "model": "llama-3.1-8b", "gpu": {"type": "h100-sxm"},
+              "args": ["--max-model-len", "32768"], "vllmVersion": "0.12.0"}
+    assert st.fingerprint(make_tuning(engine=engine)) != "2f824cbb67524c61"

@@ -73,6 +73,11 @@ _FORMER_SIM_IMAGE = "ghcr.io/chunktune/chunktune:0.1.0"
 STUDY_SPEC = "chunktune_spec"
 
 
+#: Spec fields added after studies were stored: left out of the fingerprint while unset.
+_ADDED_ENGINE_FIELDS = ("vllmVersion",)
+_ADDED_WORKLOAD_FIELDS = ("trace", "fromPrometheus")
+
+
 def fingerprint(tuning: ChunkedPrefillTuning) -> str:
     """What must not change under a running study: engine, search space, workload,
     objectives and constraints (budget, sampler seed and output may change)."""
@@ -83,12 +88,18 @@ def fingerprint(tuning: ChunkedPrefillTuning) -> str:
         # a simulated engine without an image runs the operator's; studies fingerprinted
         # while the spec filled in this default keep their fingerprint (and so resume)
         engine["image"] = _FORMER_SIM_IMAGE
+    workload = s.workload.model_dump(mode="json", by_alias=True,
+                                     exclude={"load_workers"})
+    # fields added after studies were stored count only when set, so those studies resume
+    for d, added in ((engine, _ADDED_ENGINE_FIELDS), (workload, _ADDED_WORKLOAD_FIELDS)):
+        for key in added:
+            if d.get(key) is None:
+                d.pop(key, None)
     keep = {
         "engine": engine,
         "searchSpace": [p.model_dump(mode="json", by_alias=True) for p in s.search_space or []],
         # (how many Locust processes send the load does not change what is measured)
-        "workload": s.workload.model_dump(mode="json", by_alias=True,
-                                          exclude={"load_workers"}),
+        "workload": workload,
         "objectives": [o.model_dump(mode="json", by_alias=True) for o in s.objectives],
         "constraints": [c.model_dump(mode="json", by_alias=True) for c in s.constraints],
     }
