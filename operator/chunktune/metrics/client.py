@@ -72,30 +72,29 @@ class PrometheusClient:
         self._prom = PrometheusConnect(self.url, headers=dict(headers or {}), retry=_RETRY,
                                        timeout=math.ceil(timeout))
 
-    def query_sync(self, q: str, at: float | None = None) -> float | None:
-        """The value of an instant query at ``at`` (Unix seconds; default now): the first
-        sample of a vector or the scalar; ``None`` when empty or not a number. Blocks; raises
-        :class:`PrometheusError`."""
+    def _instant(self, q: str, at: float | None) -> Any:
+        """The raw result of an instant query at ``at`` (Unix seconds; default now). Blocks;
+        raises :class:`PrometheusError`."""
         params = {} if at is None else {"time": f"{at:.3f}"}
         try:
-            result = self._prom.custom_query(q, params=params)
+            return self._prom.custom_query(q, params=params)
         except PrometheusApiClientException as e:
             raise PrometheusError(f"{e} (query {q})") from e
         except (requests.RequestException, ValueError, KeyError, TypeError) as e:
             raise PrometheusError(f"cannot query {self.url}: {e}") from e
+
+    def query_sync(self, q: str, at: float | None = None) -> float | None:
+        """The value of an instant query at ``at`` (Unix seconds; default now): the first
+        sample of a vector or the scalar; ``None`` when empty or not a number. Blocks; raises
+        :class:`PrometheusError`."""
+        result = self._instant(q, at)
         return _value(result)
 
     def query_vector_sync(self, q: str, at: float | None = None) -> list[tuple[dict[str, str],
                                                                               float]]:
         """Every sample of an instant vector query at ``at``: ``(labels, value)``, non-numbers
         left out. Blocks; raises :class:`PrometheusError`."""
-        params = {} if at is None else {"time": f"{at:.3f}"}
-        try:
-            result = self._prom.custom_query(q, params=params)
-        except PrometheusApiClientException as e:
-            raise PrometheusError(f"{e} (query {q})") from e
-        except (requests.RequestException, ValueError, KeyError, TypeError) as e:
-            raise PrometheusError(f"cannot query {self.url}: {e}") from e
+        result = self._instant(q, at)
         out: list[tuple[dict[str, str], float]] = []
         for sample in result if isinstance(result, list) else []:
             if isinstance(sample, Mapping):
