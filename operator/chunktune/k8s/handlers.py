@@ -47,6 +47,8 @@ ANNOTATION_PREFIX = "chunktune.dev"
 FINALIZER = "chunktune.dev/finalizer"
 #: Seconds a stopping daemon may take (its trials stop and clean up) before kopf cancels it.
 CANCELLATION_TIMEOUT = 60.0
+#: Seconds between two looks at kopf's stop flag while a daemon sleeps.
+STOP_POLL = 0.25
 
 
 def configure_kopf(ours: Settings, settings: kopf.OperatorSettings) -> None:
@@ -83,25 +85,39 @@ def emitter(body: kopf.Body) -> Emit:
 
 
 class KopfLive:
-    """kopf's live body and stop flag, as :class:`chunktune.k8s.controller.Live`."""
+    """kopf's live body and stop flag, as :class:`chunktune.k8s.controller.Live`; the
+    operator's ``exiting`` flag stops it too (kopf never signals a daemon it spawned while
+    it was already stopping)."""
 
-    def __init__(self, body: kopf.Body, stopped: kopf.DaemonStopped) -> None:
+    def __init__(self, body: kopf.Body, stopped: kopf.DaemonStopped,
+                 exiting: asyncio.Event | None = None) -> None:
         self._body = body
         self._stopped = stopped
+        self._exiting = exiting or asyncio.Event()
 
     def body(self) -> Mapping[str, Any]:
         return self._body
 
     def stopping(self) -> str | None:
-        if not self._stopped:
-            return None
-        reason = self._stopped.reason
+        reason = self._stopped.reason if self._stopped else None
         if reason is not None and reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
             return "deleted"
-        return "exiting"
+        if self._stopped or self._exiting.is_set():
+            return "exiting"
+        return None
 
     async def sleep(self, seconds: float) -> None:
-        await self._stopped.wait(seconds)
+        """Sleep until ``seconds`` pass or a stop comes, whichever is first. NOTE: not
+        ``stopped.wait(seconds)``: its timer task outlives a daemon cancelled during it, and
+        kopf re-raises that task's TimeoutError from ``kopf.operator``."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + seconds
+        while self.stopping() is None:
+            left = due - loop.time()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exiting.wait(), min(left, STOP_POLL))
 
 
 def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
@@ -110,6 +126,10 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(op.settings, settings)
+
+    @kopf.on.cleanup(registry=registry)
+    def exiting(**_: Any) -> None:
+        op.exiting.set()
 
     async def refuse_if_invalid(body: kopf.Body) -> Any:
         tuning, problems = parse(body)
@@ -145,7 +165,8 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         exited = op.exited.setdefault(uid, asyncio.Event())
         exited.clear()
         try:
-            await StudyController(op, body, emitter(body)).serve(KopfLive(body, stopped))
+            live = KopfLive(body, stopped, op.exiting)
+            await StudyController(op, body, emitter(body)).serve(live)
         finally:
             exited.set()
 

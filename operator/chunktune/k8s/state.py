@@ -110,6 +110,9 @@ class Operator:
     exited: dict[str, asyncio.Event] = field(default_factory=dict)
     backends: list[KubernetesBackend] = field(default_factory=list)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    #: Set when kopf stops (its cleanup activity): a daemon kopf spawned after its daemon
+    #: killer had run is never signalled by kopf, and exits on this instead.
+    exiting: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def storage(self, tuning: ChunkedPrefillTuning, owner: mf.Owner) -> str:
         """The study's storage (:mod:`chunktune.k8s.storage`): its uid's journal, a confined
