@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -59,3 +60,35 @@ def test_requests_still_running_after_the_drain_timeout_are_timeouts(tmp_path, c
     assert "when the drain timeout expired" in failures["timeout"]["example"]
     assert sim["overall"]["requests"]["failed"] == failures["timeout"]["count"]
     assert sim["duration"]["drain"] == pytest.approx(1.0, abs=0.5)
+
+
+def calibrated(**terms: float) -> EngineTarget:
+    from chunktune.sim.calibration import profile as profiles
+    prof = profiles.CalibrationProfile(
+        model="llama-3.1-8b", gpu="h100-sxm", coefficients={
+            k: (1.0 if k.endswith("_scale") else 0.0) for k in profiles.COEFFICIENTS},
+        fit={}, fitted_on={}, **terms)
+    return dataclasses.replace(TARGET, calibration=prof.to_dict())
+
+
+def test_a_kept_replay_summarized_again_gives_what_a_new_replay_gives() -> None:
+    """``reuse_replays``: a trial that differs from a kept replay only by its delivery stalls
+    is summarized from that replay, with exactly a new replay's figures; a step gap (which the
+    engine sees) is replayed anew."""
+    profile = load_profile("chat").with_overrides(rate=6, duration=20, warmup=2)
+    kept = SimulatedBackend(reuse_replays=4)
+    terms = [{}, {"delivery_stall_prob": 0.04, "delivery_stall_s": 0.008},
+             {"delivery_stall_prob": 0.01, "delivery_stall_s": 0.002}, {"step_gap_s": 0.002}]
+    fresh_metrics = []
+    for t in terms:
+        plan = TrialPlan(0, FLAGS, calibrated(**t), profile)
+        fresh = SimulatedBackend().run_sync(plan)
+        again = kept.run_sync(plan)
+        assert fresh.state == again.state == TrialState.COMPLETE
+        assert again.metrics == fresh.metrics, t
+        fresh_metrics.append(fresh.metrics)
+    # the stalls changed what the clients saw, not the engine; the gap changed the engine
+    assert fresh_metrics[1]["chat.itl_p99"] > fresh_metrics[0]["chat.itl_p99"]
+    assert fresh_metrics[1]["engine_itl_p99"] == fresh_metrics[0]["engine_itl_p99"]
+    assert fresh_metrics[3]["chat.itl_p50"] > fresh_metrics[0]["chat.itl_p50"]
+    assert len(kept._replays) == 2  # one replay for the three stall settings, one for the gap

@@ -59,14 +59,21 @@ class SimulatedBackend(TrialBackend):
     name = "simulated"
 
     def __init__(self, max_parallel: int = 1, keep_steps: bool = False,
-                 steps_dir: str | Path | None = None, loads: int = 1) -> None:
+                 steps_dir: str | Path | None = None, loads: int = 1,
+                 reuse_replays: int = 0) -> None:
         self.max_parallel = max_parallel
         self.keep_steps = keep_steps
         self.steps_dir = Path(steps_dir) if steps_dir is not None else None
         self.loads = loads
         """Draws of the workload each trial replays (the profile's seed and the next ones):
         the metrics are their mean (:meth:`run_sync`)."""
+        self.reuse_replays = reuse_replays
+        """Replays kept (the latest ones) for trials that differ from them only by what the
+        clients see after the engine (a calibration profile's delivery stalls): such a trial
+        is summarized again from the kept replay, with the same figures a new replay gives,
+        in a fraction of its time (the twin's fit tries many stalls on the same runs)."""
         self._specs: dict[str, list[RequestSpec]] = {}
+        self._replays: dict[str, tuple[Engine, ReplayResult, float]] = {}
 
     def _requests(self, profile: Profile) -> list[RequestSpec]:
         key = repr(profile)
@@ -99,8 +106,21 @@ class SimulatedBackend(TrialBackend):
         first.load_seconds = sum(r.load_seconds or 0.0 for r in runs)
         return first
 
+    def _replay_key(self, plan: TrialPlan) -> str | None:
+        """What decides a replay, the delivery stalls left out; None when a replay is not to
+        be kept (reuse is off, or the trial reports windows or keeps its steps)."""
+        if not self.reuse_replays or self.keep_steps or plan.window_seconds is not None:
+            return None
+        calib = {k: v for k, v in (plan.target.calibration or {}).items()
+                 if k not in profiles.AFTER_ENGINE}
+        return repr((sorted(plan.params.items()), dataclasses.replace(
+            plan.target, calibration=calib or None), plan.profile, plan.drain_timeout))
+
     def _run_one(self, plan: TrialPlan, report: Reporter | None = None,
                  keep: bool = True) -> TrialResult:
+        key = self._replay_key(plan) if report is None else None
+        if key is not None and key in self._replays:
+            return self._resummarize(plan, *self._replays[key])
         t0 = time.perf_counter()
         target = plan.target
         try:
@@ -154,6 +174,30 @@ class SimulatedBackend(TrialBackend):
         else:
             summary = self._summary(plan, engine, result.requests, profile.duration,
                                     result.end_time, complete=True, calib=calib)
+        if key is not None and not pruned_at:
+            self._replays[key] = (engine, result, startup)
+            while len(self._replays) > self.reuse_replays:
+                del self._replays[next(iter(self._replays))]  # the oldest
+        out = self._result(engine, result, summary, calib, startup, time.perf_counter() - t1,
+                           pruned_at[0] if pruned_at else None)
+        if self.keep_steps and keep:
+            self._keep_steps(plan, engine, result, out)
+        return out
+
+    def _resummarize(self, plan: TrialPlan, engine: Engine, result: ReplayResult,
+                     startup: float) -> TrialResult:
+        """A kept replay summarized under ``plan``'s calibration (its delivery stalls)."""
+        t1 = time.perf_counter()
+        calib = calibration(plan.target)
+        summary = self._summary(plan, engine, result.requests, plan.profile.duration,
+                                result.end_time, complete=True, calib=calib)
+        return self._result(engine, result, summary, calib, startup, time.perf_counter() - t1,
+                            None)
+
+    @staticmethod
+    def _result(engine: Engine, result: ReplayResult, summary: LoadSummary,
+                calib: profiles.CalibrationProfile | None, startup: float, seconds: float,
+                pruned_at: int | None) -> TrialResult:
         server = _server(engine, result, result.end_time)
         metrics = flatten(summary, server)
         # What vLLM's step log would give: its elapsed time leaves out the wall time between
@@ -163,14 +207,10 @@ class SimulatedBackend(TrialBackend):
                                          result.steps.decodes, 99.0)
         if engine_itl is not None:
             metrics["engine_itl_p99"] = engine_itl
-        state = TrialState.PRUNED if pruned_at else TrialState.COMPLETE
-        out = TrialResult(state, metrics=metrics, summary=summary, server=server,
-                          reason="Pruned" if pruned_at else None,
-                          startup_seconds=startup, load_seconds=time.perf_counter() - t1,
-                          pruned_at=pruned_at[0] if pruned_at else None)
-        if self.keep_steps and keep:
-            self._keep_steps(plan, engine, result, out)
-        return out
+        state = TrialState.PRUNED if pruned_at is not None else TrialState.COMPLETE
+        return TrialResult(state, metrics=metrics, summary=summary, server=server,
+                           reason="Pruned" if pruned_at is not None else None,
+                           startup_seconds=startup, load_seconds=seconds, pruned_at=pruned_at)
 
     def _keep_steps(self, plan: TrialPlan, engine: Engine, replay: ReplayResult,
                     out: TrialResult) -> None:

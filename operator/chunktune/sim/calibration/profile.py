@@ -249,6 +249,11 @@ def build_profile(paths: list[str], logs: list[StepLog], fit: TwinFit, cost: Ste
             "device": next((m.device for m in metas if m.device), None)})
 
 
+#: The profile's terms that act after the engine (on what the clients receive): a replay
+#: does not depend on them, only its summary does.
+AFTER_ENGINE = ("delivery_stall_prob", "delivery_stall_s")
+
+
 def deliver(token_times: np.ndarray, prob: float, mean_s: float,
             rng: np.random.Generator) -> np.ndarray:
     """When a request's tokens, produced at ``token_times`` (seconds, ascending), reach its

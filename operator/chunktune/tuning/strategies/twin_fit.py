@@ -38,6 +38,8 @@ GAP_FIT_KEYS = ("e2e_p50", "e2e_p99", "itl_p50")
 #: probability that a token reaches its client late, and the mean delay.
 STALL_PROBS = (0.005, 0.01, 0.02, 0.04)
 STALL_MEANS = (0.001, 0.002, 0.004, 0.008)
+#: Replays the fit keeps (one per calibration run, with room to spare).
+REUSED_REPLAYS = 16
 #: The measured ITL percentiles that fit is judged on (over all requests).
 STALL_FIT_KEYS = ("itl_p50", "itl_p90", "itl_p95", "itl_p99")
 #: Standard latency metrics whose twin error is reported besides the goals'.
@@ -235,7 +237,8 @@ def replayer(tuner: TrialRunner, backend: SimulatedBackend | None = None) -> Sim
     """``simulate(point, profile) -> metrics`` for :func:`fit_profile`: ``tuner``'s trial at
     ``point`` replayed by the simulated backend on the twin of its engine under ``profile``,
     over the whole workload; no figures for a run that did not complete."""
-    backend = backend or SimulatedBackend()
+    # the fit summarizes each run's replay under many delivery stalls: kept, not replayed
+    backend = backend or SimulatedBackend(reuse_replays=REUSED_REPLAYS)
     plan0 = tuner.plan(0, {})
 
     def simulate(point: dict[str, Any], prof: profiles.CalibrationProfile) -> dict[str, float]:
