@@ -197,7 +197,7 @@ def test_an_all_real_study_rechecks_its_best_too(tmp_path: Path) -> None:
     from tests.tuning.conftest import manifest
 
     m = manifest(strategy={"name": "real", "recheckTrials": 2}, budget={"maxTrials": 6},
-                 workload={"profile": "mixed", "duration": "30s", "warmup": "5s"},
+                 workload={"profile": "mixed", "duration": "15s", "warmup": "3s"},
                  constraints=["error_rate <= 0.01"])
     tuner = make_tuner(tmp_path, m)
     why = asyncio.run(tuner.run())

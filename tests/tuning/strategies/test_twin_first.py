@@ -28,9 +28,12 @@ STRATEGY = {"name": "twin", "calibrationTrials": 3, "simulatedTrials": 25, "simu
             "confirmTrials": 2, "refineRounds": 1}
 
 
-def twin_manifest(**strategy: Any) -> dict[str, Any]:
+def twin_manifest(duration: str = "15s", warmup: str = "3s", **strategy: Any
+                  ) -> dict[str, Any]:
+    """A twin-first study of 8 real trials; 15 s trials unless a test needs the percentiles
+    of longer ones (tails compared across configurations or against the step log)."""
     return manifest(strategy={**STRATEGY, **strategy},
-                    workload={"profile": "mixed", "duration": "30s", "warmup": "5s"},
+                    workload={"profile": "mixed", "duration": duration, "warmup": warmup},
                     budget={"maxTrials": 8})
 
 
@@ -327,7 +330,7 @@ class NoisyHost(SimulatedBackend):
 
 
 def test_measurements_the_host_set_are_flagged_and_not_the_twins_error(tmp_path: Path) -> None:
-    m = twin_manifest(refineRounds=0)
+    m = twin_manifest("30s", "5s", refineRounds=0)
     events: list[TrialEvent] = []
     tuner = Tuner(parse_manifest(m), NoisyHost(3, 6.0, keep_steps=True,
                                                steps_dir=tmp_path / "steps"),
@@ -430,7 +433,7 @@ def test_latency_terms_recover_a_known_server(tmp_path: Path) -> None:
     first token, 2% of tokens delivered 4 ms late on average): the fit finds all three."""
     import dataclasses
 
-    m = twin_manifest(refineRounds=0)
+    m = twin_manifest("30s", "5s", refineRounds=0)
     m["spec"]["workload"]["profile"] = "chat"  # decodes: an ITL tail the stalls can set
     tuner = Tuner(parse_manifest(m), SimulatedBackend(), str(tmp_path / "s.journal"))
     backend = SimulatedBackend(keep_steps=True, steps_dir=tmp_path / "steps")
@@ -444,9 +447,11 @@ def test_latency_terms_recover_a_known_server(tmp_path: Path) -> None:
         assert res.steps_file
         runs.append(twin_fit.MeasuredRun(i, pt, dict(res.metrics), res.steps_file))
 
+    replays = SimulatedBackend(reuse_replays=twin_fit.REUSED_REPLAYS)  # as the fit's own
+
     def simulate(point: dict[str, Any], prof: Any) -> dict[str, float]:
         tgt = twin_fit.twin_target(tuner.target, prof.to_dict())
-        out = SimulatedBackend().run_sync(dataclasses.replace(plan0, params=point, target=tgt))
+        out = replays.run_sync(dataclasses.replace(plan0, params=point, target=tgt))
         return dict(out.metrics)
 
     fitted = twin_fit.fit_profile(tuner.target, runs, simulate)
