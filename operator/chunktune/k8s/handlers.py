@@ -47,8 +47,6 @@ ANNOTATION_PREFIX = "chunktune.dev"
 FINALIZER = "chunktune.dev/finalizer"
 #: Seconds a stopping daemon may take (its trials stop and clean up) before kopf cancels it.
 CANCELLATION_TIMEOUT = 60.0
-#: Seconds between two looks at kopf's stop flag while a daemon sleeps.
-STOP_POLL = 0.25
 
 
 def configure_kopf(ours: Settings, settings: kopf.OperatorSettings) -> None:
@@ -107,17 +105,21 @@ class KopfLive:
         return None
 
     async def sleep(self, seconds: float) -> None:
-        """Sleep until ``seconds`` pass or a stop comes, whichever is first. NOTE: not
+        """Sleep until ``seconds`` pass or a stop comes, whichever is first, waking at once on
+        either flag (kopf gives a daemon a few loop cycles to exit before it waits its
+        cancellation backoff: a deleted resource would keep its finalizer that long). NOTE: not
         ``stopped.wait(seconds)``: its timer task outlives a daemon cancelled during it, and
         kopf re-raises that task's TimeoutError from ``kopf.operator``."""
-        loop = asyncio.get_running_loop()
-        due = loop.time() + seconds
-        while self.stopping() is None:
-            left = due - loop.time()
-            if left <= 0:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._exiting.wait(), min(left, STOP_POLL))
+        if self.stopping() is not None:
+            return
+        waits = [asyncio.ensure_future(self._stopped.wait()),
+                 asyncio.ensure_future(self._exiting.wait())]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
 
 def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
