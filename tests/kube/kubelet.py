@@ -4,16 +4,18 @@
 the node: every Pod that appears gets a unique loopback IP (``127.0.x.y``, ``x, y >= 1``, never
 ``127.0.0.1``) and its containers run as local subprocesses; their status, readiness probes,
 exit codes and logs are written back to the emulator as a kubelet would. It also plays the Job
-controller (a Job gets one pod at a time from its template until it completes or exhausts its
-``backoffLimit``) and a minimal Deployment controller (``replicas`` pods from the template,
-owned directly by the Deployment, with ready/available counts).
+controller (a Job gets up to ``parallelism`` pods at a time from its template until it completes
+or exhausts its ``backoffLimit``) and a minimal Deployment controller (``replicas`` pods from the
+template, owned directly by the Deployment, with ready/available counts).
 
 There are no images, containers or network namespaces: ``command`` + ``args`` run on this
 machine (the first word resolved on ``PATH`` as is; a container without ``command`` runs the
 entrypoint given for its image in ``entrypoints=``), the process environment is this process's
 environment plus the container's ``env``/``envFrom``, and since every pod shares the host's
 network, a bind host ``0.0.0.0`` in the command, args or env values is rewritten to the pod's IP
-so that two pods can listen on the same port. Probe periods are compressed to
+so that two pods can listen on the same port, and a Service's DNS name (``NAME.NS.svc:PORT``)
+in them becomes the IP and target port of a running pod the Service selects (the container
+waits until there is one). Probe periods are compressed to
 ``probe_interval`` so tests stay fast. Containers are never restarted (every pod behaves as
 ``restartPolicy: Never``); ``configMap``, ``secret`` and ``emptyDir`` volumes become per-pod
 local folders (paths under a mount path in command, args and env are rewritten to them); other
@@ -45,6 +47,7 @@ import logging
 import os
 import pathlib
 import random
+import re
 import shutil
 import signal
 import tempfile
@@ -73,6 +76,11 @@ JOBS = kmock.resource('batch', 'v1', 'jobs')
 DEPLOYMENTS = kmock.resource('apps', 'v1', 'deployments')
 CONFIGMAPS = kmock.resource('', 'v1', 'configmaps')
 SECRETS = kmock.resource('', 'v1', 'secrets')
+SERVICES = kmock.resource('', 'v1', 'services')
+#: A Service's DNS name in a word (``NAME.NS.svc``, optionally ``.cluster.local``), with a port.
+_DNS_LABEL = r'([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)'
+_SERVICE_HOST = re.compile(rf'\b{_DNS_LABEL}\.{_DNS_LABEL}'
+                           r'\.svc(?:\.cluster\.local)?(?::(\d+))?(?![\w.-])')
 
 _IP_SPACE = 255 * 254  # 127.0.1.1 ... 127.0.255.254
 _ip_lock = threading.Lock()
@@ -359,9 +367,11 @@ class _PodRunner:
                 await self.publish()
                 await asyncio.sleep(max(self.kubelet.probe_interval, 0.1))
         command = list(spec.get('command') or self.kubelet.entrypoint(spec.get('image')))
-        words = command + list(spec.get('args') or [])
-        argv = [self.kubelet.remap(self.kubelet.rebind(expand(str(word), env), self.ip),
-                                   mounts) for word in words]
+        words = [expand(str(word), env) for word in command + list(spec.get('args') or [])]
+        while (found := [self.kubelet.resolve_services(w) for w in words]) and None in found:
+            await asyncio.sleep(max(self.kubelet.probe_interval, 0.1))  # no endpoint yet
+        argv = [self.kubelet.remap(self.kubelet.rebind(str(word), self.ip), mounts)
+                for word in found]
         process_env = self.kubelet.base_env(self.name)
         process_env.update({k: self.kubelet.remap(self.kubelet.rebind(v, self.ip), mounts)
                             for k, v in env.items()})
@@ -611,6 +621,39 @@ class FakeKubelet:
     def rebind(text: str, ip: str) -> str:
         """No network namespaces here: a pod binding ``0.0.0.0`` binds its own IP instead."""
         return text.replace('0.0.0.0', ip)
+
+    def resolve_services(self, text: str) -> str | None:
+        """No cluster DNS or Service proxy here: ``NAME.NS.svc[:PORT]`` of a Service in the
+        emulator becomes the IP of a running pod it selects (and ``PORT`` the port's
+        ``targetPort``). None while the Service selects no running pod yet (the container
+        waits, as a client would retry); a name that is no Service stays as it is."""
+        server = self.kube.server
+        missing = False
+
+        def one(m: re.Match[str]) -> str:
+            nonlocal missing
+            name, namespace, port = m.group(1), m.group(2), m.group(3)
+            svc = server.store_get(SERVICES, namespace, name)
+            if svc is None:
+                return m.group(0)
+            spec = svc.get('spec') or {}
+            want = spec.get('selector') or {}
+            ips = [pod['status']['podIP'] for pod in server.store_list(PODS)
+                   if pod['metadata'].get('namespace') == namespace and want and all(
+                       (pod['metadata'].get('labels') or {}).get(k) == v
+                       for k, v in want.items())
+                   and _phase(pod) == 'Running' and (pod.get('status') or {}).get('podIP')]
+            if not ips:
+                missing = True
+                return m.group(0)
+            if port is None:
+                return str(ips[0])
+            target = next((p.get('targetPort', p['port']) for p in spec.get('ports') or []
+                           if str(p.get('port')) == port), port)
+            return f'{ips[0]}:{target}'
+
+        out = _SERVICE_HOST.sub(one, text)
+        return None if missing else out
 
     # ---- the event loop of the kubelet --------------------------------------------------
 
@@ -865,8 +908,9 @@ class FakeKubelet:
                 condition['lastTransitionTime'] = before.get('lastTransitionTime')
 
     async def _reconcile_job(self, job: Body) -> bool:
-        """The Job controller, for one pod at a time: a new pod from the template whenever
-        none is active, until ``completions`` (default 1) pods succeeded (condition
+        """The Job controller: new pods from the template while fewer than ``parallelism``
+        (default 1) are active and fewer than ``completions`` are active or succeeded, until
+        ``completions`` (default 1) pods succeeded (condition
         ``Complete``) or more than ``backoffLimit`` (default 6) failed (condition ``Failed``,
         reason ``BackoffLimitExceeded``). Returns whether to keep watching."""
         spec, old = job.get('spec') or {}, job.get('status') or {}
@@ -897,7 +941,9 @@ class FakeKubelet:
                     await self.kube.server.store_delete(PODS, meta['namespace'],
                                                         pod['metadata']['name'])
             active, done = [], True
-        elif not active and not spec.get('suspend'):
+        elif not spec.get('suspend') and len(active) < min(
+                int(spec.get('parallelism', 1)),
+                int(spec.get('completions') or 1) - succeeded):
             await self._create_pod(job, 'batch/v1', f"{meta['name']}-", {
                 'job-name': meta['name'], 'batch.kubernetes.io/job-name': meta['name'],
                 'controller-uid': meta['uid'], 'batch.kubernetes.io/controller-uid': meta['uid']})
