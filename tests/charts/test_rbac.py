@@ -26,6 +26,7 @@ NAMESPACED = {
     rule("", "pods", "get", "list", "watch", "create", "delete", "patch"),
     rule("", "pods/log", "get"),
     rule("batch", "jobs", "get", "list", "watch", "create", "delete"),
+    rule("", "services", "get", "list", "create", "delete"),
     rule("", "configmaps", "get", "list", "watch", "create", "update", "patch", "delete"),
     rule("", "events", "create", "patch"),
     rule("apps", "deployments", "get", "list", "patch"),

@@ -157,9 +157,9 @@ def study_in(journal: Path, name: str, namespace: str = "default") -> Any:
 
 
 def trial_objects(kube: KubeEmulator, name: str) -> list[str]:
-    """``kind/name`` of every trial object (pods, jobs, configmaps) of tuning ``name``."""
+    """``kind/name`` of every trial object (pods, jobs, configmaps, services) of ``name``."""
     out = []
-    for res in ("pods", "jobs", "configmaps"):
+    for res in ("pods", "jobs", "configmaps", "services"):
         out += [f"{res}/{o['metadata']['name']}" for o in
                 kube.objects(res, "default", label_selector=f"{TUNING}={name},{TRIAL}")]
     return out

@@ -4,6 +4,8 @@ load run`` Jobs on loopback."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -147,3 +149,46 @@ async def test_invalid_spec_is_refused_with_the_field_named(
         status = await wait_phase(kube, "bad", ("Running",))
         assert {c["type"]: c for c in status["conditions"]}["SpecValid"]["status"] == "True"
         assert status["observedGeneration"] == 2
+
+
+async def test_a_distributed_load_runs_a_worker_job_that_reaches_its_master_by_service(
+        kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    """``workload.loadWorkers: 2`` in the cluster: the load Job's pod is Locust's master, the
+    Service ``<trial>-lm`` leads to it, and the worker Job runs both ``chunktune load worker``
+    pods at once; the trial completes on their requests, and every object goes with it."""
+    seen: dict[str, str] = {}  # worker pod -> the last phase seen
+    services: set[str] = set()
+
+    async def watch() -> None:
+        while True:
+            for pod in await asyncio.to_thread(kube.objects, "pods", "default"):
+                labels = pod["metadata"].get("labels") or {}
+                if str(labels.get("job-name", "")).endswith("-lw"):
+                    seen[pod["metadata"]["name"]] = (pod.get("status") or {}).get("phase", "")
+            services.update(s["metadata"]["name"]
+                            for s in await asyncio.to_thread(kube.objects, "services", "default"))
+            await asyncio.sleep(0.1)
+
+    kube.create("cpt", tuning("dist", workload={"profile": "smoke", "duration": "4s",
+                                                "warmup": "1s", "loadWorkers": 2},
+                              budget={"maxTrials": 1, "parallelism": 1}), "default")
+    watcher = asyncio.create_task(watch())
+    try:
+        async with running_operator(kube, operator_settings(tmp_path)):
+            status = await wait_phase(kube, "dist", ("Succeeded", "Failed"), timeout=120)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    assert status["phase"] == "Succeeded", (status.get("message"), [
+        (t.get("reason"), t.get("message")) for t in status.get("trials") or []], seen)
+    assert status["counts"]["completed"] == 1, status
+    assert len(seen) == 2 and set(seen.values()) == {"Succeeded"}, seen
+    assert any(name.endswith("-lm") for name in services), services
+    (trial,) = study_in(journal_of(kube, tmp_path, "dist"), "dist").trials
+    assert trial_state(trial) == "COMPLETE"
+    metrics = trial.user_attrs["metrics"]
+    assert metrics["error_rate"] == 0.0 and metrics["request_rate"] > 0, metrics
+    assert not trial_objects(kube, "dist")
+    assert not [s for s in kube.objects("services", "default")
+                if s["metadata"]["name"].endswith("-lm")]

@@ -150,6 +150,10 @@ watched namespace's Role otherwise. Least privilege; each rule says what needs i
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "delete"]
+# A distributed load's Service in front of Locust's master (workload.loadWorkers).
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "create", "delete"]
 # Each trial's workload profile, and spec.output.configMap (the best flags).
 - apiGroups: [""]
   resources: ["configmaps"]

@@ -145,7 +145,7 @@ class BackendSettings:
     """Most bytes of an engine's log read for its steps (a longer log: its first steps)."""
 
 
-_KINDS = ("jobs", "pods", "configmaps")
+_KINDS = ("jobs", "pods", "configmaps", "services")
 
 #: Seconds between ``/metrics`` samples during the load of an engine that logs its steps (the
 #: KV-usage peak then comes from the step log; the samples are its fallback when the log cannot

@@ -51,6 +51,7 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 _KINDS: dict[str, tuple[str, str]] = {
     "pods": ("core", "namespaced_pod"),
     "configmaps": ("core", "namespaced_config_map"),
+    "services": ("core", "namespaced_service"),
     "secrets": ("core", "namespaced_secret"),
     "events": ("core", "namespaced_event"),
     "jobs": ("batch", "namespaced_job"),
