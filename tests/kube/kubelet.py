@@ -638,11 +638,11 @@ class FakeKubelet:
                 return m.group(0)
             spec = svc.get('spec') or {}
             want = spec.get('selector') or {}
-            ips = [pod['status']['podIP'] for pod in server.store_list(PODS)
-                   if pod['metadata'].get('namespace') == namespace and want and all(
-                       (pod['metadata'].get('labels') or {}).get(k) == v
-                       for k, v in want.items())
-                   and _phase(pod) == 'Running' and (pod.get('status') or {}).get('podIP')]
+            selector = Selector.from_params(
+                {'labelSelector': ','.join(f'{k}={v}' for k, v in want.items())}, namespace)
+            ips = [pod['status']['podIP'] for pod in server.store_list(PODS, selector)
+                   if want and _phase(pod) == 'Running'
+                   and (pod.get('status') or {}).get('podIP')]
             if not ips:
                 missing = True
                 return m.group(0)
