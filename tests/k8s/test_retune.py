@@ -20,8 +20,6 @@ long prefill, both met the bound and 8192 kept the lower TTFT (4 of 5 runs faile
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import subprocess
 import sys
@@ -45,6 +43,7 @@ from tests.k8s.conftest import (
 )
 from tests.kube.emulator import KubeEmulator
 from tests.kube.kubelet import FakeKubelet
+from tests.kube.objects import Listener, WatchEvent
 from tests.metrics.prometheus import HAVE_PROMETHEUS, MISSING, free_port, prometheus
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
@@ -104,13 +103,21 @@ def retune_status(kube: KubeEmulator) -> dict[str, Any]:
     return dict(status_of(kube, "keep").get("retune") or {})
 
 
-async def _watch_deployment(kube: KubeEmulator, seen: list[tuple[float, list[str]]]) -> None:
-    """Record when the Deployment's args change (wall clock)."""
-    while True:
-        args = await asyncio.to_thread(deployment_args, kube)
+def _watch_deployment(kube: KubeEmulator, seen: list[tuple[float, list[str]]]) -> Listener:
+    """Record when the Deployment's args change (wall clock, at each committed change: a
+    poller can miss the last patch, which lands just before the status that the test waits
+    for)."""
+    def on_change(event: WatchEvent) -> None:
+        obj = event.object
+        if event.resource.plural != "deployments" or event.name != "prod" or \
+                event.type == "DELETED":
+            return
+        args = [str(a) for a in obj["spec"]["template"]["spec"]["containers"][0]["args"]]
         if not seen or seen[-1][1] != args:
             seen.append((time.time(), args))
-        await asyncio.sleep(0.1)
+
+    kube.server.add_listener(on_change)
+    return on_change
 
 
 @pytest.mark.timeout(600)
@@ -120,6 +127,8 @@ async def test_drift_starts_a_retune_that_patches_only_after_confirmation(
     with start_server("llama-3.1-8b", ["--max-model-len", "16384", "--served-model-name",
                                        "prod"]) as srv, \
             prometheus(tmp_path / "prom", [srv.url.removeprefix("http://")]) as prom:
+        seen: list[tuple[float, list[str]]] = []
+        watcher = _watch_deployment(kube, seen)
         kube.create("deployments", {"metadata": {"name": "prod", "annotations": {
             "chunktune.dev/allow-patch": "keep"}}, "spec": {
             "replicas": 0, "selector": {"matchLabels": {"app": "prod"}}, "template": {
@@ -142,8 +151,6 @@ async def test_drift_starts_a_retune_that_patches_only_after_confirmation(
                       retune={"interval": "2s", "drift": {"promptLength": 1.0},
                               "slo": False, "minRequests": 5, "consecutiveChecks": 2,
                               "strategy": "real", "maxTrials": 2, "confirmTrials": 1})
-        seen: list[tuple[float, list[str]]] = []
-        watcher = asyncio.create_task(_watch_deployment(kube, seen))
         state = tmp_path / "state"
         load = Load(tmp_path, srv.url, SHORT)
         try:
@@ -183,9 +190,7 @@ async def test_drift_starts_a_retune_that_patches_only_after_confirmation(
                     timeout=300, interval=0.2, message="the re-tune deciding")
         finally:
             load.stop()
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            kube.server.remove_listener(watcher)
     # the re-tune's study: the running configuration, the other one, its confirmation
     import optuna
 
