@@ -41,7 +41,9 @@ THRESHOLDS: dict[tuple[str, str], tuple[float, float]] = {
     # the engine's linear layers (a measured GPU's own GEMM table) against the per-layer sums
     # of the other sources; Vidur's are slower than vLLM's where compute-bound (cross-check)
     ("vidur-linear", "engine"): (0.09, 0.12),
-    ("llmss-linear", "engine"): (0.03, 0.04),
+    # (0.0394 before the GEMM grids were made non-decreasing in m: LLMServingSim's RTX PRO
+    # 6000 GEMMs run 4-8% above AIConfigurator's, whose noisy points that lowered)
+    ("llmss-linear", "engine"): (0.03, 0.045),
     # NCCL's curve (Vidur), committed sub-sample
     ("vidur-nccl", "in-sample"): (0.08, 0.135),
     ("vidur-nccl", "loo-gpu"): (0.26, 0.345),

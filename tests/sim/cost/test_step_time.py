@@ -223,16 +223,21 @@ def test_linear_operators_sum_to_the_layer():
 
 
 def test_a_measured_gpu_interpolates_its_own_gemm_grid():
-    """At a measured shape the engine's GEMM is the measurement (weights beyond the L2); between
-    the grid's widths and token counts it interpolates in log space, monotone where the
-    neighbours are; a small weight the benchmark kept in L2 is floored at its HBM streaming
-    time; a GPU without a grid of its own (the H200) uses its fitted form."""
+    """At a measured shape the engine's GEMM is the measurement (weights beyond the L2), or the
+    fastest measured at more rows where that is faster (the grid made non-decreasing in m);
+    between the grid's widths and token counts it interpolates in log space, monotone where
+    the neighbours are; a small weight the benchmark kept in L2 is floored at its HBM
+    streaming time; a GPU without a grid of its own (the H200) uses its fitted form."""
     grid = [p for p in aic_data.read_committed_gemm()
             if p.gpu == "h100-sxm" and p.dtype == "bf16" and p.n * p.k * 2 > 2**27]
     gpu, c = resolve_gpu("h100-sxm"), coefficients("h100-sxm")
+    lowered = 0
     for p in grid[::53]:
         got = gemm_time(np.array([float(p.m)]), p.k, p.n, gpu, c)[0]
-        assert got * 1e6 == pytest.approx(p.us, rel=1e-3)
+        floor = min(q.us for q in grid if (q.n, q.k) == (p.n, p.k) and q.m >= p.m)
+        assert got * 1e6 == pytest.approx(floor, rel=1e-3)
+        lowered += floor < p.us
+    assert 0 < lowered < len(grid[::53]) / 2
     t = gemm_table.table("h100-sxm", "bf16")
     assert t is not None and t.covers(6144, 4096) and not t.covers(64, 4096)
     lo, hi = (float(t.seconds(np.array([m]), 4096, 4096)[0]) for m in (1024, 2048))

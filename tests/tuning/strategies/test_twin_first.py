@@ -151,7 +151,14 @@ def test_an_untrusted_twin_falls_back_to_real_trials(tmp_path: Path) -> None:
     asyncio.run(tuner.run())
     warnings = [e for e in events if e.kind == "warning" and e.reason == "TwinUntrusted"]
     assert warnings and "maxTwinError" in (warnings[0].message or "")
-    phases = [t.user_attrs.get(st.ATTR_PHASE) for t in real_trials(tuner)]
+    # a fallback trial the sampler proposed at a point already measured is skipped, not run
+    # again, and spends no budget
+    skipped = [t for t in real_trials(tuner) if st.trial_state(t) == TrialState.SKIPPED]
+    measured = {json.dumps(t.user_attrs["point"], sort_keys=True) for t in real_trials(tuner)
+                if st.trial_state(t) != TrialState.SKIPPED}
+    assert all(json.dumps(t.user_attrs["point"], sort_keys=True) in measured for t in skipped)
+    phases = [t.user_attrs.get(st.ATTR_PHASE) for t in real_trials(tuner)
+              if st.trial_state(t) != TrialState.SKIPPED]
     # the rest of the real budget ran as ordinary trials (no phase of the twin)
     # (a maxTwinError near 0 also confirms only what the twin puts above the measured best)
     assert len(phases) == 8 and 1 <= phases.count("confirm") <= 2
@@ -341,7 +348,9 @@ def test_measurements_the_host_set_are_flagged_and_not_the_twins_error(tmp_path:
     assert confirm
     for t in trials:  # every real trial has the engine's own ITL from its step log
         met = t.user_attrs[st.ATTR_METRICS]
-        assert 0 < met["engine_itl_p99"] <= 1.1 * met["itl_p99"]
+        # (a p99 over the window's few long prefill steps: the engine's view and the clients'
+        # differ by which tokens each counts, 13% at the 16384-token budget)
+        assert 0 < met["engine_itl_p99"] <= 1.25 * met["itl_p99"]
     # the confirmations' ITL is 6x what their steps gave: flagged, listed, not counted
     report = twin_report.twin_report(tuner.study, tuner.objectives, tuner.constraints, 0.25)
     assert all("outside_engine" in row for row in report["confirmed"])
@@ -460,10 +469,11 @@ def test_latency_terms_recover_a_known_server(tmp_path: Path) -> None:
     truth = dataclasses.replace(base, step_gap_s=0.0005, server_overhead_s=0.05,
                                 delivery_stall_prob=0.02, delivery_stall_s=0.004)
     measured = [dataclasses.replace(r, metrics=simulate(r.point, truth)) for r in runs]
-    # stalls show in the clients' ITL tail (its p90 here: the p95 and p99 are prefill
-    # steps), not in its median
+    # stalls show in the clients' ITL tail, not in its median (here +0.4 ms at the p95, +0.7
+    # ms at the p99; before async scheduling was modelled, +2 ms at the p90)
     calm = simulate(points[0], dataclasses.replace(truth, delivery_stall_prob=0.0))
-    assert measured[0].metrics["itl_p90"] > calm["itl_p90"] + 0.002
+    for q in ("itl_p95", "itl_p99"):
+        assert measured[0].metrics[q] > calm[q] + 0.0003, q
     assert measured[0].metrics["itl_p50"] == pytest.approx(calm["itl_p50"], rel=0.05)
     # and a run the host disturbed: tokens in bursts (ITL p50 0), 100 ms more before the
     # first token; left out, or the time before the first token would be the host's
