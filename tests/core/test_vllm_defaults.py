@@ -18,6 +18,7 @@ from chunktune.core.steps import parse_meta
 from chunktune.core.trials import TrialResult, TrialState
 from chunktune.core.vllm_release import image_version, parse_version
 from chunktune.sim.engine.memory import plan_memory
+from chunktune.sim.engine.virtual import build_engine
 from tests.api.factories import quickstart, vllm_manifest
 
 
@@ -59,6 +60,35 @@ def test_defaults_follow_the_version():
     same = resolve(EngineArgs(max_model_len=8192, gpu_memory_utilization=0.92), m, h100,
                    (0, 20, 0))
     assert plan_memory(same).kv_cache == pytest.approx(p_new.kv_cache + p_new.cudagraph)
+
+
+def test_async_scheduling_follows_the_version_and_the_flag():
+    """On by default since 0.14 (``--no-async-scheduling`` turns it off), off before unless
+    ``--async-scheduling``; the step then takes the longer of the host's part and the GPU's
+    instead of their sum."""
+    h100, m = resolve_gpu("h100-sxm"), resolve_model("llama-3.1-8b")
+    args = EngineArgs(max_model_len=8192)
+    assert resolve(args, m, h100).async_scheduling is True
+    assert resolve(args, m, h100, (0, 14, 0)).async_scheduling is True
+    assert resolve(args, m, h100, (0, 13, 0)).async_scheduling is False
+    assert resolve(args, m, h100, (0, 12, 0)).flags()["async-scheduling"] is False
+    on = dataclasses.replace(args, async_scheduling=True)
+    off = dataclasses.replace(args, async_scheduling=False)
+    assert resolve(on, m, h100, (0, 12, 0)).async_scheduling is True
+    assert resolve(off, m, h100).async_scheduling is False
+    assert EngineArgs.from_point({"async-scheduling": False}).async_scheduling is False
+    with pytest.raises(SpecError, match="--async-scheduling"):
+        EngineArgs.from_point({"async-scheduling": "sometimes"})
+    sync = build_engine(off, m, h100).cost
+    overlapped = build_engine(args, m, h100).cost
+    host = sync.c.step_overhead_s + sync.c.per_request_overhead_s * 32
+    step = (32, 32, 32, [], 32, 32 * 1500)
+    assert overlapped.step_time(*step) == pytest.approx(sync.step_time(*step) - host)
+    # a step whose GPU part is shorter than the host's takes the host's time
+    tiny = dataclasses.replace(m, num_hidden_layers=1)
+    one = build_engine(args, tiny, h100).cost
+    host1 = one.c.step_overhead_s + one.c.per_request_overhead_s
+    assert one.step_time(1, 1, 1, [], 1, 10) == pytest.approx(host1)
 
 
 def test_manifest_names_the_version_or_its_image_does():

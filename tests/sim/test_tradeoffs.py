@@ -31,7 +31,7 @@ def test_larger_budget_buys_long_prompts_little_ttft():
     """On this trace (Llama-3.1-8B, H100) a larger budget barely moves the long prompts' TTFT:
     a 2,048-token chunk already runs the H100's GEMMs at their measured compute-bound rate
     (AIConfigurator's vLLM kernels), so larger chunks save only per-step costs while queueing
-    sets the TTFT (p50 0.758 s at 2048, 0.759 s at 8192; mean 0.783 s and 0.788 s). Under the
+    sets the TTFT (p50 0.741 s at 2048, 0.759 s at 8192). Under the
     earlier fit on Vidur's slower GEMMs a larger budget lowered them (p50 0.92 s -> 0.90 s).
     The price of the larger budget is the chat ITL p99 (next test)."""
     small, large = run(2048), run(8192)
@@ -41,9 +41,16 @@ def test_larger_budget_buys_long_prompts_little_ttft():
         assert b == pytest.approx(a, rel=0.05), stat
 
 
-def test_larger_budget_raises_chat_p99_itl():
+def test_larger_budget_lengthens_chat_decode_stalls():
+    """A chat decode that shares a step with a long prompt's chunk waits for the whole chunk:
+    the worst gap is 0.37 s at 8192 against 0.10 s at 2048. How far into chat's tail such
+    steps reach depends on how many decode tokens run between them: the p99 is 0.072 s
+    against 0.071 s with async scheduling (vLLM's default), 0.160 s against 0.074 s without
+    it, whose slower decode steps leave the long steps' tokens above 1% of chat's."""
     small, large = run(2048), run(8192)
-    assert large["classes"]["chat"]["itl"]["p99"] > 1.5 * small["classes"]["chat"]["itl"]["p99"]
+    chat_small, chat_large = small["classes"]["chat"]["itl"], large["classes"]["chat"]["itl"]
+    assert chat_large["max"] > 3 * chat_small["max"]
+    assert chat_large["p99"] >= chat_small["p99"]
 
 
 def test_lower_threshold_protects_chat_while_long_prompts_run():

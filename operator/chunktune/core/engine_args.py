@@ -94,6 +94,8 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None
     scheduling_policy: str = _default("scheduling-policy")
     enforce_eager: bool = _default("enforce-eager")
+    async_scheduling: bool | None = None
+    """None: as the engine's vLLM version does (on since 0.14)."""
     max_cudagraph_capture_size: int | None = None
     enable_logging_iteration_details: bool = _default("enable-logging-iteration-details")
     """Only ``sim serve`` reads it: its step log (:mod:`chunktune.core.steps`)."""
@@ -197,6 +199,8 @@ class ResolvedConfig:
     num_gpu_blocks_override: int | None
     enforce_eager: bool
     scheduling_policy: str = "fcfs"
+    #: whether the host prepares the next step while the GPU runs this one
+    async_scheduling: bool = False
     enable_prefix_caching: bool = False
     cudagraph_capture_sizes: tuple[int, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
@@ -347,6 +351,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         enforce_eager=args.enforce_eager,
+        async_scheduling=bool(values["async-scheduling"]),
         scheduling_policy=args.scheduling_policy,
         enable_prefix_caching=args.enable_prefix_caching,
         cudagraph_capture_sizes=graphs,

@@ -316,6 +316,9 @@ _ENTRIES: tuple[Flag, ...] = (
          str, "fcfs or priority", choices=("fcfs", "priority"), default="fcfs"),
     Flag("enable-prefix-caching", "bool", VLLM_ENGINES,
          "reuse KV blocks of shared prompt prefixes (vLLM: on by default)", default=True),
+    Flag("async-scheduling", "bool", VLLM_ENGINES,
+         "prepare the next step on the host while the GPU runs this one (vLLM: on by default "
+         "since 0.14)"),
     Flag("enforce-eager", "bool", VLLM_ENGINES,
          "no CUDA graphs: no graph memory, more launch overhead per step", default=False),
     Flag("max-cudagraph-capture-size", "int", VLLM_ENGINES, "largest CUDA-graph batch",
@@ -535,7 +538,8 @@ def engine_defaults(given: Mapping[str, Any], gpu: GPU | None, model_max_len: in
       ``max-num-seqs * max-model-len``;
     - ``batch_seqs`` (``max-num-seqs``): the GPU's default, at most the budget;
     - ``sglang_chunk`` (SGLang's ``chunked-prefill-size``): 8192 on GPUs of >= 60 GiB, else 4096;
-    - ``memory_fraction`` (``gpu-memory-utilization``): 0.92 since vLLM 0.21, 0.9 before.
+    - ``memory_fraction`` (``gpu-memory-utilization``): 0.92 since vLLM 0.21, 0.9 before;
+    - ``async-scheduling``: on since vLLM 0.14, off before.
     """
     default_budget, default_seqs = batch_defaults(gpu, cpu, version)
     values: dict[str, Any] = {}
@@ -546,6 +550,8 @@ def engine_defaults(given: Mapping[str, Any], gpu: GPU | None, model_max_len: in
             values[f.name] = given.get(f.name, f.default)
     if engine == "sim" and "enable-prefix-caching" not in given:
         values["enable-prefix-caching"] = False
+    if "async-scheduling" in values and given.get("async-scheduling") is None:
+        values["async-scheduling"] = vllm_release.async_scheduling(version)
     if "memory_fraction" in rules:
         name = rules["memory_fraction"]
         values[name] = given.get(name, vllm_release.default_gpu_memory_utilization(version))

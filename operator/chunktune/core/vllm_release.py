@@ -16,7 +16,12 @@ version did (release dates from PyPI):
 - ``vllm serve``'s batch defaults (``EngineArgs.get_batch_defaults``): 8192 tokens and 1024
   sequences on GPUs of 70 GiB or more except A100s (PR #17885, in 0.9.0), else 2048 / 256;
   16384 / 1024 on GPUs of 160 GiB or more (PR #51726, merged on 2026-08-10, the day 0.27.0
-  was published; first in 0.28.0, published 2026-08-26 with the issue it caused, #53961).
+  was published; first in 0.28.0, published 2026-08-26 with the issue it caused, #53961);
+- async scheduling (the host prepares the next step while the GPU runs this one) is on unless
+  ``--no-async-scheduling`` since 0.14.0 (PR #27614, the last item of the plan in issue #27679,
+  merged in December 2025; #31998 of 2026-01-08 extended the default to speculative decoding);
+  before, only with ``--async-scheduling``. The release is inferred from those dates, not read
+  from release notes.
 
 Versions before 0.9.0 (V0's defaults, name-keyed V1 defaults) are not modelled.
 """
@@ -37,6 +42,7 @@ OLDEST: Version = (0, 9, 0)
 GPU_MEMORY_UTILIZATION_092 = (0, 21, 0)
 CUDAGRAPHS_PROFILED = (0, 21, 0)
 LARGE_MEMORY_TIER = (0, 28, 0)
+ASYNC_SCHEDULING = (0, 14, 0)
 
 #: The supported vLLM release series (``major.minor``).
 VLLM_VERSION = f"{CURRENT[0]}.{CURRENT[1]}"
@@ -98,3 +104,8 @@ def cudagraphs_profiled(v: Version | None) -> bool:
 def large_memory_tier(v: Version | None) -> bool:
     """Whether vLLM ``v`` has the 16384 / 1024 batch defaults for GPUs of >= 160 GiB."""
     return (v or CURRENT) >= LARGE_MEMORY_TIER
+
+
+def async_scheduling(v: Version | None) -> bool:
+    """Whether vLLM ``v`` schedules asynchronously unless told otherwise."""
+    return (v or CURRENT) >= ASYNC_SCHEDULING

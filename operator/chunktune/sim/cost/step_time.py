@@ -20,7 +20,9 @@ A step's time is the sum of
 - **tensor-parallel all-reduces**, two per layer of the step's activations
   (:func:`chunktune.sim.cost.collectives.tp_allreduce_s`);
 - a fixed **per-step overhead** (scheduling, input preparation, launch) plus a small cost per
-  scheduled request.
+  scheduled request: the host's part of a step. Under async scheduling (vLLM's default since
+  0.14) the host prepares the next step while the GPU runs this one, so a step takes the
+  longer of the two parts, not their sum.
 
 Every coefficient is the GPU's own, fitted on its measured kernels, or borrowed from the
 nearest measured GPU (:mod:`chunktune.sim.cost.coefficients`, fitted by
@@ -402,10 +404,12 @@ class StepCostModel:
 
     def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
                  enforce_eager: bool = False, interconnect: Interconnect | None = None,
-                 weight_dtype: str | None = None, kv_dtype_bytes: float | None = None) -> None:
+                 weight_dtype: str | None = None, kv_dtype_bytes: float | None = None,
+                 async_scheduling: bool = False) -> None:
         """``weight_dtype``: what the linear layers run in (``WEIGHT_DTYPES``; None: the
         model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``); ``kv_dtype_bytes``:
-        bytes per KV-cache element (None: the model's dtype)."""
+        bytes per KV-cache element (None: the model's dtype); ``async_scheduling``: the host's
+        part of a step overlaps the GPU's (see the module docstring)."""
         if weight_dtype is None:
             weight_dtype = "fp8" if model.weight_dtype == "fp8" else "bf16"
         if gpu.l2_mib <= 0 or gpu.boost_mhz <= 0:
@@ -441,9 +445,11 @@ class StepCostModel:
         ar[0] = 0.0
         self._allreduce: list[float] = ar.tolist()
         self._overhead = c.step_overhead_s
-        if enforce_eager:
-            self._overhead += c.eager_launch_overhead_per_layer_s * layers
+        # without CUDA graphs every kernel is launched from the host inside the forward: part
+        # of the GPU's time, not overlapped by async scheduling
+        self._eager = c.eager_launch_overhead_per_layer_s * layers if enforce_eager else 0.0
         self._per_req = c.per_request_overhead_s
+        self.async_scheduling = async_scheduling
         self.max_tokens = max_tokens
         self.calibration: tuple[float, ...] | None = None
         """A calibration profile's coefficients (see :mod:`chunktune.sim.calibration.profile`):
@@ -542,12 +548,13 @@ class StepCostModel:
                                                decode_context_tokens)
                     + per_tok * num_tokens + per_pair * pairs
                     + per_kv * decode_context_tokens + gap)
-        t = self._overhead + self._per_req * num_reqs + self.linear_time(num_tokens)
+        host = self._overhead + self._per_req * num_reqs
+        t = self._eager + self.linear_time(num_tokens)
         t += self.attention_time(prefill_chunks, num_decodes, decode_context_tokens)
         if num_logits:
             t += self._lm_weight_s + self._lm_row_s * num_logits
         t += self.allreduce_time(num_tokens)
-        return t
+        return max(host, t) if self.async_scheduling else host + t
 
     def prefill_time(self, prompt: int, chunk: int | None = None) -> float:
         """Time to prefill one prompt alone in chunks of ``chunk`` tokens (whole if None)."""

@@ -99,7 +99,8 @@ class Engine:
         self.cost = StepCostModel(cfg.model, cfg.gpu, cfg.tensor_parallel_size,
                                   max_tokens=cfg.max_num_batched_tokens,
                                   enforce_eager=cfg.enforce_eager,
-                                  kv_dtype_bytes=cfg.kv_cache_dtype_bytes)
+                                  kv_dtype_bytes=cfg.kv_cache_dtype_bytes,
+                                  async_scheduling=cfg.async_scheduling)
         self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
 
     def kv_tokens_in_use(self) -> int:
