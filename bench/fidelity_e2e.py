@@ -102,31 +102,28 @@ def main() -> int:
     replays = [e2e.replay_silicon(r) for r in chosen]
     replays += [e2e.replay_engine_run(r) for r in runs]
     if a.rows:
-        print(f"{'run':58} {'ttft meas':>9} {'sim':>9} {'err':>7} {'lockstep':>9} "
+        print(f"{'run':58} {'ttft meas':>9} {'sim':>9} {'err':>7} "
               f"{'tpot meas':>9} {'sim':>7} {'err':>7}")
         for r in replays:
             if r.skipped:
                 print(f"{r.name:58} not run: {r.skipped}")
                 continue
             assert r.ttft_s is not None and r.tpot_s is not None
-            lock = r.ttft_lockstep_err
             print(f"{r.name:58} {r.measured_ttft_s * 1e3:7.1f}ms {r.ttft_s * 1e3:7.1f}ms "
-                  f"{r.ttft_err:+7.1%} {'-' if lock is None else f'{lock:+.1%}':>9} "
-                  f"{r.measured_tpot_s * 1e3:7.2f}ms {r.tpot_s * 1e3:5.2f}ms "
+                  f"{r.ttft_err:+7.1%} {r.measured_tpot_s * 1e3:7.2f}ms {r.tpot_s * 1e3:5.2f}ms "
                   f"{r.tpot_err:+7.1%}")
         print()
-    print(f"{'GPU, precision':22} {'rows':>4} {'run':>4} {'TPOT':>7} {'TTFT':>7} "
-          f"{'TTFT-ls':>7}  (median |error|; not run: why)")
+    print(f"{'GPU, precision':22} {'rows':>4} {'run':>4} {'TPOT':>7} {'TTFT':>7}  "
+          "(median |error|; not run: why)")
     for g in e2e.summarize(replays).values():
         why = "; ".join(f"{n} {reason}" for reason, n in g.skipped.items())
         print(f"{g.group:22} {g.rows:4} {g.run:4} {pct(g.tpot_median_abs_err)} "
-              f"{pct(g.ttft_median_abs_err)} {pct(g.ttft_lockstep_median_abs_err)}"
-              + (f"  not run: {why}" if why else ""))
+              f"{pct(g.ttft_median_abs_err)}" + (f"  not run: {why}" if why else ""))
     notes = [f"{p} rows model {what}" for p, what in e2e.MODELLED_PRECISIONS.items() if what]
-    print("\nTPOT, TTFT: closed-loop client desynchronised (its first N requests sent evenly "
-          "over one request's\nlifetime); TTFT-ls: lockstep (the first N sent at once and "
-          "kept together). Both average the\nsecond wave of N. RTX rows: LLMServingSim's "
-          "open-loop runs, engine-side timestamps."
+    print("\nSilicon rows: InferenceX's client (10 x N requests of lengths drawn in [0.8 L, L], "
+          "N in flight,\nthe first N at once; means over all) against InferenceX's engine "
+          "flags (FP8 KV cache, async\nscheduling). RTX rows: LLMServingSim's open-loop runs, "
+          "engine-side timestamps."
           + ("\n" + "; ".join(notes) if notes else ""))
     print(f"({len(chosen)} of {len(silicon)} silicon rows{' (--quick)' if a.quick else ''}, "
           f"{len(runs)} RTX runs; {time.perf_counter() - t0:.0f} s)")

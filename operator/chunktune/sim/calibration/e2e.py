@@ -11,26 +11,23 @@ Two sets of measured runs, each replayed as its client ran it:
   offline engine with timed injection, open loop, engine-side timestamps (no server cost),
   replayed by :func:`chunktune.sim.calibration.fidelity.simulate_run`.
 
-How the closed-loop client is modelled (:func:`replay_closed_loop`). A benchmark client
-(``vllm bench serve --max-concurrency N``, genai-perf/aiperf in concurrency mode) sends its
-first N requests at once, so their prefills collide in the first steps, and sends the next
-request the instant one completes. With identical requests the groups the first wave formed
-stay together: requests prefilled in one step finish in one step and their successors are
-prefilled together again. Real clients drift apart (network and client jitter, the API
-server tokenising requests one after another, a group straddling a step boundary), and a
-group once split never merges again. The replay brackets the measured steady state by the
-two ends of that drift, each replaying ``3 N`` requests and averaging the second wave
-(requests ``N .. 2N-1``; the first is warm-up, the third keeps N in flight to the end):
-
-- **lockstep**: the first N sent at once, nothing desynchronising them later;
-- **desynchronised**: the first N sent evenly over one request's lifetime (``osl`` decode
-  steps of N requests, from the cost model), so requests start and finish spread out, the
-  state a long run drifts to.
-
-TPOT hardly depends on which (every request's decode shares its steps with the others'
-prefills either way): the figure compared is the desynchronised one. TTFT does: both are
-reported. Measured light-load TTFT (tens of ms where a lockstep wave's prefills take
-hundreds) lies near the desynchronised end; at 64 requests in flight, between the two.
+How the silicon rows ran. The Llama-3.1-70B rows are InferenceX's vLLM benchmarks
+(SemiAnalysisAI/InferenceX, ``benchmarks/70b_fp8_{h100,h200}_slurm.sh`` and
+``70b_fp8_b200_docker.sh``; AIConfigurator's ``inferencex.py`` adapter maps their ``llama70b``
+to ``meta-llama/Llama-3.1-70B``); the rows naming vLLM 0.12.0 (Llama-3.1-8B FP8 on H200,
+Qwen3-32B on H100) record no harness and are replayed the same way, an assumption. The
+engine (:func:`silicon_engine`): ``--kv-cache-dtype fp8 --async-scheduling
+--no-enable-prefix-caching --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9
+--max-num-seqs CONC`` (512 on B200), ``--max-model-len`` ISL+OSL+20 at 1k/1k, +200 with an
+8k side, else 10240. (B200's fused all-reduce + RMSNorm and FP8-quant kernels and its
+decode-only CUDA graphs are not modelled.) The client (:func:`replay_client`): vLLM's
+``benchmark_serving.py --dataset-name random --random-range-ratio 0.8 --num-prompts
+CONC*10 --max-concurrency CONC --request-rate inf --ignore-eos``: the first CONC requests
+sent at once, the next one the instant one completes, each request's prompt and output
+lengths drawn uniformly from ``[int(0.8 L), L]`` (the script's ``sample_random_requests``),
+and the means over all CONC*10 requests, the first wave's included. The drawn lengths are
+what desynchronises a first wave sent at once: its requests finish at different steps, so
+their successors' prefills spread out.
 """
 
 from __future__ import annotations
@@ -51,7 +48,6 @@ from chunktune.core.vllm_release import Version, parse_version
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.calibration.fidelity import measured_latencies, simulate_run
 from chunktune.sim.cost.kernel_data import EngineRun
-from chunktune.sim.engine.request import Request
 from chunktune.sim.engine.virtual import API_SERVER, Engine, ServerCost, build_engine
 
 #: silicon-e2e's ``system`` -> our GPU name.
@@ -64,11 +60,11 @@ SILICON_MODELS = {"Qwen/Qwen3-32B": "qwen3-32b", "meta-llama/Llama-3.1-70B": "ll
 #: Precisions the replay runs (``precision`` column), with what it leaves out where it leaves
 #: something out; the rest are reported, not run.
 MODELLED_PRECISIONS = {"bf16": "", "fp8": ""}
-#: Requests sent per concurrency slot, and which wave is measured (see the module docstring).
-WAVES = 3
-MEASURED_WAVE = 1
-#: The two client models :func:`replay_closed_loop` takes.
-LOCKSTEP, DESYNCHRONISED = "lockstep", "desynchronised"
+#: InferenceX's client (see the module docstring): requests per concurrency slot, the
+#: lengths' range ratio, and the seed of the replay's draw.
+PROMPTS_PER_SLOT = 10
+RANGE_RATIO = 0.8
+CLIENT_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -93,9 +89,8 @@ class ServingRun:
 
     @property
     def request_steps(self) -> int:
-        """What replaying it costs: requests x output tokens of the waves simulated, under
-        both client models."""
-        return 2 * (MEASURED_WAVE + 2) * self.concurrency * self.osl
+        """What replaying it costs: requests x output tokens."""
+        return PROMPTS_PER_SLOT * self.concurrency * self.osl
 
 
 def read_silicon(path: Path) -> list[ServingRun]:
@@ -120,11 +115,10 @@ class Replay:
     group: str
     measured_ttft_s: float
     measured_tpot_s: float
-    #: simulated means: desynchronised client (open loop: the run's own arrivals)
+    #: simulated means (under the run's own client: closed loop as InferenceX's, open loop at
+    #: the run's arrivals)
     ttft_s: float | None = None
     tpot_s: float | None = None
-    #: mean TTFT under the lockstep client (closed loop only)
-    ttft_lockstep_s: float | None = None
     skipped: str | None = None
 
     @property
@@ -132,18 +126,14 @@ class Replay:
         return None if self.ttft_s is None else self.ttft_s / self.measured_ttft_s - 1.0
 
     @property
-    def ttft_lockstep_err(self) -> float | None:
-        return (None if self.ttft_lockstep_s is None
-                else self.ttft_lockstep_s / self.measured_ttft_s - 1.0)
-
-    @property
     def tpot_err(self) -> float | None:
         return None if self.tpot_s is None else self.tpot_s / self.measured_tpot_s - 1.0
 
 
 def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Version | None]:
-    """The engine a silicon row ran, as the simulator takes it, and the vLLM version whose
-    defaults apply (the row's; None where it records none: the current one); raises
+    """The engine a silicon row ran (InferenceX's flags, the module docstring says which), as
+    the simulator takes it, and the vLLM version whose defaults apply (the row's; None where
+    it records none: the current one); raises
     :class:`SpecError` naming what the simulator does not model."""
     if run.precision not in MODELLED_PRECISIONS:
         raise SpecError(f"{run.precision} weights are not modelled")
@@ -156,41 +146,41 @@ def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Versi
     model = resolve_model(SILICON_MODELS[run.model])
     online = "fp8" if run.precision == "fp8" and not model.quantization else None
     version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
-    return EngineArgs(tensor_parallel_size=run.tp, quantization=online), model, gpu, version
+    if (run.isl, run.osl) == (1024, 1024):
+        model_len = run.isl + run.osl + 20
+    elif 8192 in (run.isl, run.osl):
+        model_len = run.isl + run.osl + 200
+    else:
+        model_len = 10240
+    args = EngineArgs(tensor_parallel_size=run.tp, quantization=online, kv_cache_dtype="fp8",
+                      async_scheduling=True, max_num_batched_tokens=8192,
+                      max_num_seqs=512 if run.system == "b200_sxm" else run.concurrency,
+                      gpu_memory_utilization=0.9, max_model_len=model_len)
+    return args, model, gpu, version
 
 
-def replay_closed_loop(engine: Engine, isl: int, osl: int, concurrency: int,
-                       server: ServerCost, client: str = DESYNCHRONISED
-                       ) -> tuple[float, float]:
-    """(mean TTFT, mean TPOT) of the measured wave of a closed-loop client keeping
-    ``concurrency`` requests of ``isl`` / ``osl`` tokens in flight, its first wave sent as
-    ``client`` says (see the module docstring); TPOT = (E2E - TTFT) / (osl - 1)."""
-    n = concurrency
-    first = [0.0] * n
-    if client == DESYNCHRONISED:
-        ctx = isl + osl // 2
-        step = engine.cost.step_time(n, n, n, [], n, n * ctx)
-        first = [i * osl * step / n for i in range(n)]
-    elif client != LOCKSTEP:
-        raise ValueError(f"client must be {LOCKSTEP} or {DESYNCHRONISED} (got {client!r})")
-    specs = [RequestSpec(i, first[i] if i < n else None, isl, osl, 0)
-             for i in range(WAVES * n)]
-    lo, hi = MEASURED_WAVE * n, (MEASURED_WAVE + 1) * n
-    cursor = [lo]
-
-    def measured_done(_now: float, reqs: list[Request]) -> bool:
-        while cursor[0] < hi and cursor[0] < len(reqs) and reqs[cursor[0]].finish_time >= 0:
-            cursor[0] += 1
-        return cursor[0] >= hi
-
-    res = engine.replay(specs, concurrency=n, record_steps=False, tick=0.05,
-                        on_tick=measured_done, server_overhead_s=server.fixed_s,
+def replay_client(engine: Engine, run: ServingRun, server: ServerCost,
+                  seed: int = CLIENT_SEED) -> tuple[float, float]:
+    """(mean TTFT, mean TPOT) of ``run`` replayed as InferenceX's client sent it (see the
+    module docstring): ``PROMPTS_PER_SLOT`` x ``run.concurrency`` requests of drawn lengths,
+    ``run.concurrency`` in flight, the first wave at once; TPOT = (E2E - TTFT) / (the
+    request's output tokens - 1), each mean over every request."""
+    n = run.concurrency
+    total = PROMPTS_PER_SLOT * n
+    rng = np.random.default_rng(seed)
+    isl = rng.integers(int(run.isl * RANGE_RATIO), run.isl + 1, total)
+    osl = rng.integers(int(run.osl * RANGE_RATIO), run.osl + 1, total)
+    specs = [RequestSpec(i, 0.0 if i < n else None, int(isl[i]), int(osl[i]), 0)
+             for i in range(total)]
+    res = engine.replay(specs, concurrency=n, record_steps=False,
+                        server_overhead_s=server.fixed_s,
                         server_per_token_s=server.per_prompt_token_s)
-    wave = [r for r in res.requests if lo <= r.rid < hi]
-    if len(wave) < n or any(r.finish_time < 0 for r in wave):
-        raise RuntimeError(f"closed-loop replay stopped before request {hi - 1} finished")
-    ttft = [r.first_token - r.arrival for r in wave]
-    tpot = [(r.finish_time - r.first_token) / max(osl - 1, 1) for r in wave]
+    if len(res.requests) < total or any(r.finish_time < 0 for r in res.requests):
+        raise RuntimeError(f"closed-loop replay of {run.name} stopped before every request "
+                           "finished")
+    ttft = [r.first_token - r.arrival for r in res.requests]
+    tpot = [(r.finish_time - r.first_token) / max(int(osl[r.rid]) - 1, 1)
+            for r in res.requests]
     return float(np.mean(ttft)), float(np.mean(tpot))
 
 
@@ -205,11 +195,8 @@ def replay_silicon(run: ServingRun) -> Replay:
         return _skip(base, str(e))
     except EngineStartupError as e:
         return _skip(base, f"the engine does not start here ({e.reason})")
-    ttft, tpot = replay_closed_loop(engine, run.isl, run.osl, run.concurrency, API_SERVER,
-                                    DESYNCHRONISED)
-    lockstep, _ = replay_closed_loop(build_engine(args, model, gpu, version), run.isl,
-                                     run.osl, run.concurrency, API_SERVER, LOCKSTEP)
-    return Replay(run.name, group, run.ttft_s, run.tpot_s, ttft, tpot, lockstep)
+    ttft, tpot = replay_client(engine, run, API_SERVER)
+    return Replay(run.name, group, run.ttft_s, run.tpot_s, ttft, tpot)
 
 
 def replay_engine_run(run: EngineRun) -> Replay:
@@ -238,7 +225,6 @@ class GroupFigures:
     run: int
     tpot_median_abs_err: float | None
     ttft_median_abs_err: float | None
-    ttft_lockstep_median_abs_err: float | None
     skipped: dict[str, int]
 
 
@@ -260,15 +246,14 @@ def summarize(replays: Iterable[Replay]) -> dict[str, GroupFigures]:
             return statistics.median(v) if v else None
 
         out[g] = GroupFigures(g, len(rs), len(ran), med([r.tpot_err for r in ran]),
-                              med([r.ttft_err for r in ran]),
-                              med([r.ttft_lockstep_err for r in ran]), skipped)
+                              med([r.ttft_err for r in ran]), skipped)
     return out
 
 
 @dataclass(frozen=True)
 class FirstTokenResidual:
     """A light-load silicon row: its measured mean TTFT against the replay's without any
-    server cost (prefill and step waits only, desynchronised client)."""
+    server cost (prefill and step waits only, the run's client)."""
 
     run: ServingRun
     simulated_s: float
@@ -303,7 +288,7 @@ def first_token_residuals(runs: Sequence[ServingRun], max_concurrency: int = 4,
             engine = build_engine(args, model, gpu, version)
         except (SpecError, EngineStartupError):
             continue
-        ttft, _ = replay_closed_loop(engine, run.isl, run.osl, run.concurrency, ServerCost())
+        ttft, _ = replay_client(engine, run, ServerCost())
         out.append(FirstTokenResidual(run, ttft))
     return out
 
@@ -316,11 +301,14 @@ def fit_server_cost(residuals: Sequence[FirstTokenResidual],
     if not residuals:
         raise ValueError("no light-load rows to fit the cost before the first token on")
     top = max(r.run.tp for r in residuals)
-    left = [r.residual_s - per_prompt_token_s * r.run.isl for r in residuals if r.run.tp == top]
+    # the client's prompts average (1 + RANGE_RATIO) / 2 of the row's ISL
+    mean_prompt = (1 + RANGE_RATIO) / 2
+    left = [r.residual_s - per_prompt_token_s * mean_prompt * r.run.isl for r in residuals
+            if r.run.tp == top]
     return ServerCost(float(statistics.median(left)), per_prompt_token_s)
 
 
-def quick(runs: Sequence[ServingRun], budget: int = 150_000) -> list[ServingRun]:
+def quick(runs: Sequence[ServingRun], budget: int = 250_000) -> list[ServingRun]:
     """The rows whose replay is cheap (:attr:`ServingRun.request_steps` within ``budget``):
     what the CI guard replays."""
     return [r for r in runs if r.request_steps <= budget]

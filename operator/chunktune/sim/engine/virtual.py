@@ -48,7 +48,7 @@ class ServerCost:
 #: the fixed part fitted on AIConfigurator's light-load vLLM runs
 #: (:func:`chunktune.sim.calibration.e2e.first_token_residuals`), tokenization at an assumed
 #: 2 us per prompt token (the end-to-end runs cannot separate it from the prefill).
-API_SERVER = ServerCost(fixed_s=0.0252, per_prompt_token_s=2e-6)
+API_SERVER = ServerCost(fixed_s=0.0208, per_prompt_token_s=2e-6)
 
 
 def server_cost(profile_overhead_s: float | None) -> ServerCost:
