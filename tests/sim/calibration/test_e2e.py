@@ -18,13 +18,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 import fidelity_e2e  # noqa: E402
 
 #: Per GPU and precision, the median |error| a refit may not exceed: (TPOT, TTFT), each a
-#: little above what the committed model measures on the quick set (H100 4.9% / 11.7%, H200
-#: 5.9% / 12.7%, B200 6.8% / 15.9%, RTX PRO 6000 7.7% / 13.5%, RTX 4090 0.1% / 1.4%); and the
+#: little above what the committed model measures on the quick set (H100 3.4% / 11.6%, H200
+#: 6.5% / 13.1%, B200 7.4% / 16.7%, RTX PRO 6000 7.7% / 13.5%, RTX 4090 0.1% / 1.4%); and the
 #: rows that must run. None: no figure.
 THRESHOLDS: dict[str, tuple[float | None, float | None, int]] = {
-    "h100-sxm fp8": (0.055, 0.125, 19),
-    "h200 fp8": (0.065, 0.135, 37),
-    "b200 fp8": (0.075, 0.17, 24),
+    "h100-sxm fp8": (0.04, 0.125, 19),
+    # the FP8 KV cache costed as its kernels were measured (0.58x the bf16 cache's time on a
+    # large KV, not 0.5x) slowed the H200's replay, whose light-load rows were already slow
+    # (5.9% -> 6.5%), and the B200's (6.8% -> 7.4%); all rows, the 70B runs' median went
+    # 6.3% -> 6.1% and their mean 8.1% -> 7.1% (bench/RESULTS.md)
+    "h200 fp8": (0.07, 0.135, 37),
+    "b200 fp8": (0.08, 0.17, 24),
     # its Qwen3-32B TP 2 run is 11% fast in TPOT (-9% before async scheduling was modelled)
     "rtx-pro-6000 bf16": (0.085, 0.145, 2),
     "rtx4090 bf16": (0.02, 0.03, 1),

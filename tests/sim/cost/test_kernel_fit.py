@@ -32,6 +32,10 @@ THRESHOLDS: dict[tuple[str, str], tuple[float, float]] = {
     ("attention-decode", "loo-gpu"): (0.14, 0.17),
     ("attention-mixed", "in-sample"): (0.095, 0.105),
     ("attention-mixed", "loo-gpu"): (0.115, 0.125),
+    # an FP8 KV cache's decodes; held out, a GPU takes its neighbour's bf16 decode terms too
+    # (B200 from the H100: 34%)
+    ("attention-kv-fp8", "in-sample"): (0.05, 0.10),
+    ("attention-kv-fp8", "loo-gpu"): (0.17, 0.35),
     ("all-reduce", "in-sample"): (0.19, 0.56),
     ("all-reduce", "loo-gpu"): (0.53, 0.99),
     ("moe", "in-sample"): (0.14, 0.165),
@@ -83,6 +87,7 @@ def test_kernel_report_regression(report):
     assert have["attention-prefill"] == have["attention-decode"] == {
         "a100-sxm", "h100-sxm", "l40s", "rtx-pro-6000", "b200", "rtx4090"}
     assert have["attention-mixed"] == {"rtx-pro-6000", "rtx4090"}
+    assert have["attention-kv-fp8"] == {"h100-sxm", "l40s", "rtx-pro-6000", "b200"}
     assert have["gemm-fp8"] == {"h100-sxm", "l40s", "rtx-pro-6000", "b200"}
 
 

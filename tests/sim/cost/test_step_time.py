@@ -44,11 +44,14 @@ def test_vectorized_attention_matches_the_engine_path():
         vec = family_fit.attention_pred_us(c, a)
         for p, v in zip(pts + rows, vec, strict=True):
             if isinstance(p, aic_data.AttentionRow):
-                s = AttentionShape(p.heads, p.kv_heads, aic_data.HEAD_DIM, 2.0)
+                fp8 = p.kind == "decode-fp8"  # an FP8 cache, costed as the engine costs it
+                s = AttentionShape(p.heads, p.kv_heads, aic_data.HEAD_DIM,
+                                   c.attn_kv_fp8_bytes if fp8 else 2.0)
                 chunks = [(p.prompt, 0)] * p.batch if p.kind == "prefill" else []
                 dec = 0 if p.kind == "prefill" else p.batch
-                one = attention_layer_time(s, resolve_gpu(p.gpu), c, chunks, dec,
-                                           dec * (p.history + 1)) * 1e6
+                one = (attention_layer_time(s, resolve_gpu(p.gpu), c, chunks, dec,
+                                            dec * (p.history + 1))
+                       + (c.attn_kv_fp8_overhead_s if fp8 else 0.0)) * 1e6
             else:
                 s = AttentionShape.of(resolve_model(p.model), p.tp)
                 one = attention_layer_time(s, resolve_gpu(p.gpu), c,

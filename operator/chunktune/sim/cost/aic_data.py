@@ -33,6 +33,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 AIC_DIR = "aiconfigurator-vllm"
 DATA = Path(__file__).with_name("data")
 GEMM_PATH = DATA / "aic_gemm_us.csv"
@@ -144,13 +146,30 @@ def read_committed_gemm(path: Path = GEMM_PATH) -> list[GemmPoint]:
     return out
 
 
+def envelope(log_us: np.ndarray) -> np.ndarray:
+    """A measured curve (log time at increasing size: a GEMM's rows ``m``, an all-reduce's
+    bytes) made non-decreasing: each point is at most the fastest time measured at a larger
+    size. Less work never costs more in an engine (a GEMM's rows can run as the larger GEMM:
+    vLLM pads a decode batch to a CUDA-graph size anyway), and a benchmark's timing is slower,
+    never faster, than the kernel can be (a busy GPU, an unlucky kernel or algorithm choice),
+    so a slower point at a smaller size is the benchmark's, not the engine's. Where it
+    matters: B200's FP8 GEMM grid, whose single-row and few-row points ran up to 6.9x slower
+    than a larger ``m`` of the same weight (325 of its 399 one-row points over 1.25x; the
+    other grids' worst are 1.2-6.3x, mostly at ``m`` <= 16); B200's all-reduce over 8 ranks,
+    whose 256 KiB and 512 KiB messages took 26 us where 1 MiB took 17 us (vLLM's custom
+    all-reduce switches to its two-stage algorithm at 256 KiB on 8 ranks; the engine's
+    end-to-end decode steps do not show it, ``bench/fidelity_e2e.py``)."""
+    return np.asarray(np.minimum.accumulate(np.asarray(log_us)[::-1])[::-1])
+
+
 # ---- attention ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class AttentionRow:
     """One layer's attention on one rank: ``batch`` prompts of ``prompt`` tokens prefilled
     from scratch (``kind`` ``prefill``) or ``batch`` decodes with ``history`` tokens of KV each
-    (``decode``); ``heads`` and ``kv_heads`` per rank, head size 128, bf16 KV cache."""
+    (``decode``: a bf16 KV cache; ``decode-fp8``: an FP8 one, ``--kv-cache-dtype fp8``);
+    ``heads`` and ``kv_heads`` per rank, head size 128."""
 
     gpu: str
     kind: str
@@ -162,11 +181,14 @@ class AttentionRow:
     us: float
 
 
-#: Rows read: full attention (no sliding window), head size 128, bf16 KV, query heads a
-#: multiple of the KV heads and at most ``MAX_GROUP`` per KV head (the models simulated).
+#: Rows read: full attention (no sliding window), head size 128, query heads a multiple of
+#: the KV heads and at most ``MAX_GROUP`` per KV head (the models simulated); bf16 KV, and for
+#: decodes also FP8 KV (kind ``decode-fp8``; prefills with an FP8 KV cache are not read).
 HEAD_DIM = 128
 MAX_GROUP = 16
 ATTENTION_TABLES = {"prefill": "context_attention_perf", "decode": "generation_attention_perf"}
+#: The kind of a decode row by its ``kv_cache_dtype``.
+DECODE_KINDS = {"bfloat16": "decode", "fp8": "decode-fp8"}
 
 
 def read_attention(root: Path) -> list[AttentionRow]:
@@ -176,19 +198,20 @@ def read_attention(root: Path) -> list[AttentionRow]:
             files = _versions(root, folder, table)
             if not files:
                 continue
-            acc: dict[tuple[int, int, int, int, int], list[float]] = defaultdict(list)
+            acc: dict[tuple[str, int, int, int, int, int], list[float]] = defaultdict(list)
             for r in _rows(files[0]):
-                if (r.get("window_size", "0") != "0" or int(r["head_dim"]) != HEAD_DIM
-                        or r["kv_cache_dtype"] != "bfloat16"):
+                row_kind = (kind if r["kv_cache_dtype"] == "bfloat16" else None
+                            ) if kind == "prefill" else DECODE_KINDS.get(r["kv_cache_dtype"])
+                if (row_kind is None or r.get("window_size", "0") != "0"
+                        or int(r["head_dim"]) != HEAD_DIM):
                     continue
                 h, kv = int(r["num_heads"]), int(r["num_key_value_heads"])
                 if h % kv or h // kv > MAX_GROUP:
                     continue
                 b = int(r["batch_size"])
                 prompt, hist = (int(r["isl"]), 0) if kind == "prefill" else (1, int(r["step"]))
-                acc[(b, prompt, hist, h, kv)].append(float(r["latency"]) * 1e3)
-            out += [AttentionRow(gpu, kind, *k, statistics.median(v))
-                    for k, v in sorted(acc.items())]
+                acc[(row_kind, b, prompt, hist, h, kv)].append(float(r["latency"]) * 1e3)
+            out += [AttentionRow(gpu, *k, statistics.median(v)) for k, v in sorted(acc.items())]
     return out
 
 
@@ -300,8 +323,9 @@ def write_points(att: list[AttentionRow], moe: list[MoeRow], path: Path = POINTS
         fh.write(f"# Derived from {SOURCE}{{context,generation}}_attention_perf and moe_perf: "
                  "a sub-grid, microseconds per layer on one rank.\n")
         fh.write("# attention: a=batch, b=prompt (prefill) or 1, c=history (decode) or 0, "
-                 "d=heads, e=kv heads (head size 128, bf16 KV); moe: dtype in kind, a=tokens, "
-                 "b=hidden, c=inter, d=topk, e=experts, f=tp (balanced routing).\n")
+                 "d=heads, e=kv heads (head size 128; KV bf16, fp8 in decode-fp8); moe: dtype "
+                 "in kind, a=tokens, b=hidden, c=inter, d=topk, e=experts, f=tp (balanced "
+                 "routing).\n")
         w = csv.writer(fh)
         w.writerow(["kind", "gpu", "a", "b", "c", "d", "e", "f", "us"])
         for r in att:

@@ -33,6 +33,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "attention-decode": ("attn_per_decode_s", "attn_decode_alone_overhead_s",
                          "attn_decode_memory_eff"),
     "attention-mixed": ("attn_mixed_memory_eff", "attn_reread_l2_bytes_per_sm_s"),
+    "attention-kv-fp8": ("attn_kv_fp8_bytes", "attn_kv_fp8_overhead_s"),
     "all-reduce": ("allreduce_latency_s", "allreduce_link_eff"),
     "moe": ("moe_compute_eff", "moe_memory_eff", "moe_overhead_s", "moe_smoothness"),
 }
@@ -98,6 +99,12 @@ class KernelCoefficients:
     attn_per_wave_s: float
     attn_decode_alone_overhead_s: float
     attn_decode_memory_eff: float
+    #: an FP8 KV cache (``--kv-cache-dtype fp8``): the bytes one KV element costs the attention
+    #: kernels at the bf16 cache's rates (its size is 1; the FP8 kernels read it slower: H100's
+    #: FlashAttention 3 and B200's FlashInfer decode 4k+ KV tokens in ~0.58x the bf16 time,
+    #: not 0.5x), and the fixed seconds per layer it adds (the query's quantisation)
+    attn_kv_fp8_bytes: float
+    attn_kv_fp8_overhead_s: float
     #: routed experts of a fused MoE layer: fractions of the data sheet's peak and HBM, a fixed
     #: cost per layer and the exponent of the soft maximum of compute and memory
     moe_compute_eff: float

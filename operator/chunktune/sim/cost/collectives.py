@@ -164,13 +164,13 @@ def gpu_interconnect(gpu: GPU) -> Interconnect:
 
 @lru_cache(maxsize=1)
 def _measured() -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
-    """(GPU, ranks) -> (log bytes, log seconds) of vLLM's measured all-reduce."""
+    """(GPU, ranks) -> (log bytes, log seconds) of vLLM's measured all-reduce, made
+    non-decreasing (:func:`chunktune.sim.cost.aic_data.envelope`)."""
     acc: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for r in aic_data.read_committed_allreduce():
         acc.setdefault((r.gpu, r.ranks), []).append((float(r.nbytes), r.us * 1e-6))
-    # a larger message never takes less time (the timings' noise, under a nanosecond, aside)
     return {k: (np.log([b for b, _ in sorted(v)]),
-                np.maximum.accumulate(np.log([t for _, t in sorted(v)])))
+                aic_data.envelope(np.log([t for _, t in sorted(v)])))
             for k, v in acc.items()}
 
 

@@ -53,7 +53,8 @@ START: dict[str, tuple[float, float]] = {
     "attn_tile_memory_eff": (1.0, 0.3), "attn_mixed_memory_eff": (1.0, 0.3),
     "attn_reread_l2_bytes_per_sm_s": (1e10, 3e9), "attn_smoothness": (4.0, 1.0),
     "attn_per_wave_s": (1e-6, 1e-6), "attn_decode_alone_overhead_s": (4e-6, 1e-6),
-    "attn_decode_memory_eff": (0.85, 0.1),
+    "attn_decode_memory_eff": (0.85, 0.1), "attn_kv_fp8_bytes": (1.0, 0.1),
+    "attn_kv_fp8_overhead_s": (1e-6, 1e-6),
     "allreduce_latency_s": (1e-5, 1e-5), "allreduce_link_eff": (0.5, 0.1),
     "moe_compute_eff": (0.5, 0.1), "moe_memory_eff": (0.6, 0.1), "moe_overhead_s": (2e-5, 1e-5),
     "moe_smoothness": (2.0, 0.5),
@@ -171,8 +172,10 @@ def attention_arrays(points: Sequence[AttentionMeasurement]) -> dict[str, np.nda
             heads, kv, hd = s.heads, s.kv_heads, s.head_dim
             chunk, computed, pre, dec, ctx = (p.chunk, p.kv_prefill, 1.0, p.decodes,
                                               p.decodes * p.kv_decode)
+            fp8 = 0.0
         else:
             heads, kv, hd = p.heads, p.kv_heads, aic_data.HEAD_DIM
+            fp8 = float(p.kind == "decode-fp8")
             if p.kind == "prefill":
                 chunk, computed, pre, dec, ctx = p.prompt, 0, p.batch, 0, 0
             else:
@@ -182,18 +185,23 @@ def attention_arrays(points: Sequence[AttentionMeasurement]) -> dict[str, np.nda
                         ("hbm", g.hbm_tb_s * 1e12), ("l2", g.l2_mib * 2**20),
                         ("clock", g.boost_mhz * 1e6), ("fa3", g.flash_attention >= 3),
                         ("chunk", chunk), ("computed", computed), ("prefills", pre),
-                        ("decodes", dec), ("ctx", ctx), ("us", p.us)):
+                        ("decodes", dec), ("ctx", ctx), ("kv_fp8", fp8), ("us", p.us)):
             cols[name].append(float(v))
     return {k: np.array(v, dtype=np.float64) for k, v in cols.items()}
 
 
 def attention_pred_us(c: KernelCoefficients, a: dict[str, np.ndarray]) -> np.ndarray:
+    """The model's microseconds for :func:`attention_arrays`' batches: a bf16 KV cache at 2
+    bytes per element, an FP8 one at ``attn_kv_fp8_bytes`` plus ``attn_kv_fp8_overhead_s``
+    (as :class:`chunktune.sim.cost.step_time.StepCostModel` costs it)."""
     coef = {k: getattr(c, k) for f in ("attention-prefill", "attention-decode",
                                        "attention-mixed") for k in GROUPS[f]}
-    out: np.ndarray = attention_grid_time(
-        a["heads"], a["kv_heads"], a["head_dim"], 2.0, a["sm"], a["peak"], a["hbm"], a["l2"],
-        a["clock"], coef, a["chunk"], a["computed"], a["decodes"], a["ctx"], a["fa3"] > 0,
-        a["prefills"]) * 1e6
+    fp8 = a["kv_fp8"] > 0
+    out: np.ndarray = (attention_grid_time(
+        a["heads"], a["kv_heads"], a["head_dim"], np.where(fp8, c.attn_kv_fp8_bytes, 2.0),
+        a["sm"], a["peak"], a["hbm"], a["l2"], a["clock"], coef, a["chunk"], a["computed"],
+        a["decodes"], a["ctx"], a["fa3"] > 0, a["prefills"])
+        + np.where(fp8, c.attn_kv_fp8_overhead_s, 0.0)) * 1e6
     return out
 
 
@@ -223,8 +231,8 @@ def fit_attention(base: KernelCoefficients, points: Sequence[AttentionMeasuremen
 
 def attention_families(points: Sequence[AttentionMeasurement]) -> list[str]:
     kinds = {attention_kind(p) for p in points}
-    return [f for f in ("attention-prefill", "attention-decode", "attention-mixed")
-            if f in kinds]
+    return [f for f in ("attention-prefill", "attention-decode", "attention-mixed",
+                        "attention-kv-fp8") if f in kinds]
 
 
 # ---- all-reduce and MoE ------------------------------------------------------------------

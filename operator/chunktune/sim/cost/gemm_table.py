@@ -4,7 +4,7 @@ Where a GPU's measured grid covers a shape, the step-time model interpolates it 
 fitting a form to it: on the RTX PRO 6000, whose GEMMs two independent sources timed, the
 interpolated table predicts LLMServingSim's per-operator times at 3.6-5.1% (median by token
 band) where the fitted roofline gives 5.7-8.7% (``docs/simulator.md``). Each curve over ``m``
-is first made non-decreasing (:func:`envelope`). Interpolation is
+is first made non-decreasing (:func:`chunktune.sim.cost.aic_data.envelope`). Interpolation is
 linear in log time over log ``m`` between the grid's powers of two (proportional to ``m``
 beyond the last measured one) and bilinear over log ``n`` and log ``k`` between the measured
 widths. Shapes outside the grid's ``n`` or ``k`` range are the fitted form's
@@ -32,7 +32,7 @@ class GemmTable:
         self.ks = np.array(sorted({k for _, k in by_nk}), dtype=np.float64)
         self._curves: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {
             nk: (np.log(np.array(sorted(v), dtype=np.float64)),
-                 envelope(np.log(np.array([v[m] for m in sorted(v)], dtype=np.float64))))
+                 aic_data.envelope(np.log(np.array([v[m] for m in sorted(v)], dtype=np.float64))))
             for nk, v in by_nk.items()}
 
     def covers(self, n: float, k: float) -> bool:
@@ -69,18 +69,6 @@ class GemmTable:
         total /= weight
         out: np.ndarray = np.exp(total) * 1e-6
         return out
-
-
-def envelope(log_us: np.ndarray) -> np.ndarray:
-    """A GEMM curve (log time at increasing ``m``) made non-decreasing: each point is at most
-    the fastest time measured at a larger ``m``. Fewer rows never cost more in an engine (the
-    rows can run as the larger GEMM: vLLM pads a decode batch to a CUDA-graph size anyway),
-    and timing noise is one-sided (a busy GPU or an unlucky kernel choice is slower, never
-    faster), so a slower point at fewer rows is the benchmark's, not the engine's. Where it
-    matters: B200's FP8 grid, whose single-row and few-row points ran up to 6.9x slower than a
-    larger ``m`` of the same weight (325 of its 399 one-row points over 1.25x); the other
-    grids' worst are 1.2-6.3x, mostly at ``m`` <= 16."""
-    return np.asarray(np.minimum.accumulate(log_us[::-1])[::-1])
 
 
 @lru_cache(maxsize=1)

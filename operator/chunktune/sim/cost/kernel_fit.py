@@ -36,6 +36,7 @@ from chunktune.sim.cost import kernel_report as rep
 from chunktune.sim.cost.coefficients import GROUPS, KernelCoefficients
 from chunktune.sim.cost.measurements import (
     Measurements,
+    attention_kind,
     attention_points,
     borrow_source,
     elementwise_points,
@@ -94,7 +95,16 @@ def fit_gpus(meas: Measurements) -> tuple[dict[str, KernelCoefficients],
             if src is not None:
                 c = ff.with_values(c, {k: getattr(coef[src], k)
                                        for k in GROUPS["attention-mixed"]})
-        coef[g] = ff.with_values(c, ff.fit_attention(c, att[g], fams))
+        # the bf16 cache's groups first; an FP8 cache's on top of them (its rows are decodes
+        # of the same shapes, so they measure what FP8 changes and nothing else)
+        fp8 = [p for p in att[g] if attention_kind(p) == "attention-kv-fp8"]
+        bf16 = [p for p in att[g] if attention_kind(p) != "attention-kv-fp8"]
+        if bf16:
+            c = ff.with_values(c, ff.fit_attention(
+                c, bf16, [f for f in fams if f != "attention-kv-fp8"]))
+        if fp8:
+            c = ff.with_values(c, ff.fit_attention(c, fp8, ["attention-kv-fp8"]))
+        coef[g] = c
         own[g].update({f: g for f in fams})
     sources: dict[str, dict[str, str]] = {}
     for g in gpus:

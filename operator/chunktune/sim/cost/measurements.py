@@ -30,7 +30,7 @@ from chunktune.sim.cost.step_time import layer_gemms
 
 #: The operator families the report holds each GPU out of.
 FAMILIES = ("gemm", "gemm-fp8", "attention-prefill", "attention-decode", "attention-mixed",
-            "all-reduce", "moe", "elementwise")
+            "attention-kv-fp8", "all-reduce", "moe", "elementwise")
 #: Which source a GPU's GEMMs are fitted on when several timed them.
 TRUSTED = "AIConfigurator (vLLM's own layers, vLLM 0.14-0.24) over Vidur and LLMServingSim"
 GEMM_OPS = ("qkv", "o", "up", "down")
@@ -123,7 +123,8 @@ def engine_regime(r: aic_data.AttentionRow) -> bool:
         return False
     if r.kind == "prefill":
         return r.prompt >= MIN_PROMPT
-    kv = r.batch * (r.history + 1) * r.kv_heads * aic_data.HEAD_DIM * 2 * 2
+    kv = (r.batch * (r.history + 1) * r.kv_heads * aic_data.HEAD_DIM * 2
+          * (1 if r.kind == "decode-fp8" else 2))
     l2 = resolve_gpu(r.gpu).l2_mib * 2**20
     return not WARM_KV_MIN < kv < 2 * l2
 
@@ -131,7 +132,8 @@ def engine_regime(r: aic_data.AttentionRow) -> bool:
 def attention_kind(p: kd.AttentionPoint | aic_data.AttentionRow) -> str:
     """The family a measured attention batch belongs to."""
     if isinstance(p, aic_data.AttentionRow):
-        return "attention-prefill" if p.kind == "prefill" else "attention-decode"
+        return {"prefill": "attention-prefill", "decode": "attention-decode",
+                "decode-fp8": "attention-kv-fp8"}[p.kind]
     if p.decodes == 0:
         return "attention-prefill"
     return "attention-decode" if p.chunk == 0 else "attention-mixed"

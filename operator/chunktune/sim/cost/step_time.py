@@ -15,7 +15,9 @@ A step's time is the sum of
   clock) and its memory traffic (the tiles' K/V reads, the decodes' KV read once per KV head
   from HBM and re-read per query head through L2 at a rate per SM, where the group's query
   heads run in one wave or one KV head's KV fits the L2), plus a fixed cost per wave of CTAs
-  over the SMs; decodes alone are memory-bound on their KV bytes;
+  over the SMs; decodes alone are memory-bound on their KV bytes. An FP8 KV cache costs its
+  measured bytes per element (``attn_kv_fp8_bytes``: the FP8 kernels do not read it at twice
+  the bf16 rate) and a fixed cost per layer;
 - **lm_head and sampling** for the rows that produce a token (decodes, last prefill chunks);
 - **tensor-parallel all-reduces**, two per layer of the step's activations
   (:func:`chunktune.sim.cost.collectives.tp_allreduce_s`);
@@ -355,7 +357,8 @@ def all_ctas_time(tile_flops: float | np.ndarray, decode_flops: float | np.ndarr
 
 
 def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: np.ndarray,
-                        dtype_bytes: float, sm_count: np.ndarray, peak: np.ndarray,
+                        dtype_bytes: float | np.ndarray, sm_count: np.ndarray,
+                        peak: np.ndarray,
                         hbm: np.ndarray, l2: np.ndarray, clock: np.ndarray,
                         c: dict[str, Any], chunk: np.ndarray,
                         computed: np.ndarray, decodes: np.ndarray,
@@ -431,7 +434,11 @@ class StepCostModel:
         self._linear: list[float] = lin.tolist()
         b = model.dtype_bytes
         self._B = gpu.hbm_tb_s * 1e12 * c.gemm_memory_eff
-        self._attn_shape = AttentionShape.of(model, tp, kv_dtype_bytes)
+        # an FP8 cache (1 byte an element) costs what its kernels were measured to take
+        fp8_kv = kv_dtype_bytes == 1
+        self._attn_shape = AttentionShape.of(
+            model, tp, c.attn_kv_fp8_bytes if fp8_kv else kv_dtype_bytes)
+        self._attn_fixed = c.attn_kv_fp8_overhead_s if fp8_kv else 0.0
         self._layers = layers
         # lm_head: [rows x hidden] x [hidden x vocab/tp], then fp32 logits through the sampler
         v = model.vocab_size / tp
@@ -525,9 +532,9 @@ class StepCostModel:
         """All layers' attention for the batch (see :func:`attention_layer_time`)."""
         if not prefill_chunks and not num_decodes:
             return 0.0
-        return self._layers * attention_layer_time(
+        return self._layers * (attention_layer_time(
             self._attn_shape, self.gpu, self.c, prefill_chunks, num_decodes,
-            decode_context_tokens)
+            decode_context_tokens) + self._attn_fixed)
 
     def step_time(self, num_tokens: int, num_reqs: int, num_logits: int,
                   prefill_chunks: list[tuple[int, int]], num_decodes: int,
