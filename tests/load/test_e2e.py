@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -322,3 +325,37 @@ def test_locustfile_headless(server: FakeServer, tmp_path: Path) -> None:
                                                                             duration=1.5))))
     stats = (tmp_path / "csv_stats.csv").read_text()
     assert "ttft" in stats and "e2e" in stats and "chat" in stats
+
+
+KILLED_DRIVER = """
+import json, os, signal, sys, threading
+from chunktune.load.config import DriverConfig
+from chunktune.load.launcher import run_load
+
+cfg = DriverConfig.from_dict(json.loads(sys.argv[1]))
+running = threading.Event()
+threading.Thread(target=run_load, args=(cfg,), kwargs={"on_progress": lambda p: running.set()},
+                 daemon=True).start()
+if not running.wait(120):
+    sys.exit(3)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_driver_killed_mid_run_leaves_nothing_on_disk(server: FakeServer, tmp_path: Path
+                                                         ) -> None:
+    """An operator pod or a CLI killed with SIGKILL runs no clean-up: the run's configuration
+    reaches the Locust child on its stdin, so no file of the run is left in the temporary
+    directory (it left one per run when it was a file)."""
+    server.reset()
+    server.control(ttft=0.01, itl=0.005)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cfg = cfg_for(server, profile_dict(rate=5.0, duration=60.0))
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TMPDIR": str(tmp),
+           "PYTHONPATH": os.pathsep.join([str(repo / "operator"), str(repo)])}
+    r = subprocess.run([sys.executable, "-c", KILLED_DRIVER, json.dumps(cfg.to_dict())],
+                       env=env, timeout=180)
+    assert r.returncode == -9  # it got as far as a running load, then was killed
+    assert list(tmp.iterdir()) == []

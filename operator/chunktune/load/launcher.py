@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -193,55 +192,62 @@ def run_load(cfg: DriverConfig, *, raw: bool = False, slos: Mapping[str, Slo] | 
     """
     col = EventCollector(cfg, on_window, on_progress)
     err_out = stderr if stderr is not None else sys.stderr
-    with tempfile.TemporaryDirectory(prefix="chunktune-load-") as tmp:
-        cfg_path = Path(tmp) / "config.json"
-        cfg_path.write_text(json.dumps(cfg.to_dict()))
-        r_fd, w_fd = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", BOOTSTRAP, "--config", str(cfg_path),
-                 "--events-fd", str(w_fd)],
-                pass_fds=(w_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, text=True, env=_child_env(), start_new_session=True)
-        finally:
-            os.close(w_fd)
-        tail: collections.deque[str] = collections.deque(maxlen=40)
-        fwd = threading.Thread(target=_forward, args=(proc.stderr, err_out, tail), daemon=True)
-        fwd.start()
-        signalled = False
-        interrupts = 0
-        try:
-            with os.fdopen(r_fd, "rb") as events:
-                while True:
-                    try:
-                        for line in events:
-                            try:
-                                col.handle(json.loads(line))
-                            except KeyboardInterrupt:
-                                raise
-                            except Exception as e:  # a bad line must not lose the run
-                                col.error = col.error or f"bad event from the Locust child: {e}"
-                            if not signalled and (col.want_stop or (stop is not None
-                                                                    and stop.is_set())):
-                                signalled = True
-                                _signal(proc, signal.SIGTERM)
-                        break
-                    except KeyboardInterrupt:
-                        # First Ctrl-C: stop the run, keep reading, return what was measured.
-                        interrupts += 1
-                        col.interrupted = True
-                        if interrupts > 1:
-                            proc.kill()
+    # The configuration goes to the child on its stdin: nothing is written to disk, so a
+    # driver killed mid-run (an operator pod, a SIGKILLed CLI) leaves nothing behind.
+    r_fd, w_fd = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", BOOTSTRAP, "--config", "-", "--events-fd", str(w_fd)],
+            pass_fds=(w_fd,), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True, env=_child_env(), start_new_session=True)
+    except BaseException:
+        os.close(r_fd)
+        raise
+    finally:
+        os.close(w_fd)
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    fwd = threading.Thread(target=_forward, args=(proc.stderr, err_out, tail), daemon=True)
+    fwd.start()
+    assert proc.stdin is not None
+    try:
+        with proc.stdin:
+            proc.stdin.write(json.dumps(cfg.to_dict()))
+    except BrokenPipeError:  # the child died at start-up: its stderr says why, below
+        pass
+    signalled = False
+    interrupts = 0
+    try:
+        with os.fdopen(r_fd, "rb") as events:
+            while True:
+                try:
+                    for line in events:
+                        try:
+                            col.handle(json.loads(line))
+                        except KeyboardInterrupt:
                             raise
-                        signalled = True
-                        _signal(proc, signal.SIGTERM)
-        finally:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            fwd.join(timeout=5)
+                        except Exception as e:  # a bad line must not lose the run
+                            col.error = col.error or f"bad event from the Locust child: {e}"
+                        if not signalled and (col.want_stop or (stop is not None
+                                                                and stop.is_set())):
+                            signalled = True
+                            _signal(proc, signal.SIGTERM)
+                    break
+                except KeyboardInterrupt:
+                    # First Ctrl-C: stop the run, keep reading, return what was measured.
+                    interrupts += 1
+                    col.interrupted = True
+                    if interrupts > 1:
+                        proc.kill()
+                        raise
+                    signalled = True
+                    _signal(proc, signal.SIGTERM)
+    finally:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        fwd.join(timeout=5)
     if col.end is None or col.start is None:
         detail = col.error or "".join(tail).strip() or f"exit status {proc.returncode}"
         raise LoadRunError(f"the Locust child ended without finishing the run: {detail}")

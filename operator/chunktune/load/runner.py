@@ -57,7 +57,7 @@ class FdSink:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="chunktune-load-child", description=__doc__)
-    ap.add_argument("--config", help="JSON file with a DriverConfig")
+    ap.add_argument("--config", help="JSON file with a DriverConfig (-: read it from stdin)")
     ap.add_argument("--events-fd", type=int, help="where to write JSON events")
     ap.add_argument("--worker", metavar="HOST:PORT",
                     help="be a Locust worker of the master at HOST:PORT instead")
@@ -70,8 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_worker(args.worker)
     if args.config is None or args.events_fd is None:
         ap.error("--config and --events-fd are required")
-    with open(args.config) as f:
-        cfg = DriverConfig.from_dict(json.load(f))
+    if args.config == "-":
+        cfg = DriverConfig.from_dict(json.load(sys.stdin))
+    else:
+        with open(args.config) as f:
+            cfg = DriverConfig.from_dict(json.load(f))
     sink = FdSink(args.events_fd)
     if cfg.load_workers > 0:
         return _master(cfg, sink)
