@@ -187,8 +187,9 @@ class AttentionRow:
 HEAD_DIM = 128
 MAX_GROUP = 16
 ATTENTION_TABLES = {"prefill": "context_attention_perf", "decode": "generation_attention_perf"}
-#: The kind of a decode row by its ``kv_cache_dtype``.
-DECODE_KINDS = {"bfloat16": "decode", "fp8": "decode-fp8"}
+#: A row's kind by its table's kind and its ``kv_cache_dtype`` (rows of other pairs are not read).
+ROW_KINDS = {("prefill", "bfloat16"): "prefill", ("decode", "bfloat16"): "decode",
+             ("decode", "fp8"): "decode-fp8"}
 
 
 def read_attention(root: Path) -> list[AttentionRow]:
@@ -200,8 +201,7 @@ def read_attention(root: Path) -> list[AttentionRow]:
                 continue
             acc: dict[tuple[str, int, int, int, int, int], list[float]] = defaultdict(list)
             for r in _rows(files[0]):
-                row_kind = (kind if r["kv_cache_dtype"] == "bfloat16" else None
-                            ) if kind == "prefill" else DECODE_KINDS.get(r["kv_cache_dtype"])
+                row_kind = ROW_KINDS.get((kind, r["kv_cache_dtype"]))
                 if (row_kind is None or r.get("window_size", "0") != "0"
                         or int(r["head_dim"]) != HEAD_DIM):
                     continue
