@@ -14,7 +14,7 @@ import requests
 from bench.serve_overhead import start_server
 
 from chunktune.metrics.promtext import Scrape, histogram_quantile
-from tests.timing import SchedulingNoise
+from tests.timing import SchedulingNoise, retry_timing, timing
 
 pytestmark = pytest.mark.slow  # Locust against a real sim serve process
 
@@ -28,9 +28,17 @@ def bucket_of(v: float) -> int:
 
 
 def test_client_ttft_matches_server_histogram(tmp_path):
+    # The bounds that allow for the client's lateness are timing bounds: on a busy machine (a CI
+    # runner with another test file in the second process) a burst of load can delay the client
+    # more than the probe saw; those are retried, a wrong measurement fails at once.
+    retry_timing(lambda: _client_against_server(tmp_path))
+
+
+def _client_against_server(tmp_path):
     with start_server("llama-3.1-8b", ["--max-model-len", "16384",
                                        "--served-model-name", "llama"]) as srv:
         out = tmp_path / "summary.json"
+        out.unlink(missing_ok=True)
         with SchedulingNoise() as noise:
             run = subprocess.run(
                 [sys.executable, "-m", "chunktune", "load", "run", "--target", srv.url,
@@ -57,9 +65,10 @@ def test_client_ttft_matches_server_histogram(tmp_path):
         client = histogram_quantile(int(q[1:]) / 100, client_buckets)
         server = histogram_quantile(int(q[1:]) / 100, buckets)
         assert client is not None and server is not None
-        # the same bucket, or the next one when the client's extra time crosses an edge
+        # never earlier than the server (a wrong start of the clock), at most one bucket later
+        # when the client's extra time crosses an edge
         assert bucket_of(server) <= bucket_of(client), (q, client, server)
-        assert bucket_of(client - slack) - bucket_of(server) <= 1, (q, client, server, noise)
+        timing(bucket_of(client - slack) - bucket_of(server) <= 1, q, client, server, noise)
     # and the whole distributions agree at every bucket edge, the client's shifted by the slack
     total = buckets[-1][1]
     for le, count in buckets[:-1]:
@@ -67,4 +76,4 @@ def test_client_ttft_matches_server_histogram(tmp_path):
         client_cdf = bisect.bisect_right(ttfts, le) / len(ttfts)
         client_late_cdf = bisect.bisect_right(ttfts, le + slack) / len(ttfts)
         assert client_cdf <= server_cdf + 0.1, (le, client_cdf, server_cdf)
-        assert client_late_cdf >= server_cdf - 0.1, (le, client_late_cdf, server_cdf, noise)
+        timing(client_late_cdf >= server_cdf - 0.1, le, client_late_cdf, server_cdf, noise)
