@@ -18,8 +18,8 @@ to ``meta-llama/Llama-3.1-70B``); the rows naming vLLM 0.12.0 (Llama-3.1-8B FP8 
 Qwen3-32B on H100) record no harness and are replayed the same way, an assumption. The
 engine (:func:`silicon_engine`): ``--kv-cache-dtype fp8 --async-scheduling
 --no-enable-prefix-caching --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9
---max-num-seqs CONC`` (512 on B200), ``--max-model-len`` ISL+OSL+20 at 1k/1k, +200 with an
-8k side, else 10240. (B200's fused all-reduce + RMSNorm and FP8-quant kernels and its
+--max-num-seqs CONC`` (512 on B200), ``--max-model-len`` 10240 on H100 (its script), else
+ISL+OSL+20 at 1k/1k, +200 with an 8k side, else 10240 (the H200 script's rule). (B200's fused all-reduce + RMSNorm and FP8-quant kernels and its
 decode-only CUDA graphs are not modelled.) The client (:func:`replay_client`): vLLM's
 ``benchmark_serving.py --dataset-name random --random-range-ratio 0.8 --num-prompts
 CONC*10 --max-concurrency CONC --request-rate inf --ignore-eos``: the first CONC requests
@@ -146,7 +146,9 @@ def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Versi
     model = resolve_model(SILICON_MODELS[run.model])
     online = "fp8" if run.precision == "fp8" and not model.quantization else None
     version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
-    if (run.isl, run.osl) == (1024, 1024):
+    if run.system == "h100_sxm":
+        model_len = 10240  # the H100 script's config.yaml, whatever the lengths
+    elif (run.isl, run.osl) == (1024, 1024):
         model_len = run.isl + run.osl + 20
     elif 8192 in (run.isl, run.osl):
         model_len = run.isl + run.osl + 200
