@@ -19,8 +19,9 @@ Qwen3-32B on H100) record no harness and are replayed the same way, an assumptio
 engine (:func:`silicon_engine`): ``--kv-cache-dtype fp8 --async-scheduling
 --no-enable-prefix-caching --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9
 --max-num-seqs CONC`` (512 on B200), ``--max-model-len`` 10240 on H100 (its script), else
-ISL+OSL+20 at 1k/1k, +200 with an 8k side, else 10240 (the H200 script's rule). (B200's fused all-reduce + RMSNorm and FP8-quant kernels and its
-decode-only CUDA graphs are not modelled.) The client (:func:`replay_client`): vLLM's
+ISL+OSL+20 at 1k/1k, +200 with an 8k side, else 10240 (the H200 script's rule). (B200's
+fused all-reduce + RMSNorm and FP8-quant kernels and its decode-only CUDA graphs are not
+modelled.) The client (:func:`replay_client`): vLLM's
 ``benchmark_serving.py --dataset-name random --random-range-ratio 0.8 --num-prompts
 CONC*10 --max-concurrency CONC --request-rate inf --ignore-eos``: the first CONC requests
 sent at once, the next one the instant one completes, each request's prompt and output
