@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -158,13 +159,25 @@ async def test_a_distributed_load_runs_a_worker_job_that_reaches_its_master_by_s
     pods at once; the trial completes on their requests, and every object goes with it."""
     seen: dict[str, str] = {}  # worker pod -> the last phase seen
     services: set[str] = set()
+    # every pod's phases with the second they were first seen, and its log's last lines: what
+    # a timeout reports (this test once waited 120 s on a busy machine where it takes ~22 s)
+    t0 = time.monotonic()
+    history: list[str] = []
+    logs: dict[str, str] = {}
 
     async def watch() -> None:
         while True:
             for pod in await asyncio.to_thread(kube.objects, "pods", "default"):
+                name = pod["metadata"]["name"]
                 labels = pod["metadata"].get("labels") or {}
+                phase = (pod.get("status") or {}).get("phase", "")
                 if str(labels.get("job-name", "")).endswith("-lw"):
-                    seen[pod["metadata"]["name"]] = (pod.get("status") or {}).get("phase", "")
+                    seen[name] = phase
+                line = f"{name} {phase}"
+                if not any(h.endswith(line) for h in history):
+                    history.append(f"{time.monotonic() - t0:5.1f}s {line}")
+                with contextlib.suppress(Exception):
+                    logs[name] = (await asyncio.to_thread(kube.pod_log, "default", name))[-800:]
             services.update(s["metadata"]["name"]
                             for s in await asyncio.to_thread(kube.objects, "services", "default"))
             await asyncio.sleep(0.1)
@@ -175,7 +188,13 @@ async def test_a_distributed_load_runs_a_worker_job_that_reaches_its_master_by_s
     watcher = asyncio.create_task(watch())
     try:
         async with running_operator(kube, operator_settings(tmp_path)):
-            status = await wait_phase(kube, "dist", ("Succeeded", "Failed"), timeout=120)
+            try:
+                status = await wait_phase(kube, "dist", ("Succeeded", "Failed"), timeout=120)
+            except TimeoutError as e:
+                raise AssertionError(
+                    f"{e}\nstatus: {status_of(kube, 'dist')}\nevents: "
+                    f"{[ev['message'] for ev in events(kube, 'dist')]}\npods: {history}\n"
+                    + "\n".join(f"--- {k}:\n{v}" for k, v in logs.items())) from e
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
