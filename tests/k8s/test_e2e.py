@@ -163,6 +163,7 @@ async def test_a_distributed_load_runs_a_worker_job_that_reaches_its_master_by_s
     # a timeout reports (this test once waited 120 s on a busy machine where it takes ~22 s)
     t0 = time.monotonic()
     history: list[str] = []
+    phases: set[tuple[str, str]] = set()
     logs: dict[str, str] = {}
 
     async def watch() -> None:
@@ -173,9 +174,9 @@ async def test_a_distributed_load_runs_a_worker_job_that_reaches_its_master_by_s
                 phase = (pod.get("status") or {}).get("phase", "")
                 if str(labels.get("job-name", "")).endswith("-lw"):
                     seen[name] = phase
-                line = f"{name} {phase}"
-                if not any(h.endswith(line) for h in history):
-                    history.append(f"{time.monotonic() - t0:5.1f}s {line}")
+                if (name, phase) not in phases:
+                    phases.add((name, phase))
+                    history.append(f"{time.monotonic() - t0:5.1f}s {name} {phase}")
                 with contextlib.suppress(Exception):
                     logs[name] = (await asyncio.to_thread(kube.pod_log, "default", name))[-800:]
             services.update(s["metadata"]["name"]
