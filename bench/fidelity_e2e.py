@@ -122,8 +122,8 @@ def main() -> int:
     notes = [f"{p} rows model {what}" for p, what in e2e.MODELLED_PRECISIONS.items() if what]
     print("\nSilicon rows: InferenceX's client (10 x N requests of lengths drawn in [0.8 L, L], "
           "N in flight,\nthe first N at once; means over all) against InferenceX's engine "
-          "flags (FP8 KV cache, async\nscheduling). RTX rows: LLMServingSim's open-loop runs, "
-          "engine-side timestamps."
+          "flags (FP8 KV cache, bf16 on\nthe H100; async scheduling). RTX rows: "
+          "LLMServingSim's open-loop runs, engine-side timestamps."
           + ("\n" + "; ".join(notes) if notes else ""))
     print(f"({len(chosen)} of {len(silicon)} silicon rows{' (--quick)' if a.quick else ''}, "
           f"{len(runs)} RTX runs; {time.perf_counter() - t0:.0f} s)")

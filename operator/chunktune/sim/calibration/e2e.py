@@ -21,7 +21,18 @@ engine (:func:`silicon_engine`): ``--kv-cache-dtype fp8 --async-scheduling
 --max-num-seqs CONC`` (512 on B200), ``--max-model-len`` 10240 on H100 (its script), else
 ISL+OSL+20 at 1k/1k, +200 with an 8k side, else 10240 (the H200 script's rule). (B200's
 fused all-reduce + RMSNorm and FP8-quant kernels and its decode-only CUDA graphs are not
-modelled.) The client (:func:`replay_client`): vLLM's
+modelled.)
+
+The H100's 70B rows ran a bf16 KV cache (:data:`BF16_KV_SYSTEMS`), an inference from the rows
+themselves: the first H100 and H200 scripts (``benchmarks/70b_h100_slurm.sh`` from when the
+project was InferenceMAX, kept in forks such as jyothisambolu/InferenceMAX) passed no
+``--kv-cache-dtype``, and only a bf16 cache's capacity (half an FP8 one's) reproduces what the
+H100's TP 2 rows show: their mean TTFT of 6.5-59 s at 32-64 in flight (queued for KV blocks;
+replayed with an FP8 cache, 0.5-12 s) and a TPOT that stops growing from 32 to 64 in flight
+(the batch capped by the cache). The H200's TP 1 rows show the opposite (replayed with a bf16
+cache they queue 2-11x longer than measured): an FP8 cache.
+
+The client (:func:`replay_client`): vLLM's
 ``benchmark_serving.py --dataset-name random --random-range-ratio 0.8 --num-prompts
 CONC*10 --max-concurrency CONC --request-rate inf --ignore-eos``: the first CONC requests
 sent at once, the next one the instant one completes, each request's prompt and output
@@ -58,6 +69,9 @@ SILICON_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200",
 #: checkpoint ran it with ``--quantization fp8`` (online); an FP8 checkpoint runs as itself.
 SILICON_MODELS = {"Qwen/Qwen3-32B": "qwen3-32b", "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
                   "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b-fp8"}
+#: silicon-e2e systems whose InferenceX rows ran with vLLM's default KV cache (the model's
+#: bf16) rather than ``--kv-cache-dtype fp8``: the module docstring gives the evidence.
+BF16_KV_SYSTEMS = frozenset({"h100_sxm"})
 #: Precisions the replay runs (``precision`` column), with what it leaves out where it leaves
 #: something out; the rest are reported, not run.
 MODELLED_PRECISIONS = {"bf16": "", "fp8": ""}
@@ -155,7 +169,8 @@ def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Versi
         model_len = run.isl + run.osl + 200
     else:
         model_len = 10240
-    args = EngineArgs(tensor_parallel_size=run.tp, quantization=online, kv_cache_dtype="fp8",
+    kv_dtype = "auto" if run.system in BF16_KV_SYSTEMS and run.vllm_version is None else "fp8"
+    args = EngineArgs(tensor_parallel_size=run.tp, quantization=online, kv_cache_dtype=kv_dtype,
                       async_scheduling=True, max_num_batched_tokens=8192,
                       max_num_seqs=512 if run.system == "b200_sxm" else run.concurrency,
                       gpu_memory_utilization=0.9, max_model_len=model_len)
