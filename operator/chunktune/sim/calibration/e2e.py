@@ -30,7 +30,7 @@ project was InferenceMAX, kept in forks such as jyothisambolu/InferenceMAX) pass
 H100's TP 2 rows show: their mean TTFT of 6.5-59 s at 32-64 in flight (queued for KV blocks;
 replayed with an FP8 cache, 0.5-12 s) and a TPOT that stops growing from 32 to 64 in flight
 (the batch capped by the cache). The H200's TP 1 rows show the opposite (replayed with a bf16
-cache they queue 2-11x longer than measured): an FP8 cache.
+cache their TTFT comes out 2.6-12x the measured): an FP8 cache.
 
 The client (:func:`replay_client`): vLLM's
 ``benchmark_serving.py --dataset-name random --random-range-ratio 0.8 --num-prompts
