@@ -16,6 +16,7 @@ copies in ``bench/data/e2e`` (``--data DIR`` reads the shared raw data instead;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 import time
@@ -72,6 +73,13 @@ def print_first_token(silicon: list[e2e.ServingRun]) -> int:
     return 0
 
 
+def print_groups(replays: list[e2e.Replay], width: int) -> None:
+    for g in e2e.summarize(replays).values():
+        why = "; ".join(f"{n} {reason}" for reason, n in g.skipped.items())
+        print(f"{g.group:{width}} {g.rows:4} {g.run:4} {pct(g.tpot_median_abs_err)} "
+              f"{pct(g.ttft_median_abs_err)}" + (f"  not run: {why}" if why else ""))
+
+
 def pct(v: float | None) -> str:
     return "-" if v is None else f"{v:6.1%}"
 
@@ -115,10 +123,15 @@ def main() -> int:
         print()
     print(f"{'GPU, precision':22} {'rows':>4} {'run':>4} {'TPOT':>7} {'TTFT':>7}  "
           "(median |error|; not run: why)")
-    for g in e2e.summarize(replays).values():
-        why = "; ".join(f"{n} {reason}" for reason, n in g.skipped.items())
-        print(f"{g.group:22} {g.rows:4} {g.run:4} {pct(g.tpot_median_abs_err)} "
-              f"{pct(g.ttft_median_abs_err)}" + (f"  not run: {why}" if why else ""))
+    print_groups(replays, 22)
+    # the silicon groups again, by whether the row's harness is known (InferenceX's rows name
+    # no vLLM version; the others record no harness: see the module docstring of e2e)
+    by_harness = [dataclasses.replace(rep, group=f"{rep.group}, " + (
+        "InferenceX" if run.vllm_version is None else f"vLLM {run.vllm_version}, harness ?"))
+        for run, rep in zip(chosen, replays, strict=False)]
+    if any(run.vllm_version for run in chosen):
+        print("\nsilicon rows by harness:")
+        print_groups(by_harness, 38)
     notes = [f"{p} rows model {what}" for p, what in e2e.MODELLED_PRECISIONS.items() if what]
     print("\nSilicon rows: InferenceX's client (10 x N requests of lengths drawn in [0.8 L, L], "
           "N in flight,\nthe first N at once; means over all) against InferenceX's engine "
