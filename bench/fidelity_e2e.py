@@ -16,7 +16,6 @@ copies in ``bench/data/e2e`` (``--data DIR`` reads the shared raw data instead;
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
 import sys
 import time
@@ -126,12 +125,9 @@ def main() -> int:
     print_groups(replays, 22)
     # the silicon groups again, by whether the row's harness is known (InferenceX's rows name
     # no vLLM version; the others record no harness: see the module docstring of e2e)
-    by_harness = [dataclasses.replace(rep, group=f"{rep.group}, " + (
-        "InferenceX" if run.vllm_version is None else f"vLLM {run.vllm_version}, harness ?"))
-        for run, rep in zip(chosen, replays, strict=False)]
     if any(run.vllm_version for run in chosen):
         print("\nsilicon rows by harness:")
-        print_groups(by_harness, 38)
+        print_groups(e2e.by_harness(chosen, replays), 38)
     notes = [f"{p} rows model {what}" for p, what in e2e.MODELLED_PRECISIONS.items() if what]
     print("\nSilicon rows: InferenceX's client (10 x N requests of lengths drawn in [0.8 L, L], "
           "N in flight,\nthe first N at once; means over all) against InferenceX's engine "

@@ -47,7 +47,7 @@ from __future__ import annotations
 import csv
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -232,6 +232,17 @@ def replay_engine_run(run: EngineRun) -> Replay:
 def _skip(base: Replay, why: str) -> Replay:
     return Replay(base.name, base.group, base.measured_ttft_s, base.measured_tpot_s,
                   skipped=why)
+
+
+def by_harness(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> list[Replay]:
+    """``replays`` of ``runs`` (in the same order), each group split by whether the row's
+    harness is known: ``"h200 fp8, InferenceX"`` (the rows that name no vLLM version) or
+    ``"h200 fp8, vLLM 0.12.0, harness ?"`` (the rows that record a version and no harness)."""
+    if len(runs) > len(replays):
+        raise ValueError("fewer replays than runs")
+    return [replace(rep, group=f"{rep.group}, " + (
+        "InferenceX" if run.vllm_version is None else f"vLLM {run.vllm_version}, harness ?"))
+        for run, rep in zip(runs, replays, strict=False)]
 
 
 @dataclass(frozen=True)
