@@ -139,6 +139,9 @@ def test_port_in_use_is_retried_then_reported(tmp_path, tiny, monkeypatch):
         assert (r.state, r.reason) == ("FAIL", "PortInUse")
         assert f"port {port}" in r.message and "Address already in use" in r.message
         assert b.chosen == [port] * 3
+        # each engine's exit is seen when it happens, not after a /health probe that the
+        # port's holder accepts and never answers has timed out (10 s, three times)
+        assert r.startup_seconds is not None and r.startup_seconds < 10, r.startup_seconds
         # taken once: the next attempt gets another port and the engine starts there
         b = RecordingBackend(ports=[port], workdir=tmp_path / "w2",
                              vllm_python=wrapper(tmp_path))

@@ -244,19 +244,36 @@ class LocalBackend(TrialBackend):
 
     async def _wait_ready(self, proc: asyncio.subprocess.Process, http: aiohttp.ClientSession,
                           url: str, timeout: float) -> bool:
+        """Poll ``/health`` until it answers 200 (True), or the engine exits or ``timeout``
+        passes (False). A probe that hangs (another process holds the port and accepts, but
+        never answers) does not hold back seeing the engine exit."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                return False
-            try:
-                async with http.get(url + "/health") as r:
-                    if r.status == 200:
-                        return True
-            except (aiohttp.ClientError, OSError, TimeoutError):
-                pass
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), 0.1)
-        return False
+        exited = asyncio.ensure_future(proc.wait())
+        try:
+            while not exited.done() and time.monotonic() < deadline:
+                probe = asyncio.ensure_future(self._healthy(http, url))
+                await asyncio.wait({probe, exited}, timeout=deadline - time.monotonic(),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if probe.done() and probe.result():
+                    return True
+                probe.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await probe
+                await asyncio.wait({exited}, timeout=min(0.1, max(0.0, deadline
+                                                                   - time.monotonic())))
+            return False
+        finally:
+            exited.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await exited
+
+    @staticmethod
+    async def _healthy(http: aiohttp.ClientSession, url: str) -> bool:
+        try:
+            async with http.get(url + "/health") as r:
+                return r.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
 
     def _startup_failure(self, proc: asyncio.subprocess.Process, log_path: Path,
                          startup: float, timeout: float, port: int) -> TrialResult:
