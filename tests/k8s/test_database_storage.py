@@ -9,6 +9,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from chunktune.k8s import controller
 from chunktune.tuning import storage as storages
 from chunktune.tuning.study import trial_state
 from tests.k8s import faults
@@ -33,10 +34,14 @@ def _secret(password: str) -> dict[str, object]:
 
 @pytest.mark.asyncio
 async def test_wrong_password_is_a_condition_until_the_secret_is_fixed(
-        kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
+        kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A wrong password in the Secret: ``StorageReachable=False`` with reason
     ``DatabaseAuthFailed`` naming spec.storageFrom and the fix, nothing run; the Secret fixed,
-    the study runs in the database and succeeds."""
+    the database is tried again at once, not when the backoff ends, and the study runs in it
+    and succeeds."""
+    # a backoff of 15-30 s from the first failure: far longer than a fix takes to be seen
+    monkeypatch.setattr(controller, "FAULT_BACKOFF_FIRST", 30.0)
     with PostgresServer() as pg:
         url = pg.create_database("operator")
         kube.create("secrets", _secret("wrong-password"), "default")
@@ -58,7 +63,16 @@ async def test_wrong_password_is_a_condition_until_the_secret_is_fixed(
             assert "spec.storageFrom" in text and "password was refused" in text
             assert "wrong-password" not in text and pg.password not in text
             assert not trial_objects(kube, "db")
+            assert "next try in" in text
             kube.patch("secrets", "default", "db", {"data": _secret(pg.password)["data"]})
+
+            def reachable() -> bool:
+                conds = {c["type"]: c for c in status_of(kube, "db").get("conditions") or []}
+                return conds.get("StorageReachable", {}).get("status") == "True"
+
+            await kube.until(reachable, timeout=10, interval=0.1,
+                             message="StorageReachable=True within 10 s of the fix (the "
+                                     "backoff is 15-30 s)")
             status = await wait_phase(kube, "db", ("Succeeded", "Failed"), timeout=180)
         assert status["phase"] == "Succeeded", status
         conds = {c["type"]: c for c in status["conditions"]}

@@ -211,15 +211,50 @@ class StudyController:
                 self.api_faults - 1, 8)) * random.uniform(0.5, 1.0)
             if isinstance(e, storages.StorageFault):  # the study's database, not the API
                 await self._storage_failed(e, tuning, gen, delay)
+                await self._storage_retry_wait(live, tuning, delay, changed)
             else:
                 log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
                             "%.1f s", self.owner.namespace, self.owner.name, e, delay)
                 if self.api_faults == 3:  # not a blip: say so where users look
                     self.emit("Warning", "ApiError", f"the Kubernetes API keeps failing "
                               f"({e}); the study retries with backoff and loses nothing")
-            await live.sleep(delay)
+                await live.sleep(delay)
         else:
             self.api_faults = 0
+
+    async def _storage_retry_wait(self, live: Live, tuning: ChunkedPrefillTuning, delay: float,
+                                  changed: Callable[[Mapping[str, Any]], bool]) -> None:
+        """Wait ``delay`` before the next try of the study's database, or less: until the
+        Secret of ``spec.storageFrom`` changes (a password fixed there is tried at once,
+        not after the backoff, which grows to :data:`FAULT_BACKOFF_CAP`) or the spec does.
+        The Secret is read every poll interval (a GET; the operator needs no watch on
+        Secrets)."""
+        source = tuning.spec.storage_from
+        if source is None:
+            await live.sleep(delay)
+            return
+        name = source.secret_key_ref.name
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        seen = await self._secret_version(name)
+        while live.stopping() is None and (left := due - loop.time()) > 0:
+            await live.sleep(min(left, max(0.2, self.op.settings.trials.poll_interval)))
+            if changed(live.body()):
+                return
+            now = await self._secret_version(name)
+            if now != seen:
+                log.info("%s/%s: Secret %s changed; trying the study's database now",
+                         self.owner.namespace, self.owner.name, name)
+                return
+
+    async def _secret_version(self, name: str) -> str | None:
+        """The Secret's resourceVersion (None: missing or unreadable now)."""
+        try:
+            secret = await self.op.api.get("secrets", self.owner.namespace, name)
+        except ClusterApiError:
+            return None
+        return None if secret is None else str((secret.get("metadata") or {}).get(
+            "resourceVersion"))
 
     async def _no_workload(self, e: WorkloadUnavailable, gen: int) -> None:
         """``spec.workload.fromPrometheus`` cannot derive the workload yet: Pending with a
