@@ -46,7 +46,8 @@ def test_the_workload_files_carry_the_trace_beside_the_profile(tmp_path):
 async def test_a_configmap_trace_is_waited_for_read_and_replayed(
         kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(policy, "RECHECK_SECONDS", 0.5)
+    # the ConfigMap is looked for again when it appears, not when the re-check is due
+    monkeypatch.setattr(policy, "RECHECK_SECONDS", 300.0)
     trace: dict[str, Any] = {"configMapKeyRef": {"name": "azure", "key": "conv.csv"},
                              "end": "4s",
                              "classes": [{"name": "short", "maxPromptTokens": 1024},

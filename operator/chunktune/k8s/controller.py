@@ -174,9 +174,12 @@ class StudyController:
                 await self._until(live, policy.changed_or_due(changed, loop.time))
                 continue
             traced = await self._with_trace(tuning, body, gen)
-            if traced is None:  # the trace's ConfigMap is missing or bad: look again later
-                loop = asyncio.get_running_loop()
-                await self._until(live, policy.changed_or_due(changed, loop.time))
+            if traced is None:  # the trace's ConfigMap is missing or bad: look again later,
+                # or as soon as it is created or edited
+                trace = tuning.spec.workload.trace
+                ref = None if trace is None else trace.config_map_key_ref
+                await self._until_changed(live, "configmaps", None if ref is None else ref.name,
+                                          policy.RECHECK_SECONDS, changed)
                 continue
             tuning = traced
             await self._guarded(self._study(tuning, live), tuning, live, changed)
@@ -211,7 +214,10 @@ class StudyController:
                 self.api_faults - 1, 8)) * random.uniform(0.5, 1.0)
             if isinstance(e, storages.StorageFault):  # the study's database, not the API
                 await self._storage_failed(e, tuning, gen, delay)
-                await self._storage_retry_wait(live, tuning, delay, changed)
+                source = tuning.spec.storage_from
+                await self._until_changed(
+                    live, "secrets", None if source is None else source.secret_key_ref.name,
+                    delay, changed)
             else:
                 log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
                             "%.1f s", self.owner.namespace, self.owner.name, e, delay)
@@ -222,38 +228,38 @@ class StudyController:
         else:
             self.api_faults = 0
 
-    async def _storage_retry_wait(self, live: Live, tuning: ChunkedPrefillTuning, delay: float,
-                                  changed: Callable[[Mapping[str, Any]], bool]) -> None:
-        """Wait ``delay`` before the next try of the study's database, or less: until the
-        Secret of ``spec.storageFrom`` changes (a password fixed there is tried at once,
-        not after the backoff, which grows to :data:`FAULT_BACKOFF_CAP`) or the spec does.
-        The Secret is read every poll interval (a GET; the operator needs no watch on
-        Secrets)."""
-        source = tuning.spec.storage_from
-        if source is None:
-            await live.sleep(delay)
+    async def _until_changed(self, live: Live, kind: str, name: str | None, delay: float,
+                             changed: Callable[[Mapping[str, Any]], bool]) -> None:
+        """Wait ``delay`` seconds, or less: until the object ``kind``/``name`` that the wait
+        is about changes (appears, is edited or deleted: a Secret whose password was fixed,
+        a ConfigMap created), or the spec does. The object is read every poll interval (a
+        GET; the operator needs no watch on Secrets or ConfigMaps). No ``name``: only the
+        spec and the time."""
+        if name is None:
+            loop = asyncio.get_running_loop()
+            due = loop.time() + delay
+            await self._until(live, lambda b: changed(b) or loop.time() >= due)
             return
-        name = source.secret_key_ref.name
         loop = asyncio.get_running_loop()
         due = loop.time() + delay
-        seen = await self._secret_version(name)
+        seen = await self._version(kind, name)
         while live.stopping() is None and (left := due - loop.time()) > 0:
             await live.sleep(min(left, max(0.2, self.op.settings.trials.poll_interval)))
             if changed(live.body()):
                 return
-            now = await self._secret_version(name)
-            if now != seen:
-                log.info("%s/%s: Secret %s changed; trying the study's database now",
-                         self.owner.namespace, self.owner.name, name)
+            if await self._version(kind, name) != seen:
+                log.info("%s/%s: %s %s changed; looking again now", self.owner.namespace,
+                         self.owner.name, kind, name)
                 return
 
-    async def _secret_version(self, name: str) -> str | None:
-        """The Secret's resourceVersion (None: missing or unreadable now)."""
+    async def _version(self, kind: str, name: str) -> str | None:
+        """The resourceVersion of ``kind``/``name`` in the resource's namespace (None:
+        missing or unreadable now)."""
         try:
-            secret = await self.op.api.get("secrets", self.owner.namespace, name)
+            obj = await self.op.api.get(kind, self.owner.namespace, name)
         except ClusterApiError:
             return None
-        return None if secret is None else str((secret.get("metadata") or {}).get(
+        return None if obj is None else str((obj.get("metadata") or {}).get(
             "resourceVersion"))
 
     async def _no_workload(self, e: WorkloadUnavailable, gen: int) -> None:
