@@ -235,13 +235,11 @@ class StudyController:
         a ConfigMap created), or the spec does. The object is read every poll interval (a
         GET; the operator needs no watch on Secrets or ConfigMaps). No ``name``: only the
         spec and the time."""
-        if name is None:
-            loop = asyncio.get_running_loop()
-            due = loop.time() + delay
-            await self._until(live, lambda b: changed(b) or loop.time() >= due)
-            return
         loop = asyncio.get_running_loop()
         due = loop.time() + delay
+        if name is None:
+            await self._until(live, lambda b: changed(b) or loop.time() >= due)
+            return
         seen = await self._version(kind, name)
         while live.stopping() is None and (left := due - loop.time()) > 0:
             await live.sleep(min(left, max(0.2, self.op.settings.trials.poll_interval)))
