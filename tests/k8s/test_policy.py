@@ -225,8 +225,9 @@ async def test_refused_secret_then_labelled_runs_the_study(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A trial that would mount a Secret which has not opted in: Pending with
     PolicyAllowed=False naming the field and the fix, no trial object; labelling the Secret
-    lets the study run (re-checked without a spec change)."""
-    monkeypatch.setattr(policy, "RECHECK_SECONDS", 0.5)
+    lets the study run (re-checked without a spec change, as soon as the Secret changes: the
+    periodic re-check is set far beyond the test's waits)."""
+    monkeypatch.setattr(policy, "RECHECK_SECONDS", 300.0)
     kube.create("secrets", {"metadata": {"name": "hf"}, "data": {
         "token": base64.b64encode(b"secret").decode()}}, "default")
     m = tuning("refused", budget={"maxTrials": 1, "parallelism": 1})
@@ -248,6 +249,8 @@ async def test_refused_secret_then_labelled_runs_the_study(
         assert trial_objects(kube, "refused") == []
         kube.patch("secrets", "default", "hf", {"metadata": {"labels": {
             policy.ALLOW_REFERENCE_LABEL: "true"}}})
+        await kube.until(lambda: trial_objects(kube, "refused"), timeout=20, interval=0.1,
+                         message="a trial started within 20 s of the label")
         status = await wait_phase(kube, "refused", ("Succeeded", "Failed"), timeout=90)
     assert status["phase"] == "Succeeded", status.get("message")
     cond = next(c for c in status["conditions"] if c["type"] == "PolicyAllowed")

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import random
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from chunktune.api.status import set_condition
@@ -169,16 +169,18 @@ class StudyController:
                 else:
                     await self._until(live, changed)
                 continue
-            if not await self._allowed(tuning, gen):
-                loop = asyncio.get_running_loop()
-                await self._until(live, policy.changed_or_due(changed, loop.time))
+            refused = await self._refused(tuning, gen)
+            if refused:  # re-checked when due, or as soon as a Secret it names changes
+                await self._until_changed(
+                    live, [("secrets", r.secret) for r in refused if r.secret is not None],
+                    policy.RECHECK_SECONDS, changed)
                 continue
             traced = await self._with_trace(tuning, body, gen)
             if traced is None:  # the trace's ConfigMap is missing or bad: look again later,
                 # or as soon as it is created or edited
                 trace = tuning.spec.workload.trace
                 ref = None if trace is None else trace.config_map_key_ref
-                await self._until_changed(live, "configmaps", None if ref is None else ref.name,
+                await self._until_changed(live, [] if ref is None else [("configmaps", ref.name)],
                                           policy.RECHECK_SECONDS, changed)
                 continue
             tuning = traced
@@ -216,7 +218,7 @@ class StudyController:
                 await self._storage_failed(e, tuning, gen, delay)
                 source = tuning.spec.storage_from
                 await self._until_changed(
-                    live, "secrets", None if source is None else source.secret_key_ref.name,
+                    live, [] if source is None else [("secrets", source.secret_key_ref.name)],
                     delay, changed)
             else:
                 log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
@@ -228,27 +230,28 @@ class StudyController:
         else:
             self.api_faults = 0
 
-    async def _until_changed(self, live: Live, kind: str, name: str | None, delay: float,
-                             changed: Callable[[Mapping[str, Any]], bool]) -> None:
-        """Wait ``delay`` seconds, or less: until the object ``kind``/``name`` that the wait
-        is about changes (appears, is edited or deleted: a Secret whose password was fixed,
-        a ConfigMap created), or the spec does. The object is read every poll interval (a
-        GET; the operator needs no watch on Secrets or ConfigMaps). No ``name``: only the
-        spec and the time."""
+    async def _until_changed(self, live: Live, objects: Sequence[tuple[str, str]],
+                             delay: float, changed: Callable[[Mapping[str, Any]], bool]) -> None:
+        """Wait ``delay`` seconds, or less: until one of ``objects`` (``(kind, name)`` in the
+        resource's namespace) that the wait is about changes (appears, is edited or deleted:
+        a Secret whose password was fixed or that was labelled, a ConfigMap created), or the
+        spec does. The objects are read every poll interval (a GET each; the operator needs
+        no watch on Secrets or ConfigMaps)."""
         loop = asyncio.get_running_loop()
         due = loop.time() + delay
-        if name is None:
+        if not objects:
             await self._until(live, lambda b: changed(b) or loop.time() >= due)
             return
-        seen = await self._version(kind, name)
+        seen = [await self._version(kind, name) for kind, name in objects]
         while live.stopping() is None and (left := due - loop.time()) > 0:
             await live.sleep(min(left, max(0.2, self.op.settings.trials.poll_interval)))
             if changed(live.body()):
                 return
-            if await self._version(kind, name) != seen:
-                log.info("%s/%s: %s %s changed; looking again now", self.owner.namespace,
-                         self.owner.name, kind, name)
-                return
+            for (kind, name), was in zip(objects, seen, strict=True):
+                if await self._version(kind, name) != was:
+                    log.info("%s/%s: %s %s changed; looking again now",
+                             self.owner.namespace, self.owner.name, kind, name)
+                    return
 
     async def _version(self, kind: str, name: str) -> str | None:
         """The resourceVersion of ``kind``/``name`` in the resource's namespace (None:
@@ -294,10 +297,11 @@ class StudyController:
                                   "the study's database answers", self.gen)
             self.emit("Normal", "DatabaseReachable", "the study's database answers again")
 
-    async def _allowed(self, tuning: ChunkedPrefillTuning, gen: int) -> bool:
-        """The operator's policy (:mod:`.policy`) on what the trials reference: False (and a
-        ``PolicyAllowed=False`` condition naming the field and the fix, phase Pending) when it
-        refuses; the daemon re-checks every :data:`~.policy.RECHECK_SECONDS`."""
+    async def _refused(self, tuning: ChunkedPrefillTuning, gen: int) -> list[policy.Refusal]:
+        """The operator's policy (:mod:`.policy`) on what the trials reference: its refusals
+        (and a ``PolicyAllowed=False`` condition naming the field and the fix, phase
+        Pending); the daemon re-checks every :data:`~.policy.RECHECK_SECONDS`, and when a
+        Secret a refusal names changes."""
         refused = await policy.check_trials(self.op.api, self.op.settings.policy, tuning,
                                             self.owner, self.op.settings.trials.image)
         was = next((c for c in self.writer.conditions if c.get("type") == policy.CONDITION),
@@ -308,14 +312,14 @@ class StudyController:
                     self.writer.conditions, policy.CONDITION, True, "Allowed",
                     "the operator's policy allows what the trials reference", gen, _now())
             await self._outputs_allowed(tuning, gen)
-            return True
+            return []
         text = policy.refused_text(refused)
         if was is None or was.get("message") != text:
             self.emit("Warning", refused[0].reason, text)
         self.writer.set("Pending", gen, f"refused by the operator's policy: {text}",
                         **{policy.CONDITION: (False, refused[0].reason, text)})
         await self.writer.write(None)
-        return False
+        return refused
 
     async def _with_trace(self, tuning: ChunkedPrefillTuning, body: Mapping[str, Any],
                           gen: int) -> ChunkedPrefillTuning | None:

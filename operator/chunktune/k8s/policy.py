@@ -26,7 +26,7 @@ output ones into ``OutputAllowed=False`` at the start (a warning: the study runs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +52,9 @@ class Refusal:
     field: str
     reason: str
     message: str
+    secret: str | None = None
+    """The Secret whose creation or label would lift the refusal (the operator looks at it
+    again when it changes), if it is one."""
 
     def text(self) -> str:
         return f"{self.field} {self.message}"
@@ -92,12 +95,13 @@ def secret_refusal(field: str, name: str, namespace: str, secret: Mapping[str, A
             return None
         return Refusal(field, "SecretNotFound", f"names Secret {name!r}, which does not exist "
                        f"in namespace {namespace}; create it with the label "
-                       f"{ALLOW_REFERENCE_LABEL}: \"true\", or {fix_list}")
+                       f"{ALLOW_REFERENCE_LABEL}: \"true\", or {fix_list}", secret=name)
     labels = (secret.get("metadata") or {}).get("labels") or {}
     if labels.get(ALLOW_REFERENCE_LABEL) == "true":
         return None
     return Refusal(field, "SecretNotAllowed", f"names Secret {name!r}, which has not opted in "
-                   f"to being referenced by tunings; label it ({label}), or {fix_list}")
+                   f"to being referenced by tunings; label it ({label}), or {fix_list}",
+                   secret=name)
 
 
 def normalize_image(image: str) -> str:
@@ -225,16 +229,7 @@ def refused_text(refusals: Sequence[Refusal]) -> str:
     return "; ".join(r.text() for r in refusals)
 
 
-def changed_or_due(changed: Callable[[Mapping[str, Any]], bool], now: Callable[[], float],
-                   seconds: float | None = None) -> Callable[[Mapping[str, Any]], bool]:
-    """A wait condition: the spec changed, or ``seconds`` (default :data:`RECHECK_SECONDS`)
-    passed, to re-check a refusal."""
-    deadline = now() + (RECHECK_SECONDS if seconds is None else seconds)
-    return lambda body: changed(body) or now() >= deadline
-
-
 __all__ = ["ALLOW_OUTPUT_LABEL", "ALLOW_PATCH_ANNOTATION", "ALLOW_REFERENCE_LABEL",
            "CONDITION", "OUTPUT_CONDITION", "RECHECK_SECONDS", "PolicySettings", "Refusal",
-           "changed_or_due", "check_outputs", "check_trials", "configmap_refusal",
-           "deployment_refusal", "image_refusal", "normalize_image", "refused_text",
-           "secret_refs", "secret_refusal"]
+           "check_outputs", "check_trials", "configmap_refusal", "deployment_refusal",
+           "image_refusal", "normalize_image", "refused_text", "secret_refs", "secret_refusal"]
