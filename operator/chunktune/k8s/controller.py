@@ -63,6 +63,9 @@ WORKLOAD_RETRY = 30.0
 #: Backoff of the daemon after an API error it could not absorb: first delay, cap (seconds).
 FAULT_BACKOFF_FIRST = 1.0
 FAULT_BACKOFF_CAP = 30.0
+#: While a study waits on an object (a Secret, a ConfigMap), it reads it every this many poll
+#: intervals (5 s at the default 1 s): a GET per waiting study, not a watch on every Secret.
+OBJECT_POLL_INTERVALS = 5
 #: A log line that names a failure's cause (an exception, a fatal signal, an OOM).
 CAUSE_LINE = re.compile(r"(\b\w*(Error|Exception)\b|Traceback|Segmentation fault|core dumped|"
                         r"Killed|OOM|out of memory|FATAL|fatal|panic|Aborted|exit code \d+)")
@@ -235,18 +238,23 @@ class StudyController:
         """Wait ``delay`` seconds, or less: until one of ``objects`` (``(kind, name)`` in the
         resource's namespace) that the wait is about changes (appears, is edited or deleted:
         a Secret whose password was fixed or that was labelled, a ConfigMap created), or the
-        spec does. The objects are read every poll interval (a GET each; the operator needs
-        no watch on Secrets or ConfigMaps)."""
+        spec does. The spec is looked at every poll interval, the objects every
+        :data:`OBJECT_POLL_INTERVALS` (a GET each; the operator needs no watch on Secrets or
+        ConfigMaps)."""
         loop = asyncio.get_running_loop()
         due = loop.time() + delay
         if not objects:
             await self._until(live, lambda b: changed(b) or loop.time() >= due)
             return
         seen = [await self._version(kind, name) for kind, name in objects]
+        polls = 0
         while live.stopping() is None and (left := due - loop.time()) > 0:
             await live.sleep(min(left, max(0.2, self.op.settings.trials.poll_interval)))
             if changed(live.body()):
                 return
+            polls += 1
+            if polls % OBJECT_POLL_INTERVALS:
+                continue
             for (kind, name), was in zip(objects, seen, strict=True):
                 if await self._version(kind, name) != was:
                     log.info("%s/%s: %s %s changed; looking again now",
