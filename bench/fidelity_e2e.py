@@ -16,13 +16,14 @@ copies in ``bench/data/e2e`` (``--data DIR`` reads the shared raw data instead;
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from chunktune.sim.calibration import e2e
-from chunktune.sim.cost import kernel_data
+from chunktune.sim.cost import kernel_data, provenance
 
 TABLES = Path(__file__).with_name("data") / "e2e"
 SILICON = TABLES / "silicon_e2e.csv"
@@ -79,6 +80,17 @@ def print_groups(replays: list[e2e.Replay], width: int) -> None:
               f"{pct(g.ttft_median_abs_err)}" + (f"  not run: {why}" if why else ""))
 
 
+def write_fidelity(table: dict[str, object]) -> None:
+    doc = {"about": "end-to-end median |error| of the mean TPOT and TTFT of real vLLM serving "
+                    "runs replayed by the simulator, per GPU, over the runs whose harness is "
+                    "known (bench/fidelity_e2e.py --quick: InferenceX's silicon rows, "
+                    "LLMServingSim's RTX runs)",
+           "rewrite": "python bench/fidelity_e2e.py --quick --write-fidelity",
+           "gpus": table}
+    provenance.E2E_FIDELITY_PATH.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {provenance.E2E_FIDELITY_PATH}")
+
+
 def pct(v: float | None) -> str:
     return "-" if v is None else f"{v:6.1%}"
 
@@ -95,6 +107,9 @@ def main() -> int:
                          "and the cost before the first token fitted on them")
     ap.add_argument("--write-tables", action="store_true",
                     help="rewrite bench/data/e2e from --data")
+    ap.add_argument("--write-fidelity", action="store_true",
+                    help="with --quick: rewrite the per-GPU figures `chunktune sim run` shows "
+                         "(sim/cost/data/e2e_fidelity.json)")
     a = ap.parse_args()
     if a.write_tables:
         if a.data is None:
@@ -128,6 +143,10 @@ def main() -> int:
     if any(run.vllm_version for run in chosen):
         print("\nsilicon rows by harness:")
         print_groups(e2e.by_harness(chosen, replays), 38)
+    if a.write_fidelity:
+        if not a.quick:
+            ap.error("--write-fidelity takes the --quick set (what the CI test pins)")
+        write_fidelity(e2e.fidelity_table(chosen, replays))
     notes = [f"{p} rows model {what}" for p, what in e2e.MODELLED_PRECISIONS.items() if what]
     print("\nSilicon rows: InferenceX's client (10 x N requests of lengths drawn in [0.8 L, L], "
           "N in flight,\nthe first N at once; means over all) against InferenceX's engine "

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from chunktune.sim.calibration import e2e
+from chunktune.sim.cost import provenance
 from chunktune.sim.engine.virtual import API_SERVER, ServerCost, build_engine
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -96,6 +97,23 @@ def test_rows_of_a_known_harness_stay_within_their_thresholds(replays):
         assert g.ttft_median_abs_err is not None and g.ttft_median_abs_err <= ttft, group
     with pytest.raises(ValueError, match="fewer replays"):
         e2e.by_harness(replays[0], replays[1][:3])
+
+
+@pytest.mark.slow
+def test_the_figures_sim_run_shows_are_what_the_model_measures(replays):
+    """``chunktune sim run``'s cost-model line quotes, per GPU, the end-to-end error of the
+    committed model on the real runs of a known harness: the committed table
+    (``python bench/fidelity_e2e.py --quick --write-fidelity``) is what the replays give now."""
+    table = e2e.fidelity_table(*replays)
+    assert provenance.e2e_fidelity() == table
+    assert set(table) == {"h100-sxm", "h200", "b200", "rtx-pro-6000", "rtx4090"}
+    h100 = table["h100-sxm"]
+    assert (h100["precision"], h100["runs"]) == ("fp8", 18)  # InferenceX's, not the 0.12.0 row
+    line = provenance.provenance("h100-sxm")
+    assert line.endswith(f"; end to end: TPOT {h100['tpot']:.1%} / TTFT {h100['ttft']:.1%} "
+                         "median error over 18 real vLLM serving runs of fp8 models")
+    assert provenance.provenance("a100-sxm").endswith(
+        "; end to end: no real serving runs of this GPU to check it against")
 
 
 def test_the_client_sends_what_inferencex_sent_to_the_engine_it_ran():

@@ -49,6 +49,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -243,6 +244,28 @@ def by_harness(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> list[Re
     return [replace(rep, group=f"{rep.group}, " + (
         "InferenceX" if run.vllm_version is None else f"vLLM {run.vllm_version}, harness ?"))
         for run, rep in zip(runs, replays, strict=False)]
+
+
+def fidelity_table(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> dict[str, Any]:
+    """Per GPU (our name), the end-to-end figures :func:`chunktune.sim.cost.provenance
+    .provenance` shows: the median |error| of TPOT and TTFT over the runs whose harness is
+    known (InferenceX's silicon rows, LLMServingSim's runs; not the rows that record none),
+    rounded to 0.1%. ``replays``: the silicon rows' replays in the order of ``runs``, then
+    the RTX runs'."""
+    known = [r for r in by_harness(runs, replays) if "harness ?" not in r.group]
+    known += list(replays[len(runs):])
+    out: dict[str, Any] = {}
+    for g in summarize(known).values():
+        if not g.run or g.tpot_median_abs_err is None or g.ttft_median_abs_err is None:
+            continue
+        gpu, _, rest = g.group.partition(" ")
+        precision = rest.split(",")[0]
+        if gpu in out and out[gpu]["runs"] >= g.run:
+            continue  # the GPU's largest group (B200: FP8, not FP4's none)
+        out[gpu] = {"precision": precision, "runs": g.run,
+                    "tpot": round(g.tpot_median_abs_err, 3),
+                    "ttft": round(g.ttft_median_abs_err, 3)}
+    return dict(sorted(out.items()))
 
 
 @dataclass(frozen=True)

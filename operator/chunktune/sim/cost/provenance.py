@@ -3,9 +3,26 @@
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.sim.cost.coefficients import group_sources, load_document, source_gpu
 from chunktune.sim.cost.collectives import measured_allreduce_source, vllm_allreduce_source
+
+#: Per GPU, the end-to-end error of the simulator against real vLLM serving runs (written by
+#: ``python bench/fidelity_e2e.py --quick --write-fidelity``; ``tests/sim/calibration/
+#: test_e2e.py`` fails when it is not what the committed model measures).
+E2E_FIDELITY_PATH = Path(__file__).with_name("data") / "e2e_fidelity.json"
+
+
+@cache
+def e2e_fidelity() -> dict[str, Any]:
+    """The committed end-to-end figures: ``{gpu: {precision, runs, tpot, ttft}}``."""
+    doc: dict[str, Any] = json.loads(E2E_FIDELITY_PATH.read_text())
+    return dict(doc["gpus"])
 
 
 def provenance(gpu: str | GPU) -> str:
@@ -13,7 +30,9 @@ def provenance(gpu: str | GPU) -> str:
     is borrowed, the error borrowing makes (leave-one-GPU-out, median over the measured GPUs
     of that family, stored with the fit). All-reduces say what they run on: a measured
     table (the GPU's own or one on the same interconnect) or NCCL's curve over PCIe; FP8
-    GEMMs on a GPU without FP8 tensor cores run weight-only at the bf16 rate."""
+    GEMMs on a GPU without FP8 tensor cores run weight-only at the bf16 rate. Last, the
+    end-to-end error against real serving runs of that GPU, where there are any
+    (:func:`e2e_fidelity`)."""
     g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
     name = g.name
     loo = load_document().get("loo_gpu", {})
@@ -48,4 +67,10 @@ def provenance(gpu: str | GPU) -> str:
                  f"{err(['all-reduce'])}")
     if g.fp8_tflops <= 0:
         text += "; FP8 weights run weight-only (no FP8 tensor cores)"
+    e2e = e2e_fidelity().get(name)
+    if e2e is None:
+        text += "; end to end: no real serving runs of this GPU to check it against"
+    else:
+        text += (f"; end to end: TPOT {e2e['tpot']:.1%} / TTFT {e2e['ttft']:.1%} median error "
+                 f"over {e2e['runs']} real vLLM serving runs of {e2e['precision']} models")
     return text
