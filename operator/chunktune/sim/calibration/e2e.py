@@ -235,6 +235,10 @@ def _skip(base: Replay, why: str) -> Replay:
                   skipped=why)
 
 
+#: How :func:`by_harness` labels the rows that record no harness (after their vLLM version).
+UNKNOWN_HARNESS = "harness ?"
+
+
 def by_harness(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> list[Replay]:
     """``replays`` of ``runs`` (in the same order), each group split by whether the row's
     harness is known: ``"h200 fp8, InferenceX"`` (the rows that name no vLLM version) or
@@ -242,7 +246,8 @@ def by_harness(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> list[Re
     if len(runs) > len(replays):
         raise ValueError("fewer replays than runs")
     return [replace(rep, group=f"{rep.group}, " + (
-        "InferenceX" if run.vllm_version is None else f"vLLM {run.vllm_version}, harness ?"))
+        "InferenceX" if run.vllm_version is None
+        else f"vLLM {run.vllm_version}, {UNKNOWN_HARNESS}"))
         for run, rep in zip(runs, replays, strict=False)]
 
 
@@ -252,7 +257,7 @@ def fidelity_table(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> dic
     known (InferenceX's silicon rows, LLMServingSim's runs; not the rows that record none),
     rounded to 0.1%. ``replays``: the silicon rows' replays in the order of ``runs``, then
     the RTX runs'."""
-    known = [r for r in by_harness(runs, replays) if "harness ?" not in r.group]
+    known = [r for r in by_harness(runs, replays) if not r.group.endswith(UNKNOWN_HARNESS)]
     known += list(replays[len(runs):])
     out: dict[str, Any] = {}
     for g in summarize(known).values():
