@@ -207,9 +207,7 @@ class StudyController:
                 await self._until(live, changed)
             except WorkloadUnavailable as e:
                 await self._no_workload(e, gen)
-                loop = asyncio.get_running_loop()
-                due = loop.time() + WORKLOAD_RETRY
-                await self._until(live, lambda b: changed(b) or loop.time() >= due)
+                await self._until_changed(live, [], WORKLOAD_RETRY, changed)
         except (ClusterApiError, InfrastructureFault) as e:
             # NOTE: any API error the layers below did not absorb: the daemon lives on and
             # starts over from the study storage (running trials are adopted).
