@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -23,16 +24,12 @@ def _load(storage):
     return optuna.load_study(study_name="test/t", storage=st.open_storage(str(storage)))
 
 
-def test_kill_mid_trial_then_resume(tmp_path):
-    m = manifest(budget={"maxTrials": 6}, workload={"profile": "mixed", "duration": "120s",
-                                                    "warmup": "5s"})
-    path = tmp_path / "t.yaml"
-    path.write_text(yaml.safe_dump(m))
-    storage = tmp_path / "s.journal"
-    cmd = [sys.executable, "-m", "chunktune", "tune", str(path), "--storage", str(storage)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def _kill_mid_trial(cmd: list[str], env: dict[str, str], storage: Path) -> optuna.Study:
+    """Run ``cmd``, SIGKILL it once two trials are done and a third has its point chosen (one
+    killed between its creation and its point has nothing to run again), and return the study
+    as the kill left it: read after the process is gone, as the trial may have ended between
+    the look and the kill."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    killed_trial = None
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
@@ -42,18 +39,37 @@ def test_kill_mid_trial_then_resume(tmp_path):
                 trials = _load(storage).trials
                 done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
                 running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING
-                           and st.ATTR_OWNER in t.user_attrs]
+                           and st.ATTR_OWNER in t.user_attrs and st.point_of(t)]
                 if len(done) >= 2 and running:
-                    killed_trial = running[0].number
                     proc.send_signal(signal.SIGKILL)
                     break
             time.sleep(0.02)
     finally:
+        proc.kill()
         proc.wait(timeout=30)
-    assert killed_trial is not None, "never caught a running trial"
-    left = _load(storage)
+    return _load(storage)
+
+
+def test_kill_mid_trial_then_resume(tmp_path):
+    m = manifest(budget={"maxTrials": 6}, workload={"profile": "mixed", "duration": "120s",
+                                                    "warmup": "5s"})
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(m))
+    storage = tmp_path / "s.journal"
+    cmd = [sys.executable, "-m", "chunktune", "tune", str(path), "--storage", str(storage)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    left, killed_trial = None, None
+    for _ in range(3):  # a kill that lands between two trials leaves none to resume: again
+        storage.unlink(missing_ok=True)
+        left = _kill_mid_trial(cmd, env, storage)
+        running = [t for t in left.trials if t.state == optuna.trial.TrialState.RUNNING
+                   and st.point_of(t)]
+        if running:
+            (trial,) = running
+            killed_trial = trial.number
+            break
+    assert left is not None and killed_trial is not None, "never killed a running trial"
     interrupted_point = st.point_of(left.trials[killed_trial])
-    assert left.trials[killed_trial].state == optuna.trial.TrialState.RUNNING
 
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
