@@ -28,7 +28,8 @@ GPU_MESSAGE = ("0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preempti
                "are available: 3 No preemption victims found for incoming pod.")
 TAINT_MESSAGE = ("0/3 nodes are available: 3 node(s) had untolerated taint "
                  "{dedicated: ops}. preemption: not eligible.")
-STARTUP_TIMEOUT = 1.0
+#: long enough for the test to see the pod scheduled and mark it ready on a busy machine
+STARTUP_TIMEOUT = 2.0
 
 
 @pytest_asyncio.fixture()
@@ -71,13 +72,13 @@ async def test_a_pod_waiting_for_gpus_outlasts_its_startup_timeout(
     await kube.until(lambda: told, message="the wait reported")
     assert told == [(3, GPU_MESSAGE, 0.0, False)] and backend.capacity.waiting() == [3]
     # unschedulable for three start-up timeouts: still waiting, not failed
-    await kube.until(lambda: backend.paused_seconds(3) > 3 * STARTUP_TIMEOUT, timeout=20)
+    await kube.until(lambda: backend.paused_seconds(3) > 3 * STARTUP_TIMEOUT, timeout=30)
     assert not waiting.done()
     set_status(kube, "cap-t3", pod_status(None))  # scheduled: the start-up clock starts
     await kube.until(lambda: len(told) == 2, message="scheduling reported")
     assert told[1][:2] == (3, None) and told[1][2] > 3 * STARTUP_TIMEOUT and told[1][3]
     set_status(kube, "cap-t3", pod_status(None, ready=True))
-    ready = await asyncio.wait_for(waiting, 20)
+    ready = await asyncio.wait_for(waiting, 30)
     assert not isinstance(ready, TrialResult), ready.message
     assert backend.capacity.waiting() == []
     # the same pod, not scheduled for lack of a toleration: that is no capacity, it times out

@@ -19,8 +19,10 @@ from tests.k8s.conftest import operator_settings
 from tests.kube.emulator import KubeEmulator
 
 pytestmark = pytest.mark.asyncio
+#: short, yet each Lease request may take 0.5 s (``LeaderElector._timeout``): a request that
+#: times out counts as "not leader", which a busy machine must not decide
 FAST = LeaderSettings(enabled=True, lease_name="op", lease_namespace="default",
-                      lease_duration=1.5, renew_deadline=0.8, retry_period=0.1)
+                      lease_duration=3.0, renew_deadline=2.0, retry_period=0.5)
 
 
 @pytest_asyncio.fixture()
@@ -51,7 +53,8 @@ async def test_one_holder_and_a_released_lease_passes_at_once(kube: KubeEmulator
     first.leading = True
     await first.release()
     assert holder(kube) is None
-    assert await asyncio.wait_for(second.acquire(asyncio.Event()), 1.0)  # no lease duration
+    # at once: well within the lease duration it would wait for an abandoned Lease
+    assert await asyncio.wait_for(second.acquire(asyncio.Event()), FAST.lease_duration - 0.5)
     lease = kube.get("leases", "default", "op")
     assert lease["spec"]["holderIdentity"] == second.identity
     assert lease["spec"]["leaseTransitions"] == 1
@@ -100,7 +103,7 @@ async def test_the_operator_runs_kopf_only_while_it_leads(kube: KubeEmulator,
     kube.create("leases", {"metadata": {"name": "op"}, "spec": {
         "holderIdentity": "other", "leaseDurationSeconds": 2}}, "default")
     settings = operator_settings(tmp_path).with_overrides(leader={
-        **FAST.__dict__, "identity": "me", "lease_duration": 2.0})
+        **FAST.__dict__, "identity": "me"})
     built = runtime.build(settings, kube.api_client(), lambda **_: kopf.ConnectionInfo(
         server=kube.url, token=kube.token))
     op = built[1]
