@@ -11,10 +11,12 @@ import json
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from chunktune.tuning.study import ATTR_SERVER, trial_state
@@ -54,8 +56,17 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
     try:
-        yield f"http://127.0.0.1:{port}", targets
+        # listening before the operator first asks it (else it scrapes the engine itself)
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, "prometheus not ready"
+            time.sleep(0.2)
+        yield url, targets
     finally:
         proc.terminate()
         try:

@@ -18,7 +18,7 @@ import yaml
 
 from chunktune.api.reader import parse_manifest
 from chunktune.backends.simulated import SimulatedBackend
-from chunktune.core.trials import RESULT_STATES, TrialState
+from chunktune.core.trials import RESULT_STATES, Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.tuning import storage as storages
 from chunktune.tuning import study as st
 from chunktune.tuning.tuner import Tuner
@@ -88,6 +88,20 @@ class _Retried(logging.Handler):
             self.event.set()
 
 
+class _HeldFromThird(SimulatedBackend):
+    """Trials from the third on wait until the database is down: the outage lands mid-study
+    however fast the first trials ran."""
+
+    def __init__(self, stopped: threading.Event) -> None:
+        super().__init__()
+        self.stopped = stopped
+
+    async def run_trial(self, plan: TrialPlan, report: Reporter | None = None) -> TrialResult:
+        if plan.number >= 2:
+            await asyncio.to_thread(self.stopped.wait, 120)
+        return await super().run_trial(plan, report)
+
+
 @pytest.mark.slow
 def test_database_restart_mid_study_loses_nothing(pg: PostgresServer) -> None:
     """The server stops mid-study and comes back: the storage calls wait for it, the study
@@ -96,7 +110,8 @@ def test_database_restart_mid_study_loses_nothing(pg: PostgresServer) -> None:
     tuning = parse_manifest(manifest(budget={"maxTrials": 8},
                                      workload={"profile": "mixed", "duration": "30s",
                                                "warmup": "2s"}))
-    tuner = Tuner(tuning, SimulatedBackend(), url)
+    stopped = threading.Event()
+    tuner = Tuner(tuning, _HeldFromThird(stopped), url)
     handler = _Retried()
     logging.getLogger(storages.__name__).addHandler(handler)
     restarted = threading.Event()
@@ -106,6 +121,7 @@ def test_database_restart_mid_study_loses_nothing(pg: PostgresServer) -> None:
         while sum(1 for t in study.trials if st.trial_state(t) in RESULT_STATES) < 2:
             restarted.wait(0.05)
         pg.stop()
+        stopped.set()
         handler.event.wait(120)  # the tuner met the outage
         pg.start()
         restarted.set()
