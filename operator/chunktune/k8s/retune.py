@@ -45,6 +45,7 @@ from chunktune.metrics.derive import (
     WorkloadStats,
     WorkloadUnavailable,
     drift,
+    prefix_caveat,
     stats_of,
 )
 from chunktune.tuning import retune as rt
@@ -88,9 +89,11 @@ def derived_condition(tuner: Tuner) -> dict[str, tuple[bool, str, str]]:
     if not tuner.derived:
         return {}
     src = tuner.derived.get("source") or {}
+    hit = (tuner.derived.get("stats") or {}).get("prefixCacheHitRate")
+    caveat = prefix_caveat(None if hit is None else float(hit))
     return {"WorkloadDerived": (True, "Derived", f"derived from {src.get('url')} "
                                 f"({src.get('selector')}, {src.get('window', 0):g} s ending "
-                                f"{src.get('at')})")}
+                                f"{src.get('at')})" + (f"; {caveat}" if caveat else ""))}
 
 
 def owns_outputs(retune_status: Mapping[str, Any] | None) -> bool:

@@ -121,7 +121,8 @@ class PrometheusClient:
                 raise WorkloadUnavailable("NoMatchingSeries",
                                           self._no_series(sel, window, at))
             scalars = {k: self.query_sync(queries[k], at)
-                       for k in ("requests", "peak_rate", "prompt_sum", "output_sum")}
+                       for k in ("requests", "peak_rate", "prompt_sum", "output_sum",
+                                 "prefix_queries", "prefix_hits")}
             hist = {k: self._buckets(queries[k], at)
                     for k in ("prompt_buckets", "output_buckets")}
             lat = {base: self._buckets(promql.buckets(promql.LATENCY_HISTOGRAMS[base], sel,
@@ -134,7 +135,9 @@ class PrometheusClient:
                            peak_window=sub, requests=scalars["requests"] or 0.0,
                            peak_rate=scalars["peak_rate"], prompt=hist["prompt_buckets"],
                            output=hist["output_buckets"], prompt_sum=scalars["prompt_sum"],
-                           output_sum=scalars["output_sum"], latency=lat)
+                           output_sum=scalars["output_sum"], latency=lat,
+                           prefix_queries=scalars["prefix_queries"],
+                           prefix_hits=scalars["prefix_hits"])
 
     def _buckets(self, q: str, at: float) -> Buckets:
         return Buckets.from_le({labels.get("le", "+Inf"): v

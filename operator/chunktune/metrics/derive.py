@@ -155,6 +155,11 @@ class Observation:
     output_sum: float | None = None
     latency: Mapping[str, Buckets] = field(default_factory=dict)
     """Server-side latency histograms by base (``ttft``, ``itl``, ``e2e``), when read."""
+    prefix_queries: float | None = None
+    """Prompt tokens of new requests looked up in vLLM's prefix cache
+    (``vllm:prefix_cache_queries``); None where the engine exports none."""
+    prefix_hits: float | None = None
+    """Of those, the tokens found cached (``vllm:prefix_cache_hits``)."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,9 @@ class WorkloadStats:
     output: dict[str, float]
     prompt_mean: float | None = None
     output_mean: float | None = None
+    prefix_hit_rate: float | None = None
+    """Share of the new requests' prompt tokens vLLM found in its prefix cache; None where
+    the engine counted no lookup (prefix caching off, or no metric)."""
 
     def to_dict(self) -> dict[str, Any]:
         """camelCase, as the status keeps them (rounded)."""
@@ -187,6 +195,8 @@ class WorkloadStats:
             out["promptTokens"]["mean"] = round(self.prompt_mean, 1)
         if self.output_mean is not None:
             out["outputTokens"]["mean"] = round(self.output_mean, 1)
+        if self.prefix_hit_rate is not None:
+            out["prefixCacheHitRate"] = round(self.prefix_hit_rate, 4)
         return out
 
     @classmethod
@@ -194,13 +204,37 @@ class WorkloadStats:
         prompt = {k: float(v) for k, v in (d.get("promptTokens") or {}).items()}
         output = {k: float(v) for k, v in (d.get("outputTokens") or {}).items()}
         peak = d.get("peakRate")
+        hit = d.get("prefixCacheHitRate")
         return cls(rate=float(d["rate"]), peak_rate=None if peak is None else float(peak),
                    requests=float(d.get("requests", 0.0)),
                    long_share=float(d.get("longShare", 0.0)),
                    long_threshold=float(d.get("longThreshold", LONG_PROMPT_TOKENS)),
                    prompt={k: v for k, v in prompt.items() if k != "mean"},
                    output={k: v for k, v in output.items() if k != "mean"},
-                   prompt_mean=prompt.get("mean"), output_mean=output.get("mean"))
+                   prompt_mean=prompt.get("mean"), output_mean=output.get("mean"),
+                   prefix_hit_rate=None if hit is None else float(hit))
+
+    def prefix_caveat(self) -> str | None:
+        """What a notable prefix-cache hit rate means for trials replaying this workload, or
+        None (not known, or under :data:`NOTABLE_PREFIX_HIT_RATE`)."""
+        return prefix_caveat(self.prefix_hit_rate)
+
+
+#: A prefix-cache hit rate from which the derived workload says that its trials prefill more
+#: than production did.
+NOTABLE_PREFIX_HIT_RATE = 0.1
+
+
+def prefix_caveat(hit_rate: float | None) -> str | None:
+    """The caveat of a production prefix-cache hit rate (see
+    :meth:`WorkloadStats.prefix_caveat`)."""
+    if hit_rate is None or hit_rate < NOTABLE_PREFIX_HIT_RATE:
+        return None
+    more = "far more" if hit_rate > 0.95 else f"{1 / (1 - hit_rate):.1f}x"
+    return (f"production found {100 * hit_rate:.0f}% of its prompt tokens in vLLM's prefix "
+            f"cache; the derived prompts share no prefix (and the simulator does not model "
+            f"the cache), so trials prefill {more} the prompt tokens production did: their "
+            f"TTFT and step times are pessimistic for this traffic")
 
 
 @dataclass(frozen=True)
@@ -231,7 +265,14 @@ class DerivedWorkload:
             "  output tokens: " + _quantiles(s.output, s.output_mean),
             f"  long prompts (> {s.long_threshold:g} tokens, a bucket bound): "
             f"{100 * s.long_share:.1f}% of requests",
+            "  prefix cache: " + ("no lookups counted (prefix caching off, or no metric)"
+                                  if s.prefix_hit_rate is None else
+                                  f"{100 * s.prefix_hit_rate:.1f}% of prompt tokens found "
+                                  f"cached"),
         ]
+        caveat = s.prefix_caveat()
+        if caveat:
+            lines.append(f"  note: {caveat}")
         return "\n".join(lines)
 
 
@@ -270,7 +311,9 @@ def stats_of(obs: Observation, long_threshold: float = LONG_PROMPT_TOKENS) -> Wo
         prompt=length_quantiles(obs.prompt), output=length_quantiles(obs.output),
         prompt_mean=obs.prompt_sum / n if obs.prompt_sum is not None and n > 0 else None,
         output_mean=obs.output_sum / obs.output.total
-        if obs.output_sum is not None and obs.output.total > 0 else None)
+        if obs.output_sum is not None and obs.output.total > 0 else None,
+        prefix_hit_rate=min(1.0, max(0.0, obs.prefix_hits / obs.prefix_queries))
+        if obs.prefix_queries and obs.prefix_hits is not None else None)
 
 
 def derive(obs: Observation, *, long_threshold: float = LONG_PROMPT_TOKENS,
@@ -363,6 +406,8 @@ def drift(reference: WorkloadStats, current: WorkloadStats, limits: DriftLimits)
     return out
 
 
-__all__ = ["DERIVED_CLASSES", "LENGTH_QUANTILES", "LONG", "LONG_PROMPT_TOKENS", "SHORT",
+__all__ = ["DERIVED_CLASSES", "LENGTH_QUANTILES", "LONG", "LONG_PROMPT_TOKENS",
+           "NOTABLE_PREFIX_HIT_RATE", "SHORT",
            "Buckets", "DerivedWorkload", "DriftLimits", "Observation", "WorkloadStats",
-           "WorkloadUnavailable", "derive", "drift", "length_quantiles", "stats_of"]
+           "WorkloadUnavailable", "derive", "drift", "length_quantiles", "prefix_caveat",
+           "stats_of"]

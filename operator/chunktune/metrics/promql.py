@@ -113,6 +113,9 @@ def gauge_max(name: str, sel: PodSelector, seconds: float, step: float = 1.0) ->
 #: vLLM's request histograms a workload is derived from (observed once per finished request).
 PROMPT_TOKENS = "request_prompt_tokens"
 GENERATION_TOKENS = "request_generation_tokens"
+#: vLLM's prefix-cache counters, in prompt tokens: looked up, and found cached.
+PREFIX_CACHE_QUERIES = "prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "prefix_cache_hits_total"
 #: Server-side latency histograms a production SLO is read from, by metric base name.
 LATENCY_HISTOGRAMS = {"ttft": "time_to_first_token_seconds",
                       "itl": "inter_token_latency_seconds",
@@ -136,9 +139,13 @@ def peak_rate(name: str, sel: LabelSelector, seconds: float, sub: float) -> str:
 def workload_queries(sel: LabelSelector, seconds: float, sub: float) -> dict[str, str]:
     """The queries of a workload derivation over the last ``seconds``: requests (finished,
     counted by the prompt-length histogram), their peak rate over ``sub``-second stretches,
-    how many series match, and both length histograms' buckets and sums."""
+    how many series match, both length histograms' buckets and sums, and the prompt tokens
+    the prefix cache was asked for and found."""
     count = f"{PROMPT_TOKENS}_count"
     return {
+        "prefix_queries": f"sum(increase({series(PREFIX_CACHE_QUERIES, sel)}"
+                          f"[{_range(seconds)}]))",
+        "prefix_hits": f"sum(increase({series(PREFIX_CACHE_HITS, sel)}[{_range(seconds)}]))",
         "requests": f"sum(increase({series(count, sel)}[{_range(seconds)}]))",
         "peak_rate": peak_rate(count, sel, seconds, sub),
         "series": f"count(last_over_time({series(count, sel)}[{_range(seconds)}]))",
@@ -170,7 +177,8 @@ def trial_queries(sel: PodSelector, seconds: float) -> dict[str, str]:
     return out
 
 
-__all__ = ["COUNTERS", "GENERATION_TOKENS", "HISTOGRAMS", "LATENCY_HISTOGRAMS", "PROMPT_TOKENS",
+__all__ = ["COUNTERS", "GENERATION_TOKENS", "HISTOGRAMS", "LATENCY_HISTOGRAMS",
+           "PREFIX_CACHE_HITS", "PREFIX_CACHE_QUERIES", "PROMPT_TOKENS",
            "PodSelector", "buckets", "counter_increase", "escape", "gauge_max",
            "histogram_quantile", "label_values", "matchers", "metric_name", "peak_rate",
            "series", "trial_queries", "workload_queries"]
