@@ -93,6 +93,12 @@ def test_durations(text, seconds):
      "a number or a mapping"),
     (lambda d: d["classes"][0].update(weight=True), "t.classes[0].weight", "must be a number"),
     (lambda d: d.update(seed=1.5), "t.seed", "must be an integer"),
+    (lambda d: d["classes"][0].update(shared_prefix={"tokens": 0}),
+     "t.classes[0].shared_prefix.tokens", "> 0"),
+    (lambda d: d["classes"][0].update(shared_prefix={"tokens": 64, "groups": 0}),
+     "t.classes[0].shared_prefix.groups", "> 0"),
+    (lambda d: d["classes"][0].update(shared_prefix={"tokens": 64, "share": 1}),
+     "t.classes[0].shared_prefix.share", "unknown field"),
 ])
 def test_bad_profiles_name_the_field(mutate, path, fragment):
     d = base()
@@ -145,6 +151,33 @@ def test_class_weights_and_constant_arrivals():
     assert [r.arrival for r in reqs[:3]] == [0.0, 0.25, 0.5]
     share_b = sum(r.cls == 1 for r in reqs) / len(reqs)
     assert share_b == pytest.approx(0.75, abs=0.08)
+
+
+def test_shared_openings_are_drawn_apart_from_the_sequence():
+    """A class's ``shared_prefix``: each request takes one of its openings (uniformly) and
+    shares its first ``tokens`` tokens (all of a shorter prompt); the arrivals and lengths are
+    the ones the profile gives without openings, and a class without them has none."""
+    d = base()
+    d["classes"][0]["prompt_tokens"] = {"dist": "uniform", "min": 10, "max": 200}
+    d["classes"].append({"name": "b", "prompt_tokens": 50, "output_tokens": 2})
+    plain = generate(parse_profile(d))
+    d["classes"][0]["shared_prefix"] = {"tokens": 100, "groups": 3}
+    p = parse_profile(d)
+    shared = generate(p)
+    assert [(r.arrival, r.prompt_tokens, r.output_tokens, r.cls) for r in shared] == \
+        [(r.arrival, r.prompt_tokens, r.output_tokens, r.cls) for r in plain]
+    a = [r for r in shared if r.cls == 0]
+    assert all(r.prefix_tokens == min(100, r.prompt_tokens) for r in a)
+    assert {r.prefix_group for r in a} == {0, 1, 2}
+    assert sum(r.prefix_group == 0 for r in a) / len(a) == pytest.approx(1 / 3, abs=0.08)
+    assert {r.prefix_key for r in a} == {"0/0", "0/1", "0/2"}
+    assert all(r.prefix_group == -1 and r.prefix_tokens == 0 and r.prefix_key is None
+               for r in shared if r.cls == 1)
+    assert generate(p) == shared
+    # the file form keeps the openings
+    assert parse_profile(yaml.safe_load(yaml.safe_dump(p.to_dict()))) == p
+    assert p.to_dict()["classes"][0]["shared_prefix"] == {"tokens": 100, "groups": 3}
+    assert "shared_prefix" not in p.to_dict()["classes"][1]
 
 
 def test_round_trip_to_dict():

@@ -1,4 +1,5 @@
-"""The token-counting rule and prompt synthesis: exact lengths, deterministic, no shared prefix."""
+"""The token-counting rule and prompt synthesis: exact lengths, deterministic, no shared prefix
+(unless given one)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_chat_and_token_ids_have_exact_length() -> None:
     assert count_chat_tokens(s.messages(3, key=3)) == min_chat_tokens() == 8
     for n in (1, 8, 9, 70000):
         ids = s.token_ids(n, key=5)
-        assert len(ids) == n and all(1000 <= i < 30000 for i in ids)
+        assert len(ids) == n and all(1000 <= i < 4000 for i in ids)
     with pytest.raises(ValueError):
         s.text(0)
 
@@ -77,3 +78,32 @@ def test_same_text_in_another_process() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=env).stdout.strip()
     assert out == PromptSynth(11).text(64, key=5)
+
+
+def _tokens(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"\w+|[^\w\s]", text)
+
+
+def test_a_shared_opening_is_the_same_tokens_in_every_prompt_that_names_it() -> None:
+    """Prompts given one opening (a key and a length) agree on exactly those first tokens,
+    differ right after, and keep their exact lengths; another opening's key shares nothing;
+    a prompt shorter than the opening is all opening."""
+    s = PromptSynth(seed=5)
+    a, b = s.text(500, 1, ("0/1", 200)), s.text(300, 2, ("0/1", 200))
+    ta, tb = _tokens(a), _tokens(b)
+    assert (len(ta), len(tb)) == (500, 300) == (count_tokens(a), count_tokens(b))
+    assert ta[:200] == tb[:200] and ta[200:208] != tb[200:208]
+    other = _tokens(s.text(500, 1, ("0/2", 200)))
+    assert other[:8] != ta[:8]
+    assert _tokens(s.text(150, 3, ("0/1", 200))) == ta[:150]
+    # no opening: what the request alone gives
+    assert s.text(300, 2) == s.text(300, 2, None) and _tokens(s.text(300, 2))[:8] != tb[:8]
+    ids = [s.token_ids(n, k, ("x", 128)) for n, k in ((500, 1), (400, 2))]
+    assert [len(x) for x in ids] == [500, 400] and ids[0][:128] == ids[1][:128]
+    assert ids[0][128:136] != ids[1][128:136]
+    chats = [s.messages(100, k, ("c", 50)) for k in (1, 2)]
+    assert [count_chat_tokens(m) for m in chats] == [100, 100]
+    heads = [_tokens(m[0]["content"]) for m in chats]
+    assert heads[0][:50] == heads[1][:50] and heads[0][50:58] != heads[1][50:58]

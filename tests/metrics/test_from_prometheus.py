@@ -140,45 +140,56 @@ def _share_at_most(profile: Profile, bound: float) -> float:
     return share
 
 
-#: Prompts of real vLLM's prefix-cache test: a shared opening of four 128-token blocks (the
-#: CPU build's block size), then each request's own 100 tokens.
-SHARED, OWN, SENT = 512, 100, 6
+#: Real vLLM's prefix-cache test: prompts of 612 tokens opening with one of two 512-token
+#: openings (four of the CPU build's 128-token blocks), one request in flight at a time.
+SHARED, PROMPT = 512, 612
+PREFIX_PROFILE = {
+    "name": "openings", "arrival": {"mode": "concurrency", "concurrency": 1}, "duration": 6,
+    "warmup": 0, "seed": 11,
+    "classes": [{"name": "rag", "prompt_tokens": PROMPT, "output_tokens": 2,
+                 "shared_prefix": {"tokens": SHARED, "groups": 2}}]}
 
 
 def test_a_real_vllms_prefix_cache_hit_rate_is_read(tmp_path: Path) -> None:
-    """Real vLLM (CPU build, prefix caching on as by default) scraped by a real Prometheus:
-    after the first request, each hits the shared opening's four blocks, and the derived
-    stats say which share of prompt tokens production found cached and what that means for
-    trials."""
+    """``chunktune load run`` of a class with shared openings against real vLLM (CPU build,
+    prefix caching on as by default), scraped by a real Prometheus: each request after the
+    first of its opening finds the opening's four blocks cached, vLLM's counters say exactly
+    that, and the derived stats give the share and what it means for trials."""
     pytest.importorskip("vllm", reason="needs vLLM's CPU build: pip install -e '.[cpu]'")
-    import random
-
     import requests
 
+    from chunktune.core.workload import generate, parse_profile
     from chunktune.modelgen.tiny import write_tiny_model
     from tests.conformance.conftest import RealServer
 
+    profile = tmp_path / "openings.yaml"
+    profile.write_text(yaml.safe_dump(PREFIX_PROFILE))
     server = RealServer(write_tiny_model(tmp_path / "tiny"), [
         "--served-model-name", "prod-tiny", "--max-model-len", "2048", "--block-size", "128",
         "--kv-cache-memory-bytes", str(64 * 2**20)], tmp_path / "vllm.log")
     try:
         with prometheus(tmp_path / "prom", [server.url.removeprefix("http://")]) as prom:
-            rng = random.Random(7)
-            shared = [rng.randrange(1000, 4000) for _ in range(SHARED)]
-            for _ in range(SENT):
-                prompt = shared + [rng.randrange(1000, 4000) for _ in range(OWN)]
-                r = requests.post(server.url + "/v1/completions", timeout=120, json={
-                    "model": "prod-tiny", "prompt": prompt, "max_tokens": 2,
-                    "ignore_eos": True})
-                assert r.status_code == 200, r.text
-            queries = SENT * (SHARED + OWN)
-            hits = (SENT - 1) * SHARED
-            # the server's own counters first: what Prometheus is to find
+            run = subprocess.run(
+                [sys.executable, "-m", "chunktune", "load", "run", "--target", server.url,
+                 "--profile", str(profile), "--out", str(tmp_path / "s.json"), "--quiet",
+                 "--token-ids", "--model", "prod-tiny"],
+                capture_output=True, text=True, timeout=300)
+            assert run.returncode == 0, run.stderr
             text = requests.get(server.url + "/metrics", timeout=30).text
-            for family, want in (("queries", queries), ("hits", hits)):
-                line = next(x for x in text.splitlines()
-                            if x.startswith(f"vllm:prefix_cache_{family}_total{{"))
-                assert float(line.rsplit(" ", 1)[1]) == want, line
+
+            def counter(name: str) -> float:  # summed over its labels
+                return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+                           if x.startswith(f"vllm:{name}{{"))
+
+            n = int(counter("request_success_total"))
+            assert n >= 3, (run.stderr[-3000:], (tmp_path / "s.json").read_text()[:3000],
+                            (tmp_path / "vllm.log").read_text()[-3000:])
+            specs = generate(parse_profile(PREFIX_PROFILE))[:n]
+            first = {s.prefix_key: s.rid for s in reversed(specs)}
+            hits = SHARED * sum(s.rid != first[s.prefix_key] for s in specs)
+            queries = n * PROMPT
+            assert (counter("prefix_cache_queries_total"),
+                    counter("prefix_cache_hits_total")) == (queries, hits)
             deadline = time.monotonic() + 60
             while True:  # until Prometheus has scraped the last request's counts
                 r = requests.get(prom + "/api/v1/query", timeout=10, params={
@@ -191,6 +202,7 @@ def test_a_real_vllms_prefix_cache_hit_rate_is_read(tmp_path: Path) -> None:
             derived = from_prometheus(prom, '{model_name="prod-tiny"}', 600.0, at=time.time())
     finally:
         server.stop()
-    assert derived.stats.prefix_hit_rate == pytest.approx(hits / queries, rel=0.02)
-    assert f"{100 * hits / queries:.1f}% of prompt tokens found cached" in derived.describe()
-    assert "trials prefill 3.3x the prompt tokens production did" in derived.describe()
+    rate = hits / queries
+    assert derived.stats.prefix_hit_rate == pytest.approx(rate, rel=0.02)
+    assert f"{100 * rate:.1f}% of prompt tokens found cached" in derived.describe()
+    assert f"trials prefill {1 / (1 - rate):.1f}x the prompt tokens" in derived.describe()

@@ -21,6 +21,7 @@ One format serves the simulator, the Locust driver and the tuner's manifests
         api: chat
         prompt_tokens: {dist: lognormal, mean: 500, sigma: 0.5, min: 200, max: 1000}
         output_tokens: {dist: lognormal, mean: 200, sigma: 0.6, min: 16, max: 512}
+        shared_prefix: {tokens: 150, groups: 4}   # the first 150 tokens are one of 4 openings
 
 or, instead of ``arrival`` and ``classes``, a trace (:mod:`chunktune.core.trace`)::
 
@@ -77,8 +78,8 @@ from chunktune.core.trace_formats import PRIORITY_BOUND
 from chunktune.core.validation import problems_from
 
 __all__ = ["APIS", "ARRIVAL_MODES", "PROFILE_DIR", "Arrival", "Profile", "ProfileSpec",
-           "RequestSpec", "TrafficClass", "generate", "load_profile", "parse_duration",
-           "parse_profile", "trace_profile"]
+           "RequestSpec", "SharedPrefix", "TrafficClass", "generate", "load_profile",
+           "parse_duration", "parse_profile", "trace_profile"]
 
 
 def _profile_dir() -> Path:
@@ -113,6 +114,14 @@ ARRIVAL_MODES: tuple[str, ...] = get_args(ArrivalMode)
 TRACE_MODE = "trace"
 
 
+class SharedPrefixSpec(StrictModel):
+    tokens: int = Field(gt=0)
+    """Tokens every prompt of the class opens with (all of a shorter prompt)."""
+    groups: int = Field(default=1, gt=0, le=1_000_000)
+    """How many different openings: each request takes one at random (a system prompt per
+    application, a document many questions are asked about)."""
+
+
 class TrafficClassSpec(StrictModel):
     name: str
     weight: Positive = 1.0
@@ -122,6 +131,9 @@ class TrafficClassSpec(StrictModel):
     ``--scheduling-policy priority``."""
     prompt_tokens: DistributionSpec
     output_tokens: DistributionSpec
+    shared_prefix: SharedPrefixSpec | None = None
+    """Prompts that open alike, as vLLM's prefix cache meets them; default none (every prompt
+    its own from its first token)."""
 
     @field_validator("name", mode="before")
     @classmethod
@@ -170,6 +182,15 @@ class ProfileSpec(StrictModel):
 
 
 @dataclass(frozen=True)
+class SharedPrefix:
+    """A class's shared openings: each prompt's first ``tokens`` tokens (all of a shorter
+    prompt) are one of ``groups`` openings."""
+
+    tokens: int
+    groups: int = 1
+
+
+@dataclass(frozen=True)
 class TrafficClass:
     name: str
     weight: float
@@ -177,6 +198,7 @@ class TrafficClass:
     output_tokens: Distribution
     api: str = "completions"
     priority: int = 0
+    shared_prefix: SharedPrefix | None = None
 
 
 @dataclass(frozen=True)
@@ -246,7 +268,10 @@ class Profile:
                 {"name": c.name, "weight": c.weight, "api": c.api,
                  **({"priority": c.priority} if c.priority else {}),
                  "prompt_tokens": c.prompt_tokens.to_dict(),
-                 "output_tokens": c.output_tokens.to_dict()}
+                 "output_tokens": c.output_tokens.to_dict(),
+                 **({"shared_prefix": {"tokens": c.shared_prefix.tokens,
+                                       "groups": c.shared_prefix.groups}}
+                    if c.shared_prefix else {})}
                 for c in self.classes
             ],
         }
@@ -303,7 +328,9 @@ def parse_profile(raw: Any, source: str = "profile", base_dir: Path | None = Non
     return Profile(
         name,
         tuple(TrafficClass(c.name, c.weight, c.prompt_tokens.build(), c.output_tokens.build(),
-                           c.api, c.priority) for c in spec.classes),
+                           c.api, c.priority,
+                           SharedPrefix(c.shared_prefix.tokens, c.shared_prefix.groups)
+                           if c.shared_prefix else None) for c in spec.classes),
         Arrival(a.mode, rate=a.rate, concurrency=a.concurrency),
         spec.duration if spec.duration is not None else 60.0,
         spec.warmup, spec.seed, spec.description)
@@ -369,7 +396,8 @@ def trace_profile(path: str | Path, field: str = "--trace") -> Profile:
 @dataclass(frozen=True)
 class RequestSpec:
     """One request to replay: when it arrives (seconds from the start; ``None`` in closed-loop
-    mode, where it is sent as soon as a slot frees), its token counts and its priority."""
+    mode, where it is sent as soon as a slot frees), its token counts, its priority, and the
+    opening it shares with other requests of its class (:class:`SharedPrefix`)."""
 
     rid: int
     arrival: float | None
@@ -377,6 +405,15 @@ class RequestSpec:
     output_tokens: int
     cls: int
     priority: int = 0
+    prefix_group: int = -1
+    """Which of its class's openings the prompt starts with; -1: none."""
+    prefix_tokens: int = 0
+    """How many of its first tokens are that opening's."""
+
+    @property
+    def prefix_key(self) -> str | None:
+        """The opening's identity across the run (class and group), or None."""
+        return f"{self.cls}/{self.prefix_group}" if self.prefix_group >= 0 else None
 
 
 def generate(profile: Profile, limit: int | None = None) -> list[RequestSpec]:
@@ -391,6 +428,8 @@ def generate(profile: Profile, limit: int | None = None) -> list[RequestSpec]:
         out = _trace_requests(profile.trace, profile.duration, profile.seed)
         return out if limit is None else out[:limit]
     rng = random.Random(profile.seed)
+    # the openings are drawn apart, so a class without them gives the sequence it always did
+    prefix_rng = random.Random(f"chunktune-prefix:{profile.seed}")
     weights = [c.weight for c in profile.classes]
     out = []
     t = 0.0
@@ -406,9 +445,13 @@ def generate(profile: Profile, limit: int | None = None) -> list[RequestSpec]:
             break
         ci = rng.choices(range(len(weights)), weights=weights)[0]
         c = profile.classes[ci]
-        out.append(RequestSpec(len(out), None if mode == "concurrency" else t,
-                               c.prompt_tokens.sample(rng), c.output_tokens.sample(rng), ci,
-                               c.priority))
+        prompt = c.prompt_tokens.sample(rng)
+        group, shared = -1, 0
+        if c.shared_prefix is not None:
+            group = prefix_rng.randrange(c.shared_prefix.groups)
+            shared = min(c.shared_prefix.tokens, prompt)
+        out.append(RequestSpec(len(out), None if mode == "concurrency" else t, prompt,
+                               c.output_tokens.sample(rng), ci, c.priority, group, shared))
     return out
 
 

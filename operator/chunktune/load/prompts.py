@@ -4,7 +4,10 @@ The load driver synthesizes prompts of exactly N tokens under :func:`count_token
 :func:`count_chat_tokens`, the same functions the simulator counts the prompts it receives with.
 
 Synthesized prompts are deterministic for ``(seed, key)`` (``key`` is the request id), and two
-keys differ from their first words on, so a prefix cache never matches between requests of a run.
+keys differ from their first words on, so a prefix cache never matches between requests of a run
+unless they are given the same opening (``prefix``: a key and a length, a traffic class's
+``shared_prefix``): then their first tokens are that opening's, the same in every request
+that names it, and the rest their own.
 The words are common English words and the punctuation is ``,``/``.``-like, which most BPE
 tokenizers encode as one token each with a leading space; against a real vLLM the count under the
 model's tokenizer is therefore close to N (typically within 10-30 %), not exact. Use
@@ -41,6 +44,9 @@ _WORDS = tuple(_WORD_TEXT.split())
 _PUNCT = (",", ",", ",", ".", ".", ";", ":", "?")
 _POOL_SIZE = 1 << 16
 _HEAD_WORDS = 8  # fresh random words per prompt: 256**8 openings, so no two requests share one
+#: Token ids of ``--token-ids`` prompts: ordinary tokens in any vocabulary of 4096 ids or more
+#: (the tiny test model's is 4096; real models' 32k-256k).
+_IDS = (1000, 4000)
 
 
 def _build_pool(seed: int) -> tuple[str, list[int], list[int]]:
@@ -60,7 +66,7 @@ def _build_pool(seed: int) -> tuple[str, list[int], list[int]]:
     offsets = [0]
     for p in pieces * 2:
         offsets.append(offsets[-1] + len(p))
-    ids = [rng.randrange(1000, 30000) for _ in range(_POOL_SIZE)] * 2
+    ids = [rng.randrange(*_IDS) for _ in range(_POOL_SIZE)] * 2
     return text, offsets, ids
 
 
@@ -90,11 +96,8 @@ class PromptSynth:
     def _rng(self, key: int) -> random.Random:
         return random.Random(f"chunktune-prompt:{self.seed}:{key}")
 
-    def text(self, n: int, key: int = 0) -> str:
-        """A text of exactly ``n`` tokens (``n >= 1``)."""
-        if n < 1:
-            raise ValueError(f"a prompt needs at least one token (got {n})")
-        rng = self._rng(key)
+    def _text(self, n: int, rng: random.Random) -> str:
+        """``n`` tokens (``n >= 1``) from ``rng``: fresh words, then a slice of the stream."""
         head = " ".join(rng.choice(_WORDS) for _ in range(min(n, _HEAD_WORDS)))
         rest = n - min(n, _HEAD_WORDS)
         if not rest:
@@ -109,21 +112,8 @@ class PromptSynth:
             start = 0
         return "".join(parts)
 
-    def messages(self, n: int, key: int = 0) -> list[dict[str, str]]:
-        """One user message whose chat prompt is ``n`` tokens under :func:`count_chat_tokens`.
-
-        A chat prompt cannot be shorter than :func:`min_chat_tokens` (8); smaller ``n`` gives
-        that minimum.
-        """
-        content = max(1, n - CHAT_TOKENS_PER_MESSAGE - CHAT_TOKENS_BASE)
-        return [{"role": "user", "content": self.text(content, key)}]
-
-    def token_ids(self, n: int, key: int = 0) -> list[int]:
-        """``n`` token ids in [1000, 30000), for servers that take ``prompt`` as ids (exact)."""
-        if n < 1:
-            raise ValueError(f"a prompt needs at least one token (got {n})")
-        rng = self._rng(key)
-        head = [rng.randrange(1000, 30000) for _ in range(min(n, _HEAD_WORDS))]
+    def _ids(self, n: int, rng: random.Random) -> list[int]:
+        head = [rng.randrange(*_IDS) for _ in range(min(n, _HEAD_WORDS))]
         rest = n - len(head)
         _, _, ids = _pool()
         start = rng.randrange(_POOL_SIZE)
@@ -133,3 +123,41 @@ class PromptSynth:
             rest -= m
             start = 0
         return head
+
+    def _split(self, n: int, key: int, prefix: tuple[str, int] | None
+               ) -> tuple[tuple[random.Random, int] | None, tuple[random.Random, int] | None]:
+        """The opening's generator and length (None without one), and the request's own."""
+        if n < 1:
+            raise ValueError(f"a prompt needs at least one token (got {n})")
+        shared = min(max(prefix[1], 0), n) if prefix is not None else 0
+        opening = (random.Random(f"chunktune-prefix:{self.seed}:{prefix[0]}"), shared) \
+            if prefix is not None and shared else None
+        own = (self._rng(key), n - shared) if n > shared else None
+        return opening, own
+
+    def text(self, n: int, key: int = 0, prefix: tuple[str, int] | None = None) -> str:
+        """A text of exactly ``n`` tokens (``n >= 1``); with ``prefix`` (an opening's key and
+        length) its first tokens are that opening's."""
+        return " ".join(self._text(k, rng) for rng, k in
+                        (part for part in self._split(n, key, prefix) if part is not None))
+
+    def messages(self, n: int, key: int = 0,
+                 prefix: tuple[str, int] | None = None) -> list[dict[str, str]]:
+        """One user message whose chat prompt is ``n`` tokens under :func:`count_chat_tokens`.
+
+        A chat prompt cannot be shorter than :func:`min_chat_tokens` (8); smaller ``n`` gives
+        that minimum. An opening (``prefix``) starts the message's content: the template's
+        tokens before it are the same in every request too.
+        """
+        content = max(1, n - CHAT_TOKENS_PER_MESSAGE - CHAT_TOKENS_BASE)
+        return [{"role": "user", "content": self.text(content, key, prefix)}]
+
+    def token_ids(self, n: int, key: int = 0,
+                  prefix: tuple[str, int] | None = None) -> list[int]:
+        """``n`` token ids in [1000, 4000), for servers that take ``prompt`` as ids (exact);
+        with ``prefix``, the opening's ids first."""
+        out: list[int] = []
+        for part in self._split(n, key, prefix):
+            if part is not None:
+                out.extend(self._ids(part[1], part[0]))
+        return out

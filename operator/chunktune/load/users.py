@@ -100,14 +100,17 @@ class StreamingOpenAIUser(HttpUser):
         self._timeout = (cfg.connect_timeout, cfg.request_timeout)
 
     def prompt(self, spec: RequestSpec, rid: int) -> tuple[Any, int]:
-        """The prompt for a request and its token count under chunktune's rule."""
+        """The prompt for a request and its token count under chunktune's rule; its opening
+        is its class's shared one where the spec names one."""
         n = spec.prompt_tokens
+        key = spec.prefix_key
+        prefix = (key, spec.prefix_tokens) if key is not None else None
         if self.api == "chat":
-            messages = self._synth.messages(n, rid)
+            messages = self._synth.messages(n, rid, prefix)
             return messages, count_chat_tokens(messages)
         if self.driver.token_ids:
-            return self._synth.token_ids(n, rid), n
-        return self._synth.text(n, rid), n
+            return self._synth.token_ids(n, rid, prefix), n
+        return self._synth.text(n, rid, prefix), n
 
     def prepare(self, spec: RequestSpec, record: RequestRecord) -> PreparedRequest:
         """The request, encoded and ready to go out (its prompt's count in ``record``)."""
