@@ -229,7 +229,7 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
     ("unknown profile",
      spec(lambda s: s["workload"].update(profile="mixd")),
      [("spec.workload.profile", "no profile file 'mixd'; give a path or one of: chat, "
-       "long-context, mixed, smoke")]),
+       "long-context, mixed, rag, smoke")]),
     ("bad inline profile, errors re-prefixed",
      spec(lambda s: s["workload"].pop("profile") and s["workload"].update(inline={
          "arrival": {"mode": "poisson", "rate": 2},

@@ -2,9 +2,10 @@
 (``vllm_steps.py``) and through the simulator's scheduler (``chunktune.sim.engine.step_trace``).
 
 Every engine gets the same KV block count on both sides (``num_gpu_blocks_override``), the
-CPU backend's block size (128), prefix caching off, and token-id prompts of exact lengths with
-``min_tokens = max_tokens`` and ``ignore_eos``. Every request of a case is waiting before the
-first step (the in-process engine takes them all before ``step()`` is called), so the
+CPU backend's block size (128), prefix caching off unless it is the case's subject, and
+token-id prompts of exact lengths with ``min_tokens = max_tokens`` and ``ignore_eos`` (a
+request may open with a shared opening: ``prefixes``). Every request of a case is waiting
+before the first step (the in-process engine takes them all before ``step()`` is called), so the
 schedules cannot differ by arrival timing; there is no timing-dependent case here, and none of
 the bounds below is needed.
 
@@ -32,6 +33,8 @@ class Case:
     requests: tuple[tuple[str, int, int], ...]
     #: each request's priority (``--scheduling-policy priority``); empty: all 0
     priorities: tuple[int, ...] = ()
+    #: each request's opening (key, tokens) or None; empty: none
+    prefixes: tuple[tuple[str, int] | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class EngineCase:
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
+    enable_prefix_caching: bool = False
     cases: tuple[Case, ...] = field(default_factory=tuple)
 
     def vllm_engine_args(self) -> dict[str, Any]:
@@ -59,6 +63,7 @@ class EngineCase:
             "kv_cache_memory_bytes": KV_CACHE_BYTES,
             "block_size": CPU_BLOCK_SIZE,
             "scheduling_policy": self.scheduling_policy,
+            "enable_prefix_caching": self.enable_prefix_caching,
         }
 
     def flags(self) -> list[str]:
@@ -73,6 +78,8 @@ class EngineCase:
             out.append("--no-enable-chunked-prefill")
         if self.scheduling_policy != "fcfs":
             out += ["--scheduling-policy", self.scheduling_policy]
+        out.append("--enable-prefix-caching" if self.enable_prefix_caching
+                   else "--no-enable-prefix-caching")
         return out
 
 
@@ -122,6 +129,27 @@ ENGINES: tuple[EngineCase, ...] = (
                  (("hi", 250, 24), ("lo", 250, 24), ("mid", 250, 24)),
                  priorities=(0, 5, 1)),
         )),
+    EngineCase(
+        "prefix_cache", max_num_batched_tokens=256, max_num_seqs=4, max_model_len=2048,
+        num_gpu_blocks=64, enable_prefix_caching=True,
+        cases=(
+            # Three prompts open with one 512-token opening (four blocks): the first prefills
+            # it in chunks, caching each block as it is allocated; the others, admitted once
+            # it is cached, prefill only their own 88 tokens. The fourth shares nothing.
+            Case("shared_opening",
+                 (("a", 600, 4), ("b", 600, 4), ("c", 600, 4), ("d", 300, 4)),
+                 prefixes=(("doc", 512), ("doc", 512), ("doc", 512), None)),
+        )),
+    EngineCase(
+        "prefix_cache_preemption", max_num_batched_tokens=512, max_num_seqs=8,
+        max_model_len=640, num_gpu_blocks=6, enable_prefix_caching=True,
+        cases=(
+            # Five usable blocks: c is preempted when a and b grow; admitted again after a
+            # ends, it finds its first block still cached in the free queue and recomputes
+            # 97 tokens instead of 225.
+            Case("preempted_finds_its_blocks",
+                 (("a", 260, 40), ("b", 260, 150), ("c", 100, 300))),
+        )),
 )
 
 
@@ -133,7 +161,8 @@ def vllm_spec(model_dir: str | Path, engines: tuple[EngineCase, ...] = ENGINES) 
             {"name": e.name, "engine": e.vllm_engine_args(),
              "cases": [{"name": c.name,
                         "requests": [{"id": rid, "prompt_len": p, "max_tokens": o,
-                                      "priority": c.priorities[i] if c.priorities else 0}
+                                      "priority": c.priorities[i] if c.priorities else 0,
+                                      "prefix": c.prefixes[i] if c.prefixes else None}
                                      for i, (rid, p, o) in enumerate(c.requests)]}
                        for c in e.cases]}
             for e in engines
@@ -158,6 +187,7 @@ def sim_trace(engine: EngineCase, case: Case, model_config: str | Path) -> Batch
         block_size=CPU_BLOCK_SIZE,
         enforce_eager=True,
         scheduling_policy=engine.scheduling_policy,
+        enable_prefix_caching=engine.enable_prefix_caching,
     ), resolve_model(config_path=model_config), resolve_gpu("h100-sxm"))
     return run_batch(cfg, engine.num_gpu_blocks, list(case.requests),
-                     priorities=case.priorities)
+                     priorities=case.priorities, prefixes=case.prefixes)

@@ -68,3 +68,9 @@ def test_the_cases_exercise_what_they_are_named_for(real):
     assert sum(kv["preempted"]) > 0
     off = real[("chunked_prefill_off", "whole_prompts_only")]["steps"]
     assert {s[1] for s in off if s[0]} <= {300, 200, 100, 400, 500, 300 + 200}
+    # b and c prefill only their own 88 tokens (and c 80 of them first, as the budget ends)
+    shared = real[("prefix_cache", "shared_opening")]["steps"]
+    assert [3, 256, 0, 0] in shared and sum(s[1] for s in shared) == 600 + 88 + 88 + 300
+    # c, preempted, recomputes its 100 + 125 tokens less its first block, found cached
+    again = real[("prefix_cache_preemption", "preempted_finds_its_blocks")]
+    assert sum(again["preempted"]) == 1 and [0, 0, 1, 225 - 128] in again["steps"]

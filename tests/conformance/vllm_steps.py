@@ -8,8 +8,10 @@ imported once); each serves its cases in turn, a case starting only when the pre
 finished.
 
 Each request is a token-id prompt of exactly ``prompt_len`` tokens (random ids, so prefix
-caching can hit nothing), with ``min_tokens = max_tokens`` and ``ignore_eos``. All requests of a
-case are added before its first step, so the schedule does not depend on arrival timing.
+caching can hit nothing), with ``min_tokens = max_tokens`` and ``ignore_eos``; a request with a
+``prefix`` (``[key, tokens]``) opens with that key's ``tokens`` ids, the same in every request
+naming the key. Prefix caching is off unless the engine's arguments turn it on. All requests of
+a case are added before its first step, so the schedule does not depend on arrival timing.
 
 Per engine step the trace holds the four counts of vLLM's own iteration log line
 (``--enable-logging-iteration-details``: ``Iteration(N): A context requests, B context tokens,
@@ -94,9 +96,8 @@ def main(spec_path: str, out_path: str) -> int:
                 enforce_eager=True,
                 enable_logging_iteration_details=True,
                 disable_log_stats=False,
-                enable_prefix_caching=False,
                 seed=0,
-                **eng["engine"],
+                **{"enable_prefix_caching": False, **eng["engine"]},
             ),
             stat_loggers=[_Recorder],
         )
@@ -112,7 +113,12 @@ def main(spec_path: str, out_path: str) -> int:
             finished_order: list[str] = []
             for r in case["requests"]:
                 n = int(r["max_tokens"])
-                ids = [rng.randrange(4, vocab) for _ in range(int(r["prompt_len"]))]
+                length = int(r["prompt_len"])
+                key, shared = r.get("prefix") or (None, 0)
+                shared = min(int(shared), length)
+                opening = random.Random(f"opening:{key}")
+                ids = [opening.randrange(4, vocab) for _ in range(shared)] + \
+                    [rng.randrange(4, vocab) for _ in range(length - shared)]
                 engine.add_request(
                     str(r["id"]),
                     TokensPrompt(prompt_token_ids=ids),

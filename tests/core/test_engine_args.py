@@ -105,8 +105,6 @@ def test_cudagraph_sizes_follow_vllm():
 
 
 @pytest.mark.parametrize(("kw", "field", "text"), [
-    (dict(enable_prefix_caching=True), "--enable-prefix-caching",
-     "the simulator does not model prefix caching"),
     (dict(max_model_len=-1), "--max-model-len", "auto (-1) fits the length to the KV cache"),
     (dict(kv_cache_dtype="float16"), "--kv-cache-dtype", "the simulator models auto, bfloat16"),
 ])

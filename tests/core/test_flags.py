@@ -59,7 +59,7 @@ def samples(f: Flag) -> list[Any]:
 CASES = [pytest.param(f, v, id=f"{f.name}={v}") for f in FLAGS.values() for v in samples(f)]
 
 #: What vLLM takes but the simulator refuses rather than ignore (tests/core/test_engine_args).
-SIM_REFUSES = {("enable-prefix-caching", True), ("max-model-len", -1)} | {
+SIM_REFUSES = {("max-model-len", -1)} | {
     ("kv-cache-dtype", d) for d in FLAGS["kv-cache-dtype"].choices
     if d not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")} | {
     ("quantization", q) for q in FLAGS["quantization"].choices
@@ -140,7 +140,7 @@ def test_every_flag_round_trips(f: Flag, value: Any) -> None:
 
 def test_every_sim_flag_is_an_engine_argument() -> None:
     """The simulator's engine arguments are the registry's ``sim`` flags, with their defaults
-    (bar prefix caching, which the simulator does not model and runs with off)."""
+    (bar prefix caching, which the simulator runs with off unless it is given)."""
     fields = {f.name: f.default for f in dataclasses.fields(EngineArgs)}
     sim = {f.attr: f for f in flags.for_engine("sim")}
     assert set(fields) == set(sim)

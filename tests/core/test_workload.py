@@ -39,7 +39,7 @@ def base() -> dict:
     }
 
 
-@pytest.mark.parametrize("name", ["mixed", "chat", "long-context", "smoke"])
+@pytest.mark.parametrize("name", ["mixed", "chat", "long-context", "rag", "smoke"])
 def test_shipped_profiles_load(name):
     p = load_profile(name)
     assert p.name == name and p.classes and p.duration > p.warmup
@@ -227,3 +227,17 @@ def test_bad_histograms_name_the_field(raw, path, fragment):
     with pytest.raises(SpecError) as e:
         parse_distribution({"dist": "histogram", **raw}, "p")
     assert any(p == path and fragment in m for p, m in e.value.problems), e.value.problems
+
+
+def test_a_simulator_without_the_cache_is_told_about_shared_openings():
+    from chunktune.core.workload import openings_note
+
+    d = base()
+    assert openings_note(parse_profile(d), False) is None
+    d["classes"][0]["shared_prefix"] = {"tokens": 8}
+    d["classes"].append({"name": "b", "prompt_tokens": 9, "output_tokens": 1,
+                         "shared_prefix": {"tokens": 4}})
+    note = openings_note(parse_profile(d), False)
+    assert note is not None and note.startswith("the workload's classes a, b share openings")
+    assert "--enable-prefix-caching" in note
+    assert openings_note(parse_profile(d), True) is None

@@ -140,16 +140,6 @@ def _share_at_most(profile: Profile, bound: float) -> float:
     return share
 
 
-#: Real vLLM's prefix-cache test: prompts of 612 tokens opening with one of two 512-token
-#: openings (four of the CPU build's 128-token blocks), one request in flight at a time.
-SHARED, PROMPT = 512, 612
-PREFIX_PROFILE = {
-    "name": "openings", "arrival": {"mode": "concurrency", "concurrency": 1}, "duration": 6,
-    "warmup": 0, "seed": 11,
-    "classes": [{"name": "rag", "prompt_tokens": PROMPT, "output_tokens": 2,
-                 "shared_prefix": {"tokens": SHARED, "groups": 2}}]}
-
-
 def test_a_real_vllms_prefix_cache_hit_rate_is_read(tmp_path: Path) -> None:
     """``chunktune load run`` of a class with shared openings against real vLLM (CPU build,
     prefix caching on as by default), scraped by a real Prometheus: each request after the
@@ -158,38 +148,23 @@ def test_a_real_vllms_prefix_cache_hit_rate_is_read(tmp_path: Path) -> None:
     pytest.importorskip("vllm", reason="needs vLLM's CPU build: pip install -e '.[cpu]'")
     import requests
 
-    from chunktune.core.workload import generate, parse_profile
     from chunktune.modelgen.tiny import write_tiny_model
+    from tests import openings
     from tests.conformance.conftest import RealServer
 
-    profile = tmp_path / "openings.yaml"
-    profile.write_text(yaml.safe_dump(PREFIX_PROFILE))
     server = RealServer(write_tiny_model(tmp_path / "tiny"), [
-        "--served-model-name", "prod-tiny", "--max-model-len", "2048", "--block-size", "128",
-        "--kv-cache-memory-bytes", str(64 * 2**20)], tmp_path / "vllm.log")
+        "--served-model-name", "prod-tiny", "--max-model-len", "2048", "--block-size",
+        str(openings.BLOCK), "--kv-cache-memory-bytes", str(64 * 2**20)], tmp_path / "vllm.log")
     try:
         with prometheus(tmp_path / "prom", [server.url.removeprefix("http://")]) as prom:
-            run = subprocess.run(
-                [sys.executable, "-m", "chunktune", "load", "run", "--target", server.url,
-                 "--profile", str(profile), "--out", str(tmp_path / "s.json"), "--quiet",
-                 "--token-ids", "--model", "prod-tiny"],
-                capture_output=True, text=True, timeout=300)
+            run = openings.send(server.url, "prod-tiny", tmp_path)
             assert run.returncode == 0, run.stderr
             text = requests.get(server.url + "/metrics", timeout=30).text
-
-            def counter(name: str) -> float:  # summed over its labels
-                return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-                           if x.startswith(f"vllm:{name}{{"))
-
-            n = int(counter("request_success_total"))
-            assert n >= 3, (run.stderr[-3000:], (tmp_path / "s.json").read_text()[:3000],
-                            (tmp_path / "vllm.log").read_text()[-3000:])
-            specs = generate(parse_profile(PREFIX_PROFILE))[:n]
-            first = {s.prefix_key: s.rid for s in reversed(specs)}
-            hits = SHARED * sum(s.rid != first[s.prefix_key] for s in specs)
-            queries = n * PROMPT
-            assert (counter("prefix_cache_queries_total"),
-                    counter("prefix_cache_hits_total")) == (queries, hits)
+            n = int(openings.counter(text, "request_success_total"))
+            assert n >= 3, (run.stderr[-3000:], (tmp_path / "vllm.log").read_text()[-3000:])
+            queries, hits = openings.expected(n)
+            assert (openings.counter(text, "prefix_cache_queries_total"),
+                    openings.counter(text, "prefix_cache_hits_total")) == (queries, hits)
             deadline = time.monotonic() + 60
             while True:  # until Prometheus has scraped the last request's counts
                 r = requests.get(prom + "/api/v1/query", timeout=10, params={

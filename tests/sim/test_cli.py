@@ -55,6 +55,27 @@ def test_vllm_spellings(capsys):
     assert "--trust-remote-code is a vLLM flag the simulator does not model" in text.err
 
 
+def test_shared_openings_and_the_prefix_cache(capsys, tmp_path):
+    """The shipped ``rag`` profile: without ``--enable-prefix-caching`` a warning says every
+    prompt is prefilled whole; with it the run says how much the cache found, and the
+    prompts' first tokens come sooner."""
+    run = ["sim", "run", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--workload", "rag",
+           "--duration", "20", "--warmup", "2", "--json"]
+    assert main([*run, str(tmp_path / "plain.json")]) == 0
+    text = capsys.readouterr()
+    assert "the workload's class rag shares openings" in text.err
+    assert "prefix cache:" not in text.out
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    assert main([*run, str(tmp_path / "cached.json"), "--enable-prefix-caching"]) == 0
+    text = capsys.readouterr()
+    assert "shares openings" not in text.err and "prefix cache: 4" in text.out
+    cached = json.loads((tmp_path / "cached.json").read_text())
+    cache = cached["engine"]["prefix_cache"]
+    assert 0.4 < cache["hits"] / cache["queries"] < 0.5  # 1488 of ~3000 tokens, less misses
+    assert "prefix_cache" not in plain["engine"]
+    assert cached["overall"]["ttft"]["p99"] < 0.7 * plain["overall"]["ttft"]["p99"]
+
+
 def test_startup_failure_prints_vllm_message_and_exits_nonzero(capsys):
     rc = main(["sim", "run", "--model", "llama-3.1-8b", "--gpu", "l4",
                "--max-num-batched-tokens", "32k", "--max-model-len", "8192",

@@ -296,11 +296,11 @@ class WorkloadSpec(Model):
     ]}}
 
     profile: pattern_str(  # type: ignore[valid-type]
-        RELATIVE_PATH, 1024, "a shipped profile name (mixed, chat, long-context, smoke) or a "
-        "relative path to a profile file: names of letters, digits, '_', '-' and '.', no "
+        RELATIVE_PATH, 1024, "a shipped profile name (mixed, chat, long-context, rag, smoke) or "
+        "a relative path to a profile file: names of letters, digits, '_', '-' and '.', no "
         "'..' and no absolute path") | None = None
-    """A shipped profile name (``mixed``, ``chat``, ``long-context``, ``smoke``) or a relative
-    path to a profile YAML file."""
+    """A shipped profile name (``mixed``, ``chat``, ``long-context``, ``rag``, ``smoke``) or a
+    relative path to a profile YAML file."""
     inline: dict[str, Any] | None = Field(default=None,
                                           json_schema_extra={"x-chunktune-schema": "profile"})
     """A profile mapping inline (``classes``, ``arrival``, ``duration``, ...)."""

@@ -74,8 +74,8 @@ class EngineArgs:
     ``sim`` engine takes (:mod:`chunktune.core.flags`; a test keeps the two in step).
     ``None`` means "the engine derives it" (:func:`chunktune.core.flags.engine_defaults`).
 
-    ``enable_prefix_caching`` defaults to off, unlike vLLM: the simulator does not model prefix
-    caching and refuses ``--enable-prefix-caching`` rather than ignore it."""
+    ``enable_prefix_caching`` defaults to off, unlike vLLM: the simulator models vLLM's prefix
+    cache when it is given (:class:`chunktune.sim.engine.kv_cache.PrefixCache`)."""
 
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
@@ -151,7 +151,7 @@ class EngineArgs:
 
     def check_simulated(self) -> None:
         """:meth:`check`, then refuse what vLLM takes but the simulator does not model (rather
-        than ignore it): prefix caching, ``--max-model-len auto``, KV-cache dtypes other than
+        than ignore it): ``--max-model-len auto``, KV-cache dtypes other than
         :data:`SIM_KV_CACHE_DTYPES`, quantization methods other than FP8 (the checkpoint's own
         method is checked against it in :func:`resolve`)."""
         self.check()
@@ -159,9 +159,6 @@ class EngineArgs:
         if self.max_model_len == -1:
             problems.append(("--max-model-len", "auto (-1) fits the length to the KV cache, "
                              "which the simulator does not model; give a length"))
-        if self.enable_prefix_caching:
-            problems.append(("--enable-prefix-caching", "the simulator does not model prefix "
-                             "caching; drop the flag (the simulator runs with it off)"))
         if self.kv_cache_dtype not in SIM_KV_CACHE_DTYPES:
             problems.append(("--kv-cache-dtype", f"the simulator models "
                              f"{', '.join(SIM_KV_CACHE_DTYPES)} (got {self.kv_cache_dtype!r})"))

@@ -530,7 +530,7 @@ def engine_defaults(given: Mapping[str, Any], gpu: GPU | None, model_max_len: in
     one), in one place, by each flag's ``default_rule``:
 
     - ``static``: the flag's ``default`` (None: unset); for the simulator
-      ``enable-prefix-caching`` is off (it does not model prefix caching);
+      ``enable-prefix-caching`` is off unless given (vLLM's default is on);
     - ``model_len`` (``max-model-len``): the model's ``max_position_embeddings``
       (``model_max_len``; None when unknown), also for ``auto`` / -1;
     - ``batch_budget`` (``max-num-batched-tokens``): the GPU's default (:func:`batch_defaults`);

@@ -79,7 +79,7 @@ from chunktune.core.validation import problems_from
 
 __all__ = ["APIS", "ARRIVAL_MODES", "PROFILE_DIR", "Arrival", "Profile", "ProfileSpec",
            "RequestSpec", "SharedPrefix", "TrafficClass", "generate", "load_profile",
-           "parse_duration", "parse_profile", "trace_profile"]
+           "openings_note", "parse_duration", "parse_profile", "trace_profile"]
 
 
 def _profile_dir() -> Path:
@@ -275,6 +275,18 @@ class Profile:
                 for c in self.classes
             ],
         }
+
+
+def openings_note(profile: Profile, prefix_caching: bool) -> str | None:
+    """A warning for a simulated engine that replays shared openings with its prefix cache
+    off (the simulator's default; vLLM's is on), or None."""
+    shared = [c.name for c in profile.classes if c.shared_prefix is not None]
+    if not shared or prefix_caching:
+        return None
+    return (f"the workload's class{'es' if len(shared) > 1 else ''} {', '.join(shared)} "
+            f"share{'' if len(shared) > 1 else 's'} openings, but the simulator runs with "
+            f"prefix caching off (vLLM's default is on) and prefills every prompt whole: give "
+            f"--enable-prefix-caching to model the cache")
 
 
 def parse_profile(raw: Any, source: str = "profile", base_dir: Path | None = None) -> Profile:

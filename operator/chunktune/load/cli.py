@@ -36,7 +36,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     source = run.add_mutually_exclusive_group()
     source.add_argument("--profile",
                         help="workload profile file, or a shipped name (mixed, chat, "
-                             "long-context, smoke); default: mixed. A profile file with a "
+                             "long-context, rag, smoke); default: mixed. A profile file with a "
                              "trace: mapping replays a trace with options")
     source.add_argument("--trace", metavar="FILE",
                         help="replay this request trace (Azure CSV, Mooncake JSONL or the "

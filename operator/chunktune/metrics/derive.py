@@ -232,9 +232,9 @@ def prefix_caveat(hit_rate: float | None) -> str | None:
         return None
     more = "far more" if hit_rate > 0.95 else f"{1 / (1 - hit_rate):.1f}x"
     return (f"production found {100 * hit_rate:.0f}% of its prompt tokens in vLLM's prefix "
-            f"cache; the derived prompts share no prefix (and the simulator does not model "
-            f"the cache), so trials prefill {more} the prompt tokens production did: their "
-            f"TTFT and step times are pessimistic for this traffic")
+            f"cache; the derived prompts share no prefix, so trials prefill {more} the "
+            f"prompt tokens production did: their TTFT and step times are pessimistic for "
+            f"this traffic")
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ _HELP = {
     "max-num-batched-tokens": "token budget of one engine step (vLLM default by GPU: 8192 on "
                               ">=70 GiB non-A100, else 2048); 8k = 8000, 8K = 8192",
     "max-model-len": "context length (default: the model's)",
-    "enable-prefix-caching": "not modeled: the simulator refuses --enable-prefix-caching and "
-                             "runs with it off",
+    "enable-prefix-caching": "model vLLM's prefix cache (vLLM's default is on; the "
+                             "simulator's off unless given)",
 }
 
 

@@ -17,6 +17,7 @@ from chunktune.core.workload import (
     Profile,
     generate,
     load_profile,
+    openings_note,
     parse_duration,
     trace_profile,
 )
@@ -46,7 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_engine_args(run)
     w = run.add_argument_group("workload")
     w.add_argument("--workload", default="mixed",
-                   help="profile file or shipped name (mixed, chat, long-context, smoke); a "
+                   help="profile file or shipped name (mixed, chat, long-context, rag, smoke); a "
                         "profile file with a trace: mapping replays a trace with options")
     w.add_argument("--trace", metavar="FILE",
                    help="replay this request trace (Azure CSV, Mooncake JSONL or the generic "
@@ -168,6 +169,9 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
         return 1
     for w in engine.cfg.warnings:
         print(f"WARNING {w}", file=sys.stderr)
+    note = openings_note(profile, engine.cfg.enable_prefix_caching)
+    if note:
+        print(f"WARNING {note}", file=sys.stderr)
     for line in engine.memory.log_lines()[1:]:
         print(f"INFO {line}", file=sys.stderr)
     if profile.trace is not None:

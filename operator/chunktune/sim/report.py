@@ -112,6 +112,9 @@ def summarize(engine: Engine, result: ReplayResult, profile: Profile, *,
         "step_time": None if step_time is None else step_time.to_dict(),
         "simulated_seconds": result.end_time,
     }
+    cache = engine.scheduler.cache
+    if cache is not None:  # --enable-prefix-caching: prompt tokens looked up and found
+        out["engine"]["prefix_cache"] = {"queries": cache.queries, "hits": cache.hits}
     out["config"] = engine.cfg.flags()
     return out
 
@@ -153,4 +156,9 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{e['simulated_seconds']:.1f} s (arrivals {d['configured']:g} s, drain "
         f"{d['drain']:.1f} s)"
     )
+    cache = e.get("prefix_cache")
+    if cache:
+        share = cache["hits"] / cache["queries"] if cache["queries"] else 0.0
+        lines.append(f"prefix cache: {share:.1%} of prompt tokens found cached "
+                     f"({cache['hits']:,} of {cache['queries']:,})")
     return "\n".join(lines)

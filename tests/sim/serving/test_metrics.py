@@ -109,7 +109,7 @@ def test_families_labels_and_buckets(sim):
     assert info.labels["block_size"] == "16"
     assert info.labels["gpu_memory_utilization"] == "0.92"
     assert int(info.labels["num_gpu_blocks"]) > 0
-    # the flag's value: the simulator does not model prefix caching and runs with it off
+    # the flag's value: the simulator runs with prefix caching off unless it is given
     assert info.labels["enable_prefix_caching"] == "False"
     assert info.labels["engine"] == "0"
     (sim_info,) = fams["chunktune_sim_info"].samples

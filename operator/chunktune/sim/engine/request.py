@@ -8,23 +8,31 @@ request samples one more token.
 
 from __future__ import annotations
 
+from typing import Any
+
 WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3
 
 
 class Request:
     __slots__ = (
         "arrival",
+        "block_keys",
+        "cached_upto",
         "cls",
         "finish_time",
         "first_scheduled",
         "first_token",
+        "held",
         "itl",
         "last_token",
         "max_tokens",
         "num_blocks",
+        "num_cached",
         "num_computed",
         "num_output",
         "num_preemptions",
+        "prefix_key",
+        "prefix_tokens",
         "priority",
         "prompt_len",
         "rid",
@@ -32,8 +40,22 @@ class Request:
     )
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, max_tokens: int,
-                 cls: int = 0, priority: int = 0) -> None:
+                 cls: int = 0, priority: int = 0, prefix_key: str | None = None,
+                 prefix_tokens: int = 0) -> None:
         self.rid = rid
+        #: The opening this prompt shares with others (its first ``prefix_tokens`` tokens),
+        #: for the prefix cache (:class:`chunktune.sim.engine.kv_cache.PrefixCache`).
+        self.prefix_key = prefix_key
+        self.prefix_tokens = prefix_tokens
+        #: Or, for a prompt whose tokens are known (``sim serve``), each full block's key:
+        #: a hash of the block's tokens chained through the blocks before it, as vLLM's.
+        self.block_keys: list[int] | None = None
+        #: Prompt tokens found in the prefix cache when first admitted (not recomputed).
+        self.num_cached = 0
+        #: The cached blocks this request holds a reference on, in block order, and how many
+        #: of its leading blocks the cache has been offered (prefix caching only).
+        self.held: list[Any] | None = None
+        self.cached_upto = 0
         #: Lower is served first under ``--scheduling-policy priority`` (the OpenAI API's
         #: ``priority`` field); ignored under ``fcfs``.
         self.priority = priority

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from chunktune.core.engine_args import ResolvedConfig
-from chunktune.sim.engine.kv_cache import BlockPool
+from chunktune.sim.engine.kv_cache import BlockPool, PrefixCache
 from chunktune.sim.engine.request import FINISHED, RUNNING, WAITING, Request
 
 
@@ -122,7 +122,10 @@ class Scheduler:
         self.priority = cfg.scheduling_policy == "priority"
         self.max_model_len = cfg.max_model_len
         # vLLM's BlockPool keeps block 0 as the null block, never handed to a request.
-        self.pool = BlockPool(max(num_blocks - 1, 1), cfg.block_size)
+        usable = max(num_blocks - 1, 1)
+        #: the prefix cache, with ``--enable-prefix-caching`` (it is the pool then)
+        self.cache = PrefixCache(usable, cfg.block_size) if cfg.enable_prefix_caching else None
+        self.pool: BlockPool = self.cache or BlockPool(usable, cfg.block_size)
         self.waiting: deque[Request] | PriorityQueue = \
             PriorityQueue() if self.priority else deque()
         self.running: list[Request] = []
@@ -157,6 +160,7 @@ class Scheduler:
         thr = self.threshold if len(self.running) + len(self.waiting) > 1 else 0
         max_len = self.max_model_len
         pool = self.pool
+        cache = self.cache
         bs = pool.block_size
         running = self.running
         scheduled = plan.scheduled
@@ -217,6 +221,8 @@ class Scheduler:
                     break
             if need:
                 pool.allocate(req, need)
+            if cache is not None:
+                cache.commit(req, min(computed + n, req.prompt_len + req.num_output))
             scheduled.append((req, n))
             if self.priority:
                 done[req] = (n, computed, remaining)
@@ -239,6 +245,12 @@ class Scheduler:
             while waiting and budget > 0 and len(running) < max_seqs:
                 req = waiting[0]
                 computed = req.num_computed
+                hit = touch = 0
+                if cache is not None and computed == 0:
+                    # the longest cached run of its leading blocks; those still in the free
+                    # queue leave it when taken, so they count against the free blocks
+                    hit, touch = cache.lookup(req)
+                    computed = hit * bs
                 remaining = req.prompt_len + req.num_output - computed
                 n = remaining
                 if 0 < thr < n:
@@ -249,13 +261,17 @@ class Scheduler:
                     n = budget
                 # The whole current sequence must fit before the request is admitted.
                 if -(-min(req.prompt_len + req.num_output, max_len) // bs) - req.num_blocks \
-                        > pool.free:
+                        - hit + touch > pool.free:
                     break
-                need = -(-(computed + n) // bs) - req.num_blocks
-                if need > pool.free:
+                need = -(-(computed + n) // bs) - req.num_blocks - hit
+                if need + touch > pool.free:
                     break
                 waiting.popleft()
+                if cache is not None and req.num_computed == 0:
+                    cache.take(req, hit)
                 pool.allocate(req, need)
+                if cache is not None:
+                    cache.commit(req, min(computed + n, req.prompt_len + req.num_output))
                 req.status = RUNNING
                 running.append(req)
                 if req.first_scheduled < 0:

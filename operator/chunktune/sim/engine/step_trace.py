@@ -63,10 +63,12 @@ class BatchTrace:
 
 def run_batch(cfg: ResolvedConfig, num_gpu_blocks: int,
               requests: list[tuple[str, int, int]], max_steps: int = 100_000,
-              priorities: Sequence[int] = ()) -> BatchTrace:
+              priorities: Sequence[int] = (),
+              prefixes: Sequence[tuple[str, int] | None] = ()) -> BatchTrace:
     """Run ``(id, prompt tokens, output tokens)`` requests, all waiting before step 0, to
     completion through a fresh :class:`Scheduler` with ``num_gpu_blocks`` KV blocks.
-    ``priorities``: each request's (``--scheduling-policy priority``; default 0). The requests
+    ``priorities``: each request's (``--scheduling-policy priority``; default 0);
+    ``prefixes``: each request's opening (key, tokens) or None (default none). The requests
     arrive in list order, a microsecond apart, as they do when added one after the other to
     an engine (vLLM stamps each with its own arrival time).
 
@@ -80,8 +82,11 @@ def run_batch(cfg: ResolvedConfig, num_gpu_blocks: int,
             raise ValueError(f"request {rid!r}: prompt and output tokens must be > 0 "
                              f"(got {prompt}, {out})")
         ids[i] = rid
+        opening = prefixes[i] if prefixes else None
         sched.add_request(Request(i, i * 1e-6, prompt, out,
-                                  priority=priorities[i] if priorities else 0))
+                                  priority=priorities[i] if priorities else 0,
+                                  prefix_key=opening[0] if opening else None,
+                                  prefix_tokens=opening[1] if opening else 0))
     trace = BatchTrace()
     seen: dict[int, int] = {}  # preemptions already reported, per request
     now = 0.0

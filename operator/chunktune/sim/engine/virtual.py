@@ -183,7 +183,7 @@ class Engine:
 
         def admit(spec: RequestSpec, t: float) -> bool:
             r = Request(spec.rid, t, spec.prompt_tokens, spec.output_tokens, spec.cls,
-                        spec.priority)
+                        spec.priority, spec.prefix_key, spec.prefix_tokens)
             reqs.append(r)
             err = self.validate_request(spec.prompt_tokens, spec.output_tokens)
             if err:

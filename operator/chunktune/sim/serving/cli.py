@@ -210,7 +210,9 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
     cfg = ServerConfig(served_model_names=served, model_root=model_tag,
                        max_model_len=engine.cfg.max_model_len,
                        vocab_size=model.vocab_size, tokenizer=counter, api_keys=keys,
-                       default_max_tokens=ns.default_max_tokens, seed=ns.seed)
+                       default_max_tokens=ns.default_max_tokens, seed=ns.seed,
+                       prefix_block_size=engine.cfg.block_size
+                       if engine.cfg.enable_prefix_caching else None)
     try:
         limits = HttpLimits(header_timeout=ns.header_timeout, body_timeout=ns.body_timeout)
         return asyncio.run(_serve(engine, cfg, ns.host, ns.port, ns.step_slack / 1e3, limits,

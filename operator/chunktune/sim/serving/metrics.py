@@ -116,7 +116,6 @@ class VllmMetrics:
                  engine_index: int = 0, enable_prefix_caching: bool = True,
                  user_specified_block_size: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._prefix_caching = enable_prefix_caching
         reg = self.registry
         labels = ["model_name", "engine"]
         lv = (model_name, str(engine_index))
@@ -163,9 +162,9 @@ class VllmMetrics:
             sleep.labels(*lv, state).set(1 if state == "awake" else 0)
         self.kv_usage = gauge("vllm:kv_cache_usage_perc",
                               "KV-cache usage. 1 means 100 percent usage.").labels(*lv)
-        # Prefix caching is not modeled (synthetic prompts share no prefix): the counters exist,
-        # as on a vLLM pod, and stay at 0 hits. External (KV connector) and multi-modal caches
-        # do not exist here: vLLM shows them at 0 without a connector or images.
+        # The prefix cache's lookups and hits, counted at admission (the engine's: see
+        # on_prefix_lookups); external (KV connector) and multi-modal caches do not exist
+        # here: vLLM shows them at 0 without a connector or images.
         self.prefix_queries = counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.").labels(*lv)
@@ -191,10 +190,12 @@ class VllmMetrics:
         by_source = Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
                             [*labels, "source"], registry=reg)
         self.prompt_tokens_computed = by_source.labels(*lv, "local_compute")
-        for source in PROMPT_TOKEN_SOURCES[1:]:
+        self.prompt_tokens_hit = by_source.labels(*lv, "local_cache_hit")
+        for source in PROMPT_TOKEN_SOURCES[2:]:
             by_source.labels(*lv, source)
-        counter("vllm:prompt_tokens_cached",
-                "Number of cached prompt tokens (local + external).").labels(*lv)
+        self.prompt_tokens_cached = counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local + external).").labels(*lv)
         cached_by_source = Counter(
             "vllm:prompt_tokens_cached_by_source",
             "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), "
@@ -203,6 +204,7 @@ class VllmMetrics:
             "vllm:external_prefix_cache_hits.", [*labels, "source"], registry=reg)
         for source in CACHE_HIT_SOURCES:
             cached_by_source.labels(*lv, source)
+        self.cached_on_device = cached_by_source.labels(*lv, "device")
         self.generation_tokens = counter("vllm:generation_tokens",
                                          "Number of generation tokens processed.").labels(*lv)
         self.iteration_tokens = hist("vllm:iteration_tokens_total",
@@ -210,6 +212,8 @@ class VllmMetrics:
                                      ITERATION_TOKEN_BUCKETS).labels(*lv)
         #: prompt tokens of prefills that finished in the current step (see on_step)
         self._step_prompt_tokens = 0
+        #: the prefix cache's totals last seen (see on_prefix_lookups)
+        self._lookups = (0, 0)
 
         # Request-level.
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
@@ -363,13 +367,24 @@ class VllmMetrics:
         self.waiting_capacity.set(waiting)
         self.kv_usage.set(kv_usage)
 
-    def on_first_token(self, ttft: float, prompt_tokens: int) -> None:
+    def on_first_token(self, ttft: float, prompt_tokens: int, cached_tokens: int = 0) -> None:
+        """A request's first token; ``cached_tokens`` of its prompt came from the prefix
+        cache."""
         self.ttft.observe(ttft)
         self.prompt_tokens.inc(prompt_tokens)
-        self.prompt_tokens_computed.inc(prompt_tokens)
-        if self._prefix_caching:  # vLLM looks prompts up only with prefix caching on
-            self.prefix_queries.inc(prompt_tokens)
+        self.prompt_tokens_computed.inc(prompt_tokens - cached_tokens)
+        if cached_tokens:
+            self.prompt_tokens_hit.inc(cached_tokens)
+            self.prompt_tokens_cached.inc(cached_tokens)
+            self.cached_on_device.inc(cached_tokens)
         self._step_prompt_tokens += prompt_tokens
+
+    def on_prefix_lookups(self, queries: int, hits: int) -> None:
+        """The prefix cache's running totals of tokens looked up and found (requests admitted
+        for the first time): the counters follow them."""
+        self.prefix_queries.inc(queries - self._lookups[0])
+        self.prefix_hits.inc(hits - self._lookups[1])
+        self._lookups = (queries, hits)
 
     def on_finished(self, *, arrival: float, scheduled: float, first_token: float,
                     last_token: float, prompt_tokens: int, generation_tokens: int,

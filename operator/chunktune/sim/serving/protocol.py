@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunktune.core.errors import ChunktuneError
+from chunktune.sim.engine.kv_cache import block_keys
 from chunktune.sim.serving.tokenizer import HFTokenizer, WordCounter
 
 #: vLLM's ``CompletionRequest.max_tokens`` default.
@@ -76,6 +77,9 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     default_max_tokens: int = DEFAULT_MAX_TOKENS_CAP
     seed: int = 0
+    #: The KV block size where the engine models prefix caching: each prompt's tokens are
+    #: then read (not only counted) and keyed by block (None: prefix caching off).
+    prefix_block_size: int | None = None
 
 
 class ApiError(ChunktuneError):
@@ -375,6 +379,8 @@ class Parsed:
     include_usage: bool
     priority: int = 0
     """The request's ``priority`` (lower first under ``--scheduling-policy priority``)."""
+    block_keys: list[int] | None = None
+    """Its prompt's full blocks, keyed for the prefix cache (with ``prefix_block_size``)."""
 
 
 def _is_ids(v: Any) -> bool:
@@ -516,7 +522,22 @@ def parse_generation(body: dict[str, Any], cfg: ServerConfig, chat: bool) -> Par
             raise vllm_validation_error(f"n must be at least 1, got {n}.", "n", n)
         raise ApiError(f"n={n} is not supported by the chunktune simulator: it generates one "
                        "sequence per request (n must be 1)", param="n")
-    return Parsed(name, tokens, requested, stream, include_usage, priority)
+    keys = None
+    if cfg.prefix_block_size:
+        ids = counter.encode_chat(body["messages"]) if chat \
+            else _prompt_ids(body.get("prompt"), counter)
+        keys = block_keys(ids, cfg.prefix_block_size)
+    return Parsed(name, tokens, requested, stream, include_usage, priority, keys)
+
+
+def _prompt_ids(prompt: Any, counter: HFTokenizer | WordCounter) -> list[int]:
+    """The token ids of a completions ``prompt`` checked by :func:`_prompt_tokens` (a
+    token-id prompt is then never left uncounted: see ``fast_ids``)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and not _is_ids(prompt):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return counter.encode(prompt)
+    return [int(t) for t in prompt]
 
 
 # ---- response shapes -----------------------------------------------------------------------

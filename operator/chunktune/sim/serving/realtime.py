@@ -268,12 +268,14 @@ class RealtimeEngine:
     # ---- requests --------------------------------------------------------------------------
 
     def submit(self, prompt_tokens: int, max_tokens: int,
-               arrival: float | None = None, priority: int = 0) -> Stream:
+               arrival: float | None = None, priority: int = 0,
+               block_keys: list[int] | None = None) -> Stream:
         """Add a request (already validated against ``max_model_len``) to WAITING.
 
         ``arrival`` is when it reached the frontend (``loop.time()``; default now): TTFT and
         the queue time count from there. ``priority`` orders WAITING under
-        ``--scheduling-policy priority`` (lower first).
+        ``--scheduling-policy priority`` (lower first). ``block_keys``: its prompt's full
+        blocks for the prefix cache (:func:`chunktune.sim.engine.kv_cache.block_keys`).
         """
         if self._stopping:
             raise RuntimeError("the engine is shutting down")
@@ -283,6 +285,7 @@ class RealtimeEngine:
         rid = self._next_rid
         self._next_rid += 1
         req = LiveRequest(rid, arrival, prompt_tokens, max_tokens, stream, priority)
+        req.block_keys = block_keys
         stream.req = req
         self._live[rid] = stream
         self.scheduler.add_request(req)
@@ -383,7 +386,8 @@ class RealtimeEngine:
                 if s.produced == 1:
                     s.first_token = woke
                     if metrics is not None:
-                        metrics.on_first_token(woke - s.arrival, s.prompt_tokens)
+                        metrics.on_first_token(woke - s.arrival, s.prompt_tokens,
+                                               req.num_cached)
                 elif metrics is not None:
                     metrics.itl.observe(woke - s.last_token)
                 s.last_token = woke
@@ -402,6 +406,8 @@ class RealtimeEngine:
             if metrics is not None:
                 metrics.on_step(out.num_generated, reported, len(sched.running),
                                 len(sched.waiting), pool.usage)
+                if sched.cache is not None:
+                    metrics.on_prefix_lookups(sched.cache.queries, sched.cache.hits)
             if step_log is not None and counts is not None:
                 step_log.step(counts, dt, pool.usage)
             w3 = perf()

@@ -294,10 +294,12 @@ class SimServer:
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrival = asyncio.get_running_loop().time()
-        body = await _json_body(request, fast_ids=not chat)
+        # a token-id prompt is counted, not decoded, unless the prefix cache must read it
+        body = await _json_body(request, fast_ids=not chat and not self.cfg.prefix_block_size)
         p = proto.parse_generation(body, self.cfg, chat)
         del body  # a long prompt need not live as long as its stream
-        stream = self.rt.submit(p.prompt_tokens, p.max_tokens, arrival, priority=p.priority)
+        stream = self.rt.submit(p.prompt_tokens, p.max_tokens, arrival, priority=p.priority,
+                                block_keys=p.block_keys)
         try:
             if p.stream:
                 return await self._stream(request, stream, p, chat)
