@@ -121,3 +121,21 @@ def test_block_keys_chain_through_the_blocks_before():
     assert len(a) == 4 and a[:2] == b[:2] and a[2:] != b[2:] and b[3] != a[3]
     assert not set(a) & set(c)
     assert block_keys(list(range(15)), 16) == []
+
+
+def test_taken_blocks_leave_no_growing_queue():
+    """A block found in the free queue leaves an entry there that is skipped; once such
+    entries outnumber the live ones (and are many), the queue is rebuilt without them."""
+    cache = PrefixCache(total=12_000, block_size=16)
+    a = Request(0, 0.0, 5000 * 16 + 1, 1, prefix_key="doc", prefix_tokens=5000 * 16)
+    cache.take(a, 0)
+    cache.allocate(a, 5001)
+    cache.commit(a, 5000 * 16)
+    cache.release(a)
+    assert len(cache.evictable) == 5000 and len(cache.queue) == 5002
+    b = Request(1, 0.0, 5000 * 16 + 1, 1, prefix_key="doc", prefix_tokens=5000 * 16)
+    assert cache.lookup(b) == (5000, 5000)
+    cache.take(b, 5000)
+    assert not cache.evictable and all(isinstance(e, int) for e in cache.queue)
+    cache.allocate(b, 1)
+    assert cache.free == 12_000 - 5001 == sum(cache.queue)

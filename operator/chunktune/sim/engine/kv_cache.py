@@ -93,7 +93,7 @@ class PrefixCache(BlockPool):
     staying its own. Blocks are keyed by :data:`BlockKey`.
     """
 
-    __slots__ = ("_gen", "evictable", "hits", "queries", "queue", "refs")
+    __slots__ = ("_gen", "_stale", "evictable", "hits", "queries", "queue", "refs")
 
     def __init__(self, total: int, block_size: int) -> None:
         super().__init__(total, block_size)
@@ -105,6 +105,8 @@ class PrefixCache(BlockPool):
         #: an entry whose block was taken since (another generation) is skipped
         self.queue: deque[int | tuple[BlockKey, int]] = deque([total])
         self._gen = 0
+        #: queue entries of blocks taken since (dropped when they outnumber the live ones)
+        self._stale = 0
         #: prompt tokens looked up and found, for requests admitted for the first time
         #: (``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits``)
         self.queries = 0
@@ -145,8 +147,14 @@ class PrefixCache(BlockPool):
             if r == 0:
                 del self.evictable[k]
                 self.free -= 1
+                self._stale += 1
             self.refs[k] = r + 1
             held.append(k)
+        if self._stale > 4096 and self._stale > len(self.queue) // 2:
+            evictable = self.evictable
+            self.queue = deque(e for e in self.queue
+                               if isinstance(e, int) or evictable.get(e[0]) == e[1])
+            self._stale = 0
         req.held = held
         req.num_blocks += hit
         req.num_computed = hit * self.block_size
@@ -185,6 +193,8 @@ class PrefixCache(BlockPool):
                 del evictable[entry[0]]
                 del refs[entry[0]]
                 left -= 1
+            else:
+                self._stale -= 1
         super().allocate(req, n_blocks)
 
     def release(self, req: Request) -> None:
