@@ -112,7 +112,7 @@ class PrefixCache(BlockPool):
         self.queries = 0
         self.hits = 0
 
-    def key(self, req: Request, i: int) -> BlockKey | int:
+    def key(self, req: Request, i: int) -> BlockKey:
         keys = req.block_keys
         if keys is not None:
             return keys[i] if i < len(keys) else (req.rid, i)

@@ -24,6 +24,11 @@ This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (``docs/vllm-behavi
    ``(priority, arrival)`` place under ``priority``.
 5. Like vLLM's ``BlockPool``, one of the ``num_gpu_blocks`` blocks is the reserved null block:
    requests share the other ``num_gpu_blocks - 1``.
+6. With ``--enable-prefix-caching`` the pool is a :class:`PrefixCache`: a WAITING request with
+   nothing computed first takes the longest cached run of its leading blocks (vLLM's
+   ``get_computed_blocks``) and schedules only the rest; cached blocks it takes from the free
+   queue count against the free blocks, in both admission checks; every allocation caches the
+   full blocks it fills (``allocate_slots``).
 
 NOTE: with the default threshold of 0 a long prompt takes *all* budget left after the decodes
 scheduled before it — decodes admitted after it in the running list, and new arrivals, wait:
