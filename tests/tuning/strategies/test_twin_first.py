@@ -490,3 +490,22 @@ def test_latency_terms_recover_a_known_server(tmp_path: Path) -> None:
     plain = dataclasses.replace(truth, delivery_stall_prob=0.0, delivery_stall_s=0.0)
     measured = [dataclasses.replace(r, metrics=simulate(r.point, plain)) for r in runs]
     assert twin_fit.fit_latency_terms(base, measured, simulate).delivery_stall_prob == 0.0
+
+
+def test_the_twin_of_a_vllm_engine_has_its_prefix_cache() -> None:
+    """vLLM runs with prefix caching on unless told otherwise, the simulator off: the twin
+    of a vLLM engine is given the engine's setting, a simulated engine keeps its own."""
+    from chunktune.core.flags import parse_argv
+    from chunktune.core.trials import EngineTarget
+
+    def cached(kind: str, *args: str) -> object:
+        target = EngineTarget(kind=kind, model="llama-3.1-8b", served_model_name="m",
+                              gpu="h100-sxm", fixed_args=args)
+        twin = twin_fit.twin_target(target, None)
+        assert twin.kind == "sim"
+        return parse_argv(list(twin.fixed_args), engine="sim").values.get(
+            "enable-prefix-caching")
+
+    assert cached("vllm") is True
+    assert cached("vllm", "--no-enable-prefix-caching") is False
+    assert cached("sim") is None

@@ -16,7 +16,7 @@ from typing import Any
 
 from chunktune.backends.simulated import SimulatedBackend
 from chunktune.core.errors import ChunktuneError, SpecError
-from chunktune.core.flags import argv, parse_argv
+from chunktune.core.flags import FLAGS, argv, parse_argv
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import CATALOG_HF, ModelConfig, catalog_key
 from chunktune.core.steps import outside_engine
@@ -65,7 +65,9 @@ def twin_model(target: EngineTarget) -> ModelConfig:
 def twin_target(target: EngineTarget, profile: dict[str, Any] | None) -> EngineTarget:
     """The real engine as the simulator runs it: the same model, device and the fixed flags the
     simulator models (others, such as ``--load-format``, do not change the schedule and are
-    dropped), costed with the calibration ``profile``."""
+    dropped), costed with the calibration ``profile``. Prefix caching as the engine has it:
+    vLLM's default is on, the simulator's off, so the twin of a vLLM engine is given it unless
+    the engine's flags turn it off."""
     if target.kind == "sim":
         return dataclasses.replace(target, calibration=profile, calibration_ref=None)
     model = twin_model(target)
@@ -75,6 +77,8 @@ def twin_target(target: EngineTarget, profile: dict[str, Any] | None) -> EngineT
     resolve_gpu(gpu, field="spec.engine.gpu.type")
     parsed = parse_argv(list(target.fixed_args), engine="sim")
     kept = {k: v for k, v in parsed.values.items() if k != "tensor-parallel-size"}
+    if target.kind == "vllm":
+        kept.setdefault("enable-prefix-caching", FLAGS["enable-prefix-caching"].default)
     return dataclasses.replace(
         target, kind="sim", model=model.name, hf_config=_config_of(model, target), gpu=gpu,
         fixed_args=tuple(argv(kept)), image=None, calibration=profile, calibration_ref=None)
