@@ -20,7 +20,9 @@ def test_registry() -> None:
     assert not METRICS["preemptions_per_minute"].per_class
     assert not METRICS["kv_cache_usage_peak"].per_class
     assert not METRICS["engine_itl_p99"].per_class and METRICS["engine_itl_p99"].unit == "s"
-    assert len(METRICS) == 25
+    prefix = METRICS["prefix_cache_hit_rate"]
+    assert (prefix.unit, prefix.direction, prefix.per_class) == ("fraction", "maximize", False)
+    assert len(METRICS) == 26
     assert metric_key("itl_p99", "chat") == "chat.itl_p99" and metric_key("itl_p99") == "itl_p99"
     with pytest.raises(SpecError, match="did you mean 'goodput'"):
         get_metric("goodpt")

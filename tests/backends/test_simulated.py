@@ -92,3 +92,23 @@ def test_a_kept_replay_summarized_again_gives_what_a_new_replay_gives() -> None:
     assert fresh_metrics[1]["engine_itl_p99"] == fresh_metrics[0]["engine_itl_p99"]
     assert fresh_metrics[3]["chat.itl_p50"] > fresh_metrics[0]["chat.itl_p50"]
     assert len(kept._replays) == 2  # one replay for the three stall settings, one for the gap
+
+
+def test_a_trial_reports_the_prefix_caches_hit_rate_and_may_be_held_to_it() -> None:
+    """The ``rag`` profile's openings: with ``--enable-prefix-caching`` the trial's metrics
+    carry the share of prompt tokens found cached (0.4-0.5: 1,488 of 2,000-4,000 tokens,
+    less each opening's first request); without, no rate. A constraint can name it."""
+    from chunktune.api._goals import Constraint
+    from chunktune.tuning.objectives import ConstraintDef
+
+    profile = load_profile("rag").with_overrides(duration=20, warmup=2)
+    cached = dataclasses.replace(TARGET, fixed_args=("--enable-prefix-caching",))
+    res = SimulatedBackend().run_sync(TrialPlan(0, FLAGS, cached, profile))
+    assert res.state == TrialState.COMPLETE
+    assert 0.4 < res.metrics["prefix_cache_hit_rate"] < 0.5
+    plain = SimulatedBackend().run_sync(TrialPlan(0, FLAGS, TARGET, profile))
+    assert "prefix_cache_hit_rate" not in plain.metrics
+    assert plain.metrics["ttft_p99"] > 1.5 * res.metrics["ttft_p99"]
+    bound = ConstraintDef.from_spec(Constraint.model_validate("prefix_cache_hit_rate >= 40%"))
+    assert bound.key == "prefix_cache_hit_rate" and bound.min == pytest.approx(0.4)
+    assert bound.violation(res.metrics) <= 0 < bound.violation(plain.metrics)

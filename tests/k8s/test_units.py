@@ -58,7 +58,8 @@ def test_query_builders() -> None:
     assert promql.matchers({"pod": 'a"b'}) == r'pod="a\"b"'
     queries = promql.trial_queries(SEL, 60)
     assert set(queries) == {"preemptions", "prompt_tokens", "generation_tokens",
-                            "request_success", "queue_time_p50", "queue_time_p99",
+                            "request_success", "prefix_cache_queries", "prefix_cache_hits",
+                            "queue_time_p50", "queue_time_p99",
                             "server_ttft_p50", "server_ttft_p99", "server_itl_p50",
                             "server_itl_p99", "kv_cache_usage_peak"}
 

@@ -63,3 +63,16 @@ def test_server_metrics_between_scrapes():
     assert m["queue_time_p50"] == pytest.approx(0.3)
     assert m["queue_time_p99"] == pytest.approx(0.496)
     assert m["num_gpu_blocks"] == 28206
+
+
+def test_the_prefix_caches_hit_rate_over_the_window():
+    before = ('vllm:prefix_cache_queries_total{engine="0"} 1000.0\n'
+              'vllm:prefix_cache_hits_total{engine="0"} 200.0\n')
+    after = ('vllm_prefix_cache_queries_total{engine="0"} 5000.0\n'
+             'vllm_prefix_cache_hits_total{engine="0"} 3200.0\n')
+    m = server_metrics(Scrape.parse(before), Scrape.parse(after), seconds=60)
+    assert (m["prefix_cache_queries"], m["prefix_cache_hits"]) == (4000, 3000)
+    assert m["prefix_cache_hit_rate"] == pytest.approx(0.75)
+    # nothing looked up (prefix caching off): no rate, not a rate of 0
+    m = server_metrics(Scrape.parse(before), Scrape.parse(before), seconds=60)
+    assert "prefix_cache_hit_rate" not in m

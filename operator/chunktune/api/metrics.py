@@ -71,6 +71,10 @@ def _build() -> dict[str, Metric]:
         Metric("error_rate", "fraction", "minimize", "failed requests / all requests"),
         Metric("preemptions_per_minute", "1/min", "minimize",
                "engine preemptions per minute (vllm:num_preemptions)", per_class=False),
+        Metric("prefix_cache_hit_rate", "fraction", "maximize",
+               "share of the prompt tokens looked up in vLLM's prefix cache that it found, "
+               "0..1 (vllm:prefix_cache_hits / vllm:prefix_cache_queries; only where the "
+               "engine looks prompts up: prefix caching on)", per_class=False),
         Metric("kv_cache_usage_peak", "fraction", "minimize",
                "peak KV-cache usage, 0..1 (the largest of vllm:kv_cache_usage_perc as sampled "
                "and the per-step usage of vLLM's step log, when kept)", per_class=False),

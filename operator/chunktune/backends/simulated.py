@@ -277,6 +277,8 @@ def _server(engine: Engine, result: ReplayResult | None, now: float) -> dict[str
     }
     if queue:
         out["queue_time_p99"] = float(np.percentile(queue, 99))
+    if sched.cache is not None and sched.cache.queries:
+        out["prefix_cache_hit_rate"] = sched.cache.hits / sched.cache.queries
     if result is not None:
         out["steps"] = len(result.steps)
         out["simulated_seconds"] = result.end_time

@@ -44,7 +44,8 @@ def flatten(summary: LoadSummary, server: Mapping[str, Any] | None = None) -> di
         out["goodput"] = summary.goodput.request_rate
         for name, g in summary.goodput.classes.items():
             out[f"{name}.goodput"] = g.request_rate
-    for key in ("preemptions_per_minute", "kv_cache_usage_peak", "queue_time_p99"):
+    for key in ("preemptions_per_minute", "kv_cache_usage_peak", "queue_time_p99",
+                "prefix_cache_hit_rate"):
         v = (server or {}).get(key)
         if v is not None and math.isfinite(float(v)):
             out[key] = float(v)

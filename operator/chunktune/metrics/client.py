@@ -33,7 +33,7 @@ from chunktune.core.errors import ChunktuneError
 from chunktune.core.selectors import LabelSelector
 from chunktune.metrics import promql
 from chunktune.metrics.derive import Buckets, Observation, WorkloadUnavailable
-from chunktune.metrics.promtext import Scrape
+from chunktune.metrics.promtext import Scrape, prefix_cache_hit_rate
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,7 @@ class PrometheusClient:
                 out[key] = v
         if "preemptions" in out:
             out["preemptions_per_minute"] = out["preemptions"] / (seconds / 60)
+        prefix_cache_hit_rate(out)
         return out
 
     async def close(self) -> None:

@@ -33,6 +33,8 @@ COUNTERS: dict[str, str] = {
     "prompt_tokens_total": "prompt_tokens",
     "generation_tokens_total": "generation_tokens",
     "request_success_total": "request_success",
+    "prefix_cache_queries_total": "prefix_cache_queries",
+    "prefix_cache_hits_total": "prefix_cache_hits",
 }
 #: Histograms (base names) and the key prefix of their quantiles.
 HISTOGRAMS: dict[str, str] = {

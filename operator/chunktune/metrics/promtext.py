@@ -89,15 +89,24 @@ def histogram_quantile(q: float, buckets: Buckets) -> float | None:
 
 
 VLLM_COUNTERS = ("vllm:num_preemptions_total", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total", "vllm:request_success_total")
+                 "vllm:generation_tokens_total", "vllm:request_success_total",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def prefix_cache_hit_rate(figures: dict[str, float]) -> None:
+    """``prefix_cache_hit_rate`` from the window's ``prefix_cache_queries`` and ``_hits``
+    (prompt tokens looked up and found), where any was looked up."""
+    queries, hits = figures.get("prefix_cache_queries"), figures.get("prefix_cache_hits")
+    if queries and hits is not None:
+        figures["prefix_cache_hit_rate"] = min(1.0, max(0.0, hits / queries))
 
 
 def server_metrics(before: Scrape, after: Scrape, seconds: float,
                    kv_samples: Iterable[float] = (),
                    match: Mapping[str, str] | None = None) -> dict[str, float]:
     """A trial's engine-side figures from scrapes before and after the load: preemptions (and
-    per minute), token counts, KV usage peak (the largest sampled ``kv_cache_usage_perc``),
-    and queue / TTFT / ITL quantiles from the histogram deltas."""
+    per minute), token counts, the prefix cache's hit rate, KV usage peak (the largest sampled
+    ``kv_cache_usage_perc``), and queue / TTFT / ITL quantiles from the histogram deltas."""
     out: dict[str, float] = {}
     for name in VLLM_COUNTERS:
         a, b = after.total(name, match), before.total(name, match)
@@ -106,6 +115,7 @@ def server_metrics(before: Scrape, after: Scrape, seconds: float,
     if "num_preemptions" in out:
         out["preemptions"] = out.pop("num_preemptions")
         out["preemptions_per_minute"] = out["preemptions"] / (seconds / 60) if seconds else 0.0
+    prefix_cache_hit_rate(out)
     kv = [*kv_samples]
     for s in (before, after):
         v = s.total("vllm:kv_cache_usage_perc", match)
