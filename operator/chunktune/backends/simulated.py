@@ -31,7 +31,7 @@ from chunktune.core.flags import FLAGS, parse_argv
 from chunktune.core.flatten import flatten
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import from_hf_config, resolve_model
-from chunktune.core.stats import weighted_percentile
+from chunktune.core.stats import hit_rate, weighted_percentile
 from chunktune.core.steps import StepLogMeta, StepRecord, write_steps
 from chunktune.core.summary import LoadSummary, Slo
 from chunktune.core.trials import EngineTarget, Reporter, TrialPlan, TrialResult, TrialState
@@ -277,8 +277,9 @@ def _server(engine: Engine, result: ReplayResult | None, now: float) -> dict[str
     }
     if queue:
         out["queue_time_p99"] = float(np.percentile(queue, 99))
-    if sched.cache is not None and sched.cache.queries:
-        out["prefix_cache_hit_rate"] = sched.cache.hits / sched.cache.queries
+    rate = hit_rate(sched.cache.queries, sched.cache.hits) if sched.cache is not None else None
+    if rate is not None:
+        out["prefix_cache_hit_rate"] = rate
     if result is not None:
         out["steps"] = len(result.steps)
         out["simulated_seconds"] = result.end_time

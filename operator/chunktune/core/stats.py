@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["PERCENTILES", "MetricStats", "percentile", "percentiles", "summarize",
+__all__ = ["PERCENTILES", "MetricStats", "hit_rate", "percentile", "percentiles", "summarize",
            "weighted_percentile"]
 
 #: The percentiles every summary reports.
@@ -102,3 +102,11 @@ def summarize(values: Iterable[float]) -> MetricStats | None:
     p50, p90, p95, p99 = (_at(s, q) for q in PERCENTILES)
     return MetricStats(count=len(s), mean=math.fsum(s) / len(s), min=s[0], p50=p50, p90=p90,
                        p95=p95, p99=p99, max=s[-1])
+
+
+def hit_rate(queries: float | None, hits: float | None) -> float | None:
+    """The share of looked-up tokens a cache found (``hits / queries``, within 0..1), or None
+    where nothing was looked up (the prefix cache off): not a rate of 0."""
+    if not queries or hits is None:
+        return None
+    return min(1.0, max(0.0, hits / queries))

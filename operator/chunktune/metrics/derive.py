@@ -33,6 +33,7 @@ from typing import Any
 
 from chunktune.core.distributions import Constant, Histogram
 from chunktune.core.errors import ChunktuneError
+from chunktune.core.stats import hit_rate
 from chunktune.core.workload import (
     DERIVED_CLASSES,
     DERIVED_DURATION,
@@ -312,8 +313,7 @@ def stats_of(obs: Observation, long_threshold: float = LONG_PROMPT_TOKENS) -> Wo
         prompt_mean=obs.prompt_sum / n if obs.prompt_sum is not None and n > 0 else None,
         output_mean=obs.output_sum / obs.output.total
         if obs.output_sum is not None and obs.output.total > 0 else None,
-        prefix_hit_rate=min(1.0, max(0.0, obs.prefix_hits / obs.prefix_queries))
-        if obs.prefix_queries and obs.prefix_hits is not None else None)
+        prefix_hit_rate=hit_rate(obs.prefix_queries, obs.prefix_hits))
 
 
 def derive(obs: Observation, *, long_threshold: float = LONG_PROMPT_TOKENS,

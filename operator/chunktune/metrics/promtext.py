@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from chunktune.core.stats import hit_rate
+
 #: Histogram bucket edges are kept as floats; ``+Inf`` is ``math.inf``.
 Buckets = list[tuple[float, float]]
 
@@ -96,9 +98,9 @@ VLLM_COUNTERS = ("vllm:num_preemptions_total", "vllm:prompt_tokens_total",
 def prefix_cache_hit_rate(figures: dict[str, float]) -> None:
     """``prefix_cache_hit_rate`` from the window's ``prefix_cache_queries`` and ``_hits``
     (prompt tokens looked up and found), where any was looked up."""
-    queries, hits = figures.get("prefix_cache_queries"), figures.get("prefix_cache_hits")
-    if queries and hits is not None:
-        figures["prefix_cache_hit_rate"] = min(1.0, max(0.0, hits / queries))
+    rate = hit_rate(figures.get("prefix_cache_queries"), figures.get("prefix_cache_hits"))
+    if rate is not None:
+        figures["prefix_cache_hit_rate"] = rate
 
 
 def server_metrics(before: Scrape, after: Scrape, seconds: float,
