@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "CHAT_TOKENS_BASE",
     "CHAT_TOKENS_PER_MESSAGE",
+    "content_text",
     "count_chat_tokens",
     "count_tokens",
     "min_chat_tokens",
@@ -38,7 +39,9 @@ def count_tokens(text: str) -> int:
     return len(_TOKEN_RE.findall(text))
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's text as the rule counts it: a string, or the text parts of an OpenAI
+    content list joined with spaces."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -58,7 +61,7 @@ def count_chat_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
     text parts (``{"type": "text", "text": ...}``, joined with spaces); roles and names are not
     counted.
     """
-    return (sum(count_tokens(_content_text(m.get("content"))) for m in messages)
+    return (sum(count_tokens(content_text(m.get("content"))) for m in messages)
             + CHAT_TOKENS_PER_MESSAGE * len(messages) + CHAT_TOKENS_BASE)
 
 

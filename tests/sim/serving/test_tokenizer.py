@@ -80,3 +80,17 @@ def test_word_rule_cannot_detokenize():
     assert len(w.encode("two words.")) == 3
     with pytest.raises(NotImplementedError):
         w.decode([1, 2])
+
+
+def test_the_word_rule_encodes_the_text_it_counts() -> None:
+    """A chat message's text parts are encoded, not only counted: two prompts that differ
+    only there get different ids (the prefix cache keys blocks by them), of the counted
+    length."""
+    w = WordCounter()
+
+    def parts(text: str) -> list[dict[str, object]]:
+        return [{"role": "user", "content": [{"type": "text", "text": text}]}]
+
+    a, b = w.encode_chat(parts("alpha beta gamma")), w.encode_chat(parts("delta epsilon zeta"))
+    assert a != b and len(a) == w.count_chat(parts("alpha beta gamma")) == len(b)
+    assert a[:3] == w.encode("alpha beta gamma")

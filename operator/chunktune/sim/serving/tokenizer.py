@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.core.errors import SpecError
-from chunktune.core.tokens import count_chat_tokens, count_tokens
+from chunktune.core.tokens import content_text, count_chat_tokens, count_tokens
 
 
 class WordCounter:
@@ -51,9 +51,8 @@ class WordCounter:
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         ids: list[int] = []
-        for m in messages:
-            content = m.get("content")
-            ids += self.encode(content if isinstance(content, str) else "")
+        for m in messages:  # the text count_chat_tokens counts, text parts included
+            ids += self.encode(content_text(m.get("content")))
         # count_chat_tokens adds per-message overhead; pad with a fixed id so counts agree.
         return ids + [1] * (self.count_chat(messages) - len(ids))
 
