@@ -391,28 +391,39 @@ def _counter(cfg: ServerConfig) -> HFTokenizer | WordCounter:
     return cfg.tokenizer if cfg.tokenizer is not None else WordCounter(cfg.vocab_size)
 
 
-def _prompt_tokens(prompt: Any, counter: HFTokenizer | WordCounter) -> int:
-    """Tokens of a completions ``prompt`` (text, token ids, or a batch of one)."""
+def _prompt_tokens(prompt: Any, counter: HFTokenizer | WordCounter,
+                   read: bool = False) -> tuple[int, list[int] | None]:
+    """Tokens of a completions ``prompt`` (text, token ids, or a batch of one), and with
+    ``read`` its token ids (a text is then encoded once, not counted and encoded; a
+    token-id prompt is never left uncounted when read: see ``fast_ids``)."""
     if isinstance(prompt, TokenIds):
-        return int(prompt)
+        return int(prompt), None
     if isinstance(prompt, str):
-        return counter.count(prompt)
+        if read:
+            ids = counter.encode(prompt)
+            return len(ids), ids
+        return counter.count(prompt), None
     if _is_ids(prompt):
-        return len(prompt)
+        return len(prompt), [int(t) for t in prompt] if read else None
     if isinstance(prompt, list) and all(isinstance(p, str) or _is_ids(p) for p in prompt):
         if len(prompt) > 1:
             raise ApiError(f"batched prompts are not supported by the chunktune simulator "
                            f"(got {len(prompt)} prompts); send one prompt per request",
                            param="prompt")
-        return _prompt_tokens(prompt[0], counter)
+        return _prompt_tokens(prompt[0], counter, read)
     raise validation_error([{"type": "value_error", "loc": ("body", "prompt"),
                              "msg": "Input should be a valid string, a list of token ids, or a "
                                     "list of one of those"}])
 
 
-def _messages_tokens(messages: Any, counter: HFTokenizer | WordCounter) -> int:
+def _messages_tokens(messages: Any, counter: HFTokenizer | WordCounter,
+                     read: bool = False) -> tuple[int, list[int] | None]:
+    """Tokens of a chat prompt, and with ``read`` its token ids (encoded once)."""
     _check_messages(messages)
-    return counter.count_chat(messages)
+    if read:
+        ids = counter.encode_chat(messages)
+        return len(ids), ids
+    return counter.count_chat(messages), None
 
 
 def _check_messages(messages: Any) -> None:
@@ -485,8 +496,10 @@ def parse_generation(body: dict[str, Any], cfg: ServerConfig, chat: bool) -> Par
     name = model or cfg.served_model_names[0]
 
     counter = _counter(cfg)
-    tokens = (_messages_tokens(body["messages"], counter) if chat
-              else _prompt_tokens(body.get("prompt"), counter))
+    # with prefix caching the prompt's tokens are read (keyed by block below), not only counted
+    read = bool(cfg.prefix_block_size)
+    tokens, ids = (_messages_tokens(body["messages"], counter, read) if chat
+                   else _prompt_tokens(body.get("prompt"), counter, read))
     if tokens == 0:
         raise ApiError("The decoder prompt cannot be empty", param="prompt")
     limit = cfg.max_model_len
@@ -522,22 +535,9 @@ def parse_generation(body: dict[str, Any], cfg: ServerConfig, chat: bool) -> Par
             raise vllm_validation_error(f"n must be at least 1, got {n}.", "n", n)
         raise ApiError(f"n={n} is not supported by the chunktune simulator: it generates one "
                        "sequence per request (n must be 1)", param="n")
-    keys = None
-    if cfg.prefix_block_size:
-        ids = counter.encode_chat(body["messages"]) if chat \
-            else _prompt_ids(body.get("prompt"), counter)
-        keys = block_keys(ids, cfg.prefix_block_size)
+    keys = block_keys(ids, cfg.prefix_block_size) \
+        if cfg.prefix_block_size and ids is not None else None
     return Parsed(name, tokens, requested, stream, include_usage, priority, keys)
-
-
-def _prompt_ids(prompt: Any, counter: HFTokenizer | WordCounter) -> list[int]:
-    """The token ids of a completions ``prompt`` checked by :func:`_prompt_tokens` (a
-    token-id prompt is then never left uncounted: see ``fast_ids``)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and not _is_ids(prompt):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return counter.encode(prompt)
-    return [int(t) for t in prompt]
 
 
 # ---- response shapes -----------------------------------------------------------------------
