@@ -22,6 +22,7 @@ import numpy as np
 
 from chunktune.core.aggregate import RunInfo, build_summary
 from chunktune.core.records import RequestRecord
+from chunktune.core.stats import hit_rate
 from chunktune.core.stats import summarize as stats
 from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
 from chunktune.core.workload import Profile
@@ -158,7 +159,7 @@ def format_summary(s: dict[str, Any]) -> str:
     )
     cache = e.get("prefix_cache")
     if cache:
-        share = cache["hits"] / cache["queries"] if cache["queries"] else 0.0
+        share = hit_rate(cache["queries"], cache["hits"]) or 0.0
         lines.append(f"prefix cache: {share:.1%} of prompt tokens found cached "
                      f"({cache['hits']:,} of {cache['queries']:,})")
     return "\n".join(lines)

@@ -14,7 +14,7 @@ from chunktune.api.metrics import format_value
 from chunktune.api.reader import load_manifest, read_manifest, validate
 from chunktune.backends.base import TrialBackend
 from chunktune.core.errors import BackendUnavailable, SpecError
-from chunktune.core.flags import flags_line, parse_argv
+from chunktune.core.flags import flags_line
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent
 from chunktune.core.trials import TrialState
 from chunktune.core.workload import openings_note
@@ -223,10 +223,8 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     line = cost_model(tuning)
     if line:
         print(f"cost model: {line}", flush=True)
-    if tuning.spec.engine.kind == "sim":
-        cached = parse_argv(list(tuning.spec.engine_fixed_args())).values.get(
-            "enable-prefix-caching")
-        note = openings_note(tuner.profile, bool(cached))
+    if tuning.spec.engine.kind == "sim":  # the engine's fixed flags, as the tuner read them
+        note = openings_note(tuner.profile, tuner.context.fixed.enable_prefix_caching)
         if note:
             print(f"WARNING {note}", file=sys.stderr)
 
