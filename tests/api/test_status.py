@@ -89,7 +89,7 @@ def test_pareto_front() -> None:
 def test_cost_model_line_in_the_status() -> None:
     """A simulated study says what its GPU's step-time model was fitted on; a cut keeps it
     within the CRD's bound on status strings."""
-    line = "h200: no measured kernels; borrowed from h100-sxm"
+    line = "b300: no measured kernels; borrowed from b200"
     status = render_status(StudySummary(phase="Running", cost_model=line))
     assert status["costModel"] == line
     assert "costModel" not in render_status(StudySummary(phase="Running"))

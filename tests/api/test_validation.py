@@ -269,8 +269,8 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
     ("sim without a gpu",
      spec(lambda s: s["engine"].pop("gpu")),
      [("spec.engine.gpu.type", "is required for engine kind sim: the simulated GPU, one of "
-       "a100-40g, a100-pcie, a100-sxm, a10g, a40, b200, cpu, h100-pcie, h100-sxm, h200, l4, l40s, "
-       "rtx-pro-6000, rtx4090")]),
+       "a100-40g, a100-pcie, a100-sxm, a10g, a40, b200, b300, cpu, gb200, h100-pcie, h100-sxm, "
+       "h200, l4, l40s, rtx-pro-6000, rtx4090")]),
     ("missing image for vllm", _vllm,
      [("spec.engine.image", "is required for engine kind vllm (the server image, e.g. "
        "vllm/vllm-openai:v0.11.0)")]),

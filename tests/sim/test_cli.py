@@ -36,12 +36,12 @@ def test_sim_run_prints_table_and_json(tmp_path, capsys):
 
 def test_sim_run_says_when_a_gpu_borrows_its_cost_model(capsys):
     """A GPU without measured kernels says whose it borrows and the error that makes."""
-    rc = main(["sim", "run", "--model", "llama-3.1-8b", "--gpu", "h200", "--workload", "smoke",
+    rc = main(["sim", "run", "--model", "llama-3.1-8b", "--gpu", "b300", "--workload", "smoke",
                "--duration", "5"])
     out = capsys.readouterr().out
     assert rc == 0
     line = next(x for x in out.splitlines() if x.startswith("cost model: "))
-    assert "h200: no measured kernels; borrowed from h100-sxm" in line
+    assert "b300: no measured kernels; borrowed from b200" in line
     assert "leave-one-GPU-out error of borrowing: " in line and "gemm " in line
 
 

@@ -263,9 +263,9 @@ def test_a_simulated_study_says_what_its_cost_model_was_fitted_on(make_tuning):
 
     line = cost_model(make_tuning())
     assert line is not None and line.startswith("h100-sxm: fitted on measured kernels of h100")
-    h200 = cost_model(make_tuning(engine={"kind": "sim", "model": "llama-3.1-8b",
-                                          "gpu": {"type": "h200"}}))
-    assert h200 is not None and "h200: no measured kernels; borrowed from h100-sxm" in h200
+    b300 = cost_model(make_tuning(engine={"kind": "sim", "model": "llama-3.1-8b",
+                                          "gpu": {"type": "b300"}}))
+    assert b300 is not None and "b300: no measured kernels; borrowed from b200" in b300
     real = make_tuning(engine={"kind": "vllm", "model": "meta-llama/Llama-3.1-8B",
                                "image": "vllm/vllm-openai:v0.32.0",
                                "gpu": {"type": "h100-sxm", "count": 1}})

@@ -65,10 +65,11 @@ class GPU:
 #: 4090: 73,728 KB = 72 MB of the full AD102's 96 MB; L40S: 96 MB; L4: 48 MB), NVIDIA RTX
 #: Blackwell GPU Architecture whitepaper (GB202: 128 MB, all of it on the RTX PRO 6000; the
 #: RTX 5090 has 96 MB), NVIDIA Blackwell datacenter architecture (B200: 126 MB over its two
-#: dies). The CPU entry's figure is nominal (a server's last-level cache).
+#: dies; B300 and GB200 publish none: the B200's, the same two-die design). The CPU entry's
+#: figure is nominal (a server's last-level cache).
 _L2_MIB = {"a100-sxm": 40, "a100-pcie": 40, "a100-40g": 40, "h100-sxm": 50, "h100-pcie": 50,
            "h200": 50, "l40s": 96, "l4": 48, "a10g": 6, "a40": 6, "rtx4090": 72,
-           "rtx-pro-6000": 128, "b200": 126, "cpu": 32}
+           "rtx-pro-6000": 128, "b200": 126, "b300": 126, "gb200": 126, "cpu": 32}
 
 #: SM boost clock per GPU, MHz, from the NVIDIA data sheets and whitepapers: A100 1410, A40 1740,
 #: A10 1695 (AWS publishes none for the A10G; the A10's), L40S 2520, L4 2040, GeForce RTX 4090
@@ -76,26 +77,30 @@ _L2_MIB = {"a100-sxm": 40, "a100-pcie": 40, "a100-40g": 40, "h100-sxm": 50, "h10
 #: over SMs x 128 FP32 lanes x 2: H100 SXM and H200 67 TF / 132 SMs = 1980, H100 PCIe 51 TF /
 #: 114 SMs = 1750, RTX PRO 6000 Blackwell Server Edition 120 TF / 188 SMs = 2493. B200: no
 #: published clock or FP32 peak; 1965 MHz is the maximum SM clock its driver reports (an
-#: estimate; it only enters the FlashAttention-2 terms, which the B200 does not run). The CPU
-#: entry's figure is nominal.
+#: estimate; it only enters the FlashAttention-2 terms, which the B200 does not run); B300 and
+#: GB200 publish none either: the B200's. The CPU entry's figure is nominal.
 _BOOST_MHZ = {"a100-sxm": 1410, "a100-pcie": 1410, "a100-40g": 1410, "h100-sxm": 1980,
               "h100-pcie": 1750, "h200": 1980, "l40s": 2520, "l4": 2040, "a10g": 1695,
-              "a40": 1740, "rtx4090": 2520, "rtx-pro-6000": 2493, "b200": 1965, "cpu": 2000}
+              "a40": 1740, "rtx4090": 2520, "rtx-pro-6000": 2493, "b200": 1965, "b300": 1965,
+              "gb200": 1965, "cpu": 2000}
 
 #: Dense FP8 tensor TFLOP/s with FP32 accumulate (what vLLM's CUTLASS scaled-mm kernels use):
 #: NVIDIA H100 data sheet (SXM 1,979, PCIe 1,513; H200 as the SXM), L40S data sheet (733), L4
 #: (242), Ada whitepaper (GeForce RTX 4090: 330.3 with FP32 accumulate, the half rate of its
 #: 660.6 with FP16 accumulate), RTX PRO 6000 Server Edition (twice its bf16 483.6: 967.2) and
-#: HGX B200 (4,500). Ampere has none.
+#: HGX B200 (4,500), HGX B300 (72 PF sparse over 8 GPUs: 4,500 dense each) and GB200 NVL72
+#: (720 PF sparse over 72 GPUs: 5,000 dense each). Ampere has none.
 _FP8_TFLOPS = {"h100-sxm": 1979.0, "h100-pcie": 1513.0, "h200": 1979.0, "l40s": 733.0,
-               "l4": 242.0, "rtx4090": 330.3, "rtx-pro-6000": 967.2, "b200": 4500.0}
+               "l4": 242.0, "rtx4090": 330.3, "rtx-pro-6000": 967.2, "b200": 4500.0,
+               "b300": 4500.0, "gb200": 5000.0}
 
 #: FlashAttention generation per GPU where it is not 2: vLLM (0.32,
 #: ``vllm/v1/attention/backends/fa_utils.py``, ``get_flash_attn_version``) runs FA3 on compute
 #: capability 9 (Hopper), FA4 on 10 (B200; AIConfigurator's B200 timings
 #: ran FlashInfer's TRT-LLM kernels, also warp-specialised) and FA2 on every other
 #: card (Ampere 8.0/8.6, Ada 8.9, the RTX PRO 6000's Blackwell 12.0).
-_FLASH_ATTENTION = {"h100-sxm": 3, "h100-pcie": 3, "h200": 3, "b200": 4}
+_FLASH_ATTENTION = {"h100-sxm": 3, "h100-pcie": 3, "h200": 3, "b200": 4, "b300": 4,
+                    "gb200": 4}
 
 GPUS: dict[str, GPU] = {
     g.name: replace(g, l2_mib=float(_L2_MIB[g.name]), boost_mhz=float(_BOOST_MHZ[g.name]),
@@ -112,6 +117,17 @@ GPUS: dict[str, GPU] = {
         # less the ~0.5 GiB the H100's runtime keeps back), 8 TB/s, 2.25 PF dense bf16,
         # NVLink 5 at 1.8 TB/s, 148 SMs.
         GPU("b200", 178.6, 8.0, 2250.0, 1800.0, "blackwell", 148, "NVIDIA B200"),
+        # No kernel timings here: every family is borrowed (chunktune.sim.cost.coefficients).
+        # HGX B300 data sheet (nvidia.com/en-us/data-center/hgx, per GPU of the 8): 288 GB
+        # HBM3e (CUDA total estimated with the B200's ratio of reported to marketed, 178.6 /
+        # 180), 8 TB/s, FP16/BF16 36 PF sparse over 8 GPUs = 2.25 PF dense each, NVLink 5 at
+        # 1.8 TB/s; 160 SMs (NVIDIA Blackwell Ultra technical blog, 2025).
+        GPU("b300", 285.7, 8.0, 2250.0, 1800.0, "blackwell", 160, "NVIDIA B300 SXM6 AC"),
+        # GB200 NVL72 data sheet (nvidia.com/en-us/data-center/gb200-nvl72, per GPU of the
+        # 72): 186 GB HBM3e (13.4 TB / 72; CUDA total estimated as the B300's), 8 TB/s, FP16/
+        # BF16 360 PF sparse / 72 = 2.5 PF dense each, NVLink 5 at 1.8 TB/s; 148 SMs as the
+        # B200 (the sheet gives none). Tensor parallelism inside one NVL72 domain.
+        GPU("gb200", 184.5, 8.0, 2500.0, 1800.0, "blackwell", 148, "NVIDIA GB200"),
         GPU("l40s", 44.39, 0.864, 362.0, 64.0, "ada", 142, "NVIDIA L40S"),
         GPU("l4", 22.04, 0.300, 121.0, 64.0, "ada", 58, "NVIDIA L4"),
         GPU("a10g", 22.06, 0.600, 70.0, 64.0, "ampere", 80, "NVIDIA A10G"),
@@ -144,6 +160,8 @@ _ALIASES = {
     "rtxpro6000": "rtx-pro-6000", "rtx-pro-6000-blackwell": "rtx-pro-6000",
     "nvidia-rtx-pro-6000-blackwell-server-edition": "rtx-pro-6000",
     "nvidia-b200": "b200", "b200-sxm": "b200", "b200-180g": "b200",
+    "nvidia-b300-sxm6-ac": "b300", "nvidia-b300": "b300", "b300-sxm": "b300",
+    "b300-288g": "b300", "nvidia-gb200": "gb200", "gb200-nvl72": "gb200",
 }
 
 

@@ -23,11 +23,19 @@ THRESHOLDS: dict[tuple[str, str], tuple[float, float]] = {
     ("gemm", "in-sample"): (0.06, 0.075),
     # the RTX 4090 from the L40S (the same AD102 chip at a third of the power per SM: 0.97 of
     # its data sheet against 0.62) is the worst
-    ("gemm", "loo-gpu"): (0.12, 0.50),
-    ("gemm-fp8", "in-sample"): (0.08, 0.18),
-    ("gemm-fp8", "loo-gpu"): (0.26, 0.35),
+    ("gemm", "loo-gpu"): (0.105, 0.50),
+    # a held-out GPU's GEMMs from its neighbour's measured table scaled by the data sheets
+    # (what a borrowing GPU of the neighbour's architecture runs, gemm_table.lent)
+    ("gemm", "loo-table"): (0.10, 0.37),
+    # the H200's own FP8 fit is 9.5% in sample (7.6% from the H100's coefficients: the fit
+    # minimises squared log error, not the median)
+    ("gemm-fp8", "in-sample"): (0.09, 0.18),
+    # 25.3% before the H200 was measured: the H100 and H200 now hold each other out
+    ("gemm-fp8", "loo-gpu"): (0.16, 0.35),
+    ("gemm-fp8", "loo-table"): (0.18, 0.26),
     ("attention-prefill", "in-sample"): (0.10, 0.12),
-    ("attention-prefill", "loo-gpu"): (0.12, 0.36),
+    # the H100 held out from the H200's prefill terms: 23% (from the B200's before)
+    ("attention-prefill", "loo-gpu"): (0.13, 0.36),
     ("attention-decode", "in-sample"): (0.07, 0.08),
     ("attention-decode", "loo-gpu"): (0.14, 0.17),
     ("attention-mixed", "in-sample"): (0.095, 0.105),
@@ -35,10 +43,11 @@ THRESHOLDS: dict[tuple[str, str], tuple[float, float]] = {
     # an FP8 KV cache's decodes; held out, a GPU takes its neighbour's bf16 decode terms too
     # (B200 from the H100: 34%)
     ("attention-kv-fp8", "in-sample"): (0.05, 0.10),
-    ("attention-kv-fp8", "loo-gpu"): (0.17, 0.35),
+    ("attention-kv-fp8", "loo-gpu"): (0.135, 0.35),
     ("all-reduce", "in-sample"): (0.19, 0.56),
-    ("all-reduce", "loo-gpu"): (0.53, 0.99),
-    ("moe", "in-sample"): (0.14, 0.165),
+    # 52.7% before the H200 was measured (the H100 was held out from the B200's)
+    ("all-reduce", "loo-gpu"): (0.22, 0.99),
+    ("moe", "in-sample"): (0.145, 0.165),
     ("moe", "loo-gpu"): (0.20, 0.21),
     ("elementwise", "in-sample"): (0.115, 0.27),
     ("elementwise", "loo-gpu"): (0.24, 0.52),
@@ -82,13 +91,13 @@ def test_kernel_report_regression(report):
         assert missing.isdisjoint(have[fam]) and missing | have[fam] == set().union(
             *have.values()), fam
     # the six GPUs with timings of their own kernels, and what each family has
-    assert have["gemm"] == {"a100-sxm", "h100-sxm", "l40s", "rtx-pro-6000", "b200", "rtx4090",
-                            "a40"}
+    assert have["gemm"] == {"a100-sxm", "h100-sxm", "h200", "l40s", "rtx-pro-6000", "b200",
+                            "rtx4090", "a40"}
     assert have["attention-prefill"] == have["attention-decode"] == {
-        "a100-sxm", "h100-sxm", "l40s", "rtx-pro-6000", "b200", "rtx4090"}
+        "a100-sxm", "h100-sxm", "h200", "l40s", "rtx-pro-6000", "b200", "rtx4090"}
     assert have["attention-mixed"] == {"rtx-pro-6000", "rtx4090"}
-    assert have["attention-kv-fp8"] == {"h100-sxm", "l40s", "rtx-pro-6000", "b200"}
-    assert have["gemm-fp8"] == {"h100-sxm", "l40s", "rtx-pro-6000", "b200"}
+    assert have["attention-kv-fp8"] == {"h100-sxm", "h200", "l40s", "rtx-pro-6000", "b200"}
+    assert have["gemm-fp8"] == {"h100-sxm", "h200", "l40s", "rtx-pro-6000", "b200"}
 
 
 def test_each_gpu_is_fitted_on_its_own_kernels():
@@ -108,7 +117,8 @@ def test_each_gpu_is_fitted_on_its_own_kernels():
     h100, rtx = coefficients("h100-sxm"), coefficients("rtx4090")
     assert h100.gemm_compute_eff != rtx.gemm_compute_eff
     assert h100.attn_decode_memory_eff != rtx.attn_decode_memory_eff
-    assert source_gpu("h200") == "h100-sxm" and source_gpu("l4") == "l40s"
+    assert source_gpu("h200") == "h200" and source_gpu("l4") == "l40s"
+    assert source_gpu("b300") == source_gpu("gb200") == "b200"
     assert set(doc["loo_gpu"]) == set(measurements.FAMILIES)
 
 
@@ -187,7 +197,7 @@ def test_committed_tables_match_raw_data():
     for p in committed[::101]:
         assert p.us == pytest.approx(grid[(p.gpu, p.dtype, p.m, p.n, p.k)], rel=1e-3)
     # the newest vLLM version with each table: 0.24 where it exists, 0.14 on the A100
-    assert versions[("h100-sxm", "fp8")] == "0.24.0"
+    assert versions[("h100-sxm", "fp8")] == versions[("h200", "fp8")] == "0.24.0"
     assert versions[("a100-sxm", "bf16")] == "0.14.0"
     a, moe = aic_data.read_points()
     ra, rm = aic_data.committed_subset(

@@ -152,7 +152,7 @@ def test_flash_attention_2_runs_the_tiles_beside_their_mmas():
     from chunktune.core.gpus import GPUS
 
     assert {g.name: g.flash_attention for g in GPUS.values() if g.flash_attention >= 3} == {
-        "h100-sxm": 3, "h100-pcie": 3, "h200": 3, "b200": 4}
+        "h100-sxm": 3, "h100-pcie": 3, "h200": 3, "b200": 4, "b300": 4, "gb200": 4}
     s = AttentionShape.of(resolve_model("llama-3.1-8b"), 1)
     c = coefficients("rtx4090")  # the same coefficients on both cards
     t = {g: attention_layer_time(s, resolve_gpu(g), c, [(2048, 16384)], 0, 0)
@@ -251,11 +251,26 @@ def test_a_measured_gpu_interpolates_its_own_gemm_grid():
     l40s = resolve_gpu("l40s")
     small = gemm_time(np.array([1.0]), 8192, 768, l40s, coefficients(l40s))[0]
     assert small == pytest.approx(8192 * 768 * 2 / (l40s.hbm_tb_s * 1e12))
-    h200 = resolve_gpu("h200")
-    assert gemm_table.table("h200", "bf16") is None
+    # a borrowing GPU: the fitted form (Ampere: the A100 PCIe), or where the fit found its
+    # architecture's neighbour's grid better held out, that grid scaled by the data sheets
+    # (Hopper: the H100 PCIe from the H100 SXM)
     m = np.array([1.0, 4096.0])
-    assert np.all(gemm_time(m, 8192, 8192, h200, coefficients(h200))
-                  == gemm_form(m, 8192, 8192, h200, coefficients(h200)))
+    a100 = resolve_gpu("a100-pcie")
+    assert gemm_table.table("a100-pcie", "bf16") is None
+    assert gemm_table.lent(a100, "bf16") is None
+    assert np.all(gemm_time(m, 8192, 8192, a100, coefficients(a100))
+                  == gemm_form(m, 8192, 8192, a100, coefficients(a100)))
+    pcie, sxm = resolve_gpu("h100-pcie"), resolve_gpu("h100-sxm")
+    c = coefficients(pcie)
+    lent = gemm_table.lent(pcie, "bf16")
+    assert lent is not None and lent[0] == sxm and gemm_table.table("h100-pcie", "bf16") is None
+    scaled = (gemm_table.table("h100-sxm", "bf16").seconds(m, 8192, 8192)
+              * gemm_form(m, 8192, 8192, pcie, c) / gemm_form(m, 8192, 8192, sxm, c))
+    assert gemm_time(m, 8192, 8192, pcie, c) == pytest.approx(scaled, rel=1e-9)
+    # its own data sheet: 2.0 TB/s and 756 TF against 3.35 and 989, slower at both ends
+    assert np.all(scaled > gemm_table.table("h100-sxm", "bf16").seconds(m, 8192, 8192))
+    for g in ("b300", "gb200"):
+        assert gemm_table.lent(resolve_gpu(g), "fp8")[0].name == "b200"
 
 
 def test_every_catalog_gpu_says_what_its_cost_model_was_fitted_on():
@@ -267,7 +282,64 @@ def test_every_catalog_gpu_says_what_its_cost_model_was_fitted_on():
         measured = "fitted on measured kernels of " + name in line
         assert measured != ("no measured kernels; borrowed from" in line), line
     assert "attention-mixed borrowed from rtx-pro-6000" in provenance("h100-sxm")
-    assert "all-reduce: h100-sxm's measured vLLM all-reduce (same interconnect)" in provenance(
-        "h200")
+    assert "all-reduce: h200's measured vLLM all-reduce" in provenance("h200")
+    assert "all-reduce: b200's measured vLLM all-reduce (same interconnect)" in provenance(
+        "b300")
+    assert provenance("gb200").startswith("gb200: no measured kernels; borrowed from b200")
     assert "all-reduce over PCIe" in provenance("l40s")
     assert "weight-only" in provenance("a100-sxm") and "weight-only" not in provenance("h100-sxm")
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "h200"])
+@pytest.mark.parametrize("tp", [4, 8])
+def test_bf16_dense_decode_at_high_tp_runs_on_the_measured_kernels(gpu, tp):
+    """Issue 32: the end-to-end guard holds no bf16 dense model above TP 1 (its H100/H200 rows
+    are FP8), so a refit could move a bf16 decode step at TP 4/8 unseen. Its GEMMs and
+    all-reduces are pinned here to what was measured on the GPU itself (AIConfigurator's vLLM
+    0.24 bf16 grid and CUDA-graph all-reduce): each of a Qwen3-32B layer's GEMMs at its
+    TP-sharded widths lies between the measured shapes around it (never over the slowest at
+    its ``m``, never under the fastest at that or a larger ``m``), each
+    all-reduce between the measured messages around its size, and together they are 60% or
+    more of the step's GPU time at 8-32 requests (45% at 128 of 1,000 tokens each, where the
+    attention grows), so no fitted coefficient carries it."""
+    g = resolve_gpu(gpu)
+    model = resolve_model("qwen3-32b")
+    grid = {(p.n, p.k, p.m): p.us for p in aic_data.read_committed_gemm()
+            if p.gpu == gpu and p.dtype == "bf16"}
+    ns, ks = sorted({n for n, _, _ in grid}), sorted({k for _, k, _ in grid})
+    ar = sorted((r.nbytes, r.us) for r in aic_data.read_committed_allreduce()
+                if r.gpu == gpu and r.ranks == tp)
+    cm = StepCostModel(model, g, tp)
+    layers = model.num_hidden_layers
+    for batch in (8, 32, 128):
+        gemm_us = 0.0
+        for k, n in layer_gemms_of(model, tp):
+            lo_n = max(x for x in ns if x <= n)
+            hi_n = min(x for x in ns if x >= n)
+            lo_k = max(x for x in ks if x <= k)
+            hi_k = min(x for x in ks if x >= k)
+            corners = [(a, b) for a in (lo_n, hi_n) for b in (lo_k, hi_k)
+                       if (a, b, batch) in grid]
+            slowest = max(grid[(a, b, batch)] for a, b in corners)
+            # the grid is made non-decreasing in m (aic_data.envelope): the fastest measured
+            # at this m or a larger one
+            fastest = min(us for (a, b, m), us in grid.items()
+                          if (a, b) in corners and m >= batch)
+            got = float(gemm_time(np.array([float(batch)]), k, n, g, coefficients(g))[0]) * 1e6
+            assert fastest * 0.999 <= got <= slowest * 1.001, (batch, k, n, got)
+            gemm_us += got
+        msg = batch * model.hidden_size * 2
+        below = max(b for b, _ in ar if b <= msg)
+        slowest = max(us for b, us in ar if below <= b <= min(x for x, _ in ar if x >= msg))
+        fastest = min(us for b, us in ar if b >= below)
+        each = cm.allreduce_time(batch) / (2 * layers) * 1e6
+        assert fastest * 0.999 <= each <= slowest * 1.001, (batch, each)
+        step = cm.step_time(batch, batch, batch, [], batch, batch * 1000) - cm.c.step_overhead_s
+        measured_share = (gemm_us * layers + each * 2 * layers) * 1e-6 / step
+        assert measured_share > (0.6 if batch <= 32 else 0.45), (batch, measured_share)
+
+
+def layer_gemms_of(model, tp):
+    from chunktune.sim.cost.step_time import layer_gemms
+
+    return [(int(k), int(n)) for k, n in layer_gemms(model, tp)]

@@ -9,16 +9,27 @@ linear in log time over log ``m`` between the grid's powers of two (proportional
 beyond the last measured one) and bilinear over log ``n`` and log ``k`` between the measured
 widths. Shapes outside the grid's ``n`` or ``k`` range are the fitted form's
 (:func:`chunktune.sim.cost.step_time.linear_op_times`).
+
+A GPU without a grid of its own that borrows its GEMMs from a measured GPU of the same
+architecture (``coefficients.NEAREST``: the H100 PCIe from the H100 SXM, the B300 and GB200
+from the B200) can borrow that GPU's measured table, scaled by the ratio of the two data
+sheets under the fitted form, instead of the fitted form alone (:func:`lent`). Which of the two
+it uses is decided per family and architecture by the fit (``kernel_fit``: leave-one-GPU-out
+over the measured pairs of the same architecture, all such pairs where an architecture has
+none; ``gemm_borrowing`` in the coefficients document).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
+from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.sim.cost import aic_data
+from chunktune.sim.cost.coefficients import group_sources, load_document
 
 
 class GemmTable:
@@ -87,3 +98,40 @@ def table(gpu: str, dtype: str) -> GemmTable | None:
 
 def table_gpus() -> list[tuple[str, str]]:
     return sorted(_tables())
+
+
+#: The operator family of a GEMM table's dtype, and the reverse.
+FAMILY = {"bf16": "gemm", "fp8": "gemm-fp8"}
+DTYPE = {f: d for d, f in FAMILY.items()}
+
+
+def borrowing(gpu: GPU, family: str) -> dict[str, Any] | None:
+    """The fit's decision for borrowing ``family`` on ``gpu``'s architecture
+    (``gemm_borrowing`` in the coefficients document: that architecture's measured pairs, or
+    all pairs where it has none): ``table``, ``form`` (held-out errors) and ``use``."""
+    doc = load_document().get("gemm_borrowing", {}).get(family)
+    if doc is None:
+        return None
+    rule: dict[str, Any] = doc.get("by_family", {}).get(gpu.family, doc)
+    return rule
+
+
+def lent(gpu: GPU, dtype: str) -> tuple[GPU, GemmTable] | None:
+    """The measured GPU and its ``dtype`` table that ``gpu`` (without a table of its own)
+    borrows, where the GPU it borrows from is of its own architecture and the fit chose the
+    neighbour's table over the fitted form for that family there (:func:`borrowing`); else
+    None. The caller scales the table by the ratio of the two GPUs' fitted forms."""
+    if table(gpu.name, dtype) is not None:
+        return None
+    fam = FAMILY[dtype]
+    rule = borrowing(gpu, fam)
+    if rule is None or rule["use"] != "table":
+        return None
+    src = group_sources(gpu.name).get(fam)
+    if src is None or src == gpu.name:
+        return None
+    other = resolve_gpu(src)
+    t = table(src, dtype)
+    if t is None or other.family != gpu.family:
+        return None
+    return other, t

@@ -134,6 +134,7 @@ def document(meas: Measurements) -> dict[str, Any]:
                    "chunktune.sim.cost.measurements.TRUSTED",
         "fixed_sources": "see chunktune.sim.cost.family_fit.FIXED",
         "loo_gpu": loo,
+        "gemm_borrowing": rep.gemm_borrowing(meas, lambda g: coef[g]),
         "gpus": {g: {"sources": sources[g],
                      "coefficients": {k: float(f"{v:.6g}") for k, v in c.to_dict().items()}}
                  for g, c in sorted(coef.items())},

@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from chunktune.sim.cost import aic_data, nccl_fit
 from chunktune.sim.cost import collectives as col
 from chunktune.sim.cost import family_fit as ff
 from chunktune.sim.cost import kernel_data as kd
-from chunktune.sim.cost.coefficients import KernelCoefficients, coefficients
+from chunktune.sim.cost.coefficients import NEAREST, KernelCoefficients, coefficients
 from chunktune.sim.cost.gemm_table import GemmTable
 from chunktune.sim.cost.measurements import (
     FAMILIES,
@@ -39,7 +40,7 @@ from chunktune.sim.cost.measurements import (
     load,
     op_gemms,
 )
-from chunktune.sim.cost.step_time import linear_layer_time
+from chunktune.sim.cost.step_time import gemm_form, linear_layer_time
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,9 @@ def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients]
                   ) -> list[ErrorRow]:
     """Per family and GPU: in sample (its own coefficients), held out (``loo-gpu``: its
     nearest other measured GPU's; for a PCIe GPU's all-reduces, NCCL's curve, which the
-    engine runs over PCIe), and ``missing`` rows for GPUs without data."""
+    engine runs over PCIe; for GEMMs also ``loo-table``: that GPU's measured table scaled by
+    the data sheets, :func:`lent_table_errors`), and ``missing`` rows for GPUs without
+    data."""
     have = families_with_data(meas)
     everyone = sorted(set().union(*have.values()))
     rows = []
@@ -148,6 +151,12 @@ def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients]
                 held = family_errors(fam, g, coef(src), meas)
                 assert held is not None
                 rows.append(ErrorRow.of(fam, f"{g} from {src}", "loo-gpu", held))
+                lent = (lent_table_errors(g, src, "fp8" if fam == "gemm-fp8" else "bf16",
+                                          coef(src), meas) if fam in ("gemm", "gemm-fp8")
+                        else None)
+                if lent is not None:
+                    rows.append(ErrorRow.of(fam, f"{g} from {src}'s table", "loo-table",
+                                            np.abs(lent)))
     return rows
 
 
@@ -166,6 +175,106 @@ def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients]
     """Per family, the median over GPUs of the held-out median error (stored with the fit)."""
     rows = family_report(meas, lambda g: coef[g])
     return {k[0]: float(f"{v:.4g}") for k, v in summarize(rows).items() if k[1] == "loo-gpu"}
+
+
+def lent_table_errors(gpu: str, src: str, dtype: str, c: KernelCoefficients,
+                      meas: Measurements) -> np.ndarray | None:
+    """Signed relative error on ``gpu``'s GEMMs (the shapes the fit uses) of ``src``'s
+    measured table scaled by the two data sheets under ``c`` (``src``'s fitted form): what
+    ``gpu`` would run borrowing ``src``'s table (:func:`chunktune.sim.cost.gemm_table.lent`).
+    None where either has no grid in ``dtype``."""
+    g, s = resolve_gpu(gpu), resolve_gpu(src)
+    pts = ff.gemm_fit_points(gemm_points(meas, dtype).get(gpu, []), g, dtype)
+    table = [p for p in meas.gemm if p.gpu == src and p.dtype == dtype]
+    if not pts or not table:
+        return None
+    t = GemmTable(table)
+    out = []
+    for p in pts:
+        if t.covers(p.n, p.k):
+            m = np.array([float(p.m)])
+            scale = gemm_form(m, p.k, p.n, g, c, dtype) / gemm_form(m, p.k, p.n, s, c, dtype)
+            out.append(float(t.seconds(m, p.n, p.k)[0] * scale[0]) * 1e6 / p.us - 1.0)
+    return np.array(out) if out else None
+
+
+def gemm_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
+                   ) -> dict[str, dict[str, Any]]:
+    """Per GEMM family, over the measured GPUs whose nearest other measured GPU is of the same
+    architecture and has a grid: the held-out median error of borrowing that GPU's table
+    scaled by the data sheets (``table``) against borrowing its fitted form (``form``), and
+    the one to ``use`` (:func:`chunktune.sim.cost.gemm_table.lent`); per architecture where
+    one has such pairs (``by_family``), else over all of them."""
+    have = families_with_data(meas)
+    out: dict[str, dict[str, Any]] = {}
+
+    def decide(tab: list[float], form: list[float], held: list[str]) -> dict[str, Any]:
+        t, f = float(np.median(tab)), float(np.median(form))
+        return {"table": float(f"{t:.4g}"), "form": float(f"{f:.4g}"),
+                "use": "table" if t < f else "form", "held_out": ", ".join(held)}
+
+    for fam, dtype in (("gemm", "bf16"), ("gemm-fp8", "fp8")):
+        pairs: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+        for g in sorted(have[fam]):
+            src = borrow_source(g, fam, have)
+            arch = resolve_gpu(g).family
+            if src is None or resolve_gpu(src).family != arch:
+                continue
+            lent = lent_table_errors(g, src, dtype, coef(src), meas)
+            if lent is None:
+                continue
+            fitted = family_errors(fam, g, coef(src), meas)
+            assert fitted is not None
+            pairs[arch].append((float(np.median(np.abs(lent))), float(np.median(fitted)),
+                                f"{g} from {src}"))
+        every = [p for ps in pairs.values() for p in ps]
+        if every:
+            out[fam] = decide(*map(list, zip(*every, strict=True)))
+            out[fam]["by_family"] = {a: decide(*map(list, zip(*ps, strict=True)))
+                                     for a, ps in sorted(pairs.items())}
+    return out
+
+
+def mla_report(rows: list[aic_data.MlaRow]) -> list[ErrorRow]:
+    """The MLA module (DeepSeek-V3 attention) held out per GPU: each GPU's timings predicted
+    from its nearest other GPU with the table (``coefficients.NEAREST``), the same rows scaled
+    by the two data sheets: a decode's time above the neighbour's fastest of that shape (one
+    request, the shortest history: launch-bound, kept as it is) by HBM bandwidth (latent KV
+    and weights streamed), a prefill's by the dense peak of the weights' dtype. No fitted
+    form: the step-time terms are the MLA work of issue 32; this is what borrowing a
+    neighbour's table makes."""
+    by: dict[tuple[str, str], dict[tuple[str, str, int, int, int, int], float]] = \
+        defaultdict(dict)
+    for r in rows:
+        by[(r.gpu, r.kind)][(r.gemm, r.kv, r.heads, r.batch, r.isl, r.step)] = r.us
+    out = []
+    for kind in ("decode", "prefill"):
+        have = {g for g, k in by if k == kind}
+        for g in sorted(have):
+            src = next((o for o in NEAREST.get(g, ()) if o in have), None)
+            if src is None:
+                continue
+            G, S = resolve_gpu(g), resolve_gpu(src)
+            floor: dict[tuple[str, str, int], float] = {}
+            for key, us in by[(src, kind)].items():
+                floor[key[:3]] = min(us, floor.get(key[:3], us))
+            err = []
+            for key, us in by[(g, kind)].items():
+                other = by[(src, kind)].get(key)
+                if other is None:
+                    continue
+                if kind == "decode":
+                    f = floor[key[:3]]
+                    pred = f + (other - f) * S.hbm_tb_s / G.hbm_tb_s
+                else:
+                    fp8 = key[0].startswith("fp8") and G.fp8_tflops > 0 and S.fp8_tflops > 0
+                    pred = other * (S.fp8_tflops / G.fp8_tflops if fp8
+                                    else S.bf16_tflops / G.bf16_tflops)
+                err.append(abs(pred / us - 1.0))
+            if err:
+                out.append(ErrorRow.of(f"mla-{kind}", f"{g} from {src}'s table", "loo-table",
+                                       np.array(err)))
+    return out
 
 
 # ---- cross-checks between sources --------------------------------------------------------
@@ -339,6 +448,8 @@ def full_report(data_root: Path | None, held_out: bool = True
     rows += linear_layer_report(meas)
     rows += nccl_report(kd.read_allreduce(data_root) if data_root is not None
                         else kd.read_committed_allreduce())
+    if data_root is not None:
+        rows += mla_report(aic_data.read_mla(data_root))
     if data_root is not None and held_out:
         rows += unseen_report(data_root / "vidur-profiling")
         rows += splitwise_report(kd.read_splitwise(data_root))

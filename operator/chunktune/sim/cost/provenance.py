@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.sim.cost import gemm_table
 from chunktune.sim.cost.coefficients import group_sources, load_document, source_gpu
 from chunktune.sim.cost.collectives import measured_allreduce_source, vllm_allreduce_source
 
@@ -28,8 +29,10 @@ def e2e_fidelity() -> dict[str, Any]:
 def provenance(gpu: str | GPU) -> str:
     """One line: the measured GPU whose kernels each family was fitted on, and where a family
     is borrowed, the error borrowing makes (leave-one-GPU-out, median over the measured GPUs
-    of that family, stored with the fit). All-reduces say what they run on: a measured
-    table (the GPU's own or one on the same interconnect) or NCCL's curve over PCIe; FP8
+    of that family, stored with the fit; for GEMMs borrowed as a same-architecture GPU's
+    measured table scaled by the data sheets, that rule's error). All-reduces say what they
+    run on: a measured table (the GPU's own or one on the same interconnect) or NCCL's curve
+    over PCIe; FP8
     GEMMs on a GPU without FP8 tensor cores run weight-only at the bf16 rate. Last, the
     end-to-end error against real serving runs of that GPU, where there are any
     (:func:`e2e_fidelity`)."""
@@ -39,9 +42,15 @@ def provenance(gpu: str | GPU) -> str:
     src = source_gpu(name)
     sources = {f: s for f, s in group_sources(name).items()
                if f != "all-reduce" and not (f == "gemm-fp8" and g.fp8_tflops <= 0)}
+    def fig(f: str) -> str:
+        if f in gemm_table.DTYPE and gemm_table.lent(g, gemm_table.DTYPE[f]) is not None:
+            rule = gemm_table.borrowing(g, f)
+            assert rule is not None
+            return f"{f} {rule['table']:.0%} (its measured table scaled by the data sheets)"
+        return f"{f} {loo[f]:.0%}"
 
     def err(fams: list[str]) -> str:
-        figs = [f"{f} {loo[f]:.0%}" for f in fams if f in loo]
+        figs = [fig(f) for f in fams if f in loo]
         return f" (leave-one-GPU-out error of borrowing: {', '.join(figs)})" if figs else ""
 
     if src != name:

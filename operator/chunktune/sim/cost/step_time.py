@@ -102,15 +102,24 @@ def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients
     Where the GPU's own measured grid in that dtype covers (``n``, ``k``) (``use_table``), its
     interpolation (:mod:`chunktune.sim.cost.gemm_table`), never faster than the weights take
     to stream from HBM at the data sheet's bandwidth (the grid's small weights stayed in L2
-    between its repeated calls; in an engine each layer's weights come from HBM); else the
-    fitted form (:func:`gemm_form`)."""
+    between its repeated calls; in an engine each layer's weights come from HBM); where it
+    borrows a same-architecture neighbour's grid (:func:`chunktune.sim.cost.gemm_table.lent`),
+    that grid scaled by the ratio of the two GPUs' fitted forms; else the fitted form
+    (:func:`gemm_form`)."""
     fp8 = weight_dtype == "fp8"
     own = "fp8" if fp8 and gpu.fp8_tflops > 0 else "bf16"
     table = gemm_table.table(gpu.name, own) if use_table and (own == "fp8") == fp8 else None
+    wb = 1.0 if fp8 else 2.0
     if table is not None and table.covers(n, k):
-        wb = 1.0 if fp8 else 2.0
         out: np.ndarray = np.maximum(table.seconds(m, n, k), k * n * wb / (gpu.hbm_tb_s * 1e12))
         return out
+    lent = gemm_table.lent(gpu, own) if use_table and (own == "fp8") == fp8 else None
+    if lent is not None and lent[1].covers(n, k):  # a neighbour's table, scaled
+        scale = gemm_form(m, k, n, gpu, c, weight_dtype) / gemm_form(m, k, n, lent[0], c,
+                                                                      weight_dtype)
+        borrowed: np.ndarray = np.maximum(lent[1].seconds(m, n, k) * scale,
+                                          k * n * wb / (gpu.hbm_tb_s * 1e12))
+        return borrowed
     return gemm_form(m, k, n, gpu, c, weight_dtype)
 
 
