@@ -3,7 +3,7 @@
 Source: NVIDIA AIConfigurator (ai-dynamo/aiconfigurator, Apache-2.0, Copyright NVIDIA
 CORPORATION & AFFILIATES), ``systems/data/<gpu>/<family>/vllm/<version>/``, kept beside the
 checkout as ``../shared/data/aiconfigurator-vllm/<gpu>/<version>/<table>.csv.gz``: vLLM's own
-layers and kernels timed on A100 SXM, H100 SXM, L40S, RTX PRO 6000 Server Edition and B200 by
+layers and kernels timed on A100 SXM, H100 SXM, H200, L40S, RTX PRO 6000 Server Edition and B200 by
 vLLM 0.14-0.24 (one call per row, ms). Tables read here:
 
 - ``gemm_perf``: vLLM's linear layer, an ``m x k`` input times a ``k x n`` weight, in bf16 and

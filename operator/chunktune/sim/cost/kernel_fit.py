@@ -2,7 +2,7 @@
 
 ``python -m chunktune.sim.cost.kernel_fit fit --data ../shared/data`` fits every GPU with
 measured kernels on its own data (:mod:`chunktune.sim.cost.measurements`: AIConfigurator's vLLM
-kernels on A100, H100, L40S, RTX PRO 6000 and B200; LLMServingSim's on RTX 4090 and RTX PRO
+kernels on A100, H100, H200, L40S, RTX PRO 6000 and B200; LLMServingSim's on RTX 4090 and RTX PRO
 6000; Vidur's on A100, H100 and A40), family by family (:data:`coefficients.GROUPS`). A family a
 GPU has no data for is borrowed from its nearest GPU that has it (``coefficients.NEAREST``;
 the attention of mixed chunked-prefill batches, measured on the two RTX cards only, is the

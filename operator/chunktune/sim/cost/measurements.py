@@ -2,7 +2,7 @@
 operator family.
 
 Sources (readers: :mod:`chunktune.sim.cost.aic_data` and :mod:`chunktune.sim.cost.kernel_data`):
-AIConfigurator's vLLM kernels (A100, H100, L40S, RTX PRO 6000, B200: GEMMs in bf16 and fp8,
+AIConfigurator's vLLM kernels (A100, H100, H200, L40S, RTX PRO 6000, B200: GEMMs in bf16 and fp8,
 prefill and decode attention, all-reduce, fused MoE), LLMServingSim's vLLM 0.19 profiles (RTX
 4090, RTX PRO 6000: per-operator linear layers and mixed chunked-prefill attention) and Vidur's
 (A100, H100, A40: per-operator linear layers). Read from the raw data beside the checkout
