@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 import pytest
 
-from chunktune.backends.kubernetes import ApiUnavailable, ClusterApiError
+from chunktune.backends.cluster import ApiUnavailable, ClusterApiError
 from chunktune.backends.manifests import Owner
 from chunktune.core.errors import SpecError
 from chunktune.core.progress import TrialEvent

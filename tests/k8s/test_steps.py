@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
+from chunktune.backends.cluster import ClusterApiError
+from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
 from chunktune.backends.manifests import ENGINE_CONTAINER, TrialOptions, trial_names
 from chunktune.core.steps import StepRecord, format_line, read_step_log
 from chunktune.core.trials import TrialResult, TrialState

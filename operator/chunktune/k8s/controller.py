@@ -33,7 +33,8 @@ from typing import Any, Protocol
 from chunktune.api.status import set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends import manifests as mf
-from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
+from chunktune.backends.cluster import ClusterApiError
+from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
 from chunktune.core.errors import BackendUnavailable, InfrastructureFault, SpecError
 from chunktune.core.flags import flags_line
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shlex
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -33,9 +32,11 @@ import optuna
 
 from chunktune.api.status import MAX_HISTORY
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning, RetuneSpec
-from chunktune.backends.kubernetes import ClusterApiError, KubernetesBackend
+from chunktune.backends import deployment as dp
+from chunktune.backends.cluster import ClusterApiError
+from chunktune.backends.kubernetes import KubernetesBackend
 from chunktune.core.errors import SpecError
-from chunktune.core.flags import flags_line, parse_argv
+from chunktune.core.flags import flags_line
 from chunktune.core.progress import StopReason, StopRequest
 from chunktune.k8s import storage
 from chunktune.k8s.outputs import write_outputs
@@ -363,10 +364,10 @@ class Retuner:
             except ClusterApiError as e:
                 log.warning("cannot read Deployment %s: %s", target.name, e.message)
                 deploy = None
-            if deploy is not None:
-                found = deployment_flags(deploy, target.container, [p.name for p in params])
-                if found is not None:
-                    return {**defaults, **found}
+            container = None if deploy is None else dp.engine_container(deploy,
+                                                                         target.container)
+            if container is not None:
+                return {**defaults, **dp.read_flags(container, [p.name for p in params])}
         for h in reversed(self._history()):
             if h.get("outcome") == "Applied" and h.get("best"):
                 return dict(h["best"])
@@ -411,25 +412,5 @@ class Retuner:
                   f"{message}")
 
 
-def deployment_flags(deploy: Mapping[str, Any], container: str | None,
-                     names: list[str]) -> dict[str, Any] | None:
-    """The values of flags ``names`` a Deployment's container sets (its args, or a one-string
-    shell command); None when the container is not there."""
-    containers = (((deploy.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
-        "containers") or []
-    target = next((c for c in containers if c.get("name") == container), None) \
-        if container else (containers[0] if containers else None)
-    if target is None:
-        return None
-    args = [str(a) for a in target.get("args") or []]
-    if not args:
-        args = [str(a) for a in target.get("command") or []]
-    tokens: list[str] = []
-    for a in args:
-        tokens += shlex.split(a) if " --" in a else [a]
-    values = parse_argv(tokens).values
-    return {k: v for k, v in values.items() if k in names}
-
-
-__all__ = ["SLO_BASES", "Retuner", "deployment_flags", "derived_condition", "owns_outputs",
+__all__ = ["SLO_BASES", "Retuner", "derived_condition", "owns_outputs",
            "slo_bases", "slo_misses", "watches"]

@@ -24,7 +24,8 @@ from chunktune.api.reader import parse_manifest, validate
 from chunktune.api.status import StudySummary, render_status, set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends import manifests as mf
-from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
+from chunktune.backends.cluster import ClusterApiError
+from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
 from chunktune.core.errors import SpecError
 from chunktune.k8s import storage
 from chunktune.k8s.kube import KubeApi
