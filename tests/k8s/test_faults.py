@@ -21,8 +21,9 @@ from chunktune.backends.manifests import Owner
 from chunktune.core.errors import SpecError
 from chunktune.core.progress import TrialEvent
 from chunktune.k8s import storage
-from chunktune.k8s.controller import StudyController, delete_study, failure_lines
+from chunktune.k8s.controller import StudyController, delete_study
 from chunktune.k8s.kube import KubeApi
+from chunktune.k8s.reporting import failure_lines
 from chunktune.k8s.state import Operator, StatusWriter
 from chunktune.tuning.study import ATTR_SERVER, trial_state
 from tests.k8s import faults
@@ -310,8 +311,8 @@ def test_engine_failure_events_carry_the_cause_and_its_lines(tmp_path: Path) -> 
     op = Operator(operator_settings(tmp_path), NoObjectsApi())  # type: ignore[arg-type]
     ctrl = StudyController(op, {"metadata": {"name": "t", "namespace": "default",
                                              "uid": "u"}}, lambda *e: events.append(e))
-    ctrl._event(TrialEvent("finished", 3, {"max-num-batched-tokens": 2048}, "FAIL",
-                           "EngineCrashed", CRASH))
+    ctrl.report.event(TrialEvent("finished", 3, {"max-num-batched-tokens": 2048}, "FAIL",
+                            "EngineCrashed", CRASH))
     ((kind, reason, message),) = events
     assert (kind, reason) == ("Warning", "TrialFail")
     assert "EngineCrashed" in message

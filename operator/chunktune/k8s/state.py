@@ -97,8 +97,15 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def _now() -> datetime:
+def utc_now() -> datetime:
+    """Now, in UTC (conditions' ``lastTransitionTime``)."""
     return datetime.now(tz=UTC)
+
+
+def timestamp(when: datetime | None = None) -> str:
+    """``when`` (default: now) as the status writes times: RFC 3339 in UTC, to the second."""
+    return (when or utc_now()).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 @dataclass
 class Operator:
@@ -218,30 +225,40 @@ class StatusWriter:
     def set(self, phase: str, generation: int, message: str | None = None,
             **conditions: tuple[bool, str, str]) -> None:
         """Phase, message and conditions (``Type=(status, reason, message)``)."""
-        now = _now()
+        now = utc_now()
         self.pending = True
         self.phase, self.generation, self.message = phase, generation, message
         for kind, (ok, reason, text) in conditions.items():
             self.conditions = set_condition(self.conditions, kind, ok, reason, text,
                                             generation, now)
         if phase == "Running" and not self.start_time:
-            self.start_time = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+            self.start_time = timestamp(now)
         if phase in TERMINAL:
-            self.completion_time = self.completion_time or now.strftime("%Y-%m-%dT%H:%M:%SZ")
+            self.completion_time = self.completion_time or timestamp(now)
         else:
             self.completion_time = None
 
-    def condition(self, kind: str, ok: bool, reason: str, message: str,
-                  generation: int) -> None:
-        """Set one condition, leaving the phase alone (written with the next write)."""
+    def condition(self, kind: str, ok: bool, reason: str, message: str, generation: int, *,
+                  by_message: bool = False) -> bool:
+        """Set one condition, leaving the phase alone (written with the next write); returns
+        whether it changed: it is new, or its status or reason differ (with ``by_message``,
+        its message too), which is when an event says so. The one place a condition is set
+        apart from a phase (:meth:`set`)."""
+        was = self.condition_of(kind)
         self.conditions = set_condition(self.conditions, kind, ok, reason, message,
-                                        generation, _now())
+                                        generation, utc_now())
+        if was is None:
+            return True
+        return was.get("status") != ("True" if ok else "False") or \
+            was.get("reason") != reason or (by_message and was.get("message") != message)
+
+    def condition_of(self, kind: str) -> dict[str, Any] | None:
+        """Condition ``kind`` as it is now (None: never set)."""
+        return next((c for c in self.conditions if c.get("type") == kind), None)
 
     def condition_status(self, kind: str) -> str | None:
-        for c in self.conditions:
-            if c.get("type") == kind:
-                return str(c.get("status"))
-        return None
+        c = self.condition_of(kind)
+        return None if c is None else str(c.get("status"))
 
     def render(self, tuner: Tuner | None) -> dict[str, Any]:
         kw: dict[str, Any] = {"conditions": self.conditions, "observed_generation":
@@ -308,4 +325,4 @@ class StatusWriter:
 
 
 __all__ = ["CONFLICT_RETRIES", "TERMINAL", "Operator", "Problem", "StatusWriter", "generation",
-           "merge_patch", "owner_of", "parse", "problems_text"]
+           "merge_patch", "owner_of", "parse", "problems_text", "timestamp", "utc_now"]
