@@ -321,6 +321,54 @@ def test_engine_failure_events_carry_the_cause_and_its_lines(tmp_path: Path) -> 
     assert len(failure_lines("x\n" * 5000)) <= 700
 
 
+def test_a_session_wires_every_backend_hook_and_detaches_them(tmp_path: Path) -> None:
+    """open_session is the one place a study's (or a re-tune's) backend is built: Prometheus
+    degraded and recovered reach the condition and events, capacity waits the metrics, and
+    on exit the hooks are detached and the backend forgotten."""
+    from chunktune.k8s.reporting import PROMETHEUS_CONDITION, Reporting
+    from chunktune.k8s.session import open_session
+    from chunktune.k8s.state import parse
+    from tests.k8s.conftest import tuning
+
+    class StatusApi(NoObjectsApi):
+        patches: list[dict[str, Any]] = []
+
+        async def patch_tuning_status(self, namespace: str, name: str,
+                                      patch: dict[str, Any]) -> None:
+            self.patches.append(patch)
+
+    events: list[tuple[str, str, str]] = []
+    op = Operator(operator_settings(tmp_path), StatusApi())  # type: ignore[arg-type]
+    body = {**tuning("hooks"), "metadata": {"name": "hooks", "namespace": "default",
+                                            "uid": "u-hooks", "generation": 1}}
+    tuned, problems = parse(body)
+    assert tuned is not None, problems
+    report = Reporting(op, OWNER, op.writer(body), lambda *e: events.append(e), 1)
+
+    async def main() -> None:
+        async with open_session(op, tuned, report) as session:
+            backend = session.backend
+            assert op.backends == [backend] and report.backend is backend
+            backend.on_warning("PrometheusUnreachable", "no answer (fallback: direct scrape)")
+            backend.on_warning("PrometheusUnreachable", "no answer again")
+            assert report.writer.condition_status(PROMETHEUS_CONDITION) == "False"
+            backend.on_recovered("PrometheusUnreachable")
+            backend.capacity.on_change(4, "0/1 nodes: Insufficient nvidia.com/gpu", 0.0, False)
+            assert report.writer.condition_status("CapacityAvailable") == "False"
+            await report.drain()
+        assert op.backends == [] and report.backend is None and report.tuner is None
+        seen = len(events)
+        backend.on_warning("PrometheusUnreachable", "after the session")
+        backend.capacity.on_change(5, "waiting", 0.0, False)
+        assert len(events) == seen  # detached
+
+    asyncio.run(main())
+    assert [r for _, r, _ in events] == ["PrometheusUnreachable", "PrometheusUnreachable",
+                                         "PrometheusReachable", "TrialWaitingForCapacity"]
+    assert report.writer.condition_status(PROMETHEUS_CONDITION) == "True"
+    assert StatusApi.patches  # the changes were written
+
+
 # ---- end to end ------------------------------------------------------------------------------
 
 
