@@ -261,7 +261,7 @@ def _store_derived(state: Path, body: dict[str, Any], rounds: int) -> None:
     """What the operator keeps in the study storage by the time a re-tune runs: the first
     study and re-tune study ``rounds``, each with the workload derived for it stored (a
     chat-sized observation: no Prometheus is asked)."""
-    from chunktune.k8s import storage
+    from chunktune.k8s import locations
     from chunktune.k8s.state import parse
     from chunktune.metrics.derive import Buckets, Observation
     from chunktune.tuning import retune as rt
@@ -271,7 +271,7 @@ def _store_derived(state: Path, body: dict[str, Any], rounds: int) -> None:
 
     tuned, problems = parse(body)
     assert tuned is not None and tuned.spec.retune is not None, problems
-    url = storage.resolve(None, state, body["metadata"]["uid"], allow_database_urls=False)
+    url = locations.resolve(None, state, body["metadata"]["uid"], allow_database_urls=False)
     counts = {"128.0": 0.0, "512.0": 40.0, "1024.0": 60.0, "+Inf": 60.0}
     obs = Observation(url="http://prom:9090", selector=SELECTOR, window=WINDOW,
                       at=time.time(), peak_window=WINDOW, requests=60.0, peak_rate=None,

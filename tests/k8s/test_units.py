@@ -311,7 +311,7 @@ def test_running_flags_are_read_from_the_deployment() -> None:
 
 
 def test_production_slo_misses_come_from_the_latency_histograms() -> None:
-    from chunktune.k8s.retune import slo_bases, slo_misses
+    from chunktune.k8s.retuner import slo_bases, slo_misses
     from chunktune.metrics.derive import Buckets, Observation
 
     t = parse_manifest(tuning("slo", constraints=[
@@ -330,7 +330,7 @@ def test_production_slo_misses_come_from_the_latency_histograms() -> None:
 def test_the_derived_condition_says_what_production_served_from_its_prefix_cache() -> None:
     from types import SimpleNamespace
 
-    from chunktune.k8s.retune import derived_condition
+    from chunktune.k8s.retuner import derived_condition
 
     source = {"url": "http://prom:9090", "selector": '{model_name="m"}', "window": 600.0,
               "at": "2026-12-05T11:00:00Z"}

@@ -3,7 +3,7 @@
 its ``args``, or a one-string shell command such as ``["sh", "-c", "vllm serve M
 --max_num_batched_tokens 1024"]``, told apart by :func:`is_shell_string`), their values
 (:func:`read_flags`) and the list with new values (:func:`set_flags`). Pure: the operator
-reads the Deployment (the re-tune's running configuration, :mod:`chunktune.k8s.retune`) and
+reads the Deployment (the re-tune's running configuration, :mod:`chunktune.k8s.retuner`) and
 patches it (``spec.output.patchDeployment``, :mod:`chunktune.k8s.outputs`) with these."""
 
 from __future__ import annotations

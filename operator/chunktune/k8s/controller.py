@@ -1,7 +1,7 @@
 """One ``ChunkedPrefillTuning``'s study in the cluster: the tuner, its status, events and
 outputs. No kopf here: :mod:`.handlers` adapts kopf's live body and stop flag to
 :class:`~chunktune.k8s.live.Live`. It reports through :class:`~chunktune.k8s.reporting.Reporting`
-and runs the study in a :func:`~chunktune.k8s.session.open_session`, as :mod:`.retune` does.
+and runs the study in a :func:`~chunktune.k8s.session.open_session`, as :mod:`.retuner` does.
 
 :meth:`StudyController.serve` is the daemon's whole life, a small state machine on the
 resource's phase (``Pending -> Running -> Succeeded | Failed``, ``Suspended`` in between):
@@ -39,7 +39,7 @@ from chunktune.core.errors import BackendUnavailable, InfrastructureFault, SpecE
 from chunktune.core.flags import flags_line
 from chunktune.core.progress import StopReason, StopRequest
 from chunktune.core.trials import TrialState
-from chunktune.k8s import policy, retune, storage
+from chunktune.k8s import locations, policy, retuner
 from chunktune.k8s.live import Live, StopCause
 from chunktune.k8s.outputs import write_outputs
 from chunktune.k8s.reporting import Emit, Reporting
@@ -136,12 +136,12 @@ class StudyController:
             # NOTE: the writer, not the body: the watch event of our own last write may not
             # have arrived yet (the writer starts from the body's status on a restart).
             if self.writer.phase in TERMINAL and not self.writer.pending and \
-                    self.writer.generation != gen and retune.owns_outputs(self.writer.retune):
+                    self.writer.generation != gen and retuner.owns_outputs(self.writer.retune):
                 self.writer.generation = gen  # re-tuned: the first study's end stays done
             if self.writer.phase in TERMINAL and self.writer.generation == gen and \
                     not self.writer.pending:
-                if retune.watches(tuning, self.writer.phase):
-                    await self._guarded(retune.Retuner(self.op, self.report, tuning).watch(live),
+                if retuner.watches(tuning, self.writer.phase):
+                    await self._guarded(retuner.Retuner(self.op, self.report, tuning).watch(live),
                                         tuning, live, changed)
                 else:
                     await self._until(live, changed)
@@ -370,7 +370,7 @@ class StudyController:
                             SpecValid=(True, "Valid", "the spec is valid"),
                             Running=(True, "TrialsRunning", "the study is running"),
                             Suspended=(False, "Resumed", "the study is not suspended"),
-                            **retune.derived_condition(tuner))
+                            **retuner.derived_condition(tuner))
             await self.report.write()
             reason = await tuner.run()
             await self.report.drain()
@@ -473,13 +473,13 @@ async def delete_study(op: Operator, body: Mapping[str, Any],
         await backend.close()
     spec = body.get("spec") or {}
     if not spec.get("storage") and not spec.get("storageFrom") and owner.uid:
-        path = storage.journal_path(op.settings.state_dir, owner.uid)  # its own, by uid
+        path = locations.journal_path(op.settings.state_dir, owner.uid)  # its own, by uid
         for p in (path, path.with_name(path.name + ".lock"),
                   path.with_name(path.name + ".study.lock")):
             with contextlib.suppress(OSError):
                 p.unlink()
     if owner.uid:
-        await asyncio.to_thread(storage.remove_steps, op.settings.state_dir, owner.uid)
+        await asyncio.to_thread(locations.remove_steps, op.settings.state_dir, owner.uid)
     op.forget(owner.uid)
     return left
 

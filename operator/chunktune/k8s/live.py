@@ -1,6 +1,6 @@
 """The daemon's view of its resource, and why a study stops.
 
-:class:`Live` is what :mod:`.controller` and :mod:`.retune` see of kopf's live body and stop
+:class:`Live` is what :mod:`.controller` and :mod:`.retuner` see of kopf's live body and stop
 flag (:class:`~chunktune.k8s.handlers.KopfLive` adapts them; tests pass their own);
 :class:`StopCause` names every reason a running study stops: the two a :class:`Live` gives
 (the resource was deleted, the operator exits) and the two the controller finds in the spec

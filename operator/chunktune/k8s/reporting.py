@@ -1,7 +1,7 @@
 """What one resource's study tells the cluster: events, conditions and status writes.
 
 :class:`Reporting` is the only way the study (:mod:`.controller`) and the re-tune
-(:mod:`.retune`) report: an event (:meth:`~Reporting.emit`), a condition that says whether it
+(:mod:`.retuner`) report: an event (:meth:`~Reporting.emit`), a condition that says whether it
 changed (:meth:`~Reporting.condition`: the event goes out once per change), a status write
 now (:meth:`~Reporting.write`) or soon (:meth:`~Reporting.changed`, coalesced and retried
 with backoff, awaited by :meth:`~Reporting.drain`), and the hooks the tuner and the trial

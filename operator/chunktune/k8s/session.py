@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.kubernetes import KubernetesBackend
-from chunktune.k8s import storage
+from chunktune.k8s import locations
 from chunktune.k8s.live import Live, StopCause
 from chunktune.k8s.reporting import Reporting
 from chunktune.k8s.state import Operator
@@ -62,7 +62,7 @@ async def open_session(op: Operator, tuning: ChunkedPrefillTuning,
     """The study's storage and backend, hooks wired, until the block ends."""
     owner = report.owner
     url = await op.storage(tuning, owner)
-    backend = op.backend(tuning, owner, storage.steps_dir(url, op.settings.state_dir, owner.uid))
+    backend = op.backend(tuning, owner, locations.steps_dir(url, op.settings.state_dir, owner.uid))
     backend.on_warning = report.degraded
     backend.on_recovered = report.recovered
     backend.capacity.on_change = report.capacity

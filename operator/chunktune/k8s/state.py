@@ -27,9 +27,9 @@ from chunktune.backends import manifests as mf
 from chunktune.backends.cluster import ClusterApiError
 from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
 from chunktune.core.errors import SpecError
-from chunktune.k8s import storage
+from chunktune.k8s import locations
 from chunktune.k8s.kube import KubeApi
-from chunktune.k8s.metrics import OperatorMetrics
+from chunktune.k8s.operator_metrics import OperatorMetrics
 from chunktune.k8s.settings import Settings
 from chunktune.tuning import study as st
 from chunktune.tuning import workload_source
@@ -123,7 +123,7 @@ class Operator:
     exiting: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def storage(self, tuning: ChunkedPrefillTuning, owner: mf.Owner) -> str:
-        """The study's storage (:mod:`chunktune.k8s.storage`): its uid's journal, a confined
+        """The study's storage (:mod:`chunktune.k8s.locations`): its uid's journal, a confined
         ``spec.storage``, the URL in ``spec.storageFrom``'s Secret, or both: the database
         URL in ``spec.storage`` with the password in the Secret. Raises
         :class:`SpecError` naming the field and the fix."""
@@ -134,7 +134,7 @@ class Operator:
             ref = spec.storage_from.secret_key_ref
             if not self.settings.allow_database_urls:
                 raise SpecError(f"database URLs are not allowed by this operator: "
-                                f"{storage.ALLOW_HINT}", field="spec.storageFrom")
+                                f"{locations.ALLOW_HINT}", field="spec.storageFrom")
             try:
                 secret = await self.api.get("secrets", owner.namespace, ref.name)
             except ClusterApiError as e:
@@ -144,13 +144,13 @@ class Operator:
                                 "the chart grants get on Secrets with "
                                 "storage.allowDatabaseURLs=true",
                                 field="spec.storageFrom.secretKeyRef") from e
-            secret_url = storage.secret_value(secret, ref.name, ref.key)
+            secret_url = locations.secret_value(secret, ref.name, ref.key)
             if spec.storage is not None:  # the URL in the spec, the password in the Secret
-                secret_url = storage.with_password(spec.storage, secret_url)
+                secret_url = locations.with_password(spec.storage, secret_url)
         if spec.storage is None and spec.storage_from is None:
-            await asyncio.to_thread(storage.adopt_legacy, state_dir, owner.namespace,
+            await asyncio.to_thread(locations.adopt_legacy, state_dir, owner.namespace,
                                     owner.name, owner.uid)
-        return storage.resolve(spec.storage, state_dir, owner.uid,
+        return locations.resolve(spec.storage, state_dir, owner.uid,
                                allow_database_urls=self.settings.allow_database_urls,
                                from_secret=secret_url)
 
@@ -165,7 +165,7 @@ class Operator:
     def backend(self, tuning: ChunkedPrefillTuning, owner: mf.Owner,
                 steps_dir: Path | None = None) -> KubernetesBackend:
         """The study's trial backend; ``steps_dir``: where it keeps the engines' step logs
-        (:func:`chunktune.k8s.storage.steps_dir`)."""
+        (:func:`chunktune.k8s.locations.steps_dir`)."""
         s = self.settings.trials
         spec = tuning.spec
         resources = (spec.engine.resources.model_dump(mode="json", exclude_none=True)
@@ -217,7 +217,7 @@ class StatusWriter:
         self.message: str | None = current.get("message")
         self.generation: int | None = current.get("observedGeneration")
         self.retune: dict[str, Any] | None = current.get("retune")
-        """``status.retune`` (:mod:`chunktune.k8s.retune` keeps it)."""
+        """``status.retune`` (:mod:`chunktune.k8s.retuner` keeps it)."""
         self.lock = asyncio.Lock()
         self.pending = False
         """A phase was set that no successful write has carried yet."""
