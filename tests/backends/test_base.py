@@ -67,3 +67,10 @@ async def test_within_leaves_the_paused_time_out_of_the_timeout() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert cleaned == ["done"] * 3
+
+
+def test_a_complete_trial_without_a_scraped_peak_gets_the_step_logs() -> None:
+    """What the runner did apart (it applied the peak a second time): now this rule only."""
+    r = TrialResult(TrialState.COMPLETE, metrics={"ttft_p99": 1.0}, steps=steps(3.0, 42.0))
+    take_kv_peak_from_steps(r)
+    assert r.metrics["kv_cache_usage_peak"] == 0.42 and r.server == {}

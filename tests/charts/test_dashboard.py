@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from chunktune.k8s.metrics import METRIC_NAMES
+from chunktune.k8s.operator_metrics import METRIC_NAMES
 from tests.charts import CHART_DIR
 
 DASHBOARD = CHART_DIR / "dashboards" / "chunktune-operator.json"

@@ -11,18 +11,19 @@ from __future__ import annotations
 import asyncio
 import base64
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import optuna
 import pytest
 
-from chunktune.backends.kubernetes import ApiUnavailable, ClusterApiError
+from chunktune.backends.cluster import ApiUnavailable, ClusterApiError
 from chunktune.backends.manifests import Owner
 from chunktune.core.errors import SpecError
 from chunktune.core.progress import TrialEvent
-from chunktune.k8s import storage
-from chunktune.k8s.controller import StudyController, delete_study, failure_lines
+from chunktune.k8s import locations
+from chunktune.k8s.controller import StudyController, delete_study
 from chunktune.k8s.kube import KubeApi
+from chunktune.k8s.reporting import failure_lines
 from chunktune.k8s.state import Operator, StatusWriter
 from chunktune.tuning.study import ATTR_SERVER, trial_state
 from tests.k8s import faults
@@ -177,11 +178,11 @@ def test_status_conflicts_are_retried_in_place_after_a_fresh_read() -> None:
 
 
 def test_default_journal_is_named_by_the_uid(tmp_path: Path) -> None:
-    a = storage.resolve(None, tmp_path, "uid-a", allow_database_urls=False)
-    b = storage.resolve(None, tmp_path, "uid-b", allow_database_urls=False)
+    a = locations.resolve(None, tmp_path, "uid-a", allow_database_urls=False)
+    b = locations.resolve(None, tmp_path, "uid-b", allow_database_urls=False)
     assert a == str(tmp_path / "uid-a.journal") and a != b
     with pytest.raises(SpecError):
-        storage.journal_path(tmp_path, "../x")
+        locations.journal_path(tmp_path, "../x")
 
 
 def _journal_with(path: Path, *names: str) -> None:
@@ -192,18 +193,18 @@ def _journal_with(path: Path, *names: str) -> None:
 
 def test_an_old_named_journal_is_adopted_once(tmp_path: Path) -> None:
     _journal_with(tmp_path / "ns-t.journal", "ns/t")
-    new = storage.adopt_legacy(tmp_path, "ns", "t", "u1")
+    new = locations.adopt_legacy(tmp_path, "ns", "t", "u1")
     assert new == tmp_path / "u1.journal" and new.exists()
     assert not (tmp_path / "ns-t.journal").exists()  # its own: moved
-    assert storage.adopt_legacy(tmp_path, "ns", "t", "u1") is None
+    assert locations.adopt_legacy(tmp_path, "ns", "t", "u1") is None
     # a journal two tunings shared (a-b/c and a/b-c): copied, the other keeps the original
     _journal_with(tmp_path / "a-b-c.journal", "a-b/c", "a/b-c")
-    assert storage.adopt_legacy(tmp_path, "a", "b-c", "u2") == tmp_path / "u2.journal"
+    assert locations.adopt_legacy(tmp_path, "a", "b-c", "u2") == tmp_path / "u2.journal"
     assert (tmp_path / "a-b-c.journal").exists()
-    assert storage.adopt_legacy(tmp_path, "a-b", "c", "u3") == tmp_path / "u3.journal"
+    assert locations.adopt_legacy(tmp_path, "a-b", "c", "u3") == tmp_path / "u3.journal"
     # another tuning's journal is never taken
     _journal_with(tmp_path / "x-y.journal", "x-y/other")
-    assert storage.adopt_legacy(tmp_path, "x", "y", "u4") is None
+    assert locations.adopt_legacy(tmp_path, "x", "y", "u4") is None
 
 
 def test_deleting_a_tuning_removes_its_own_journal_only(tmp_path: Path) -> None:
@@ -219,7 +220,7 @@ def test_deleting_a_tuning_removes_its_own_journal_only(tmp_path: Path) -> None:
     assert asyncio.run(delete_study(op, one)) == []
     assert not (tmp_path / "u-one.journal").exists()
     assert (tmp_path / "u-two.journal").exists()
-    # its engines' step logs go with it (storage.steps_dir: beside its journal, or by uid)
+    # its engines' step logs go with it (locations.steps_dir: beside its journal, or by uid)
     assert not (tmp_path / "u-one.journal.steps").exists()
     assert not (tmp_path / "u-one.steps").exists()
     assert (tmp_path / "u-two.journal.steps").is_dir() and (tmp_path / "u-two.steps").is_dir()
@@ -235,7 +236,7 @@ def test_deleting_a_tuning_removes_its_own_journal_only(tmp_path: Path) -> None:
 def test_journal_paths_outside_the_state_directory_are_refused(tmp_path: Path,
                                                                raw: str) -> None:
     with pytest.raises(SpecError) as e:
-        storage.resolve(raw, tmp_path / "state", "u", allow_database_urls=True)
+        locations.resolve(raw, tmp_path / "state", "u", allow_database_urls=True)
     assert e.value.problems[0][0] == "spec.storage"
 
 
@@ -244,30 +245,30 @@ def test_symlinks_out_of_the_state_directory_are_refused(tmp_path: Path) -> None
     state.mkdir()
     (state / "out").symlink_to(tmp_path)
     with pytest.raises(SpecError, match="inside the operator's state directory"):
-        storage.resolve("out/x.journal", state, "u", allow_database_urls=False)
+        locations.resolve("out/x.journal", state, "u", allow_database_urls=False)
 
 
 def test_journal_paths_inside_the_state_directory_are_kept(tmp_path: Path) -> None:
     for raw in ("mine.journal", "journal://team/mine.journal", str(tmp_path / "x.journal")):
-        path = Path(storage.resolve(raw, tmp_path, "u", allow_database_urls=False))
+        path = Path(locations.resolve(raw, tmp_path, "u", allow_database_urls=False))
         assert path.is_relative_to(tmp_path.resolve())
 
 
 def test_database_urls_need_the_operator_setting_and_no_inline_password(
         tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"storage\.allowDatabaseURLs"):
-        storage.resolve("postgresql://db/optuna", tmp_path, "u", allow_database_urls=False)
-    assert storage.resolve("postgresql://db/optuna", tmp_path, "u",
+        locations.resolve("postgresql://db/optuna", tmp_path, "u", allow_database_urls=False)
+    assert locations.resolve("postgresql://db/optuna", tmp_path, "u",
                            allow_database_urls=True) == "postgresql://db/optuna"
     with pytest.raises(SpecError, match=r"spec\.storageFrom\.secretKeyRef"):
-        storage.resolve("postgresql://u:secret@db/optuna", tmp_path, "u",
+        locations.resolve("postgresql://u:secret@db/optuna", tmp_path, "u",
                         allow_database_urls=True)
-    assert storage.resolve("sqlite:///s.db", tmp_path, "u", allow_database_urls=True) == \
+    assert locations.resolve("sqlite:///s.db", tmp_path, "u", allow_database_urls=True) == \
         f"sqlite:///{tmp_path.resolve() / 's.db'}"
     with pytest.raises(SpecError):
-        storage.resolve("sqlite:////etc/s.db", tmp_path, "u", allow_database_urls=True)
+        locations.resolve("sqlite:////etc/s.db", tmp_path, "u", allow_database_urls=True)
     url = "postgresql://u:secret@db/optuna"
-    assert storage.resolve(None, tmp_path, "u", allow_database_urls=True,
+    assert locations.resolve(None, tmp_path, "u", allow_database_urls=True,
                            from_secret=url) == url
 
 
@@ -310,14 +311,62 @@ def test_engine_failure_events_carry_the_cause_and_its_lines(tmp_path: Path) -> 
     op = Operator(operator_settings(tmp_path), NoObjectsApi())  # type: ignore[arg-type]
     ctrl = StudyController(op, {"metadata": {"name": "t", "namespace": "default",
                                              "uid": "u"}}, lambda *e: events.append(e))
-    ctrl._event(TrialEvent("finished", 3, {"max-num-batched-tokens": 2048}, "FAIL",
-                           "EngineCrashed", CRASH))
+    ctrl.report.event(TrialEvent("finished", 3, {"max-num-batched-tokens": 2048}, "FAIL",
+                            "EngineCrashed", CRASH))
     ((kind, reason, message),) = events
     assert (kind, reason) == ("Warning", "TrialFail")
     assert "EngineCrashed" in message
     assert "RuntimeError: CUDA error: an illegal memory access was encountered" in message
     assert "bye" in message  # and the last lines
     assert len(failure_lines("x\n" * 5000)) <= 700
+
+
+def test_a_session_wires_every_backend_hook_and_detaches_them(tmp_path: Path) -> None:
+    """open_session is the one place a study's (or a re-tune's) backend is built: Prometheus
+    degraded and recovered reach the condition and events, capacity waits the metrics, and
+    on exit the hooks are detached and the backend forgotten."""
+    from chunktune.k8s.reporting import PROMETHEUS_CONDITION, Reporting
+    from chunktune.k8s.session import open_session
+    from chunktune.k8s.state import parse
+    from tests.k8s.conftest import tuning
+
+    class StatusApi(NoObjectsApi):
+        patches: ClassVar[list[dict[str, Any]]] = []
+
+        async def patch_tuning_status(self, namespace: str, name: str,
+                                      patch: dict[str, Any]) -> None:
+            self.patches.append(patch)
+
+    events: list[tuple[str, str, str]] = []
+    op = Operator(operator_settings(tmp_path), StatusApi())  # type: ignore[arg-type]
+    body = {**tuning("hooks"), "metadata": {"name": "hooks", "namespace": "default",
+                                            "uid": "u-hooks", "generation": 1}}
+    tuned, problems = parse(body)
+    assert tuned is not None, problems
+    report = Reporting(op, OWNER, op.writer(body), lambda *e: events.append(e), 1)
+
+    async def main() -> None:
+        async with open_session(op, tuned, report) as session:
+            backend = session.backend
+            assert op.backends == [backend] and report.backend is backend
+            backend.on_warning("PrometheusUnreachable", "no answer (fallback: direct scrape)")
+            backend.on_warning("PrometheusUnreachable", "no answer again")
+            assert report.writer.condition_status(PROMETHEUS_CONDITION) == "False"
+            backend.on_recovered("PrometheusUnreachable")
+            backend.capacity.on_change(4, "0/1 nodes: Insufficient nvidia.com/gpu", 0.0, False)
+            assert report.writer.condition_status("CapacityAvailable") == "False"
+            await report.drain()
+        assert op.backends == [] and report.backend is None and report.tuner is None
+        seen = len(events)
+        backend.on_warning("PrometheusUnreachable", "after the session")
+        backend.capacity.on_change(5, "waiting", 0.0, False)
+        assert len(events) == seen  # detached
+
+    asyncio.run(main())
+    assert [r for _, r, _ in events] == ["PrometheusUnreachable", "PrometheusUnreachable",
+                                         "PrometheusReachable", "TrialWaitingForCapacity"]
+    assert report.writer.condition_status(PROMETHEUS_CONDITION) == "True"
+    assert StatusApi.patches  # the changes were written
 
 
 # ---- end to end ------------------------------------------------------------------------------

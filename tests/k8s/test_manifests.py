@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from chunktune.backends import deployment as dp
 from chunktune.backends import manifests as mf
 from chunktune.core.trials import CpuTarget, EngineTarget, TrialPlan
 from chunktune.core.workload import load_profile
@@ -260,7 +261,7 @@ def test_load_script_prints_the_summary_on_one_line(tmp_path: Path) -> None:
       "--long-prefill-token-threshold 512"]),
 ])
 def test_set_flags(args: list[str], expected: list[str]) -> None:
-    assert mf.set_flags(args, {"max-num-batched-tokens": 4096,
+    assert dp.set_flags(args, {"max-num-batched-tokens": 4096,
                                "long-prefill-token-threshold": 512}) == expected
 
 

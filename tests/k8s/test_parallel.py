@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from chunktune.backends.manifests import COMPONENT, TUNING
-from chunktune.k8s import metrics
+from chunktune.k8s import operator_metrics
 from chunktune.tuning.study import ATTR_TIMES, trial_state
 from tests.k8s.conftest import (
     POD_ENV,
@@ -48,7 +48,7 @@ LOAD_SECONDS = 5
 @contextlib.asynccontextmanager
 async def serving(op: Any) -> AsyncIterator[str]:
     """The operator's ``/metrics`` endpoint on a free port; yields its URL."""
-    runner = await metrics.serve("127.0.0.1:0", op.metrics)
+    runner = await operator_metrics.serve("127.0.0.1:0", op.metrics)
     try:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
     finally:
@@ -172,4 +172,4 @@ async def test_eight_at_once_on_four_gpus_none_fails_for_waiting(
                  objective="ttft_p99") == pytest.approx(best)
     assert total(done, "chunktune_tuning_phase", tuning=NAME, phase="Succeeded") == 1
     assert total(done, "chunktune_leader") == 1
-    assert {n for n, _ in done} <= metrics.METRIC_NAMES
+    assert {n for n, _ in done} <= operator_metrics.METRIC_NAMES

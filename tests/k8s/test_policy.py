@@ -15,6 +15,7 @@ from chunktune.api.reader import parse_manifest
 from chunktune.backends import manifests as mf
 from chunktune.k8s import outputs, policy
 from chunktune.k8s.kube import KubeApi
+from chunktune.k8s.live import StopCause
 from chunktune.k8s.settings import PolicySettings, Settings
 from tests.k8s.conftest import (
     make_owner,
@@ -266,8 +267,8 @@ class _Live:
     def body(self) -> dict[str, Any]:
         return self.kube.get("cpt", "default", self.name) or {}
 
-    def stopping(self) -> str | None:
-        return "exiting" if self.stop else None
+    def stopping(self) -> StopCause | None:
+        return StopCause.EXITING if self.stop else None
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(min(seconds, 0.05))

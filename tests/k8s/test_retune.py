@@ -255,3 +255,80 @@ def _requests(prom: str) -> float:
         return from_prometheus(prom, SELECTOR, WINDOW, timeout=5).stats.requests
     except WorkloadUnavailable:
         return 0.0
+
+
+def _store_derived(state: Path, body: dict[str, Any], rounds: int) -> None:
+    """What the operator keeps in the study storage by the time a re-tune runs: the first
+    study and re-tune study ``rounds``, each with the workload derived for it stored (a
+    chat-sized observation: no Prometheus is asked)."""
+    from chunktune.k8s import locations
+    from chunktune.k8s.state import parse
+    from chunktune.metrics.derive import Buckets, Observation
+    from chunktune.tuning import retune as rt
+    from chunktune.tuning import study as st
+    from chunktune.tuning import workload_source
+    from chunktune.tuning.objectives import ObjectiveDef
+
+    tuned, problems = parse(body)
+    assert tuned is not None and tuned.spec.retune is not None, problems
+    url = locations.resolve(None, state, body["metadata"]["uid"], allow_database_urls=False)
+    counts = {"128.0": 0.0, "512.0": 40.0, "1024.0": 60.0, "+Inf": 60.0}
+    obs = Observation(url="http://prom:9090", selector=SELECTOR, window=WINDOW,
+                      at=time.time(), peak_window=WINDOW, requests=60.0, peak_rate=None,
+                      prompt=Buckets.from_le(counts), output=Buckets.from_le(
+                          {"16.0": 60.0, "+Inf": 60.0}), prompt_sum=25_000.0, output_sum=960.0)
+    for round_ in range(rounds + 1):
+        t = tuned if round_ == 0 else rt.retune_tuning(tuned, tuned.spec.retune, round_, False)
+        directions = [ObjectiveDef.from_spec(o).direction for o in t.spec.objectives]
+        study = st.open_study(t, st.open_storage(url), directions,
+                              st.make_sampler(t, len(directions), bool(t.spec.constraints)),
+                              st.make_pruner(t, len(directions)),
+                              name=rt.study_name(tuned, round_))
+        study.set_user_attr(workload_source.ATTR_WORKLOAD,
+                            workload_source.derive_for(t, obs).to_dict())
+
+
+async def test_a_retune_during_a_prometheus_outage_says_so(
+        kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    """A re-tune whose trials meet a Prometheus that does not answer (``spec.metrics.
+    prometheusURL``) reports it as the study does: ``PrometheusReachable=False`` and a
+    ``PrometheusUnreachable`` Warning naming the fallback. The operator starts with re-tune 1
+    in flight (as one restarted in its middle does), its studies and derived workloads in the
+    storage, so no drift has to be produced first."""
+    from tests.k8s.faults import dead_url
+
+    state = tmp_path / "state"
+    created = kube.create("cpt", tuning(
+        "outage", searchSpace=[{"name": "max-num-batched-tokens", "choices": [512, 8192]}],
+        workload={"fromPrometheus": {"url": dead_url(), "selector": SELECTOR,
+                                     "window": f"{WINDOW:g}s"},
+                  "duration": "3s", "warmup": "1s"},
+        metrics={"prometheusURL": dead_url(), "scrapeInterval": "1s"},
+        budget={"maxTrials": 1},
+        retune={"interval": "600s", "slo": False, "strategy": "real", "maxTrials": 2,
+                "confirmTrials": 1}), "default")
+    _store_derived(state, created, rounds=1)
+    kube.patch("cpt", "default", "outage", {"status": {
+        "phase": "Succeeded", "observedGeneration": created["metadata"].get("generation", 1),
+        "message": "re-tune 1 running", "retune": {
+            "state": "Retuning", "round": 1, "checks": 2, "drifting": 0,
+            "lastCheck": {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+            "history": [{"round": 1, "study": "default/outage#retune-1",
+                         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         "reasons": ["prompt length p50 350 -> 7000"], "outcome": "Running",
+                         "running": {"max-num-batched-tokens": 8192}}]}}},
+               subresource="status")
+    async with running_operator(kube, operator_settings(state)):
+        cond = await kube.until(
+            lambda: next((c for c in status_of(kube, "outage").get("conditions", [])
+                          if c["type"] == "PrometheusReachable"), None),
+            timeout=120, interval=0.2, message="the PrometheusReachable condition")
+        (event, *_) = await kube.until(
+            lambda: [e for e in events(kube, "outage")
+                     if e["reason"] == "PrometheusUnreachable"],
+            timeout=30, interval=0.2, message="the PrometheusUnreachable event")
+    assert cond["status"] == "False" and cond["reason"] == "PrometheusUnreachable", cond
+    assert "direct /metrics scrape" in cond["message"], cond
+    assert event["type"] == "Warning" and "direct /metrics scrape" in event["message"]
+    (entry,) = status_of(kube, "outage")["retune"]["history"]
+    assert entry["study"] == "default/outage#retune-1"  # the re-tune's trials said it

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
+from chunktune.backends.cluster import ClusterApiError
+from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
 from chunktune.backends.manifests import ENGINE_CONTAINER, TrialOptions, trial_names
 from chunktune.core.steps import StepRecord, format_line, read_step_log
 from chunktune.core.trials import TrialResult, TrialState
-from chunktune.k8s import storage
+from chunktune.k8s import locations
 from chunktune.k8s.kube import KubeApi
 from tests.contract.backends import PROFILE, plan
 from tests.k8s.conftest import make_owner
@@ -122,11 +123,11 @@ def test_an_unwritable_steps_dir_keeps_the_steps_in_the_result(
 
 
 def test_the_operator_keeps_steps_beside_the_default_journal_else_by_uid(tmp_path: Path) -> None:
-    journal = storage.resolve(None, tmp_path, "u1", allow_database_urls=False)
-    assert storage.steps_dir(journal, tmp_path, "u1") == tmp_path / "u1.journal.steps"
-    shared = storage.resolve("shared.journal", tmp_path, "u1", allow_database_urls=False)
-    assert storage.steps_dir(shared, tmp_path, "u1") == tmp_path / "u1.steps"
-    assert storage.steps_dir("postgresql://db/x", tmp_path, "u1") == tmp_path / "u1.steps"
+    journal = locations.resolve(None, tmp_path, "u1", allow_database_urls=False)
+    assert locations.steps_dir(journal, tmp_path, "u1") == tmp_path / "u1.journal.steps"
+    shared = locations.resolve("shared.journal", tmp_path, "u1", allow_database_urls=False)
+    assert locations.steps_dir(shared, tmp_path, "u1") == tmp_path / "u1.steps"
+    assert locations.steps_dir("postgresql://db/x", tmp_path, "u1") == tmp_path / "u1.steps"
 
 
 # ---- through the emulator and the fake kubelet: a sim serve engine pod ----------------------

@@ -289,26 +289,29 @@ def test_status_patches_drop_nested_keys_the_renderer_no_longer_gives() -> None:
 
 
 def test_running_flags_are_read_from_the_deployment() -> None:
-    from chunktune.k8s.retune import deployment_flags
+    from chunktune.backends import deployment as dp
 
     def deploy(container: dict[str, Any]) -> dict[str, Any]:
         return {"spec": {"template": {"spec": {"containers": [
             {"name": "sidecar", "args": ["--max-num-seqs", "8"]}, container]}}}}
 
+    def flags(d: dict[str, Any], container: str | None) -> dict[str, Any] | None:
+        c = dp.engine_container(d, container)
+        return None if c is None else dp.read_flags(c, names)
+
     names = ["max-num-batched-tokens", "max-num-seqs"]
     args = deploy({"name": "vllm", "args": ["serve", "m", "--max-num-batched-tokens=4096",
                                             "--max-model-len", "8192"]})
-    assert deployment_flags(args, "vllm", names) == {"max-num-batched-tokens": 4096}
-    assert deployment_flags(args, None, names) == {"max-num-seqs": 8}  # the first container
-    assert deployment_flags(args, "other", names) is None
+    assert flags(args, "vllm") == {"max-num-batched-tokens": 4096}
+    assert flags(args, None) == {"max-num-seqs": 8}  # the first container
+    assert flags(args, "other") is None
     shell = deploy({"name": "vllm", "command": [
         "sh", "-c", "vllm serve m --max_num_batched_tokens 2048 --max-num-seqs 64"]})
-    assert deployment_flags(shell, "vllm", names) == {"max-num-batched-tokens": 2048,
-                                                      "max-num-seqs": 64}
+    assert flags(shell, "vllm") == {"max-num-batched-tokens": 2048, "max-num-seqs": 64}
 
 
 def test_production_slo_misses_come_from_the_latency_histograms() -> None:
-    from chunktune.k8s.retune import slo_bases, slo_misses
+    from chunktune.k8s.retuner import slo_bases, slo_misses
     from chunktune.metrics.derive import Buckets, Observation
 
     t = parse_manifest(tuning("slo", constraints=[
@@ -327,7 +330,7 @@ def test_production_slo_misses_come_from_the_latency_histograms() -> None:
 def test_the_derived_condition_says_what_production_served_from_its_prefix_cache() -> None:
     from types import SimpleNamespace
 
-    from chunktune.k8s.retune import derived_condition
+    from chunktune.k8s.retuner import derived_condition
 
     source = {"url": "http://prom:9090", "selector": '{model_name="m"}', "window": 600.0,
               "at": "2026-12-05T11:00:00Z"}

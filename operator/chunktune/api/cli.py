@@ -15,6 +15,7 @@ from typing import IO, Any
 
 from chunktune.api.crd import crd_yaml
 from chunktune.api.reader import parse_manifest, read_manifest, validate
+from chunktune.api.reference import collect_examples, render_reference
 from chunktune.core.errors import SpecError
 
 
@@ -48,9 +49,16 @@ def main_validate(path: str | Path, name: str | None = None, out: IO[str] | None
     return 0
 
 
-def main_crd(output: str | Path | None = None, out: IO[str] | None = None) -> int:
-    """Print the CRD YAML, or write it to ``output``."""
-    text = crd_yaml()
+def main_crd(output: str | Path | None = None, out: IO[str] | None = None,
+             reference: bool = False, examples: str | Path | None = None) -> int:
+    """Print the CRD YAML (or, with ``reference``, the manifest reference in markdown, with
+    examples from the manifests in the folder ``examples``), or write it to ``output``."""
+    try:
+        text = reference_text(examples) if reference else crd_yaml()
+    except SpecError as e:
+        for line in format_problems(e.problems):
+            print(line, file=sys.stderr)
+        return 1
     if output is None:
         (out or sys.stdout).write(text)
     else:
@@ -70,7 +78,27 @@ def register(subparsers: Any) -> None:
                               description="Print the CustomResourceDefinition YAML generated "
                                           "from the manifest models.")
     c.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
-    c.set_defaults(func=lambda a: main_crd(a.output))
+    c.add_argument("--reference", action="store_true",
+                   help="print the manifest reference (markdown) instead of the CRD")
+    c.add_argument("--examples", metavar="DIR",
+                   help="with --reference: take each field's example from the manifests in DIR")
+    c.set_defaults(func=lambda a: main_crd(a.output, reference=a.reference,
+                                           examples=a.examples))
+
+
+def reference_text(examples: str | Path | None = None) -> str:
+    """The manifest reference, with examples from the ``ChunkedPrefillTuning`` of each YAML
+    file in the folder ``examples`` (the quickstart's first, then by name; read as ``chunktune
+    validate`` reads a manifest)."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if examples is not None:
+        folder = Path(examples)
+        if not folder.is_dir():
+            raise SpecError(f"{str(folder)!r} is not a folder of manifests", field="--examples")
+        # the quickstart's values first: it is the manifest a newcomer starts from
+        for path in sorted(folder.glob("*.yaml"), key=lambda p: (p.stem != "quickstart", p.name)):
+            found.append((f"{folder.name}/{path.name}", read_manifest(path)))
+    return render_reference(collect_examples(found))
 
 
 def _n(count: int, word: str) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from chunktune.core.steps import kv_usage_peak, parse_meta
-from chunktune.core.trials import Reporter, TrialPlan, TrialResult
+from chunktune.core.trials import Reporter, TrialPlan, TrialResult, TrialState
 
 T = TypeVar("T")
 
@@ -60,15 +60,19 @@ def record_engine_startup(result: TrialResult, log: Iterable[str]) -> None:
 
 def take_kv_peak_from_steps(result: TrialResult) -> None:
     """Raise the result's ``kv_cache_usage_peak`` (metrics and server figures) to the largest
-    KV usage in its step log: backends scrape ``/metrics`` rarely or not at all during the
-    load of an engine that logs its steps (a scrape stalls the API server's event loop), and
-    the step log has every step's usage."""
+    KV usage in its step log, and give a complete trial that has none that peak: backends
+    scrape ``/metrics`` rarely or not at all during the load of an engine that logs its steps
+    (a scrape stalls the API server's event loop), the gauge is only sampled (and misses the
+    peak of short bursts), and the step log has every step's usage. Every backend that
+    returns a step log applies this, once, where it keeps the log."""
     peak = kv_usage_peak(result.steps)
     if peak is None:
         return
     for d in (result.metrics, result.server):
         if "kv_cache_usage_peak" in d:
             d["kv_cache_usage_peak"] = max(d["kv_cache_usage_peak"], peak)
+    if result.state == TrialState.COMPLETE:
+        result.metrics.setdefault("kv_cache_usage_peak", peak)
 
 
 class TrialBackend(abc.ABC):

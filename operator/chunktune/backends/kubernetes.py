@@ -34,8 +34,8 @@ following the Job, or reading a finished Job's summary); :meth:`sweep` deletes t
 trials the study does not know as running. When the operator exits (``detached``), a cancelled
 trial leaves its objects for the next operator to adopt.
 
-The Kubernetes API is reached through :class:`ClusterApi` (implemented over the official
-client by :class:`chunktune.k8s.kube.KubeApi`).
+The Kubernetes API is reached through :class:`~chunktune.backends.cluster.ClusterApi`
+(implemented over the official client by :class:`chunktune.k8s.kube.KubeApi`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 
@@ -62,8 +62,9 @@ from chunktune.backends.base import (
 )
 from chunktune.backends.capacity import CapacityWaits, capacity_wait, scheduling_wait
 from chunktune.backends.classify import classify
+from chunktune.backends.cluster import Body, ClusterApi, ClusterApiError
 from chunktune.backends.vllm import STEP_LOG_FLAG, STEP_LOG_KINDS
-from chunktune.core.errors import ChunktuneError, InfrastructureFault
+from chunktune.core.errors import InfrastructureFault
 from chunktune.core.flatten import flatten, flatten_window
 from chunktune.core.steps import keep_step_log, parse_steps
 from chunktune.core.summary import LoadSummary, Window
@@ -73,49 +74,6 @@ from chunktune.metrics.client import PrometheusClient, PrometheusError, scrape
 from chunktune.metrics.promtext import Scrape, server_metrics
 
 log = logging.getLogger(__name__)
-Body = dict[str, Any]
-
-
-#: HTTP statuses that say "try again later", not "this request is wrong": throttled (429)
-#: and server-side failures (5xx). Status 0 is a request that never got an answer
-#: (connection refused or reset, timeout).
-TRANSIENT_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
-
-
-class ClusterApiError(ChunktuneError):
-    """The API server refused a request (``status`` is the HTTP status; 0: no answer)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}" if status else message)
-        self.status = status
-        self.message = message
-
-    @property
-    def transient(self) -> bool:
-        """Worth retrying: no answer, throttled, or a server-side error."""
-        return self.status in TRANSIENT_STATUSES or self.status >= 500
-
-
-class ApiUnavailable(ClusterApiError, InfrastructureFault):
-    """Transient API errors went on past the retry bound: a fault of the cluster, which the
-    tuner never records as the trial's result."""
-
-
-class ClusterApi(Protocol):
-    """The Kubernetes calls a trial needs (JSON mappings in and out)."""
-
-    async def create(self, kind: str, namespace: str, body: Body) -> Body: ...
-
-    async def get(self, kind: str, namespace: str, name: str) -> Body | None: ...
-
-    async def list(self, kind: str, namespace: str, selector: str | None = None
-                   ) -> list[Body]: ...
-
-    async def delete(self, kind: str, namespace: str, name: str,
-                     grace_seconds: int | None = None) -> bool: ...
-
-    async def pod_log(self, namespace: str, name: str, container: str | None = None,
-                      tail_lines: int | None = None, limit_bytes: int | None = None) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -664,5 +622,4 @@ def _time(value: str | None) -> float | None:
     return None
 
 
-__all__ = ["TRANSIENT_STATUSES", "ApiUnavailable", "BackendSettings", "ClusterApi",
-           "ClusterApiError", "KubernetesBackend"]
+__all__ = ["BackendSettings", "KubernetesBackend"]

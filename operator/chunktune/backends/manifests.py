@@ -34,14 +34,13 @@ import hashlib
 import json
 import math
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from chunktune.backends import vllm
 from chunktune.core.errors import SpecError
-from chunktune.core.flags import FLAGS, Flag, coerce_point, flags_line
+from chunktune.core.flags import flags_line
 from chunktune.core.trials import TrialPlan
 from chunktune.core.workload import Profile
 
@@ -614,51 +613,6 @@ def output_configmap(name: str, owner: Owner, flags: str, best: Mapping[str, Any
     }
 
 
-def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
-    """``args`` with each flag of ``params`` set: an existing value replaced (``--flag V``,
-    ``--flag=V``, either spelling ``--max-num-batched-tokens`` / ``--max_num_batched_tokens``,
-    also inside a one-string shell command such as ``["vllm serve M --max_num_batched_tokens
-    1024"]``), a missing flag appended (to that string when the args are one)."""
-    out = list(args)
-    shell = next((i for i, a in enumerate(out) if re.search(r"\s--?\w", a)), None)
-    for name, value in coerce_point(params).items():
-        flag = FLAGS[name]
-        if flag.kind == "bool":
-            raise ValueError(f"set_flags sets flags that take a value; {flag.option} is a switch")
-        text = flag.text(value)
-        if shell is not None:
-            out[shell] = _set_in_string(out[shell], flag, text)
-            continue
-        spellings = flag.spellings
-        done = False
-        i = 0
-        while i < len(out):
-            a = out[i]
-            if a in spellings:
-                if i + 1 < len(out):
-                    out[i + 1] = text
-                else:
-                    out.append(text)
-                done = True
-                i += 2
-                continue
-            if a.split("=", 1)[0] in spellings and "=" in a:
-                out[i] = f"{a.split('=', 1)[0]}={text}"
-                done = True
-            i += 1
-        if not done:
-            out += [flag.option, text]
-    return out
-
-
-def _set_in_string(command: str, flag: Flag, value: str) -> str:
-    spell = "|".join(re.escape(s) for s in flag.spellings)
-    pattern = re.compile(rf"(?<!\S)({spell})(=|\s+)(\"[^\"]*\"|'[^']*'|\S+)")
-    if pattern.search(command):
-        return pattern.sub(lambda m: f"{m.group(1)}{m.group(2)}{shlex.quote(value)}", command)
-    return f"{command.rstrip()} {flag.option} {shlex.quote(value)}"
-
-
 __all__ = [
     "CACHE_DIR",
     "CHUNKTUNE_UID",
@@ -680,7 +634,6 @@ __all__ = [
     "parse_load_log",
     "restricted_container_security",
     "restricted_pod_security",
-    "set_flags",
     "startup_failure_threshold",
     "trial_names",
     "workload_configmap",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from chunktune.backends.base import TrialBackend
+from chunktune.backends.base import TrialBackend, take_kv_peak_from_steps
 from chunktune.core.engine_args import EngineArgs, EngineStartupError
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, parse_argv
@@ -223,6 +223,7 @@ class SimulatedBackend(TrialBackend):
                                 kv_usage_pct=100.0 * tr.iteration_kv[i]
                                 / (pool.total * pool.block_size))
                      for i, c in enumerate(tr.iterations)]
+        take_kv_peak_from_steps(out)
         if self.steps_dir is None:
             return
         self.steps_dir.mkdir(parents=True, exist_ok=True)

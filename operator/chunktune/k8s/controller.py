@@ -1,5 +1,7 @@
 """One ``ChunkedPrefillTuning``'s study in the cluster: the tuner, its status, events and
-outputs. No kopf here: :mod:`.handlers` adapts kopf's live body and stop flag to :class:`Live`.
+outputs. No kopf here: :mod:`.handlers` adapts kopf's live body and stop flag to
+:class:`~chunktune.k8s.live.Live`. It reports through :class:`~chunktune.k8s.reporting.Reporting`
+and runs the study in a :func:`~chunktune.k8s.session.open_session`, as :mod:`.retuner` does.
 
 :meth:`StudyController.serve` is the daemon's whole life, a small state machine on the
 resource's phase (``Pending -> Running -> Succeeded | Failed``, ``Suspended`` in between):
@@ -26,26 +28,27 @@ import asyncio
 import contextlib
 import logging
 import random
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from chunktune.api.status import set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends import manifests as mf
-from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
+from chunktune.backends.cluster import ClusterApiError
+from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
 from chunktune.core.errors import BackendUnavailable, InfrastructureFault, SpecError
 from chunktune.core.flags import flags_line
-from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent
+from chunktune.core.progress import StopReason, StopRequest
 from chunktune.core.trials import TrialState
-from chunktune.k8s import policy, retune, storage
+from chunktune.k8s import locations, policy, retuner
+from chunktune.k8s.live import Live, StopCause
 from chunktune.k8s.outputs import write_outputs
+from chunktune.k8s.reporting import Emit, Reporting
+from chunktune.k8s.session import Session, open_session
 from chunktune.k8s.state import (
     TERMINAL,
     Operator,
     Problem,
     StatusWriter,
-    _now,
     generation,
     owner_of,
     parse,
@@ -66,43 +69,12 @@ FAULT_BACKOFF_CAP = 30.0
 #: While a study waits on an object (a Secret, a ConfigMap), it reads it every this many poll
 #: intervals (5 s at the default 1 s): a GET per waiting study, not a watch on every Secret.
 OBJECT_POLL_INTERVALS = 5
-#: A log line that names a failure's cause (an exception, a fatal signal, an OOM).
-CAUSE_LINE = re.compile(r"(\b\w*(Error|Exception)\b|Traceback|Segmentation fault|core dumped|"
-                        r"Killed|OOM|out of memory|FATAL|fatal|panic|Aborted|exit code \d+)")
 #: The condition that says whether the study's database answers (set once it failed).
 STORAGE_CONDITION = "StorageReachable"
-#: ``emit(type, reason, message)``: post a Kubernetes Event on the resource.
-Emit = Callable[[str, str, str], None]
-
-
-class Live(Protocol):
-    """The daemon's view of its resource (kopf's live body and stop flag)."""
-
-    def body(self) -> Mapping[str, Any]: ...
-
-    def stopping(self) -> str | None:
-        """None while running; ``deleted`` or ``exiting`` once asked to stop."""
-
-    async def sleep(self, seconds: float) -> None:
-        """Sleep, returning early when asked to stop."""
 
 
 def _changed_from(gen: int) -> Callable[[Mapping[str, Any]], bool]:
     return lambda body: generation(body) != gen
-
-
-def failure_lines(message: str, limit: int = 700) -> str:
-    """What an event shows of a failed trial's message: the classified cause's own line
-    first (vLLM's message, or the exception line of a traceback), then the last lines, up to
-    ``limit`` characters (events are capped at 1000)."""
-    lines = [x.rstrip() for x in message.strip().splitlines() if x.strip()]
-    cause = [x for x in lines if CAUSE_LINE.search(x)]
-    keep: list[str] = []
-    for x in cause[-2:] + lines[-4:]:
-        if x not in keep:
-            keep.append(x)
-    text = " | ".join(x.strip() for x in keep)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class StudyController:
@@ -113,18 +85,20 @@ class StudyController:
         self.owner = owner_of(body)
         self.writer = op.writer(body)
         self.emit = emit
-        self.tuner: Tuner | None = None
-        self.backend: KubernetesBackend | None = None
-        self.gen = generation(body)
-        self.stop_cause: str | None = None
-        self._flush: asyncio.Task[None] | None = None
-        self._dirty = False
+        self.report = Reporting(op, self.owner, self.writer, emit, generation(body))
+        """Events, conditions and status writes (the re-tune's too)."""
+        self.stop_cause: StopCause | None = None
         self.api_faults = 0
         """API errors in a row that reached the daemon."""
-        self.faulted: set[int] = set()
-        """Trials waiting out an API fault."""
-        self.unschedulable: dict[int, str] = {}
-        """Trials waiting for capacity, with the scheduler's message."""
+
+    @property
+    def gen(self) -> int:
+        """The generation the study runs for (the report's)."""
+        return self.report.gen
+
+    @gen.setter
+    def gen(self, value: int) -> None:
+        self.report.gen = value
 
     # ---- phases --------------------------------------------------------------------------------
 
@@ -162,13 +136,13 @@ class StudyController:
             # NOTE: the writer, not the body: the watch event of our own last write may not
             # have arrived yet (the writer starts from the body's status on a restart).
             if self.writer.phase in TERMINAL and not self.writer.pending and \
-                    self.writer.generation != gen and retune.owns_outputs(self.writer.retune):
+                    self.writer.generation != gen and retuner.owns_outputs(self.writer.retune):
                 self.writer.generation = gen  # re-tuned: the first study's end stays done
             if self.writer.phase in TERMINAL and self.writer.generation == gen and \
                     not self.writer.pending:
-                if retune.watches(tuning, self.writer.phase):
-                    await self._guarded(retune.Retuner(self, tuning).watch(live), tuning,
-                                        live, changed)
+                if retuner.watches(tuning, self.writer.phase):
+                    await self._guarded(retuner.Retuner(self.op, self.report, tuning).watch(live),
+                                        tuning, live, changed)
                 else:
                     await self._until(live, changed)
                 continue
@@ -274,12 +248,9 @@ class StudyController:
         ``WorkloadDerived=False`` condition and a warning naming the selector (once per
         cause); the daemon tries again every :data:`WORKLOAD_RETRY` seconds."""
         text = str(e)
-        was = next((c for c in self.writer.conditions if c.get("type") == "WorkloadDerived"),
-                   None)
-        if was is None or was.get("status") != "False" or was.get("reason") != e.reason:
+        if self.writer.condition("WorkloadDerived", False, e.reason, text, gen):
             self.emit("Warning", e.reason, text)
-        self.writer.set("Pending", gen, f"waiting for the workload: {text}",
-                        WorkloadDerived=(False, e.reason, text))
+        self.writer.set("Pending", gen, f"waiting for the workload: {text}")
         await self.writer.write(None)
 
     async def _storage_failed(self, e: storages.StorageFault, tuning: ChunkedPrefillTuning,
@@ -288,19 +259,16 @@ class StudyController:
         fix (an event when it changes); the daemon tries again after ``delay``."""
         field = "spec.storageFrom" if tuning.spec.storage_from is not None else "spec.storage"
         text = f"{field}: {e} (next try in {delay:.0f} s)"
-        was = next((c for c in self.writer.conditions if c.get("type") == STORAGE_CONDITION),
-                   None)
-        if was is None or was.get("status") != "False" or was.get("reason") != e.reason:
+        if self.writer.condition(STORAGE_CONDITION, False, e.reason, text, gen):
             self.emit("Warning", e.reason, text)
         log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, text)
-        self.writer.condition(STORAGE_CONDITION, False, e.reason, text, gen)
         with contextlib.suppress(ClusterApiError):
             await self.writer.write_conditions()
 
     def _storage_answers(self) -> None:
         if self.writer.condition_status(STORAGE_CONDITION) == "False":
-            self.writer.condition(STORAGE_CONDITION, True, "Reachable",
-                                  "the study's database answers", self.gen)
+            self.report.condition(STORAGE_CONDITION, True, "Reachable",
+                                  "the study's database answers")
             self.emit("Normal", "DatabaseReachable", "the study's database answers again")
 
     async def _refused(self, tuning: ChunkedPrefillTuning, gen: int) -> list[policy.Refusal]:
@@ -310,20 +278,18 @@ class StudyController:
         Secret a refusal names changes."""
         refused = await policy.check_trials(self.op.api, self.op.settings.policy, tuning,
                                             self.owner, self.op.settings.trials.image)
-        was = next((c for c in self.writer.conditions if c.get("type") == policy.CONDITION),
-                   None)
         if not refused:
-            if was is not None and was.get("status") != "True":
-                self.writer.conditions = set_condition(
-                    self.writer.conditions, policy.CONDITION, True, "Allowed",
-                    "the operator's policy allows what the trials reference", gen, _now())
+            if self.writer.condition_status(policy.CONDITION) not in (None, "True"):
+                self.writer.condition(policy.CONDITION, True, "Allowed",
+                                      "the operator's policy allows what the trials reference",
+                                      gen)
             await self._outputs_allowed(tuning, gen)
             return []
         text = policy.refused_text(refused)
-        if was is None or was.get("message") != text:
+        if self.writer.condition(policy.CONDITION, False, refused[0].reason, text, gen,
+                                 by_message=True):
             self.emit("Warning", refused[0].reason, text)
-        self.writer.set("Pending", gen, f"refused by the operator's policy: {text}",
-                        **{policy.CONDITION: (False, refused[0].reason, text)})
+        self.writer.set("Pending", gen, f"refused by the operator's policy: {text}")
         await self.writer.write(None)
         return refused
 
@@ -375,40 +341,25 @@ class StudyController:
         """Warn at the start (``OutputAllowed=False`` and an event) when ``spec.output`` would
         be refused; the study runs anyway."""
         refused = await policy.check_outputs(self.op.api, tuning, self.owner)
-        was = next((c for c in self.writer.conditions
-                    if c.get("type") == policy.OUTPUT_CONDITION), None)
         if refused:
             text = policy.refused_text(refused)
-            if was is None or was.get("message") != text:
+            if self.writer.condition(policy.OUTPUT_CONDITION, False, refused[0].reason, text,
+                                     gen, by_message=True):
                 self.emit("Warning", refused[0].reason, text)
-            self.writer.conditions = set_condition(
-                self.writer.conditions, policy.OUTPUT_CONDITION, False, refused[0].reason, text,
-                gen, _now())
-        elif was is not None:
-            self.writer.conditions = set_condition(
-                self.writer.conditions, policy.OUTPUT_CONDITION, True, "Allowed",
-                "spec.output is allowed", gen, _now())
+        elif self.writer.condition_of(policy.OUTPUT_CONDITION) is not None:
+            self.writer.condition(policy.OUTPUT_CONDITION, True, "Allowed",
+                                  "spec.output is allowed", gen)
 
     async def _study(self, tuning: ChunkedPrefillTuning, live: Live) -> None:
-        url = await self.op.storage(tuning, self.owner)
-        backend = self.op.backend(tuning, self.owner, storage.steps_dir(
-            url, self.op.settings.state_dir, self.owner.uid))
-        backend.on_warning = self._degraded
-        backend.on_recovered = self._recovered
-        backend.capacity.on_change = self._capacity
-        self.op.backends.append(backend)
-        try:
-            tuner = await asyncio.to_thread(
-                Tuner, tuning, backend, url, on_event=self._event,
-                on_update=lambda _: self._changed(),
-                # a stop cancels the trials in flight: their objects are deleted, or left for
-                # the next operator to re-adopt when this one exits
-                stop_requested=lambda: (StopRequest.CANCEL if self._stop_requested(live)
-                                        else None), on_fault=self._fault)
-            self.tuner, self.backend, self.stop_cause = tuner, backend, None
+        async with open_session(self.op, tuning, self.report) as session:
+            # a stop cancels the trials in flight: their objects are deleted, or left for
+            # the next operator to re-adopt when this one exits
+            tuner = await session.tuner(tuning, lambda: (
+                StopRequest.CANCEL if self._stop_requested(live, session) else None))
+            self.stop_cause = None
             self._storage_answers()
             running = {t.number for t in tuner.trials() if st.trial_state(t) == TrialState.RUNNING}
-            swept = await backend.sweep(keep=running)
+            swept = await session.backend.sweep(keep=running)
             if swept:
                 log.info("%s/%s: deleted %d objects of trials the study does not run",
                          self.owner.namespace, self.owner.name, swept)
@@ -419,25 +370,21 @@ class StudyController:
                             SpecValid=(True, "Valid", "the spec is valid"),
                             Running=(True, "TrialsRunning", "the study is running"),
                             Suspended=(False, "Resumed", "the study is not suspended"),
-                            **retune.derived_condition(tuner))
-            await self.writer.write(tuner)
+                            **retuner.derived_condition(tuner))
+            await self.report.write()
             reason = await tuner.run()
-            await self._drain_flush()
+            await self.report.drain()
             if reason == StopReason.STOPPED:
-                if live.stopping() is None and self.stop_cause == "suspended":
+                if live.stopping() is None and self.stop_cause == StopCause.SUSPENDED:
                     await self._suspended(live)
                 return
             await self._finish(tuner, reason)
-        finally:
-            self.op.backends.remove(backend)
-            await backend.close()
-            self.tuner = self.backend = None
 
     async def _suspended(self, live: Live) -> None:
         self.writer.set("Suspended", self.gen, "suspended: no trial runs until spec.suspend "
                         "is false", Running=(False, "Suspended", "the study is suspended"),
                         Suspended=(True, "Suspended", "spec.suspend is true"))
-        await self.writer.write(self.tuner)
+        await self.report.write()
         self.emit("Normal", "Suspended", "the study is suspended")
         gen = self.gen
         await self._until(live, lambda b: generation(b) != gen or
@@ -475,159 +422,32 @@ class StudyController:
             self.emit("Warning", cause, message)
         await self.writer.write(tuner)
 
-    # ---- the tuner's callbacks -----------------------------------------------------------------
+    # ---- the tuner's stop ----------------------------------------------------------------------
 
-    def _stop_requested(self, live: Live) -> bool:
-        why = live.stopping()
+    def _stop_requested(self, live: Live, session: Session) -> bool:
+        why = session.stopping(live)
         if why is not None:
-            if why == "exiting" and self.backend is not None:
-                self.backend.detached = True  # leave the trials for the next operator
             self.stop_cause = why
             return True
         body = live.body()
+        tuner = self.report.tuner
         if generation(body) != self.gen:
             tuning, _ = parse(body)
-            if tuning is None or self.tuner is None or \
-                    st.fingerprint(tuning) != st.fingerprint(self.tuner.tuning):
-                self.stop_cause = "changed"
+            if tuning is None or tuner is None or \
+                    st.fingerprint(tuning) != st.fingerprint(tuner.tuning):
+                self.stop_cause = StopCause.CHANGED
                 return True
             # NOTE: the budget and the outputs may change under a running study; the rest
             # (engine, space, workload, goals) is immutable (CEL rules, and the fingerprint).
-            self.tuner.spec.budget = tuning.spec.budget
-            self.tuner.spec.output = tuning.spec.output
+            tuner.spec.budget = tuning.spec.budget
+            tuner.spec.output = tuning.spec.output
             self.gen = generation(body)
             self.writer.generation = self.gen
-            self._changed()
+            self.report.changed()
         if (body.get("spec") or {}).get("suspend"):
-            self.stop_cause = "suspended"
+            self.stop_cause = StopCause.SUSPENDED
             return True
         return False
-
-    def _fault(self, number: int, message: str | None) -> None:
-        """A trial waits out an API fault (``message``), or was re-adopted (None)."""
-        if message is not None:
-            if number not in self.faulted:
-                self.faulted.add(number)
-                self.op.metrics.fault(self.owner.namespace, self.owner.name, "trial")
-                self.emit("Warning", "ApiUnavailable",
-                          f"trial {number}: the Kubernetes API failed ({message}); the trial "
-                          f"stays in flight and is re-adopted when the API answers (not a "
-                          f"failure, no budget spent)")
-        elif number in self.faulted:
-            self.faulted.discard(number)
-            self.emit("Normal", "TrialReadopted",
-                      f"trial {number}: re-adopted after the Kubernetes API came back")
-
-    def _capacity(self, number: int, message: str | None, waited: float,
-                  scheduled: bool) -> None:
-        """Trial ``number``'s engine pod waits for capacity (``message``: the scheduler's), or
-        stopped waiting after ``waited`` seconds (``scheduled``, or the trial ended): events,
-        the ``CapacityAvailable`` condition while any trial waits, the metrics."""
-        if message is not None:
-            self.unschedulable[number] = message
-            self.emit("Normal", "TrialWaitingForCapacity", (
-                f"trial {number}: waiting for capacity ({message}); the wait counts against "
-                f"neither engine.startupTimeout nor budget.trialTimeout and is not a failure"))
-        elif self.unschedulable.pop(number, None) is not None and scheduled:
-            self.emit("Normal", "TrialScheduled",
-                      f"trial {number}: scheduled after {waited:.0f} s waiting for capacity")
-        self.op.metrics.capacity(self.owner.namespace, self.owner.name,
-                                 len(self.unschedulable), waited if message is None else None)
-        if self.unschedulable:
-            numbers = sorted(self.unschedulable)
-            self.writer.condition(
-                "CapacityAvailable", False, "WaitingForCapacity",
-                f"{len(numbers)} trial{'s' if len(numbers) > 1 else ''} "
-                f"({', '.join(map(str, numbers))}) wait for capacity: "
-                f"{self.unschedulable[numbers[-1]]}", self.gen)
-        elif self.writer.condition_status("CapacityAvailable") == "False":
-            self.writer.condition("CapacityAvailable", True, "Scheduled",
-                                  "no trial waits for capacity", self.gen)
-        self._changed()
-
-    def _degraded(self, reason: str, message: str) -> None:
-        """The study goes on without something (Prometheus): a Warning event each time, and
-        a condition while it lasts."""
-        self.emit("Warning", reason, message)
-        if reason == "PrometheusUnreachable":
-            self.writer.condition("PrometheusReachable", False, reason, message, self.gen)
-            self._changed()
-
-    def _recovered(self, reason: str) -> None:
-        if reason == "PrometheusUnreachable" and self.writer.condition_status(
-                "PrometheusReachable") == "False":
-            self.writer.condition("PrometheusReachable", True, "Reachable",
-                                  "Prometheus answers; the figures come from it", self.gen)
-            self.emit("Normal", "PrometheusReachable", "Prometheus answers again")
-            self._changed()
-
-    def _changed(self) -> None:
-        self._dirty = True
-        if self._flush is None or self._flush.done():
-            self._flush = asyncio.get_running_loop().create_task(self._flusher())
-
-    async def _flusher(self) -> None:
-        delay = FAULT_BACKOFF_FIRST
-        while self._dirty:
-            self._dirty = False
-            try:
-                await self.writer.write(self.tuner)
-                delay = FAULT_BACKOFF_FIRST
-            except Exception as e:
-                # NOTE: the status is rendered from the study storage, so nothing is lost:
-                # the next write (this retry, or the next trial's) carries everything.
-                log.warning("cannot write the status of %s/%s (%s); retrying in %.1f s",
-                            self.owner.namespace, self.owner.name, e, delay)
-                self._dirty = True
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(FAULT_BACKOFF_CAP, delay * 2)
-
-    async def _drain_flush(self, timeout: float = 60.0) -> None:
-        if self._flush is not None and not self._flush.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(self._flush), timeout)
-            except TimeoutError:
-                self._flush.cancel()
-                log.warning("%s/%s: the status could not be written within %g s",
-                            self.owner.namespace, self.owner.name, timeout)
-            except Exception:
-                log.exception("status flush of %s/%s", self.owner.namespace, self.owner.name)
-
-    def _ended(self, e: TrialEvent) -> None:
-        """The metrics of a trial that ended."""
-        times = None
-        if self.tuner is not None:
-            t = next((t for t in self.tuner.trials() if t.number == e.number), None)
-            times = t.user_attrs.get(st.ATTR_TIMES) if t is not None else None
-        waited = self.backend.paused_seconds(e.number) if self.backend is not None else 0.0
-        self.op.metrics.trial_ended(self.owner.namespace, self.owner.name, e.state, e.reason,
-                                    times, waited)
-
-    def _event(self, e: TrialEvent) -> None:
-        if e.kind == EventKind.FINISHED:
-            self._ended(e)
-        if e.kind == EventKind.WARNING:  # the twin is not trusted
-            self.emit("Warning", e.reason or "Warning", e.message or "")
-            return
-        if e.kind == EventKind.PHASE:  # a twin-first study's phase
-            self.emit("Normal", "TwinPhase", f"{e.phase}: {e.message}")
-            return
-        tag = " (baseline)" if e.baseline else ""
-        flags = flags_line(e.point)
-        if e.kind == EventKind.STARTED:
-            self.emit("Normal", "TrialStarted", f"trial {e.number}{tag}: {flags}")
-            return
-        what = e.state + (f" {e.reason}" if e.reason else "")
-        detail = ""
-        if self.tuner is not None and e.metrics:
-            key = self.tuner.objectives[0].key
-            if key in e.metrics:
-                detail = f"; {key}={e.metrics[key]:.4g}"
-        if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) and e.message:
-            detail += f": {failure_lines(e.message)}"
-        kind = "Warning" if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) else "Normal"
-        self.emit(kind, f"Trial{e.state.title()}",
-                  f"trial {e.number}{tag}: {flags} -> {what}{detail}")
 
 
 async def delete_study(op: Operator, body: Mapping[str, Any],
@@ -653,16 +473,16 @@ async def delete_study(op: Operator, body: Mapping[str, Any],
         await backend.close()
     spec = body.get("spec") or {}
     if not spec.get("storage") and not spec.get("storageFrom") and owner.uid:
-        path = storage.journal_path(op.settings.state_dir, owner.uid)  # its own, by uid
+        path = locations.journal_path(op.settings.state_dir, owner.uid)  # its own, by uid
         for p in (path, path.with_name(path.name + ".lock"),
                   path.with_name(path.name + ".study.lock")):
             with contextlib.suppress(OSError):
                 p.unlink()
     if owner.uid:
-        await asyncio.to_thread(storage.remove_steps, op.settings.state_dir, owner.uid)
+        await asyncio.to_thread(locations.remove_steps, op.settings.state_dir, owner.uid)
     op.forget(owner.uid)
     return left
 
 
-__all__ = ["Emit", "Live", "Operator", "StatusWriter", "StudyController", "delete_study",
-           "failure_lines", "generation", "owner_of", "parse", "problems_text"]
+__all__ = ["Operator", "StatusWriter", "StudyController", "delete_study", "generation",
+           "owner_of", "parse", "problems_text"]

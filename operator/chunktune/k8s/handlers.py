@@ -28,7 +28,6 @@ from chunktune.api.crd import PLURAL
 from chunktune.api.v1alpha1 import API_GROUP, API_VERSION
 from chunktune.core.errors import SpecError
 from chunktune.k8s.controller import (
-    Emit,
     Operator,
     StudyController,
     delete_study,
@@ -37,6 +36,8 @@ from chunktune.k8s.controller import (
     parse,
     problems_text,
 )
+from chunktune.k8s.live import StopCause
+from chunktune.k8s.reporting import Emit
 from chunktune.k8s.settings import Settings
 from chunktune.tuning import storage as storages
 
@@ -83,7 +84,7 @@ def emitter(body: kopf.Body) -> Emit:
 
 
 class KopfLive:
-    """kopf's live body and stop flag, as :class:`chunktune.k8s.controller.Live`; the
+    """kopf's live body and stop flag, as :class:`chunktune.k8s.live.Live`; the
     operator's ``exiting`` flag stops it too (kopf never signals a daemon it spawned while
     it was already stopping)."""
 
@@ -96,12 +97,12 @@ class KopfLive:
     def body(self) -> Mapping[str, Any]:
         return self._body
 
-    def stopping(self) -> str | None:
+    def stopping(self) -> StopCause | None:
         reason = self._stopped.reason if self._stopped else None
         if reason is not None and reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
-            return "deleted"
+            return StopCause.DELETED
         if self._stopped or self._exiting.is_set():
-            return "exiting"
+            return StopCause.EXITING
         return None
 
     async def sleep(self, seconds: float) -> None:

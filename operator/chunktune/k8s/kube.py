@@ -4,14 +4,14 @@
 pool of its own (so that long waits never starve kopf's default executor), reads responses as
 plain JSON mappings (``_preload_content=False``: no model deserialisation, camelCase keys as
 the API sends them), and turns ``ApiException`` into
-:class:`~chunktune.backends.kubernetes.ClusterApiError` (404 becomes ``None``/``False`` where
+:class:`~chunktune.backends.cluster.ClusterApiError` (404 becomes ``None``/``False`` where
 that reads better); a request that got no answer (connection refused or reset, timeout) is a
 ``ClusterApiError`` with status 0.
 
 Transient errors (no answer, 429, 5xx) are retried in place with jittered exponential backoff
 (0.2 s doubling up to 5 s, each sleep drawn from its upper half), every retry logged, for at
 most ``retry_seconds``; past that the call raises
-:class:`~chunktune.backends.kubernetes.ApiUnavailable`, which the tuner treats as a fault of
+:class:`~chunktune.backends.cluster.ApiUnavailable`, which the tuner treats as a fault of
 the cluster, never as the trial's result. Every request has a timeout, so a hung API server
 is an error rather than a hang. A call that is cancelled mid-flight still completes before the
 cancellation propagates, so a caller's clean-up never races an object being created.
@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 
 from chunktune.api.crd import PLURAL
 from chunktune.api.v1alpha1 import API_GROUP, API_VERSION
-from chunktune.backends.kubernetes import ApiUnavailable, ClusterApiError
+from chunktune.backends.cluster import ApiUnavailable, ClusterApiError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from chunktune.backends.kubernetes import ClusterApiError
+from chunktune.backends.cluster import ClusterApiError
 from chunktune.k8s.settings import LeaderSettings
 
 log = logging.getLogger(__name__)

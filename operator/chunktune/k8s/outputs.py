@@ -7,7 +7,7 @@
   (the result outlives it);
 * ``patchDeployment``: the best flags set on a Deployment's container (by name, or the
   first): existing values of those flags replaced, missing ones appended
-  (:func:`chunktune.backends.manifests.set_flags`), so the Deployment rolls out with them;
+  (:mod:`chunktune.backends.deployment`), so the Deployment rolls out with them;
   only a Deployment annotated ``chunktune.dev/allow-patch`` (``"true"`` or this tuning's
   name) is touched.
 
@@ -20,8 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from chunktune.api.v1alpha1 import OutputSpec
+from chunktune.backends import deployment as dp
 from chunktune.backends import manifests as mf
-from chunktune.backends.kubernetes import ClusterApiError
+from chunktune.backends.cluster import ClusterApiError
 from chunktune.core.flags import flags_line
 from chunktune.k8s import policy
 from chunktune.k8s.kube import KubeApi
@@ -82,17 +83,11 @@ async def patch_deployment(api: KubeApi, owner: mf.Owner, name: str, container: 
     refusal = policy.deployment_refusal(name, deploy, owner)
     if refusal is not None:
         return refusal.text()
-    containers = ((deploy.get("spec") or {}).get("template") or {}).get("spec", {}).get(
-        "containers") or []
-    target = next((c for c in containers if c.get("name") == container), None) \
-        if container else (containers[0] if containers else None)
+    target = dp.engine_container(deploy, container)
     if target is None:
         return f"Deployment {name} has no container {container or ''}".rstrip()
-    args = list(target.get("args") or [])
-    field = "args"
-    if not args and any(" --" in str(c) for c in target.get("command") or []):
-        field, args = "command", list(target["command"])  # a one-string shell command
-    new = mf.set_flags(args, params)
+    field, args = dp.flags_field(target)
+    new = dp.set_flags(args, params)
     patch = {
         "metadata": {"annotations": {TUNED_BY: f"{owner.namespace}/{owner.name}",
                                      TUNED_FLAGS: flags_line(params)}},

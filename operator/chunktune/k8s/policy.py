@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends import manifests as mf
-from chunktune.backends.kubernetes import ClusterApiError
+from chunktune.backends.cluster import ClusterApiError
 from chunktune.k8s.settings import PolicySettings
 
 ALLOW_REFERENCE_LABEL = "chunktune.dev/allow-reference"

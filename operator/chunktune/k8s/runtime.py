@@ -25,7 +25,7 @@ from typing import Any
 
 import kopf
 
-from chunktune.k8s import handlers, metrics
+from chunktune.k8s import handlers, operator_metrics
 from chunktune.k8s.controller import Operator
 from chunktune.k8s.kube import KubeApi, make_api_client
 from chunktune.k8s.leader import LeaderElector
@@ -74,7 +74,7 @@ async def run(settings: Settings, *, api_client: Any | None = None,
     server = None
     try:
         if settings.metrics_address:
-            server = await metrics.serve(settings.metrics_address, op.metrics, lambda: (
+            server = await operator_metrics.serve(settings.metrics_address, op.metrics, lambda: (
                 "standby" if elector is not None and not elector.leading else "leader"))
         if elector is None:
             op.metrics.leading(True)

@@ -24,11 +24,12 @@ from chunktune.api.reader import parse_manifest, validate
 from chunktune.api.status import StudySummary, render_status, set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends import manifests as mf
-from chunktune.backends.kubernetes import BackendSettings, ClusterApiError, KubernetesBackend
+from chunktune.backends.cluster import ClusterApiError
+from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
 from chunktune.core.errors import SpecError
-from chunktune.k8s import storage
+from chunktune.k8s import locations
 from chunktune.k8s.kube import KubeApi
-from chunktune.k8s.metrics import OperatorMetrics
+from chunktune.k8s.operator_metrics import OperatorMetrics
 from chunktune.k8s.settings import Settings
 from chunktune.tuning import study as st
 from chunktune.tuning import workload_source
@@ -96,8 +97,15 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def _now() -> datetime:
+def utc_now() -> datetime:
+    """Now, in UTC (conditions' ``lastTransitionTime``)."""
     return datetime.now(tz=UTC)
+
+
+def timestamp(when: datetime | None = None) -> str:
+    """``when`` (default: now) as the status writes times: RFC 3339 in UTC, to the second."""
+    return (when or utc_now()).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 @dataclass
 class Operator:
@@ -115,7 +123,7 @@ class Operator:
     exiting: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def storage(self, tuning: ChunkedPrefillTuning, owner: mf.Owner) -> str:
-        """The study's storage (:mod:`chunktune.k8s.storage`): its uid's journal, a confined
+        """The study's storage (:mod:`chunktune.k8s.locations`): its uid's journal, a confined
         ``spec.storage``, the URL in ``spec.storageFrom``'s Secret, or both: the database
         URL in ``spec.storage`` with the password in the Secret. Raises
         :class:`SpecError` naming the field and the fix."""
@@ -126,7 +134,7 @@ class Operator:
             ref = spec.storage_from.secret_key_ref
             if not self.settings.allow_database_urls:
                 raise SpecError(f"database URLs are not allowed by this operator: "
-                                f"{storage.ALLOW_HINT}", field="spec.storageFrom")
+                                f"{locations.ALLOW_HINT}", field="spec.storageFrom")
             try:
                 secret = await self.api.get("secrets", owner.namespace, ref.name)
             except ClusterApiError as e:
@@ -136,13 +144,13 @@ class Operator:
                                 "the chart grants get on Secrets with "
                                 "storage.allowDatabaseURLs=true",
                                 field="spec.storageFrom.secretKeyRef") from e
-            secret_url = storage.secret_value(secret, ref.name, ref.key)
+            secret_url = locations.secret_value(secret, ref.name, ref.key)
             if spec.storage is not None:  # the URL in the spec, the password in the Secret
-                secret_url = storage.with_password(spec.storage, secret_url)
+                secret_url = locations.with_password(spec.storage, secret_url)
         if spec.storage is None and spec.storage_from is None:
-            await asyncio.to_thread(storage.adopt_legacy, state_dir, owner.namespace,
+            await asyncio.to_thread(locations.adopt_legacy, state_dir, owner.namespace,
                                     owner.name, owner.uid)
-        return storage.resolve(spec.storage, state_dir, owner.uid,
+        return locations.resolve(spec.storage, state_dir, owner.uid,
                                allow_database_urls=self.settings.allow_database_urls,
                                from_secret=secret_url)
 
@@ -157,7 +165,7 @@ class Operator:
     def backend(self, tuning: ChunkedPrefillTuning, owner: mf.Owner,
                 steps_dir: Path | None = None) -> KubernetesBackend:
         """The study's trial backend; ``steps_dir``: where it keeps the engines' step logs
-        (:func:`chunktune.k8s.storage.steps_dir`)."""
+        (:func:`chunktune.k8s.locations.steps_dir`)."""
         s = self.settings.trials
         spec = tuning.spec
         resources = (spec.engine.resources.model_dump(mode="json", exclude_none=True)
@@ -209,7 +217,7 @@ class StatusWriter:
         self.message: str | None = current.get("message")
         self.generation: int | None = current.get("observedGeneration")
         self.retune: dict[str, Any] | None = current.get("retune")
-        """``status.retune`` (:mod:`chunktune.k8s.retune` keeps it)."""
+        """``status.retune`` (:mod:`chunktune.k8s.retuner` keeps it)."""
         self.lock = asyncio.Lock()
         self.pending = False
         """A phase was set that no successful write has carried yet."""
@@ -217,30 +225,40 @@ class StatusWriter:
     def set(self, phase: str, generation: int, message: str | None = None,
             **conditions: tuple[bool, str, str]) -> None:
         """Phase, message and conditions (``Type=(status, reason, message)``)."""
-        now = _now()
+        now = utc_now()
         self.pending = True
         self.phase, self.generation, self.message = phase, generation, message
         for kind, (ok, reason, text) in conditions.items():
             self.conditions = set_condition(self.conditions, kind, ok, reason, text,
                                             generation, now)
         if phase == "Running" and not self.start_time:
-            self.start_time = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+            self.start_time = timestamp(now)
         if phase in TERMINAL:
-            self.completion_time = self.completion_time or now.strftime("%Y-%m-%dT%H:%M:%SZ")
+            self.completion_time = self.completion_time or timestamp(now)
         else:
             self.completion_time = None
 
-    def condition(self, kind: str, ok: bool, reason: str, message: str,
-                  generation: int) -> None:
-        """Set one condition, leaving the phase alone (written with the next write)."""
+    def condition(self, kind: str, ok: bool, reason: str, message: str, generation: int, *,
+                  by_message: bool = False) -> bool:
+        """Set one condition, leaving the phase alone (written with the next write); returns
+        whether it changed: it is new, or its status or reason differ (with ``by_message``,
+        its message too), which is when an event says so. The one place a condition is set
+        apart from a phase (:meth:`set`)."""
+        was = self.condition_of(kind)
         self.conditions = set_condition(self.conditions, kind, ok, reason, message,
-                                        generation, _now())
+                                        generation, utc_now())
+        if was is None:
+            return True
+        return was.get("status") != ("True" if ok else "False") or \
+            was.get("reason") != reason or (by_message and was.get("message") != message)
+
+    def condition_of(self, kind: str) -> dict[str, Any] | None:
+        """Condition ``kind`` as it is now (None: never set)."""
+        return next((c for c in self.conditions if c.get("type") == kind), None)
 
     def condition_status(self, kind: str) -> str | None:
-        for c in self.conditions:
-            if c.get("type") == kind:
-                return str(c.get("status"))
-        return None
+        c = self.condition_of(kind)
+        return None if c is None else str(c.get("status"))
 
     def render(self, tuner: Tuner | None) -> dict[str, Any]:
         kw: dict[str, Any] = {"conditions": self.conditions, "observed_generation":
@@ -307,4 +325,4 @@ class StatusWriter:
 
 
 __all__ = ["CONFLICT_RETRIES", "TERMINAL", "Operator", "Problem", "StatusWriter", "generation",
-           "merge_patch", "owner_of", "parse", "problems_text"]
+           "merge_patch", "owner_of", "parse", "problems_text", "timestamp", "utc_now"]

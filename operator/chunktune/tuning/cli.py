@@ -129,7 +129,7 @@ class StopOnSignal:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-class Progress:
+class TrialLines:
     """One line per trial start and end, with the best so far."""
 
     def __init__(self, tuner: Tuner, quiet: bool) -> None:
@@ -203,7 +203,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     except (BackendUnavailable, StorageFault, WorkloadUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    progress = Progress(tuner, ns.quiet)
+    progress = TrialLines(tuner, ns.quiet)
     tuner.on_event = progress.event
     prior = tuner.counted()
     print(f"{tuning.metadata.name}: {len(tuner.params)} parameters "

@@ -1,6 +1,6 @@
 """Re-tuning a deployment whose workload drifted (``spec.retune``): the re-tune's study, how it
 is warm-started from the previous one, and whether its answer replaces the running
-configuration. No Kubernetes here: :mod:`chunktune.k8s.retune` watches and applies.
+configuration. No Kubernetes here: :mod:`chunktune.k8s.retuner` watches and applies.
 
 Each re-tune is a study of its own in the same storage (:func:`study_name`, ``<ns>/<name>#retune-
 <round>``) over the same engine, space and goals, replaying the workload derived when it started

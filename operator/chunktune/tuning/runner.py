@@ -58,7 +58,6 @@ from chunktune.core.steps import (
     StepSummary,
     engine_itl,
     host_added,
-    kv_usage_peak,
     on_cliff,
     outside_engine,
 )
@@ -582,12 +581,8 @@ class TrialRunner:
             summary = StepSummary.of(result.steps)
             trial.set_user_attr(st.ATTR_STEPS, {"file": result.steps_file,
                                                 **dataclasses.asdict(summary)})
-            # The step log has the KV usage of every step; the /metrics gauge is only sampled
-            # (and misses the peak of short bursts).
-            kv = kv_usage_peak(result.steps)
-            if kv is not None and result.state == TrialState.COMPLETE:
-                result.metrics["kv_cache_usage_peak"] = max(
-                    result.metrics.get("kv_cache_usage_peak", 0.0), kv)
+            # (the step log's KV peak: the backend that kept the log took it,
+            # chunktune.backends.base.take_kv_peak_from_steps)
             itl = engine_itl(result.steps)
             if itl is not None and result.state == TrialState.COMPLETE:
                 # a backend that knows its engine's steps better (the simulator, which leaves a

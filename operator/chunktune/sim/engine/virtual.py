@@ -59,8 +59,9 @@ def server_cost(profile_overhead_s: float | None) -> ServerCost:
 
 
 @dataclass
-class StepRecord:
-    """Per-step trace columns (parallel lists, cheap to append)."""
+class StepColumns:
+    """Per-step trace columns (parallel lists, cheap to append); one logged step, as vLLM logs
+    it, is :class:`chunktune.core.steps.StepRecord`."""
 
     start: list[float] = field(default_factory=list)
     duration: list[float] = field(default_factory=list)
@@ -83,7 +84,7 @@ class StepRecord:
 @dataclass
 class ReplayResult:
     requests: list[Request]
-    steps: StepRecord
+    steps: StepColumns
     end_time: float
     num_preemptions: int
     peak_kv_blocks: int
@@ -169,7 +170,7 @@ class Engine:
         sched = self.scheduler
         reqs: list[Request] = []
         rejected: list[tuple[Request, str]] = []
-        steps = StepRecord()
+        steps = StepColumns()
         now = 0.0
         idx = 0
         n_specs = len(specs)

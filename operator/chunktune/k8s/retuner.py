@@ -2,7 +2,11 @@
 keeps watching the deployment's workload and re-tunes when it drifts.
 
 :meth:`Retuner.watch` runs in the daemon (:meth:`~chunktune.k8s.controller.StudyController.
-serve`) while the phase is ``Succeeded``. Every ``retune.interval`` it derives the workload
+serve`) while the phase is ``Succeeded``. It reports through the daemon's
+:class:`~chunktune.k8s.reporting.Reporting` and runs its studies in a
+:func:`~chunktune.k8s.session.open_session`, as the first study does (the same conditions,
+events and metrics: a Prometheus outage during a re-tune's trials is ``PrometheusReachable=
+False``), and never imports the controller. Every ``retune.interval`` it derives the workload
 over ``retune.window`` from the Prometheus of ``spec.workload.fromPrometheus`` and compares it
 with the workload the running configuration was tuned for (:func:`~chunktune.metrics.derive.
 drift`; with ``retune.slo``, the deployment's own TTFT/ITL/end-to-end histograms against the
@@ -23,23 +27,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shlex
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any
 
 import optuna
 
 from chunktune.api.status import MAX_HISTORY
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning, RetuneSpec
-from chunktune.backends.kubernetes import ClusterApiError, KubernetesBackend
+from chunktune.backends import deployment as dp
+from chunktune.backends.cluster import ClusterApiError
 from chunktune.core.errors import SpecError
-from chunktune.core.flags import flags_line, parse_argv
+from chunktune.core.flags import flags_line
 from chunktune.core.progress import StopReason, StopRequest
-from chunktune.k8s import storage
+from chunktune.k8s.live import Live
 from chunktune.k8s.outputs import write_outputs
-from chunktune.k8s.state import generation
+from chunktune.k8s.reporting import Reporting
+from chunktune.k8s.session import Session, open_session
+from chunktune.k8s.state import Operator, generation, timestamp
 from chunktune.metrics.derive import (
     Observation,
     WorkloadStats,
@@ -55,17 +61,10 @@ from chunktune.tuning.objectives import ObjectiveDef
 from chunktune.tuning.results.model import collect
 from chunktune.tuning.tuner import Tuner
 
-if TYPE_CHECKING:
-    from chunktune.k8s.controller import Live, StudyController
-
 log = logging.getLogger(__name__)
 #: Latency metrics whose production value a check reads, by their base name in the metric
 #: vocabulary (``ttft_p99`` -> ``ttft``).
 SLO_BASES = ("ttft", "itl", "e2e")
-
-
-def _now() -> str:
-    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _epoch(text: str | None) -> float | None:
@@ -130,19 +129,25 @@ def slo_bases(tuning: ChunkedPrefillTuning) -> tuple[str, ...]:
 class Retuner:
     """The watch on one resource's deployment, for as long as its spec stays the same."""
 
-    def __init__(self, ctrl: StudyController, tuning: ChunkedPrefillTuning) -> None:
-        self.ctrl = ctrl
+    def __init__(self, op: Operator, report: Reporting, tuning: ChunkedPrefillTuning) -> None:
+        self.op = op
+        self.report = report
         self.tuning = tuning
         spec = tuning.spec.retune
         assert spec is not None
         self.spec: RetuneSpec = spec
         self.source = tuning.spec.workload.from_prometheus
-        self.writer = ctrl.writer
-        self.emit = ctrl.emit
-        self.url = ""
-        self.backend: KubernetesBackend | None = None
+        self.writer = report.writer
+        self.emit = report.emit
+        self.session: Session | None = None
         self.tuner: Tuner | None = None
-        self.gen = ctrl.gen
+        self.gen = report.gen
+
+    @property
+    def url(self) -> str:
+        """The study storage of the open session."""
+        assert self.session is not None
+        return self.session.url
 
     # ---- status ------------------------------------------------------------------------------
 
@@ -161,7 +166,7 @@ class Retuner:
         self.status["history"] = [*history, entry][-MAX_HISTORY:]
 
     async def _write(self) -> None:
-        await self.writer.write(self.tuner)
+        await self.report.write()
 
     # ---- the watch ---------------------------------------------------------------------------
 
@@ -172,54 +177,48 @@ class Retuner:
             while not self._stop(live):
                 await live.sleep(1.0)
             return
-        self.url = await self.ctrl.op.storage(self.tuning, self.ctrl.owner)
-        self.backend = self.ctrl.op.backend(self.tuning, self.ctrl.owner, storage.steps_dir(
-            self.url, self.ctrl.op.settings.state_dir, self.ctrl.owner.uid))
-        # trials waiting for capacity show as the study's do (condition, events, metrics)
-        self.backend.capacity.on_change = self.ctrl._capacity
-        self.ctrl.op.backends.append(self.backend)
-        self.ctrl.backend = self.backend
-        try:
-            await self._open(int(self.status.get("round") or 0))
-            if self.status.get("reference") is None and self.tuner is not None:
-                stats = (self.tuner.derived or {}).get("stats")
-                self.status["reference"] = stats
-            self.status["study"] = self.tuner.study.study_name if self.tuner else None
-            last = (self._history() or [{}])[-1]
-            if last.get("outcome") == "Running":
-                await self._write()
-                try:
-                    await self._round(live, int(last["round"]),
-                                      list(last.get("reasons") or []), None)
-                except (SpecError, WorkloadUnavailable) as e:
-                    await self._failed(last, str(e))
-            else:
-                self.status["state"] = "Watching"
-                await self._write()
-            while not self._stop(live):
-                due = (_epoch((self.status.get("lastCheck") or {}).get("time")) or 0.0) \
-                    + self.spec.interval
-                while not self._stop(live) and time.time() < due:
-                    await live.sleep(min(1.0, max(0.05, due - time.time())))
-                if self._stop(live):
-                    return
-                await self._check(live)
-        finally:
-            self.ctrl.op.backends.remove(self.backend)
-            await self.backend.close()
-            self.backend = None
-            self.ctrl.tuner = self.ctrl.backend = None
+        async with open_session(self.op, self.tuning, self.report) as session:
+            self.session = session
+            try:
+                await self._watch(live)
+            finally:
+                self.session = self.tuner = None
+
+    async def _watch(self, live: Live) -> None:
+        """:meth:`watch`, in the open session."""
+        await self._open(int(self.status.get("round") or 0))
+        if self.status.get("reference") is None and self.tuner is not None:
+            stats = (self.tuner.derived or {}).get("stats")
+            self.status["reference"] = stats
+        self.status["study"] = self.tuner.study.study_name if self.tuner else None
+        last = (self._history() or [{}])[-1]
+        if last.get("outcome") == "Running":
+            await self._write()
+            try:
+                await self._round(live, int(last["round"]),
+                                  list(last.get("reasons") or []), None)
+            except (SpecError, WorkloadUnavailable) as e:
+                await self._failed(last, str(e))
+        else:
+            self.status["state"] = "Watching"
+            await self._write()
+        while not self._stop(live):
+            due = (_epoch((self.status.get("lastCheck") or {}).get("time")) or 0.0) \
+                + self.spec.interval
+            while not self._stop(live) and time.time() < due:
+                await live.sleep(min(1.0, max(0.05, due - time.time())))
+            if self._stop(live):
+                return
+            await self._check(live)
 
     def _stop(self, live: Live) -> bool:
-        why = live.stopping()
-        if why == "exiting" and self.backend is not None:
-            self.backend.detached = True  # leave the trials for the next operator
+        why = live.stopping() if self.session is None else self.session.stopping(live)
         return why is not None or generation(live.body()) != self.gen
 
     async def _open(self, round_: int, observed: Observation | None = None) -> Tuner:
         """The tuner of study ``round_`` (0: the first), created for a new re-tune (its
         workload stored and its first trials queued), or reopened."""
-        assert self.backend is not None
+        assert self.session is not None
         if round_ == 0:
             tuning = self.tuning
         else:
@@ -229,13 +228,9 @@ class Retuner:
             tuning = rt.retune_tuning(self.tuning, self.spec, round_, reuse)
             if observed is not None:
                 await asyncio.to_thread(self._prepare, tuning, round_, observed)
-        ctrl = self.ctrl
-        tuner = await asyncio.to_thread(
-            Tuner, tuning, self.backend, self.url, on_event=ctrl._event,
-            on_update=lambda _: ctrl._changed(), stop_requested=lambda: None,
-            on_fault=ctrl._fault, study_name=rt.study_name(self.tuning, round_))
-        self.tuner = ctrl.tuner = tuner
-        return tuner
+        self.tuner = await self.session.tuner(tuning, lambda: None,
+                                              rt.study_name(self.tuning, round_))
+        return self.tuner
 
     def _load(self, name: str) -> optuna.Study | None:
         try:
@@ -261,7 +256,7 @@ class Retuner:
     async def _check(self, live: Live) -> None:
         assert self.source is not None
         window = self.spec.window or self.source.window
-        check: dict[str, Any] = {"time": _now()}
+        check: dict[str, Any] = {"time": timestamp()}
         self.status["checks"] = int(self.status.get("checks") or 0) + 1
         try:
             obs = await asyncio.to_thread(
@@ -316,7 +311,7 @@ class Retuner:
         if entry is None:
             running = await self._running()
             entry = {"round": round_, "study": rt.study_name(self.tuning, round_),
-                     "started": _now(), "reasons": reasons, "outcome": "Running",
+                     "started": timestamp(), "reasons": reasons, "outcome": "Running",
                      "running": running}
         tuner = await self._open(round_, obs)
         await asyncio.to_thread(rt.seed, tuner, entry["running"], await asyncio.to_thread(
@@ -335,14 +330,14 @@ class Retuner:
         # operator, when this one exits)
         tuner.stop_requested = lambda: StopRequest.CANCEL if self._stop(live) else None
         why = await tuner.run()
-        await self.ctrl._drain_flush()
+        await self.report.drain()
         if why == StopReason.STOPPED:
             return  # resumed by the next watch (the history says Running)
         await self._decide(tuner, entry, why)
 
     async def _failed(self, entry: dict[str, Any], message: str) -> None:
         """A re-tune that cannot go on (its study no longer matches the spec)."""
-        self._set_history({**entry, "finished": _now(), "outcome": "Failed",
+        self._set_history({**entry, "finished": timestamp(), "outcome": "Failed",
                            "message": message})
         self.status.update(state="Watching", drifting=0)
         await self._write()
@@ -358,15 +353,15 @@ class Retuner:
         target = self.tuning.spec.output.patch_deployment
         if target is not None:
             try:
-                deploy = await self.ctrl.op.api.get("deployments", self.ctrl.owner.namespace,
-                                                    target.name)
+                deploy = await self.op.api.get("deployments", self.report.owner.namespace,
+                                               target.name)
             except ClusterApiError as e:
                 log.warning("cannot read Deployment %s: %s", target.name, e.message)
                 deploy = None
-            if deploy is not None:
-                found = deployment_flags(deploy, target.container, [p.name for p in params])
-                if found is not None:
-                    return {**defaults, **found}
+            container = None if deploy is None else dp.engine_container(deploy,
+                                                                         target.container)
+            if container is not None:
+                return {**defaults, **dp.read_flags(container, [p.name for p in params])}
         for h in reversed(self._history()):
             if h.get("outcome") == "Applied" and h.get("best"):
                 return dict(h["best"])
@@ -384,14 +379,13 @@ class Retuner:
         elif decision.apply:
             output = self.tuning.spec.output
             if output.config_map or output.patch_deployment:
-                problems = await write_outputs(self.ctrl.op.api, self.ctrl.owner, output,
-                                               results)
+                problems = await write_outputs(self.op.api, self.report.owner, output, results)
                 if problems:
                     outcome, message = "Failed", f"{message}; writing spec.output failed: " \
                         + "; ".join(problems)
             else:
                 outcome = "Recommended"
-        entry = {**entry, "finished": _now(), "outcome": outcome, "message": message,
+        entry = {**entry, "finished": timestamp(), "outcome": outcome, "message": message,
                  "best": decision.best, "metric": decision.metric, "before": decision.before,
                  "after": decision.after, "gain": decision.gain,
                  "confirmedBy": list(decision.confirmed_by) or None}
@@ -411,25 +405,5 @@ class Retuner:
                   f"{message}")
 
 
-def deployment_flags(deploy: Mapping[str, Any], container: str | None,
-                     names: list[str]) -> dict[str, Any] | None:
-    """The values of flags ``names`` a Deployment's container sets (its args, or a one-string
-    shell command); None when the container is not there."""
-    containers = (((deploy.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
-        "containers") or []
-    target = next((c for c in containers if c.get("name") == container), None) \
-        if container else (containers[0] if containers else None)
-    if target is None:
-        return None
-    args = [str(a) for a in target.get("args") or []]
-    if not args:
-        args = [str(a) for a in target.get("command") or []]
-    tokens: list[str] = []
-    for a in args:
-        tokens += shlex.split(a) if " --" in a else [a]
-    values = parse_argv(tokens).values
-    return {k: v for k, v in values.items() if k in names}
-
-
-__all__ = ["SLO_BASES", "Retuner", "deployment_flags", "derived_condition", "owns_outputs",
+__all__ = ["SLO_BASES", "Retuner", "derived_condition", "owns_outputs",
            "slo_bases", "slo_misses", "watches"]

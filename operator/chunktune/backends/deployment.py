@@ -1,0 +1,103 @@
+"""A Deployment's engine flags, read and set in one place: which container
+(:func:`engine_container`: by name, or the first), where its flags are (:func:`flags_field`:
+its ``args``, or a one-string shell command such as ``["sh", "-c", "vllm serve M
+--max_num_batched_tokens 1024"]``, told apart by :func:`is_shell_string`), their values
+(:func:`read_flags`) and the list with new values (:func:`set_flags`). Pure: the operator
+reads the Deployment (the re-tune's running configuration, :mod:`chunktune.k8s.retuner`) and
+patches it (``spec.output.patchDeployment``, :mod:`chunktune.k8s.outputs`) with these."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from chunktune.core.flags import FLAGS, Flag, coerce_point, parse_argv
+
+#: An argument that holds a shell command line: whitespace, then an option.
+_SHELL = re.compile(r"\s--?\w")
+
+
+def is_shell_string(arg: str) -> bool:
+    """Whether ``arg`` is a command line in one string (flags inside it, split by a shell)."""
+    return _SHELL.search(arg) is not None
+
+
+def engine_container(deploy: Mapping[str, Any], name: str | None) -> Mapping[str, Any] | None:
+    """The Deployment's container ``name`` (the first when None); None when not there."""
+    containers = (((deploy.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "containers") or []
+    if name:
+        return next((c for c in containers if c.get("name") == name), None)
+    return containers[0] if containers else None
+
+
+def flags_field(container: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """Where the container's flags are set, and its value: ``args``, or ``command`` when there
+    are no args and the command is a shell command line in one string."""
+    args = [str(a) for a in container.get("args") or []]
+    command = [str(c) for c in container.get("command") or []]
+    if not args and any(is_shell_string(c) for c in command):
+        return "command", command
+    return "args", args
+
+
+def read_flags(container: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """The values of flags ``names`` the container sets (its args, else its command; a
+    one-string shell command split as the shell would)."""
+    args = [str(a) for a in container.get("args") or []] or \
+        [str(c) for c in container.get("command") or []]
+    tokens: list[str] = []
+    for a in args:
+        tokens += shlex.split(a) if is_shell_string(a) else [a]
+    values = parse_argv(tokens).values
+    return {k: v for k, v in values.items() if k in names}
+
+
+def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
+    """``args`` with each flag of ``params`` set: an existing value replaced (``--flag V``,
+    ``--flag=V``, either spelling ``--max-num-batched-tokens`` / ``--max_num_batched_tokens``,
+    also inside a one-string shell command such as ``["vllm serve M --max_num_batched_tokens
+    1024"]``), a missing flag appended (to that string when the args are one)."""
+    out = list(args)
+    shell = next((i for i, a in enumerate(out) if is_shell_string(a)), None)
+    for name, value in coerce_point(params).items():
+        flag = FLAGS[name]
+        if flag.kind == "bool":
+            raise ValueError(f"set_flags sets flags that take a value; {flag.option} is a switch")
+        text = flag.text(value)
+        if shell is not None:
+            out[shell] = _set_in_string(out[shell], flag, text)
+            continue
+        spellings = flag.spellings
+        done = False
+        i = 0
+        while i < len(out):
+            a = out[i]
+            if a in spellings:
+                if i + 1 < len(out):
+                    out[i + 1] = text
+                else:
+                    out.append(text)
+                done = True
+                i += 2
+                continue
+            if a.split("=", 1)[0] in spellings and "=" in a:
+                out[i] = f"{a.split('=', 1)[0]}={text}"
+                done = True
+            i += 1
+        if not done:
+            out += [flag.option, text]
+    return out
+
+
+def _set_in_string(command: str, flag: Flag, value: str) -> str:
+    spell = "|".join(re.escape(s) for s in flag.spellings)
+    pattern = re.compile(rf"(?<!\S)({spell})(=|\s+)(\"[^\"]*\"|'[^']*'|\S+)")
+    if pattern.search(command):
+        return pattern.sub(lambda m: f"{m.group(1)}{m.group(2)}{shlex.quote(value)}", command)
+    return f"{command.rstrip()} {flag.option} {shlex.quote(value)}"
+
+
+__all__ = ["engine_container", "flags_field", "is_shell_string", "read_flags", "set_flags"]
