@@ -12,11 +12,11 @@ import pytest
 
 from chunktune.core.errors import SpecError
 from chunktune.core.models import (
+    CATALOG_HF,
     CHUNKED,
     FULL,
     MLA,
     SLIDING,
-    CATALOG_HF,
     from_hf_config,
     resolve_model,
 )
