@@ -328,11 +328,11 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
     hidden = need("hidden_size", "d_model", "n_embd")
     layers = need("num_hidden_layers", "n_layer", "num_layers")
     heads = need("num_attention_heads", "n_head")
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or (hidden // heads if heads else 0)
-    inter = cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden
+    kv_heads = count("num_key_value_heads") or heads
+    head_dim = count("head_dim") or (hidden // heads if heads else 0)
+    inter = count("intermediate_size", "ffn_dim") or 4 * hidden
     vocab = need("vocab_size")
-    max_pos = cfg.get("max_position_embeddings") or cfg.get("max_sequence_length") or 4096
+    max_pos = count("max_position_embeddings", "max_sequence_length") or 4096
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     if dtype not in DTYPE_BYTES:
         problems.append(("torch_dtype", f"unknown dtype {dtype!r}; one of {sorted(DTYPE_BYTES)}"))
@@ -341,7 +341,18 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
     moe_inter = count("moe_intermediate_size") or (int(inter) if num_experts else 0)
     kv_lora = count("kv_lora_rank")
     kinds = _layer_kinds(cfg, family, layers, kv_lora > 0, problems)
-    dense_layers = _num_dense_layers(cfg, layers) if num_experts else 0
+    window = count("sliding_window") if SLIDING in kinds else 0
+    chunk = count("attention_chunk_size") if CHUNKED in kinds else 0
+    placement = {k: count(k) for k in ("first_k_dense_replace", "moe_layer_freq",
+                                       "interleave_moe_layer_step", "decoder_sparse_step")}
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
+        problems.append(("mlp_only_layers", "must be a list of layer indexes"))
+        only = []
+    dense_layers = _num_dense_layers(placement, only, layers) if num_experts else 0
+    top_k = count("num_experts_per_tok", "experts_per_token", "top_k_experts")
+    n_shared = count("n_shared_experts", "num_shared_experts")
+    dense_width = count("intermediate_size_mlp")
     quant = read_quantization(cfg.get("quantization_config"), problems, layers)
     if problems:
         raise SpecError([(f"model config {label}: {p}", m) for p, m in problems])
@@ -362,25 +373,23 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         gated_mlp=_is_gated(cfg),
         num_experts=num_experts,
-        num_experts_per_tok=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token")
-                                or cfg.get("top_k_experts") or (2 if num_experts else 0)),
+        num_experts_per_tok=top_k or (2 if num_experts else 0),
         moe_intermediate_size=moe_inter,
-        num_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
+        num_shared_experts=n_shared,
         hf_name=str(cfg.get("_name_or_path") or ""),
         quantization=quant.method,
         weight_dtype=quant.weight_dtype,
         kv_cache_dtype=quant.kv_cache_dtype,
         layer_types=kinds,
-        sliding_window=int(cfg.get("sliding_window") or 0) if SLIDING in kinds else 0,
-        attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in kinds
-        else 0,
+        sliding_window=window,
+        attention_chunk_size=chunk,
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=count("qk_rope_head_dim") if kv_lora else 0,
         qk_nope_head_dim=count("qk_nope_head_dim") if kv_lora else 0,
         v_head_dim=count("v_head_dim") if kv_lora else 0,
         q_lora_rank=count("q_lora_rank") if kv_lora else 0,
         num_dense_layers=dense_layers,
-        dense_intermediate_size=int(cfg.get("intermediate_size_mlp") or 0),
+        dense_intermediate_size=dense_width,
         shared_expert_intermediate_size=shared_width,
         unquantized=quant.unquantized,
     )
@@ -418,6 +427,9 @@ def _layer_kinds(cfg: dict[str, Any], family: str, layers: int, mla: bool,
         if not isinstance(types, list) or len(types) != layers:
             problems.append(("layer_types", f"must list one kind per layer ({layers})"))
             return ()
+        if not all(isinstance(t, str) for t in types):
+            problems.append(("layer_types", "must list one kind name (a string) per layer"))
+            return ()
         known = {FULL: FULL, SLIDING: SLIDING, "chunked_attention": CHUNKED}
         for t in dict.fromkeys(types):
             if t not in known:
@@ -430,7 +442,8 @@ def _layer_kinds(cfg: dict[str, Any], family: str, layers: int, mla: bool,
     if cfg.get("attention_chunk_size"):  # Llama-4: RoPE layers attend within their chunk
         nope = cfg.get("no_rope_layers")
         if not isinstance(nope, list) or len(nope) != layers:
-            every = int(cfg.get("no_rope_layer_interval") or 4)  # HF Llama4TextConfig
+            every = cfg.get("no_rope_layer_interval")  # HF Llama4TextConfig: 4
+            every = every if isinstance(every, int) and every > 0 else 4
             nope = [int((i + 1) % every != 0) for i in range(layers)]
         return tuple(FULL if n == 0 else CHUNKED for n in nope)
     if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is True:
@@ -438,14 +451,14 @@ def _layer_kinds(cfg: dict[str, Any], family: str, layers: int, mla: bool,
     return ()
 
 
-def _num_dense_layers(cfg: dict[str, Any], layers: int) -> int:
+def _num_dense_layers(placement: dict[str, int], mlp_only: list[int], layers: int) -> int:
     """Layers of an MoE model that keep a dense MLP, as vLLM 0.33's model files place the
     experts: DeepSeek ``first_k_dense_replace`` / ``moe_layer_freq``, Llama-4
     ``interleave_moe_layer_step``, Qwen-MoE ``decoder_sparse_step`` / ``mlp_only_layers``."""
-    first = int(cfg.get("first_k_dense_replace") or 0)
-    freq = int(cfg.get("moe_layer_freq") or 1)
-    step = int(cfg.get("interleave_moe_layer_step") or cfg.get("decoder_sparse_step") or 1)
-    only = set(cfg.get("mlp_only_layers") or ())
+    first = placement["first_k_dense_replace"]
+    freq = placement["moe_layer_freq"] or 1
+    step = placement["interleave_moe_layer_step"] or placement["decoder_sparse_step"] or 1
+    only = set(mlp_only)
     moe = sum(1 for i in range(layers)
               if i >= first and i % freq == 0 and (i + 1) % step == 0 and i not in only)
     return layers - moe
@@ -489,7 +502,7 @@ def read_quantization(qc: Any, problems: list[tuple[str, str]],
         return Quantization(method, wd, kv, tuple(
             (c, 1.0) for c in MODULE_CLASSES if c != "experts"))
     elif method.startswith("modelopt"):  # ModelOpt: the algorithms under "quantization" or flat
-        inner = qc.get("quantization", qc)
+        inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc
         algo = str(inner.get("quant_algo") or "").upper()
         if algo not in ("FP8", "NVFP4"):
             problems.append((f"{field}.quant_algo", f"ModelOpt {algo or 'without quant_algo'} "
@@ -500,9 +513,11 @@ def read_quantization(qc: Any, problems: list[tuple[str, str]],
             or qc.get("exclude_modules") or qc.get("ignore")
         kv = "fp8_e4m3" if kv_algo.upper() == "FP8" else "auto"
     elif method == "compressed-tensors":
-        groups = qc.get("config_groups") or {}
-        weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
-        kinds = {_compressed_tensors_dtype(w) for w in weights}
+        groups = qc.get("config_groups")
+        weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)] \
+            if isinstance(groups, dict) else []
+        kinds = {_compressed_tensors_dtype(w) if isinstance(w, dict) else None
+                 for w in weights}
         if len(kinds) != 1 or None in kinds:
             problems.append((f"{field}.config_groups", "compressed-tensors weights other than "
                              "8-bit float, 4-bit float (NVFP4) or 4-bit int groups are not "
@@ -653,6 +668,10 @@ _ALIASES.update({
 })
 
 
+#: A config.json is a few KB; anything past this is not one (and is not read).
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def _with_hf_quant_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
     """``cfg`` with the ModelOpt ``hf_quant_config.json`` next to it (``hf_quant_config.json``
     in the model's directory, or ``NAME_hf_quant_config.json`` beside ``NAME_config.json``)
@@ -688,16 +707,28 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
     ``config.json`` path. Raises :class:`SpecError` naming ``field`` and the choices."""
     if config_path is not None:
         p = Path(config_path)
+        if p.is_dir():  # a model directory, as vLLM takes it
+            p = p / "config.json"
         try:
+            if p.stat().st_size > MAX_CONFIG_BYTES:
+                raise SpecError(f"{str(p)!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB; "
+                                "give the model's config.json", field="--model-config")
             cfg = json.loads(p.read_text())
         except FileNotFoundError as e:
             raise SpecError(f"model config file {str(p)!r} does not exist",
                             field="--model-config") from e
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise SpecError(f"{str(p)!r} is not valid JSON: {e}", field="--model-config") from e
+        except OSError as e:
+            raise SpecError(f"cannot read {str(p)!r}: {e.strerror}",
+                            field="--model-config") from e
+        if not isinstance(cfg, dict):
+            raise SpecError(f"{str(p)!r} must hold a JSON object (a Hugging Face config.json)",
+                            field="--model-config")
         if isinstance(cfg, dict) and "quantization_config" not in cfg:
             cfg = _with_hf_quant_config(cfg, p)
-        return from_hf_config(cfg, name=name or p.parent.name or p.stem)
+        label = p.parent.name if p.name == "config.json" else p.stem.removesuffix("_config")
+        return from_hf_config(cfg, name=name or label or p.stem)
     if not name:
         raise SpecError("a model is required: a catalog name or --model-config PATH", field=field)
     key = catalog_key(name)
