@@ -6,6 +6,7 @@ parameter counts each test pins are the model cards' published totals.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,21 @@ def test_layer_types_must_match_the_layer_count():
     cfg = {**CATALOG_HF["llama-3.1-8b"], "layer_types": ["full_attention"] * 3}
     with pytest.raises(SpecError, match="one kind per layer"):
         from_hf_config(cfg)
+
+
+@needs_configs
+@pytest.mark.parametrize(("key", "config"), [
+    ("deepseek-v3", "deepseek-ai--DeepSeek-V3"),
+    ("deepseek-r1", "deepseek-ai--DeepSeek-R1"),
+    ("kimi-k2.5", "moonshotai--Kimi-K2.5"),
+    ("gpt-oss-20b", "openai--gpt-oss-20b"),
+    ("gpt-oss-120b", "openai--gpt-oss-120b"),
+    ("qwen3-235b-a22b", "Qwen--Qwen3-235B-A22B"),
+    ("qwen3-235b-a22b-fp8", "Qwen--Qwen3-235B-A22B-FP8"),
+    ("minimax-m2.5", "MiniMaxAI--MiniMax-M2.5"),
+    ("llama-4-scout", "meta-llama--Llama-4-Scout-17B-16E-Instruct"),
+])
+def test_catalog_entries_read_as_their_real_configs(key, config):
+    ours, theirs = resolve_model(key), real(config)
+    assert replace(ours, name="", hf_name="") == replace(theirs, name="", hf_name="")
+    assert resolve_model(ours.hf_name).name == key  # the HF repo id finds the entry

@@ -649,6 +649,79 @@ CATALOG_HF: dict[str, dict[str, Any]] = {
                                 "quant_method": "fp8", "fmt": "e4m3",
                                 "activation_scheme": "dynamic",
                                 "weight_block_size": [128, 128]}),
+    # The models served most at the end of 2026 (issue 32): each entry the fields of the
+    # model's own config.json that the simulator reads (tests/core/test_models.py checks them
+    # against the real files). DeepSeek-V3/R1 and Kimi-K2.5: MLA + MoE with a shared expert
+    # and dense first layers; gpt-oss: MXFP4 experts, sliding-window layers on the even
+    # ones; Llama-4 Scout: chunked local attention but every 4th layer (Llama4 no_rope_layers).
+    **{key: {"_name_or_path": hf, "model_type": "deepseek_v3", "hidden_size": 7168,
+             "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+             "intermediate_size": 18432, "vocab_size": 129280,
+             "max_position_embeddings": 163840, "torch_dtype": "bfloat16",
+             "hidden_act": "silu", "kv_lora_rank": 512, "q_lora_rank": 1536,
+             "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+             "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+             "n_shared_experts": 1, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+             "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                     "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}}
+       for key, hf in (("deepseek-v3", "deepseek-ai/DeepSeek-V3"),
+                       ("deepseek-r1", "deepseek-ai/DeepSeek-R1"))},
+    "kimi-k2.5": {
+        "_name_or_path": "moonshotai/Kimi-K2.5", "model_type": "kimi_k2", "hidden_size": 7168,
+        "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64,
+        "intermediate_size": 18432, "vocab_size": 163840, "max_position_embeddings": 262144,
+        "torch_dtype": "bfloat16", "hidden_act": "silu", "kv_lora_rank": 512,
+        "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+        "v_head_dim": 128, "n_routed_experts": 384, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 2048, "n_shared_experts": 1, "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "quantization_config": {
+            "quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"group_0": {
+                "targets": ["Linear"], "input_activations": None,
+                "weights": {"num_bits": 4, "type": "int", "group_size": 32,
+                            "strategy": "group", "symmetric": True}}},
+            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                       "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]}},
+    **{key: {"_name_or_path": f"openai/{key}", "model_type": "gpt_oss", "hidden_size": 2880,
+             "num_hidden_layers": layers, "num_attention_heads": 64, "num_key_value_heads": 8,
+             "head_dim": 64, "intermediate_size": 2880, "vocab_size": 201088,
+             "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+             "hidden_act": "silu", "num_local_experts": experts, "num_experts_per_tok": 4,
+             "sliding_window": 128,
+             "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
+             "quantization_config": {
+                 "quant_method": "mxfp4",
+                 "modules_to_not_convert": ["model.layers.*.self_attn",
+                                            "model.layers.*.mlp.router",
+                                            "model.embed_tokens", "lm_head"]}}
+       for key, layers, experts in (("gpt-oss-20b", 24, 32), ("gpt-oss-120b", 36, 128))},
+    **{key: _dense(hf, 4096, 94, 64, 4, 12288, 151936, 40960, head_dim=128,
+                   model_type="qwen3_moe", num_experts=128, num_experts_per_tok=8,
+                   moe_intermediate_size=1536, decoder_sparse_step=1, mlp_only_layers=[],
+                   **qc)
+       for key, hf, qc in (
+           ("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", {}),
+           ("qwen3-235b-a22b-fp8", "Qwen/Qwen3-235B-A22B-FP8", {"quantization_config": {
+               "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+               "weight_block_size": [128, 128],
+               "modules_to_not_convert": ["lm_head", "model.layers.*.input_layernorm",
+                                          "model.layers.*.post_attention_layernorm",
+                                          "model.layers.*.mlp.gate"]}}))},
+    "minimax-m2.5": _dense("MiniMaxAI/MiniMax-M2.5", 3072, 62, 48, 8, 1536, 200064, 196608,
+                           head_dim=128, model_type="minimax_m2", num_local_experts=256,
+                           num_experts_per_tok=8, quantization_config={
+                               "quant_method": "fp8", "fmt": "float8_e4m3fn",
+                               "activation_scheme": "dynamic",
+                               "weight_block_size": [128, 128],
+                               "modules_to_not_convert": ["gate", "e_score_correction_bias",
+                                                          "lm_head"]}),
+    "llama-4-scout": _dense("meta-llama/Llama-4-Scout-17B-16E-Instruct", 5120, 48, 40, 8,
+                            8192, 202048, 10485760, head_dim=128, model_type="llama4_text",
+                            num_local_experts=16, num_experts_per_tok=1,
+                            interleave_moe_layer_step=1, intermediate_size_mlp=16384,
+                            attention_chunk_size=8192),
 }
 
 _ALIASES = {v["_name_or_path"].lower(): k for k, v in CATALOG_HF.items()}
@@ -665,6 +738,8 @@ _ALIASES.update({
     "meta-llama/llama-2-70b-chat-hf": "llama-2-70b",
     "codellama/codellama-34b-hf": "codellama-34b",
     "neuralmagic/meta-llama-3.1-70b-instruct-fp8": "llama-3.1-70b-fp8",  # renamed RedHatAI
+    "llama-4-scout-17b-16e": "llama-4-scout",
+    "meta-llama/llama-4-scout-17b-16e": "llama-4-scout",
 })
 
 
