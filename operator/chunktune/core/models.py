@@ -498,11 +498,11 @@ def read_quantization(qc: Any, problems: list[tuple[str, str]],
     if method == "fp8":  # Fp8Config: a serialized FP8 checkpoint (per tensor or 128x128 blocks)
         wd, excluded = "fp8", qc.get("modules_to_not_convert")
     elif method == "mxfp4":  # Mxfp4Config: FusedMoE layers only; every Linear stays unquantized
-        wd, excluded = "mxfp4", None
-        return Quantization(method, wd, kv, tuple(
+        return Quantization(method, "mxfp4", kv, tuple(
             (c, 1.0) for c in MODULE_CLASSES if c != "experts"))
     elif method.startswith("modelopt"):  # ModelOpt: the algorithms under "quantization" or flat
-        inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc
+        nested = qc.get("quantization")
+        inner: dict[str, Any] = nested if isinstance(nested, dict) else qc
         algo = str(inner.get("quant_algo") or "").upper()
         if algo not in ("FP8", "NVFP4"):
             problems.append((f"{field}.quant_algo", f"ModelOpt {algo or 'without quant_algo'} "
