@@ -106,3 +106,18 @@ def test_a_windowed_model_too_long_for_its_pool_fails_as_vllm_would():
         plan_memory(cfg)
     assert e.value.reason == "MaxModelLenTooLarge"
     assert "estimated maximum model length is" in e.value.message
+
+
+def test_sim_serve_reports_vllm_pool_and_capacity_for_a_windowed_model():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from chunktune.sim.serving.metrics import VllmMetrics
+
+    cfg = config("openai--gpt-oss-120b", "h100-sxm", 1, kv_cache_memory_bytes=8849272598)
+    plan = plan_memory(cfg)
+    text = VllmMetrics(cfg, plan, "gpt-oss-120b").render().decode()
+    info, = (s for f in text_string_to_metric_families(text)
+             if f.name == "vllm:cache_config_info" for s in f.samples)
+    # CacheConfig as vLLM 0.33 fills it: the pool's num_blocks, the capacity it prints
+    assert info.labels["num_gpu_blocks"] == "15003"
+    assert info.labels["kv_cache_size_tokens"] == "213167"
