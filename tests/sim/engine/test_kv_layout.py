@@ -5,6 +5,12 @@ Every pinned figure is vLLM 0.33.0's own, computed by ``bench/vllm_kv_reference.
 ``kv_cache_planning.get_kv_cache_groups`` -> ``get_kv_cache_config_from_groups`` ->
 ``kv_cache_utils.get_kv_cache_capacity`` on the per-layer specs its attention layers build)
 for the same available KV memory, budget 8192 tokens and async scheduling on.
+
+The available bytes are given (``kv_cache_memory_bytes``), so these tests check the KV layout
+alone. The rest of start-up memory (weights aside) is the dense models' calibration, not
+measured on these models: activation peak, non-torch memory and CUDA graphs as
+``sim/engine/memory.py`` states them (docs/simulator.md, "Model families", says what an
+error there does to the KV tokens).
 """
 
 from __future__ import annotations
