@@ -273,7 +273,8 @@ class VllmMetrics:
 
         # Configuration, as vLLM 0.32's CacheConfig.metrics_info() renders it (str() of each
         # field); fields the simulator has no counterpart for carry vLLM's defaults.
-        kv_tokens = memory.num_gpu_blocks * cfg.block_size
+        kv_tokens = memory.kv_cache_tokens  # with windowed layers: vLLM's capacity figure
+        pool_blocks = memory.pool_blocks or memory.num_gpu_blocks  # vLLM's KVCacheConfig's
         cache_info = {
             "_block_size_resolved": "True",
             "block_size": str(cfg.block_size),
@@ -299,7 +300,7 @@ class VllmMetrics:
             "mamba_page_size_padded": "None",
             "mamba_ssm_cache_dtype": "auto",
             "num_cpu_blocks": "None",
-            "num_gpu_blocks": str(memory.num_gpu_blocks),
+            "num_gpu_blocks": str(pool_blocks),
             "num_gpu_blocks_override": str(cfg.num_gpu_blocks_override),
             "prefix_cache_retention_interval": "0",
             "prefix_caching_hash_algo": "sha256",
@@ -326,7 +327,7 @@ class VllmMetrics:
             "max_model_len": str(cfg.max_model_len),
             "enable_chunked_prefill": str(cfg.enable_chunked_prefill),
             "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
-            "num_gpu_blocks": str(memory.num_gpu_blocks),
+            "num_gpu_blocks": str(pool_blocks),
             "block_size": str(cfg.block_size),
             "enforce_eager": str(cfg.enforce_eager),
         }
