@@ -12,10 +12,11 @@ For each model the per-layer KV specs are built as vLLM's attention layers build
 one KV head of kv_lora_rank + qk_rope_head_dim), with the KV heads and head size of each layer
 on one TP rank (Gemma-4's full layers: 2 KV heads of 512, its sliding ones 8 of 256). vLLM's
 ``get_kv_cache_groups`` groups them (unifying different page sizes first:
-``unify_kv_cache_spec_page_size``, the default layer-outer LBNHC layout), ``get_kv_cache_config_from_groups`` cuts the available
-memory (the simulator's figure for that engine, so the two are compared on the same bytes)
-into blocks, and ``get_kv_cache_capacity`` gives the tokens vLLM prints. Prints one line a
-model: vLLM's blocks and tokens, the simulator's, and their difference.
+``unify_kv_cache_spec_page_size``, in the default layer-outer LBNHC layout),
+``get_kv_cache_config_from_groups`` cuts the available memory (the simulator's figure for that
+engine, so the two are compared on the same bytes) into blocks, and ``get_kv_cache_capacity``
+gives the tokens vLLM prints. Prints one line a model: vLLM's blocks and tokens, the
+simulator's, and their difference.
 """
 
 from __future__ import annotations
