@@ -197,6 +197,7 @@ def test_layer_types_must_match_the_layer_count():
     ("qwen3-235b-a22b-fp8", "Qwen--Qwen3-235B-A22B-FP8"),
     ("minimax-m2.5", "MiniMaxAI--MiniMax-M2.5"),
     ("llama-4-scout", "meta-llama--Llama-4-Scout-17B-16E-Instruct"),
+    ("gemma-4-26b-a4b", "google--gemma-4-26B-A4B"),
 ])
 def test_catalog_entries_read_as_their_real_configs(key, config):
     ours, theirs = resolve_model(key), real(config)

@@ -821,6 +821,24 @@ CATALOG_HF: dict[str, dict[str, Any]] = {
                             num_local_experts=16, num_experts_per_tok=1,
                             interleave_moe_layer_step=1, intermediate_size_mlp=16384,
                             attention_chunk_size=8192),
+    # Gemma-4-26B-A4B as its config.json wraps it (Gemma4ForConditionalGeneration): the text
+    # model's fields vLLM 0.33 gemma4.py reads, and the vision tower gemma4_mm.py loads
+    "gemma-4-26b-a4b": {
+        "_name_or_path": "google/gemma-4-26B-A4B", "model_type": "gemma4",
+        "tie_word_embeddings": True,
+        "text_config": {
+            "model_type": "gemma4_text", "hidden_size": 2816, "num_hidden_layers": 30,
+            "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+            "global_head_dim": 512, "num_global_key_value_heads": 2,
+            "attention_k_eq_v": True, "intermediate_size": 2112, "num_experts": 128,
+            "top_k_experts": 8, "moe_intermediate_size": 704, "vocab_size": 262144,
+            "max_position_embeddings": 262144, "dtype": "bfloat16", "sliding_window": 1024,
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+            "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0,
+            "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5},
+        "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27,
+                          "num_attention_heads": 16, "head_dim": 72,
+                          "intermediate_size": 4304, "patch_size": 16}},
 }
 
 _ALIASES = {v["_name_or_path"].lower(): k for k, v in CATALOG_HF.items()}
