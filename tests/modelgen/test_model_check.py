@@ -46,19 +46,21 @@ def test_gemma4_on_one_h100_says_what_step_time_approximates(capsys):
     cfg = CONFIGS / "google--gemma-4-26B-A4B_config.json"
     assert main(["model", "check", str(cfg), "--gpu", "h100-sxm"]) == 0
     out = capsys.readouterr().out
-    assert "25 sliding_attention, 5 full_attention" in out
-    assert "a dense MLP 2112 wide beside the experts" in out
-    assert "8 KV heads of 256, sliding window 1024; full_attention layers: 2 KV heads of 512" \
-        in out
-    assert "KV cache a token a layer on one rank: sliding_attention 8,192 B; full_attention " \
-        "4,096 B" in out
-    # vLLM 0.33 unify_kv_cache_spec_page_size: the full layers' half-size pages hold 32 tokens
-    assert "1 x 5 full_attention layers, 8,192 blocks a max-length request (blocks of 32" in out
-    assert "GPU KV cache size:" in out
-    # the step time's one attention shape is said, not hidden
-    assert "approximated for google--gemma-4-26B-A4B: every layer's attention and QKV/O " \
-        "projections timed with 8 KV heads of 256 (the 5 full_attention layers' 2 of 512" in out
-    assert "vision tower (0.55 B parameters) is in the weights but never timed" in out
+    for expected in (
+        "25 sliding_attention, 5 full_attention",
+        "a dense MLP 2112 wide beside the experts",
+        "8 KV heads of 256, sliding window 1024; full_attention layers: 2 KV heads of 512",
+        "KV cache a token a layer on one rank: sliding_attention 8,192 B; full_attention "
+        "4,096 B",
+        # vLLM 0.33 unify_kv_cache_spec_page_size: the full layers' half pages hold 32 tokens
+        "1 x 5 full_attention layers, 8,192 blocks a max-length request (blocks of 32",
+        "GPU KV cache size:",
+        # the step time's one attention shape is said, not hidden
+        "approximated for google--gemma-4-26B-A4B: every layer's attention and QKV/O "
+        "projections timed with 8 KV heads of 256 (the 5 full_attention layers' 2 of 512",
+        "vision tower (0.55 B parameters) is in the weights but never timed",
+    ):
+        assert expected in out
 
 
 def test_a_catalog_name_and_a_model_directory(tmp_path, capsys):
