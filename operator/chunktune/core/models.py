@@ -475,9 +475,9 @@ def _gemma4_fields(outer: dict[str, Any], cfg: dict[str, Any], family: str,
 def _vision_tower_params(v: dict[str, Any], text: dict[str, Any],
                          problems: list[tuple[str, str]]) -> int:
     """Gemma-4's vision tower and its projection into the text model (vLLM 0.33
-    gemma4_mm.py: ``vision_tower``, ``embed_vision.embedding_projection``): a patch embedding,
-    ``num_hidden_layers`` encoder layers (q/k/v/o projections, a gated MLP, four norms); the
-    position tables are not counted (under 0.1% of the model)."""
+    gemma4_mm.py: ``vision_tower``, ``embed_vision.embedding_projection``): a patch embedding
+    and its two position tables of ``position_embedding_size`` rows, ``num_hidden_layers``
+    encoder layers (q/k/v/o projections, a gated MLP, four norms)."""
     vals = {}
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
                 "intermediate_size", "patch_size"):
@@ -488,7 +488,8 @@ def _vision_tower_params(v: dict[str, Any], text: dict[str, Any],
         vals[key] = x
     h, heads = vals["hidden_size"], vals["num_attention_heads"] * vals["head_dim"]
     layer = 4 * h * heads + 3 * h * vals["intermediate_size"] + 4 * h
-    patch = 3 * vals["patch_size"] ** 2 * h
+    pos = v.get("position_embedding_size")
+    patch = 3 * vals["patch_size"] ** 2 * h + 2 * (pos if isinstance(pos, int) else 0) * h
     proj = h * int(text.get("hidden_size") or 0)
     return vals["num_hidden_layers"] * layer + patch + proj
 
@@ -838,7 +839,8 @@ CATALOG_HF: dict[str, dict[str, Any]] = {
             "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5},
         "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27,
                           "num_attention_heads": 16, "head_dim": 72,
-                          "intermediate_size": 4304, "patch_size": 16}},
+                          "intermediate_size": 4304, "patch_size": 16,
+                          "position_embedding_size": 10240}},
 }
 
 _ALIASES = {v["_name_or_path"].lower(): k for k, v in CATALOG_HF.items()}

@@ -55,9 +55,9 @@ def config(name, gpu, tp, max_model_len=None, kv_dtype="auto", **kw):
          31520556761, 320643, 2_414_253),
         # Gemma-4: full layers 2 KV heads of 512, sliding 8 of 256; vLLM's
         # unify_kv_cache_spec_page_size gives the full layers 32-token blocks
-        ("google--gemma-4-26B-A4B", "h100-sxm", 1, None, "auto", 21550592039, 32883, 632_109),
-        ("google--gemma-4-26B-A4B", "h100-sxm", 1, 32768, "auto", 21550592039, 32883,
-         166_565),
+        ("google--gemma-4-26B-A4B", "h100-sxm", 1, None, "auto", 21503406119, 32811, 630_725),
+        ("google--gemma-4-26B-A4B", "h100-sxm", 1, 32768, "auto", 21503406119, 32811,
+         166_200),
     ],
 )
 def test_kv_tokens_are_what_vllm_0_33_computes(name, gpu, tp, max_model_len, kv_dtype,
