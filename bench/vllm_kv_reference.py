@@ -9,11 +9,14 @@ vLLM's KV planning is pure Python and imports on a CPU machine: unzip a vLLM whe
 For each model the per-layer KV specs are built as vLLM's attention layers build them
 (``Attention.get_kv_cache_spec``: FullAttentionSpec / SlidingWindowSpec;
 ``ChunkedLocalAttention``: ChunkedLocalAttentionSpec; ``MLAAttention``: MLAAttentionSpec with
-one KV head of kv_lora_rank + qk_rope_head_dim), with the KV heads of one TP rank. vLLM's
-``get_kv_cache_groups`` groups them, ``get_kv_cache_config_from_groups`` cuts the available
-memory (the simulator's figure for that engine, so the two are compared on the same bytes)
-into blocks, and ``get_kv_cache_capacity`` gives the tokens vLLM prints. Prints one line a
-model: vLLM's blocks and tokens, the simulator's, and their difference.
+one KV head of kv_lora_rank + qk_rope_head_dim), with the KV heads and head size of each layer
+on one TP rank (Gemma-4's full layers: 2 KV heads of 512, its sliding ones 8 of 256). vLLM's
+``get_kv_cache_groups`` groups them (unifying different page sizes first:
+``unify_kv_cache_spec_page_size``, in the default layer-outer LBNHC layout),
+``get_kv_cache_config_from_groups`` cuts the available memory (the simulator's figure for that
+engine, so the two are compared on the same bytes) into blocks, and ``get_kv_cache_capacity``
+gives the tokens vLLM prints. Prints one line a model: vLLM's blocks and tokens, the
+simulator's, and their difference.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ CASES = [
     ("Qwen--Qwen3-235B-A22B-FP8", "h200", 4, None, "auto"),
     ("meta-llama--Llama-4-Scout-17B-16E-Instruct", "h100-sxm", 4, 131072, "auto"),
     ("meta-llama--Llama-4-Maverick-17B-128E-Instruct", "h200", 8, 65536, "auto"),
+    ("google--gemma-4-26B-A4B", "h100-sxm", 1, None, "auto"),
+    ("google--gemma-4-26B-A4B", "h100-sxm", 1, 32768, "auto"),
 ]
 
 
@@ -55,24 +60,26 @@ def vllm_specs(model: Any, tp: int, block_size: int, kv_bytes: float) -> dict[st
     from chunktune.core.models import CHUNKED, MLA, SLIDING
 
     dtype = torch.bfloat16 if kv_bytes == 2 else torch.float8_e4m3fn
-    kv_heads = max(1, model.num_key_value_heads // tp)
     specs: dict[str, Any] = {}
     for i, kind in enumerate(model.layer_kinds()):
         name = f"model.layers.{i}.attn"
         common = {"block_size": block_size, "dtype": dtype}
+        # Gemma4DecoderLayer: each layer's head size and KV heads from per_layer_config
+        kv_heads = max(1, model.layer_kv_heads(kind) // tp)
+        head_size = model.layer_head_dim(kind)
         if kind == MLA:
             specs[name] = MLAAttentionSpec(
                 num_kv_heads=1, head_size=model.kv_lora_rank + model.qk_rope_head_dim,
                 cache_dtype_str="auto" if kv_bytes == 2 else "fp8", **common)
         elif kind == SLIDING:
-            specs[name] = SlidingWindowSpec(num_kv_heads=kv_heads, head_size=model.head_dim,
+            specs[name] = SlidingWindowSpec(num_kv_heads=kv_heads, head_size=head_size,
                                             sliding_window=model.sliding_window, **common)
         elif kind == CHUNKED:
             specs[name] = ChunkedLocalAttentionSpec(
-                num_kv_heads=kv_heads, head_size=model.head_dim,
+                num_kv_heads=kv_heads, head_size=head_size,
                 attention_chunk_size=model.attention_chunk_size, **common)
         else:
-            specs[name] = FullAttentionSpec(num_kv_heads=kv_heads, head_size=model.head_dim,
+            specs[name] = FullAttentionSpec(num_kv_heads=kv_heads, head_size=head_size,
                                             **common)
     return specs
 

@@ -86,11 +86,54 @@ def test_layer_kinds_follow_vllm_model_files():
     ("deepseek-ai--DeepSeek-V3.2", "index_topk",
      "MLA with a sparse indexer (deepseek_v32, DSA) is not modelled"),
     ("zai-org--GLM-5-FP8", "index_topk", "sparse indexer (glm_moe_dsa"),
-    ("google--gemma-4-26B-A4B", "global_head_dim", "(gemma4) are not modelled"),
 ])
 def test_unmodelled_layer_kinds_are_refused_by_name(name, field, text):
     with pytest.raises(SpecError) as e:
         real(name)
+    assert any(field in p and text in m for p, m in e.value.problems), e.value.problems
+
+
+@needs_configs
+def test_gemma4_as_vllm_builds_it():
+    """vLLM 0.33 gemma4.py: full layers with their own head size and KV heads
+    (per_layer_config), a dense MLP beside the experts in every layer, K-only full layers whose
+    K is loaded into both slots of qkv_proj; gemma4_mm.py loads the vision tower too."""
+    g = real("google--gemma-4-26B-A4B")
+    # the card: 25.2B parameters without the ~550M vision encoder, 3.8B active (embeddings
+    # counted)
+    assert g.num_params() / 1e9 == pytest.approx(25.2, rel=0.01)
+    assert g.num_params(active_only=True) / 1e9 == pytest.approx(3.8, rel=0.02)
+    kinds = g.layer_kinds()
+    assert kinds.count(FULL) == 5 and kinds[5] == FULL and g.sliding_window == 1024
+    assert (g.layer_head_dim(FULL), g.layer_kv_heads(FULL)) == (512, 2)
+    assert (g.layer_head_dim(SLIDING), g.layer_kv_heads(SLIDING)) == (256, 8)
+    assert g.per_kind_heads and g.gated_mlp and g.num_moe_layers == 30
+    # every layer: a 2112-wide dense MLP beside 128 experts 704 wide
+    assert g.mlp_params_per_layer() == 3 * 2816 * (2112 + 128 * 704) + 2816 * 128
+    # the V slot vLLM allocates for each K-only full layer: 2816 x 2 heads x 512 x 5 layers
+    assert g.attention_params() - g.attention_params(loaded=False) == 2816 * 2 * 512 * 5
+    # the vision tower and its projection, whole on every rank: transformers 5.19's
+    # Gemma4ForConditionalGeneration built on the meta device counts 569,548,080 + 3,244,032
+    # (vLLM builds the tower with AutoModel.from_config); its text model 25,233,141,760
+    assert g.vision_params == pytest.approx(569_548_080 + 3_244_032, rel=1e-4)
+    assert g.num_params() == pytest.approx(25_233_141_760, rel=1e-4)
+    assert g.weight_bytes(2) == pytest.approx(
+        (g.weight_bytes(1) - (g.vision_params + 30 * g.router_params()) * 2) / 2
+        + (g.vision_params + 30 * g.router_params()) * 2)
+    assert g.weight_bytes(1) / 2**30 == pytest.approx(48.09, abs=0.01)
+
+
+@pytest.mark.parametrize(("field", "value", "text"), [
+    ("num_kv_shared_layers", 10, "KV-shared layers"),
+    ("hidden_size_per_layer_input", 256, "per-layer input embeddings"),
+])
+@needs_configs
+def test_gemma4_variants_not_modelled_are_refused_by_name(field, value, text):
+    import json
+    cfg = json.loads((CONFIGS / "google--gemma-4-26B-A4B_config.json").read_text())
+    cfg["text_config"][field] = value
+    with pytest.raises(SpecError) as e:
+        from_hf_config(cfg)
     assert any(field in p and text in m for p, m in e.value.problems), e.value.problems
 
 
@@ -157,6 +200,7 @@ def test_layer_types_must_match_the_layer_count():
     ("qwen3-235b-a22b-fp8", "Qwen--Qwen3-235B-A22B-FP8"),
     ("minimax-m2.5", "MiniMaxAI--MiniMax-M2.5"),
     ("llama-4-scout", "meta-llama--Llama-4-Scout-17B-16E-Instruct"),
+    ("gemma-4-26b-a4b", "google--gemma-4-26B-A4B"),
 ])
 def test_catalog_entries_read_as_their_real_configs(key, config):
     ours, theirs = resolve_model(key), real(config)

@@ -28,7 +28,7 @@ def test_deepseek_v3_on_eight_h200(capsys):
     assert "weights: 79.27 GiB a rank at TP 8" in out
     assert "GPU KV cache size:" in out and "Maximum concurrency for 163,840 tokens" in out
     # the step-time line is the one sim run prints (sim.cost.provenance)
-    assert "step time: h200:" in out
+    assert "step time: h200:" in out and "approximated for" not in out
 
 
 @needs_configs
@@ -39,6 +39,28 @@ def test_windowed_model_prints_its_groups(capsys):
     assert "18 sliding_attention, 18 full_attention" in out
     assert "mxfp4 weights" in out and "left at bfloat16: attention 100%" in out
     assert "1 x 18 sliding_attention layers" in out and "1 x 18 full_attention layers" in out
+
+
+@needs_configs
+def test_gemma4_on_one_h100_says_what_step_time_approximates(capsys):
+    cfg = CONFIGS / "google--gemma-4-26B-A4B_config.json"
+    assert main(["model", "check", str(cfg), "--gpu", "h100-sxm"]) == 0
+    out = capsys.readouterr().out
+    for expected in (
+        "25 sliding_attention, 5 full_attention",
+        "a dense MLP 2112 wide beside the experts",
+        "8 KV heads of 256, sliding window 1024; full_attention layers: 2 KV heads of 512",
+        "KV cache a token a layer on one rank: sliding_attention 8,192 B; full_attention "
+        "4,096 B",
+        # vLLM 0.33 unify_kv_cache_spec_page_size: the full layers' half pages hold 32 tokens
+        "1 x 5 full_attention layers, 8,192 blocks a max-length request (blocks of 32",
+        "GPU KV cache size:",
+        # the step time's one attention shape is said, not hidden
+        "approximated for google--gemma-4-26B-A4B: every layer's attention and QKV/O "
+        "projections timed with 8 KV heads of 256 (the 5 full_attention layers' 2 of 512",
+        "vision tower (0.57 B parameters) is in the weights but never timed",
+    ):
+        assert expected in out
 
 
 def test_a_catalog_name_and_a_model_directory(tmp_path, capsys):

@@ -114,6 +114,19 @@ class ModelConfig:
     #: checkpoint leaves at :attr:`dtype` (``modules_to_not_convert``, ``ignore``,
     #: ``exclude_modules``, or a method that quantizes only the experts).
     unquantized: tuple[tuple[str, float], ...] = ()
+    #: Gemma-4: the full-attention layers' own head size and KV heads (HF ``global_head_dim``,
+    #: ``num_global_key_value_heads``; 0 = :attr:`head_dim` / :attr:`num_key_value_heads`), and
+    #: whether their checkpoint ships K only (``attention_k_eq_v``: vLLM 0.33 gemma4.py still
+    #: builds a V slot in ``qkv_proj`` and loads K into both, so it counts in the weight bytes).
+    global_head_dim: int = 0
+    num_global_key_value_heads: int = 0
+    attention_k_eq_v: bool = False
+    #: Gemma-4: every MoE layer also runs a dense MLP of :attr:`intermediate_size` beside its
+    #: experts (vLLM 0.33 ``Gemma4DecoderLayer``: ``mlp`` and ``experts``).
+    dense_mlp_beside_moe: bool = False
+    #: Parameters of the vision tower and its projection vLLM loads beside the language model
+    #: (``Gemma4ForConditionalGeneration``), whole on every rank; 0 = none.
+    vision_params: int = 0
 
     # ---- derived quantities -------------------------------------------------------------
 
@@ -155,6 +168,23 @@ class ModelConfig:
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    def layer_head_dim(self, kind: str) -> int:
+        """The head size of a layer of ``kind`` (Gemma-4's full layers have their own)."""
+        return self.global_head_dim if kind == FULL and self.global_head_dim else self.head_dim
+
+    def layer_kv_heads(self, kind: str) -> int:
+        """The KV heads of a layer of ``kind`` (Gemma-4's full layers have their own)."""
+        if kind == FULL and self.num_global_key_value_heads:
+            return self.num_global_key_value_heads
+        return self.num_key_value_heads
+
+    @property
+    def per_kind_heads(self) -> bool:
+        """Whether some layers' head size or KV heads differ from :attr:`head_dim` /
+        :attr:`num_key_value_heads` (Gemma-4's full-attention layers)."""
+        return any((self.layer_head_dim(k), self.layer_kv_heads(k))
+                   != (self.head_dim, self.num_key_value_heads) for k in self.layer_kinds())
+
     def layer_kinds(self) -> tuple[str, ...]:
         """The attention kind of every layer (:data:`LAYER_KINDS`)."""
         if self.layer_types:
@@ -177,10 +207,15 @@ class ModelConfig:
         return h * (self.q_lora_rank + self.kv_lora_rank + r) + self.q_lora_rank \
             + self.kv_lora_rank
 
-    def attention_params_per_layer(self) -> int:
+    def attention_params_per_layer(self, kind: str = FULL, loaded: bool = True) -> int:
+        """One layer's attention projections; ``loaded``: as vLLM allocates them (a
+        ``attention_k_eq_v`` layer's V slot included), else as the checkpoint ships them."""
         h = self.hidden_size
         if not self.is_mla:
-            return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+            q = self.num_attention_heads * self.layer_head_dim(kind)
+            kv = self.layer_kv_heads(kind) * self.layer_head_dim(kind)
+            kv_mats = 1 if kind == FULL and self.attention_k_eq_v and not loaded else 2
+            return h * q + kv_mats * h * kv + q * h
         heads = self.num_attention_heads
         q_up = (self.q_lora_rank or h) * self.q_dim
         kv_up = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
@@ -208,12 +243,13 @@ class ModelConfig:
         return self.hidden_size * self.num_experts if self.is_moe else 0
 
     def mlp_params_per_layer(self, active_only: bool = False) -> int:
-        """The MLP of an MoE layer (routed and shared experts, router), or of a dense model's
-        layer."""
+        """The MLP of an MoE layer (routed and shared experts, router, Gemma-4's dense MLP
+        beside them), or of a dense model's layer."""
         if not self.is_moe:
             return self.dense_mlp_params()
+        beside = self.dense_mlp_params() if self.dense_mlp_beside_moe else 0
         return (self.expert_params(active_only) + self.shared_expert_params()
-                + self.router_params())
+                + self.router_params() + beside)
 
     def mlp_params(self, active_only: bool = False) -> int:
         """All layers' MLPs: the MoE layers' and the dense ones'."""
@@ -226,10 +262,15 @@ class ModelConfig:
         emb = self.vocab_size * self.hidden_size
         return emb if self.tie_word_embeddings else 2 * emb
 
+    def attention_params(self, loaded: bool = True) -> int:
+        """All layers' attention projections (:meth:`attention_params_per_layer`)."""
+        return sum(self.attention_params_per_layer(k, loaded) for k in self.layer_kinds())
+
     def num_params(self, active_only: bool = False) -> int:
-        """Total parameters (norms included, biases ignored), or those one token uses."""
-        per_layer = self.attention_params_per_layer() + 2 * self.hidden_size
-        return (self.num_hidden_layers * per_layer + self.mlp_params(active_only)
+        """Total parameters as the checkpoint ships them (norms included, biases ignored, the
+        vision tower not), or those one token uses."""
+        return (self.attention_params(loaded=False) + 2 * self.hidden_size
+                * self.num_hidden_layers + self.mlp_params(active_only)
                 + self.embedding_params() + self.hidden_size)
 
     def weight_bytes(self, tp: int = 1) -> float:
@@ -237,24 +278,26 @@ class ModelConfig:
         projections, the MLPs and experts (split by width, or by expert under expert
         parallelism: the same bytes), the embeddings and lm_head (vLLM's
         VocabParallelEmbedding); the norms too (they are whole on each rank, but under 0.01%
-        of the weights). Whole on every rank: an MoE router and MLA's down-projections. Each
-        module class's linear layers at :meth:`module_weight_bytes`, the rest at
-        :attr:`dtype`."""
+        of the weights). Whole on every rank: an MoE router, MLA's down-projections and a
+        vision tower (:attr:`vision_params`). Each module class's linear layers at
+        :meth:`module_weight_bytes`, the rest at :attr:`dtype`."""
         L, b = self.num_hidden_layers, self.dtype_bytes
         mla_rep = self.mla_replicated_params_per_layer()
         attn = self.module_weight_bytes("attention")
         norms = (2 * L + 1) * self.hidden_size  # whole on each rank, counted as shared (tiny)
-        sharded = L * (self.attention_params_per_layer() - mla_rep) * attn \
+        sharded = (self.attention_params() - L * mla_rep) * attn \
             + (self.embedding_params() + norms) * b
         if self.is_moe:
             sharded += self.num_moe_layers * (
                 self.expert_params() * self.module_weight_bytes("experts")
                 + self.shared_expert_params() * self.module_weight_bytes("shared_experts"))
-            sharded += self.num_dense_layers * self.dense_mlp_params() \
-                * self.module_weight_bytes("dense_mlp")
+            dense = self.num_dense_layers + (self.num_moe_layers if self.dense_mlp_beside_moe
+                                             else 0)
+            sharded += dense * self.dense_mlp_params() * self.module_weight_bytes("dense_mlp")
         else:
             sharded += L * self.dense_mlp_params() * self.module_weight_bytes("dense_mlp")
-        whole = L * mla_rep * attn + self.num_moe_layers * self.router_params() * b
+        whole = L * mla_rep * attn + (self.num_moe_layers * self.router_params()
+                                      + self.vision_params) * b
         return sharded / tp + whole
 
     # ---- KV cache ------------------------------------------------------------------------
@@ -269,8 +312,8 @@ class ModelConfig:
         b = self.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
         if kind == MLA:
             return (self.kv_lora_rank + self.qk_rope_head_dim) * b
-        kv_heads = max(1, math.ceil(self.num_key_value_heads / tp))
-        return kv_heads * self.head_dim * 2 * b
+        kv_heads = max(1, math.ceil(self.layer_kv_heads(kind) / tp))
+        return kv_heads * self.layer_head_dim(kind) * 2 * b
 
     def kv_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: float | None = None) -> float:
         """KV-cache bytes per token on one rank, every layer holding every token (for a model
@@ -354,6 +397,7 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
     n_shared = count("n_shared_experts", "num_shared_experts")
     dense_width = count("intermediate_size_mlp")
     quant = read_quantization(cfg.get("quantization_config"), problems, layers)
+    gemma4 = _gemma4_fields(outer, cfg, family, problems)
     if problems:
         raise SpecError([(f"model config {label}: {p}", m) for p, m in problems])
     shared_width = count("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
@@ -392,7 +436,62 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
         dense_intermediate_size=dense_width,
         shared_expert_intermediate_size=shared_width,
         unquantized=quant.unquantized,
+        **gemma4,
     )
+
+
+def _gemma4_fields(outer: dict[str, Any], cfg: dict[str, Any], family: str,
+                   problems: list[tuple[str, str]]) -> dict[str, Any]:
+    """Gemma-4's fields as vLLM 0.33 gemma4.py / gemma4_mm.py build the model: the full
+    layers' head size and KV heads (``per_layer_config``), K-only full layers
+    (``attention_k_eq_v``), the dense MLP beside the experts (``Gemma4DecoderLayer``: ``mlp``
+    always, ``experts`` when ``num_experts`` is set) and the vision tower
+    ``Gemma4ForConditionalGeneration`` loads. KV-shared layers, per-layer input embeddings and
+    an audio tower (Gemma-4 E2B/E4B) are refused by name."""
+    if not (cfg.get("global_head_dim") or cfg.get("num_global_key_value_heads")
+            or str(cfg.get("model_type")).startswith("gemma4")):
+        return {}
+    for key, what in (("num_kv_shared_layers", "KV-shared layers"),
+                      ("hidden_size_per_layer_input", "per-layer input embeddings")):
+        v = cfg.get(key)
+        if v not in (None, 0):
+            problems.append((key, f"{what} ({family}) are not modelled"))
+    if isinstance(outer.get("audio_config"), dict):
+        problems.append(("audio_config", f"the audio tower ({family}) is not modelled"))
+    out: dict[str, Any] = {"attention_k_eq_v": cfg.get("attention_k_eq_v") is True,
+                           "dense_mlp_beside_moe": bool(cfg.get("num_experts"))}
+    for key in ("global_head_dim", "num_global_key_value_heads"):
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            problems.append((key, f"must be a positive integer (got {v!r})"))
+        elif v is not None:
+            out[key] = v
+    vision = outer.get("vision_config")
+    if isinstance(vision, dict):
+        out["vision_params"] = _vision_tower_params(vision, cfg, problems)
+    return out
+
+
+def _vision_tower_params(v: dict[str, Any], text: dict[str, Any],
+                         problems: list[tuple[str, str]]) -> int:
+    """Gemma-4's vision tower and its projection into the text model (vLLM 0.33
+    gemma4_mm.py: ``vision_tower``, ``embed_vision.embedding_projection``): a patch embedding
+    and its two position tables of ``position_embedding_size`` rows, ``num_hidden_layers``
+    encoder layers (q/k/v/o projections, a gated MLP, four norms)."""
+    vals = {}
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
+                "intermediate_size", "patch_size"):
+        x = v.get(key)
+        if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
+            problems.append((f"vision_config.{key}", f"must be a positive integer (got {x!r})"))
+            return 0
+        vals[key] = x
+    h, heads = vals["hidden_size"], vals["num_attention_heads"] * vals["head_dim"]
+    layer = 4 * h * heads + 3 * h * vals["intermediate_size"] + 4 * h
+    pos = v.get("position_embedding_size")
+    patch = 3 * vals["patch_size"] ** 2 * h + 2 * (pos if isinstance(pos, int) else 0) * h
+    proj = h * int(text.get("hidden_size") or 0)
+    return vals["num_hidden_layers"] * layer + patch + proj
 
 
 #: Layer kinds vLLM runs that the simulator does not model, by the config field naming them.
@@ -418,9 +517,10 @@ def _layer_kinds(cfg: dict[str, Any], family: str, layers: int, mla: bool,
                              "modelled (its indexer keeps a second cache)"))
             return ()
         return (MLA,) * layers
-    if cfg.get("global_head_dim") or cfg.get("num_global_key_value_heads"):
+    if (cfg.get("global_head_dim") or cfg.get("num_global_key_value_heads")) \
+            and not isinstance(cfg.get("layer_types"), list):
         problems.append(("global_head_dim", f"full-attention layers with their own head size "
-                         f"and KV heads ({family}) are not modelled"))
+                         f"({family}) need layer_types naming them"))
         return ()
     types = cfg.get("layer_types")
     if types is not None:
@@ -583,7 +683,7 @@ def _unquantized_shares(patterns: Any, num_layers: int) -> tuple[tuple[str, floa
 
 
 _GATED_ACTS = {"silu", "swish", "swiglu", "geglu"}
-_GATED_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text"}
+_GATED_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text"}
 
 
 def _is_gated(cfg: dict[str, Any]) -> bool:
@@ -722,6 +822,25 @@ CATALOG_HF: dict[str, dict[str, Any]] = {
                             num_local_experts=16, num_experts_per_tok=1,
                             interleave_moe_layer_step=1, intermediate_size_mlp=16384,
                             attention_chunk_size=8192),
+    # Gemma-4-26B-A4B as its config.json wraps it (Gemma4ForConditionalGeneration): the text
+    # model's fields vLLM 0.33 gemma4.py reads, and the vision tower gemma4_mm.py loads
+    "gemma-4-26b-a4b": {
+        "_name_or_path": "google/gemma-4-26B-A4B", "model_type": "gemma4",
+        "tie_word_embeddings": True,
+        "text_config": {
+            "model_type": "gemma4_text", "hidden_size": 2816, "num_hidden_layers": 30,
+            "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+            "global_head_dim": 512, "num_global_key_value_heads": 2,
+            "attention_k_eq_v": True, "intermediate_size": 2112, "num_experts": 128,
+            "top_k_experts": 8, "moe_intermediate_size": 704, "vocab_size": 262144,
+            "max_position_embeddings": 262144, "dtype": "bfloat16", "sliding_window": 1024,
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+            "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0,
+            "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5},
+        "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27,
+                          "num_attention_heads": 16, "head_dim": 72,
+                          "intermediate_size": 4304, "patch_size": 16,
+                          "position_embedding_size": 10240}},
 }
 
 _ALIASES = {v["_name_or_path"].lower(): k for k, v in CATALOG_HF.items()}

@@ -189,7 +189,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
                                         include_raw=ns.raw)
     summary["model"] = model.name
     summary["gpu"] = gpu.name
-    summary["cost_model"] = provenance(gpu)
+    summary["cost_model"] = provenance(gpu, model)
     summary["workload"] = profile.name
     summary["wall_seconds"] = wall
     print(f"{model.name} on {gpu.name} x{engine.cfg.tensor_parallel_size}, workload "

@@ -64,15 +64,20 @@ def describe_model(m: ModelConfig, tp: int, kv_dtype_bytes: float) -> list[str]:
         lines.append(f"experts: {m.num_experts} routed ({m.num_experts_per_tok} a token, "
                      f"{m.moe_intermediate_size} wide)"
                      + (f", shared {shared} wide" if shared else "")
-                     + f"; {m.num_moe_layers} MoE layers, {m.num_dense_layers} dense")
+                     + f"; {m.num_moe_layers} MoE layers, {m.num_dense_layers} dense"
+                     + (f"; a dense MLP {m.intermediate_size} wide beside the experts"
+                        if m.dense_mlp_beside_moe else ""))
     if m.is_mla:
         lines.append(f"attention: MLA, latent {m.kv_lora_rank} + rope {m.qk_rope_head_dim}, "
                      f"{m.num_attention_heads} heads")
     else:
         window = (f", sliding window {m.sliding_window}" if m.sliding_window else "") + \
             (f", chunk {m.attention_chunk_size}" if m.attention_chunk_size else "")
+        own = "".join(f"; {k} layers: {m.layer_kv_heads(k)} KV heads of {m.layer_head_dim(k)}"
+                      for k in kinds if (m.layer_kv_heads(k), m.layer_head_dim(k))
+                      != (m.num_key_value_heads, m.head_dim))
         lines.append(f"attention: {m.num_attention_heads} heads, {m.num_key_value_heads} KV "
-                     f"heads of {m.head_dim}{window}")
+                     f"heads of {m.head_dim}{window}{own}")
     if m.quantization:
         left = ", ".join(f"{c} {dict(m.unquantized)[c]:.0%}" for c in MODULE_CLASSES
                          if dict(m.unquantized).get(c))
@@ -80,7 +85,9 @@ def describe_model(m: ModelConfig, tp: int, kv_dtype_bytes: float) -> list[str]:
                      f"({m.weight_dtype_bytes:.4g} bytes each with scales)"
                      + (f"; left at {m.dtype}: {left}" if left else ""))
     lines.append(f"weights: {m.weight_bytes(tp) / GiB:.2f} GiB a rank at TP {tp} "
-                 f"({m.weight_bytes() / GiB:.1f} GiB in all)")
+                 f"({m.weight_bytes() / GiB:.1f} GiB in all)"
+                 + (f"; the vision tower's {m.vision_params / 1e9:.2f} B parameters whole on "
+                    "each rank" if m.vision_params else ""))
     per_kind = "; ".join(
         f"{k} {m.kv_bytes_per_token_per_layer(k, tp, kv_dtype_bytes):,.0f} B"
         for k in kinds)
@@ -120,10 +127,12 @@ def cmd_check(ns: argparse.Namespace) -> int:
     for line in describe_model(cfg.model, tp, cfg.kv_cache_dtype_bytes):
         print(line)
     layout = kv_cache_layout(cfg)
-    groups = Counter((gr.kind, gr.layers, gr.blocks_per_request) for gr in layout.groups)
+    groups = Counter((gr.kind, gr.layers, gr.blocks_per_request, gr.block_tokens)
+                     for gr in layout.groups)
     print(f"KV cache groups (vLLM's hybrid manager, block {cfg.block_size}): " + "; ".join(
         f"{n} x {layers} {kind} layers, {blocks:,} blocks a max-length request"
-        for (kind, layers, blocks), n in groups.items()))
+        + (f" (blocks of {bt} tokens: pages unified)" if bt != cfg.block_size else "")
+        for (kind, layers, blocks, bt), n in groups.items()))
     print(f"on {gpu.name} x{tp}, --max-model-len {cfg.max_model_len}, --kv-cache-dtype "
           f"{cfg.kv_cache_dtype}:")
     try:
@@ -135,5 +144,5 @@ def cmd_check(ns: argparse.Namespace) -> int:
     else:
         for line in describe_memory(plan):
             print(f"  {line}")
-    print(f"step time: {provenance(gpu)}")
+    print(f"step time: {provenance(gpu, model)}")
     return 0

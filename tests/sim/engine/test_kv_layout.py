@@ -53,6 +53,11 @@ def config(name, gpu, tp, max_model_len=None, kv_dtype="auto", **kw):
          17962082725, 91359, 935_516),
         ("meta-llama--Llama-4-Maverick-17B-128E-Instruct", "h200", 8, 65536, "auto",
          31520556761, 320643, 2_414_253),
+        # Gemma-4: full layers 2 KV heads of 512, sliding 8 of 256; vLLM's
+        # unify_kv_cache_spec_page_size gives the full layers 32-token blocks
+        ("google--gemma-4-26B-A4B", "h100-sxm", 1, None, "auto", 21503406119, 32811, 630_725),
+        ("google--gemma-4-26B-A4B", "h100-sxm", 1, 32768, "auto", 21503406119, 32811,
+         166_200),
     ],
 )
 def test_kv_tokens_are_what_vllm_0_33_computes(name, gpu, tp, max_model_len, kv_dtype,
@@ -127,3 +132,23 @@ def test_sim_serve_reports_vllm_pool_and_capacity_for_a_windowed_model():
     # CacheConfig as vLLM 0.33 fills it: the pool's num_blocks, the capacity it prints
     assert info.labels["num_gpu_blocks"] == "15003"
     assert info.labels["kv_cache_size_tokens"] == "213167"
+
+
+def test_gemma4_page_sizes_unified_as_vllm_does():
+    """vLLM 0.33 kv_cache_planning.unify_kv_cache_spec_page_size: Gemma-4's full layers (2 KV
+    heads of 512: 4 KiB a token) have half the page of its sliding ones (8 of 256: 8 KiB), so
+    their blocks hold twice the tokens; _get_kv_cache_groups_uniform_page_size then splits the
+    25 sliding and 5 full layers into six groups of 5."""
+    layout = kv_cache_layout(config("google--gemma-4-26B-A4B", "h100-sxm", 1))
+    full, = (g for g in layout.groups if g.kind == FULL)
+    sliding = [g for g in layout.groups if g.kind == SLIDING]
+    assert len(sliding) == 5 and {g.layers for g in layout.groups} == {5}
+    assert (full.bytes_per_token, sliding[0].bytes_per_token) == (2 * 512 * 2 * 2,
+                                                                  8 * 256 * 2 * 2)
+    assert (full.block_tokens, sliding[0].block_tokens) == (32, 16)
+    assert full.blocks_per_request == 262144 // 32
+    assert layout.bytes_per_block == 5 * 8 * 256 * 2 * 2 * 16  # 5 layers x the larger page
+    # at TP 2 the full layers keep one KV head each, the sliding ones 4: pages 2 KiB and
+    # 4 KiB a block of 16 tokens, still a ratio of 2
+    tp2 = kv_cache_layout(config("google--gemma-4-26B-A4B", "h100-sxm", 2))
+    assert {g.kind: g.block_tokens for g in tp2.groups} == {FULL: 32, SLIDING: 16}

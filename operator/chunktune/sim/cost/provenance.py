@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.core.models import ModelConfig
 from chunktune.sim.cost import gemm_table
 from chunktune.sim.cost.coefficients import group_sources, load_document, source_gpu
 from chunktune.sim.cost.collectives import measured_allreduce_source, vllm_allreduce_source
@@ -26,7 +28,29 @@ def e2e_fidelity() -> dict[str, Any]:
     return dict(doc["gpus"])
 
 
-def provenance(gpu: str | GPU) -> str:
+def approximations(model: ModelConfig) -> str:
+    """What the step-time model approximates of ``model``, in one clause ("" for nothing): one
+    attention shape for every layer (:class:`chunktune.sim.cost.step_time.AttentionShape`)
+    where some layers have their own head size or KV heads (Gemma-4's full layers), and a
+    vision tower vLLM loads but the simulator's text requests never run."""
+    parts = []
+    if model.per_kind_heads:
+        odd = {k: (model.layer_kv_heads(k), model.layer_head_dim(k), n)
+               for k, n in Counter(model.layer_kinds()).items()
+               if (model.layer_kv_heads(k), model.layer_head_dim(k))
+               != (model.num_key_value_heads, model.head_dim)}
+        theirs = ", ".join(f"the {n} {k} layers' {kv} of {hd}"
+                           for k, (kv, hd, n) in odd.items())
+        parts.append(f"every layer's attention and QKV/O projections timed with "
+                     f"{model.num_key_value_heads} KV heads of {model.head_dim} ({theirs} "
+                     "approximated)")
+    if model.vision_params:
+        parts.append(f"the vision tower ({model.vision_params / 1e9:.2f} B parameters) is in "
+                     "the weights but never timed (text requests only)")
+    return f"{model.name}: " + "; ".join(parts) if parts else ""
+
+
+def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
     """One line: the measured GPU whose kernels each family was fitted on, and where a family
     is borrowed, the error borrowing makes (leave-one-GPU-out, median over the measured GPUs
     of that family, stored with the fit; for GEMMs borrowed as a same-architecture GPU's
@@ -35,7 +59,8 @@ def provenance(gpu: str | GPU) -> str:
     over PCIe; FP8
     GEMMs on a GPU without FP8 tensor cores run weight-only at the bf16 rate. Last, the
     end-to-end error against real serving runs of that GPU, where there are any
-    (:func:`e2e_fidelity`)."""
+    (:func:`e2e_fidelity`). With ``model``, what the step time approximates of it
+    (:func:`approximations`)."""
     g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
     name = g.name
     loo = load_document().get("loo_gpu", {})
@@ -82,4 +107,5 @@ def provenance(gpu: str | GPU) -> str:
     else:
         text += (f"; end to end: TPOT {e2e['tpot']:.1%} / TTFT {e2e['ttft']:.1%} median error "
                  f"over {e2e['runs']} real vLLM serving runs of {e2e['precision']} models")
-    return text
+    approx = approximations(model) if model is not None else ""
+    return text + (f"; approximated for {approx}" if approx else "")

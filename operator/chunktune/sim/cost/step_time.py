@@ -53,12 +53,13 @@ WEIGHT_DTYPES = ("bf16", "fp8")
 
 
 def layer_gemms(model: ModelConfig, tp: int) -> list[tuple[float, float]]:
-    """The (K, N) weight shapes of one layer's GEMMs on one rank (dense part)."""
+    """The (K, N) weight shapes of one layer's GEMMs on one rank (dense part: a dense model's
+    MLP, or the one Gemma-4 runs beside its experts)."""
     h = model.hidden_size
     q = model.q_dim / tp
     kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
     shapes = [(h, q + 2 * kv), (q, h)]
-    if not model.is_moe:
+    if not model.is_moe or model.dense_mlp_beside_moe:
         i = model.intermediate_size / tp
         shapes += [(h, 2 * i), (i, h)] if model.gated_mlp else [(h, i), (i, h)]
     return shapes

@@ -118,6 +118,12 @@ class KVGroup:
     #: blocks one max-length request takes from the pool for this group
     #: (``KVCacheSpec.max_memory_usage_bytes`` / ``page_size_bytes``)
     blocks_per_request: int
+    #: tokens one block of the group holds: block_size, times the page ratio when vLLM
+    #: unifies a smaller page by its block size (``unify_kv_cache_spec_page_size``)
+    block_tokens: int = 0
+    #: bytes of one layer's page of a block after the page-size unification (0: the
+    #: layer's bytes a token x block_size)
+    page_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -166,9 +172,15 @@ def _blocks_per_request(kind: str, model: ModelConfig, block_size: int, max_mode
 def kv_cache_layout(cfg: ResolvedConfig) -> KVLayout:
     """The model's KV-cache groups as vLLM 0.33 forms them (``get_kv_cache_groups``): one
     group of every layer when all layers share one spec; otherwise (gpt-oss's sliding and
-    full layers, Llama-4's chunked and full ones, each kind with one page size) the layers
+    full layers, Llama-4's chunked and full ones, Gemma-4's sliding and full ones) the layers
     of each kind split into groups of the smallest kind's layer count (the largest's when it
     is under 1.5x the smallest), every group's layers holding a page of each pool block.
+    Kinds with different page sizes (Gemma-4's full layers: 2 KV heads of 512 against the
+    sliding layers' 8 of 256) are first unified to the largest page
+    (``unify_kv_cache_spec_page_size``): a page that divides it takes proportionally more
+    tokens a block, another is padded to it. That is the layout of vLLM's default
+    layer-outer KV-cache layout (LBNHC, ``resolve_kv_cache_layout`` when no backend declares
+    others); the block-outer packing (``_get_packed_kv_cache_groups``) is not modelled.
     Tokens in flight: ``max_concurrent_batches`` (2 with async scheduling) x
     max_num_batched_tokens (``VllmConfig.max_in_flight_tokens``)."""
     m, tp, bs = cfg.model, cfg.tensor_parallel_size, cfg.block_size
@@ -181,13 +193,18 @@ def kv_cache_layout(cfg: ResolvedConfig) -> KVLayout:
         group_size = min(counts.values())
         if max(counts.values()) < 1.5 * group_size:
             group_size = max(counts.values())
+    per_token = {k: m.kv_bytes_per_token_per_layer(k, tp, cfg.kv_cache_dtype_bytes)
+                 for k in counts}
+    max_page = max(per_token.values()) * bs
     groups: list[KVGroup] = []
     for kind, n in counts.items():
-        per_token = m.kv_bytes_per_token_per_layer(kind, tp, cfg.kv_cache_dtype_bytes)
-        blocks = _blocks_per_request(kind, m, bs, cfg.max_model_len, in_flight)
+        page = per_token[kind] * bs
+        ratio = int(max_page // page) if max_page % page == 0 else 1
+        blocks = _blocks_per_request(kind, m, bs * ratio, cfg.max_model_len, in_flight)
         num = math.ceil(n / group_size)  # layers[i::num] for the i-th group
-        groups += [KVGroup(kind, math.ceil(n / num), per_token, blocks)] * num
-    per_block = max(g.layers * g.bytes_per_token for g in groups) * bs
+        groups += [KVGroup(kind, math.ceil(n / num), per_token[kind], blocks, bs * ratio,
+                           max_page)] * num
+    per_block = max(g.layers * g.page_bytes for g in groups)
     return KVLayout(tuple(groups), per_block, bs, cfg.max_model_len)
 
 
