@@ -176,10 +176,10 @@ def scheduler_note(v: Version | None) -> str:
     """One line saying which release's scheduler the simulator runs for ``v``."""
     row = scheduler_release(v)
     if v is None:
-        return f"scheduler of vLLM {row.name} (the newest checked; name one with --vllm-version)"
+        return f"vLLM {row.name} (the newest checked; name one with --vllm-version)"
     if v[:2] == row.version[:2]:
-        return f"scheduler of vLLM {row.name}"
+        return f"vLLM {row.name}"
     if v[:2] < row.version[:2]:
-        return (f"scheduler of vLLM {row.name} for {text(v)} (older schedulers are not "
+        return (f"vLLM {row.name}'s for {text(v)} (older schedulers are not "
                 "checked)")
-    return f"scheduler of vLLM {row.name} for {text(v)} (the newest checked)"
+    return f"vLLM {row.name}'s for {text(v)} (the newest checked)"

@@ -32,7 +32,7 @@ def test_each_version_runs_the_scheduler_of_its_release_or_the_nearest_checked()
     assert scheduler_release((0, 20, 0)).version == V31  # older ones: the oldest checked
     assert scheduler_release((0, 40, 0)) is NEWEST_SCHEDULER
     assert "newest checked" in scheduler_note(None)
-    assert scheduler_note((0, 33, 0)) == "scheduler of vLLM 0.33"
+    assert scheduler_note((0, 33, 0)) == "vLLM 0.33"
 
 
 def test_the_prefill_cadence_holds_prefill_from_0_33_and_is_a_no_op_before():

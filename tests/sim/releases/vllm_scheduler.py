@@ -26,7 +26,6 @@ import json
 import os
 import random
 import sys
-import tempfile
 from typing import Any
 
 
@@ -37,8 +36,11 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
     # preemption as new to the V2 one, which the iteration log then counts as context; 0.34
     # has only that behaviour: SchedulerRelease.resumed_counts_as_context)
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    # nothing cached on disk by another release (the model-info cache)
-    os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="vllm-cache-")
+    # the same release in vLLM's own subprocesses (the model registry inspects the model's
+    # class in one), and its model-info cache kept apart from other releases'
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (extract, os.environ.get("PYTHONPATH")) if p)
+    os.environ["VLLM_CACHE_ROOT"] = os.path.join(extract, ".vllm-cache")
     sys.path.insert(0, extract)
     import torch
     import vllm.platforms
