@@ -153,6 +153,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         args = profiles.engine_args(args, calib)
+        version = version or profiles.fitted_version(calib)
     try:
         engine = build_engine(args, model, gpu, version)
         if calib is not None:

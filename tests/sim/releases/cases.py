@@ -84,7 +84,7 @@ def random_case(seed: int) -> ReleaseCase:
     threshold = rng.choice([0, 0, 8, 16, 24, 40]) if budget >= 48 else rng.choice([0, 8])
     extra: dict[str, Any] = {}
     if threshold and rng.random() < 0.3:
-        extra["adaptive"] = True
+        extra["long_prefill_token_threshold_adaptive"] = True
     return ReleaseCase(
         f"random{seed}", tuple(requests), max_num_batched_tokens=budget,
         max_num_seqs=rng.randint(1, 6), max_model_len=max_len,
@@ -126,7 +126,7 @@ NAMED: tuple[ReleaseCase, ...] = (
     # every release: the adaptive threshold floors it at budget / requests in the system
     ReleaseCase("adaptive_threshold", (("a", 300, 5), ("b", 200, 5), ("c", 20, 30)),
                 max_num_batched_tokens=128, long_prefill_token_threshold=16,
-                extra={"adaptive": True}),
+                extra={"long_prefill_token_threshold_adaptive": True}),
     # 0.34: cache-aware admission, against the same case without it
     ReleaseCase("cache_aware_admission", _CACHE_REQUESTS, max_num_batched_tokens=128,
                 max_num_seqs=2, enable_prefix_caching=True, num_gpu_blocks=30,
@@ -155,23 +155,11 @@ def sim_trace(case: ReleaseCase, version: Version | None,
     from chunktune.core.models import resolve_model
     from chunktune.sim.engine.step_trace import run_batch
 
-    extra = case.extra
-    cfg = resolve(EngineArgs(
-        max_num_batched_tokens=case.max_num_batched_tokens,
-        max_num_seqs=case.max_num_seqs,
-        max_model_len=case.max_model_len,
-        long_prefill_token_threshold=case.long_prefill_token_threshold,
-        long_prefill_token_threshold_adaptive=extra.get("adaptive", False),
-        prefill_schedule_interval=extra.get("prefill_schedule_interval", 1),
-        cache_aware_admission_window=extra.get("cache_aware_admission_window", 0),
-        cache_aware_admission_threshold=extra.get("cache_aware_admission_threshold", 0.5),
-        enable_chunked_prefill=case.enable_chunked_prefill,
-        num_gpu_blocks_override=case.num_gpu_blocks,
-        block_size=BLOCK_SIZE,
-        enforce_eager=True,
-        scheduling_policy=case.scheduling_policy,
-        enable_prefix_caching=case.enable_prefix_caching,
-    ), resolve_model("llama-3.1-8b") if model_config is None
-        else resolve_model(config_path=model_config), resolve_gpu("h100-sxm"), version=version)
+    fields = case.engine()  # vLLM's names, which EngineArgs shares
+    fields["num_gpu_blocks_override"] = fields.pop("num_gpu_blocks")
+    model = resolve_model("llama-3.1-8b") if model_config is None \
+        else resolve_model(config_path=model_config)
+    cfg = resolve(EngineArgs(enforce_eager=True, **fields), model, resolve_gpu("h100-sxm"),
+                  version=version)
     return run_batch(cfg, case.num_gpu_blocks, list(case.requests), priorities=case.priorities,
                      prefixes=case.prefixes, arrivals=case.arrivals)

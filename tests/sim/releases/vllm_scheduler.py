@@ -83,8 +83,8 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
         e = case["engine"]
         block = e["block_size"]
         extra: dict[str, Any] = {}
-        for key in ("prefill_schedule_interval", "cache_aware_admission_window",
-                    "cache_aware_admission_threshold"):
+        for key in ("long_prefill_token_threshold_adaptive", "prefill_schedule_interval",
+                    "cache_aware_admission_window", "cache_aware_admission_threshold"):
             if key in e:
                 extra[key] = e[key]
         sched_config = SchedulerConfig(
@@ -92,7 +92,6 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
             max_num_seqs=e["max_num_seqs"],
             max_model_len=e["max_model_len"],
             long_prefill_token_threshold=e["long_prefill_token_threshold"],
-            long_prefill_token_threshold_adaptive=e.get("adaptive", False),
             enable_chunked_prefill=e["enable_chunked_prefill"],
             policy=e["scheduling_policy"],
             is_encoder_decoder=False,

@@ -189,7 +189,7 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         time.sleep(ns.load_time)
     try:
         version = (parse_version(ns.vllm_version, "--vllm-version") if ns.vllm_version
-                   else None)
+                   else None if calib is None else profiles.fitted_version(calib))
         engine = build_engine(args, model, gpu, version)
         if calib is not None:
             profiles.apply(engine, calib)
