@@ -51,7 +51,6 @@ import itertools
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice
 
 from chunktune.core.engine_args import ResolvedConfig
 from chunktune.core.vllm_release import scheduler_release
@@ -380,7 +379,7 @@ class Scheduler:
         if len(waiting) < 2 or cache is None or cache.usage < self.cache_threshold:
             return
         assert isinstance(waiting, deque), "cache-aware admission is fcfs only"
-        head = list(islice(waiting, self.cache_window))
+        head = list(itertools.islice(waiting, self.cache_window))
         slots = [i for i, r in enumerate(head) if r.num_preemptions == 0]
         if len(slots) < 2:
             return
