@@ -151,3 +151,17 @@ def test_class_priority_is_honoured_under_the_priority_policy(tmp_path, capsys):
     assert fcfs["batch"]["requests"]["failed"] == prio["batch"]["requests"]["failed"] == 0
     assert prio["urgent"]["ttft"]["p50"] < 0.5 * fcfs["urgent"]["ttft"]["p50"]
     assert prio["batch"]["ttft"]["p50"] > fcfs["batch"]["ttft"]["p50"]
+
+
+def test_sim_run_says_which_release_schedules_and_refuses_a_newer_flag(capsys):
+    """The scheduler is the named release's (none named: the newest checked); a flag the named
+    release does not have is refused by name, exit 2."""
+    base = ["sim", "run", "--model", "llama-3.1-8b", "--workload", "smoke", "--duration", "5"]
+    assert main(base) == 0
+    assert "scheduler: vLLM 0.34 (the newest checked" in capsys.readouterr().out
+    assert main([*base, "--vllm-version", "0.33.0", "--prefill-schedule-interval", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "scheduler: vLLM 0.33\n" in out and "--prefill-schedule-interval 4" in out
+    assert main([*base, "--vllm-version", "0.33.0", "--cache-aware-admission-window", "8"]) == 2
+    assert "vLLM 0.33 has no --cache-aware-admission-window (since 0.34)" in \
+        capsys.readouterr().err
