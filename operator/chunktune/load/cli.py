@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from chunktune.core.bounds import MAX_CONCURRENCY, MAX_RATE, bounded, rate_bound
 from chunktune.core.errors import SpecError
 from chunktune.core.summary import LoadSummary, Slo, Window
 from chunktune.load.config import DriverConfig
@@ -136,10 +137,10 @@ def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
     profile = trace_profile(ns.trace) if ns.trace else load_profile(ns.profile or "mixed")
     dur = None if ns.duration is None else parse_duration(ns.duration, "--duration")
     warm = None if ns.warmup is None else parse_duration(ns.warmup, "--warmup")
-    if ns.rate is not None and ns.rate <= 0:
-        raise SpecError(f"must be > 0 (got {ns.rate})", field="--rate")
-    if ns.concurrency is not None and ns.concurrency <= 0:
-        raise SpecError(f"must be > 0 (got {ns.concurrency})", field="--concurrency")
+    if ns.rate is not None:
+        bounded(ns.rate, "--rate", low=0, low_open=True, high=MAX_RATE)
+    if ns.concurrency is not None:
+        bounded(ns.concurrency, "--concurrency", low=1, high=MAX_CONCURRENCY, integral=True)
     try:
         profile = profile.with_overrides(duration=dur, warmup=warm, rate=ns.rate,
                                          concurrency=ns.concurrency, seed=ns.seed)
@@ -150,6 +151,10 @@ def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
     if profile.warmup >= profile.duration:
         raise SpecError(f"must be shorter than the duration ({profile.warmup:g}s >= "
                         f"{profile.duration:g}s)", field="--warmup")
+    if profile.trace is None:
+        rate_bound(profile.arrival.rate, profile.duration,
+                   "--rate" if ns.rate is not None else
+                   "--duration" if dur is not None else "--profile")
     window = None if ns.windows is None else parse_duration(ns.windows, "--windows")
     if window is not None and window <= 0:
         raise SpecError("must be > 0", field="--windows")
