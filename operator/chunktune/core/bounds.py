@@ -52,8 +52,8 @@ def bounded(value: Any, field: str, *, low: float | None = None, high: float | N
         raise SpecError(f"{want} (got {value!r})", field=field)
     try:
         x = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise SpecError(f"{want} (got {value!r})", field=field) from None
+    except (TypeError, ValueError, OverflowError) as e:
+        raise SpecError(f"{want} (got {value!r})", field=field) from e
     if not math.isfinite(x):
         raise SpecError(f"{want} (got {value!r})", field=field)
     if integral and x != int(x):
