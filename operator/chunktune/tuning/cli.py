@@ -297,9 +297,10 @@ def cmd_results(ns: argparse.Namespace) -> int:
             if not names:
                 raise SpecError("the storage holds no study", field="FILE|STORAGE")
             study = optuna.load_study(study_name=names[0], storage=storage)
-            from chunktune.api.v1alpha1 import Spec
+            from chunktune.api.v1alpha1 import STORED_SPEC, Spec
 
-            spec = Spec.model_validate(study.user_attrs[st.STUDY_SPEC])
+            spec = Spec.model_validate(study.user_attrs[st.STUDY_SPEC],
+                                       context={STORED_SPEC: True})
             objectives = [ObjectiveDef.from_spec(o) for o in spec.objectives]
             constraints = [ConstraintDef.from_spec(c) for c in spec.constraints]
     except SpecError as e:
@@ -334,7 +335,13 @@ def cmd_results(ns: argparse.Namespace) -> int:
 def _tuning_of(source: str, storage: str | None) -> tuple[Any, str]:
     """The study's manifest and storage: from a manifest (and its default storage) or from a
     storage (the spec the study recorded)."""
-    from chunktune.api.v1alpha1 import API_GROUP, API_VERSION, KIND, ChunkedPrefillTuning
+    from chunktune.api.v1alpha1 import (
+        API_GROUP,
+        API_VERSION,
+        KIND,
+        STORED_SPEC,
+        ChunkedPrefillTuning,
+    )
     from chunktune.tuning import study as st
 
     src = Path(source)
@@ -357,7 +364,7 @@ def _tuning_of(source: str, storage: str | None) -> tuple[Any, str]:
     tuning = ChunkedPrefillTuning.model_validate({
         "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
         "metadata": {"name": name, "namespace": ns or "default"},
-        "spec": study.user_attrs[st.STUDY_SPEC]})
+        "spec": study.user_attrs[st.STUDY_SPEC]}, context={STORED_SPEC: True})
     return tuning, source
 
 
