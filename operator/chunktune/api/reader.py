@@ -27,6 +27,7 @@ from chunktune.api.v1alpha1 import (
     Objective,
     Parameter,
     PrunerSpec,
+    RetuneSpec,
     SamplerSpec,
     Spec,
     StrategySpec,
@@ -198,6 +199,8 @@ def _parts(spec: dict[str, Any], base_dir: Path | None,
         prometheus_url=(spec.get("metrics") or {}).get("prometheusURL")
         if isinstance(spec.get("metrics"), dict) else None,
         retune=spec.get("retune") is not None,
+        retune_spec=_try(RetuneSpec, spec.get("retune")) if spec.get("retune") is not None
+        else None,
     )
 
 
