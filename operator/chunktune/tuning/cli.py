@@ -255,6 +255,9 @@ def cmd_tune(ns: argparse.Namespace) -> int:
                               wall_s=elapsed,
                               **extra)
         print(f"\nwrote {', '.join(str(f) for f in files)}")
+    if results.no_result:
+        print(f"error: {results.no_result}", file=sys.stderr)
+        return 1
     if why == StopReason.FAILURES:
         return 1
     return 0

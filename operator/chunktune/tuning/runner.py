@@ -317,7 +317,7 @@ class TrialRunner:
                 if problem is not None:
                     skips += 1
                     self._tell_startup_failure(trial, point, TrialState.SKIPPED, problem.reason,
-                                               problem.message)
+                                               problem.describe())
                     continue
                 running.add(asyncio.create_task(self._run_one(trial, point)))
                 continue

@@ -12,6 +12,8 @@ same version; a field removed or changing meaning takes a new version. Top level
                                         constraints_ok, flags, peak?, repeats?, noisy?}
     improvement   the first objective's change from the baseline to the best ("-34%")
     pareto_front  [trial]; trials: [trial]
+    no_result     only when no trial produced a result: why, the states and reasons counted
+                  ("no trial produced a result: 31 SKIPPED PredictedEngineOOM (...)")
     ...           what the command adds (stop_reason, storage, name, wall_s; twin)
 """
 
@@ -60,6 +62,7 @@ def to_json(results: Results, **extra: Any) -> dict[str, Any]:
         "improvement": results.improvement(),
         "pareto_front": [tr(results.configuration(n)) for n in results.pareto],
         "trials": [tr(t) for t in results.trials],
+        **({"no_result": results.no_result} if results.no_result else {}),
         **extra,
     }
 

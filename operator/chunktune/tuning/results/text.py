@@ -34,7 +34,8 @@ def format_results(results: Results) -> str:
         counts[t.state] = counts.get(t.state, 0) + 1
     lines.append("trials: " + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())))
     if best is None:
-        lines.append("no trial met every constraint: no best configuration")
+        lines.append(results.no_result or
+                     "no trial met every constraint: no best configuration")
         if base is not None:
             lines.append(f"baseline (trial {base.number}): {base.state} {base.reason or ''}")
         return "\n".join(lines)
