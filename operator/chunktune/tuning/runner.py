@@ -390,8 +390,9 @@ class TrialRunner:
         """A point already measured is not launched again: the trial is recorded as SKIPPED
         (reason ``Duplicate``) with the earlier trial's values and constraints, so the sampler
         still learns from it. Does not count against ``maxTrials``. The baseline and a
-        ``recheck`` (a configuration measured again on purpose) always run. A point another
-        live writer of the study runs now is SKIPPED too, and a point another writer
+        ``recheck`` (a configuration measured again on purpose) always run. A point a trial
+        runs now (this writer's, with ``parallelism`` above 1, or another live writer's) is
+        SKIPPED too, and a point another writer
         proposed reseeds this writer's sampler (two writers with one seed would otherwise
         propose the same points)."""
         if trial.user_attrs.get(st.ATTR_BASELINE) or \
@@ -404,11 +405,13 @@ class TrialRunner:
             if elsewhere:
                 # another writer with the same seed proposes what this one does: diverge
                 self.study.sampler.reseed_rng()
-            if st.trial_state(t) == TrialState.RUNNING and elsewhere:
+            if st.trial_state(t) == TrialState.RUNNING:
+                # this writer's own trial in flight too (parallelism > 1): never two at once
                 trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
                 trial.set_user_attr(st.ATTR_REASON, "Duplicate")
                 trial.set_user_attr(st.ATTR_MESSAGE, f"trial {t.number} runs the same "
-                                    "configuration (another writer)")
+                                    "configuration" + (" (another writer)" if elsewhere
+                                                       else " now"))
                 self.study.tell(trial, state=OptunaState.FAIL)
                 self.changed()
                 return True
