@@ -166,6 +166,11 @@ def test_multi_document_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="has 2 ChunkedPrefillTuning documents"):
         load_manifest(f)
     assert load_manifest(f, name="second").name == "second"
+    with pytest.raises(SpecError) as info:  # the names there are, not the kinds
+        load_manifest(f, name="secnod")
+    assert info.value.problems == [(str(f), "has no ChunkedPrefillTuning named 'secnod'; its "
+                                            "ChunkedPrefillTuning documents are named "
+                                            "quickstart, second; did you mean 'second'?")]
     f.write_text(yaml.safe_dump_all([other]))
     with pytest.raises(SpecError) as info:
         load_manifest(f)

@@ -99,6 +99,11 @@ def _load(path: str, name: str | None) -> Any:
     return load_manifest(path, name)
 
 
+def _storage_field(flag: str | None, spec: str | None) -> str:
+    """Where the storage in use was given, for an error about it."""
+    return "--storage" if flag else "spec.storage" if spec else "storage"
+
+
 def _print_problems(e: SpecError) -> None:
     for path, msg in e.problems:
         print(f"{path} {msg}" if path else msg, file=sys.stderr)
@@ -179,16 +184,19 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results.text import format_results
     from chunktune.tuning.runner import cost_model
     from chunktune.tuning.storage import StorageFault, display_url
-    from chunktune.tuning.study import storage_url
+    from chunktune.tuning.study import check_out_dir, check_storage, storage_url
     from chunktune.tuning.tuner import Tuner
 
     try:
+        if ns.out:
+            check_out_dir(ns.out)
         tuning = _load(ns.file, ns.name)
         if ns.max_trials is not None:
             if ns.max_trials < 1:
                 raise SpecError("must be >= 1", field="--max-trials")
             tuning.spec.budget.max_trials = ns.max_trials
         storage = storage_url(tuning, ns.storage)
+        check_storage(storage, _storage_field(ns.storage, tuning.spec.storage))
         backend = make_backend(ns.backend, tuning.spec.engine.kind,
                                tuning.spec.budget.parallelism, steps_dir_for(storage, ns.out),
                                keep_steps=tuning.spec.strategy.name == "twin")
@@ -280,22 +288,20 @@ def cmd_results(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results.text import format_results
     from chunktune.tuning.storage import StorageFault
 
-    src = Path(ns.source)
     try:
-        if src.suffix in (".yaml", ".yml"):
-            tuning = _load(str(src), None)
+        if ns.out:
+            st.check_out_dir(ns.out)
+        if Path(ns.source).suffix in (".yaml", ".yml"):
+            tuning = _load(ns.source, None)
             url = st.storage_url(tuning, ns.storage)
-            if "://" not in url and not Path(url).exists():
-                raise SpecError(f"no study storage at {url}: run `chunktune tune {src}` first",
-                                field="storage")
+            _check_study_storage(url, ns.source, _storage_field(ns.storage, tuning.spec.storage))
             study = optuna.load_study(study_name=st.study_name(tuning),
                                       storage=st.open_storage(url))
             objectives = [ObjectiveDef.from_spec(o) for o in tuning.spec.objectives]
             constraints = [ConstraintDef.from_spec(c) for c in tuning.spec.constraints]
         else:
-            if "://" not in str(src) and not src.exists():
-                raise SpecError(f"no such file {str(src)!r}", field="FILE|STORAGE")
-            storage = st.open_storage(str(src))
+            st.check_storage(ns.source, "FILE|STORAGE", must_exist=True)
+            storage = st.open_storage(ns.source)
             names = [n for n in optuna.get_all_study_names(storage) if "#" not in n]
             if not names:
                 raise SpecError("the storage holds no study", field="FILE|STORAGE")
@@ -335,6 +341,19 @@ def cmd_results(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _check_study_storage(url: str, manifest: str, field: str) -> None:
+    """A manifest's storage, to read its study: there, or the command that makes it."""
+    from chunktune.tuning import study as st
+
+    try:
+        st.check_storage(url, field, must_exist=True)
+    except SpecError as e:
+        if not any(m.startswith("no study storage") for _, m in e.problems):
+            raise
+        raise SpecError(f"no study storage at {url}: run `chunktune tune {manifest}` first",
+                        field=field) from e
+
+
 def _tuning_of(source: str, storage: str | None) -> tuple[Any, str]:
     """The study's manifest and storage: from a manifest (and its default storage) or from a
     storage (the spec the study recorded)."""
@@ -347,16 +366,12 @@ def _tuning_of(source: str, storage: str | None) -> tuple[Any, str]:
     )
     from chunktune.tuning import study as st
 
-    src = Path(source)
-    if src.suffix in (".yaml", ".yml"):
+    if Path(source).suffix in (".yaml", ".yml"):
         tuning = _load(source, None)
         url = st.storage_url(tuning, storage)
-        if "://" not in url and not Path(url).exists():
-            raise SpecError(f"no study storage at {url}: run `chunktune tune {src}` first",
-                            field="storage")
+        _check_study_storage(url, source, _storage_field(storage, tuning.spec.storage))
         return tuning, url
-    if "://" not in source and not src.exists():
-        raise SpecError(f"no such file {source!r}", field="FILE|STORAGE")
+    st.check_storage(source, "FILE|STORAGE", must_exist=True)
     import optuna
 
     names = [n for n in optuna.get_all_study_names(st.open_storage(source)) if "#" not in n]
