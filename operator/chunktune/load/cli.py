@@ -195,11 +195,12 @@ def cmd_worker(ns: argparse.Namespace) -> int:
     """Become a Locust worker process (gevent's patch comes first, in a fresh interpreter)."""
     import subprocess
 
-    from chunktune.load.launcher import BOOTSTRAP
+    from chunktune.load.launcher import BOOTSTRAP, child_env
 
     if ":" not in ns.master:
         raise SpecError(f"must be HOST:PORT (got {ns.master!r})", field="--master")
-    return subprocess.call([sys.executable, "-c", BOOTSTRAP, "--worker", ns.master])
+    return subprocess.call([sys.executable, "-c", BOOTSTRAP, "--worker", ns.master],
+                           env=child_env())
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
