@@ -135,12 +135,15 @@ class StopOnSignal:
 
 
 class Progress:
-    """One line per trial start and end, with the best so far."""
+    """One line per trial end, with the best so far: a measured trial that misses a
+    constraint says which; a skip, a prune or a failure is explained the first time its kind
+    appears (later ones of the same kind only name it)."""
 
     def __init__(self, tuner: Tuner, quiet: bool) -> None:
         self.tuner = tuner
         self.quiet = quiet
         self.t0 = time.monotonic()
+        self.explained: set[str] = set()
 
     def event(self, e: TrialEvent) -> None:
         if e.kind in (EventKind.PHASE, EventKind.WARNING):
@@ -157,14 +160,47 @@ class Progress:
         shown = ", ".join(f"{k}={format_value(k, e.metrics[k])}" for k in dict.fromkeys(keys)
                           if k in e.metrics)
         tag = " (baseline)" if e.baseline else ""
-        what = e.state if e.state == TrialState.COMPLETE else f"{e.state} {e.reason or ''}".strip()
+        what = self.outcome(e)
         best = self.best_text()
         phase = f"{t.strategy.phase} " if t.strategy.phase is not None else ""
         print(f"[{phase}{done}/{budget}] trial {e.number}{tag}: {flags_line(e.point)} -> {what}"
               + (f"; {shown}" if shown else "") + (f" | best: {best}" if best else ""),
               flush=True)
-        if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) and e.message:
-            print(f"    {e.message.strip().splitlines()[-1][:300]}", flush=True)
+        note = self.explanation(e)
+        if note:
+            print(f"    {note}", flush=True)
+
+    def outcome(self, e: TrialEvent) -> str:
+        """``COMPLETE``; ``COMPLETE, violates chat.itl_p99 <= 60ms``; ``PRUNED``; ``SKIPPED
+        Duplicate (same configuration as trial 3)``; ``INFEASIBLE EngineOOM``."""
+        if e.state == TrialState.COMPLETE:
+            missed = [c.text() for c in self.tuner.constraints if c.violation(e.metrics) > 0]
+            return "COMPLETE" + (f", violates {', '.join(missed)}" if missed else "")
+        if e.state == TrialState.PRUNED and e.reason in (None, "Pruned"):
+            return "PRUNED"
+        what = f"{e.state} {e.reason or ''}".strip()
+        if e.reason == "Duplicate" and e.message:
+            what += f" ({e.message})"
+        return what
+
+    def explanation(self, e: TrialEvent) -> str | None:
+        """What a trial's kind of end means, the first time that kind appears."""
+        kind = f"{e.state} {e.reason or ''}"
+        if e.state == TrialState.COMPLETE or kind in self.explained:
+            return None
+        self.explained.add(kind)
+        if e.state == TrialState.PRUNED:
+            key = self.tuner.objectives[0].key
+            return (f"pruned: stopped early by the {self.tuner.spec.pruner.name} pruner, its "
+                    f"{key} so far being worse than the earlier trials' at the same point of "
+                    "the load; the values shown are those when it stopped, and it is no result")
+        if e.reason == "Duplicate":
+            return ("duplicate: the sampler proposed a configuration measured before (or "
+                    "running now); it is not run again and its earlier values count for it, "
+                    "not against the budget")
+        if e.message:
+            return e.message.strip().splitlines()[-1][:300]
+        return None
 
     def best_text(self) -> str:
         from chunktune.tuning.results.model import collect
@@ -181,6 +217,7 @@ class Progress:
 def cmd_tune(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results.files import write_outputs
     from chunktune.tuning.results.model import collect
+    from chunktune.tuning.results.plots import importances
     from chunktune.tuning.results.text import format_results
     from chunktune.tuning.runner import cost_model
     from chunktune.tuning.storage import StorageFault, display_url
@@ -258,10 +295,11 @@ def cmd_tune(ns: argparse.Namespace) -> int:
           f"in {elapsed:.1f} s)")
     print(format_results(results))
     if ns.out:
-        files = write_outputs(Path(ns.out), results, tuner.study, stop_reason=why,
-                              storage=display_url(storage), name=tuning.metadata.name,
-                              wall_s=elapsed,
-                              **extra)
+        imp = importances(tuner.study, results)
+        print(f"\n{imp.text()}")
+        files = write_outputs(Path(ns.out), results, tuner.study, importances=imp,
+                              stop_reason=why, storage=display_url(storage),
+                              name=tuning.metadata.name, wall_s=elapsed, **extra)
         print(f"\nwrote {', '.join(str(f) for f in files)}")
     if results.no_result:
         print(f"error: {results.no_result}", file=sys.stderr)

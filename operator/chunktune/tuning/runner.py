@@ -413,7 +413,7 @@ class TrialRunner:
                                     "configuration" + (" (another writer)" if elsewhere
                                                        else " now"))
                 self.study.tell(trial, state=OptunaState.FAIL)
-                self.changed()
+                self._duplicate(trial, point)
                 return True
             if st.trial_state(t) not in (TrialState.COMPLETE, TrialState.INFEASIBLE) or \
                     t.values is None:
@@ -425,9 +425,16 @@ class TrialRunner:
             for key, value in (t.constraints or {}).items():
                 trial.set_constraint(key, value)
             self.study.tell(trial, list(t.values))
-            self.changed()
+            self._duplicate(trial, point)
             return True
         return False
+
+    def _duplicate(self, trial: optuna.Trial, point: dict[str, Any]) -> None:
+        """A trial just recorded SKIPPED ``Duplicate``: said like any other end (a trial number
+        missing from the progress was all a user saw)."""
+        self.emit(TrialEvent(EventKind.FINISHED, trial.number, point, TrialState.SKIPPED,
+                             "Duplicate", str(trial.user_attrs.get(st.ATTR_MESSAGE) or "")))
+        self.changed()
 
     def _feasible(self, t: optuna.trial.FrozenTrial) -> bool:
         return all(v <= 0 for v in t.constraints.values())
