@@ -37,6 +37,11 @@ LOAD = ["load", "run", "--target", "http://127.0.0.1:9", "--model", "m", "--prof
     ([*LOAD, "--duration", "inf"], "--duration"),
     ([*LOAD, "--concurrency", "-1"], "--concurrency"),
     ([*LOAD, "--rate", "1000", "--duration", "300h"], "--rate"),
+    ([*LOAD, "--workers", "2", "--master-port", "70000"], "--master-port"),
+    (["calibrate", "--log", "x.log", "--gpu", "cpu", "--out", "p.json", "--step-gap", "nan"],
+     "--step-gap"),
+    (["calibrate", "--log", "x.log", "--gpu", "cpu", "--out", "p.json",
+      "--server-overhead", "inf"], "--server-overhead"),
 ])
 def test_a_nonsense_number_is_refused_at_once_naming_the_flag(argv, flag, capsys):
     t0 = time.monotonic()

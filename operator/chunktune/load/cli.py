@@ -164,14 +164,13 @@ def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
         request_timeout=parse_duration(ns.request_timeout, "--request-timeout"),
         token_ids=ns.token_ids, api_key=ns.api_key, window=window,
         locust_csv=ns.locust_csv, load_workers=_workers(ns.workers),
-        master_bind=ns.master_bind, master_port=ns.master_port,
+        master_bind=ns.master_bind,
+        master_port=int(bounded(ns.master_port, "--master-port", low=0, high=65535)),
         spawn_workers=not ns.external_workers)
 
 
 def _workers(n: int) -> int:
-    if not 0 <= n <= 64:
-        raise SpecError(f"must be 0 (one process) to 64 (got {n})", field="--workers")
-    return n
+    return int(bounded(n, "--workers", low=0, high=64, integral=True))
 
 
 def _progress_printer(stream: IO[str]) -> Any:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chunktune.core.bounds import MAX_CONCURRENCY, MAX_RATE, bounded, rate_bound
+from chunktune.core.bounds import MAX_CONCURRENCY, MAX_RATE, MAX_TIMEOUT_S, bounded, rate_bound
 from chunktune.core.engine_args import EngineStartupError
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.flags import TUNABLE, flags_line
@@ -225,9 +225,10 @@ def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> i
     from chunktune.core.models import resolve_model
     from chunktune.sim.cost.step_time import StepCostModel
     try:
-        if ns.tensor_parallel_size < 1:
-            raise SpecError(f"must be >= 1 (got {ns.tensor_parallel_size})",
-                            field="--tensor-parallel-size")
+        bounded(ns.tensor_parallel_size, "--tensor-parallel-size", low=1, high=64)
+        if ns.server_overhead is not None:
+            bounded(ns.server_overhead, "--server-overhead", low=0, high=MAX_TIMEOUT_S)
+        bounded(ns.step_gap, "--step-gap", low=0, high=MAX_TIMEOUT_S)
         model = resolve_model(ns.model, ns.model_config)
         gpu = resolve_gpu(ns.gpu)
         declared = ns.model or model.name
@@ -235,10 +236,6 @@ def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> i
         budget = max(max(s.tokens for s in log.steps) for log in logs)
         cost = StepCostModel(model, gpu, ns.tensor_parallel_size, max_tokens=max(budget, 16))
         fit = profiles.fit_logs(logs, cost)
-        if ns.server_overhead is not None and ns.server_overhead < 0:
-            raise SpecError(f"must be >= 0 (got {ns.server_overhead})", field="--server-overhead")
-        if ns.step_gap < 0:
-            raise SpecError(f"must be >= 0 (got {ns.step_gap})", field="--step-gap")
         prof = profiles.build_profile(ns.log, logs, fit, cost, model, gpu.name,
                                   ns.tensor_parallel_size, ns.server_overhead, ns.step_gap)
     except SpecError as e:
