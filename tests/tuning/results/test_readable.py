@@ -110,10 +110,12 @@ def test_pareto_labels_do_not_overlap(tmp_path):
 
     f, ax = plt.subplots(figsize=(6, 4.5))
     pts = [(100 + i * 0.01, 2000 + i * 0.01, f"#{i}") for i in range(6)]  # all on one spot
+    pts += [(100.0, 2000.0, "#6"), (100.0, 2000.0, "#7")]  # two at exactly #0's place
     ax.scatter([p[0] for p in pts], [p[1] for p in pts])
     plots._labels(ax, pts)
     r = f.canvas.get_renderer()
     boxes = [t.get_window_extent(renderer=r) for t in ax.texts]
     assert len(boxes) >= 4
+    assert "#0, #6, #7" in [t.get_text() for t in ax.texts]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     plt.close(f)

@@ -137,12 +137,17 @@ def _axis(key: str, label: str | None = None) -> str:
 
 
 def _labels(ax: Any, points: list[tuple[float, float, str]]) -> None:
-    """Label points so that no two labels overlap: each placed at the first of a few offsets
-    around its point whose box meets no label placed before (skipped when none is free)."""
+    """Label points so that no two labels overlap: points at the same place share one label
+    (``#2, #5``); each label is placed at the first of a few offsets around its point whose
+    box meets no label placed before (left out when none is free)."""
+    merged: dict[tuple[float, float], list[str]] = {}
+    for x, y, text in points:
+        merged.setdefault((x, y), []).append(text)
     fig = ax.figure
     fig.canvas.draw()
     taken: list[Any] = []
-    for x, y, text in points:
+    for (x, y), texts in merged.items():
+        text = ", ".join(texts)
         for dx, dy in ((4, 4), (4, -10), (-16, 4), (-16, -10), (4, 12), (-16, 12)):
             a = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
                             fontsize=7)
