@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from chunktune.api import load_manifest, parse_manifest, validate
+from chunktune.api._goals import CONSTRAINT_PATTERN
 from chunktune.api.cli import main_crd, main_validate, register
 from chunktune.api.default_space import DEFAULT_SEARCH_SPACE
-from chunktune.api.v1alpha1 import Constraint, parse_constraint_string
+from chunktune.api.v1alpha1 import STORED_SPEC, Constraint, parse_constraint_string
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import flags_line, parse_argv
 from tests.api.factories import EXAMPLES, quickstart, vllm_manifest
@@ -78,12 +80,35 @@ def test_quickstart_values() -> None:
     ("ttft_p99<=4s", {"metric": "ttft_p99", "max": 4.0}),
     ("long-context.e2e_p99 <= 1m30s", {"metric": "e2e_p99", "class": "long-context",
                                        "max": 90.0}),
-    ("a.b.ttft_p50 <= 0.2", {"metric": "ttft_p50", "class": "a.b", "max": 0.2}),
+    ("a.b.ttft_p50 <= 0.2s", {"metric": "ttft_p50", "class": "a.b", "max": 0.2}),
     ("throughput_tokens_per_s >= 2000", {"metric": "throughput_tokens_per_s", "min": 2000.0}),
 ])
 def test_constraint_strings(text: str, parsed: dict[str, object]) -> None:
     assert parse_constraint_string(text) == parsed
     assert Constraint.model_validate(text) == Constraint.model_validate(parsed)
+
+
+@pytest.mark.parametrize("text", ["chat.itl_p99 <= 60", "ttft_p99 <= 0.5", "e2e_p50 >= 1e1"])
+def test_a_latency_bound_needs_its_unit(text: str) -> None:
+    """``chat.itl_p99 <= 60`` read as 60 seconds was a silent trap: refused, ``60ms``
+    suggested; the CRD's pattern refuses it too."""
+    raw = text.split()[-1]
+    with pytest.raises(ValueError, match=f"is a latency: give its unit, e.g. '{raw}ms'"):
+        parse_constraint_string(text)
+    assert not re.fullmatch(CONSTRAINT_PATTERN, text)
+    # a spec a study stored before units were required still reads, in seconds
+    c = Constraint.model_validate(text, context={STORED_SPEC: True})
+    assert (c.max if c.max is not None else c.min) == float(raw)
+
+
+@pytest.mark.parametrize("text", ["chat.itl_p99 <= 60ms", "ttft_p99 <= 0.0125s",
+                                  "e2e_p99 <= 1m30s", "ttft_p50 <= 0.000001s",
+                                  "long-context.ttft_p99 <= 3s"])
+def test_a_constraint_written_back_keeps_its_unit_and_value(text: str) -> None:
+    c = Constraint.model_validate(text)
+    back = c.manifest_text()
+    assert re.fullmatch(CONSTRAINT_PATTERN, back), back
+    assert Constraint.model_validate(back) == c
 
 
 def test_round_trip_yaml() -> None:
@@ -158,6 +183,11 @@ def test_multi_document_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="has 2 ChunkedPrefillTuning documents"):
         load_manifest(f)
     assert load_manifest(f, name="second").name == "second"
+    with pytest.raises(SpecError) as info:  # the names there are, not the kinds
+        load_manifest(f, name="secnod")
+    assert info.value.problems == [(str(f), "has no ChunkedPrefillTuning named 'secnod'; its "
+                                            "ChunkedPrefillTuning documents are named "
+                                            "quickstart, second; did you mean 'second'?")]
     f.write_text(yaml.safe_dump_all([other]))
     with pytest.raises(SpecError) as info:
         load_manifest(f)

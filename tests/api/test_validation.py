@@ -20,6 +20,10 @@ Edit = Callable[[dict[str, Any]], None]
 FROM_PROM = {"url": "http://prometheus.monitoring:9090", "selector": '{model_name="llama"}',
              "window": "1h"}
 
+#: Objectives and constraints a derived workload (classes short and long) has.
+_UNCLASSED: dict[str, Any] = {"objectives": [{"metric": "ttft_p99"}],
+                              "constraints": ["ttft_p99 <= 2s"]}
+
 
 def spec(fn: Callable[[dict[str, Any]], Any]) -> Edit:
     """An edit of the quickstart's spec."""
@@ -226,6 +230,24 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
      spec(lambda s: s.update(retune={"interval": "5m"})),
      [("spec.retune", "needs spec.workload.fromPrometheus: the operator watches the "
        "deployment's workload in the Prometheus it names")]),
+    ("retune that can never start: no drift limit, slo off",
+     spec(lambda s: (s["workload"].pop("profile"), s["workload"].update(
+         fromPrometheus=FROM_PROM), s.update(retune={"drift": {}, "slo": False}, **_UNCLASSED))),
+     [("spec.retune.drift", "sets no limit and slo is false, so a re-tune can never start; "
+       "set a drift limit (e.g. rate: 0.3) or let slo watch a latency bound")]),
+    ("retune that can never start: no drift limit, slo without a bound it can read",
+     spec(lambda s: (s["workload"].pop("profile"), s["workload"].update(
+         fromPrometheus=FROM_PROM), s.update(retune={"drift": {}}, **{
+             **_UNCLASSED, "constraints": ["error_rate <= 1%"]}))),
+     [("spec.retune.drift", "sets no limit and no constraint is an upper bound on the TTFT, "
+       "ITL or end-to-end latency of all requests (e.g. 'ttft_p99 <= 2s'), so a re-tune can "
+       "never start; set a drift limit (e.g. rate: 0.3) or let slo watch a latency bound")]),
+    ("retune interval longer than the window it reads",
+     spec(lambda s: (s["workload"].pop("profile"), s["workload"].update(
+         fromPrometheus=FROM_PROM), s.update(retune={"interval": "2h"}, **_UNCLASSED))),
+     [("spec.retune.interval", "(7200s) is longer than the window each check reads (3600s), "
+       "so traffic between windows is never seen; shorten it or lengthen "
+       "spec.retune.window")]),
     ("unknown profile",
      spec(lambda s: s["workload"].update(profile="mixd")),
      [("spec.workload.profile", "no profile file 'mixd'; give a path or one of: chat, "

@@ -288,3 +288,34 @@ def test_the_engines_start_up_figures_are_kept_with_the_trial(make_tuning, tmp_p
     asyncio.run(tuner.run())
     server = tuner.study.trials[0].user_attrs[st.ATTR_SERVER]
     assert server["engine"] == engine and "not_json" not in server
+
+
+def test_parallel_trials_never_run_the_same_point_at_once(make_tuning, tmp_path):
+    """A point the sampler proposes while this writer's own trial of it still runs is not
+    launched again (only another writer's running trial was looked for): SKIPPED Duplicate,
+    naming the trial that runs it."""
+    tuning = make_tuning(
+        searchSpace=[{"name": "max-num-batched-tokens", "choices": [2048, 4096]}],
+        workload={"profile": "smoke", "duration": "10s", "warmup": "1s"},
+        constraints=[], budget={"maxTrials": 6, "parallelism": 3},
+        sampler={"name": "random", "seed": 3})
+    in_flight: list[str] = []
+    overlaps: list[str] = []
+
+    class Spy(SimulatedBackend):
+        async def run_trial(self, plan, report=None):
+            key = repr(sorted(plan.params.items()))
+            if key in in_flight:
+                overlaps.append(key)
+            in_flight.append(key)
+            try:
+                return await super().run_trial(plan, report)
+            finally:
+                in_flight.remove(key)
+
+    tuner = Tuner(tuning, Spy(max_parallel=3), str(tmp_path / "s.journal"))
+    asyncio.run(tuner.run())
+    assert overlaps == []
+    dupes = [t for t in tuner.study.trials if t.user_attrs.get(st.ATTR_REASON) == "Duplicate"]
+    assert dupes  # two points, three at once: the sampler did propose a running one
+    assert any("runs the same configuration" in t.user_attrs[st.ATTR_MESSAGE] for t in dupes)

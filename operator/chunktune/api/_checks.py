@@ -12,6 +12,7 @@ from typing import Any
 
 from chunktune.api import metrics as _metrics
 from chunktune.api._engine import GPU_TYPES
+from chunktune.api._retune import slo_watched
 from chunktune.api.default_space import MANAGED_FLAGS
 from chunktune.api.v1alpha1 import (
     GRID_MAX,
@@ -21,6 +22,7 @@ from chunktune.api.v1alpha1 import (
     Objective,
     Parameter,
     PrunerSpec,
+    RetuneSpec,
     SamplerSpec,
     StrategySpec,
     WorkloadSpec,
@@ -73,6 +75,8 @@ class Parts:
     strategy: StrategySpec | None = None
     retune: bool = False
     """Whether the spec has ``retune``."""
+    retune_spec: RetuneSpec | None = None
+    """``retune`` when it parsed."""
     problems: list[Problem] = field(default_factory=list)
 
     def add(self, path: str, message: str) -> None:
@@ -441,6 +445,23 @@ def _retune(p: Parts) -> None:
     if p.retune and p.workload is not None and p.workload.from_prometheus is None:
         p.add("spec.retune", "needs spec.workload.fromPrometheus: the operator watches the "
               "deployment's workload in the Prometheus it names")
+    r = p.retune_spec
+    if r is None:
+        return
+    d = r.drift
+    if d.rate is None and d.prompt_length is None and d.long_share is None and \
+            p.n_constraints == len(p.constraints) and \
+            not (r.slo and any(slo_watched(c) for _, c in p.constraints)):
+        why = ("slo is false" if not r.slo else "no constraint is an upper bound on the TTFT, "
+               "ITL or end-to-end latency of all requests (e.g. 'ttft_p99 <= 2s')")
+        p.add("spec.retune.drift", f"sets no limit and {why}, so a re-tune can never start; "
+              "set a drift limit (e.g. rate: 0.3) or let slo watch a latency bound")
+    prom = p.workload.from_prometheus if p.workload is not None else None
+    window = r.window if r.window is not None else prom.window if prom is not None else None
+    if window is not None and r.interval > window:
+        p.add("spec.retune.interval", f"({r.interval:g}s) is longer than the window each check "
+              f"reads ({window:g}s), so traffic between windows is never seen; shorten it or "
+              "lengthen spec.retune.window")
 
 
 def _class(p: Parts, path: str, metric: str, cls: str | None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from chunktune.api import metrics as _metrics
@@ -14,6 +14,10 @@ from chunktune.api._types import Model
 from chunktune.core.errors import SpecError
 
 MetricName = Literal[_metrics.METRIC_NAMES]  # type: ignore[valid-type]
+
+#: Validation context key: the spec is one a study stored (a latency bound written without a
+#: unit, as stored before units were required, is seconds).
+STORED_SPEC = "stored_spec"
 
 _CLASS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -76,11 +80,11 @@ def _names(unit: str | None) -> str:
 
 
 #: The compact constraint grammar, for the CRD: ``[CLASS.]METRIC <= VALUE`` or ``>=``, METRIC one
-#: of the known metrics; VALUE seconds or a duration for latencies, a number in [0, 1] or a
+#: of the known metrics; VALUE a duration for latencies (50ms, 4s), a number in [0, 1] or a
 #: percentage up to 100% for fractions, a number for the rest.
 CONSTRAINT_PATTERN = (
     r"^ *([A-Za-z0-9][A-Za-z0-9_.-]{0,62}\.)?("
-    rf"({_names('s')}) *(<=|>=) *({_NUMBER}|{_DURATION})|"
+    rf"({_names('s')}) *(<=|>=) *{_DURATION}|"
     rf"({_names('fraction')}) *(<=|>=) *({_FRACTION}|{_PERCENT_VALUE})|"
     rf"({_names(None)}) *(<=|>=) *{_NUMBER}"
     r") *$"
@@ -90,9 +94,11 @@ _CONSTRAINT_FORM = ("'[CLASS.]METRIC <= VALUE' or '... >= VALUE', e.g. 'chat.itl
                     "or 'error_rate <= 1%'")
 
 
-def parse_constraint_string(text: str) -> dict[str, Any]:
+def parse_constraint_string(text: str, bare_seconds: bool = False) -> dict[str, Any]:
     """``"chat.itl_p99 <= 50ms"`` -> ``{"metric": "itl_p99", "class": "chat", "max": 0.05}``.
-    Raises ``ValueError`` with the expected form."""
+    A latency bound needs its unit (``60`` could be milliseconds or seconds; it is refused with
+    the ``60ms`` spelling suggested), unless ``bare_seconds``: a spec a study stored before
+    units were required. Raises ``ValueError`` with the expected form."""
     m = _CONSTRAINT_RE.fullmatch(text)
     if not m:
         raise ValueError(f"must look like {_CONSTRAINT_FORM} (got {text!r})")
@@ -103,12 +109,15 @@ def parse_constraint_string(text: str) -> dict[str, Any]:
         raise ValueError(f"{_metrics.unknown_metric_message(metric)} (in {text!r})")
     raw: Any = m["value"]
     if re.fullmatch(r"[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?", raw):
+        if _metrics.METRICS[metric].unit == "s" and not bare_seconds:
+            raise ValueError(f"{metric} is a latency: give its unit, e.g. '{raw}ms' or "
+                             f"'{raw}s' (got {raw!r} in {text!r})")
         raw = float(raw)
     try:
         value = _metrics.parse_value(metric, raw)
     except SpecError as e:
         raise ValueError(f"{e.problems[0][1]} (in {text!r})") from e
-    if len(text) > 256 or not _CONSTRAINT_FULL.fullmatch(text):
+    if len(text) > 256 or not (bare_seconds or _CONSTRAINT_FULL.fullmatch(text)):
         raise ValueError(f"must look like {_CONSTRAINT_FORM}: a class of at most 63 "
                          f"characters, a number, percentage or duration such as 50ms, and no "
                          f"other characters (got {text[:80]!r})")
@@ -127,16 +136,18 @@ class Constraint(Model):
     class_: str | None = Field(default=None, alias="class", max_length=253)
     """Only the requests of this traffic class."""
     max: float | None = None
-    """Upper bound, in the metric's unit: latencies take seconds or ``"50ms"``, fractions take
+    """Upper bound, in the metric's unit: latencies take seconds or ``"50ms"`` (the string
+    form ``"chat.itl_p99 <= 50ms"`` needs the unit), fractions take
     ``0.01`` or ``"1%"``."""
     min: float | None = None
     """Lower bound (same units)."""
 
     @model_validator(mode="before")
     @classmethod
-    def _from_string(cls, v: Any) -> Any:
+    def _from_string(cls, v: Any, info: ValidationInfo) -> Any:
         if isinstance(v, str):
-            return parse_constraint_string(v)
+            return parse_constraint_string(v, bare_seconds=bool(
+                (info.context or {}).get(STORED_SPEC)))
         if not isinstance(v, dict):
             raise ValueError(f"must be a mapping {{metric, class, max|min}} or a string such as "
                              f"'chat.itl_p99 <= 50ms' (got {v!r})")
@@ -168,13 +179,19 @@ class Constraint(Model):
         return f"{self.key} {op} {_metrics.format_value(self.metric, float(v or 0))}"
 
     def manifest_text(self) -> str:
-        """The compact form without rounding (``chat.itl_p99 <= 0.05``), as written back
-        into a manifest: the bound in the metric's base unit, seconds or a fraction."""
+        """The compact form without rounding (``chat.itl_p99 <= 50ms``), as written back
+        into a manifest: a latency in milliseconds (seconds above 10^6 ms), a fraction as a
+        number, the others in their unit."""
         op, v = ("<=", self.max) if self.max is not None else (">=", self.min)
-        if _metrics.METRICS[self.metric].unit == "fraction":
-            text = f"{float(v or 0):.9f}".rstrip("0").rstrip(".")
+        unit = _metrics.METRICS[self.metric].unit
+        x = float(v or 0)
+        if unit == "fraction":
+            text = f"{x:.9f}".rstrip("0").rstrip(".")
+        elif unit == "s":
+            ms = x * 1000 < 1e6
+            text = f"{x * 1000 if ms else x:.6f}".rstrip("0").rstrip(".") + ("ms" if ms else "s")
         else:
-            text = f"{float(v or 0):.9g}"
+            text = f"{x:.9g}"
         return f"{self.key} {op} {text}"
 
     def ok(self, value: float) -> bool:
@@ -191,8 +208,8 @@ class Constraint(Model):
 CONSTRAINT_ITEM_SCHEMA: dict[str, Any] = {
     "type": "string",
     "description": "An SLO: '[CLASS.]METRIC <= VALUE' or '... >= VALUE' (e.g. "
-                   "'chat.itl_p99 <= 50ms', 'error_rate <= 1%'). Latency bounds take seconds or "
-                   "a duration ('50ms', '4s'); fractions take 0.01 or '1%'.",
+                   "'chat.itl_p99 <= 50ms', 'error_rate <= 1%'). Latency bounds take a duration "
+                   "with its unit ('50ms', '4s'); fractions take 0.01 or '1%'.",
     "minLength": 1,
     "maxLength": 256,
     "pattern": CONSTRAINT_PATTERN,

@@ -8,11 +8,22 @@ from typing import Literal
 
 from pydantic import Field
 
+from chunktune.api._goals import Constraint
 from chunktune.api._types import HTTP_URL, Model, duration_type, pattern_str
 from chunktune.core.selectors import SELECTOR_PATTERN
 
 #: The longest window a derivation may read (Prometheus keeps 15 days by default).
 WINDOW_CEILING = 30 * 24 * 3600
+#: The latency histograms of vLLM's a re-tune's SLO check reads: TTFT, ITL, end to end.
+SLO_BASES = ("ttft", "itl", "e2e")
+
+
+def slo_watched(c: Constraint) -> bool:
+    """Whether ``spec.retune.slo`` can check ``c`` against the deployment's own histograms: an
+    upper bound on a percentile of TTFT, ITL or end-to-end latency of all requests (the server
+    does not tell the classes apart)."""
+    base, _, pct = c.metric.rpartition("_p")
+    return c.class_ is None and c.max is not None and base in SLO_BASES and pct.isdigit()
 
 
 class FromPrometheus(Model):
@@ -102,4 +113,5 @@ class RetuneSpec(Model):
     """The previous study's best measured configurations queued first in each re-tune."""
 
 
-__all__ = ["WINDOW_CEILING", "DriftSpec", "FromPrometheus", "RetuneSpec"]
+__all__ = ["SLO_BASES", "WINDOW_CEILING", "DriftSpec", "FromPrometheus", "RetuneSpec",
+           "slo_watched"]

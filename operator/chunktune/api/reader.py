@@ -27,6 +27,7 @@ from chunktune.api.v1alpha1 import (
     Objective,
     Parameter,
     PrunerSpec,
+    RetuneSpec,
     SamplerSpec,
     Spec,
     StrategySpec,
@@ -34,6 +35,7 @@ from chunktune.api.v1alpha1 import (
 )
 from chunktune.core import yamlsafe
 from chunktune.core.errors import SpecError
+from chunktune.core.suggest import closest
 from chunktune.core.validation import Problem, problems_from
 
 M = TypeVar("M", bound=BaseModel)
@@ -117,16 +119,21 @@ def read_manifest(path: str | Path, name: str | None = None) -> dict[str, Any]:
     if len(docs) == 1 and isinstance(docs[0], dict) and "kind" not in docs[0]:
         return docs[0]  # let validate() report the missing kind
     ours = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
-    if name is not None:
-        ours = [d for d in ours if (d.get("metadata") or {}).get("name") == name]
+    named = [str((d.get("metadata") or {}).get("name")) for d in ours]
+    if name is not None and ours:
+        if name not in named:
+            hint = closest(name, named)
+            raise SpecError(f"has no {KIND} named {name!r}; its {KIND} documents are "
+                            f"named {', '.join(named)}"
+                            + (f"; did you mean {hint!r}?" if hint else ""), field=str(p))
+        ours = [d for d, n in zip(ours, named, strict=True) if n == name]
     if not ours:
         kinds = sorted({str(d.get("kind")) for d in docs if isinstance(d, dict)})
         found = f" (found: {', '.join(kinds)})" if kinds else ""
-        which = f" named {name!r}" if name is not None else ""
-        raise SpecError(f"has no {KIND} document{which}{found}", field=str(p))
+        raise SpecError(f"has no {KIND} document{found}", field=str(p))
     if len(ours) > 1:
         names = ", ".join(str((d.get("metadata") or {}).get("name")) for d in ours)
-        raise SpecError(f"has {len(ours)} {KIND} documents ({names}); pick one by name",
+        raise SpecError(f"has {len(ours)} {KIND} documents ({names}); pick one with --name",
                         field=str(p))
     return ours[0]
 
@@ -198,6 +205,8 @@ def _parts(spec: dict[str, Any], base_dir: Path | None,
         prometheus_url=(spec.get("metrics") or {}).get("prometheusURL")
         if isinstance(spec.get("metrics"), dict) else None,
         retune=spec.get("retune") is not None,
+        retune_spec=_try(RetuneSpec, spec.get("retune")) if spec.get("retune") is not None
+        else None,
     )
 
 

@@ -39,6 +39,7 @@ from chunktune.api._engine import (
 )
 from chunktune.api._goals import (
     CONSTRAINT_ITEM_SCHEMA,
+    STORED_SPEC,
     Constraint,
     MetricName,
     Objective,
@@ -76,9 +77,9 @@ API_VERSION = "v1alpha1"
 KIND = "ChunkedPrefillTuning"
 
 __all__ = [
-    "API_GROUP", "API_VERSION", "KIND", "Budget", "CPUSpec", "ChunkedPrefillTuning",
-    "Constraint", "DriftSpec", "EngineKind", "EngineSpec", "EnvVar", "EnvVarSource",
-    "FromPrometheus", "GPUSpec", "KeyRef",
+    "API_GROUP", "API_VERSION", "KIND", "STORED_SPEC", "Budget", "CPUSpec",
+    "ChunkedPrefillTuning", "Constraint", "DriftSpec", "EngineKind", "EngineSpec", "EnvVar",
+    "EnvVarSource", "FromPrometheus", "GPUSpec", "KeyRef",
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
     "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "RetuneSpec", "SamplerSpec",
     "Spec", "StorageSource", "StrategySpec", "TraceClassItem", "TraceWorkload", "WorkloadSpec",

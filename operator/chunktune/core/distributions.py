@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from chunktune.core.bounds import MAX_DURATION_S
 from chunktune.core.errors import SpecError
 from chunktune.core.validation import problems_from
 
@@ -53,8 +54,9 @@ def parse_duration(value: Any, field_name: str) -> float:
         except (TypeError, ValueError) as e:
             raise SpecError(f"must be a duration such as 60, '90s' or '10m' (got {value!r})",
                             field=field_name) from e
-    if seconds < 0 or math.isnan(seconds):
-        raise SpecError(f"must be >= 0 (got {value!r})", field=field_name)
+    if not 0 <= seconds <= MAX_DURATION_S:  # NaN and inf too
+        raise SpecError(f"must be >= 0 and at most a year ({MAX_DURATION_S:.0f}s) "
+                        f"(got {value!r})", field=field_name)
     return seconds
 
 

@@ -36,6 +36,11 @@ class EngineStartupError(ChunktuneError):
         self.lines = lines or (message,)
         super().__init__(message)
 
+    def describe(self) -> str:
+        """The message with its hint, as a trial records it (as
+        :meth:`chunktune.backends.classify.StartupFailure.describe` does)."""
+        return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
     @classmethod
     def value_error(cls, config: str, text: str, hint: str = "") -> EngineStartupError:
         """A rule a vLLM 0.32 config dataclass enforces (``SchedulerConfig``,

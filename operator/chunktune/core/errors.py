@@ -32,10 +32,11 @@ class SpecError(ChunktuneError, ValueError):
 class Problems(list[tuple[str, str]]):
     """Collects ``(field_path, message)`` problems so that all of them are reported at once."""
 
-    def attempt(self, fn: Callable[..., T], *args: Any) -> T | None:
-        """``fn(*args)``; a :class:`SpecError` it raises is collected and None returned."""
+    def attempt(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+        """``fn(*args, **kwargs)``; a :class:`SpecError` it raises is collected and None
+        returned."""
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except SpecError as e:
             self.extend(e.problems)
             return None

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chunktune.core.errors import SpecError
+from chunktune.core.errors import BackendUnavailable, SpecError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,8 +88,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     from chunktune.k8s.runtime import run
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(settings))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run(settings))
+    except BackendUnavailable as e:
+        print(f"chunktune operator run: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

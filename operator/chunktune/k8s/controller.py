@@ -414,6 +414,8 @@ class StudyController:
                 message = (f"{tuner.counts()[TrialState.FAIL]} trials failed "
                            f"(budget.maxFailedTrials {tuner.spec.budget.max_failed_trials})")
                 cause = "TooManyFailures"
+            elif results.no_result:
+                message, cause = f"{results.no_result} ({reason})", "NoTrialResult"
             else:
                 message = f"no trial met every constraint after {counted} trials ({reason})"
                 cause = "NoFeasibleTrial"

@@ -28,17 +28,20 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import random
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import kubernetes
 import urllib3
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from chunktune.api.crd import PLURAL
 from chunktune.api.v1alpha1 import API_GROUP, API_VERSION
 from chunktune.backends.cluster import ApiUnavailable, ClusterApiError
+from chunktune.core.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,8 +76,16 @@ def make_api_client(kubeconfig: str | None = None, pool_size: int = 16) -> Any:
         kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
             client_configuration=config)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=config)
+        try:
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=config)
+        except (kubernetes.config.ConfigException, OSError, ValueError, yaml.YAMLError) as e:
+            where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise BackendUnavailable(
+                f"no Kubernetes cluster to talk to: not running in a pod, and the kubeconfig "
+                f"{where} gives none ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                "; set KUBECONFIG to a cluster's kubeconfig or run the operator in the "
+                "cluster") from e
     config.connection_pool_maxsize = pool_size
     return kubernetes.client.ApiClient(configuration=config)
 

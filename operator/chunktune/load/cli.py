@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from chunktune.core.bounds import MAX_CONCURRENCY, MAX_RATE, bounded, rate_bound
 from chunktune.core.errors import SpecError
 from chunktune.core.summary import LoadSummary, Slo, Window
 from chunktune.load.config import DriverConfig
@@ -136,10 +137,10 @@ def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
     profile = trace_profile(ns.trace) if ns.trace else load_profile(ns.profile or "mixed")
     dur = None if ns.duration is None else parse_duration(ns.duration, "--duration")
     warm = None if ns.warmup is None else parse_duration(ns.warmup, "--warmup")
-    if ns.rate is not None and ns.rate <= 0:
-        raise SpecError(f"must be > 0 (got {ns.rate})", field="--rate")
-    if ns.concurrency is not None and ns.concurrency <= 0:
-        raise SpecError(f"must be > 0 (got {ns.concurrency})", field="--concurrency")
+    if ns.rate is not None:
+        bounded(ns.rate, "--rate", low=0, low_open=True, high=MAX_RATE)
+    if ns.concurrency is not None:
+        bounded(ns.concurrency, "--concurrency", low=1, high=MAX_CONCURRENCY, integral=True)
     try:
         profile = profile.with_overrides(duration=dur, warmup=warm, rate=ns.rate,
                                          concurrency=ns.concurrency, seed=ns.seed)
@@ -150,6 +151,10 @@ def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
     if profile.warmup >= profile.duration:
         raise SpecError(f"must be shorter than the duration ({profile.warmup:g}s >= "
                         f"{profile.duration:g}s)", field="--warmup")
+    if profile.trace is None:
+        rate_bound(profile.arrival.rate, profile.duration,
+                   "--rate" if ns.rate is not None else
+                   "--duration" if dur is not None else "--profile")
     window = None if ns.windows is None else parse_duration(ns.windows, "--windows")
     if window is not None and window <= 0:
         raise SpecError("must be > 0", field="--windows")
@@ -159,14 +164,13 @@ def build_config(ns: argparse.Namespace, model: str) -> DriverConfig:
         request_timeout=parse_duration(ns.request_timeout, "--request-timeout"),
         token_ids=ns.token_ids, api_key=ns.api_key, window=window,
         locust_csv=ns.locust_csv, load_workers=_workers(ns.workers),
-        master_bind=ns.master_bind, master_port=ns.master_port,
+        master_bind=ns.master_bind,
+        master_port=int(bounded(ns.master_port, "--master-port", low=0, high=65535)),
         spawn_workers=not ns.external_workers)
 
 
 def _workers(n: int) -> int:
-    if not 0 <= n <= 64:
-        raise SpecError(f"must be 0 (one process) to 64 (got {n})", field="--workers")
-    return n
+    return int(bounded(n, "--workers", low=0, high=64, integral=True))
 
 
 def _progress_printer(stream: IO[str]) -> Any:
@@ -190,11 +194,12 @@ def cmd_worker(ns: argparse.Namespace) -> int:
     """Become a Locust worker process (gevent's patch comes first, in a fresh interpreter)."""
     import subprocess
 
-    from chunktune.load.launcher import BOOTSTRAP
+    from chunktune.load.launcher import BOOTSTRAP, child_env
 
     if ":" not in ns.master:
         raise SpecError(f"must be HOST:PORT (got {ns.master!r})", field="--master")
-    return subprocess.call([sys.executable, "-c", BOOTSTRAP, "--worker", ns.master])
+    return subprocess.call([sys.executable, "-c", BOOTSTRAP, "--worker", ns.master],
+                           env=child_env())
 
 
 def cmd_run(ns: argparse.Namespace) -> int:

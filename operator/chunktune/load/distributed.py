@@ -35,6 +35,7 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
 from chunktune.load.config import DriverConfig
+from chunktune.load.launcher import child_env
 from chunktune.load.users import Schedule
 
 __all__ = ["Master", "run_worker"]
@@ -133,7 +134,7 @@ class Master:
         for _ in range(self.count):
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-c", self.bootstrap, "--worker", f"127.0.0.1:{self.port}"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=dict(os.environ)))
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=child_env()))
 
     def run(self) -> None:
         if self.cfg.spawn_workers:

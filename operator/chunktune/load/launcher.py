@@ -35,12 +35,24 @@ from chunktune.core.stats import percentile
 from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo, Window
 from chunktune.load.config import DriverConfig
 
-__all__ = ["BOOTSTRAP", "EventCollector", "LoadRunError", "Progress", "resolve_model", "run_load"]
+__all__ = ["BOOTSTRAP", "PARENT_ENV", "EventCollector", "LoadRunError", "Progress", "child_env",
+           "resolve_model", "run_load"]
+
+#: The pid of the process that starts a Locust child or worker (:func:`child_env`).
+PARENT_ENV = "CHUNKTUNE_LOAD_PARENT"
 
 #: ``python -c`` program that starts the Locust child: patch for gevent first, then import
-#: chunktune (anything imported before the patch, ssl above all, may misbehave).
-BOOTSTRAP = ("from gevent import monkey; monkey.patch_all()\n"
-             "import sys\n"
+#: chunktune (anything imported before the patch, ssl above all, may misbehave). Before that,
+#: on Linux, the child asks the kernel to SIGKILL it when the process that started it exits
+#: (``prctl(PR_SET_PDEATHSIG)``), and exits if that one is already gone: a child busy
+#: building a prompt handles no SIGTERM, and in its own session a terminal's signals miss it,
+#: so nothing else would end it with a killed ``load run`` (or a master its workers).
+BOOTSTRAP = ("import ctypes, os, signal, sys\n"
+             "if sys.platform.startswith('linux'):\n"
+             "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)\n"
+             f"    if str(os.getppid()) != os.environ.get({PARENT_ENV!r}, str(os.getppid())):\n"
+             "        sys.exit(1)\n"
+             "from gevent import monkey; monkey.patch_all()\n"
              "from chunktune.load.runner import main\n"
              "sys.exit(main(sys.argv[1:]))\n")
 
@@ -87,10 +99,13 @@ def resolve_model(target: str, api_key: str | None = None, timeout: float = 10.0
     return str(models[0]["id"])
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
+    """The environment of a process running :data:`BOOTSTRAP`: this chunktune importable, and
+    this process named its parent (:data:`PARENT_ENV`)."""
     env = dict(os.environ)
     root = str(Path(chunktune.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    env[PARENT_ENV] = str(os.getpid())
     return env
 
 
@@ -199,7 +214,7 @@ def run_load(cfg: DriverConfig, *, raw: bool = False, slos: Mapping[str, Slo] | 
         proc = subprocess.Popen(
             [sys.executable, "-c", BOOTSTRAP, "--config", "-", "--events-fd", str(w_fd)],
             pass_fds=(w_fd,), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True, env=_child_env(), start_new_session=True)
+            stderr=subprocess.PIPE, text=True, env=child_env(), start_new_session=True)
     except BaseException:
         os.close(r_fd)
         raise

@@ -208,7 +208,11 @@ class Schedule:
         that offset from the start, or not at all if the run is stopped before."""
         prepared = None
         if at is not None:
-            prepared = user.prepare(spec, rec)
+            try:
+                prepared = user.prepare(spec, rec)
+            except Exception as e:  # the driver broke, not the request
+                self._broke(rec, e)
+                return
             wait = self.clock0 + at - time.perf_counter()
             if (wait > 0 and self.stopped.wait(wait)) or self.stopped.is_set():
                 return
@@ -217,6 +221,10 @@ class Schedule:
         self.sent[spec.cls] += 1
         try:
             user.send(spec, rec, self.clock0, prepared)
+        except Exception as e:  # the request's own failures are recorded in send
+            self.active.pop(g, None)
+            self._broke(rec, e)
+            return
         except GreenletExit:
             rec.e2e = time.perf_counter() - self.clock0 - rec.start
             if self.stopped.is_set():
@@ -228,6 +236,16 @@ class Schedule:
         finally:
             self.active.pop(g, None)
         self.sink({"type": "record", **rec.to_dict()})
+
+    def _broke(self, rec: RequestRecord, e: Exception) -> None:
+        """The driver itself failed on request ``rec`` (out of memory building its prompt, a
+        bug): the run stops and ends in an ``error`` event, so it exits non-zero instead of
+        finishing without that request (a greenlet's exception is otherwise only printed)."""
+        what = "ran out of memory" if isinstance(e, MemoryError) else \
+            f"failed ({type(e).__name__}: {str(e)[:200]})"
+        self.sink({"type": "error", "message": f"the load driver {what} on request {rec.rid} "
+                   f"(class {rec.cls}, {rec.prompt_tokens} prompt tokens)"})
+        self.stop()
 
     def _record(self, spec: RequestSpec, rid: int, now: float) -> RequestRecord:
         p = self.profile

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import yaml
 
+from chunktune.core.bounds import MAX_TIMEOUT_S, MAX_TOKENS, bounded
 from chunktune.core.errors import SpecError
 from chunktune.core.selectors import LabelSelector
 from chunktune.core.workload import parse_duration
@@ -28,19 +29,23 @@ from chunktune.metrics.client import PrometheusClient
 from chunktune.metrics.derive import LONG_PROMPT_TOKENS, DerivedWorkload, WorkloadUnavailable
 from chunktune.metrics.derive import derive as derive_profile
 
+#: The last Unix second a ``datetime`` holds (9999-12-31T23:59:59Z).
+MAX_UNIX_SECONDS = 253402300799.0
+
 
 def parse_time(text: str) -> float:
     """Unix seconds from ``1735689600`` or an ISO 8601 / RFC 3339 time
     (``2025-01-01T00:00:00Z``)."""
+    want = "must be Unix seconds or an RFC 3339 time such as 2025-01-01T00:00:00Z"
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError as e:
-        raise SpecError(f"must be Unix seconds or an RFC 3339 time such as "
-                        f"2025-01-01T00:00:00Z (got {text!r})", field="--at") from e
+        try:
+            return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except ValueError as e:
+            raise SpecError(f"{want} (got {text!r})", field="--at") from e
+    # Unix seconds after the epoch and before the year 10000 (what a datetime can hold).
+    return bounded(seconds, "--at", low=0, high=MAX_UNIX_SECONDS)
 
 
 def profile_yaml(derived: DerivedWorkload) -> str:
@@ -80,6 +85,8 @@ def main_from_prometheus(a: argparse.Namespace, out: IO[str] | None = None,
         at = parse_time(a.at) if a.at else None
         if window <= 0:
             raise SpecError("must be > 0", field="--window")
+        bounded(a.timeout, "--timeout", low=0, low_open=True, high=MAX_TIMEOUT_S)
+        bounded(a.long_prompt_tokens, "--long-prompt-tokens", low=1, high=MAX_TOKENS)
     except ValueError as e:
         problems = e.problems if isinstance(e, SpecError) else [("--selector", str(e))]
         for path, message in problems:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chunktune.core.bounds import MAX_CONCURRENCY, MAX_RATE, MAX_TIMEOUT_S, bounded, rate_bound
 from chunktune.core.engine_args import EngineStartupError
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.flags import TUNABLE, flags_line
@@ -126,10 +127,11 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     profile = collect(trace_profile, ns.trace) if ns.trace else \
         collect(load_profile, ns.workload)
     drain = collect(parse_duration, ns.drain_timeout, "--drain-timeout")
-    if ns.rate is not None and ns.rate <= 0:
-        problems.append(("--rate", f"must be > 0 (got {ns.rate})"))
-    if ns.concurrency is not None and ns.concurrency <= 0:
-        problems.append(("--concurrency", f"must be > 0 (got {ns.concurrency})"))
+    if ns.rate is not None:
+        collect(bounded, ns.rate, "--rate", low=0, low_open=True, high=MAX_RATE)
+    if ns.concurrency is not None:
+        collect(bounded, ns.concurrency, "--concurrency", low=1, high=MAX_CONCURRENCY,
+                integral=True)
     version = collect(parse_version, ns.vllm_version, "--vllm-version") \
         if ns.vllm_version else None
     duration = collect(parse_duration, ns.duration, "--duration") if ns.duration else None
@@ -139,6 +141,10 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     if profile is not None and not problems and profile.warmup >= profile.duration:
         problems.append(("--warmup", f"must be shorter than --duration "
                          f"({profile.warmup:g}s >= {profile.duration:g}s)"))
+    if profile is not None and not problems and profile.trace is None:
+        collect(rate_bound, profile.arrival.rate, profile.duration,
+                "--rate" if ns.rate is not None else
+                "--duration" if duration is not None else "--workload")
     if problems or mg is None or profile is None or drain is None:  # attempt() said why
         for path, msg in problems:
             print(f"error: {path}: {msg}" if path else f"error: {msg}", file=sys.stderr)
@@ -223,9 +229,10 @@ def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> i
     from chunktune.core.models import resolve_model
     from chunktune.sim.cost.step_time import StepCostModel
     try:
-        if ns.tensor_parallel_size < 1:
-            raise SpecError(f"must be >= 1 (got {ns.tensor_parallel_size})",
-                            field="--tensor-parallel-size")
+        bounded(ns.tensor_parallel_size, "--tensor-parallel-size", low=1, high=64)
+        if ns.server_overhead is not None:
+            bounded(ns.server_overhead, "--server-overhead", low=0, high=MAX_TIMEOUT_S)
+        bounded(ns.step_gap, "--step-gap", low=0, high=MAX_TIMEOUT_S)
         model = resolve_model(ns.model, ns.model_config)
         gpu = resolve_gpu(ns.gpu)
         declared = ns.model or model.name
@@ -233,10 +240,6 @@ def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> i
         budget = max(max(s.tokens for s in log.steps) for log in logs)
         cost = StepCostModel(model, gpu, ns.tensor_parallel_size, max_tokens=max(budget, 16))
         fit = profiles.fit_logs(logs, cost)
-        if ns.server_overhead is not None and ns.server_overhead < 0:
-            raise SpecError(f"must be >= 0 (got {ns.server_overhead})", field="--server-overhead")
-        if ns.step_gap < 0:
-            raise SpecError(f"must be >= 0 (got {ns.step_gap})", field="--step-gap")
         prof = profiles.build_profile(ns.log, logs, fit, cost, model, gpu.name,
                                   ns.tensor_parallel_size, ns.server_overhead, ns.step_gap)
     except SpecError as e:

@@ -99,6 +99,11 @@ def _load(path: str, name: str | None) -> Any:
     return load_manifest(path, name)
 
 
+def _storage_field(flag: str | None, spec: str | None) -> str:
+    """Where the storage in use was given, for an error about it."""
+    return "--storage" if flag else "spec.storage" if spec else "storage"
+
+
 def _print_problems(e: SpecError) -> None:
     for path, msg in e.problems:
         print(f"{path} {msg}" if path else msg, file=sys.stderr)
@@ -130,12 +135,15 @@ class StopOnSignal:
 
 
 class TrialLines:
-    """One line per trial start and end, with the best so far."""
+    """One line per trial end, with the best so far: a measured trial that misses a
+    constraint says which; a skip, a prune or a failure is explained the first time its kind
+    appears (later ones of the same kind only name it)."""
 
     def __init__(self, tuner: Tuner, quiet: bool) -> None:
         self.tuner = tuner
         self.quiet = quiet
         self.t0 = time.monotonic()
+        self.explained: set[str] = set()
 
     def event(self, e: TrialEvent) -> None:
         if e.kind in (EventKind.PHASE, EventKind.WARNING):
@@ -152,14 +160,47 @@ class TrialLines:
         shown = ", ".join(f"{k}={format_value(k, e.metrics[k])}" for k in dict.fromkeys(keys)
                           if k in e.metrics)
         tag = " (baseline)" if e.baseline else ""
-        what = e.state if e.state == TrialState.COMPLETE else f"{e.state} {e.reason or ''}".strip()
+        what = self.outcome(e)
         best = self.best_text()
         phase = f"{t.strategy.phase} " if t.strategy.phase is not None else ""
         print(f"[{phase}{done}/{budget}] trial {e.number}{tag}: {flags_line(e.point)} -> {what}"
               + (f"; {shown}" if shown else "") + (f" | best: {best}" if best else ""),
               flush=True)
-        if e.state in (TrialState.FAIL, TrialState.INFEASIBLE) and e.message:
-            print(f"    {e.message.strip().splitlines()[-1][:300]}", flush=True)
+        note = self.explanation(e)
+        if note:
+            print(f"    {note}", flush=True)
+
+    def outcome(self, e: TrialEvent) -> str:
+        """``COMPLETE``; ``COMPLETE, violates chat.itl_p99 <= 60ms``; ``PRUNED``; ``SKIPPED
+        Duplicate (same configuration as trial 3)``; ``INFEASIBLE EngineOOM``."""
+        if e.state == TrialState.COMPLETE:
+            missed = [c.text() for c in self.tuner.constraints if c.violation(e.metrics) > 0]
+            return "COMPLETE" + (f", violates {', '.join(missed)}" if missed else "")
+        if e.state == TrialState.PRUNED and e.reason in (None, "Pruned"):
+            return "PRUNED"
+        what = f"{e.state} {e.reason or ''}".strip()
+        if e.reason == "Duplicate" and e.message:
+            what += f" ({e.message})"
+        return what
+
+    def explanation(self, e: TrialEvent) -> str | None:
+        """What a trial's kind of end means, the first time that kind appears."""
+        kind = f"{e.state} {e.reason or ''}"
+        if e.state == TrialState.COMPLETE or kind in self.explained:
+            return None
+        self.explained.add(kind)
+        if e.state == TrialState.PRUNED:
+            key = self.tuner.objectives[0].key
+            return (f"pruned: stopped early by the {self.tuner.spec.pruner.name} pruner, its "
+                    f"{key} so far being worse than the earlier trials' at the same point of "
+                    "the load; the values shown are those when it stopped, and it is no result")
+        if e.reason == "Duplicate":
+            return ("duplicate: the sampler proposed a configuration measured before (or "
+                    "running now); it is not run again and its earlier values count for it, "
+                    "not against the budget")
+        if e.message:
+            return e.message.strip().splitlines()[-1][:300]
+        return None
 
     def best_text(self) -> str:
         from chunktune.tuning.results.model import collect
@@ -176,19 +217,23 @@ class TrialLines:
 def cmd_tune(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results.files import write_outputs
     from chunktune.tuning.results.model import collect
+    from chunktune.tuning.results.plots import importances
     from chunktune.tuning.results.text import format_results
     from chunktune.tuning.runner import cost_model
     from chunktune.tuning.storage import StorageFault, display_url
-    from chunktune.tuning.study import storage_url
+    from chunktune.tuning.study import check_out_dir, check_storage, storage_url
     from chunktune.tuning.tuner import Tuner
 
     try:
+        if ns.out:
+            check_out_dir(ns.out)
         tuning = _load(ns.file, ns.name)
         if ns.max_trials is not None:
             if ns.max_trials < 1:
                 raise SpecError("must be >= 1", field="--max-trials")
             tuning.spec.budget.max_trials = ns.max_trials
         storage = storage_url(tuning, ns.storage)
+        check_storage(storage, _storage_field(ns.storage, tuning.spec.storage))
         backend = make_backend(ns.backend, tuning.spec.engine.kind,
                                tuning.spec.budget.parallelism, steps_dir_for(storage, ns.out),
                                keep_steps=tuning.spec.strategy.name == "twin")
@@ -250,11 +295,15 @@ def cmd_tune(ns: argparse.Namespace) -> int:
           f"in {elapsed:.1f} s)")
     print(format_results(results))
     if ns.out:
-        files = write_outputs(Path(ns.out), results, tuner.study, stop_reason=why,
-                              storage=display_url(storage), name=tuning.metadata.name,
-                              wall_s=elapsed,
-                              **extra)
+        imp = importances(tuner.study, results)
+        print(f"\n{imp.text()}")
+        files = write_outputs(Path(ns.out), results, tuner.study, importances=imp,
+                              stop_reason=why, storage=display_url(storage),
+                              name=tuning.metadata.name, wall_s=elapsed, **extra)
         print(f"\nwrote {', '.join(str(f) for f in files)}")
+    if results.no_result:
+        print(f"error: {results.no_result}", file=sys.stderr)
+        return 1
     if why == StopReason.FAILURES:
         return 1
     return 0
@@ -277,29 +326,28 @@ def cmd_results(ns: argparse.Namespace) -> int:
     from chunktune.tuning.results.text import format_results
     from chunktune.tuning.storage import StorageFault
 
-    src = Path(ns.source)
     try:
-        if src.suffix in (".yaml", ".yml"):
-            tuning = _load(str(src), None)
+        if ns.out:
+            st.check_out_dir(ns.out)
+        if Path(ns.source).suffix in (".yaml", ".yml"):
+            tuning = _load(ns.source, None)
             url = st.storage_url(tuning, ns.storage)
-            if "://" not in url and not Path(url).exists():
-                raise SpecError(f"no study storage at {url}: run `chunktune tune {src}` first",
-                                field="storage")
+            _check_study_storage(url, ns.source, _storage_field(ns.storage, tuning.spec.storage))
             study = optuna.load_study(study_name=st.study_name(tuning),
                                       storage=st.open_storage(url))
             objectives = [ObjectiveDef.from_spec(o) for o in tuning.spec.objectives]
             constraints = [ConstraintDef.from_spec(c) for c in tuning.spec.constraints]
         else:
-            if "://" not in str(src) and not src.exists():
-                raise SpecError(f"no such file {str(src)!r}", field="FILE|STORAGE")
-            storage = st.open_storage(str(src))
+            st.check_storage(ns.source, "FILE|STORAGE", must_exist=True)
+            storage = st.open_storage(ns.source)
             names = [n for n in optuna.get_all_study_names(storage) if "#" not in n]
             if not names:
                 raise SpecError("the storage holds no study", field="FILE|STORAGE")
             study = optuna.load_study(study_name=names[0], storage=storage)
-            from chunktune.api.v1alpha1 import Spec
+            from chunktune.api.v1alpha1 import STORED_SPEC, Spec
 
-            spec = Spec.model_validate(study.user_attrs[st.STUDY_SPEC])
+            spec = Spec.model_validate(study.user_attrs[st.STUDY_SPEC],
+                                       context={STORED_SPEC: True})
             objectives = [ObjectiveDef.from_spec(o) for o in spec.objectives]
             constraints = [ConstraintDef.from_spec(c) for c in spec.constraints]
     except SpecError as e:
@@ -331,22 +379,37 @@ def cmd_results(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _check_study_storage(url: str, manifest: str, field: str) -> None:
+    """A manifest's storage, to read its study: there, or the command that makes it."""
+    from chunktune.tuning import study as st
+
+    try:
+        st.check_storage(url, field, must_exist=True)
+    except SpecError as e:
+        if not any(m.startswith("no study storage") for _, m in e.problems):
+            raise
+        raise SpecError(f"no study storage at {url}: run `chunktune tune {manifest}` first",
+                        field=field) from e
+
+
 def _tuning_of(source: str, storage: str | None) -> tuple[Any, str]:
     """The study's manifest and storage: from a manifest (and its default storage) or from a
     storage (the spec the study recorded)."""
-    from chunktune.api.v1alpha1 import API_GROUP, API_VERSION, KIND, ChunkedPrefillTuning
+    from chunktune.api.v1alpha1 import (
+        API_GROUP,
+        API_VERSION,
+        KIND,
+        STORED_SPEC,
+        ChunkedPrefillTuning,
+    )
     from chunktune.tuning import study as st
 
-    src = Path(source)
-    if src.suffix in (".yaml", ".yml"):
+    if Path(source).suffix in (".yaml", ".yml"):
         tuning = _load(source, None)
         url = st.storage_url(tuning, storage)
-        if "://" not in url and not Path(url).exists():
-            raise SpecError(f"no study storage at {url}: run `chunktune tune {src}` first",
-                            field="storage")
+        _check_study_storage(url, source, _storage_field(storage, tuning.spec.storage))
         return tuning, url
-    if "://" not in source and not src.exists():
-        raise SpecError(f"no such file {source!r}", field="FILE|STORAGE")
+    st.check_storage(source, "FILE|STORAGE", must_exist=True)
     import optuna
 
     names = [n for n in optuna.get_all_study_names(st.open_storage(source)) if "#" not in n]
@@ -357,7 +420,7 @@ def _tuning_of(source: str, storage: str | None) -> tuple[Any, str]:
     tuning = ChunkedPrefillTuning.model_validate({
         "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
         "metadata": {"name": name, "namespace": ns or "default"},
-        "spec": study.user_attrs[st.STUDY_SPEC]})
+        "spec": study.user_attrs[st.STUDY_SPEC]}, context={STORED_SPEC: True})
     return tuning, source
 
 

@@ -316,7 +316,7 @@ class TrialRunner:
                 if problem is not None:
                     skips += 1
                     self._tell_startup_failure(trial, point, TrialState.SKIPPED, problem.reason,
-                                               problem.message)
+                                               problem.describe())
                     continue
                 running.add(asyncio.create_task(self._run_one(trial, point)))
                 continue
@@ -389,8 +389,9 @@ class TrialRunner:
         """A point already measured is not launched again: the trial is recorded as SKIPPED
         (reason ``Duplicate``) with the earlier trial's values and constraints, so the sampler
         still learns from it. Does not count against ``maxTrials``. The baseline and a
-        ``recheck`` (a configuration measured again on purpose) always run. A point another
-        live writer of the study runs now is SKIPPED too, and a point another writer
+        ``recheck`` (a configuration measured again on purpose) always run. A point a trial
+        runs now (this writer's, with ``parallelism`` above 1, or another live writer's) is
+        SKIPPED too, and a point another writer
         proposed reseeds this writer's sampler (two writers with one seed would otherwise
         propose the same points)."""
         if trial.user_attrs.get(st.ATTR_BASELINE) or \
@@ -403,13 +404,15 @@ class TrialRunner:
             if elsewhere:
                 # another writer with the same seed proposes what this one does: diverge
                 self.study.sampler.reseed_rng()
-            if st.trial_state(t) == TrialState.RUNNING and elsewhere:
+            if st.trial_state(t) == TrialState.RUNNING:
+                # this writer's own trial in flight too (parallelism > 1): never two at once
                 trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
                 trial.set_user_attr(st.ATTR_REASON, "Duplicate")
                 trial.set_user_attr(st.ATTR_MESSAGE, f"trial {t.number} runs the same "
-                                    "configuration (another writer)")
+                                    "configuration" + (" (another writer)" if elsewhere
+                                                       else " now"))
                 self.study.tell(trial, state=OptunaState.FAIL)
-                self.changed()
+                self._duplicate(trial, point)
                 return True
             if st.trial_state(t) not in (TrialState.COMPLETE, TrialState.INFEASIBLE) or \
                     t.values is None:
@@ -421,9 +424,16 @@ class TrialRunner:
             for key, value in (t.constraints or {}).items():
                 trial.set_constraint(key, value)
             self.study.tell(trial, list(t.values))
-            self.changed()
+            self._duplicate(trial, point)
             return True
         return False
+
+    def _duplicate(self, trial: optuna.Trial, point: dict[str, Any]) -> None:
+        """A trial just recorded SKIPPED ``Duplicate``: said like any other end (a trial number
+        missing from the progress was all a user saw)."""
+        self.emit(TrialEvent(EventKind.FINISHED, trial.number, point, TrialState.SKIPPED,
+                             "Duplicate", str(trial.user_attrs.get(st.ATTR_MESSAGE) or "")))
+        self.changed()
 
     def _feasible(self, t: optuna.trial.FrozenTrial) -> bool:
         return all(v <= 0 for v in t.constraints.values())

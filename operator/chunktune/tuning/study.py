@@ -120,6 +120,60 @@ def storage_url(tuning: ChunkedPrefillTuning, override: str | None = None,
     return str(base / f"{ns}-{tuning.metadata.name}.journal")
 
 
+#: The package that brings each database's driver, by SQLAlchemy's module name.
+_DRIVER_PACKAGES = {"MySQLdb": "mysqlclient", "pymysql": "pymysql", "psycopg2": "psycopg2-binary",
+                    "psycopg": "psycopg[binary]", "asyncpg": "asyncpg"}
+
+
+def check_storage(url: str, field: str, must_exist: bool = False) -> None:
+    """Refuse, before any work, a storage that cannot be opened: a database URL of an unknown
+    kind or whose driver is not installed, a journal path that is a directory or lies under a
+    file; with ``must_exist`` (reading a study), one that is not there. Raises
+    :class:`SpecError` naming ``field`` (``--storage``, ``spec.storage``)."""
+    shown = storages.display_url(url)
+    if storages.is_database(url):
+        import sqlalchemy.exc
+        from sqlalchemy.engine import make_url
+
+        try:
+            u = make_url(url)
+            dialect = u.get_dialect()
+        except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as e:
+            raise SpecError(f"{shown!r} is not a database URL SQLAlchemy knows (e.g. "
+                            "postgresql://HOST/DB, sqlite:///FILE.db) or a journal path",
+                            field=field) from e
+        try:
+            dialect.import_dbapi()
+        except ImportError as e:
+            pkg = _DRIVER_PACKAGES.get(e.name or "", e.name or "its driver")
+            raise SpecError(f"{shown!r} needs the {u.get_backend_name()} driver "
+                            f"{e.name!r}, which is not installed: pip install {pkg}",
+                            field=field) from e
+        if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+            return
+        path = Path(u.database)
+    else:
+        path = Path(url.split("://", 1)[1] if "://" in url else url)
+    if path.is_dir():
+        raise SpecError(f"{str(path)!r} is a directory; give a file in it, e.g. "
+                        f"{str(path / 'study.journal')!r}", field=field)
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise SpecError(f"{str(parent)!r} is a file, not a directory, so {str(path)!r} "
+                            "cannot be created", field=field)
+    if must_exist and not path.exists():
+        raise SpecError(f"no study storage at {str(path)!r}", field=field)
+
+
+def check_out_dir(path: str, field: str = "--out") -> None:
+    """Refuse, before any work, an output directory that is a file or lies under one."""
+    p = Path(path)
+    for q in (p, *p.parents):
+        if q.exists() and not q.is_dir():
+            raise SpecError(f"{str(q)!r} is a file; give a directory (created if missing)",
+                            field=field)
+
+
 def open_storage(url: str) -> BaseStorage:
     """An Optuna storage for a URL (:func:`chunktune.tuning.storage.open_storage`): a database
     that waits out its outages, or a journal file."""

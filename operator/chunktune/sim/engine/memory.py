@@ -242,7 +242,12 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
     graphs = cudagraph_bytes(cfg)
     requested = total * cfg.gpu_memory_utilization
     if weights + non_torch > total:
-        _torch_oom(weights + non_torch - total + 1 * GiB, total, 0.0, weights)
+        _torch_oom(weights + non_torch - total + 1 * GiB, total, 0.0, weights,
+                   hint=f"the model's weights alone ({weights / GiB:.1f} GiB per GPU at "
+                        f"tensor-parallel-size {tp}) do not fit the {cfg.gpu.name}'s "
+                        f"{total / GiB:.1f} GiB: no batch budget or sequence count starts "
+                        "it; use a GPU with more memory, a larger tensor-parallel-size or a "
+                        "smaller (quantized) model")
     if weights + non_torch + act > total:
         free = max(0.0, total - weights - non_torch)
         _torch_oom(act, total, free, weights + non_torch)
@@ -321,13 +326,15 @@ def _gib(b: float) -> str:
     return f"{round(b / GiB, 2)}"
 
 
-def _torch_oom(alloc: float, total: float, free: float, in_use: float) -> None:
+def _torch_oom(alloc: float, total: float, free: float, in_use: float,
+               hint: str = "the memory profiling run (a forward pass of max_num_batched_tokens "
+                           "tokens and a sampler pass of max_num_seqs requests) does not fit: "
+                           "lower either") -> None:
     raise EngineStartupError(
         "EngineOOM",
         f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {alloc / GiB:.2f} GiB. "
         f"GPU 0 has a total capacity of {total / GiB:.2f} GiB of which {free / 2**20:.2f} MiB "
         f"is free. Including non-PyTorch memory, this process has {in_use / GiB:.2f} GiB "
         "memory in use.",
-        hint="the memory profiling run (a forward pass of max_num_batched_tokens tokens and a "
-             "sampler pass of max_num_seqs requests) does not fit: lower either",
+        hint=hint,
     )

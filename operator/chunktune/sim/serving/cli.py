@@ -40,6 +40,7 @@ import time
 from aiohttp import web
 
 from chunktune import __version__
+from chunktune.core.bounds import MAX_TIMEOUT_S, MAX_TOKENS, bounded
 from chunktune.core.engine_args import EngineStartupError, resolve
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS
@@ -146,16 +147,13 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         log("the simulator does not model these vLLM flags; ignored: " + " ".join(ignored),
             level="WARNING", where="arg_utils.py")
     try:
-        if ns.load_time < 0:
-            raise SpecError("must be >= 0", field="--load-time")
-        if ns.default_max_tokens < 1:
-            raise SpecError("must be >= 1", field="--default-max-tokens")
+        bounded(ns.load_time, "--load-time", low=0, high=MAX_TIMEOUT_S)
+        bounded(ns.default_max_tokens, "--default-max-tokens", low=1, high=MAX_TOKENS)
+        bounded(ns.step_slack, "--step-slack", low=0, high=MAX_TIMEOUT_S * 1e3)
         for flag, value in (("--header-timeout", ns.header_timeout),
                             ("--body-timeout", ns.body_timeout)):
-            if not value > 0:
-                raise SpecError(f"must be > 0 seconds (got {value:g})", field=flag)
-        if not 0 <= ns.port <= 65535:
-            raise SpecError(f"must be a port number 0-65535 (got {ns.port})", field="--port")
+            bounded(value, flag, low=0, low_open=True, high=MAX_TIMEOUT_S)
+        bounded(ns.port, "--port", low=0, high=65535)
         model, gpu = model_and_gpu(ns)
         args = engine_args_from(ns)
         args.check_simulated()

@@ -12,6 +12,10 @@ same version; a field removed or changing meaning takes a new version. Top level
                                         constraints_ok, flags, peak?, repeats?, noisy?}
     improvement   the first objective's change from the baseline to the best ("-34%")
     pareto_front  [trial]; trials: [trial]
+    importances   {metric, trials, needed, resamples, params: {name: {median, p10, p90}}}:
+                  PED-ANOVA over bootstrap resamples; params empty below ``needed`` trials
+    no_result     only when no trial produced a result: why, the states and reasons counted
+                  ("no trial produced a result: 31 SKIPPED PredictedEngineOOM (...)")
     ...           what the command adds (stop_reason, storage, name, wall_s; twin)
 """
 
@@ -60,6 +64,7 @@ def to_json(results: Results, **extra: Any) -> dict[str, Any]:
         "improvement": results.improvement(),
         "pareto_front": [tr(results.configuration(n)) for n in results.pareto],
         "trials": [tr(t) for t in results.trials],
+        **({"no_result": results.no_result} if results.no_result else {}),
         **extra,
     }
 
@@ -86,10 +91,13 @@ def read_result(path: str | Path) -> dict[str, Any]:
 
 
 def write_outputs(out: Path, results: Results, study: optuna.Study,
-                  **extra: Any) -> list[Path]:
-    """``result.json`` and the plots (HTML with plotly, PNG with matplotlib)."""
+                  importances: plots.Importances | None = None, **extra: Any) -> list[Path]:
+    """``result.json`` and the plots (HTML with plotly, PNG with matplotlib); ``importances``
+    (:func:`plots.importances`, computed here when not given) go into both."""
     out.mkdir(parents=True, exist_ok=True)
+    imp = importances if importances is not None else plots.importances(study, results)
     written = [out / "result.json"]
-    written[0].write_text(json.dumps(to_json(results, **extra), indent=2) + "\n")
-    written += plots.write(out, study, results)
+    written[0].write_text(json.dumps(to_json(results, importances=imp.to_dict(), **extra),
+                                     indent=2) + "\n")
+    written += plots.write(out, study, results, imp)
     return written

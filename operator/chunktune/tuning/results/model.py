@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +35,8 @@ class Results:
     merged: dict[int, TrialRecord] = field(default_factory=dict)
     """Configurations measured more than once, by each measuring trial's number: one record
     of their mean (:func:`merge`). The baseline, the best and the Pareto front are these."""
+    no_result: str | None = None
+    """Why no trial produced a result, when none did (:func:`no_result`); None otherwise."""
 
     def trial(self, number: int | None) -> TrialRecord | None:
         """Trial ``number`` as measured (one measurement)."""
@@ -132,7 +136,34 @@ def collect_trials(study_trials: Sequence[optuna.trial.FrozenTrial],
             front = [t for t in feasible if t.number in pareto]
             pick = min if o.direction == "minimize" else max
             best = pick(front, key=lambda t: t.metrics[o.key]).number
-    return Results(trials, list(objectives), list(constraints), baseline, best, pareto, merged)
+    return Results(trials, list(objectives), list(constraints), baseline, best, pareto, merged,
+                   no_result(frozen))
+
+
+#: A recorded start-up failure's hint (:meth:`EngineStartupError.describe`).
+_HINT = re.compile(r"\(hint: (.*)\)\s*$", re.S)
+
+
+def no_result(trials: Sequence[optuna.trial.FrozenTrial]) -> str | None:
+    """Why none of ``trials`` produced a result (measured metrics; a duplicate's copied ones
+    do not count), or None when one did or none ended: each state and reason with its count,
+    most frequent first, and the most frequent one's hint (``no trial produced a result: 31
+    SKIPPED PredictedEngineOOM: the model's weights alone ... do not fit ...``)."""
+    ended = [t for t in trials if st.trial_state(t) not in (TrialState.RUNNING,
+                                                               TrialState.WAITING)]
+    if not ended or any(st.trial_state(t) != TrialState.SKIPPED
+                        and t.user_attrs.get(st.ATTR_METRICS) for t in ended):
+        return None
+    counts = Counter(f"{st.trial_state(t)} {t.user_attrs.get(st.ATTR_REASON) or ''}".strip()
+                     for t in ended)
+    top = counts.most_common(1)[0][0]
+    hint = next((m.group(1) for t in ended
+                 if f"{st.trial_state(t)} {t.user_attrs.get(st.ATTR_REASON) or ''}".strip()
+                 == top and (m := _HINT.search(str(t.user_attrs.get(st.ATTR_MESSAGE) or "")))),
+                None)
+    return ("no trial produced a result: "
+            + ", ".join(f"{n} {what}" for what, n in counts.most_common())
+            + (f" ({hint})" if hint else ""))
 
 
 

@@ -29,12 +29,10 @@ def format_results(results: Results) -> str:
                                                   if c.key not in
                                                   [o.key for o in results.objectives]]
     best, base = results.best_trial, results.baseline_trial
-    counts: dict[str, int] = {}
-    for t in results.trials:
-        counts[t.state] = counts.get(t.state, 0) + 1
-    lines.append("trials: " + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())))
+    lines.append("trials: " + trial_counts(results))
     if best is None:
-        lines.append("no trial met every constraint: no best configuration")
+        lines.append(results.no_result or
+                     "no trial met every constraint: no best configuration")
         if base is not None:
             lines.append(f"baseline (trial {base.number}): {base.state} {base.reason or ''}")
         return "\n".join(lines)
@@ -72,6 +70,30 @@ def format_results(results: Results) -> str:
     lines += _noise_lines(results)
     lines += _limit_lines(results)
     return "\n".join(lines)
+
+
+def trial_counts(results: Results) -> str:
+    """``12 complete (2 violating a constraint), 8 pruned (stopped early), 1 skipped (1
+    Duplicate)``: each state counted, what it holds said once."""
+    counts: dict[str, int] = {}
+    reasons: dict[str, dict[str, int]] = {}
+    for t in results.trials:
+        counts[t.state] = counts.get(t.state, 0) + 1
+        if t.state not in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING):
+            r = reasons.setdefault(t.state, {})
+            r[t.reason or "?"] = r.get(t.reason or "?", 0) + 1
+    violating = sum(1 for t in results.trials
+                    if t.state == TrialState.COMPLETE and not t.constraints_ok)
+    parts = []
+    for state, n in sorted(counts.items()):
+        detail = ", ".join(f"{k} {r}" for r, k in sorted(reasons.get(state, {}).items(),
+                                                         key=lambda x: -x[1]))
+        if state == TrialState.COMPLETE and violating:
+            detail = f"{violating} violating a constraint"
+        elif state == TrialState.PRUNED:
+            detail = "stopped early, no result"
+        parts.append(f"{n} {state.lower()}" + (f" ({detail})" if detail else ""))
+    return ", ".join(parts)
 
 
 def _limit_lines(results: Results) -> list[str]:
