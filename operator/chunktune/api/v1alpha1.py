@@ -49,6 +49,7 @@ from chunktune.api._retune import (
     DriftSpec,
     FromPrometheus,
     RetuneSpec,
+    slo_watched,
 )
 from chunktune.api._trace import TraceClassItem, TraceWorkload
 from chunktune.api._types import (
@@ -83,7 +84,7 @@ __all__ = [
     "MetricName", "MetricsSpec", "ObjectMeta", "Objective", "OutputSpec", "Parameter",
     "PatchDeployment", "PrunerSpec", "ResourceList", "Resources", "RetuneSpec", "SamplerSpec",
     "Spec", "StorageSource", "StrategySpec", "TraceClassItem", "TraceWorkload", "WorkloadSpec",
-    "parse_constraint_string",
+    "parse_constraint_string", "slo_watched",
 ]
 
 SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid", "cmaes"]

@@ -35,7 +35,7 @@ from typing import Any
 import optuna
 
 from chunktune.api.status import MAX_HISTORY
-from chunktune.api.v1alpha1 import ChunkedPrefillTuning, RetuneSpec
+from chunktune.api.v1alpha1 import ChunkedPrefillTuning, RetuneSpec, slo_watched
 from chunktune.backends import deployment as dp
 from chunktune.backends.cluster import ClusterApiError
 from chunktune.core.errors import SpecError
@@ -62,9 +62,6 @@ from chunktune.tuning.results.model import collect
 from chunktune.tuning.tuner import Tuner
 
 log = logging.getLogger(__name__)
-#: Latency metrics whose production value a check reads, by their base name in the metric
-#: vocabulary (``ttft_p99`` -> ``ttft``).
-SLO_BASES = ("ttft", "itl", "e2e")
 
 
 def _epoch(text: str | None) -> float | None:
@@ -107,9 +104,9 @@ def slo_misses(tuning: ChunkedPrefillTuning, obs: Observation) -> list[str]:
     out = []
     for c in tuning.spec.constraints:
         base, _, pct = c.metric.rpartition("_p")
-        if c.class_ is not None or c.max is None or base not in SLO_BASES or \
-                not pct.isdigit() or base not in obs.latency:
+        if not slo_watched(c) or base not in obs.latency:
             continue
+        assert c.max is not None  # slo_watched: an upper bound
         value = obs.latency[base].quantile(int(pct) / 100)
         if value is not None and value > c.max:
             out.append(f"production {c.metric} {value * 1000:.0f}ms misses {c.text()}")
@@ -121,7 +118,7 @@ def slo_bases(tuning: ChunkedPrefillTuning) -> tuple[str, ...]:
     bases = []
     for c in tuning.spec.constraints:
         base = c.metric.rpartition("_p")[0]
-        if c.class_ is None and c.max is not None and base in SLO_BASES and base not in bases:
+        if slo_watched(c) and base not in bases:
             bases.append(base)
     return tuple(bases)
 
@@ -405,5 +402,5 @@ class Retuner:
                   f"{message}")
 
 
-__all__ = ["SLO_BASES", "Retuner", "derived_condition", "owns_outputs",
+__all__ = ["Retuner", "derived_condition", "owns_outputs",
            "slo_bases", "slo_misses", "watches"]
