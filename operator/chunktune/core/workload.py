@@ -383,11 +383,7 @@ def load_profile(ref: str | Path) -> Profile:
         raise SpecError(f"no profile file {str(ref)!r}; give a path or one of: {shipped}",
                         field="--workload")
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise SpecError(f"cannot read {p.name}: {e.strerror or e}", field="--workload") from e
-    try:
-        raw = yamlsafe.load(text, p.name)
+        raw = yamlsafe.read(p)
     except SpecError as e:
         raise SpecError("; ".join(f"{f}: {m}" for f, m in e.problems),
                         field="--workload") from e
