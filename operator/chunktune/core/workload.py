@@ -74,7 +74,12 @@ from chunktune.core.distributions import (
 )
 from chunktune.core.errors import SpecError
 from chunktune.core.trace import Trace, parse_trace_spec, read_trace
-from chunktune.core.trace_formats import PRIORITY_BOUND
+from chunktune.core.trace_formats import (
+    MAX_TOKENS,
+    MAX_TRACE_REQUESTS,
+    MAX_TRACE_SECONDS,
+    PRIORITY_BOUND,
+)
 from chunktune.core.validation import problems_from
 
 __all__ = ["APIS", "ARRIVAL_MODES", "PROFILE_DIR", "Arrival", "Profile", "ProfileSpec",
@@ -107,6 +112,15 @@ def derived_warmup(duration: float) -> float:
     return min(30.0, duration / 10)
 
 
+#: The highest arrival rate a profile may ask for (requests per second) ...
+MAX_RATE = 100_000.0
+#: ... the most requests kept in flight ...
+MAX_CONCURRENCY = 100_000
+#: ... the longest run (a year, as a trace's span) ...
+MAX_DURATION = MAX_TRACE_SECONDS
+#: ... and the most requests one run may send (rate times duration), a trace's bound too.
+MAX_RUN_REQUESTS = MAX_TRACE_REQUESTS
+
 ArrivalMode = Literal["poisson", "constant", "concurrency"]
 #: The arrival modes a profile may name (the CRD's enum); a trace profile's mode is ``trace``.
 ARRIVAL_MODES: tuple[str, ...] = get_args(ArrivalMode)
@@ -115,7 +129,7 @@ TRACE_MODE = "trace"
 
 
 class SharedPrefixSpec(StrictModel):
-    tokens: int = Field(gt=0)
+    tokens: int = Field(gt=0, le=MAX_TOKENS)
     """Tokens every prompt of the class opens with (all of a shorter prompt)."""
     groups: int = Field(default=1, gt=0, le=1_000_000)
     """How many different openings: each request takes one at random (a system prompt per
@@ -124,7 +138,7 @@ class SharedPrefixSpec(StrictModel):
 
 class TrafficClassSpec(StrictModel):
     name: str
-    weight: Positive = 1.0
+    weight: Positive = Field(default=1.0, le=1e9)
     api: Api = "completions"
     priority: int = Field(default=0, ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)
     """vLLM's ``priority`` request field: lower is served first under
@@ -145,9 +159,10 @@ class TrafficClassSpec(StrictModel):
 
 class ArrivalSpec(StrictModel):
     mode: ArrivalMode = "poisson"
-    rate: Positive | None = Field(default=None, validate_default=True)
+    rate: Positive | None = Field(default=None, le=MAX_RATE, validate_default=True)
     """Requests per second, for the open-loop modes."""
-    concurrency: int | None = Field(default=None, gt=0, validate_default=True)
+    concurrency: int | None = Field(default=None, gt=0, le=MAX_CONCURRENCY,
+                                    validate_default=True)
     """Requests kept in flight, for mode concurrency."""
 
     @field_validator("rate")
@@ -171,10 +186,11 @@ class ProfileSpec(StrictModel):
     name: str | None = None
     description: str = ""
     arrival: ArrivalSpec | None = None
-    duration: Annotated[float, BeforeValidator(duration_value), Field(gt=0)] | None = None
+    duration: Annotated[float, BeforeValidator(duration_value),
+                        Field(gt=0, le=MAX_DURATION)] | None = None
     """Default: 60 s, or a trace's span."""
-    warmup: Annotated[float, BeforeValidator(duration_value)] = 0.0
-    seed: int = 0
+    warmup: Annotated[float, BeforeValidator(duration_value), Field(le=MAX_DURATION)] = 0.0
+    seed: int = Field(default=0, ge=-(2**63), lt=2**63)
     classes: list[TrafficClassSpec] | None = None
     trace: dict[str, Any] | None = None
     """A trace to replay instead of ``arrival`` and ``classes`` (checked by
@@ -239,6 +255,8 @@ class Profile:
         duration = self.duration if duration is None else duration
         if self.trace is not None:
             arrival = Arrival(TRACE_MODE, rate=_trace_rate(self.trace, duration))
+        elif arrival.mode != "concurrency" and arrival.rate is not None:
+            check_volume(arrival.rate, duration, "rate" if rate is not None else "duration")
         return replace(
             self,
             arrival=arrival,
@@ -289,6 +307,15 @@ def openings_note(profile: Profile, prefix_caching: bool) -> str | None:
             f"--enable-prefix-caching to model the cache")
 
 
+def check_volume(rate: float, duration: float, field: str) -> None:
+    """Refuse an open-loop run of ``rate`` requests/s for ``duration`` seconds that would send
+    more than :data:`MAX_RUN_REQUESTS` requests (a :class:`SpecError` under ``field``)."""
+    if not rate * duration <= MAX_RUN_REQUESTS:
+        raise SpecError(f"{rate:g} requests/s for {duration:g}s is {rate * duration:.3g} "
+                        f"requests, over the {MAX_RUN_REQUESTS:,} one run may send; lower the "
+                        "rate or the duration", field=field)
+
+
 def parse_profile(raw: Any, source: str = "profile", base_dir: Path | None = None) -> Profile:
     """Validate a profile mapping; every problem is reported with its field path. A trace's
     relative ``file`` is taken from ``base_dir`` (else the working directory)."""
@@ -326,6 +353,12 @@ def parse_profile(raw: Any, source: str = "profile", base_dir: Path | None = Non
         if spec.warmup >= duration:
             problems.append((f"{source}.warmup", f"must be shorter than duration "
                              f"({spec.warmup:g}s >= {duration:g}s)"))
+        if spec.arrival is not None and spec.arrival.rate is not None \
+                and spec.arrival.mode != "concurrency":
+            try:
+                check_volume(spec.arrival.rate, duration, f"{source}.arrival.rate")
+            except SpecError as e:
+                problems += e.problems
     if problems:
         raise SpecError(problems)
     assert spec is not None
@@ -443,7 +476,8 @@ def generate(profile: Profile, limit: int | None = None) -> list[RequestSpec]:
     t = 0.0
     mode = profile.arrival.mode
     rate = profile.arrival.rate or 1.0
-    cap = limit if limit is not None else (10**9 if mode != "concurrency" else 200_000)
+    cap = limit if limit is not None else (MAX_RUN_REQUESTS if mode != "concurrency"
+                                           else 200_000)
     while len(out) < cap:
         if mode == "poisson":
             t += rng.expovariate(rate)
