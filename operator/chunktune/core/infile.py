@@ -228,7 +228,8 @@ def json_value(text: str, *, where: str, field: str, limit: int = MAX_DEPTH) -> 
     except RecursionError:
         raise SpecError(f"{where}: nested more than {limit} levels deep", field=field) from None
     except ValueError as e:  # JSONDecodeError; an integer of more than 4300 digits
-        pos = f" (column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
+        pos = ("" if not isinstance(e, json.JSONDecodeError) else f" (column {e.colno})"
+               if "\n" not in text.rstrip("\n") else f" (line {e.lineno}, column {e.colno})")
         msg = e.msg if isinstance(e, json.JSONDecodeError) else "an integer too long to read"
         raise SpecError(f"{where}: not valid JSON: {msg}{pos}", field=field) from e
     if too_deep(value, limit):
