@@ -32,7 +32,7 @@ from typing import Any
 
 from chunktune.core.errors import ChunktuneError, SpecError
 
-__all__ = ["MAX_DEPTH", "MAX_LINE_BYTES", "json_value", "lines", "read_text", "shown",
+__all__ = ["MAX_DEPTH", "MAX_LINE_BYTES", "head", "json_value", "lines", "read_text", "shown",
            "text_lines", "too_deep"]
 
 #: The longest line (bytes) any input file may have unless its reader says otherwise.
@@ -122,6 +122,13 @@ def lines(path: str | Path, *, field: str, max_bytes: int, name: str | None = No
                 raise SpecError(f"{label} is over the {_size(max_bytes)} such a file may have "
                                 f"(at line {n}); give a smaller file", field=field)
             yield n, _decode(raw, n, label, field, max_line)
+
+
+def head(path: str | Path, n: int, *, field: str, name: str | None = None) -> bytes:
+    """The first ``n`` bytes of the regular file ``path`` (a file's magic number)."""
+    fd = _open(Path(path), field, str(path) if name is None else name)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(n)
 
 
 def text_lines(text: str, *, field: str, name: str,

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from chunktune.api.metrics import format_value
 from chunktune.api.reader import load_manifest, read_manifest, validate
 from chunktune.backends.base import TrialBackend
@@ -292,14 +294,32 @@ def cmd_results(ns: argparse.Namespace) -> int:
         else:
             if "://" not in str(src) and not src.exists():
                 raise SpecError(f"no such file {str(src)!r}", field="FILE|STORAGE")
-            storage = st.open_storage(str(src))
-            names = [n for n in optuna.get_all_study_names(storage) if "#" not in n]
-            if not names:
-                raise SpecError("the storage holds no study", field="FILE|STORAGE")
-            study = optuna.load_study(study_name=names[0], storage=storage)
+            storage = st.open_storage(str(src), field="FILE|STORAGE")
+            try:
+                names = [n for n in optuna.get_all_study_names(storage) if "#" not in n]
+                if not names:
+                    raise SpecError("the storage holds no study", field="FILE|STORAGE")
+                study = optuna.load_study(study_name=names[0], storage=storage)
+            except (ValueError, KeyError, TypeError, AttributeError, AssertionError) as e:
+                if isinstance(e, SpecError):
+                    raise
+                # a journal whose records are not Optuna's (its first line was)
+                raise SpecError(f"{src} is not a study storage Optuna can read "
+                                f"({type(e).__name__}): give a journal `chunktune tune` wrote",
+                                field="FILE|STORAGE") from e
             from chunktune.api.v1alpha1 import Spec
 
-            spec = Spec.model_validate(study.user_attrs[st.STUDY_SPEC])
+            raw_spec = study.user_attrs.get(st.STUDY_SPEC)
+            if not isinstance(raw_spec, dict):
+                raise SpecError(f"the study {study.study_name!r} holds no ChunkedPrefillTuning "
+                                "spec: it was not written by `chunktune tune`",
+                                field="FILE|STORAGE")
+            try:
+                spec = Spec.model_validate(raw_spec)
+            except ValidationError as e:
+                raise SpecError(f"the study {study.study_name!r} holds a spec this chunktune "
+                                f"cannot read ({e.error_count()} problems): give the manifest "
+                                "as FILE", field="FILE|STORAGE") from e
             objectives = [ObjectiveDef.from_spec(o) for o in spec.objectives]
             constraints = [ConstraintDef.from_spec(c) for c in spec.constraints]
     except SpecError as e:

@@ -120,10 +120,10 @@ def storage_url(tuning: ChunkedPrefillTuning, override: str | None = None,
     return str(base / f"{ns}-{tuning.metadata.name}.journal")
 
 
-def open_storage(url: str) -> BaseStorage:
+def open_storage(url: str, field: str = "storage") -> BaseStorage:
     """An Optuna storage for a URL (:func:`chunktune.tuning.storage.open_storage`): a database
     that waits out its outages, or a journal file."""
-    return storages.open_storage(url)
+    return storages.open_storage(url, field)
 
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):
