@@ -418,7 +418,7 @@ def load_profile(ref: str | Path) -> Profile:
     try:
         raw = yamlsafe.read(p)
     except SpecError as e:
-        raise SpecError("; ".join(f"{f}: {m}" for f, m in e.problems),
+        raise SpecError("; ".join(f"{f}: {m}" if f else m for f, m in e.problems),
                         field="--workload") from e
     return parse_profile(raw, source=p.stem, base_dir=p.parent)
 

@@ -124,7 +124,7 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:float",
 _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 #: A quoted text in PyYAML's message (an alias or tag name, a found token): not echoed.
-_QUOTED = re.compile(r"""(['"])[^'"]{9,}\1""")
+_QUOTED = re.compile(r"'[^'\s]{2,}'|\"[^\"\s]{2,}\"")
 
 
 def _refusal(e: yaml.YAMLError, source: str) -> SpecError:
@@ -171,7 +171,7 @@ def read(path: str | Path, *, every: bool = False) -> Any:
     ``path``, read through :func:`chunktune.core.infile.read_text` (a regular file, at most
     :data:`MAX_YAML_BYTES`, UTF-8); every error names the path."""
     source = str(path)
-    text = infile.read_text(path, field=source, max_bytes=MAX_YAML_BYTES, name="the file")
+    text = infile.read_text(path, field="", max_bytes=MAX_YAML_BYTES, name=source)
     return load_all(text, source) if every else load(text, source)
 
 
