@@ -175,7 +175,7 @@ def test_chat_prompts_are_raised_to_the_template_minimum(tmp_path):
      "t.csv line 1: this is a generic CSV trace, not the azure format"),
     ("arrival,prompt_tokens,output_tokens,class\n0,1,1,a\n1,1,1,b\n", "t.csv",
      {"classes": [{"name": "a"}]},
-     "t.csv line 3: class 'b' matches no class (the classes take: a)"),
+     "t.csv line 3: the class here matches no class (the classes take: a)"),
     ("arrival,prompt_tokens,output_tokens\n0,1,1\n1,9000,1\n", "t.csv",
      {"classes": [{"name": "s", "max_prompt_tokens": 100},
                   {"name": "m", "max_prompt_tokens": 1000}]},

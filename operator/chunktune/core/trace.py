@@ -383,12 +383,12 @@ class _Reader:
             v = rows.value[i] or ""
             k = index.get(v)
             if k is None:
-                if declared:
-                    raise self.fail(rows.line[i], f"{spec.column} {v!r} matches no class "
+                if declared:  # the value is the file's: not quoted
+                    raise self.fail(rows.line[i], f"the {spec.column} here matches no class "
                                     f"(the classes take: {', '.join(sorted(index))})")
                 if not re.fullmatch(NAME_PATTERN, v) or len(v) > 63:
-                    raise self.fail(rows.line[i], f"{spec.column} {v!r} cannot be a class name "
-                                    "(letters, digits, '-', '_' or '.')")
+                    raise self.fail(rows.line[i], f"the {spec.column} here cannot be a class "
+                                    "name (letters, digits, '-', '_' or '.', at most 63)")
                 if len(index) == MAX_TRACE_CLASSES:
                     raise self.fail(rows.line[i], f"more than {MAX_TRACE_CLASSES} distinct "
                                     f"values of {spec.column}; list the classes with their "
