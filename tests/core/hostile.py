@@ -167,7 +167,7 @@ HOSTILE: list[Hostile] = [
     # ---- traces (--trace) ----
     Hostile("trace-passwd-header", "trace",
             f"root:x:0:0:{SECRET}:/root:/bin/bash\n".encode(), ("line 1", "header")),
-    Hostile("trace-secret-keys", "trace", ('{"%s": 1}\n' % SECRET).encode(),
+    Hostile("trace-secret-keys", "trace", (json.dumps({SECRET: 1}) + "\n").encode(),
             ("line 1", "keys")),
     Hostile("trace-jsonl-1e308", "trace",
             b'{"arrival": 0, "prompt_tokens": 5, "output_tokens": 1}\n'

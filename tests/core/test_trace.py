@@ -153,7 +153,8 @@ def test_chat_prompts_are_raised_to_the_template_minimum(tmp_path):
 
 @pytest.mark.parametrize(("text", "name", "options", "message"), [
     ("arrival,prompt_tokens,output_tokens\n0,10,1\n1,ten,1\n", "t.csv", {},
-     "t.csv line 3: prompt_tokens must be a whole number of tokens >= 1 (got a text of 3 characters)"),
+     "t.csv line 3: prompt_tokens must be a whole number of tokens >= 1 (got a text of 3 "
+     "characters)"),
     ("arrival,prompt_tokens,output_tokens\n0,10,1\n\n5,10,0\n", "t.csv", {},
      "t.csv line 4: output_tokens must be a whole number of tokens >= 1 (got '0')"),
     ("arrival,prompt_tokens,output_tokens\n0,10,1\n-1,10,1\n", "t.csv", {},

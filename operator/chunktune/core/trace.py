@@ -49,6 +49,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
+from chunktune.core import infile
 from chunktune.core.distributions import (
     NAME_PATTERN,
     Api,
@@ -56,7 +57,6 @@ from chunktune.core.distributions import (
     StrictModel,
     duration_value,
 )
-from chunktune.core import infile
 from chunktune.core.errors import SpecError
 from chunktune.core.tokens import min_chat_tokens
 from chunktune.core.trace_formats import (

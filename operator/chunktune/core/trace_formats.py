@@ -28,8 +28,8 @@ from chunktune.core import infile
 from chunktune.core.errors import SpecError
 from chunktune.core.infile import shown
 
-__all__ = ["MAX_TOKENS", "MAX_TRACE_REQUESTS", "MAX_TRACE_SECONDS", "PRIORITY", "PRIORITY_BOUND", "RowReader", "Rows",
-           "timestamp"]
+__all__ = ["MAX_TOKENS", "MAX_TRACE_REQUESTS", "MAX_TRACE_SECONDS", "PRIORITY", "PRIORITY_BOUND",
+           "RowReader", "Rows", "timestamp"]
 
 _AZURE = (("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
           ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
@@ -225,8 +225,8 @@ class RowReader:
         known = [k for k in sorted(obj) if k in _KNOWN]
         raise self.fail(line, f"its keys ({len(obj)}, of which "
                               f"{', '.join(known) if known else 'none'} known) are none of the "
-                              "JSONL trace formats: mooncake ({', '.join(_MOONCAKE)}, timestamp in "
-                              f"ms) or generic ({', '.join(_GENERIC)}, arrival in s)")
+                              f"JSONL trace formats: mooncake ({', '.join(_MOONCAKE)}, timestamp "
+                              f"in ms) or generic ({', '.join(_GENERIC)}, arrival in s)")
 
     # ---- values -----------------------------------------------------------------------------
 

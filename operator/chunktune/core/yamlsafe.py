@@ -32,7 +32,7 @@ from chunktune.core.errors import ChunktuneError, SpecError
 #: The most nodes the aliases of one document may stand for, all expansions together.
 MAX_ALIAS_NODES = 100_000
 #: The most nodes one document may have (the largest shipped manifest has a few hundred, a
-#: derived profile about a thousand); composing this many takes PyYAML about a third of a second.
+#: derived profile about a thousand); PyYAML composes this many in about a third of a second.
 MAX_NODES = 10_000
 #: The largest YAML file (manifest, profile) chunktune reads; the API server stores objects of
 #: at most about 1.5 MiB.

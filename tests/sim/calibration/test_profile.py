@@ -183,8 +183,10 @@ def test_steps_files_carry_the_engine_identity(tmp_path, tiny, capsys):
 @pytest.mark.parametrize(("edit", "message"), [
     ({"version": 99}, "profile version 99 is not supported"),
     ({"coefficients": {"step_overhead_scale": -1}}, "coefficients.step_overhead_scale"),
-    ({"step_gap_s": "fast"}, "step_gap_s: must be a number from 0 to 3600 (got a text of 4 characters)"),
-    ({"delivery_stall_s": -0.001}, "delivery_stall_s: must be a number from 0 to 3600 (got -0.001)"),
+    ({"step_gap_s": "fast"},
+     "step_gap_s: must be a number from 0 to 3600 (got a text of 4 characters)"),
+    ({"delivery_stall_s": -0.001},
+     "delivery_stall_s: must be a number from 0 to 3600 (got -0.001)"),
     ({"delivery_stall_prob": 1.5}, "delivery_stall_prob: must be a probability, 0 to 1"),
     ({"model": ""}, "model: missing"),
 ])
