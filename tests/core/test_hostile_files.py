@@ -319,3 +319,23 @@ def test_fuzzed_yaml_text_gets_a_document_or_a_refusal(text: str) -> None:
         yamlsafe.load(text, "f.yaml")
     except ChunktuneError as e:
         assert str(e).startswith("f.yaml: ")
+
+
+@pytest.mark.parametrize(("journal", "says"), [
+    ('{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}\n',
+     "holds no ChunkedPrefillTuning spec"),
+    ('{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}\n'
+     '{"op_code": 99}\n', "not a study storage Optuna can read"),
+], ids=["no-spec", "not-optuna-records"])
+def test_results_of_a_journal_chunktune_did_not_write(
+        journal: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from chunktune.tuning.cli import cmd_results
+
+    path = tmp_path / "study.log"
+    path.write_text(journal)
+    ns = argparse.Namespace(source=str(path), storage=None, trials=False, out=None)
+    assert cmd_results(ns) == 1
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err

@@ -93,7 +93,7 @@ class _BoundedLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key, _ in node.value:
             if isinstance(key, ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                k = self.construct_object(key)  # type: ignore[no-untyped-call]
+                k = self.construct_object(key)
                 try:
                     dup = k in seen
                     seen.add(k)
@@ -102,10 +102,10 @@ class _BoundedLoader(yaml.SafeLoader):
                 if dup:
                     raise ConstructorError(None, None, "a key given twice in one mapping "
                                            "(YAML would keep only the last)", key.start_mark)
-        return super().construct_mapping(node, deep)  # type: ignore[no-untyped-call,no-any-return]
+        return super().construct_mapping(node, deep)
 
     def construct_yaml_float(self, node: ScalarNode) -> float:
-        value: float = super().construct_yaml_float(node)  # type: ignore[no-untyped-call]
+        value: float = super().construct_yaml_float(node)
         if not math.isfinite(value):
             raise ConstructorError(None, None, "not a finite number (.inf and .nan are taken "
                                    "nowhere)", node.start_mark)
@@ -113,7 +113,7 @@ class _BoundedLoader(yaml.SafeLoader):
 
     def construct_yaml_int(self, node: ScalarNode) -> int:
         try:
-            return super().construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
+            return super().construct_yaml_int(node)
         except ValueError as e:  # more digits than Python reads (4300)
             raise ConstructorError(None, None, "an integer too long to read",
                                    node.start_mark) from e

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -213,3 +214,13 @@ def test_delivery_stalls_delay_tokens_and_keep_their_order():
     assert np.isclose(got[-1] - got[0], made[-1] - made[0], atol=0.1)
     # the same generator, the same stalls
     assert np.array_equal(got, profiles.deliver(made, 0.05, 0.004, np.random.default_rng(1)))
+
+
+def test_step_times_of_zero_give_no_profile(tmp_path, tiny, capsys):
+    """Steps that all took 0 ms fit no cost: refused, not an all-zero profile that simulates
+    every step as free (issue 34)."""
+    lines = [re.sub(r"elapsed time: [0-9.]+ ms", "elapsed time: 0.00 ms", x)
+             for x in synthetic_log(100)]
+    assert _calibrate(tmp_path, tiny, [lines]) != 0
+    assert "fit no cost at all" in capsys.readouterr().err
+    assert not (tmp_path / "profile.json").exists()

@@ -124,6 +124,9 @@ def fit_twin(x: np.ndarray, y: np.ndarray) -> TwinFit:
                         "needed to fit (run the engine longer or under more load)",
                         field="--log")
     coef = nnls(x, y)
+    if not (coef > 0).any():  # a profile in which no step costs anything simulates nothing
+        raise SpecError(f"the {len(y)} steps' times fit no cost at all (are they all 0 ms?): "
+                        "give logs of an engine under load", field="--log")
     pred = x @ coef
     err = np.abs(pred / y - 1.0)
     folds = np.arange(len(y)) % 5
