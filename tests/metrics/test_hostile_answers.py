@@ -39,10 +39,10 @@ def _vector(samples: list[tuple[dict[str, str], str]]) -> dict[str, Any]:
 def prometheus_answering(answer: Callable[[str], bytes]) -> Iterator[str]:
     """An HTTP server on loopback answering every ``/api/v1/query`` with ``answer(query)``."""
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             self._answer(parse_qs(urlparse(self.path).query).get("query", [""])[0])
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             n = int(self.headers.get("Content-Length") or 0)
             self._answer(parse_qs(self.rfile.read(n).decode()).get("query", [""])[0])
 
@@ -88,26 +88,25 @@ def _answers(buckets: list[tuple[dict[str, str], str]]) -> Callable[[str], bytes
 ], ids=["le-abc", "nan-and-negative-counts", "negative-and-nan-bounds"])
 def test_unusable_buckets_are_refused_not_derived(buckets: list[tuple[dict[str, str], str]]
                                                   ) -> None:
-    with prometheus_answering(_answers(buckets)) as url:
-        with pytest.raises(WorkloadUnavailable) as e:
-            from_prometheus(url, SELECTOR, WINDOW, peak_window=PEAK, at=1.8e9, timeout=10)
+    with prometheus_answering(_answers(buckets)) as url, \
+            pytest.raises(WorkloadUnavailable) as e:
+        from_prometheus(url, SELECTOR, WINDOW, peak_window=PEAK, at=1.8e9, timeout=10)
     assert e.value.reason == "NoRequests" and SELECTOR in str(e.value)
 
 
 def test_a_deeply_nested_answer_is_an_error_naming_the_selector() -> None:
     deep = b'{"status": "success", "data": {"resultType": "vector", "result": ' + \
         b"[" * 100_000 + b"]" * 100_000 + b"}}"
-    with prometheus_answering(lambda q: deep) as url:
-        with pytest.raises(WorkloadUnavailable) as e:
-            from_prometheus(url, SELECTOR, WINDOW, peak_window=PEAK, at=1.8e9, timeout=10)
+    with prometheus_answering(lambda q: deep) as url, pytest.raises(WorkloadUnavailable) as e:
+        from_prometheus(url, SELECTOR, WINDOW, peak_window=PEAK, at=1.8e9, timeout=10)
     assert e.value.reason == "PrometheusUnreachable" and "nested too deeply" in str(e.value)
 
 
 def test_a_huge_number_in_an_answer_is_no_number() -> None:
     answer = _answers([({"le": "10"}, "40"), ({"le": "+Inf"}, "100")])
-    with prometheus_answering(lambda q: answer(q).replace(b'"100"', b"1" + b"0" * 400)) as url:
-        with pytest.raises(WorkloadUnavailable):  # 100 requests read as none
-            from_prometheus(url, SELECTOR, WINDOW, peak_window=PEAK, at=1.8e9, timeout=10)
+    with prometheus_answering(lambda q: answer(q).replace(b'"100"', b"1" + b"0" * 400)) as url, \
+            pytest.raises(WorkloadUnavailable):  # 100 requests read as none
+        from_prometheus(url, SELECTOR, WINDOW, peak_window=PEAK, at=1.8e9, timeout=10)
 
 
 def test_a_scrape_with_bounds_that_are_no_numbers_leaves_them_out() -> None:
