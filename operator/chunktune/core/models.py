@@ -19,13 +19,16 @@ per-tensor, per-channel or 128x128-block scales, under 0.03% of the weights, are
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from chunktune.core import infile
 from chunktune.core.errors import SpecError
+
+#: The largest model config file (a Hugging Face ``config.json``) read.
+MAX_CONFIG_BYTES = 4 * 2**20
 
 DTYPE_BYTES: dict[str, float] = {
     "bfloat16": 2,
@@ -354,13 +357,12 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
     ``config.json`` path. Raises :class:`SpecError` naming ``field`` and the choices."""
     if config_path is not None:
         p = Path(config_path)
-        try:
-            cfg = json.loads(p.read_text())
-        except FileNotFoundError as e:
-            raise SpecError(f"model config file {str(p)!r} does not exist",
-                            field="--model-config") from e
-        except json.JSONDecodeError as e:
-            raise SpecError(f"{str(p)!r} is not valid JSON: {e}", field="--model-config") from e
+        text = infile.read_text(p, field="--model-config", max_bytes=MAX_CONFIG_BYTES,
+                                name=f"model config file {p}")
+        cfg = infile.json_value(text, where=str(p), field="--model-config")
+        if not isinstance(cfg, dict):
+            raise SpecError(f"{p} is not a model config (a JSON object such as a Hugging Face "
+                            "config.json)", field="--model-config")
         return from_hf_config(cfg, name=name or p.parent.name or p.stem)
     if not name:
         raise SpecError("a model is required: a catalog name or --model-config PATH", field=field)
