@@ -118,6 +118,9 @@ HOSTILE: list[Hostile] = [
     Hostile("manifest-inline-trace-dotdot", "manifest",
             _m("  workload:\n    inline:\n      trace: {file: ../../etc/passwd}\n"),
             ("spec.workload.inline.trace.file", "relative")),
+    Hostile("manifest-trace-speedup-tiny", "manifest",
+            _m("  workload:\n    trace: {configMapKeyRef: {name: t, key: t.csv}, "
+               "speedup: 1.0e-300}\n"), ("spec.workload.trace.speedup",)),
     Hostile("manifest-oversize", "manifest", _m(f"# {SECRET}\n" * 90_000),
             ("over the 2 MiB",)),
     # ---- workload profiles (--workload) ----

@@ -68,7 +68,7 @@ class TraceWorkload(Model):
     """Replay from this trace time on."""
     end: Duration | None = None
     """Replay trace time before this (default: to the last request)."""
-    speedup: float | None = Field(default=None, gt=0, le=1_000_000)
+    speedup: float | None = Field(default=None, ge=1e-3, le=1_000_000)
     """Arrival times are divided by this (the same requests at this multiple of the rate)."""
     rate_scale: float | None = Field(default=None, gt=0, le=100)
     """Requests are scaled by this over the same span (a seeded subset, or the trace overlaid
