@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 import os
-import resource
+import signal
 import subprocess
 import sys
 import time
@@ -107,31 +107,41 @@ def test_every_reader_refuses_its_hostile_files(h: Hostile, tmp_path: Path) -> N
 # ---- the command line: bounded, not blocking, one line ------------------------------------
 
 
+#: Runs ``argv[2:]`` under a 4 GiB address-space limit and writes its peak resident KiB and CPU
+#: seconds to ``argv[1]``. A process forked from pytest starts its peak at pytest's own size;
+#: one spawned from this small launcher does not.
+LAUNCHER = """
+import resource, subprocess, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+rc = subprocess.run(sys.argv[2:], stdin=subprocess.DEVNULL).returncode
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{r.ru_maxrss} {r.ru_utime + r.ru_stime}")
+sys.exit(rc if rc >= 0 else 128 - rc)
+"""
+
+
 def _run(args: list[str], cwd: Path) -> tuple[int, str, float, int]:
     """``chunktune ARGS`` as a process (4 GiB of address space at most): its exit status, its
     output, the CPU seconds and the peak resident bytes it took."""
-    def limits() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
-
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'operator'}{os.pathsep}{ROOT}"}
+    usage = cwd / "usage.txt"
+    usage.unlink(missing_ok=True)
     with (cwd / "out.txt").open("w+") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "chunktune", *args], cwd=cwd, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=limits)
-        deadline = time.monotonic() + 120
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                proc.wait()
-                pytest.fail(f"chunktune {' '.join(args)} ran for 120 s")
-            time.sleep(0.05)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(usage), sys.executable,
+                                 "-m", "chunktune", *args], cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"chunktune {' '.join(args)} ran for 120 s")
         out.seek(0)
         text = out.read()
-    return proc.returncode, text, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+    rss_kib, cpu = usage.read_text().split()
+    return rc, text, float(cpu), int(rss_kib) * 1024
 
 
 def _files(tmp: Path) -> dict[str, Path]:
@@ -195,10 +205,14 @@ def cli_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 @pytest.mark.parametrize(("name", "args"), CLI, ids=[n for n, _ in CLI])
 def test_the_command_line_refuses_in_one_line_fast_and_bounded(
-        name: str, args: list[str], cli_files: tuple[Path, dict[str, Path], float]) -> None:
+        name: str, args: list[str], cli_files: tuple[Path, dict[str, Path], float],
+        capsys: pytest.CaptureFixture[str]) -> None:
     tmp, files, startup = cli_files
     argv = [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
     rc, out, cpu, rss = _run(argv, tmp)
+    with capsys.disabled():
+        print(f"\n{name}: exit {rc}, {cpu - startup:+.2f}s of CPU beyond start-up "
+              f"({startup:.2f}s), {rss / 2**20:.0f} MiB peak")
     lines = [x for x in out.splitlines() if x.strip()]
     assert rc not in (0, -9), (rc, out)
     assert "Traceback" not in out and SECRET[:12] not in out, out[-2000:]
