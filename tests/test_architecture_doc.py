@@ -89,6 +89,7 @@ def test_a_room_names_every_module_of_its_package(package: str) -> None:
 def test_the_error_list_names_every_error_class() -> None:
     start = DOC.index("Every error chunktune raises on purpose")
     text = DOC[start:DOC.find("\n\n", start)]
-    missing = sorted(e for e in error_classes() if f"`{e}`" not in text
-                     and f"`core.errors.{e}`" not in text)
+    # a module's private error (core.infile._Refused) never leaves it
+    missing = sorted(e for e in error_classes() if not e.startswith("_")
+                     and f"`{e}`" not in text and f"`core.errors.{e}`" not in text)
     assert not missing, f"docs/architecture.md's error list lacks {missing}"

@@ -14,7 +14,7 @@ import yaml
 
 from chunktune.api import parse_manifest, validate
 from chunktune.api.v1alpha1 import Parameter
-from chunktune.backends.manifests import set_flags
+from chunktune.backends.deployment import set_flags
 from chunktune.core import flags
 from chunktune.core.engine_args import EngineArgs
 from chunktune.core.flags import (

@@ -87,8 +87,8 @@ def test_unmodelled_layers_are_refused_by_name(name, text, capsys):
 
 @pytest.mark.parametrize(("content", "text", "lines"), [
     (None, "does not exist", 1),
-    ("{not json", "is not valid JSON", 1),
-    ("[1, 2]", "must hold a JSON object", 1),
+    ("{not json", "not valid JSON", 1),
+    ("[1, 2]", "is not a model config (a JSON object", 1),
     # one line a missing field: num_hidden_layers, num_attention_heads, vocab_size
     (json.dumps({"hidden_size": 8}), "num_hidden_layers: is missing", 3),
 ])

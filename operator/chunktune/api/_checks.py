@@ -7,12 +7,14 @@ out of its list) and the checks that need it are skipped, so one mistake is repo
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from chunktune.api import metrics as _metrics
 from chunktune.api._engine import GPU_TYPES
 from chunktune.api._retune import slo_watched
+from chunktune.api._types import RELATIVE_PATH
 from chunktune.api.default_space import MANAGED_FLAGS
 from chunktune.api.v1alpha1 import (
     GRID_MAX,
@@ -401,6 +403,16 @@ def _workload(p: Parts, w: WorkloadSpec) -> None:
     if isinstance(classes, list) and len(classes) > MAX_CLASSES:
         p.add("spec.workload.inline.classes", f"must have at most {MAX_CLASSES} traffic classes "
               f"(got {len(classes)})")
+        return
+    inline_trace = (w.inline or {}).get("trace")
+    ref = inline_trace.get("file") if isinstance(inline_trace, dict) else None
+    if ref is not None and (not isinstance(ref, str) or len(ref) > 1024
+                            or not re.fullmatch(RELATIVE_PATH, ref)):
+        # the rule of spec.workload.trace.file and spec.workload.profile: a file next to the
+        # manifest, never one elsewhere on the machine (or the operator's pod)
+        p.add("spec.workload.inline.trace.file", "must be a relative path to a trace file "
+              "next to the manifest: names of letters, digits, '_', '-' and '.', no '..' and "
+              "no absolute path")
         return
     if w.trace is not None and (w.trace.file is None) == (w.trace.config_map_key_ref is None):
         p.add("spec.workload.trace", "give exactly one of file (a trace file next to the "

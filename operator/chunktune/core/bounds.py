@@ -68,9 +68,10 @@ def bounded(value: Any, field: str, *, low: float | None = None, high: float | N
 def rate_bound(rate: float | None, duration: float, field: str) -> None:
     """Refuse an open-loop ``rate`` (req/s) that over ``duration`` seconds would send more than
     :data:`MAX_REQUESTS` requests (a SpecError naming ``field``)."""
-    if rate is not None and rate * duration > MAX_REQUESTS:
-        raise SpecError(f"{rate:g} req/s for {duration:g}s is more than {MAX_REQUESTS:,} "
-                        f"requests; lower the rate or the duration", field=field)
+    if rate is not None and not rate * duration <= MAX_REQUESTS:
+        raise SpecError(f"{rate:g} requests/s for {duration:g}s is {rate * duration:.3g} "
+                        f"requests, over the {MAX_REQUESTS:,} one run may send; lower the "
+                        "rate or the duration", field=field)
 
 
 __all__ = ["MAX_CONCURRENCY", "MAX_DURATION_S", "MAX_RATE", "MAX_REQUESTS", "MAX_TIMEOUT_S",

@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from chunktune.core.bounds import MAX_DURATION_S
+from chunktune.core.bounds import MAX_DURATION_S, MAX_TOKENS
 from chunktune.core.errors import SpecError
 from chunktune.core.validation import problems_from
 
@@ -85,7 +85,8 @@ class _Clipped:
             x = max(x, self.min)
         if self.max is not None:
             x = min(x, self.max)
-        return max(1, round(x))
+        # a wide distribution's tail never asks for more than any model takes
+        return max(1, min(round(x) if math.isfinite(x) else MAX_TOKENS, MAX_TOKENS))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = self._params()
@@ -230,8 +231,15 @@ Distribution = Constant | Uniform | Normal | LogNormal | Exponential | Choice | 
 # The models below check a raw profile mapping; core.validation turns their errors into
 # (field path, message) problems. parse_profile then builds the runtime types above from it.
 
-NonNegative = Annotated[float, Field(ge=0)]
-Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+#: A token count of a distribution (a bound, a value, a mean, an edge): finite, at most
+#: :data:`~chunktune.core.bounds.MAX_TOKENS`.
+Tokens = Annotated[float, Field(ge=0, le=MAX_TOKENS, allow_inf_nan=False)]
+PositiveTokens = Annotated[float, Field(gt=0, le=MAX_TOKENS, allow_inf_nan=False)]
+#: A relative weight (a class's, a value's, a bucket's): finite and at most a billion, so that
+#: weights always sum to a finite number.
+Weight = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
 
 
 class StrictModel(BaseModel):
@@ -241,8 +249,8 @@ class StrictModel(BaseModel):
 
 
 class _ClipSpec(StrictModel):
-    min: NonNegative | None = None
-    max: Positive | None = None
+    min: Tokens | None = None
+    max: PositiveTokens | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> _ClipSpec:
@@ -253,7 +261,7 @@ class _ClipSpec(StrictModel):
 
 class ConstantSpec(_ClipSpec):
     dist: Literal["constant"]
-    value: Positive
+    value: PositiveTokens
 
     def build(self) -> Constant:
         return Constant(value=self.value, min=self.min, max=self.max)
@@ -263,8 +271,8 @@ class UniformSpec(StrictModel):
     """For ``uniform``, ``min`` and ``max`` are the range itself (integers, inclusive)."""
 
     dist: Literal["uniform"]
-    min: NonNegative
-    max: Positive
+    min: Tokens
+    max: PositiveTokens
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformSpec:
@@ -278,8 +286,8 @@ class UniformSpec(StrictModel):
 
 class NormalSpec(_ClipSpec):
     dist: Literal["normal"]
-    mean: Positive
-    std: NonNegative
+    mean: PositiveTokens
+    std: Tokens
 
     def build(self) -> Normal:
         return Normal(mean_=self.mean, std=self.std, min=self.min, max=self.max)
@@ -287,8 +295,10 @@ class NormalSpec(_ClipSpec):
 
 class LogNormalSpec(_ClipSpec):
     dist: Literal["lognormal"]
-    mean: Positive
-    sigma: NonNegative
+    mean: PositiveTokens
+    sigma: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)]
+    """The deviation in log space (at most 10: a factor of e**10 either way is already
+    absurd)."""
 
     def build(self) -> LogNormal:
         return LogNormal(mean_=self.mean, sigma=self.sigma, min=self.min, max=self.max)
@@ -296,7 +306,7 @@ class LogNormalSpec(_ClipSpec):
 
 class ExponentialSpec(_ClipSpec):
     dist: Literal["exponential"]
-    mean: Positive
+    mean: PositiveTokens
 
     def build(self) -> Exponential:
         return Exponential(mean_=self.mean, min=self.min, max=self.max)
@@ -304,8 +314,8 @@ class ExponentialSpec(_ClipSpec):
 
 class ChoiceSpec(_ClipSpec):
     dist: Literal["choice"]
-    values: list[NonNegative] = Field(min_length=1)
-    weights: list[NonNegative] | None = Field(default=None, min_length=1)
+    values: list[Tokens] = Field(min_length=1, max_length=4096)
+    weights: list[Weight] | None = Field(default=None, min_length=1, max_length=4096)
 
     @field_validator("weights")
     @classmethod
@@ -323,9 +333,9 @@ class ChoiceSpec(_ClipSpec):
 
 class HistogramSpec(_ClipSpec):
     dist: Literal["histogram"]
-    edges: list[NonNegative] = Field(min_length=2, max_length=256)
+    edges: list[Tokens] = Field(min_length=2, max_length=256)
     """Bucket bounds, increasing: bucket ``i`` is ``(edges[i], edges[i+1]]``."""
-    weights: list[NonNegative] = Field(min_length=1, max_length=255)
+    weights: list[Weight] = Field(min_length=1, max_length=255)
     """One weight per bucket (counts or shares), not all zero."""
 
     @field_validator("edges")

@@ -19,14 +19,18 @@ per-tensor, per-channel or 128x128-block scales, under 0.03% of the weights, are
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from chunktune.core import infile
 from chunktune.core.errors import SpecError
+
+#: The largest model config file read: a config.json is a few KB; anything past this is not
+#: one (and is not read).
+MAX_CONFIG_BYTES = 4 * 2**20
 
 DTYPE_BYTES: dict[str, float] = {
     "bfloat16": 2,
@@ -862,10 +866,6 @@ _ALIASES.update({
 })
 
 
-#: A config.json is a few KB; anything past this is not one (and is not read).
-MAX_CONFIG_BYTES = 16 << 20
-
-
 def _with_hf_quant_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
     """``cfg`` with the ModelOpt ``hf_quant_config.json`` next to it (``hf_quant_config.json``
     in the model's directory, or ``NAME_hf_quant_config.json`` beside ``NAME_config.json``)
@@ -874,11 +874,9 @@ def _with_hf_quant_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
     for q in (path.with_name(stem + "hf_quant_config.json"),
               path.with_name("hf_quant_config.json")):
         if q != path and q.is_file():
-            try:
-                qc = json.loads(q.read_text())
-            except (OSError, json.JSONDecodeError) as e:
-                raise SpecError(f"{str(q)!r} is not valid JSON: {e}",
-                                field="--model-config") from e
+            text = infile.read_text(q, field="--model-config", max_bytes=MAX_CONFIG_BYTES,
+                                    name=f"quantization config file {q}")
+            qc = infile.json_value(text, where=str(q), field="--model-config", constants=True)
             if isinstance(qc, dict):
                 return {**cfg, "quantization_config": {"quant_method": "modelopt", **qc}}
     return cfg
@@ -903,23 +901,13 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
         p = Path(config_path)
         if p.is_dir():  # a model directory, as vLLM takes it
             p = p / "config.json"
-        try:
-            if p.stat().st_size > MAX_CONFIG_BYTES:
-                raise SpecError(f"{str(p)!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB; "
-                                "give the model's config.json", field="--model-config")
-            cfg = json.loads(p.read_text())
-        except FileNotFoundError as e:
-            raise SpecError(f"model config file {str(p)!r} does not exist",
-                            field="--model-config") from e
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise SpecError(f"{str(p)!r} is not valid JSON: {e}", field="--model-config") from e
-        except OSError as e:
-            raise SpecError(f"cannot read {str(p)!r}: {e.strerror}",
-                            field="--model-config") from e
+        text = infile.read_text(p, field="--model-config", max_bytes=MAX_CONFIG_BYTES,
+                                name=f"model config file {p}")
+        cfg = infile.json_value(text, where=str(p), field="--model-config", constants=True)
         if not isinstance(cfg, dict):
-            raise SpecError(f"{str(p)!r} must hold a JSON object (a Hugging Face config.json)",
-                            field="--model-config")
-        if isinstance(cfg, dict) and "quantization_config" not in cfg:
+            raise SpecError(f"{p} is not a model config (a JSON object such as a Hugging Face "
+                            "config.json)", field="--model-config")
+        if "quantization_config" not in cfg:
             cfg = _with_hf_quant_config(cfg, p)
         label = p.parent.name if p.name == "config.json" else p.stem.removesuffix("_config")
         return from_hf_config(cfg, name=name or label or p.stem)

@@ -15,22 +15,49 @@ records out; :func:`write_steps` / :func:`read_steps` store them as JSON lines.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from chunktune.core import infile
+from chunktune.core.errors import SpecError
+from chunktune.core.infile import shown
 from chunktune.core.stats import weighted_percentile
+
+#: The largest count (requests, tokens, the step counter) a stored step may carry.
+MAX_STEP_COUNT = 10**12
+#: The longest step (ms) a stored step may take: an hour.
+MAX_STEP_MS = 3_600_000.0
+#: The largest step log read, and the most steps it may hold.
+MAX_STEP_LOG_BYTES = 512 * 2**20
+MAX_STEP_LOG_STEPS = 2_000_000
+
+
+def _strict(d: Mapping[str, object], fields: Mapping[str, object],
+            optional: Iterable[str] = ()) -> None:
+    """Raise ValueError for a key ``d`` has that ``fields`` lacks, or a missing one."""
+    extra = [k for k in d if k not in fields]
+    if extra:
+        known = [k for k in extra if len(k) <= 40 and re.fullmatch(r"[a-z_]+", k)]
+        raise ValueError(f"unknown key{'s' if len(extra) > 1 else ''} "
+                         f"{', '.join(known) or '(not a field name)'}; allowed: "
+                         f"{', '.join(fields)}")
+    missing = [k for k in fields if k not in d and k not in optional]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
 
 #: One ``Iteration(N)`` line (the prefix before ``Engine`` is free: pid, level, time, source).
 ITERATION_RE = re.compile(
-    r"(?:Engine (?P<engine>\d+): )?Iteration\((?P<iteration>\d+)\): "
-    r"(?P<context_requests>\d+) context requests?, (?P<context_tokens>\d+) context tokens?, "
-    r"(?P<generation_requests>\d+) generation requests?, "
-    r"(?P<generation_tokens>\d+) generation tokens?, "
-    r"iteration elapsed time: (?P<elapsed_ms>[0-9.]+) ms(?P<dummy> \(dummy\))?"
-    r"(?:, (?P<device>[A-Za-z]+) KV cache usage: (?P<kv_usage_pct>[0-9.]+)%)?"
+    r"(?:Engine (?P<engine>\d{1,6}): )?Iteration\((?P<iteration>\d{1,12})\): "
+    r"(?P<context_requests>\d{1,9}) context requests?, "
+    r"(?P<context_tokens>\d{1,9}) context tokens?, "
+    r"(?P<generation_requests>\d{1,9}) generation requests?, "
+    r"(?P<generation_tokens>\d{1,9}) generation tokens?, "
+    r"iteration elapsed time: (?P<elapsed_ms>\d{1,9}(?:\.\d{1,9})?) ms(?P<dummy> \(dummy\))?"
+    r"(?:, (?P<device>[A-Za-z]+) KV cache usage: (?P<kv_usage_pct>\d{1,3}(?:\.\d{1,9})?)%)?"
 )
 
 
@@ -65,6 +92,23 @@ class StepRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> StepRecord:
+        """A record from :meth:`to_dict`'s form, checked: whole counts from 0 to
+        :data:`MAX_STEP_COUNT`, a finite step time from 0 to :data:`MAX_STEP_MS`, a KV usage
+        from 0 to 100%. Raises ValueError naming the field (never its value's text)."""
+        _strict(d, cls.__dataclass_fields__, ("kv_usage_pct", "engine"))
+        for k in ("iteration", "context_requests", "context_tokens", "generation_requests",
+                  "generation_tokens", "engine"):
+            v = d.get(k, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_STEP_COUNT:
+                raise ValueError(f"{k} must be a whole number from 0 to {MAX_STEP_COUNT} "
+                                 f"(got {shown(v)})")
+        for k, top, unit in (("elapsed_ms", MAX_STEP_MS, " ms"), ("kv_usage_pct", 100, "%")):
+            v = d.get(k, 0)
+            if v is None and k == "kv_usage_pct":
+                continue
+            if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v <= top:
+                raise ValueError(f"{k} must be a number from 0 to {top:g}{unit} (got "
+                                 f"{shown(v)})")
         return cls(**d)  # type: ignore[arg-type]
 
 
@@ -270,15 +314,16 @@ def host_added(metrics: Mapping[str, float], band: tuple[float, float] | None) -
 #: vLLM's start-up lines that say which engine wrote a log (the supported release:
 #: ``Initializing a V1 LLM engine (vX.Y.Z) with config: model='...', ...`` and ``CPU KV cache
 #: size: 130,944 tokens``).
-ENGINE_RE = re.compile(r"Initializing a V\d+ LLM engine \(v(?P<version>[^)]+)\) with config: "
-                       r"model='(?P<model>[^']*)'")
-KV_SIZE_RE = re.compile(r"(?P<device>[A-Za-z]+)(?: \+ host)? KV cache size: (?P<n>[0-9,]+) tokens")
+ENGINE_RE = re.compile(r"Initializing a V\d+ LLM engine \(v(?P<version>[^)]{1,64})\) with "
+                       r"config: model='(?P<model>[^']{0,512})'")
+KV_SIZE_RE = re.compile(r"(?P<device>[A-Za-z]{1,16})(?: \+ host)? KV cache size: "
+                        r"(?P<n>\d[0-9,]{0,18}) tokens")
 #: The step budget the engine runs with, whoever chose it (vLLM's SchedulerConfig logs it at
 #: start-up: ``Chunked prefill is enabled with max_num_batched_tokens=8192.``), and the
 #: flags set on its command line (``non-default args: {'model': ..., 'max_num_seqs': 128}``;
 #: vLLM 0.32 logs max_num_seqs nowhere else).
-BUDGET_RE = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(?P<n>\d+)")
-NON_DEFAULT_SEQS_RE = re.compile(r"non-default args: .*'max_num_seqs': (?P<n>\d+)")
+BUDGET_RE = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(?P<n>\d{1,12})")
+NON_DEFAULT_SEQS_RE = re.compile(r"non-default args: .*'max_num_seqs': (?P<n>\d{1,12})")
 
 
 @dataclass(frozen=True)
@@ -300,6 +345,24 @@ class StepLogMeta:
     def to_dict(self) -> dict[str, object]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
+    @classmethod
+    def from_dict(cls, d: object) -> StepLogMeta:
+        """:meth:`to_dict`'s form, checked (texts of at most 512 characters, whole numbers
+        from 1 to :data:`MAX_STEP_COUNT`); ValueError naming the field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"meta must be a mapping (got {shown(d)})")
+        _strict(d, cls.__dataclass_fields__, cls.__dataclass_fields__)
+        for k, v in d.items():
+            text = k in ("model", "vllm_version", "device")
+            if v is None or (text and isinstance(v, str) and len(v) <= 512):
+                continue
+            if not text and isinstance(v, int) and not isinstance(v, bool) \
+                    and 1 <= v <= MAX_STEP_COUNT:
+                continue
+            raise ValueError(f"meta.{k} must be {'a text' if text else 'a whole number >= 1'} "
+                             f"(got {shown(v)})")
+        return cls(**d)
+
     def merged(self, other: StepLogMeta) -> StepLogMeta:
         """This, with the fields it lacks taken from ``other``."""
         return StepLogMeta(self.model or other.model, self.vllm_version or other.vllm_version,
@@ -307,6 +370,10 @@ class StepLogMeta:
                            self.device or other.device,
                            self.max_num_batched_tokens or other.max_num_batched_tokens,
                            self.max_num_seqs or other.max_num_seqs)
+
+
+#: Words on the lines :func:`parse_meta` reads.
+_META_KEYS = ("LLM engine", "KV cache size", "max_num_batched_tokens", "non-default args")
 
 
 def parse_meta(lines: Iterable[str]) -> StepLogMeta:
@@ -364,25 +431,49 @@ def keep_step_log(lines: Iterable[str], steps_dir: str | Path | None, tag: str
     return records, out
 
 
-def read_step_log(path: str | Path) -> tuple[list[StepRecord], StepLogMeta]:
-    """Records and engine identity from :func:`write_steps`'s file or a raw vLLM log.
-    Raises ValueError (naming the line) for a JSON-lines file with a line that is not a step."""
-    text = Path(path).read_text(errors="replace").splitlines()
-    if not (text and text[0].lstrip().startswith("{")):
-        return parse_steps(text), parse_meta(text)
+def read_step_log(path: str | Path, field: str = "--log"
+                  ) -> tuple[list[StepRecord], StepLogMeta]:
+    """Records and engine identity from :func:`write_steps`'s file or a raw vLLM log, read
+    through :func:`chunktune.core.infile.lines` (a regular file of at most
+    :data:`MAX_STEP_LOG_BYTES`, UTF-8, at most :data:`MAX_STEP_LOG_STEPS` steps). Raises
+    :class:`SpecError` under ``field`` naming the file and the line."""
+    name = str(path)
+    lines = infile.lines(path, field=field, max_bytes=MAX_STEP_LOG_BYTES, name=name)
+    first = next(lines, None)
+    if first is None:
+        return [], StepLogMeta()
+    if not first[1].lstrip().startswith("{"):
+        text = []  # the start-up lines parse_meta reads, not the whole log
+        records = []
+        for n, line in itertools.chain([first], lines):
+            if any(k in line for k in _META_KEYS):
+                text.append(line)
+            if (r := parse_line(line)) is not None:
+                records.append(r)
+                _count(records, name, n, field)
+        return records, parse_meta(text)
     records, meta = [], StepLogMeta()
-    for n, line in enumerate(text, 1):
+    for n, line in itertools.chain([first], lines):
         if not line.strip():
             continue
+        d = infile.json_value(line, where=f"{name} line {n}", field=field)
         try:
-            d = json.loads(line)
             if isinstance(d, dict) and set(d) == {"meta"}:
-                meta = StepLogMeta(**d["meta"])
-            else:
+                meta = StepLogMeta.from_dict(d["meta"])
+            elif isinstance(d, dict):
                 records.append(StepRecord.from_dict(d))
+                _count(records, name, n, field)
+            else:
+                raise ValueError(f"a step record is a JSON object (got {shown(d)})")
         except (ValueError, TypeError) as e:
-            raise ValueError(f"line {n} is not a step record ({e})") from e
+            raise SpecError(f"{name} line {n} is not a step record: {e}", field=field) from e
     return records, meta
+
+
+def _count(records: list[StepRecord], name: str, n: int, field: str) -> None:
+    if len(records) > MAX_STEP_LOG_STEPS:
+        raise SpecError(f"{name} line {n}: more than {MAX_STEP_LOG_STEPS:,} steps; give a "
+                        "shorter log", field=field)
 
 
 def read_steps(path: str | Path) -> list[StepRecord]:

@@ -27,6 +27,10 @@ classes (``split``: ``none``, ``prompt_tokens`` with ``max_prompt_tokens`` per c
 Reading is all or nothing: a malformed row, arrivals out of order, a file over
 :data:`MAX_TRACE_BYTES` or a window holding more than ``max_requests`` requests is a
 :class:`~chunktune.core.errors.SpecError` naming the line; no partial trace is ever replayed.
+The file is read through :func:`chunktune.core.infile.lines` (a regular file, UTF-8, lines of at
+most a MiB) as its rows are parsed, and reading stops at the end of the window; a row is
+refused as soon as it is one too many (:mod:`chunktune.core.trace_formats` bounds every
+value), so a refusal costs what the window holds, never the whole file.
 :meth:`Trace.to_dict` gives the trace as it is replayed (the requests of the window, arrival
 times after the speed-up, one class name and one priority per row) in the generic CSV form,
 inline, so a profile carries its requests to every tool that replays it.
@@ -38,12 +42,15 @@ import functools
 import hashlib
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
+from chunktune.core import infile
+from chunktune.core.bounds import MAX_DURATION_S, MAX_REQUESTS
 from chunktune.core.distributions import (
     NAME_PATTERN,
     Api,
@@ -53,14 +60,18 @@ from chunktune.core.distributions import (
 )
 from chunktune.core.errors import SpecError
 from chunktune.core.tokens import min_chat_tokens
-from chunktune.core.trace_formats import PRIORITY, PRIORITY_BOUND, RowReader, Rows
+from chunktune.core.trace_formats import (
+    PRIORITY,
+    PRIORITY_BOUND,
+    RowReader,
+    Rows,
+)
 from chunktune.core.validation import problems_from
 
 __all__ = [
     "DEFAULT_MAX_REQUESTS",
     "MAX_TRACE_BYTES",
     "MAX_TRACE_CLASSES",
-    "MAX_TRACE_REQUESTS",
     "Trace",
     "TraceClass",
     "TraceSpec",
@@ -69,10 +80,9 @@ __all__ = [
 
 #: A trace file larger than this is refused before it is read.
 MAX_TRACE_BYTES = 256 * 2**20
-#: Requests a trace's window may hold unless ``max_requests`` says otherwise ...
+#: Requests a trace's window may hold unless ``max_requests`` says otherwise (at most
+#: :data:`~chunktune.core.bounds.MAX_REQUESTS`).
 DEFAULT_MAX_REQUESTS = 200_000
-#: ... and the most ``max_requests`` may allow.
-MAX_TRACE_REQUESTS = 2_000_000
 #: Traffic classes a trace may be split into.
 MAX_TRACE_CLASSES = 32
 #: The class of a trace that is not split.
@@ -115,7 +125,7 @@ class TraceSpec(StrictModel):
     """Replay from this trace time on (seconds, or ``"10m"``)."""
     end: Seconds | None = None
     """Replay trace time before this (default: to the last request)."""
-    speedup: Positive = Field(default=1.0, le=1e6)
+    speedup: float = Field(default=1.0, ge=1e-3, le=1e6)
     """Arrival times are divided by this: the same requests at this multiple of the rate."""
     rate_scale: Positive = Field(default=1.0, le=100)
     """Requests are scaled by this over the same span (below 1: a seeded subset; above 1: the
@@ -125,7 +135,7 @@ class TraceSpec(StrictModel):
     column: str = Field(default="class", min_length=1, max_length=128)
     """The column (or JSON key) ``split: column`` reads."""
     classes: list[TraceClassSpec] = Field(default_factory=list, max_length=MAX_TRACE_CLASSES)
-    max_requests: int = Field(default=DEFAULT_MAX_REQUESTS, ge=1, le=MAX_TRACE_REQUESTS)
+    max_requests: int = Field(default=DEFAULT_MAX_REQUESTS, ge=1, le=MAX_REQUESTS)
     """The most requests the window may hold; a trace with more is refused."""
     source: str | None = Field(default=None, max_length=1024)
     """Where an inline trace came from (informational)."""
@@ -258,39 +268,21 @@ def parse_trace_spec(raw: Any, field: str) -> TraceSpec:
 def read_trace(spec: TraceSpec, *, base_dir: Path | None = None, field: str = "trace") -> Trace:
     """Read and check the whole trace, then apply the window, speed-up and split. Raises
     :class:`SpecError` under ``field`` (``field.file`` or ``field.data``) naming the line."""
+    lines: Iterable[tuple[int, str]]
     if spec.file is not None:
-        where = f"{field}.file"
-        text, name = _read_file(spec.file, base_dir, where), Path(spec.file).name
+        where, name = f"{field}.file", Path(spec.file).name
+        path = Path(spec.file)
+        if base_dir is not None and not path.is_absolute():
+            path = base_dir / path
+        lines = infile.lines(path, field=where, max_bytes=MAX_TRACE_BYTES, name=name)
     else:
         assert spec.data is not None
-        where, text, name = f"{field}.data", spec.data, "the inline trace"
-        if len(text.encode()) > MAX_TRACE_BYTES:
+        where, name = f"{field}.data", "the inline trace"
+        if len(spec.data) > MAX_TRACE_BYTES or len(spec.data.encode()) > MAX_TRACE_BYTES:
             raise SpecError(f"is over the {MAX_TRACE_BYTES / 2**20:.3f} MiB a trace may have; "
                             "give a shorter trace", field=where)
-    return _Reader(spec, where, name).read(text)
-
-
-def _read_file(ref: str, base_dir: Path | None, where: str) -> str:
-    path = Path(ref)
-    if base_dir is not None and not path.is_absolute():
-        path = base_dir / path
-    try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise SpecError(f"cannot read {str(path)!r}: {e.strerror or e}", field=where) from e
-    if not path.is_file():
-        raise SpecError(f"{str(path)!r} is not a file", field=where)
-    if size > MAX_TRACE_BYTES:
-        raise SpecError(f"{path.name} is {size / 2**20:.3f} MiB, over the "
-                        f"{MAX_TRACE_BYTES / 2**20:.3f} MiB a trace may have; cut it to the "
-                        "window you replay", field=where)
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise SpecError(f"{path.name} line {line}: not UTF-8 text ({e.reason})",
-                        field=where) from e
+        lines = infile.text_lines(spec.data, field=where, name=name)
+    return _Reader(spec, where, name).read(lines)
 
 
 class _Reader:
@@ -306,9 +298,12 @@ class _Reader:
     def fail(self, line: int, message: str) -> SpecError:
         return SpecError(f"{self.name} line {line}: {message}", field=self.where)
 
-    def read(self, text: str) -> Trace:
-        reader = RowReader(self.spec.format, self.spec.column, self.where, self.name)
-        rows, fmt = reader.read(text)
+    def read(self, lines: Iterable[tuple[int, str]]) -> Trace:
+        spec = self.spec
+        reader = RowReader(spec.format, spec.column, self.where, self.name, start=spec.start,
+                           end=math.inf if spec.end is None else spec.end,
+                           limit=spec.max_requests)
+        rows, fmt = reader.read(lines)
         self.has_column = reader.has_column
         return self._replay(rows, fmt)
 
@@ -317,18 +312,14 @@ class _Reader:
     def _replay(self, rows: Rows, fmt: str) -> Trace:
         spec = self.spec
         end = math.inf if spec.end is None else spec.end
-        keep = [i for i, t in enumerate(rows.time) if spec.start <= t < end]
+        keep = list(range(len(rows.time)))  # the reader kept the window's rows only
         if not keep:
-            extent = (f"{rows.time[0]:g}s to {rows.time[-1]:g}s" if rows.time
-                      else "no requests at all")
+            extent = (f"{rows.first:g}s to {rows.last:g}s" if rows.first is not None
+                      and rows.last is not None else "no requests at all")
             raise SpecError(f"{self.name}: no request in the window [{spec.start:g}s, "
                             f"{'end' if spec.end is None else f'{end:g}s'}) (the trace's "
                             f"arrivals run {extent})", field=self.where)
         limit = spec.max_requests
-        if len(keep) > limit:
-            raise self.fail(rows.line[keep[limit]], f"more than {limit:,} requests in the "
-                            "window; narrow it (start, end) or raise max_requests (at most "
-                            f"{MAX_TRACE_REQUESTS:,})")
         if round(len(keep) * spec.rate_scale) > limit:
             raise SpecError(f"rate_scale {spec.rate_scale:g} makes "
                             f"{round(len(keep) * spec.rate_scale):,} requests, over "
@@ -347,6 +338,10 @@ class _Reader:
                       if n)
         span = ((end - spec.start) / spec.speedup if spec.end is not None
                 else math.floor(arrival[-1]) + 1.0)
+        if span > MAX_DURATION_S:
+            raise SpecError(f"speedup {spec.speedup:g} makes the replay {span:.3g}s long, past "
+                            f"the {MAX_DURATION_S / 86400:g} days a replay may last; raise "
+                            "speedup or narrow the window", field=self.where)
         window = (f"{spec.start:g}s-{'end' if spec.end is None else f'{end:g}s'}"
                   if spec.start or spec.end is not None else "whole")
         source = spec.source or (f"{self.name} ({fmt}, {window}, speed-up {spec.speedup:g}, "
@@ -386,12 +381,12 @@ class _Reader:
             v = rows.value[i] or ""
             k = index.get(v)
             if k is None:
-                if declared:
-                    raise self.fail(rows.line[i], f"{spec.column} {v!r} matches no class "
+                if declared:  # the value is the file's: not quoted
+                    raise self.fail(rows.line[i], f"the {spec.column} here matches no class "
                                     f"(the classes take: {', '.join(sorted(index))})")
                 if not re.fullmatch(NAME_PATTERN, v) or len(v) > 63:
-                    raise self.fail(rows.line[i], f"{spec.column} {v!r} cannot be a class name "
-                                    "(letters, digits, '-', '_' or '.')")
+                    raise self.fail(rows.line[i], f"the {spec.column} here cannot be a class "
+                                    "name (letters, digits, '-', '_' or '.', at most 63)")
                 if len(index) == MAX_TRACE_CLASSES:
                     raise self.fail(rows.line[i], f"more than {MAX_TRACE_CLASSES} distinct "
                                     f"values of {spec.column}; list the classes with their "

@@ -3,21 +3,31 @@
 :class:`RowReader` reads the Azure, Mooncake and generic formats
 (:mod:`chunktune.core.trace` documents them) into :class:`Rows`: one arrival time (seconds of
 trace time), prompt and output tokens, split value and priority per request, with the line each
-came from. Every problem is a :class:`~chunktune.core.errors.SpecError` naming the line.
+came from. Every problem is a :class:`~chunktune.core.errors.SpecError` naming the line and
+the column (never the line's text: :func:`chunktune.core.infile.shown`).
+
+Lines are read as they come (:func:`chunktune.core.infile.lines`): rows before the window are
+checked and dropped, reading stops at the first row past its end, and the row after
+``limit`` rows in the window is refused at once, so a huge trace costs what its window holds.
+Every number is bounded: token counts by :data:`MAX_TOKENS`, trace times by
+:data:`MAX_DURATION_S`, priorities by :data:`PRIORITY_BOUND` (and whole).
 """
 
 from __future__ import annotations
 
 import csv
 import datetime as dt
-import io
-import json
+import itertools
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from chunktune.core import infile
+from chunktune.core.bounds import MAX_DURATION_S, MAX_REQUESTS, MAX_TOKENS
 from chunktune.core.errors import SpecError
+from chunktune.core.infile import shown
 
 __all__ = ["PRIORITY", "PRIORITY_BOUND", "RowReader", "Rows", "timestamp"]
 
@@ -29,6 +39,9 @@ _GENERIC = ("arrival", "prompt_tokens", "output_tokens")
 PRIORITY = "priority"
 #: The largest priority (either sign) a request may carry.
 PRIORITY_BOUND = 2**31 - 1
+# The limits every input shares (core.bounds): a prompt or output past MAX_TOKENS is a broken
+# row, refused before any prompt is built from it; a trace's window holds at most MAX_REQUESTS
+# requests (its max_requests at most); a row's time is at most MAX_DURATION_S after the start.
 
 
 @dataclass
@@ -41,31 +54,46 @@ class Rows:
     output: list[int]
     value: list[str | None]
     priority: list[int | None]
+    first: float | None = None
+    """The first and last trace times read (in the window or not)."""
+    last: float | None = None
+    last_line: int = 0
 
 
 class RowReader:
     """Reads one trace's text: ``fmt`` is ``auto`` or the format it must be, ``column`` the
     split column to keep; errors name ``name`` (the file) and the field ``where``."""
 
-    def __init__(self, fmt: str, column: str, where: str, name: str) -> None:
+    def __init__(self, fmt: str, column: str, where: str, name: str, *, start: float = 0.0,
+                 end: float = math.inf, limit: int | None = None) -> None:
         self.format = fmt
         self.column = column
         self.where = where
         self.name = name
         self.has_column = False
+        self.start, self.end, self.limit = start, end, limit
+        self.done = False
 
     def fail(self, line: int, message: str) -> SpecError:
         return SpecError(f"{self.name} line {line}: {message}", field=self.where)
 
-    def read(self, text: str) -> tuple[Rows, str]:
-        """Every row of ``text`` and the format it was in (``has_column`` then says whether
-        the trace has the split column)."""
-        first = next((ln for ln in text.splitlines() if ln.strip()), None)
-        if first is None:
+    def read(self, lines: Iterable[tuple[int, str]]) -> tuple[Rows, str]:
+        """The rows in the window of ``lines`` (:func:`chunktune.core.infile.lines`: numbered,
+        checked) and the format they were in (``has_column`` then says whether the trace has
+        the split column)."""
+        it = iter(lines)
+        head = []
+        for n, line in it:
+            head.append((n, line))
+            if line.strip():
+                break
+        else:
             raise SpecError(f"{self.name} is empty: a trace needs a header and one request a "
                             "line", field=self.where)
         rows = Rows([], [], [], [], [], [])
-        fmt = self._jsonl(text, rows) if first.lstrip().startswith("{") else self._csv(text, rows)
+        src = itertools.chain(head, it)
+        fmt = self._jsonl(src, rows) if head[-1][1].lstrip().startswith("{") \
+            else self._csv(src, rows)
         return rows, fmt
 
     # ---- formats ----------------------------------------------------------------------------
@@ -75,8 +103,14 @@ class RowReader:
             raise self.fail(1, f"this is a {found}, not the {self.format} format; set "
                                f"format to {fmt} or auto")
 
-    def _csv(self, text: str, rows: Rows) -> str:
-        reader = csv.reader(io.StringIO(text))
+    def _csv(self, lines: Iterable[tuple[int, str]], rows: Rows) -> str:
+        reader = csv.reader(line for _, line in lines)
+        try:
+            return self._csv_rows(reader, rows)
+        except csv.Error as e:  # a field past the limit, a NUL: its message quotes no text
+            raise self.fail(reader.line_num, f"not CSV ({e})") from e
+
+    def _csv_rows(self, reader: Any, rows: Rows) -> str:
         header: list[str] | None = None
         for record in reader:
             if not record or not any(f.strip() for f in record):
@@ -85,6 +119,11 @@ class RowReader:
             break
         assert header is not None
         at = {h: i for i, h in enumerate(header)}
+        if len(at) < len(header):
+            twice = next(h for i, h in enumerate(header) if h in header[:i])
+            which = f"the column {twice!r}" if twice in _KNOWN else "a column"
+            raise self.fail(reader.line_num, f"{which} appears twice in the header; a trace "
+                                             "names each column once")
         fmt, cols, raw_ts = self._csv_format(header, at, reader.line_num)
         ti, pi, oi = (at[c] for c in cols)
         split_col = at.get(self.column)
@@ -97,19 +136,22 @@ class RowReader:
                 continue
             if len(record) != len(header):
                 raise self.fail(line, f"{len(record)} fields where the header has "
-                                      f"{len(header)} ({', '.join(header)})")
+                                      f"{len(header)}")
             if raw_ts:
                 t = timestamp(record[ti])
                 if t is None:
-                    raise self.fail(line, f"{cols[0]} must be a date and time such as "
-                                          f"2023-11-16 18:15:46.6805900 (got {record[ti]!r})")
+                    raise self.fail(line, f"{cols[0]} must be a date and time between 1970 "
+                                          "and 2100 such as 2023-11-16 18:15:46.6805900 (got "
+                                          f"{shown(record[ti])})")
                 t0 = t if t0 is None else t0
-                t -= t0
+                t = self._bounded(t - t0, cols[0], line, record[ti])
             else:
                 t = self._time(record[ti], cols[0], line, 1.0)
             self._add(rows, line, t, record[pi], record[oi], cols,
                       None if split_col is None else record[split_col].strip(),
                       None if prio_col is None else record[prio_col])
+            if self.done:
+                break
         return fmt
 
     def _csv_format(self, header: list[str], at: dict[str, int], line: int
@@ -123,28 +165,28 @@ class RowReader:
             return "generic", _GENERIC, False
         expected = {"azure": " or ".join(",".join(c) for c in _AZURE),
                     "generic": ",".join(_GENERIC) + "[,class][,priority]"}
+        known = [h for h in header if h in _KNOWN]
+        got = (f"its header has {len(header)} columns, of which "
+               f"{', '.join(known) if known else 'none'} known")
         if self.format in expected:
             raise self.fail(line, f"a {self.format} trace needs the columns "
-                                  f"{expected[self.format]} (got {','.join(header)})")
+                                  f"{expected[self.format]} ({got})")
         if self.format == "mooncake":
             raise self.fail(line, "a mooncake trace is JSONL (one JSON object a line), "
                                   "not CSV")
-        raise self.fail(line, f"the header {','.join(header)!r} is none of the trace formats: "
+        raise self.fail(line, f"the header is none of the trace formats ({got}): "
                               f"azure ({expected['azure']}) or generic ({expected['generic']}); "
                               "JSONL traces are mooncake (timestamp,input_length,output_length) "
                               "or generic")
 
-    def _jsonl(self, text: str, rows: Rows) -> str:
+    def _jsonl(self, lines: Iterable[tuple[int, str]], rows: Rows) -> str:
         fmt: str | None = None
         cols: tuple[str, str, str] = _GENERIC
         scale = 1.0
-        for line, raw in enumerate(text.splitlines(), 1):
+        for line, raw in lines:
             if not raw.strip():
                 continue
-            try:
-                obj = json.loads(raw)
-            except ValueError as e:
-                raise self.fail(line, f"not a JSON object ({e})") from e
+            obj = infile.json_value(raw, where=f"{self.name} line {line}", field=self.where)
             if not isinstance(obj, dict):
                 raise self.fail(line, f"not a JSON object (got {type(obj).__name__})")
             if fmt is None:
@@ -160,6 +202,8 @@ class RowReader:
                       obj[cols[1]], obj[cols[2]], cols,
                       None if value is None else str(value).strip(),
                       None if prio is None else prio)
+            if self.done:
+                break
         assert fmt is not None
         return fmt
 
@@ -173,20 +217,29 @@ class RowReader:
             return "generic", _GENERIC, 1.0
         if self.format == "azure":
             raise self.fail(line, "an azure trace is CSV, not JSON lines")
-        raise self.fail(line, f"keys {', '.join(sorted(obj)) or '(none)'} are none of the JSONL "
-                              f"trace formats: mooncake ({', '.join(_MOONCAKE)}, timestamp in "
-                              f"ms) or generic ({', '.join(_GENERIC)}, arrival in s)")
+        known = [k for k in sorted(obj) if k in _KNOWN]
+        raise self.fail(line, f"its keys ({len(obj)}, of which "
+                              f"{', '.join(known) if known else 'none'} known) are none of the "
+                              f"JSONL trace formats: mooncake ({', '.join(_MOONCAKE)}, timestamp "
+                              f"in ms) or generic ({', '.join(_GENERIC)}, arrival in s)")
 
     # ---- values -----------------------------------------------------------------------------
 
     def _time(self, raw: Any, col: str, line: int, scale: float) -> float:
         try:
             t = float(raw) * scale if not isinstance(raw, bool) else math.nan
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             t = math.nan
         if not math.isfinite(t) or t < 0:
             unit = "milliseconds" if scale != 1.0 else "seconds"
-            raise self.fail(line, f"{col} must be a number of {unit} >= 0 (got {raw!r})")
+            raise self.fail(line, f"{col} must be a number of {unit} >= 0 (got {shown(raw)})")
+        return self._bounded(t, col, line, raw)
+
+    def _bounded(self, t: float, col: str, line: int, raw: Any) -> float:
+        if t > MAX_DURATION_S:
+            raise self.fail(line, f"{col} is {t:.3g}s into the trace, past the "
+                                  f"{MAX_DURATION_S / 86400:g} days a trace may span (got "
+                                  f"{shown(raw)})")
         return t
 
     def _tokens(self, raw: Any, col: str, line: int) -> int:
@@ -197,35 +250,67 @@ class RowReader:
             n = int(raw)
         elif isinstance(raw, str):
             s = raw.strip()
-            if re.fullmatch(r"\d+", s):
+            if len(s) > 24:
+                pass
+            elif re.fullmatch(r"\d+", s):
                 n = int(s)
             elif re.fullmatch(r"\d+\.0*", s):
                 n = int(float(s))
         if n is None or n < 1:
-            raise self.fail(line, f"{col} must be a whole number of tokens >= 1 (got {raw!r})")
+            raise self.fail(line, f"{col} must be a whole number of tokens >= 1 (got "
+                                  f"{shown(raw)})")
+        if n > MAX_TOKENS:
+            raise self.fail(line, f"{col} is over {MAX_TOKENS:,} tokens, the longest context "
+                                  "any model has")
         return n
 
     def _add(self, rows: Rows, line: int, t: float, prompt: Any, output: Any,
              cols: tuple[str, str, str], value: str | None, prio: Any) -> None:
-        if rows.time and t < rows.time[-1]:
+        if rows.last is not None and t < rows.last:
             raise self.fail(line, f"{cols[0]} {t:g}s is before the previous request's "
-                                  f"({rows.time[-1]:g}s, line {rows.line[-1]}); a trace must "
-                                  "be in arrival order (sort it by that column)")
+                                  f"({rows.last:g}s, line {rows.last_line}); a trace must be "
+                                  "in arrival order (sort it by that column)")
         priority: int | None = None
         if prio is not None and prio != "":
-            try:
-                priority = int(prio) if not isinstance(prio, bool) else None
-            except (TypeError, ValueError):
-                priority = None
+            priority = _whole(prio)
             if priority is None or abs(priority) > PRIORITY_BOUND:
                 raise self.fail(line, f"priority must be a whole number (lower is served "
-                                      f"first) within +-{PRIORITY_BOUND} (got {prio!r})")
+                                      f"first) within +-{PRIORITY_BOUND} (got {shown(prio)})")
+        prompt_n = self._tokens(prompt, cols[1], line)
+        output_n = self._tokens(output, cols[2], line)
+        rows.first = t if rows.first is None else rows.first
+        rows.last, rows.last_line = t, line
+        if t >= self.end:
+            self.done = True  # in arrival order: no later row is in the window
+            return
+        if t < self.start:
+            return
+        if self.limit is not None and len(rows.line) >= self.limit:
+            raise self.fail(line, f"more than {self.limit:,} requests in the window; narrow "
+                                  "it (start, end) or raise max_requests (at most "
+                                  f"{MAX_REQUESTS:,})")
         rows.line.append(line)
         rows.time.append(t)
-        rows.prompt.append(self._tokens(prompt, cols[1], line))
-        rows.output.append(self._tokens(output, cols[2], line))
+        rows.prompt.append(prompt_n)
+        rows.output.append(output_n)
         rows.value.append(value)
         rows.priority.append(priority)
+
+
+_KNOWN = frozenset((*_AZURE[0], *_AZURE[1], *_MOONCAKE, *_GENERIC, PRIORITY, "class"))
+
+
+def _whole(raw: Any) -> int | None:
+    """A priority as a whole number: an int, a float or text with nothing after the point."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, float):
+        return int(raw) if raw.is_integer() and abs(raw) <= PRIORITY_BOUND else None
+    if isinstance(raw, str) and (m := re.fullmatch(r"\s*([+-]?\d{1,12})(?:\.0*)?\s*", raw)):
+        return int(m.group(1))
+    return None
 
 
 def timestamp(raw: str) -> float | None:
@@ -236,10 +321,12 @@ def timestamp(raw: str) -> float | None:
     if m is None:
         return None
     day, clock, frac, zone = m.groups()
+    if not 1970 <= int(day[:4]) <= 2100:
+        return None
     try:
         t = dt.datetime.fromisoformat(f"{day}T{clock}{'' if zone in (None, 'Z') else zone}")
-    except ValueError:
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=dt.UTC)
+        return t.timestamp() + (float(f"0.{frac[:12]}") if frac else 0.0)
+    except (ValueError, OverflowError):
         return None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.UTC)
-    return t.timestamp() + (float(f"0.{frac}") if frac else 0.0)

@@ -60,6 +60,14 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
 
 from chunktune.core import yamlsafe
+from chunktune.core.bounds import (
+    MAX_CONCURRENCY,
+    MAX_DURATION_S,
+    MAX_RATE,
+    MAX_REQUESTS,
+    MAX_TOKENS,
+    rate_bound,
+)
 from chunktune.core.distributions import (
     APIS,
     NAME_PATTERN,
@@ -107,6 +115,7 @@ def derived_warmup(duration: float) -> float:
     return min(30.0, duration / 10)
 
 
+
 ArrivalMode = Literal["poisson", "constant", "concurrency"]
 #: The arrival modes a profile may name (the CRD's enum); a trace profile's mode is ``trace``.
 ARRIVAL_MODES: tuple[str, ...] = get_args(ArrivalMode)
@@ -115,7 +124,7 @@ TRACE_MODE = "trace"
 
 
 class SharedPrefixSpec(StrictModel):
-    tokens: int = Field(gt=0)
+    tokens: int = Field(gt=0, le=MAX_TOKENS)
     """Tokens every prompt of the class opens with (all of a shorter prompt)."""
     groups: int = Field(default=1, gt=0, le=1_000_000)
     """How many different openings: each request takes one at random (a system prompt per
@@ -124,7 +133,7 @@ class SharedPrefixSpec(StrictModel):
 
 class TrafficClassSpec(StrictModel):
     name: str
-    weight: Positive = 1.0
+    weight: Positive = Field(default=1.0, le=1e9)
     api: Api = "completions"
     priority: int = Field(default=0, ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)
     """vLLM's ``priority`` request field: lower is served first under
@@ -145,9 +154,10 @@ class TrafficClassSpec(StrictModel):
 
 class ArrivalSpec(StrictModel):
     mode: ArrivalMode = "poisson"
-    rate: Positive | None = Field(default=None, validate_default=True)
+    rate: Positive | None = Field(default=None, le=MAX_RATE, validate_default=True)
     """Requests per second, for the open-loop modes."""
-    concurrency: int | None = Field(default=None, gt=0, validate_default=True)
+    concurrency: int | None = Field(default=None, gt=0, le=MAX_CONCURRENCY,
+                                    validate_default=True)
     """Requests kept in flight, for mode concurrency."""
 
     @field_validator("rate")
@@ -171,10 +181,11 @@ class ProfileSpec(StrictModel):
     name: str | None = None
     description: str = ""
     arrival: ArrivalSpec | None = None
-    duration: Annotated[float, BeforeValidator(duration_value), Field(gt=0)] | None = None
+    duration: Annotated[float, BeforeValidator(duration_value),
+                        Field(gt=0, le=MAX_DURATION_S)] | None = None
     """Default: 60 s, or a trace's span."""
-    warmup: Annotated[float, BeforeValidator(duration_value)] = 0.0
-    seed: int = 0
+    warmup: Annotated[float, BeforeValidator(duration_value), Field(le=MAX_DURATION_S)] = 0.0
+    seed: int = Field(default=0, ge=-(2**63), lt=2**63)
     classes: list[TrafficClassSpec] | None = None
     trace: dict[str, Any] | None = None
     """A trace to replay instead of ``arrival`` and ``classes`` (checked by
@@ -239,6 +250,8 @@ class Profile:
         duration = self.duration if duration is None else duration
         if self.trace is not None:
             arrival = Arrival(TRACE_MODE, rate=_trace_rate(self.trace, duration))
+        elif arrival.mode != "concurrency" and arrival.rate is not None:
+            rate_bound(arrival.rate, duration, "rate" if rate is not None else "duration")
         return replace(
             self,
             arrival=arrival,
@@ -326,6 +339,12 @@ def parse_profile(raw: Any, source: str = "profile", base_dir: Path | None = Non
         if spec.warmup >= duration:
             problems.append((f"{source}.warmup", f"must be shorter than duration "
                              f"({spec.warmup:g}s >= {duration:g}s)"))
+        if spec.arrival is not None and spec.arrival.rate is not None \
+                and spec.arrival.mode != "concurrency":
+            try:
+                rate_bound(spec.arrival.rate, duration, f"{source}.arrival.rate")
+            except SpecError as e:
+                problems += e.problems
     if problems:
         raise SpecError(problems)
     assert spec is not None
@@ -383,13 +402,9 @@ def load_profile(ref: str | Path) -> Profile:
         raise SpecError(f"no profile file {str(ref)!r}; give a path or one of: {shipped}",
                         field="--workload")
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise SpecError(f"cannot read {p.name}: {e.strerror or e}", field="--workload") from e
-    try:
-        raw = yamlsafe.load(text, p.name)
+        raw = yamlsafe.read(p)
     except SpecError as e:
-        raise SpecError("; ".join(f"{f}: {m}" for f, m in e.problems),
+        raise SpecError("; ".join(f"{f}: {m}" if f else m for f, m in e.problems),
                         field="--workload") from e
     return parse_profile(raw, source=p.stem, base_dir=p.parent)
 
@@ -447,7 +462,8 @@ def generate(profile: Profile, limit: int | None = None) -> list[RequestSpec]:
     t = 0.0
     mode = profile.arrival.mode
     rate = profile.arrival.rate or 1.0
-    cap = limit if limit is not None else (10**9 if mode != "concurrency" else 200_000)
+    cap = limit if limit is not None else (MAX_REQUESTS if mode != "concurrency"
+                                           else 200_000)
     while len(out) < cap:
         if mode == "poisson":
             t += rng.expovariate(rate)

@@ -82,6 +82,9 @@ class PrometheusClient:
             raise PrometheusError(f"{e} (query {q})") from e
         except (requests.RequestException, ValueError, KeyError, TypeError) as e:
             raise PrometheusError(f"cannot query {self.url}: {e}") from e
+        except RecursionError:  # its traceback (the JSON decoder's thousand frames) is dropped
+            raise PrometheusError(f"cannot query {self.url}: its answer is nested too deeply "
+                                  "to be Prometheus' (is it Prometheus?)") from None
 
     def query_sync(self, q: str, at: float | None = None) -> float | None:
         """The value of an instant query at ``at`` (Unix seconds; default now): the first
@@ -227,7 +230,7 @@ def _value(result: Any) -> float | None:
         return None
     try:
         v = float(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return v if math.isfinite(v) else None
 

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from chunktune.core.distributions import Constant, Histogram
-from chunktune.core.errors import ChunktuneError
+from chunktune.core.errors import ChunktuneError, SpecError
 from chunktune.core.stats import hit_rate
 from chunktune.core.workload import (
     DERIVED_CLASSES,
@@ -41,8 +41,9 @@ from chunktune.core.workload import (
     Profile,
     TrafficClass,
     derived_warmup,
+    parse_profile,
 )
-from chunktune.metrics.promtext import histogram_quantile
+from chunktune.metrics.promtext import histogram_quantile, le_bound
 
 #: The classes a derived profile has (prompt length at most / above the threshold).
 SHORT, LONG = DERIVED_CLASSES
@@ -73,8 +74,8 @@ class Buckets:
     def from_le(cls, by_le: Mapping[str, float]) -> Buckets:
         """From ``{le: count}`` as Prometheus gives them (``"2.0"``, ``"+Inf"``); counts made
         monotonic as ``histogram_quantile`` does."""
-        pairs = sorted((float(le), max(0.0, v)) for le, v in by_le.items()
-                       if not math.isnan(v))
+        pairs = sorted((b, max(0.0, v)) for le, v in by_le.items()
+                       if not math.isnan(v) and (b := le_bound(le)) is not None)
         if not pairs or not math.isinf(pairs[-1][0]):
             pairs.append((math.inf, pairs[-1][1] if pairs else 0.0))
         out: list[float] = []
@@ -339,6 +340,12 @@ def derive(obs: Observation, *, long_threshold: float = LONG_PROMPT_TOKENS,
             continue
         share = sum(prompt.weights) / obs.prompt.total
         classes.append(TrafficClass(cls, round(share, 6), prompt, output, "completions"))
+    if not classes:  # every observation in the +Inf bucket, or counts that never grow
+        raise WorkloadUnavailable(
+            "NoRequests", f"the prompt-length histogram of {obs.selector} at {obs.url} has no "
+            f"observation in a finite bucket over the {_secs(obs.window)} ending "
+            f"{_rfc3339(obs.at)}: no profile can be drawn from it (check vLLM's "
+            "request_prompt_tokens buckets)")
     if rate_from == "peak" and stats.peak_rate:
         rate = stats.peak_rate
     else:
@@ -352,6 +359,12 @@ def derive(obs: Observation, *, long_threshold: float = LONG_PROMPT_TOKENS,
         seed=seed,
         description=f"derived from vLLM's metrics at {obs.url} ({obs.selector}, "
                     f"{_secs(obs.window)} ending {_rfc3339(obs.at)})")
+    try:  # the checks every profile passes, before anything replays it
+        parse_profile(profile.to_dict(), source="derived")
+    except SpecError as e:
+        raise WorkloadUnavailable(
+            "NoRequests", f"the workload derived from {obs.selector} at {obs.url} is not a "
+            f"profile chunktune can replay ({e.problems[0][0]}: {e.problems[0][1]})") from e
     return DerivedWorkload(profile, stats, source)
 
 

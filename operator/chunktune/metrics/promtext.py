@@ -51,13 +51,29 @@ class Scrape:
         for labels, v in self.samples.get(_canon(name) + "_bucket", []):
             if not _matches(labels, match):
                 continue
-            le = math.inf if labels.get("le") in ("+Inf", "inf") else float(labels["le"])
+            le = le_bound(labels.get("le"))
+            if le is None or math.isnan(v):  # not a bucket bound: the series is not a bucket
+                continue
             acc[le] = acc.get(le, 0.0) + v
         return sorted(acc.items())
 
     def label_values(self, name: str, label: str) -> set[str]:
         return {labels[label] for labels, _ in self.samples.get(_canon(name), [])
                 if label in labels}
+
+
+def le_bound(le: str | None) -> float | None:
+    """A histogram bucket's upper bound from its ``le`` label (``"2.0"``, ``"+Inf"``); None for
+    a label that is no bound (missing, not a number, NaN, negative)."""
+    if le is None:
+        return None
+    if le.strip() in ("+Inf", "inf", "Inf", "+inf"):
+        return math.inf
+    try:
+        v = float(le) if len(le) <= 64 else math.nan
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and v >= 0 else None
 
 
 def _matches(labels: Mapping[str, str], match: Mapping[str, str] | None) -> bool:

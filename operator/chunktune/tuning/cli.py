@@ -7,8 +7,11 @@ import asyncio
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import ValidationError
 
 from chunktune.api.metrics import format_value
 from chunktune.api.reader import load_manifest, read_manifest, validate
@@ -22,6 +25,8 @@ from chunktune.metrics.derive import WorkloadUnavailable
 
 if TYPE_CHECKING:
     from chunktune.tuning.tuner import Tuner
+
+T = TypeVar("T")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -339,15 +344,11 @@ def cmd_results(ns: argparse.Namespace) -> int:
             constraints = [ConstraintDef.from_spec(c) for c in tuning.spec.constraints]
         else:
             st.check_storage(ns.source, "FILE|STORAGE", must_exist=True)
-            storage = st.open_storage(ns.source)
-            names = [n for n in optuna.get_all_study_names(storage) if "#" not in n]
-            if not names:
-                raise SpecError("the storage holds no study", field="FILE|STORAGE")
-            study = optuna.load_study(study_name=names[0], storage=storage)
+            study = _first_study(ns.source)
             from chunktune.api.v1alpha1 import STORED_SPEC, Spec
 
-            spec = Spec.model_validate(study.user_attrs[st.STUDY_SPEC],
-                                       context={STORED_SPEC: True})
+            spec = _stored(study, lambda raw: Spec.model_validate(
+                raw, context={STORED_SPEC: True}))
             objectives = [ObjectiveDef.from_spec(o) for o in spec.objectives]
             constraints = [ConstraintDef.from_spec(c) for c in spec.constraints]
     except SpecError as e:
@@ -410,18 +411,54 @@ def _tuning_of(source: str, storage: str | None) -> tuple[Any, str]:
         _check_study_storage(url, source, _storage_field(storage, tuning.spec.storage))
         return tuning, url
     st.check_storage(source, "FILE|STORAGE", must_exist=True)
+    study = _first_study(source)
+    ns, _, name = study.study_name.rpartition("/")
+    tuning = _stored(study, lambda raw: ChunkedPrefillTuning.model_validate({
+        "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
+        "metadata": {"name": name, "namespace": ns or "default"}, "spec": raw},
+        context={STORED_SPEC: True}))
+    return tuning, source
+
+
+def _first_study(source: str) -> Any:
+    """The first study of the storage ``source`` (a journal file or a database URL). Raises
+    :class:`SpecError`: a file that is no storage (:func:`chunktune.tuning.storage.
+    check_existing`), one whose records Optuna cannot replay, one without a study."""
     import optuna
 
-    names = [n for n in optuna.get_all_study_names(st.open_storage(source)) if "#" not in n]
-    if not names:
-        raise SpecError("the storage holds no study", field="FILE|STORAGE")
-    ns, _, name = names[0].rpartition("/")
-    study = optuna.load_study(study_name=names[0], storage=st.open_storage(source))
-    tuning = ChunkedPrefillTuning.model_validate({
-        "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
-        "metadata": {"name": name, "namespace": ns or "default"},
-        "spec": study.user_attrs[st.STUDY_SPEC]}, context={STORED_SPEC: True})
-    return tuning, source
+    from chunktune.tuning import study as st
+
+    try:
+        storage = st.open_storage(source, field="FILE|STORAGE")
+        names = [n for n in optuna.get_all_study_names(storage) if "#" not in n]
+        if not names:
+            raise SpecError("the storage holds no study", field="FILE|STORAGE")
+        return optuna.load_study(study_name=names[0], storage=storage)
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError) as e:
+        if isinstance(e, SpecError):
+            raise
+        # a journal whose records are not Optuna's (its first line was)
+        raise SpecError(f"{source} is not a study storage Optuna can read "
+                        f"({type(e).__name__}): give a journal `chunktune tune` wrote",
+                        field="FILE|STORAGE") from e
+
+
+def _stored(study: Any, parse: Callable[[dict[str, Any]], T]) -> T:
+    """``parse`` of the ChunkedPrefillTuning spec ``study`` keeps; :class:`SpecError` for a
+    study without one (not written by ``chunktune tune``) or with one this chunktune cannot
+    read."""
+    from chunktune.tuning import study as st
+
+    raw = study.user_attrs.get(st.STUDY_SPEC)
+    if not isinstance(raw, dict):
+        raise SpecError(f"the study {study.study_name!r} holds no ChunkedPrefillTuning spec: "
+                        "it was not written by `chunktune tune`", field="FILE|STORAGE")
+    try:
+        return parse(raw)
+    except ValidationError as e:
+        raise SpecError(f"the study {study.study_name!r} holds a spec this chunktune cannot "
+                        f"read ({e.error_count()} problems): give the manifest as FILE",
+                        field="FILE|STORAGE") from e
 
 
 def cmd_calibrate_study(ns: argparse.Namespace) -> int:

@@ -39,7 +39,8 @@ import sqlalchemy.exc
 import sqlalchemy.pool
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 
-from chunktune.core.errors import InfrastructureFault
+from chunktune.core import infile
+from chunktune.core.errors import InfrastructureFault, SpecError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -310,17 +311,53 @@ for _name in _RETRIED:
     setattr(ResilientRDBStorage, _name, _retried(_name))
 
 
-def open_storage(url: str) -> BaseStorage:
+def open_storage(url: str, field: str = "storage") -> BaseStorage:
     """An Optuna storage for a URL: ``sqlite:///...``/``postgresql://...`` as a
     :class:`ResilientRDBStorage`, a path (or ``journal://PATH``) as a journal file — ~10x
-    faster per trial than SQLite."""
+    faster per trial than SQLite. A file that exists but is no storage is refused
+    (:func:`check_existing`, a :class:`SpecError` under ``field``)."""
     if is_database(url):
+        check_existing(url, field)
         return ResilientRDBStorage(url)
     path = Path(url.split("://", 1)[1] if "://" in url else url)
+    check_existing(url, field)
     path.parent.mkdir(parents=True, exist_ok=True)
     from optuna.storages.journal import JournalFileBackend
 
     return JournalStorage(JournalFileBackend(str(path)))
+
+
+#: The first bytes of an SQLite database file (https://www.sqlite.org/fileformat.html).
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_existing(url: str, field: str = "storage") -> None:
+    """Refuse a storage file that exists but is not one: not a regular file (a directory,
+    ``/dev/zero``, a FIFO), an ``sqlite:///`` file without SQLite's header, a journal whose
+    first line is not an Optuna journal record. A file that does not exist yet is fine (the
+    study creates it); a database server is not checked here. Reads at most one line, through
+    :func:`chunktune.core.infile.lines`; :class:`SpecError` under ``field``."""
+    if is_database(url) and not url.startswith("sqlite:///"):
+        return
+    raw = url.removeprefix("sqlite:///") if is_database(url) else (
+        url.split("://", 1)[1] if "://" in url else url)
+    raw = raw.split("?", 1)[0] if is_database(url) else raw
+    if not raw or raw == ":memory:" or not os.path.lexists(raw):
+        return
+    name = display_url(url)
+    if is_database(url):
+        head = infile.head(raw, len(SQLITE_MAGIC), field=field, name=name)
+        if head and head != SQLITE_MAGIC:
+            raise SpecError(f"{name} is not an SQLite database (its first bytes are not "
+                            "SQLite's header): give another file, or remove it", field=field)
+        return
+    first = next(infile.lines(raw, field=field, max_bytes=2**62, name=name), None)
+    if first is None:
+        return
+    record = infile.json_value(first[1], where=f"{name} line 1", field=field)
+    if not isinstance(record, dict) or not isinstance(record.get("op_code"), int):
+        raise SpecError(f"{name} line 1: not an Optuna journal record (a JSON object with "
+                        "op_code): give a study's journal file, or another path", field=field)
 
 
 def _journal_path(storage: BaseStorage) -> Path | None:

@@ -174,10 +174,10 @@ def check_out_dir(path: str, field: str = "--out") -> None:
                             field=field)
 
 
-def open_storage(url: str) -> BaseStorage:
+def open_storage(url: str, field: str = "storage") -> BaseStorage:
     """An Optuna storage for a URL (:func:`chunktune.tuning.storage.open_storage`): a database
     that waits out its outages, or a journal file."""
-    return storages.open_storage(url)
+    return storages.open_storage(url, field)
 
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -179,7 +180,7 @@ def test_steps_files_carry_the_engine_identity(tmp_path, tiny, capsys):
     broken = tmp_path / "c.steps.jsonl"
     broken.write_text(good.read_text() + '{"iteration": "x"}\n')
     assert main([*args, "--log", str(broken)]) == 2
-    assert "is not a steps file: line 102" in capsys.readouterr().err
+    assert "c.steps.jsonl line 102 is not a step record: missing" in capsys.readouterr().err
     assert main([*args, "--log", str(tmp_path / "missing.log")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -187,8 +188,10 @@ def test_steps_files_carry_the_engine_identity(tmp_path, tiny, capsys):
 @pytest.mark.parametrize(("edit", "message"), [
     ({"version": 99}, "profile version 99 is not supported"),
     ({"coefficients": {"step_overhead_scale": -1}}, "coefficients.step_overhead_scale"),
-    ({"step_gap_s": "fast"}, "step_gap_s: must be a number >= 0"),
-    ({"delivery_stall_s": -0.001}, "delivery_stall_s: must be a number >= 0"),
+    ({"step_gap_s": "fast"},
+     "step_gap_s: must be a number from 0 to 3600 (got a text of 4 characters)"),
+    ({"delivery_stall_s": -0.001},
+     "delivery_stall_s: must be a number from 0 to 3600 (got -0.001)"),
     ({"delivery_stall_prob": 1.5}, "delivery_stall_prob: must be a probability, 0 to 1"),
     ({"model": ""}, "model: missing"),
 ])
@@ -215,3 +218,13 @@ def test_delivery_stalls_delay_tokens_and_keep_their_order():
     assert np.isclose(got[-1] - got[0], made[-1] - made[0], atol=0.1)
     # the same generator, the same stalls
     assert np.array_equal(got, profiles.deliver(made, 0.05, 0.004, np.random.default_rng(1)))
+
+
+def test_step_times_of_zero_give_no_profile(tmp_path, tiny, capsys):
+    """Steps that all took 0 ms fit no cost: refused, not an all-zero profile that simulates
+    every step as free (issue 34)."""
+    lines = [re.sub(r"elapsed time: [0-9.]+ ms", "elapsed time: 0.00 ms", x)
+             for x in synthetic_log(100)]
+    assert _calibrate(tmp_path, tiny, [lines]) != 0
+    assert "fit no cost at all" in capsys.readouterr().err
+    assert not (tmp_path / "profile.json").exists()

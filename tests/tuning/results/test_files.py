@@ -55,5 +55,5 @@ def test_an_unknown_version_is_refused_with_the_fix(tmp_path: Path) -> None:
     assert "'chunktune.dev/result/v2'" in message and SCHEMA_ID in message
     assert "(9.0.0)" in message and "chunktune results STORAGE --out DIR" in message
     path.write_text("{not json")
-    with pytest.raises(SpecError, match="cannot read it as JSON"):
+    with pytest.raises(SpecError, match="the file: not valid JSON"):
         read_result(path)

@@ -37,8 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from chunktune.core import infile
 from chunktune.core.engine_args import EngineArgs
 from chunktune.core.errors import SpecError
+from chunktune.core.infile import shown
 from chunktune.core.models import ModelConfig
 from chunktune.core.steps import read_step_log
 from chunktune.core.vllm_release import Version, parse_version
@@ -54,6 +56,14 @@ SCALES = ("step_overhead_scale", "per_request_scale", "linear_scale", "attention
 #: per KV token a decode reads.
 DIRECT = ("per_token_s", "per_prefill_pair_s", "per_decode_kv_token_s")
 COEFFICIENTS = (*SCALES, *DIRECT)
+#: The largest value a profile may give each coefficient: a scale of the data-sheet model
+#: (fitted ones lie near 1), or a term in the engine's own units (seconds per token, per query-key
+#: pair, per KV token: fitted ones are below a millisecond).
+COEFFICIENT_BOUNDS = {**dict.fromkeys(SCALES, 1e4), **dict.fromkeys(DIRECT, 1.0)}
+#: The longest time a profile's own terms (server overhead, step gap, delivery stall) may take.
+MAX_TERM_S = 3600.0
+#: The largest calibration profile file read.
+MAX_PROFILE_BYTES = 4 * 2**20
 
 
 @dataclass(frozen=True)
@@ -115,6 +125,9 @@ def fit_twin(x: np.ndarray, y: np.ndarray) -> TwinFit:
                         "needed to fit (run the engine longer or under more load)",
                         field="--log")
     coef = nnls(x, y)
+    if not (coef > 0).any():  # a profile in which no step costs anything simulates nothing
+        raise SpecError(f"the {len(y)} steps' times fit no cost at all (are they all 0 ms?): "
+                        "give logs of an engine under load", field="--log")
     pred = x @ coef
     err = np.abs(pred / y - 1.0)
     folds = np.arange(len(y)) % 5
@@ -200,17 +213,8 @@ def load_logs(paths: list[str], model: ModelConfig, declared: str) -> list[StepL
     logs = []
     for p in paths:
         path = Path(p)
-        try:
-            text = path.read_text(errors="replace")
-        except FileNotFoundError as e:
-            raise SpecError(f"{p} does not exist", field="--log") from e
-        except OSError as e:
-            raise SpecError(f"{p} cannot be read: {e}", field="--log") from e
-        try:
-            records, meta = read_step_log(path)
-        except ValueError as e:
-            raise SpecError(f"{p} is not a steps file: {e}", field="--log") from e
-        log = check_steps(records, meta, bool(text.strip()), p)
+        records, meta = read_step_log(path, "--log")  # a regular file, from here on
+        log = check_steps(records, meta, path.stat().st_size > 0, p)
         check_model(meta.model, model, declared, p)
         check_token_sizes(log, model, p)
         logs.append(log)
@@ -302,20 +306,31 @@ def parse_profile(d: Any, source: str, field_path: str = "--calibration") -> Cal
     if not isinstance(coeffs, dict):
         raise bad("coefficients: missing")
     for k in COEFFICIENTS:
-        v = coeffs.get(k)
-        if not isinstance(v, int | float) or isinstance(v, bool) or not v >= 0:
-            raise bad(f"coefficients.{k}: must be a number >= 0 (got {v!r})")
+        v, top = coeffs.get(k), COEFFICIENT_BOUNDS[k]
+        if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v <= top:
+            raise bad(f"coefficients.{k}: must be a number from 0 to {top:g} (got {shown(v)})")
+    if not any(coeffs[k] > 0 for k in COEFFICIENTS):
+        raise bad("coefficients: all 0, so every step would cost nothing; recalibrate from "
+                  "logs with step times")
     for k in ("model", "gpu"):
-        if not isinstance(d.get(k), str) or not d[k]:
-            raise bad(f"{k}: missing")
+        if not isinstance(d.get(k), str) or not d[k] or len(d[k]) > 256:
+            raise bad(f"{k}: missing (a name of at most 256 characters)")
     for k in ("server_overhead_s", "step_gap_s", "delivery_stall_prob", "delivery_stall_s"):
         v = d.get(k)
         if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)
-                              or not v >= 0):
-            raise bad(f"{k}: must be a number >= 0 (got {v!r})")
+                              or not 0 <= v <= MAX_TERM_S):
+            raise bad(f"{k}: must be a number from 0 to {MAX_TERM_S:g} (got {shown(v)})")
     if not (d.get("delivery_stall_prob") or 0) <= 1:
         raise bad(f"delivery_stall_prob: must be a probability, 0 to 1 (got "
-                  f"{d['delivery_stall_prob']!r})")
+                  f"{shown(d['delivery_stall_prob'])})")
+    for k, top in (("tensor_parallel_size", 1024), ("kv_cache_tokens", 2**40)):
+        v = d.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                              or not 1 <= v <= top):
+            raise bad(f"{k}: must be a whole number from 1 to {top} (got {shown(v)})")
+    for k in ("fit", "fitted_on"):
+        if not isinstance(d.get(k, {}), dict):
+            raise bad(f"{k}: must be a mapping (got {shown(d[k])})")
     known = set(CalibrationProfile.__dataclass_fields__)
     try:
         return CalibrationProfile(**{k: v for k, v in d.items() if k in known})
@@ -325,13 +340,9 @@ def parse_profile(d: Any, source: str, field_path: str = "--calibration") -> Cal
 
 def read_profile(path: str | Path, field_path: str = "--calibration") -> CalibrationProfile:
     p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except FileNotFoundError as e:
-        raise SpecError(f"calibration profile {str(p)!r} does not exist",
-                        field=field_path) from e
-    except json.JSONDecodeError as e:
-        raise SpecError(f"{p}: not valid JSON: {e}", field=field_path) from e
+    text = infile.read_text(p, field=field_path, max_bytes=MAX_PROFILE_BYTES,
+                            name=f"calibration profile {p}")
+    d = infile.json_value(text, where=str(p), field=field_path)
     return parse_profile(d, str(p), field_path)
 
 

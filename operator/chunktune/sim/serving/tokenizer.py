@@ -17,13 +17,14 @@ counted exactly by both.
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from chunktune.core import infile
 from chunktune.core.errors import SpecError
+from chunktune.core.models import MAX_CONFIG_BYTES
 from chunktune.core.tokens import content_text, count_chat_tokens, count_tokens
 
 
@@ -107,10 +108,9 @@ class HFTokenizer:
         config: dict[str, Any] = {}
         cfg_file = file.parent / "tokenizer_config.json"
         if cfg_file.is_file():
-            try:
-                config = json.loads(cfg_file.read_text())
-            except json.JSONDecodeError as e:
-                raise SpecError(f"{str(cfg_file)!r} is not valid JSON: {e}", field=field) from e
+            config = infile.json_value(
+                infile.read_text(cfg_file, field=field, max_bytes=MAX_CONFIG_BYTES,
+                                 name=str(cfg_file)), where=str(cfg_file), field=field)
         try:
             return cls(file, config)
         except Exception as e:  # tokenizers raises a plain Exception for a broken file

@@ -22,6 +22,7 @@ same version; a field removed or changing meaning takes a new version. Top level
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,17 @@ import optuna
 
 from chunktune import __version__
 from chunktune.api.status import TrialRecord
+from chunktune.core import infile
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import flags_line
+from chunktune.core.infile import shown
 from chunktune.tuning.results import plots
 from chunktune.tuning.results.model import Results
 
 #: The version of ``result.json`` this chunktune writes and reads.
 SCHEMA_ID = "chunktune.dev/result/v1"
+#: The largest result.json read.
+MAX_RESULT_BYTES = 256 * 2**20
 
 
 def to_json(results: Results, **extra: Any) -> dict[str, Any]:
@@ -74,15 +79,15 @@ def read_result(path: str | Path) -> dict[str, Any]:
     without ``schema`` was written before the file was versioned, in the layout of v1, and is
     read as v1. Raises :class:`~chunktune.core.errors.SpecError` naming the file and the fix."""
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise SpecError(f"cannot read it as JSON: {e}", field=str(p)) from e
+    text = infile.read_text(p, field=str(p), max_bytes=MAX_RESULT_BYTES, name="the file")
+    doc = infile.json_value(text, where="the file", field=str(p))
     if not isinstance(doc, dict):
         raise SpecError("is not a result.json (not a JSON object)", field=str(p))
     schema = doc.get("schema", SCHEMA_ID)
     if schema != SCHEMA_ID:
-        raise SpecError(f"has schema {schema!r}; this chunktune ({__version__}) reads "
+        said = repr(schema) if isinstance(schema, str) and re.fullmatch(r"[\w./-]{1,64}",
+                                                                        schema) else shown(schema)
+        raise SpecError(f"has schema {said}; this chunktune ({__version__}) reads "
                         f"{SCHEMA_ID!r}: read it with the chunktune that wrote it "
                         f"({(doc.get('tool') or {}).get('version', 'version unknown')}), or "
                         "rewrite it from the study's storage with `chunktune results STORAGE "
