@@ -156,6 +156,8 @@ class Scheduler:
         self.num_drafts = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        #: accepted tokens by draft position (``..._accepted_tokens_per_pos``)
+        self.accepted_per_pos = [0] * (self.spec.num_speculative_tokens if self.spec else 0)
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -361,6 +363,9 @@ class Scheduler:
         self.num_drafts += 1
         self.num_draft_tokens += drafts
         self.num_accepted_tokens += accepted
+        per_pos = self.accepted_per_pos
+        for pos in range(accepted):
+            per_pos[pos] += 1
         return accepted
 
     def apply(self, plan: StepPlan, end_time: float) -> StepOutcome:
