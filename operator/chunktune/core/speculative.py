@@ -142,6 +142,27 @@ def to_text(spec: SpeculativeConfig) -> str:
     return json.dumps(raw, separators=(",", ":"))
 
 
+def acceptance_from_counters(drafts: float | None, draft_tokens: float | None,
+                             accepted: float | None) -> float | None:
+    """The per-token acceptance behind vLLM's ``spec_decode_num_drafts`` /
+    ``_num_draft_tokens`` / ``_num_accepted_tokens`` counters (their increase over a window):
+    the ``a`` at which ``drafts`` verifications of ``K = draft_tokens / drafts`` tokens each
+    would accept ``accepted`` (:func:`expected_accepted`, solved by bisection). None where a
+    counter is missing or nothing was drafted."""
+    if not drafts or not draft_tokens or accepted is None or drafts <= 0 or draft_tokens <= 0:
+        return None
+    k = max(1, round(draft_tokens / drafts))
+    target = min(max(accepted / drafts, 0.0), float(k))
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if expected_accepted(mid, k) < target:
+            low = mid
+        else:
+            high = mid
+    return round((low + high) / 2, 4)
+
+
 def expected_accepted(acceptance: float, drafts: int) -> float:
     """Expected accepted tokens of ``drafts`` draft tokens when each is accepted with
     probability ``acceptance`` given the ones before it were (acceptance stops at the first
