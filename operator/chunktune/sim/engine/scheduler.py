@@ -356,9 +356,7 @@ class Scheduler:
         acceptance, its fraction carried to the next verification); the rejected ones roll
         ``num_computed`` back, as vLLM's ``update_from_output`` does. Counts them as vLLM's
         ``spec_decode_num_drafts`` / ``_num_draft_tokens`` / ``_num_accepted_tokens``."""
-        carry = req.spec_carry + expected_accepted(req.spec_acceptance, drafts)
-        accepted = min(int(carry), drafts)
-        req.spec_carry = carry - accepted
+        accepted = self.accept(req, drafts)
         req.num_computed -= drafts - accepted
         self.num_drafts += 1
         self.num_draft_tokens += drafts
@@ -366,6 +364,14 @@ class Scheduler:
         per_pos = self.accepted_per_pos
         for pos in range(accepted):
             per_pos[pos] += 1
+        return accepted
+
+    def accept(self, req: Request, drafts: int) -> int:
+        """How many of ``drafts`` the target model accepts: the expected number at the
+        request's acceptance, its fraction carried to the request's next verification."""
+        carry = req.spec_carry + expected_accepted(req.spec_acceptance, drafts)
+        accepted = min(int(carry), drafts)
+        req.spec_carry = carry - accepted
         return accepted
 
     def apply(self, plan: StepPlan, end_time: float) -> StepOutcome:
