@@ -106,7 +106,7 @@ def test_step_for_step_with_vllm_0_32(vllm_steps, case):
     real = [{"scheduled": dict(s["scheduled"]), "spec": s["spec"]}
             for s in vllm_steps[case["name"]]]
     sim, _ = simulate(case)
-    first = next((i for i, (a, b) in enumerate(zip(real, sim)) if a != b), None)
+    first = next((i for i, (a, b) in enumerate(zip(real, sim, strict=False)) if a != b), None)
     assert first is None and len(real) == len(sim), (
         f"step {first}: vLLM {real[first] if first is not None else len(real)} "
         f"simulator {sim[first] if first is not None else len(sim)}")

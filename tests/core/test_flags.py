@@ -4,8 +4,8 @@ the parsers accept what vLLM 0.32 accepts."""
 from __future__ import annotations
 
 import argparse
-import json
 import dataclasses
+import json
 import shlex
 from typing import Any
 

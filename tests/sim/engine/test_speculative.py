@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -77,7 +78,7 @@ def test_accepted_tokens_follow_the_class_acceptance_exactly_over_a_request():
     for step in range(4):
         sched.apply(sched.schedule(float(step)), step + 1.0)
         outputs.append(req.num_output)
-    assert [b - a for a, b in zip(outputs, outputs[1:])] == [1, 2, 2, 2]
+    assert [b - a for a, b in itertools.pairwise(outputs)] == [1, 2, 2, 2]
     assert (sched.num_draft_tokens, sched.num_accepted_tokens) == (8, 3)
 
 

@@ -30,7 +30,6 @@ from chunktune.sim.engine.request import REJECTED, Request
 from chunktune.sim.engine.scheduler import Scheduler, StepPlan
 from chunktune.sim.engine.step_trace import StepCounts, iteration_counts
 
-
 #: vLLM's HTTP 503 message for a request beyond ``--max-num-queued-reqs``
 #: (``QueueOverflowError``, ``vllm/exceptions.py``, 0.32).
 QUEUE_FULL_MESSAGE = ("The engine is currently busy and cannot accept new requests. "
