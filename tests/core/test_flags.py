@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 from typing import Any
 
@@ -38,7 +39,11 @@ from tests.api.factories import quickstart, vllm_manifest
 #: vLLM's V1 engine refuses partial prefills other than 1; the tensor-parallel degree must fit
 #: the GPU count.
 SAMPLES = {"max-num-partial-prefills": [1], "max-long-partial-prefills": [1],
-           "tensor-parallel-size": [1, 8]}
+           "tensor-parallel-size": [1, 8], "num-speculative-tokens": [0, 4, 64],
+           "speculative-config": ['{"method":"ngram","num_speculative_tokens":4}',
+                                  '{"method":"eagle3","num_speculative_tokens":2}']}
+#: The --speculative-config a searched num-speculative-tokens is set inside.
+SPEC_BASE = ["--speculative-config", '{"method":"ngram","num_speculative_tokens":4}']
 
 
 def samples(f: Flag) -> list[Any]:
@@ -93,6 +98,8 @@ def manifest_point(f: Flag, value: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("f", "value"), CASES)
 def test_every_flag_round_trips(f: Flag, value: Any) -> None:
+    if f.within:
+        return within_round_trips(f, value)
     point = manifest_point(f, value)
     if not f.tunable:
         point = {f.name: point[f.name]}
@@ -133,7 +140,7 @@ def test_every_flag_round_trips(f: Flag, value: Any) -> None:
             assert validate(sim) == [], tokens
 
     # a patched Deployment's args
-    if f.kind != "bool":
+    if f.kind != "bool" and f.kind != "str":
         patched = set_flags(["vllm", "serve", "m", f.option, "1"], point)
         assert parse_argv(patched[3:]).values == point
         assert patched.count(f.option) == 1
@@ -297,3 +304,26 @@ def test_manifest_args_check_values_not_vllms_other_flags() -> None:
     sim = quickstart()
     sim["spec"]["engine"]["args"] = ["--enforce-eager", "yes"]
     assert validate(sim) == [("spec.engine.args[1]", "expected a --flag (got 'yes')")]
+
+
+def within_round_trips(f: Flag, value: Any) -> None:
+    """A key of a JSON flag (num-speculative-tokens inside --speculative-config): searched in
+    a manifest, it lands inside the fixed flag's object on the engine's command line, in the
+    simulator's arguments and in a patched Deployment; 0 drops the flag."""
+    raw = quickstart()
+    raw["spec"]["engine"]["args"] = list(SPEC_BASE)
+    raw["spec"]["searchSpace"] = [{"name": f.name, "choices": [value]}]
+    assert validate(raw) == []
+    spec = parse_manifest(raw).spec
+    point = suggest(optuna.trial.FixedTrial({f.name: value}), spec.parameters)
+    assert point == {f.name: value}
+    tokens = flags.argv(point, base=spec.engine_fixed_args())
+    got = parse_argv(tokens).values.get(f.within)
+    patched = set_flags(["vllm", "serve", "m", *SPEC_BASE], point)
+    if value == 0:
+        assert got is None and "--speculative-config" not in patched
+        return
+    assert json.loads(got) == {"method": "ngram", f.attr: value}
+    assert json.loads(parse_argv(patched[3:]).values[f.within])[f.attr] == value
+    args = EngineArgs.from_point({f.within: SPEC_BASE[1], **point})
+    assert getattr(args, f.attr) == value

@@ -213,3 +213,33 @@ def test_no_prometheus_is_an_error_naming_the_selector() -> None:
                              r'\(Connection refused\)') as e:
         from_prometheus(url, '{model_name="prod"}', 3600, timeout=2)
     assert e.value.reason == "PrometheusUnreachable"
+
+
+def test_the_draft_acceptance_is_derived_from_the_spec_decode_counters() -> None:
+    """vLLM's spec-decode counters over the window give the chance a draft token is accepted
+    given the ones before it were: 1000 verifications of K=4 drafts that accepted 2.1 tokens
+    each on average; every class of the derived profile takes it, the status keeps it, and a
+    profile without the counters has none."""
+    from chunktune.core.speculative import expected_accepted
+
+    prompts, outputs = sample(random.Random(5), 200)
+    obs = dataclasses.replace(observation(prompts, outputs), spec_drafts=1000.0,
+                              spec_draft_tokens=4000.0, spec_accepted=2100.0)
+    derived = derive(obs)
+    a = derived.stats.spec_acceptance
+    assert a is not None and 0 < a < 1
+    assert 1000 * expected_accepted(a, 4) == pytest.approx(2100, rel=1e-3)
+    assert [c.spec_acceptance for c in derived.profile.classes] == [a, a]
+    assert derived.to_dict()["stats"]["specAcceptance"] == a
+    assert WorkloadStats.from_dict(derived.stats.to_dict()).spec_acceptance == a
+    assert "draft token accepted with chance" in derived.describe()
+    # the written profile reads back with the acceptance, in range
+    again = parse_profile(derived.profile.to_dict())
+    assert [c.spec_acceptance for c in again.classes] == [a, a]
+    for drafts in (None, 0.0):
+        plain = derive(dataclasses.replace(obs, spec_drafts=drafts))
+        assert plain.stats.spec_acceptance is None
+        assert all(c.spec_acceptance is None for c in plain.profile.classes)
+    # the queries read the three counters under both metric spellings
+    q = promql.workload_queries(LabelSelector.parse('{model_name="llama"}'), 600, 60)
+    assert 'vllm(:|_)spec_decode_num_accepted_tokens_total' in q["spec_accepted"]

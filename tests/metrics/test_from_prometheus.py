@@ -181,3 +181,35 @@ def test_a_real_vllms_prefix_cache_hit_rate_is_read(tmp_path: Path) -> None:
     assert derived.stats.prefix_hit_rate == pytest.approx(rate, rel=0.02)
     assert f"{100 * rate:.1f}% of prompt tokens found cached" in derived.describe()
     assert f"trials prefill {1 / (1 - rate):.1f}x the prompt tokens" in derived.describe()
+
+
+def test_the_draft_acceptance_is_derived_from_a_served_engines_counters(tmp_path: Path) -> None:
+    """``sim serve`` with ngram speculation (K=4) at a known draft acceptance exports vLLM's
+    spec-decode counters; Prometheus scrapes them and the derivation recovers the acceptance
+    (to the rounding of the last verification of each request)."""
+    import requests
+
+    flags = ["--max-model-len", "8192", "--served-model-name", "spec-llama",
+             "--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 4}),
+             "--spec-acceptance", "0.7"]
+    with start_server("llama-3.1-8b", flags) as srv, \
+            prometheus(tmp_path / "prom", [srv.url.removeprefix("http://")]) as prom:
+        for i in range(8):
+            r = requests.post(srv.url + "/v1/completions", timeout=60, json={
+                "model": "spec-llama", "prompt": list(range(100 + i)), "max_tokens": 300})
+            assert r.status_code == 200
+        text = requests.get(srv.url + "/metrics", timeout=10).text
+        drafts = next(float(line.split()[-1]) for line in text.splitlines()
+                      if line.startswith("vllm:spec_decode_num_drafts_total{"))
+        deadline = time.monotonic() + 60
+        while True:  # until Prometheus has scraped the last request's counts
+            r = requests.get(prom + "/api/v1/query", timeout=10, params={
+                "query": '{__name__=~"vllm(:|_)spec_decode_num_drafts_total"}'}).json()
+            if [float(x["value"][1]) for x in r["data"]["result"]] == [drafts]:
+                break
+            assert time.monotonic() < deadline, r
+            time.sleep(0.5)
+        derived = from_prometheus(prom, '{model_name="spec-llama"}', 600.0, at=time.time())
+    assert derived.stats.spec_acceptance == pytest.approx(0.7, abs=0.02)
+    assert {c.spec_acceptance for c in derived.profile.classes} == \
+        {derived.stats.spec_acceptance}

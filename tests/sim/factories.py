@@ -14,14 +14,16 @@ def create_config(max_num_batched_tokens: int = 2048, max_num_seqs: int = 64,
                   max_model_len: int = 8192, enable_chunked_prefill: bool = True,
                   model: str = "llama-3.1-8b", gpu: str = "h100-sxm",
                   scheduling_policy: str = "fcfs",
-                  enable_prefix_caching: bool = False) -> ResolvedConfig:
+                  enable_prefix_caching: bool = False,
+                  speculative_config: str | None = None) -> ResolvedConfig:
     return resolve(
         EngineArgs(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                    long_prefill_token_threshold=long_prefill_token_threshold,
                    block_size=block_size, max_model_len=max_model_len,
                    enable_chunked_prefill=enable_chunked_prefill,
                    scheduling_policy=scheduling_policy,
-                   enable_prefix_caching=enable_prefix_caching),
+                   enable_prefix_caching=enable_prefix_caching,
+                   speculative_config=speculative_config),
         resolve_model(model), resolve_gpu(gpu))
 
 

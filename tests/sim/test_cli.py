@@ -165,3 +165,81 @@ def test_sim_run_says_which_release_schedules_and_refuses_a_newer_flag(capsys):
     assert main([*base, "--vllm-version", "0.33.0", "--cache-aware-admission-window", "8"]) == 2
     assert "vLLM 0.33 has no --cache-aware-admission-window (since 0.34)" in \
         capsys.readouterr().err
+
+
+SPEC_WORKLOAD = {
+    "name": "spec", "arrival": {"mode": "poisson", "rate": 12}, "duration": 15, "seed": 3,
+    "classes": [{"name": "chat", "prompt_tokens": {"dist": "uniform", "min": 300, "max": 3000},
+                 "output_tokens": {"dist": "constant", "value": 96},
+                 "spec_acceptance": 0.6}],
+}
+
+
+def sim_steps(tmp_path, *extra: str) -> list[dict]:
+    """``sim run`` of a workload that keeps prefill chunks beside the decodes at a 256-token
+    budget; its step trace (vLLM's iteration-log counts per step)."""
+    wl = tmp_path / "w.yaml"
+    wl.write_text(yaml.safe_dump(SPEC_WORKLOAD))
+    steps = tmp_path / "steps.jsonl"
+    rc = main(["sim", "run", "--workload", str(wl), "--max-num-batched-tokens", "256",
+               "--max-num-seqs", "32", "--steps", str(steps), *extra])
+    assert rc == 0
+    return [json.loads(line) for line in steps.read_text().splitlines()]
+
+
+def test_sim_run_schedules_the_budget_speculative_decoding_leaves(tmp_path, capsys):
+    """With ngram K=4 every decode takes 5 of the step's 256 tokens and a step whose prefill
+    the budget cuts schedules exactly the budget: the prefill gets 256 - 5 x decodes (vLLM
+    0.32 ``Scheduler.schedule``; ngram has no draft slots). Without speculative decoding the
+    same kind of step gives the prefill 256 - decodes."""
+    spec = sim_steps(tmp_path, "--speculative-config",
+                     '{"method": "ngram", "num_speculative_tokens": 4}')
+    assert "num_speculative_tokens" in capsys.readouterr().out  # the flags line shows it
+    assert all(s["context_tokens"] + s["generation_tokens"] <= 256 for s in spec)
+    # steps whose decodes all verified 4 drafts beside a budget-cut prefill chunk
+    full = [s for s in spec if s["generation_requests"] and s["context_requests"]
+            and s["generation_tokens"] == 5 * s["generation_requests"]
+            and s["context_tokens"] + s["generation_tokens"] == 256]
+    assert len(full) > 20
+    assert {s["context_tokens"] for s in full} == {256 - 5 * s["generation_requests"]
+                                                   for s in full}
+    assert max(s["generation_requests"] for s in full) >= 4
+    plain = sim_steps(tmp_path)
+    cut = [s for s in plain if s["generation_requests"] and s["context_requests"]
+           and s["context_tokens"] + s["generation_tokens"] == 256]
+    assert cut and all(s["generation_tokens"] == s["generation_requests"] for s in plain)
+    assert all(s["context_tokens"] == 256 - s["generation_requests"] for s in cut)
+
+
+def test_sim_run_needs_each_class_acceptance_with_speculative_decoding(tmp_path, capsys):
+    wl = tmp_path / "w.yaml"
+    wl.write_text(yaml.safe_dump({**SPEC_WORKLOAD, "classes": [
+        {k: v for k, v in SPEC_WORKLOAD["classes"][0].items() if k != "spec_acceptance"}]}))
+    rc = main(["sim", "run", "--workload", str(wl), "--speculative-config",
+               '{"method": "ngram", "num_speculative_tokens": 4}'])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "give spec_acceptance (0 to 1) to class chat" in err and "Traceback" not in err
+    bad = {**SPEC_WORKLOAD, "classes": [{**SPEC_WORKLOAD["classes"][0], "spec_acceptance": 1.5}]}
+    wl.write_text(yaml.safe_dump(bad))
+    assert main(["sim", "run", "--workload", str(wl)]) == 2
+    assert "classes[0].spec_acceptance" in capsys.readouterr().err
+
+
+def test_max_num_queued_reqs_answers_503_beyond_n_requests(tmp_path, capsys):
+    """vLLM 0.32-0.34 (``AsyncLLM.check_admission``): a request that would make more than N
+    requests in the system is refused with HTTP 503; the load summary counts it an error."""
+    out = tmp_path / "r.json"
+    args = ["sim", "run", "--workload", "loadtest/profiles/smoke.yaml", "--duration", "20",
+            "--max-num-batched-tokens", "512", "--json", str(out)]
+    assert main(args) == 0
+    free = json.loads(out.read_text())
+    assert main([*args, "--max-num-queued-reqs", "4"]) == 0
+    text = capsys.readouterr()
+    assert "--max-num-queued-reqs" not in text.err  # modelled, not ignored with a warning
+    capped = json.loads(out.read_text())
+    assert free["overall"]["requests"]["failed"] == 0
+    failed = capped["overall"]["requests"]["failed"]
+    assert failed > 0 and capped["engine"]["queue_rejections"] == failed
+    assert list(capped["overall"]["failures"]) == ["http_503"]
+    assert capped["overall"]["failures"]["http_503"]["count"] == failed

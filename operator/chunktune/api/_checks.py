@@ -281,6 +281,10 @@ def _params(p: Parts) -> None:
             j = fixed[prm.name]
             p.add(f"{path}.name", f"{prm.name} is searched but also fixed in "
                   f"spec.engine.args[{j}] ({p.engine.args[j]!r}); remove one of them")
+        if flag.within and flag.within not in fixed and p.engine is not None:
+            p.add(f"{path}.name", f"{prm.name} sets {flag.attr} inside --{flag.within}: give "
+                  f"--{flag.within} (its method) in spec.engine.args, e.g. --{flag.within} "
+                  "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
         if prm.choices is not None:
             _choices(p, path, prm)
         else:

@@ -297,6 +297,10 @@ INLINE_PROFILE_SCHEMA: dict[str, Any] = {
                             "enum": list(APIS)},
                     "prompt_tokens": {**_DISTRIBUTION},
                     "output_tokens": {**_DISTRIBUTION},
+                    "spec_acceptance": {
+                        "type": "number", "minimum": 0, "maximum": 1,
+                        "description": "Speculative decoding: the chance a draft token is "
+                                       "accepted given the ones before it were."},
                 },
             },
         },

@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from chunktune.core.flags import FLAGS, Flag, coerce_point, parse_argv
+from chunktune.core.flags import FLAGS, Flag, coerce_point, expand, parse_argv
 
 #: An argument that holds a shell command line: whitespace, then an option.
 _SHELL = re.compile(r"\s--?\w")
@@ -62,8 +62,18 @@ def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
     1024"]``), a missing flag appended (to that string when the args are one)."""
     out = list(args)
     shell = next((i for i, a in enumerate(out) if is_shell_string(a)), None)
-    for name, value in coerce_point(params).items():
+    values = coerce_point(params)
+    if any(FLAGS[name].within for name in values):  # a key inside a JSON flag's object
+        inside = shlex.split(out[shell]) if shell is not None else out
+        values = expand(values, inside)
+    for name, value in values.items():
         flag = FLAGS[name]
+        if value is None:  # num-speculative-tokens 0: speculative decoding off
+            if shell is not None:
+                raise ValueError(f"cannot drop {flag.option} from a one-string command; give "
+                                 "the container's args as a list")
+            out = _drop_flag(out, flag)
+            continue
         if flag.kind == "bool":
             raise ValueError(f"set_flags sets flags that take a value; {flag.option} is a switch")
         text = flag.text(value)
@@ -89,6 +99,23 @@ def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
             i += 1
         if not done:
             out += [flag.option, text]
+    return out
+
+
+def _drop_flag(args: list[str], flag: Flag) -> list[str]:
+    """``args`` without ``flag`` and its value (either form)."""
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in flag.spellings:
+            skip = True
+            continue
+        if "=" in a and a.split("=", 1)[0] in flag.spellings:
+            continue
+        out.append(a)
     return out
 
 

@@ -99,7 +99,8 @@ class LocalBackend(TrialBackend):
         if t.kind == "sim":
             cmd = [self.python, "-m", "chunktune", "sim", "serve", "--model", t.model,
                    "--gpu", t.gpu or "h100-sxm", "--host", self.host, "--port", str(port),
-                   "--load-time", str(self.load_time), *served, *vllm.with_step_log(flags)]
+                   "--load-time", str(self.load_time), *served, *vllm.with_step_log(flags),
+                   *vllm.sim_acceptance(flags, plan.profile)]
             if t.vllm_version:
                 cmd += ["--vllm-version", t.vllm_version]
             if t.hf_config:

@@ -332,9 +332,10 @@ def engine_command(plan: TrialPlan, options: TrialOptions) -> tuple[list[str], l
             extra += ["--calibration", f"{WORKLOAD_DIR}/{CALIBRATION_FILE}"]
         elif t.calibration_ref is not None:
             extra += ["--calibration", f"{CALIBRATION_DIR}/{CALIBRATION_FILE}"]
+        flags = plan.engine_flags()
         return (["chunktune", "sim", "serve"],
                 ["--model", t.model, "--gpu", t.gpu or "h100-sxm", *where, *served, *extra,
-                 *vllm.with_step_log(plan.engine_flags())])
+                 *vllm.with_step_log(flags), *vllm.sim_acceptance(flags, plan.profile)])
     flags = vllm.with_step_log(plan.engine_flags())
     if t.cpu is not None:
         # vLLM's CPU build: the module entry point works in every vLLM image, while the

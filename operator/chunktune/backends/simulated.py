@@ -32,14 +32,20 @@ from chunktune.core.flatten import flatten
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import from_hf_config, resolve_model
 from chunktune.core.stats import hit_rate, weighted_percentile
-from chunktune.core.steps import StepLogMeta, StepRecord, write_steps
+from chunktune.core.steps import StepLogMeta, write_steps
 from chunktune.core.summary import LoadSummary, Slo
 from chunktune.core.trials import EngineTarget, Reporter, TrialPlan, TrialResult, TrialState
 from chunktune.core.vllm_release import parse_version
 from chunktune.core.workload import Profile, RequestSpec, generate
 from chunktune.sim.calibration import profile as profiles
 from chunktune.sim.engine.request import FINISHED, REJECTED, Request
-from chunktune.sim.engine.virtual import Engine, ReplayResult, build_engine, server_cost
+from chunktune.sim.engine.virtual import (
+    Engine,
+    ReplayResult,
+    build_engine,
+    iteration_records,
+    server_cost,
+)
 from chunktune.sim.report import load_summary
 
 #: With :attr:`SimulatedBackend.loads` above 1, the first draw's metrics are kept beside the
@@ -136,6 +142,7 @@ class SimulatedBackend(TrialBackend):
             if version is None and calib is not None:
                 version = profiles.fitted_version(calib)
             engine = build_engine(args, model, gpu, version)
+            engine.use_acceptance(plan.profile)
             if calib is not None:
                 profiles.apply(engine, calib, "spec.engine.calibration")
         except EngineStartupError as e:
@@ -218,13 +225,7 @@ class SimulatedBackend(TrialBackend):
                     out: TrialResult) -> None:
         """The replay's steps as vLLM's iteration log records (and a file in steps_dir)."""
         pool = engine.scheduler.pool
-        tr = replay.steps
-        out.steps = [StepRecord(iteration=i, context_requests=c[0], context_tokens=c[1],
-                                generation_requests=c[2], generation_tokens=c[3],
-                                elapsed_ms=tr.duration[i] * 1e3,
-                                kv_usage_pct=100.0 * tr.iteration_kv[i]
-                                / (pool.total * pool.block_size))
-                     for i, c in enumerate(tr.iterations)]
+        out.steps = iteration_records(engine, replay)
         take_kv_peak_from_steps(out)
         if self.steps_dir is None:
             return

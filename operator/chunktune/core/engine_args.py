@@ -12,10 +12,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from chunktune.core import speculative
 from chunktune.core.errors import ChunktuneError, SpecError
 from chunktune.core.flags import BY_ATTR, FLAGS, argv, engine_defaults
 from chunktune.core.gpus import GPU
-from chunktune.core.models import MODELLED_QUANTIZATION, ModelConfig
+from chunktune.core.models import MODELLED_QUANTIZATION, ModelConfig, resolve_model
+from chunktune.core.speculative import SpeculativeConfig
 from chunktune.core.vllm_release import Version, scheduler_release
 
 
@@ -107,6 +109,11 @@ class EngineArgs:
     async_scheduling: bool | None = None
     """None: as the engine's vLLM version does (on since 0.14)."""
     max_cudagraph_capture_size: int | None = None
+    max_num_queued_reqs: int | None = None
+    speculative_config: str | None = None
+    """The JSON text (:mod:`chunktune.core.speculative`)."""
+    num_speculative_tokens: int | None = None
+    """K inside ``speculative_config`` where searched (0: no speculative decoding)."""
     enable_logging_iteration_details: bool = _default("enable-logging-iteration-details")
     """Only ``sim serve`` reads it: its step log (:mod:`chunktune.core.steps`)."""
 
@@ -176,6 +183,11 @@ class EngineArgs:
         if self.quantization is not None and self.quantization not in modelled:
             problems.append(("--quantization", f"the simulator models FP8: "
                              f"{', '.join(modelled)} (got {self.quantization!r})"))
+        if self.speculative_config is not None:
+            try:
+                speculative.parse(self.speculative_config)
+            except SpecError as e:
+                problems += e.problems
         if problems:
             raise SpecError(problems)
 
@@ -222,6 +234,24 @@ class ResolvedConfig:
     prefill_schedule_interval: int = 1
     cache_aware_admission_window: int = 0
     cache_aware_admission_threshold: float = 0.5
+    #: speculative decoding (``--speculative-config``; None: off) and, for a draft model, its
+    #: architecture
+    speculative: SpeculativeConfig | None = None
+    draft_model: ModelConfig | None = None
+    #: ``--max-num-queued-reqs``: requests in the system beyond which the server answers 503
+    max_num_queued_reqs: int | None = None
+
+    @property
+    def speculative_config(self) -> str | None:
+        """``--speculative-config`` as the engine runs it (K included), or None."""
+        spec = self.speculative
+        if spec is None:
+            return None
+        return speculative.to_text(spec)
+
+    @property
+    def num_speculative_tokens(self) -> int | None:
+        return self.speculative.num_speculative_tokens if self.speculative else None
 
     def flags(self) -> dict[str, Any]:
         """The engine flags as the engine runs with them, as a point
@@ -349,6 +379,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
     kv_bytes = kv_cache_dtype_bytes(kv_dtype, model.dtype_bytes)
     graphs = () if args.enforce_eager else cudagraph_sizes(seqs, budget,
                                                            args.max_cudagraph_capture_size)
+    spec, draft = resolve_speculative(args, budget)
     return ResolvedConfig(
         model=model,
         gpu=gpu,
@@ -376,6 +407,9 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
         prefill_schedule_interval=args.prefill_schedule_interval,
         cache_aware_admission_window=args.cache_aware_admission_window,
         cache_aware_admission_threshold=args.cache_aware_admission_threshold,
+        speculative=spec,
+        draft_model=draft,
+        max_num_queued_reqs=args.max_num_queued_reqs,
     )
 
 
@@ -392,6 +426,27 @@ def _check_release_flags(args: EngineArgs, version: Version | None) -> None:
                 and hasattr(args, f.attr) and getattr(args, f.attr) != f.default]
     if problems:
         raise SpecError(problems)
+
+
+def resolve_speculative(args: EngineArgs, budget: int
+                        ) -> tuple[SpeculativeConfig | None, ModelConfig | None]:
+    """The speculative decoding ``args`` run and a draft model's architecture; raises
+    :class:`SpecError` for a config the simulator does not take and, as vLLM 0.32's
+    ``VllmConfig._set_max_num_scheduled_tokens`` does, :class:`EngineStartupError` when the
+    budget leaves no slot beside the draft slots."""
+    spec = speculative.resolve(args.speculative_config, args.num_speculative_tokens)
+    if spec is None:
+        return None, None
+    draft = None
+    if spec.method == "draft_model":
+        draft = resolve_model(spec.model, field="--speculative-config.model")
+    if budget <= spec.draft_slots:
+        raise EngineStartupError(
+            "ConfigRejected",
+            "ValueError: VllmConfig does not have enough slots to schedule a token and support "
+            f"the speculative decoding settings. Got max_num_batched_tokens={budget} and "
+            f"scheduled_token_delta={spec.draft_slots}.")
+    return spec, draft
 
 
 def apply_quantization(model: ModelConfig, quantization: str | None) -> ModelConfig:

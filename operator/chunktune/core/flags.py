@@ -27,6 +27,7 @@ simulator); the ``tests/core/test_flags.py`` round trip then covers it.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import shlex
@@ -82,6 +83,13 @@ def human_readable_int_or_auto(text: str) -> int:
     return human_readable_int(stripped)
 
 
+def _json_object(text: str) -> str:
+    """A JSON object's text, kept as given (vLLM's ``json.loads`` argparse type reads it)."""
+    if not isinstance(json.loads(text), dict):
+        raise ValueError("not a JSON object")
+    return text
+
+
 def _no_value(text: str) -> Any:  # pragma: no cover - boolean flags never reach a parser
     raise ValueError("takes no value")
 
@@ -120,6 +128,10 @@ class Flag:
     since: vllm_release.Version | None = None
     """The vLLM release that brought the flag, where newer than the supported one: the
     simulator takes it, and refuses it for a study naming an older release."""
+    within: str = ""
+    """The JSON flag this one is a key of (``num-speculative-tokens`` is the
+    ``num_speculative_tokens`` of ``--speculative-config``): no command-line spelling of its
+    own; :func:`argv` writes it into that flag's object (:func:`fold`)."""
 
     @property
     def attr(self) -> str:
@@ -133,6 +145,8 @@ class Flag:
     @property
     def spellings(self) -> tuple[str, ...]:
         """Every spelling the engine accepts on a command line (``--no-`` forms aside)."""
+        if self.within:
+            return ()
         under = "--" + self.attr
         return (self.option, *((under,) if under != self.option else ()), *self.aliases)
 
@@ -342,6 +356,18 @@ _ENTRIES: tuple[Flag, ...] = (
          "no CUDA graphs: no graph memory, more launch overhead per step", default=False),
     Flag("max-cudagraph-capture-size", "int", VLLM_ENGINES, "largest CUDA-graph batch",
          int, _INT, minimum=1),
+    Flag("max-num-queued-reqs", "int", VLLM_ENGINES,
+         "most requests in the system (waiting + running); more are answered HTTP 503",
+         int, _INT, minimum=0),
+    Flag("speculative-config", "str", VLLM_ENGINES,
+         "speculative decoding, as a JSON object: method (ngram, eagle, eagle3, mtp, "
+         "draft_model), num_speculative_tokens, model",
+         _json_object, "a JSON object such as '{\"method\": \"ngram\", "
+         "\"num_speculative_tokens\": 4}'"),
+    Flag("num-speculative-tokens", "int", VLLM_ENGINES,
+         "draft tokens per decode (the num_speculative_tokens of --speculative-config; "
+         "0: no speculative decoding)",
+         int, _INT, minimum=0, maximum=64, tunable=True, within="speculative-config"),
     Flag("enable-logging-iteration-details", "bool", VLLM_ENGINES,
          "log one Iteration(N) line per engine step (the step log chunktune keeps of every "
          "trial); changes nothing else", default=False),
@@ -390,12 +416,66 @@ def coerce_point(point: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def argv(point: Mapping[str, Any]) -> list[str]:
-    """A point as command-line tokens, in the point's order:
-    ``{"max-num-seqs": 256}`` -> ``["--max-num-seqs", "256"]``."""
-    out: list[str] = []
+def argv(point: Mapping[str, Any], base: Sequence[str] = ()) -> list[str]:
+    """A point as command-line tokens after ``base`` (an engine's fixed args), in the point's
+    order: ``{"max-num-seqs": 256}`` -> ``["--max-num-seqs", "256"]``. A flag that is a key of
+    a JSON flag (:attr:`Flag.within`) is written into that flag's object (:func:`fold`)."""
+    out: list[str] = list(base)
+    inner: dict[str, Any] = {}
     for name, value in coerce_point(point).items():
-        out += FLAGS[name].format(value)
+        if FLAGS[name].within:
+            inner[name] = value
+        else:
+            out += FLAGS[name].format(value)
+    return fold(out, inner)
+
+
+def fold(args: Sequence[str], inner: Mapping[str, Any]) -> list[str]:
+    """``args`` with each key-flag of ``inner`` (:attr:`Flag.within`) set inside its JSON flag's
+    object (the last one given); ``num-speculative-tokens`` 0 drops ``--speculative-config``
+    (no speculative decoding). Where the JSON flag is not given, the key goes into an object
+    of its own (``--speculative-config '{"num_speculative_tokens":4}'``: the value to merge
+    into the engine's own object, as a flags line shows a point alone)."""
+    out = list(args)
+    for name, value in inner.items():
+        parent = FLAGS[FLAGS[name].within]
+        at = max((i for i, a in enumerate(out)
+                  if a.split("=", 1)[0] in parent.spellings), default=None)
+        if at is None:
+            out += [parent.option, "{}"]
+            at = len(out) - 2
+        token = out[at]
+        text = token.split("=", 1)[1] if "=" in token else out[at + 1]
+        width = 1 if "=" in token else 2
+        obj = json.loads(text)
+        if name == "num-speculative-tokens" and value == 0:
+            del out[at:at + width]
+            continue
+        obj[FLAGS[name].attr] = value
+        out[at:at + width] = [parent.option, json.dumps(obj, separators=(",", ":"))]
+    return out
+
+
+def expand(point: Mapping[str, Any], args: Sequence[str]) -> dict[str, Any]:
+    """``point`` with each key-flag (:attr:`Flag.within`) turned into its JSON flag's new value:
+    the object ``args`` give that flag (``{}`` where none) with the key set; ``None`` where
+    ``num-speculative-tokens`` is 0 (the flag is to be dropped)."""
+    out: dict[str, Any] = {}
+    inner: dict[str, Any] = {}
+    for name, value in point.items():
+        if FLAGS[name].within:
+            inner[name] = value
+        else:
+            out[name] = value
+    if not inner:
+        return out
+    tokens = fold(list(args), inner)
+    for name in inner:
+        parent = FLAGS[FLAGS[name].within]
+        at = max((i for i, a in enumerate(tokens)
+                  if a.split("=", 1)[0] in parent.spellings), default=None)
+        out[parent.name] = None if at is None else \
+            (tokens[at].split("=", 1)[1] if "=" in tokens[at] else tokens[at + 1])
     return out
 
 
@@ -491,6 +571,8 @@ def add_argparse(group: argparse._ActionsContainer, engine: str = "sim",
     ``default`` None (= not given), the type the flag's parser; switches get
     ``--flag`` / ``--no-flag``. ``help_for`` overrides a flag's help."""
     for f in for_engine(engine):
+        if f.within:
+            continue
         help_ = (help_for or {}).get(f.name, f.help)
         shown = [s for s in f.spellings if s.startswith("--") and "_" not in s]
         hidden = [s for s in f.spellings if s not in shown]

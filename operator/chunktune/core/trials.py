@@ -104,7 +104,7 @@ class TrialPlan:
 
     def engine_flags(self) -> list[str]:
         """The trial's flags as ``vllm serve`` takes them, fixed args first."""
-        out = [*self.target.fixed_args, *argv(self.params)]
+        out = argv(self.params, base=self.target.fixed_args)
         if self.target.tensor_parallel_size > 1 and "--tensor-parallel-size" not in out:
             out += ["--tensor-parallel-size", str(self.target.tensor_parallel_size)]
         return out

@@ -143,6 +143,11 @@ class TrafficClassSpec(StrictModel):
     shared_prefix: SharedPrefixSpec | None = None
     """Prompts that open alike, as vLLM's prefix cache meets them; default none (every prompt
     its own from its first token)."""
+    spec_acceptance: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Speculative decoding: the chance that a draft token of this class's requests is
+    accepted, given the drafts before it were (a number from 0 to 1; what
+    ``chunktune workload from-prometheus`` derives from vLLM's spec-decode counters). Needed
+    to simulate ``--speculative-config``; none: the class was not measured."""
 
     @field_validator("name", mode="before")
     @classmethod
@@ -210,6 +215,7 @@ class TrafficClass:
     api: str = "completions"
     priority: int = 0
     shared_prefix: SharedPrefix | None = None
+    spec_acceptance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -284,7 +290,9 @@ class Profile:
                  "output_tokens": c.output_tokens.to_dict(),
                  **({"shared_prefix": {"tokens": c.shared_prefix.tokens,
                                        "groups": c.shared_prefix.groups}}
-                    if c.shared_prefix else {})}
+                    if c.shared_prefix else {}),
+                 **({"spec_acceptance": c.spec_acceptance}
+                    if c.spec_acceptance is not None else {})}
                 for c in self.classes
             ],
         }
@@ -361,7 +369,8 @@ def parse_profile(raw: Any, source: str = "profile", base_dir: Path | None = Non
         tuple(TrafficClass(c.name, c.weight, c.prompt_tokens.build(), c.output_tokens.build(),
                            c.api, c.priority,
                            SharedPrefix(c.shared_prefix.tokens, c.shared_prefix.groups)
-                           if c.shared_prefix else None) for c in spec.classes),
+                           if c.shared_prefix else None, c.spec_acceptance)
+              for c in spec.classes),
         Arrival(a.mode, rate=a.rate, concurrency=a.concurrency),
         spec.duration if spec.duration is not None else 60.0,
         spec.warmup, spec.seed, spec.description)

@@ -125,7 +125,8 @@ class PrometheusClient:
                                           self._no_series(sel, window, at))
             scalars = {k: self.query_sync(queries[k], at)
                        for k in ("requests", "peak_rate", "prompt_sum", "output_sum",
-                                 "prefix_queries", "prefix_hits")}
+                                 "prefix_queries", "prefix_hits",
+                                 *promql.SPEC_DECODE_COUNTERS)}
             hist = {k: self._buckets(queries[k], at)
                     for k in ("prompt_buckets", "output_buckets")}
             lat = {base: self._buckets(promql.buckets(promql.LATENCY_HISTOGRAMS[base], sel,
@@ -140,7 +141,10 @@ class PrometheusClient:
                            output=hist["output_buckets"], prompt_sum=scalars["prompt_sum"],
                            output_sum=scalars["output_sum"], latency=lat,
                            prefix_queries=scalars["prefix_queries"],
-                           prefix_hits=scalars["prefix_hits"])
+                           prefix_hits=scalars["prefix_hits"],
+                           spec_drafts=scalars["spec_drafts"],
+                           spec_draft_tokens=scalars["spec_draft_tokens"],
+                           spec_accepted=scalars["spec_accepted"])
 
     def _buckets(self, q: str, at: float) -> Buckets:
         return Buckets.from_le({labels.get("le", "+Inf"): v

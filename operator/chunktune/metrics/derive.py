@@ -33,6 +33,7 @@ from typing import Any
 
 from chunktune.core.distributions import Constant, Histogram
 from chunktune.core.errors import ChunktuneError, SpecError
+from chunktune.core.speculative import acceptance_from_counters
 from chunktune.core.stats import hit_rate
 from chunktune.core.workload import (
     DERIVED_CLASSES,
@@ -162,6 +163,12 @@ class Observation:
     (``vllm:prefix_cache_queries``); None where the engine exports none."""
     prefix_hits: float | None = None
     """Of those, the tokens found cached (``vllm:prefix_cache_hits``)."""
+    spec_drafts: float | None = None
+    """Speculative decoding's verifications (``vllm:spec_decode_num_drafts``), draft tokens
+    and accepted tokens in the window; None where the engine exports none (no
+    ``--speculative-config``)."""
+    spec_draft_tokens: float | None = None
+    spec_accepted: float | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,10 @@ class WorkloadStats:
     prefix_hit_rate: float | None = None
     """Share of the new requests' prompt tokens vLLM found in its prefix cache; None where
     the engine counted no lookup (prefix caching off, or no metric)."""
+    spec_acceptance: float | None = None
+    """The chance a draft token was accepted given the ones before it were, from the
+    speculative-decoding counters (:func:`~chunktune.core.speculative.acceptance_from_counters`);
+    None where the engine drafted nothing."""
 
     def to_dict(self) -> dict[str, Any]:
         """camelCase, as the status keeps them (rounded)."""
@@ -199,6 +210,8 @@ class WorkloadStats:
             out["outputTokens"]["mean"] = round(self.output_mean, 1)
         if self.prefix_hit_rate is not None:
             out["prefixCacheHitRate"] = round(self.prefix_hit_rate, 4)
+        if self.spec_acceptance is not None:
+            out["specAcceptance"] = self.spec_acceptance
         return out
 
     @classmethod
@@ -207,6 +220,7 @@ class WorkloadStats:
         output = {k: float(v) for k, v in (d.get("outputTokens") or {}).items()}
         peak = d.get("peakRate")
         hit = d.get("prefixCacheHitRate")
+        spec = d.get("specAcceptance")
         return cls(rate=float(d["rate"]), peak_rate=None if peak is None else float(peak),
                    requests=float(d.get("requests", 0.0)),
                    long_share=float(d.get("longShare", 0.0)),
@@ -214,7 +228,8 @@ class WorkloadStats:
                    prompt={k: v for k, v in prompt.items() if k != "mean"},
                    output={k: v for k, v in output.items() if k != "mean"},
                    prompt_mean=prompt.get("mean"), output_mean=output.get("mean"),
-                   prefix_hit_rate=None if hit is None else float(hit))
+                   prefix_hit_rate=None if hit is None else float(hit),
+                   spec_acceptance=None if spec is None else float(spec))
 
     def prefix_caveat(self) -> str | None:
         """What a notable prefix-cache hit rate means for trials replaying this workload, or
@@ -272,6 +287,9 @@ class DerivedWorkload:
                                   f"{100 * s.prefix_hit_rate:.1f}% of prompt tokens found "
                                   f"cached"),
         ]
+        if s.spec_acceptance is not None:
+            lines.append(f"  speculative decoding: each draft token accepted with chance "
+                         f"{s.spec_acceptance:.3g} (every class's spec_acceptance)")
         caveat = s.prefix_caveat()
         if caveat:
             lines.append(f"  note: {caveat}")
@@ -314,7 +332,9 @@ def stats_of(obs: Observation, long_threshold: float = LONG_PROMPT_TOKENS) -> Wo
         prompt_mean=obs.prompt_sum / n if obs.prompt_sum is not None and n > 0 else None,
         output_mean=obs.output_sum / obs.output.total
         if obs.output_sum is not None and obs.output.total > 0 else None,
-        prefix_hit_rate=hit_rate(obs.prefix_queries, obs.prefix_hits))
+        prefix_hit_rate=hit_rate(obs.prefix_queries, obs.prefix_hits),
+        spec_acceptance=acceptance_from_counters(obs.spec_drafts, obs.spec_draft_tokens,
+                                                 obs.spec_accepted))
 
 
 def derive(obs: Observation, *, long_threshold: float = LONG_PROMPT_TOKENS,
@@ -339,7 +359,9 @@ def derive(obs: Observation, *, long_threshold: float = LONG_PROMPT_TOKENS,
         if prompt is None:
             continue
         share = sum(prompt.weights) / obs.prompt.total
-        classes.append(TrafficClass(cls, round(share, 6), prompt, output, "completions"))
+        # production's counters do not split by class: both get the deployment's acceptance
+        classes.append(TrafficClass(cls, round(share, 6), prompt, output, "completions",
+                                    spec_acceptance=stats.spec_acceptance))
     if not classes:  # every observation in the +Inf bucket, or counts that never grow
         raise WorkloadUnavailable(
             "NoRequests", f"the prompt-length histogram of {obs.selector} at {obs.url} has no "

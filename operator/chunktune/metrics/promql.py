@@ -118,6 +118,10 @@ GENERATION_TOKENS = "request_generation_tokens"
 #: vLLM's prefix-cache counters, in prompt tokens: looked up, and found cached.
 PREFIX_CACHE_QUERIES = "prefix_cache_queries_total"
 PREFIX_CACHE_HITS = "prefix_cache_hits_total"
+#: vLLM's speculative-decoding counters: verifications, draft tokens, accepted tokens.
+SPEC_DECODE_COUNTERS = {"spec_drafts": "spec_decode_num_drafts_total",
+                        "spec_draft_tokens": "spec_decode_num_draft_tokens_total",
+                        "spec_accepted": "spec_decode_num_accepted_tokens_total"}
 #: Server-side latency histograms a production SLO is read from, by metric base name.
 LATENCY_HISTOGRAMS = {"ttft": "time_to_first_token_seconds",
                       "itl": "inter_token_latency_seconds",
@@ -141,8 +145,8 @@ def peak_rate(name: str, sel: LabelSelector, seconds: float, sub: float) -> str:
 def workload_queries(sel: LabelSelector, seconds: float, sub: float) -> dict[str, str]:
     """The queries of a workload derivation over the last ``seconds``: requests (finished,
     counted by the prompt-length histogram), their peak rate over ``sub``-second stretches,
-    how many series match, both length histograms' buckets and sums, and the prompt tokens
-    the prefix cache was asked for and found."""
+    how many series match, both length histograms' buckets and sums, the prompt tokens
+    the prefix cache was asked for and found, and the speculative-decoding counters."""
     count = f"{PROMPT_TOKENS}_count"
     return {
         "prefix_queries": f"sum(increase({series(PREFIX_CACHE_QUERIES, sel)}"
@@ -157,6 +161,8 @@ def workload_queries(sel: LabelSelector, seconds: float, sub: float) -> dict[str
                       f"[{_range(seconds)}]))",
         "prompt_buckets": buckets(PROMPT_TOKENS, sel, seconds),
         "output_buckets": buckets(GENERATION_TOKENS, sel, seconds),
+        **{key: f"sum(increase({series(name, sel)}[{_range(seconds)}]))"
+           for key, name in SPEC_DECODE_COUNTERS.items()},
     }
 
 

@@ -13,6 +13,7 @@ from chunktune.core.bounds import MAX_CONCURRENCY, MAX_RATE, MAX_TIMEOUT_S, boun
 from chunktune.core.engine_args import EngineStartupError
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.flags import TUNABLE, flags_line
+from chunktune.core.steps import write_steps
 from chunktune.core.vllm_release import parse_version, scheduler_note
 from chunktune.core.workload import (
     Profile,
@@ -30,7 +31,7 @@ from chunktune.sim.args import (
 )
 from chunktune.sim.calibration import profile as profiles
 from chunktune.sim.cost.provenance import provenance
-from chunktune.sim.engine.virtual import build_engine, server_cost
+from chunktune.sim.engine.virtual import build_engine, iteration_records, server_cost
 from chunktune.sim.report import format_summary, summarize
 
 #: The model ``sim run`` simulates when none is given.
@@ -71,6 +72,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--json", metavar="PATH",
                      help="also write the summary as JSON (the load driver's summary schema, "
                           "plus engine and config)")
+    run.add_argument("--steps", metavar="PATH",
+                     help="write every engine step as vLLM's iteration log records it "
+                          "(--enable-logging-iteration-details), as JSON lines")
     run.add_argument("--raw", action="store_true",
                      help="keep every request record in the JSON summary, as `chunktune load "
                           "run --raw` does")
@@ -162,6 +166,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
         version = version or profiles.fitted_version(calib)
     try:
         engine = build_engine(args, model, gpu, version)
+        engine.use_acceptance(profile)
         if calib is not None:
             profiles.apply(engine, calib)
     except SpecError as e:
@@ -190,7 +195,8 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     t0 = time.perf_counter()
     server = server_cost(calib.server_overhead_s if calib is not None else None)
     result = engine.replay_profile(specs, profile, drain, server_overhead_s=server.fixed_s,
-                                   server_per_token_s=server.per_prompt_token_s)
+                                   server_per_token_s=server.per_prompt_token_s,
+                                   log_iterations=bool(ns.steps))
     wall = time.perf_counter() - t0
     summary: dict[str, Any] = summarize(engine, result, profile,
                                         deliver=profiles.delivery(calib, profile.seed),
@@ -211,6 +217,8 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     print(f"(replayed in {wall:.2f} s wall, {result.end_time / max(wall, 1e-9):,.0f}x real time)")
     if ns.json:
         Path(ns.json).write_text(json.dumps(summary, indent=2) + "\n")
+    if ns.steps:
+        write_steps(ns.steps, iteration_records(engine, result))
     return 0
 
 

@@ -27,7 +27,7 @@ from chunktune.core.stats import summarize as stats
 from chunktune.core.summary import ArrivalInfo, LoadSummary, Slo
 from chunktune.core.workload import Profile
 from chunktune.sim.engine.request import FINISHED, REJECTED, Request
-from chunktune.sim.engine.virtual import Engine, ReplayResult
+from chunktune.sim.engine.virtual import QUEUE_FULL_MESSAGE, Engine, ReplayResult
 
 #: ``deliver(token_times, rid)``: when the client receives tokens the engine made at
 #: ``token_times`` (a calibration profile's delivery stalls); None: as made.
@@ -37,7 +37,8 @@ Deliver = Callable[[np.ndarray, int], np.ndarray]
 def record(r: Request, names: Sequence[str], warmup: float, now: float, engine: Engine,
            deliver: Deliver | None = None) -> RequestRecord:
     """What the load client records of ``r`` at virtual time ``now``: ok with its latencies,
-    ``http_400`` when the engine refused it (too long for ``max_model_len``), else
+    ``http_400`` when the engine refused it (too long for ``max_model_len``), ``http_503``
+    when ``--max-num-queued-reqs`` did, else
     ``timeout`` (still running when the drain timeout expired)."""
     rec = RequestRecord(rid=r.rid, cls=names[r.cls], arrival=r.arrival, start=r.arrival,
                         prompt_tokens=r.prompt_len, max_tokens=r.max_tokens,
@@ -55,8 +56,11 @@ def record(r: Request, names: Sequence[str], warmup: float, now: float, engine: 
             rec.e2e = float(got[-1]) - r.arrival
             rec.itl = [float(x) for x in np.diff(got)]
     elif r.status == REJECTED:
-        rec.fail("http_400", engine.validate_request(r.prompt_len, r.max_tokens) or "rejected",
-                 400)
+        too_long = engine.validate_request(r.prompt_len, r.max_tokens)
+        if too_long is None:  # refused by --max-num-queued-reqs
+            rec.fail("http_503", QUEUE_FULL_MESSAGE, 503)
+        else:
+            rec.fail("http_400", too_long, 400)
     else:
         rec.output_tokens = r.num_output
         if r.first_token >= 0:
@@ -113,6 +117,13 @@ def summarize(engine: Engine, result: ReplayResult, profile: Profile, *,
         "step_time": None if step_time is None else step_time.to_dict(),
         "simulated_seconds": result.end_time,
     }
+    sched = engine.scheduler
+    if sched.spec is not None:  # vLLM's spec_decode counters
+        out["engine"]["spec_decode"] = {"num_drafts": sched.num_drafts,
+                                        "num_draft_tokens": sched.num_draft_tokens,
+                                        "num_accepted_tokens": sched.num_accepted_tokens}
+    if engine.num_queue_rejections:
+        out["engine"]["queue_rejections"] = engine.num_queue_rejections
     cache = engine.scheduler.cache
     if cache is not None:  # --enable-prefix-caching: prompt tokens looked up and found
         out["engine"]["prefix_cache"] = {"queries": cache.queries, "hits": cache.hits}

@@ -566,12 +566,23 @@ class StepCostModel:
                     + per_tok * num_tokens + per_pair * pairs
                     + per_kv * decode_context_tokens + gap)
         host = self._overhead + self._per_req * num_reqs
+        t = self.forward_time(num_tokens, num_logits, prefill_chunks, num_decodes,
+                              decode_context_tokens)
+        return max(host, t) if self.async_scheduling else host + t
+
+    def forward_time(self, num_tokens: int, num_logits: int,
+                     prefill_chunks: list[tuple[int, int]], num_decodes: int,
+                     decode_context_tokens: int) -> float:
+        """The GPU's part of a step (no host overhead): the forward pass, the logits of
+        ``num_logits`` rows, the all-reduces; also a drafter's forward
+        (:mod:`chunktune.sim.cost.draft`)."""
+        if num_tokens == 0:
+            return 0.0
         t = self._eager + self.linear_time(num_tokens)
         t += self.attention_time(prefill_chunks, num_decodes, decode_context_tokens)
         if num_logits:
             t += self._lm_weight_s + self._lm_row_s * num_logits
-        t += self.allreduce_time(num_tokens)
-        return max(host, t) if self.async_scheduling else host + t
+        return t + self.allreduce_time(num_tokens)
 
     def prefill_time(self, prompt: int, chunk: int | None = None) -> float:
         """Time to prefill one prompt alone in chunks of ``chunk`` tokens (whole if None)."""

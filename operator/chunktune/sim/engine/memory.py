@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from chunktune.core.engine_args import EngineStartupError, ResolvedConfig
+from chunktune.core.errors import SpecError
 from chunktune.core.models import CHUNKED, SLIDING, ModelConfig
 from chunktune.core.vllm_release import cudagraphs_profiled
 
@@ -229,12 +230,25 @@ def cudagraph_bytes(cfg: ResolvedConfig) -> float:
     return per_default * len(cfg.cudagraph_capture_sizes) / DEFAULT_CAPTURE_SIZES * GiB
 
 
+def drafter(cfg: ResolvedConfig) -> ModelConfig | None:
+    """The speculative drafter's network, whose weights and KV the engine also holds: a draft
+    model, or one decoder layer of the target's shape for EAGLE / EAGLE-3 / MTP heads; None
+    for ngram or without speculative decoding."""
+    spec = cfg.speculative
+    if spec is None or spec.method == "ngram":
+        return None
+    if cfg.draft_model is not None:
+        return cfg.draft_model
+    return cfg.model.with_overrides(num_hidden_layers=1)
+
+
 def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
     """Reproduce start-up profiling. Raises :class:`EngineStartupError` with vLLM's message
     when the engine would not start (``EngineOOM``, ``KVCacheTooSmall``)."""
     total = cfg.gpu.memory_bytes
     tp = cfg.tensor_parallel_size
-    weights = cfg.model.weight_bytes(tp)
+    draft = drafter(cfg)
+    weights = cfg.model.weight_bytes(tp) + (draft.weight_bytes(tp) if draft else 0.0)
     non_torch = (NON_TORCH_TP1_GIB if tp == 1 else NON_TORCH_TP_GIB) * GiB
     fwd = forward_activation_bytes(cfg)
     smp = sampler_activation_bytes(cfg)
@@ -258,6 +272,13 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
             - (graphs if cudagraphs_profiled(cfg.vllm_version) else 0.0)
     layout = kv_cache_layout(cfg)
     per_block = layout.bytes_per_block
+    if draft is not None:  # the drafter's attention layers share the cache's blocks
+        if layout.hybrid:
+            raise SpecError("speculative decoding on a model whose KV cache has several "
+                            "groups (sliding-window or chunked layers beside full ones) is not "
+                            "modelled: vLLM adds the drafter's layers to those groups",
+                            field="--speculative-config")
+        per_block += draft.kv_bytes_per_token(tp, cfg.kv_cache_dtype_bytes) * cfg.block_size
     blocks = int(kv // per_block) if kv > 0 else 0
     if cfg.num_gpu_blocks_override is not None:
         blocks = cfg.num_gpu_blocks_override

@@ -37,6 +37,9 @@ class Request:
         "priority",
         "prompt_len",
         "rid",
+        "spec_acceptance",
+        "spec_carry",
+        "spec_tokens",
         "status",
     )
 
@@ -76,8 +79,17 @@ class Request:
         self.first_token = -1.0
         self.last_token = -1.0
         self.finish_time = -1.0
-        #: Inter-token gaps in seconds, one per output token after the first.
+        #: Inter-token gaps in seconds, one per step that gave the request tokens after its
+        #: first (with speculative decoding a step may give several: one gap for them all,
+        #: as a streaming client sees one chunk).
         self.itl: list[float] = []
+        #: Speculative decoding: the draft tokens proposed for the next step (vLLM's
+        #: ``spec_token_ids``), the chance each is accepted (its traffic class's), and the
+        #: fraction of an accepted token carried to the next verification (so a request
+        #: accepts, over its steps, exactly the expected number).
+        self.spec_tokens = 0
+        self.spec_acceptance = 0.0
+        self.spec_carry = 0.0
 
     @property
     def num_tokens(self) -> int:

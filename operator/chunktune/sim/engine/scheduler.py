@@ -38,6 +38,12 @@ This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (``docs/vllm-behavi
    and ``--cache-aware-admission-window`` reorders WAITING (:meth:`Scheduler._cache_aware`).
    ``--long-prefill-token-threshold-adaptive`` (every checked release) floors the threshold at
    the budget over the requests in the system.
+8. With ``--speculative-config`` (:mod:`chunktune.core.speculative`; vLLM 0.32
+   ``Scheduler.schedule`` and ``update_from_output``): a decode asks for ``1 + K`` tokens, its
+   drafts included; every scheduled request costs its tokens plus the method's draft slots
+   against the budget (``input_budget``), nothing is scheduled once the budget left is at most
+   the draft slots, and KV is allocated ``lookahead`` tokens past the scheduled ones. After the
+   step the rejected drafts roll ``num_computed`` back (:meth:`Scheduler.verify`).
 
 NOTE: with the default threshold of 0 a long prompt takes *all* budget left after the decodes
 scheduled before it — decodes admitted after it in the running list, and new arrivals, wait:
@@ -53,6 +59,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from chunktune.core.engine_args import ResolvedConfig
+from chunktune.core.speculative import expected_accepted
 from chunktune.core.vllm_release import scheduler_release
 from chunktune.sim.engine.kv_cache import BlockPool, PrefixCache
 from chunktune.sim.engine.request import FINISHED, RUNNING, WAITING, Request
@@ -77,6 +84,11 @@ class StepPlan:
     #: the iteration log counts those admitted as context, resumed ones included
     #: (``SchedulerRelease.resumed_counts_as_context``)
     admitted_as_context: bool = False
+    #: speculative decoding: draft tokens scheduled for verification, per request
+    spec: dict[Request, int] = field(default_factory=dict)
+    #: requests that sample in this step (decodes and prefills that complete): the drafter's
+    #: rows after it
+    num_sampling: int = 0
 
     @property
     def empty(self) -> bool:
@@ -149,6 +161,16 @@ class Scheduler:
             PriorityQueue() if self.priority else deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        #: speculative decoding (None: off), its per-request draft slots and KV lookahead
+        self.spec = cfg.speculative
+        self.draft_slots = self.spec.draft_slots if self.spec else 0
+        self.lookahead = self.spec.lookahead if self.spec else 0
+        #: vLLM's spec-decode counters: drafts verified, draft tokens, accepted tokens
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        #: accepted tokens by draft position (``..._accepted_tokens_per_pos``)
+        self.accepted_per_pos = [0] * (self.spec.num_speculative_tokens if self.spec else 0)
         self._release_rules(cfg)
 
     def _release_rules(self, cfg: ResolvedConfig) -> None:
@@ -194,7 +216,10 @@ class Scheduler:
 
     def schedule(self, now: float) -> StepPlan:
         plan = StepPlan(admitted_as_context=self.release.resumed_counts_as_context)
+        # vLLM's input_budget: each scheduled request costs its tokens plus the draft slots
         budget = self.budget
+        slots = self.draft_slots
+        ahead = self.lookahead
         # The threshold exists to stop a long prefill from starving others: with one request
         # in the system vLLM 0.32 does not apply it.
         in_system = len(self.running) + len(self.waiting)
@@ -217,28 +242,29 @@ class Scheduler:
         decode_ctx = 0
         logits = 0
         prefill_tokens = 0
+        sampling = 0
         #: under priority: what each scheduled running request took, to undo if preempted
         done: dict[Request, tuple[int, int, int]] = {}
 
         i = 0
-        while i < len(running) and budget > 0:
+        while i < len(running) and budget > slots:
             req = running[i]
             if held and req.prefill_chunk:
                 i += 1
                 continue
             computed = req.num_computed
             remaining = req.prompt_len + req.num_output - computed
-            n = remaining
+            n = remaining + req.spec_tokens
             if 0 < thr < n:
                 n = thr
-            if n > budget:
-                n = budget
+            if n > budget - slots:
+                n = budget - slots
             if n > max_len - computed - 1:
                 n = max_len - computed - 1
             if n <= 0:
                 i += 1
                 continue
-            need = -(-(computed + n) // bs) - req.num_blocks
+            need = -(-min(computed + n + ahead, max_len) // bs) - req.num_blocks
             if need > pool.free:
                 victim = None
                 while need > pool.free:
@@ -251,16 +277,19 @@ class Scheduler:
                         if victim in done:  # already scheduled in this step: undo it
                             vn, vcomputed, vremaining = done.pop(victim)
                             scheduled.remove((victim, vn))
-                            budget += vn
+                            budget += vn + slots
+                            plan.spec.pop(victim, None)
                             if vremaining == 1 and vcomputed:
                                 decodes -= 1
-                                decode_ctx -= vcomputed + 1
-                                logits -= 1
+                                decode_ctx -= vcomputed + vn
+                                logits -= vn
+                                sampling -= 1
                             else:
                                 chunks.remove((vn, vcomputed))
                                 prefill_tokens -= vn
                                 if vn == vremaining:
                                     logits -= 1
+                                    sampling -= 1
                     else:
                         victim = running.pop()
                     self._preempt(victim)
@@ -279,16 +308,24 @@ class Scheduler:
             prefill_ran |= req.prefill_chunk
             if self.priority:
                 done[req] = (n, computed, remaining)
-            budget -= n
+            budget -= n + slots
+            if req.spec_tokens:
+                # the drafts that fit are verified; new ones come after the step
+                if n > remaining:
+                    plan.spec[req] = n - remaining
+                req.spec_tokens = 0
             if remaining == 1 and computed:
+                # a decode verifies its drafts: every position is sampled
                 decodes += 1
-                decode_ctx += computed + 1
-                logits += 1
+                decode_ctx += computed + n
+                logits += n
+                sampling += 1
             else:
                 chunks.append((n, computed))
                 prefill_tokens += n
                 if n == remaining:
                     logits += 1
+                    sampling += 1
             i += 1
 
         if not preempted:
@@ -297,7 +334,7 @@ class Scheduler:
             waiting = self.waiting
             max_seqs = self.max_num_seqs
             chunked = self.chunked
-            while waiting and budget > 0 and len(running) < max_seqs:
+            while waiting and budget > slots and len(running) < max_seqs:
                 req = waiting[0]
                 computed = req.num_computed
                 hit = touch = 0
@@ -312,15 +349,15 @@ class Scheduler:
                 n = remaining
                 if 0 < thr < n:
                     n = thr
-                if n > budget:
+                if n > budget - slots:
                     if not chunked:
                         break
-                    n = budget
+                    n = budget - slots
                 # The whole current sequence must fit before the request is admitted.
                 if -(-min(req.prompt_len + req.num_output, max_len) // bs) - req.num_blocks \
                         - hit + touch > pool.free:
                     break
-                need = -(-(computed + n) // bs) - req.num_blocks - hit
+                need = -(-min(computed + n + ahead, max_len) // bs) - req.num_blocks - hit
                 if need + touch > pool.free:
                     break
                 waiting.popleft()
@@ -334,11 +371,12 @@ class Scheduler:
                 if req.first_scheduled < 0:
                     req.first_scheduled = now
                 scheduled.append((req, n))
-                budget -= n
+                budget -= n + slots
                 chunks.append((n, computed))
                 prefill_tokens += n
                 if n == remaining:
                     logits += 1
+                    sampling += 1
                 plan.num_admitted += 1
                 prefill_ran |= remaining > 1
             if not held:
@@ -349,7 +387,8 @@ class Scheduler:
             for victim in preempted:
                 self.waiting.appendleft(victim)
 
-        plan.num_tokens = self.budget - budget
+        plan.num_tokens = self.budget - budget - slots * len(scheduled)
+        plan.num_sampling = sampling
         if plan.num_tokens:
             self.num_executed_steps += 1
             if prefill_ran and self.interval > 1:
@@ -399,9 +438,33 @@ class Scheduler:
         (docs/vllm-behaviour.md §3)."""
         self.pool.release(req)
         req.num_computed = 0
+        req.spec_tokens = 0
         req.num_preemptions += 1
         req.status = WAITING
         self.num_preemptions += 1
+
+    def verify(self, req: Request, drafts: int) -> int:
+        """The drafts of ``req`` the step accepted (the expected number at the request's
+        acceptance, its fraction carried to the next verification); the rejected ones roll
+        ``num_computed`` back, as vLLM's ``update_from_output`` does. Counts them as vLLM's
+        ``spec_decode_num_drafts`` / ``_num_draft_tokens`` / ``_num_accepted_tokens``."""
+        accepted = self.accept(req, drafts)
+        req.num_computed -= drafts - accepted
+        self.num_drafts += 1
+        self.num_draft_tokens += drafts
+        self.num_accepted_tokens += accepted
+        per_pos = self.accepted_per_pos
+        for pos in range(accepted):
+            per_pos[pos] += 1
+        return accepted
+
+    def accept(self, req: Request, drafts: int) -> int:
+        """How many of ``drafts`` the target model accepts: the expected number at the
+        request's acceptance, its fraction carried to the request's next verification."""
+        carry = req.spec_carry + expected_accepted(req.spec_acceptance, drafts)
+        accepted = min(int(carry), drafts)
+        req.spec_carry = carry - accepted
+        return accepted
 
     def apply(self, plan: StepPlan, end_time: float) -> StepOutcome:
         """Advance the scheduled requests by their tokens; sample where a request caught up."""
@@ -409,6 +472,8 @@ class Scheduler:
         finished: list[Request] = []
         generated = 0
         prompts_done = 0
+        spec = plan.spec
+        k = self.spec.num_speculative_tokens if self.spec else 0
         for req, n in plan.scheduled:
             if req.status != RUNNING:
                 continue  # aborted while the step ran
@@ -417,17 +482,21 @@ class Scheduler:
                 req.prefill_chunk = True
                 continue
             req.prefill_chunk = False
+            tokens = 1 + self.verify(req, spec[req]) if req in spec else 1
             if req.num_output == 0:
                 req.first_token = end_time
                 prompts_done += 1
             else:
                 req.itl.append(end_time - req.last_token)
             req.last_token = end_time
-            req.num_output += 1
-            generated += 1
+            tokens = min(tokens, req.max_tokens - req.num_output)
+            req.num_output += tokens
+            generated += tokens
             produced.append(req)
             if req.num_output >= req.max_tokens:
                 finished.append(req)
+            elif k:
+                req.spec_tokens = k  # the drafter proposes K for the next step
         if finished:
             pool = self.pool
             for req in finished:

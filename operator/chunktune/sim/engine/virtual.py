@@ -17,15 +17,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve
+from chunktune.core.errors import SpecError
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig
+from chunktune.core.steps import StepRecord
 from chunktune.core.vllm_release import Version
 from chunktune.core.workload import Profile, RequestSpec
+from chunktune.sim.cost.draft import DraftCost
 from chunktune.sim.cost.step_time import StepCostModel
-from chunktune.sim.engine.memory import MemoryPlan, plan_memory
+from chunktune.sim.engine.memory import MemoryPlan, drafter, plan_memory
 from chunktune.sim.engine.request import REJECTED, Request
 from chunktune.sim.engine.scheduler import Scheduler, StepPlan
 from chunktune.sim.engine.step_trace import StepCounts, iteration_counts
+
+#: vLLM's HTTP 503 message for a request beyond ``--max-num-queued-reqs``
+#: (``QueueOverflowError``, ``vllm/exceptions.py``, 0.32).
+QUEUE_FULL_MESSAGE = ("The engine is currently busy and cannot accept new requests. "
+                      "Please try again later or on a different instance.")
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,38 @@ class Engine:
                                   kv_dtype_bytes=cfg.kv_cache_dtype_bytes,
                                   async_scheduling=cfg.async_scheduling)
         self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
+        #: the drafter's time per step, with speculative decoding
+        self.draft = DraftCost.build(cfg.speculative, self.cost, drafter(cfg)) \
+            if cfg.speculative is not None else None
+        #: each traffic class's draft acceptance (:meth:`use_acceptance`)
+        self.acceptance: tuple[float, ...] = ()
+        #: requests answered 503 by ``--max-num-queued-reqs``
+        self.num_queue_rejections = 0
+
+    def use_acceptance(self, profile: Profile) -> None:
+        """Take each traffic class's ``spec_acceptance`` for speculative decoding; raises
+        :class:`SpecError` naming the classes without one (the simulator does not guess how
+        well drafts match a traffic)."""
+        if self.cfg.speculative is None:
+            return
+        missing = [c.name for c in profile.classes if c.spec_acceptance is None]
+        if missing:
+            raise SpecError(
+                f"--speculative-config needs each traffic class's draft acceptance: give "
+                f"spec_acceptance (0 to 1) to class{'es' if len(missing) > 1 else ''} "
+                f"{', '.join(missing)} (chunktune workload from-prometheus derives it from "
+                f"vLLM's spec_decode counters)", field="classes")
+        self.acceptance = tuple(float(c.spec_acceptance or 0.0) for c in profile.classes)
+
+    def queue_full(self, in_system: int) -> str | None:
+        """vLLM's answer when ``--max-num-queued-reqs`` is reached: a request is refused with
+        HTTP 503 when the requests already in the system (waiting and running, counted by the
+        API server) plus itself exceed N (``AsyncLLM.check_admission``, vLLM 0.32-0.34)."""
+        limit = self.cfg.max_num_queued_reqs
+        if limit is None or in_system + 1 <= limit:
+            return None
+        self.num_queue_rejections += 1
+        return QUEUE_FULL_MESSAGE
 
     def kv_tokens_in_use(self) -> int:
         """KV-cache tokens allocated now (after a step is scheduled: what vLLM's iteration log
@@ -125,11 +165,14 @@ class Engine:
         return None
 
     def step_time(self, plan: StepPlan) -> float:
+        draft = 0.0 if self.draft is None else self.draft.time(
+            plan.num_tokens, plan.num_sampling, plan.prefill_chunks, plan.num_decodes,
+            plan.decode_context_tokens)
         if self.cost.calibration is not None:  # costed as the calibration log saw steps
             ctx_reqs, ctx_tokens, gen_reqs, gen_tokens = iteration_counts(plan)
-            return self.cost.calibrated_step_time(ctx_reqs, ctx_tokens, gen_reqs, gen_tokens,
-                                                  self.kv_tokens_in_use())
-        return self.cost.step_time(
+            return draft + self.cost.calibrated_step_time(
+                ctx_reqs, ctx_tokens, gen_reqs, gen_tokens, self.kv_tokens_in_use())
+        return draft + self.cost.step_time(
             plan.num_tokens, len(plan.scheduled), plan.num_logits, plan.prefill_chunks,
             plan.num_decodes, plan.decode_context_tokens,
         )
@@ -141,6 +184,7 @@ class Engine:
         drain for up to ``drain_timeout`` seconds, as the load driver lets them; those still
         running then are the summary's ``timeout`` failures (:mod:`chunktune.sim.report`).
         ``kw`` goes to :meth:`replay`."""
+        self.use_acceptance(profile)
         return self.replay(specs, concurrency=profile.arrival.concurrency,
                            time_limit=profile.duration + drain_timeout,
                            stop_arrivals=profile.duration, **kw)
@@ -182,11 +226,18 @@ class Engine:
         delay = server_overhead_s
         per_token = server_per_token_s
 
+        acceptance = self.acceptance
+        queued = self.cfg.max_num_queued_reqs is not None
+
         def admit(spec: RequestSpec, t: float) -> bool:
             r = Request(spec.rid, t, spec.prompt_tokens, spec.output_tokens, spec.cls,
                         spec.priority, spec.prefix_key, spec.prefix_tokens)
+            if acceptance:
+                r.spec_acceptance = acceptance[spec.cls]
             reqs.append(r)
             err = self.validate_request(spec.prompt_tokens, spec.output_tokens)
+            if err is None and queued:
+                err = self.queue_full(len(sched.running) + len(sched.waiting) + len(deferred))
             if err:
                 r.status = REJECTED
                 r.finish_time = t
@@ -265,6 +316,20 @@ class Engine:
                         if ok:
                             break
         return ReplayResult(reqs, steps, now, sched.num_preemptions, pool.peak_used, rejected)
+
+
+def iteration_records(engine: Engine, result: ReplayResult, gap_s: float = 0.0
+                      ) -> list[StepRecord]:
+    """A replay's steps as vLLM's iteration log records them (``replay(log_iterations=True)``;
+    ``gap_s``: a calibration profile's wall time between steps, which vLLM's elapsed time
+    leaves out)."""
+    tokens = engine.scheduler.pool.total * engine.scheduler.pool.block_size
+    tr = result.steps
+    return [StepRecord(iteration=i, context_requests=c[0], context_tokens=c[1],
+                            generation_requests=c[2], generation_tokens=c[3],
+                            elapsed_ms=(tr.duration[i] - gap_s) * 1e3,
+                            kv_usage_pct=100.0 * tr.iteration_kv[i] / tokens)
+            for i, c in enumerate(tr.iterations)]
 
 
 def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU,

@@ -101,6 +101,11 @@ def register(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    metavar="N",
                    help="cap on chat's default max_tokens (vLLM: max_model_len - prompt; the "
                         f"simulator never hits EOS; default {DEFAULT_MAX_TOKENS_CAP})")
+    s.add_argument("--spec-acceptance", type=float, default=None, metavar="P",
+                   help="with --speculative-config: the chance each draft token is accepted "
+                        "given the ones before it were (0 to 1), for every request (the "
+                        "simulator does not read the text; a workload profile gives it per "
+                        "class)")
     s.add_argument("--step-slack", type=float, default=DEFAULT_SLACK_S * 1e3, metavar="MS",
                    help="event-loop wake-up lateness absorbed without delaying the next step "
                         f"(default {DEFAULT_SLACK_S * 1e3:g} ms)")
@@ -157,6 +162,13 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         model, gpu = model_and_gpu(ns)
         args = engine_args_from(ns)
         args.check_simulated()
+        if ns.spec_acceptance is not None and not 0 <= ns.spec_acceptance <= 1:
+            raise SpecError(f"must be from 0 to 1 (got {ns.spec_acceptance:g})",
+                            field="--spec-acceptance")
+        if (args.speculative_config is not None) != (ns.spec_acceptance is not None):
+            raise SpecError("--speculative-config and --spec-acceptance go together: the "
+                            "simulated drafts need how often they are accepted",
+                            field="--spec-acceptance")
         calib = profiles.read_profile(ns.calibration) if ns.calibration else None
         if calib is not None:
             args = profiles.engine_args(args, calib)
@@ -189,6 +201,8 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         version = (parse_version(ns.vllm_version, "--vllm-version") if ns.vllm_version
                    else None if calib is None else profiles.fitted_version(calib))
         engine = build_engine(args, model, gpu, version)
+        if ns.spec_acceptance is not None:
+            engine.acceptance = (ns.spec_acceptance,)
         if calib is not None:
             profiles.apply(engine, calib)
     except EngineStartupError as e:

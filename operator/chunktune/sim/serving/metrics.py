@@ -223,8 +223,24 @@ class VllmMetrics:
                              "Requests rejected at admission by the queue limits "
                              "(--max-num-queued-reqs, --max-num-queued-tokens).",
                              ["model_name", "reason"], registry=reg)
-        for reason in ADMISSION_REJECTION_REASONS:
-            rejections.labels(model_name, reason)
+        self.rejections = {reason: rejections.labels(model_name, reason)
+                           for reason in ADMISSION_REJECTION_REASONS}
+        # Speculative decoding (vllm/v1/spec_decode/metrics.py::SpecDecodingProm, 0.32): only
+        # an engine with --speculative-config has these families.
+        self.spec: tuple[Counter, ...] = ()
+        self.spec_per_pos: list[Counter] = []
+        self._spec_seen: tuple[int, ...] = ()
+        if cfg.speculative is not None:
+            self.spec = tuple(counter(name, doc).labels(*lv) for name, doc in (
+                ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+                ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+                ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")))
+            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                              "Accepted tokens per draft position.", [*labels, "position"],
+                              registry=reg)
+            k = cfg.speculative.num_speculative_tokens
+            self.spec_per_pos = [per_pos.labels(*lv, str(pos)) for pos in range(k)]
+            self._spec_seen = (0,) * (3 + k)
         lens = build_1_2_5_buckets(cfg.max_model_len)
         self.req_prompt_tokens = hist("vllm:request_prompt_tokens",
                                       "Number of prefill tokens processed.", lens).labels(*lv)
@@ -407,6 +423,18 @@ class VllmMetrics:
         self.req_params_n.observe(1)
         self.req_preemptions.observe(num_preemptions)
         self.req_prefill_computed.observe(prompt_tokens)
+
+    def on_spec_decode(self, totals: tuple[int, ...]) -> None:
+        """The scheduler's running spec-decode totals (drafts, draft tokens, accepted tokens,
+        then accepted tokens by position): the counters follow them."""
+        for c, now, before in zip((*self.spec, *self.spec_per_pos), totals, self._spec_seen,
+                                  strict=True):
+            if now != before:
+                c.inc(now - before)
+        self._spec_seen = tuple(totals)
+
+    def on_admission_rejection(self, reason: str = "max_num_queued_reqs") -> None:
+        self.rejections[reason].inc()
 
     def on_abort(self) -> None:
         self.success["abort"].inc()

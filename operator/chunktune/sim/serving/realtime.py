@@ -286,11 +286,22 @@ class RealtimeEngine:
         self._next_rid += 1
         req = LiveRequest(rid, arrival, prompt_tokens, max_tokens, stream, priority)
         req.block_keys = block_keys
+        if self.engine.acceptance:  # sim serve's --spec-acceptance
+            req.spec_acceptance = self.engine.acceptance[0]
         stream.req = req
         self._live[rid] = stream
         self.scheduler.add_request(req)
         self._wake.set()
         return stream
+
+    def queue_full(self) -> str | None:
+        """vLLM's 503 message when ``--max-num-queued-reqs`` refuses one more request (the
+        requests in the system: waiting and running), else None."""
+        sched = self.scheduler
+        why = self.engine.queue_full(len(sched.running) + len(sched.waiting))
+        if why is not None and self.metrics is not None:
+            self.metrics.on_admission_rejection()
+        return why
 
     def abort(self, stream: Stream) -> None:
         """Drop a request whose client went away: free its KV blocks, end its stream."""
@@ -382,8 +393,9 @@ class RealtimeEngine:
                     reported += req.num_preemptions - req.reported_preemptions  # type: ignore[attr-defined]
                     req.reported_preemptions = req.num_preemptions  # type: ignore[attr-defined]
                 s = req.stream  # type: ignore[attr-defined]
-                s.produced += 1
-                if s.produced == 1:
+                first = s.produced == 0
+                s.produced = req.num_output  # several tokens with speculative decoding
+                if first:
                     s.first_token = woke
                     if metrics is not None:
                         metrics.on_first_token(woke - s.arrival, s.prompt_tokens,
@@ -408,6 +420,9 @@ class RealtimeEngine:
                                 len(sched.waiting), pool.usage)
                 if sched.cache is not None:
                     metrics.on_prefix_lookups(sched.cache.queries, sched.cache.hits)
+                if sched.spec is not None:
+                    metrics.on_spec_decode((sched.num_drafts, sched.num_draft_tokens,
+                                            sched.num_accepted_tokens, *sched.accepted_per_pos))
             if step_log is not None and counts is not None:
                 step_log.step(counts, dt, pool.usage)
             w3 = perf()

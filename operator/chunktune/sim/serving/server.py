@@ -298,6 +298,9 @@ class SimServer:
         body = await _json_body(request, fast_ids=not chat and not self.cfg.prefix_block_size)
         p = proto.parse_generation(body, self.cfg, chat)
         del body  # a long prompt need not live as long as its stream
+        full = self.rt.queue_full()
+        if full is not None:  # --max-num-queued-reqs: vLLM's QueueOverflowError
+            raise ApiError(full, status=503, err_type="Service Unavailable")
         stream = self.rt.submit(p.prompt_tokens, p.max_tokens, arrival, priority=p.priority,
                                 block_keys=p.block_keys)
         try:

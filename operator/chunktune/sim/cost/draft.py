@@ -1,0 +1,54 @@
+"""The drafter's own time in a step with speculative decoding
+(:mod:`chunktune.core.speculative`).
+
+After the target model's forward the drafter proposes K tokens for every request that sampled
+(vLLM 0.32 ``GPUModelRunner.propose_draft_token_ids``):
+
+- ``ngram``: a CPU-side n-gram match over the request's tokens (``NgramProposer``): no GPU
+  time; the simulator counts none.
+- ``eagle`` / ``eagle3`` / ``mtp``: a head of one decoder layer of the target's shape
+  (``EagleProposer.propose``): a first pass over the step's scheduled tokens (the target's
+  hidden states), then K - 1 passes of one row per sampling request, each with the head's
+  logits.
+- ``draft_model``: the same K passes through the draft model itself.
+
+Each pass is costed by the target's step-time model (:class:`StepCostModel`, GPU part only)
+built for the drafter's network.
+"""
+
+from __future__ import annotations
+
+from chunktune.core.models import ModelConfig
+from chunktune.core.speculative import SpeculativeConfig
+from chunktune.sim.cost.step_time import StepCostModel
+
+
+class DraftCost:
+    """Seconds the drafter adds to a step."""
+
+    def __init__(self, spec: SpeculativeConfig, net: StepCostModel | None) -> None:
+        self.spec = spec
+        self.net = net
+
+    @classmethod
+    def build(cls, spec: SpeculativeConfig, target: StepCostModel,
+              net: ModelConfig | None) -> DraftCost:
+        """The drafter of ``spec`` beside ``target``: ``net`` its network (None for ngram:
+        :func:`chunktune.sim.engine.memory.drafter`)."""
+        if net is None:
+            return cls(spec, None)
+        return cls(spec, StepCostModel(net, target.gpu, target.tp, max_tokens=target.max_tokens,
+                                       weight_dtype=target.weight_dtype))
+
+    def time(self, num_tokens: int, num_sampling: int, prefill_chunks: list[tuple[int, int]],
+             num_decodes: int, decode_context_tokens: int) -> float:
+        """The drafter's passes after a step of ``num_tokens`` scheduled tokens in which
+        ``num_sampling`` requests sampled."""
+        net = self.net
+        if net is None or not num_sampling:
+            return 0.0
+        first = net.forward_time(num_tokens, num_sampling, prefill_chunks, num_decodes,
+                                 decode_context_tokens)
+        rest = net.forward_time(num_sampling, num_sampling, [], num_sampling,
+                                decode_context_tokens + num_sampling)
+        return first + (self.spec.num_speculative_tokens - 1) * rest
