@@ -97,6 +97,7 @@ class EngineArgs:
     async_scheduling: bool | None = None
     """None: as the engine's vLLM version does (on since 0.14)."""
     max_cudagraph_capture_size: int | None = None
+    enable_expert_parallel: bool = _default("enable-expert-parallel")
     enable_logging_iteration_details: bool = _default("enable-logging-iteration-details")
     """Only ``sim serve`` reads it: its step log (:mod:`chunktune.core.steps`)."""
 
@@ -207,6 +208,8 @@ class ResolvedConfig:
     quantization: str | None = None
     #: the vLLM whose start-up defaults and memory accounting apply (None: the current one)
     vllm_version: Version | None = None
+    #: ``--enable-expert-parallel``: an MoE model's experts split whole across the ranks
+    enable_expert_parallel: bool = False
 
     def flags(self) -> dict[str, Any]:
         """The engine flags as the engine runs with them, as a point
@@ -356,6 +359,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
         kv_cache_dtype=kv_dtype,
         quantization=model.quantization or None,
         vllm_version=version,
+        enable_expert_parallel=args.enable_expert_parallel,
     )
 
 

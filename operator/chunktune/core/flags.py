@@ -323,6 +323,9 @@ _ENTRIES: tuple[Flag, ...] = (
          "no CUDA graphs: no graph memory, more launch overhead per step", default=False),
     Flag("max-cudagraph-capture-size", "int", VLLM_ENGINES, "largest CUDA-graph batch",
          int, _INT, minimum=1),
+    Flag("enable-expert-parallel", "bool", VLLM_ENGINES,
+         "split a mixture-of-experts model's experts whole across the ranks (expert "
+         "parallelism) instead of sharding every expert", default=False),
     Flag("enable-logging-iteration-details", "bool", VLLM_ENGINES,
          "log one Iteration(N) line per engine step (the step log chunktune keeps of every "
          "trial); changes nothing else", default=False),

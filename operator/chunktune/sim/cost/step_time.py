@@ -43,7 +43,7 @@ import numpy as np
 
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig
-from chunktune.sim.cost import gemm_table
+from chunktune.sim.cost import gemm_table, moe_table
 from chunktune.sim.cost.coefficients import KernelCoefficients, coefficients
 from chunktune.sim.cost.collectives import Interconnect, tp_allreduce_s
 
@@ -116,10 +116,12 @@ def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients
 
 def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
                     c: KernelCoefficients, weight_dtype: str = "bf16",
-                    use_table: bool = True) -> dict[str, np.ndarray]:
+                    use_table: bool = True,
+                    expert_parallel: bool = False) -> dict[str, np.ndarray]:
     """Seconds each linear operator of ONE layer takes on one rank, for each token count
     (keys: the ``LINEAR_OPS`` the model has). Measured per operator, these separate the GEMM
-    efficiencies from the elementwise kernels, which a per-layer sum alone cannot."""
+    efficiencies from the elementwise kernels, which a per-layer sum alone cannot.
+    ``expert_parallel``: how the routed experts are split (:func:`moe_time`)."""
     T = np.asarray(tokens, dtype=np.float64)
     B = gpu.hbm_tb_s * 1e12
     b = model.dtype_bytes
@@ -134,7 +136,8 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     q = model.q_dim / tp
     kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
     if model.is_moe:
-        out["experts"] = moe_time(model, gpu, tp, T, c, weight_dtype) + gemm_time(
+        out["experts"] = moe_time(model, gpu, tp, T, c, weight_dtype, use_table,
+                                  expert_parallel) + gemm_time(
             T, h, model.num_experts, gpu, c, "bf16", use_table)  # the router stays bf16
         if model.num_shared_experts:
             si = model.num_shared_experts * model.moe_intermediate_size / tp
@@ -148,10 +151,28 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     return out
 
 
+def moe_weight_format(weight_dtype: str) -> str:
+    """The routed experts' format in the measured MoE table (:mod:`chunktune.sim.cost.
+    moe_table`): FP8 MoE checkpoints ship 128x128 block scales (DeepSeek-V3/R1, Qwen3 MoE
+    FP8, MiniMax-M2.5, GLM-5: ``weight_block_size``), run by vLLM's block-FP8 MoE kernels."""
+    return "fp8_block" if weight_dtype == "fp8" else weight_dtype
+
+
 def moe_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray, c: KernelCoefficients,
-             weight_dtype: str = "bf16") -> np.ndarray:
-    """Seconds of a fused MoE layer's routed experts on one rank (experts sharded across the
-    ranks), for each token count (:func:`moe_form`)."""
+             weight_dtype: str = "bf16", use_table: bool = True,
+             expert_parallel: bool = False) -> np.ndarray:
+    """Seconds of a fused MoE layer's routed experts on one rank, for each token count: the
+    GPU's measured MoE layer where its table has the model's shape and split
+    (:mod:`chunktune.sim.cost.moe_table`; ``expert_parallel``: each of the ``tp`` ranks holds
+    ``1/tp`` of the experts whole, as ``--enable-expert-parallel`` splits them, else every
+    expert is sharded ``tp`` ways), else the fitted form (:func:`moe_form`, sharded experts)."""
+    if use_table:
+        ep = tp if expert_parallel else 1
+        us = moe_table.curve(gpu.name, moe_weight_format(weight_dtype), model.hidden_size,
+                             model.moe_intermediate_size, model.num_experts,
+                             model.num_experts_per_tok, tp // ep, ep)
+        if us is not None:
+            return moe_table.seconds(us, tokens)
     return moe_form(np.asarray(tokens, dtype=np.float64), model.hidden_size,
                     model.moe_intermediate_size / tp, model.num_experts_per_tok,
                     model.num_experts, 3 if model.gated_mlp else 2, gpu, c, weight_dtype)
@@ -180,9 +201,9 @@ def moe_form(tokens: np.ndarray, hidden: float | np.ndarray, inter: float | np.n
 
 def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
                       c: KernelCoefficients, weight_dtype: str = "bf16",
-                      use_table: bool = True) -> np.ndarray:
+                      use_table: bool = True, expert_parallel: bool = False) -> np.ndarray:
     """Seconds the linear operators of ONE layer take on one rank, for each token count."""
-    ops = linear_op_times(model, gpu, tp, tokens, c, weight_dtype, use_table)
+    ops = linear_op_times(model, gpu, tp, tokens, c, weight_dtype, use_table, expert_parallel)
     t: np.ndarray = np.zeros_like(np.asarray(tokens, dtype=np.float64))
     for name in LINEAR_OPS:
         if name in ops:
@@ -408,11 +429,13 @@ class StepCostModel:
     def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
                  enforce_eager: bool = False, interconnect: Interconnect | None = None,
                  weight_dtype: str | None = None, kv_dtype_bytes: float | None = None,
-                 async_scheduling: bool = False) -> None:
+                 async_scheduling: bool = False, expert_parallel: bool = False) -> None:
         """``weight_dtype``: what the linear layers run in (``WEIGHT_DTYPES``; None: the
         model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``); ``kv_dtype_bytes``:
         bytes per KV-cache element (None: the model's dtype); ``async_scheduling``: the host's
-        part of a step overlaps the GPU's (see the module docstring)."""
+        part of a step overlaps the GPU's (see the module docstring); ``expert_parallel``:
+        ``--enable-expert-parallel`` (the experts split whole across the TP ranks,
+        :func:`moe_time`)."""
         if weight_dtype is None:
             weight_dtype = "fp8" if model.weight_dtype == "fp8" else "bf16"
         if gpu.l2_mib <= 0 or gpu.boost_mhz <= 0:
@@ -429,7 +452,8 @@ class StepCostModel:
         self.c = c = coefficients(gpu)
         layers = model.num_hidden_layers
         tokens = np.arange(max_tokens + 1, dtype=np.float64)
-        lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype) * layers
+        lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype,
+                                expert_parallel=expert_parallel) * layers
         lin[0] = 0.0
         self._linear: list[float] = lin.tolist()
         b = model.dtype_bytes
