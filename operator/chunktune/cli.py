@@ -20,6 +20,16 @@ COMMAND_MODULES = (
     "chunktune.modelgen.cli",
 )
 
+#: Commands a subsystem adds to another's group, which may not import it (the package layers):
+#: group -> modules with a ``register(group_subparsers)``.
+GROUP_COMMANDS = {
+    "model": ("chunktune.sim.model_check",),  # model check needs the simulator's memory plan
+}
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -32,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for mod in COMMAND_MODULES:
         importlib.import_module(mod).register(sub)
+    for group, mods in GROUP_COMMANDS.items():
+        for mod in mods:
+            importlib.import_module(mod).register(_subcommands(sub.choices[group]))
     return p
 
 

@@ -162,8 +162,8 @@ def test_quantization_resolves_like_vllm():
 @pytest.mark.parametrize(("qc", "field", "text"), [
     ({"quant_method": "awq", "bits": 4}, "quantization_config.quant_method",
      "'awq' is not modelled"),
-    ({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4"}},
-     "quantization_config.quant_algo", "ModelOpt NVFP4 is not modelled"),
+    ({"quant_method": "modelopt", "quantization": {"quant_algo": "W4A8_AWQ"}},
+     "quantization_config.quant_algo", "ModelOpt W4A8_AWQ is not modelled"),
     ({"quant_method": "compressed-tensors",
       "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}},
      "quantization_config.config_groups", "other than 8-bit float"),

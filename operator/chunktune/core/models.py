@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,24 @@ DTYPE_BYTES: dict[str, float] = {
     "float8_e4m3fn": 1,
     "int8": 1,
     "int4": 0.5,
+    # 4-bit weight formats with their block scales: MXFP4 (an e8m0 scale per 32 weights),
+    # NVFP4 (an fp8 scale per 16), INT4 W4A16 groups of 32 or 128 (a bf16 scale per group).
+    "mxfp4": 0.5 + 1 / 32,
+    "nvfp4": 0.5 + 1 / 16,
+    "int4_g32": 0.5 + 2 / 32,
+    "int4_g64": 0.5 + 2 / 64,
+    "int4_g128": 0.5 + 2 / 128,
 }
+
+#: Attention kinds of a layer, named as vLLM's KV-cache spec for it (vLLM 0.33
+#: ``kv_cache_interface``): ``full_attention`` (FullAttentionSpec), ``sliding_attention``
+#: (SlidingWindowSpec), ``chunked_attention`` (ChunkedLocalAttentionSpec, Llama-4's local
+#: layers), ``mla`` (MLAAttentionSpec: one latent of kv_lora_rank + qk_rope_head_dim per token).
+FULL, SLIDING, CHUNKED, MLA = ("full_attention", "sliding_attention", "chunked_attention",
+                               "mla")
+LAYER_KINDS = (FULL, SLIDING, CHUNKED, MLA)
+#: Module classes whose linear layers a checkpoint may leave unquantized.
+MODULE_CLASSES = ("attention", "dense_mlp", "shared_experts", "experts")
 
 
 @dataclass(frozen=True)
@@ -64,13 +82,38 @@ class ModelConfig:
     num_shared_experts: int = 0
     hf_name: str = ""
     #: vLLM's name of the checkpoint's quantization method (``fp8``, ``modelopt``,
-    #: ``compressed-tensors``), or of ``--quantization``'s (:meth:`quantized`); "" for none.
+    #: ``compressed-tensors``, ``mxfp4``), or of ``--quantization``'s (:meth:`quantized`);
+    #: "" for none.
     quantization: str = ""
-    #: Storage type of the linear layers' weights ("" = :attr:`dtype`).
+    #: Storage type of the quantized linear layers' weights ("" = :attr:`dtype`).
     weight_dtype: str = ""
     #: What ``--kv-cache-dtype auto`` resolves to for this checkpoint (``auto``: the model's
     #: dtype; ``fp8_e4m3`` for a ModelOpt checkpoint with ``kv_cache_quant_algo`` FP8).
     kv_cache_dtype: str = "auto"
+    #: Attention kind of each layer (:data:`LAYER_KINDS`); () = every layer full attention.
+    layer_types: tuple[str, ...] = ()
+    #: Tokens a ``sliding_attention`` layer attends to (HF ``sliding_window``).
+    sliding_window: int = 0
+    #: Tokens of a ``chunked_attention`` layer's chunk (Llama-4 ``attention_chunk_size``).
+    attention_chunk_size: int = 0
+    #: Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): the latent's rank, the rotary
+    #: part of a query/key head, the rest of a query/key head, a value head, the query's
+    #: low-rank width (0: queries projected directly).
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    q_lora_rank: int = 0
+    #: MoE models whose first (or interleaved) layers keep a dense MLP: how many, and its width
+    #: (0 = :attr:`intermediate_size`).
+    num_dense_layers: int = 0
+    dense_intermediate_size: int = 0
+    #: Width of the shared experts together (0 = num_shared_experts x moe_intermediate_size).
+    shared_expert_intermediate_size: int = 0
+    #: Share of the layers whose linear layers of a module class (:data:`MODULE_CLASSES`) the
+    #: checkpoint leaves at :attr:`dtype` (``modules_to_not_convert``, ``ignore``,
+    #: ``exclude_modules``, or a method that quantizes only the experts).
+    unquantized: tuple[tuple[str, float], ...] = ()
 
     # ---- derived quantities -------------------------------------------------------------
 
@@ -81,80 +124,182 @@ class ModelConfig:
 
     @property
     def weight_dtype_bytes(self) -> float:
-        """Bytes per weight of the linear layers (1 for FP8 ones)."""
+        """Bytes per weight of the quantized linear layers (1 for FP8 ones)."""
         return DTYPE_BYTES[self.weight_dtype or self.dtype]
+
+    def module_weight_bytes(self, module: str) -> float:
+        """Mean bytes per weight of one module class's linear layers: the quantized ones at
+        :attr:`weight_dtype`, the share the checkpoint leaves out at :attr:`dtype`."""
+        share = dict(self.unquantized).get(module, 0.0)
+        return share * self.dtype_bytes + (1.0 - share) * self.weight_dtype_bytes
 
     def quantized(self, method: str, weight_dtype: str) -> ModelConfig:
         """This model with its linear layers quantized online (``--quantization``)."""
-        return replace(self, quantization=method, weight_dtype=weight_dtype)
+        return replace(self, quantization=method, weight_dtype=weight_dtype, unquantized=())
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def q_dim(self) -> int:
+        if self.is_mla:
+            return self.num_attention_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
         return self.num_attention_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    def layer_kinds(self) -> tuple[str, ...]:
+        """The attention kind of every layer (:data:`LAYER_KINDS`)."""
+        if self.layer_types:
+            return self.layer_types
+        return ((MLA if self.is_mla else FULL),) * self.num_hidden_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_hidden_layers - self.num_dense_layers if self.is_moe else 0
+
+    # ---- parameters ----------------------------------------------------------------------
+
+    def mla_replicated_params_per_layer(self) -> int:
+        """MLA's down-projections (``q_a_proj``, ``kv_a_proj_with_mqa``, fused in vLLM's
+        ``fused_qkv_a_proj``) and their norms: replicated on every TP rank (vLLM 0.33
+        deepseek_v2.py, ``disable_tp=True``)."""
+        if not self.is_mla:
+            return 0
+        h, r = self.hidden_size, self.qk_rope_head_dim
+        return h * (self.q_lora_rank + self.kv_lora_rank + r) + self.q_lora_rank \
+            + self.kv_lora_rank
+
     def attention_params_per_layer(self) -> int:
         h = self.hidden_size
-        return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        if not self.is_mla:
+            return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        heads = self.num_attention_heads
+        q_up = (self.q_lora_rank or h) * self.q_dim
+        kv_up = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        out = heads * self.v_head_dim * h
+        return q_up + kv_up + out + self.mla_replicated_params_per_layer()
+
+    def _mlp_params(self, width: int) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden_size * width
+
+    def dense_mlp_params(self) -> int:
+        """One dense layer's MLP."""
+        return self._mlp_params(self.dense_intermediate_size or self.intermediate_size)
+
+    def shared_expert_params(self) -> int:
+        width = self.shared_expert_intermediate_size or \
+            self.num_shared_experts * self.moe_intermediate_size
+        return self._mlp_params(width) if self.is_moe else 0
+
+    def expert_params(self, active_only: bool = False) -> int:
+        """One MoE layer's routed experts (all, or the ones a token uses)."""
+        experts = self.num_experts_per_tok if active_only else self.num_experts
+        return experts * self._mlp_params(self.moe_intermediate_size) if self.is_moe else 0
+
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts if self.is_moe else 0
 
     def mlp_params_per_layer(self, active_only: bool = False) -> int:
-        mats = 3 if self.gated_mlp else 2
-        h = self.hidden_size
+        """The MLP of an MoE layer (routed and shared experts, router), or of a dense model's
+        layer."""
         if not self.is_moe:
-            return mats * h * self.intermediate_size
-        experts = self.num_experts_per_tok if active_only else self.num_experts
-        routed = experts * mats * h * self.moe_intermediate_size
-        shared = self.num_shared_experts * mats * h * self.moe_intermediate_size
-        router = h * self.num_experts
-        return routed + shared + router
+            return self.dense_mlp_params()
+        return (self.expert_params(active_only) + self.shared_expert_params()
+                + self.router_params())
+
+    def mlp_params(self, active_only: bool = False) -> int:
+        """All layers' MLPs: the MoE layers' and the dense ones'."""
+        if not self.is_moe:
+            return self.num_hidden_layers * self.dense_mlp_params()
+        return (self.num_moe_layers * self.mlp_params_per_layer(active_only)
+                + self.num_dense_layers * self.dense_mlp_params())
 
     def embedding_params(self) -> int:
         emb = self.vocab_size * self.hidden_size
         return emb if self.tie_word_embeddings else 2 * emb
 
-    def num_params(self) -> int:
-        """Total parameters (norms included, biases ignored)."""
-        per_layer = (
-            self.attention_params_per_layer() + self.mlp_params_per_layer() + 2 * self.hidden_size
-        )
-        return self.num_hidden_layers * per_layer + self.embedding_params() + self.hidden_size
+    def num_params(self, active_only: bool = False) -> int:
+        """Total parameters (norms included, biases ignored), or those one token uses."""
+        per_layer = self.attention_params_per_layer() + 2 * self.hidden_size
+        return (self.num_hidden_layers * per_layer + self.mlp_params(active_only)
+                + self.embedding_params() + self.hidden_size)
 
     def weight_bytes(self, tp: int = 1) -> float:
-        """Weight bytes one tensor-parallel rank holds (embeddings and lm_head are sharded too,
-        as vLLM's VocabParallelEmbedding does): the linear layers at :attr:`weight_dtype`, the
-        rest (embeddings, lm_head, norms, an MoE router) at :attr:`dtype`."""
-        router = self.hidden_size * self.num_experts if self.is_moe else 0
-        linear = self.num_hidden_layers * (self.attention_params_per_layer()
-                                           + self.mlp_params_per_layer() - router)
-        rest = self.num_params() - linear
-        return (linear * self.weight_dtype_bytes + rest * self.dtype_bytes) / tp
+        """Weight bytes one tensor-parallel rank holds. Sharded across ranks: the attention
+        projections, the MLPs and experts (split by width, or by expert under expert
+        parallelism: the same bytes), the embeddings and lm_head (vLLM's
+        VocabParallelEmbedding); the norms too (they are whole on each rank, but under 0.01%
+        of the weights). Whole on every rank: an MoE router and MLA's down-projections. Each
+        module class's linear layers at :meth:`module_weight_bytes`, the rest at
+        :attr:`dtype`."""
+        L, b = self.num_hidden_layers, self.dtype_bytes
+        mla_rep = self.mla_replicated_params_per_layer()
+        attn = self.module_weight_bytes("attention")
+        norms = (2 * L + 1) * self.hidden_size  # whole on each rank, counted as shared (tiny)
+        sharded = L * (self.attention_params_per_layer() - mla_rep) * attn \
+            + (self.embedding_params() + norms) * b
+        if self.is_moe:
+            sharded += self.num_moe_layers * (
+                self.expert_params() * self.module_weight_bytes("experts")
+                + self.shared_expert_params() * self.module_weight_bytes("shared_experts"))
+            sharded += self.num_dense_layers * self.dense_mlp_params() \
+                * self.module_weight_bytes("dense_mlp")
+        else:
+            sharded += L * self.dense_mlp_params() * self.module_weight_bytes("dense_mlp")
+        whole = L * mla_rep * attn + self.num_moe_layers * self.router_params() * b
+        return sharded / tp + whole
+
+    # ---- KV cache ------------------------------------------------------------------------
+
+    def kv_bytes_per_token_per_layer(self, kind: str, tp: int = 1,
+                                     kv_dtype_bytes: float | None = None) -> float:
+        """KV-cache bytes one layer of ``kind`` stores per token on one rank (vLLM 0.33
+        ``AttentionSpec.page_size_bytes`` / block_size): K and V of the rank's KV heads (split
+        across ranks, never below one head), or for MLA one latent of kv_lora_rank +
+        qk_rope_head_dim elements, the same on every rank (``MLAAttentionSpec``,
+        num_kv_heads 1)."""
+        b = self.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+        if kind == MLA:
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * b
+        kv_heads = max(1, math.ceil(self.num_key_value_heads / tp))
+        return kv_heads * self.head_dim * 2 * b
 
     def kv_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: float | None = None) -> float:
-        """KV-cache bytes per token on one rank: layers x kv heads x head dim x 2 (K and V) x
-        dtype size. KV heads are split across ranks, but never below one head per rank."""
-        b = self.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
-        kv_heads = max(1, math.ceil(self.num_key_value_heads / tp))
-        return self.num_hidden_layers * kv_heads * self.head_dim * 2 * b
+        """KV-cache bytes per token on one rank, every layer holding every token (for a model
+        with windowed layers, an upper bound: see ``sim.engine.memory.kv_cache_layout``)."""
+        return sum(self.kv_bytes_per_token_per_layer(k, tp, kv_dtype_bytes)
+                   for k in self.layer_kinds())
 
     def with_overrides(self, **kw: Any) -> ModelConfig:
         return replace(self, **kw)
 
 
 def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
-    """Build a :class:`ModelConfig` from a Hugging Face ``config.json`` mapping.
+    """Build a :class:`ModelConfig` from a Hugging Face ``config.json`` mapping, as vLLM 0.33's
+    model files read it (``deepseek_v2.py``, ``gpt_oss.py``, ``llama4.py``, ``qwen3_moe.py``).
 
-    Raises :class:`SpecError` naming the missing or invalid field.
+    Raises :class:`SpecError` naming the missing or invalid field, or the layer kind the
+    simulator does not model (linear attention, Mamba, sparse MLA indexers, Gemma-4's
+    per-kind head sizes): those are refused, never sized as full attention.
     """
+    outer = cfg
     if "text_config" in cfg and "hidden_size" not in cfg:  # multimodal wrappers
-        cfg = {**cfg["text_config"], "torch_dtype": cfg.get("torch_dtype")}
+        inner = cfg["text_config"] if isinstance(cfg["text_config"], dict) else {}
+        cfg = {**inner, "torch_dtype": inner.get("torch_dtype") or inner.get("dtype")
+               or cfg.get("torch_dtype") or cfg.get("dtype"),
+               "quantization_config": inner.get("quantization_config")
+               or cfg.get("quantization_config"),
+               "_name_or_path": inner.get("_name_or_path") or cfg.get("_name_or_path")}
     label = name or cfg.get("_name_or_path") or cfg.get("model_type") or "custom"
+    family = str(outer.get("model_type") or cfg.get("model_type") or label)
     problems: list[tuple[str, str]] = []
 
     def need(key: str, *alts: str) -> int:
@@ -168,25 +313,52 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
         problems.append((key, "is missing from the model config"))
         return 1
 
+    def count(key: str, *alts: str) -> int:
+        """An optional non-negative integer field (0 when absent)."""
+        for k in (key, *alts):
+            v = cfg.get(k)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                problems.append((k, f"must be a non-negative integer (got {v!r})"))
+                return 0
+            return v
+        return 0
+
     hidden = need("hidden_size", "d_model", "n_embd")
     layers = need("num_hidden_layers", "n_layer", "num_layers")
     heads = need("num_attention_heads", "n_head")
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or (hidden // heads if heads else 0)
-    inter = cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden
+    kv_heads = count("num_key_value_heads") or heads
+    head_dim = count("head_dim") or (hidden // heads if heads else 0)
+    inter = count("intermediate_size", "ffn_dim") or 4 * hidden
     vocab = need("vocab_size")
-    max_pos = cfg.get("max_position_embeddings") or cfg.get("max_sequence_length") or 4096
+    max_pos = count("max_position_embeddings", "max_sequence_length") or 4096
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     if dtype not in DTYPE_BYTES:
         problems.append(("torch_dtype", f"unknown dtype {dtype!r}; one of {sorted(DTYPE_BYTES)}"))
         dtype = "bfloat16"
-    num_experts = int(
-        cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
-    )
-    moe_inter = int(cfg.get("moe_intermediate_size") or (inter if num_experts else 0))
-    quant = read_quantization(cfg.get("quantization_config"), problems)
+    num_experts = count("num_local_experts", "num_experts", "n_routed_experts")
+    moe_inter = count("moe_intermediate_size") or (int(inter) if num_experts else 0)
+    kv_lora = count("kv_lora_rank")
+    kinds = _layer_kinds(cfg, family, layers, kv_lora > 0, problems)
+    window = count("sliding_window") if SLIDING in kinds else 0
+    chunk = count("attention_chunk_size") if CHUNKED in kinds else 0
+    placement = {k: count(k) for k in ("first_k_dense_replace", "moe_layer_freq",
+                                       "interleave_moe_layer_step", "decoder_sparse_step")}
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
+        problems.append(("mlp_only_layers", "must be a list of layer indexes"))
+        only = []
+    dense_layers = _num_dense_layers(placement, only, layers) if num_experts else 0
+    top_k = count("num_experts_per_tok", "experts_per_token", "top_k_experts")
+    n_shared = count("n_shared_experts", "num_shared_experts")
+    dense_width = count("intermediate_size_mlp")
+    quant = read_quantization(cfg.get("quantization_config"), problems, layers)
     if problems:
         raise SpecError([(f"model config {label}: {p}", m) for p, m in problems])
+    shared_width = count("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
+    if num_experts and str(cfg.get("model_type")) == "llama4_text":
+        shared_width = int(inter)  # Llama4MoE: one shared expert as wide as a routed one
     return ModelConfig(
         name=label,
         hidden_size=hidden,
@@ -201,54 +373,213 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         gated_mlp=_is_gated(cfg),
         num_experts=num_experts,
-        num_experts_per_tok=int(cfg.get("num_experts_per_tok") or (2 if num_experts else 0)),
+        num_experts_per_tok=top_k or (2 if num_experts else 0),
         moe_intermediate_size=moe_inter,
-        num_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
+        num_shared_experts=n_shared,
         hf_name=str(cfg.get("_name_or_path") or ""),
-        quantization=quant[0],
-        weight_dtype=quant[1],
-        kv_cache_dtype=quant[2],
+        quantization=quant.method,
+        weight_dtype=quant.weight_dtype,
+        kv_cache_dtype=quant.kv_cache_dtype,
+        layer_types=kinds,
+        sliding_window=window,
+        attention_chunk_size=chunk,
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=count("qk_rope_head_dim") if kv_lora else 0,
+        qk_nope_head_dim=count("qk_nope_head_dim") if kv_lora else 0,
+        v_head_dim=count("v_head_dim") if kv_lora else 0,
+        q_lora_rank=count("q_lora_rank") if kv_lora else 0,
+        num_dense_layers=dense_layers,
+        dense_intermediate_size=dense_width,
+        shared_expert_intermediate_size=shared_width,
+        unquantized=quant.unquantized,
     )
 
 
+#: Layer kinds vLLM runs that the simulator does not model, by the config field naming them.
+_UNMODELLED_KINDS = {
+    "linear_attention": "linear_attention layers ({family}) are not modelled (their "
+                        "fixed-size state is no KV cache)",
+    "mamba": "mamba layers ({family}) are not modelled (their fixed-size state is no KV "
+             "cache)",
+}
+
+
+def _layer_kinds(cfg: dict[str, Any], family: str, layers: int, mla: bool,
+                 problems: list[tuple[str, str]]) -> tuple[str, ...]:
+    """Each layer's attention kind as vLLM 0.33 builds it, or () for all full attention;
+    appends to ``problems`` a kind the simulator does not model."""
+    if cfg.get("hybrid_override_pattern") is not None:
+        problems.append(("hybrid_override_pattern",
+                         _UNMODELLED_KINDS["mamba"].format(family=family)))
+        return ()
+    if mla:
+        if cfg.get("index_topk") or cfg.get("index_head_dim"):
+            problems.append(("index_topk", f"MLA with a sparse indexer ({family}, DSA) is not "
+                             "modelled (its indexer keeps a second cache)"))
+            return ()
+        return (MLA,) * layers
+    if cfg.get("global_head_dim") or cfg.get("num_global_key_value_heads"):
+        problems.append(("global_head_dim", f"full-attention layers with their own head size "
+                         f"and KV heads ({family}) are not modelled"))
+        return ()
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            problems.append(("layer_types", f"must list one kind per layer ({layers})"))
+            return ()
+        if not all(isinstance(t, str) for t in types):
+            problems.append(("layer_types", "must list one kind name (a string) per layer"))
+            return ()
+        known = {FULL: FULL, SLIDING: SLIDING, "chunked_attention": CHUNKED}
+        for t in dict.fromkeys(types):
+            if t not in known:
+                msg = _UNMODELLED_KINDS.get(str(t), f"{t!r} layers ({family}) are not "
+                                            "modelled")
+                problems.append(("layer_types", msg.format(family=family)))
+        if SLIDING in types and not cfg.get("sliding_window"):
+            problems.append(("sliding_window", "is missing for the sliding_attention layers"))
+        return tuple(known.get(t, FULL) for t in types)
+    if cfg.get("attention_chunk_size"):  # Llama-4: RoPE layers attend within their chunk
+        nope = cfg.get("no_rope_layers")
+        if not isinstance(nope, list) or len(nope) != layers:
+            every = cfg.get("no_rope_layer_interval")  # HF Llama4TextConfig: 4
+            every = every if isinstance(every, int) and every > 0 else 4
+            nope = [int((i + 1) % every != 0) for i in range(layers)]
+        return tuple(FULL if n == 0 else CHUNKED for n in nope)
+    if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is True:
+        return (SLIDING,) * layers
+    return ()
+
+
+def _num_dense_layers(placement: dict[str, int], mlp_only: list[int], layers: int) -> int:
+    """Layers of an MoE model that keep a dense MLP, as vLLM 0.33's model files place the
+    experts: DeepSeek ``first_k_dense_replace`` / ``moe_layer_freq``, Llama-4
+    ``interleave_moe_layer_step``, Qwen-MoE ``decoder_sparse_step`` / ``mlp_only_layers``."""
+    first = placement["first_k_dense_replace"]
+    freq = placement["moe_layer_freq"] or 1
+    step = placement["interleave_moe_layer_step"] or placement["decoder_sparse_step"] or 1
+    only = set(mlp_only)
+    moe = sum(1 for i in range(layers)
+              if i >= first and i % freq == 0 and (i + 1) % step == 0 and i not in only)
+    return layers - moe
+
+
 #: Quantization methods modelled (vLLM's names) and what their checkpoints store.
-MODELLED_QUANTIZATION = ("fp8", "modelopt", "compressed-tensors")
+MODELLED_QUANTIZATION = ("fp8", "modelopt", "compressed-tensors", "mxfp4")
 
 
-def read_quantization(qc: Any, problems: list[tuple[str, str]]) -> tuple[str, str, str]:
-    """(method, weight dtype, what ``--kv-cache-dtype auto`` means) of a checkpoint's
-    ``quantization_config`` as vLLM 0.32 reads it; ("", "", "auto") without one. Appends to
-    ``problems`` what the simulator does not model."""
+@dataclass(frozen=True)
+class Quantization:
+    """A checkpoint's quantization as vLLM reads it: the method, the quantized linear layers'
+    storage type, what ``--kv-cache-dtype auto`` means, and the module classes left out."""
+
+    method: str = ""
+    weight_dtype: str = ""
+    kv_cache_dtype: str = "auto"
+    unquantized: tuple[tuple[str, float], ...] = ()
+
+
+def read_quantization(qc: Any, problems: list[tuple[str, str]],
+                      num_layers: int = 1) -> Quantization:
+    """A checkpoint's ``quantization_config`` as vLLM 0.33 reads it (no quantization
+    without one). Appends to ``problems`` what the simulator does not model. FP8
+    (``fp8``, ModelOpt FP8, compressed-tensors 8-bit float), NVFP4 (ModelOpt), INT4 W4A16
+    (compressed-tensors ``pack-quantized`` groups) and MXFP4 (gpt-oss: vLLM's Mxfp4Config
+    quantizes only the experts) are modelled; ``modules_to_not_convert`` / ``ignore`` /
+    ``exclude_modules`` leave their module classes at the model's dtype."""
     field = "quantization_config"
     if qc is None:
-        return "", "", "auto"
+        return Quantization()
     if not isinstance(qc, dict) or not isinstance(qc.get("quant_method"), str):
         problems.append((field, "must be a mapping with quant_method (as in config.json)"))
-        return "", "", "auto"
+        return Quantization()
     method = qc["quant_method"]
+    kv = "auto"
     if method == "fp8":  # Fp8Config: a serialized FP8 checkpoint (per tensor or 128x128 blocks)
-        return method, "fp8", "auto"
-    if method.startswith("modelopt"):  # ModelOpt: the algorithms under "quantization" or flat
-        inner = qc.get("quantization", qc)
+        wd, excluded = "fp8", qc.get("modules_to_not_convert")
+    elif method == "mxfp4":  # Mxfp4Config: FusedMoE layers only; every Linear stays unquantized
+        wd, excluded = "mxfp4", None
+        return Quantization(method, wd, kv, tuple(
+            (c, 1.0) for c in MODULE_CLASSES if c != "experts"))
+    elif method.startswith("modelopt"):  # ModelOpt: the algorithms under "quantization" or flat
+        inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc
         algo = str(inner.get("quant_algo") or "").upper()
-        if algo != "FP8":
+        if algo not in ("FP8", "NVFP4"):
             problems.append((f"{field}.quant_algo", f"ModelOpt {algo or 'without quant_algo'} "
-                             "is not modelled (FP8 is)"))
-            return "", "", "auto"
-        kv = str(inner.get("kv_cache_quant_algo") or qc.get("kv_cache_quant_algo") or "")
-        return "modelopt", "fp8", "fp8_e4m3" if kv.upper() == "FP8" else "auto"
-    if method == "compressed-tensors":
-        groups = qc.get("config_groups") or {}
-        weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
-        if weights and all(w.get("num_bits") == 8 and w.get("type") == "float"
-                           for w in weights):
-            return method, "fp8", "auto"
-        problems.append((f"{field}.config_groups", "compressed-tensors weights other than "
-                         "8-bit float are not modelled (FP8 is)"))
-        return "", "", "auto"
-    problems.append((f"{field}.quant_method", f"{method!r} is not modelled; the simulator "
-                     f"models FP8 checkpoints ({', '.join(MODELLED_QUANTIZATION)})"))
-    return "", "", "auto"
+                             "is not modelled (FP8 and NVFP4 are)"))
+            return Quantization()
+        kv_algo = str(inner.get("kv_cache_quant_algo") or qc.get("kv_cache_quant_algo") or "")
+        method, wd, excluded = "modelopt", algo.lower(), inner.get("exclude_modules") \
+            or qc.get("exclude_modules") or qc.get("ignore")
+        kv = "fp8_e4m3" if kv_algo.upper() == "FP8" else "auto"
+    elif method == "compressed-tensors":
+        groups = qc.get("config_groups")
+        weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)] \
+            if isinstance(groups, dict) else []
+        kinds = {_compressed_tensors_dtype(w) if isinstance(w, dict) else None
+                 for w in weights}
+        if len(kinds) != 1 or None in kinds:
+            problems.append((f"{field}.config_groups", "compressed-tensors weights other than "
+                             "8-bit float, 4-bit float (NVFP4) or 4-bit int groups are not "
+                             "modelled"))
+            return Quantization()
+        wd, excluded = str(kinds.pop()), qc.get("ignore")
+    else:
+        problems.append((f"{field}.quant_method", f"{method!r} is not modelled; the simulator "
+                         f"models {', '.join(MODELLED_QUANTIZATION)} checkpoints"))
+        return Quantization()
+    return Quantization(method, wd, kv, _unquantized_shares(excluded, num_layers))
+
+
+def _compressed_tensors_dtype(w: dict[str, Any]) -> str | None:
+    bits, kind, group = w.get("num_bits"), w.get("type"), w.get("group_size")
+    if bits == 8 and kind == "float":
+        return "fp8"
+    if bits == 4 and kind == "float" and group == 16:
+        return "nvfp4"
+    if bits == 4 and kind == "int" and f"int4_g{group}" in DTYPE_BYTES:
+        return f"int4_g{group}"
+    return None
+
+
+def _module_class(pattern: str) -> str | None:
+    """The module class (:data:`MODULE_CLASSES`) a checkpoint's exclusion pattern names, or
+    None for modules that are never quantized anyway (lm_head, embeddings, norms, router)."""
+    p = pattern.lower()
+    if "norm" in p or p.endswith((".gate", ".router", "e_score_correction_bias")):
+        return None
+    if "shared_expert" in p:
+        return "shared_experts"
+    if "attn" in p or "attention" in p:
+        return "attention"
+    if "expert" in p:
+        return "experts"
+    if "mlp" in p and "proj" in p:
+        return "dense_mlp"
+    return None
+
+
+def _unquantized_shares(patterns: Any, num_layers: int) -> tuple[tuple[str, float], ...]:
+    """Share of the layers whose module class each pattern leaves unquantized: a pattern
+    naming one layer (``model.layers.7.self_attn``) counts that layer, any other (``*``,
+    ``re:``) all of them."""
+    if not isinstance(patterns, list):
+        return ()
+    layers: dict[str, set[int]] = {}
+    everywhere: set[str] = set()
+    for pat in patterns:
+        cls = _module_class(str(pat))
+        if cls is None:
+            continue
+        m = re.search(r"layers\.(\d+)\.", str(pat))
+        if m and not str(pat).startswith("re:"):
+            layers.setdefault(cls, set()).add(int(m.group(1)))
+        else:
+            everywhere.add(cls)
+    out = {c: 1.0 for c in everywhere}
+    for c, idx in layers.items():
+        out.setdefault(c, min(1.0, len(idx) / max(num_layers, 1)))
+    return tuple(sorted(out.items()))
 
 
 _GATED_ACTS = {"silu", "swish", "swiglu", "geglu"}
@@ -337,6 +668,28 @@ _ALIASES.update({
 })
 
 
+#: A config.json is a few KB; anything past this is not one (and is not read).
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def _with_hf_quant_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``cfg`` with the ModelOpt ``hf_quant_config.json`` next to it (``hf_quant_config.json``
+    in the model's directory, or ``NAME_hf_quant_config.json`` beside ``NAME_config.json``)
+    as its ``quantization_config``, as vLLM merges it in; ``cfg`` itself without one."""
+    stem = path.name.removesuffix("config.json")
+    for q in (path.with_name(stem + "hf_quant_config.json"),
+              path.with_name("hf_quant_config.json")):
+        if q != path and q.is_file():
+            try:
+                qc = json.loads(q.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise SpecError(f"{str(q)!r} is not valid JSON: {e}",
+                                field="--model-config") from e
+            if isinstance(qc, dict):
+                return {**cfg, "quantization_config": {"quant_method": "modelopt", **qc}}
+    return cfg
+
+
 def catalog_names() -> list[str]:
     return sorted(CATALOG_HF)
 
@@ -354,14 +707,28 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
     ``config.json`` path. Raises :class:`SpecError` naming ``field`` and the choices."""
     if config_path is not None:
         p = Path(config_path)
+        if p.is_dir():  # a model directory, as vLLM takes it
+            p = p / "config.json"
         try:
+            if p.stat().st_size > MAX_CONFIG_BYTES:
+                raise SpecError(f"{str(p)!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB; "
+                                "give the model's config.json", field="--model-config")
             cfg = json.loads(p.read_text())
         except FileNotFoundError as e:
             raise SpecError(f"model config file {str(p)!r} does not exist",
                             field="--model-config") from e
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise SpecError(f"{str(p)!r} is not valid JSON: {e}", field="--model-config") from e
-        return from_hf_config(cfg, name=name or p.parent.name or p.stem)
+        except OSError as e:
+            raise SpecError(f"cannot read {str(p)!r}: {e.strerror}",
+                            field="--model-config") from e
+        if not isinstance(cfg, dict):
+            raise SpecError(f"{str(p)!r} must hold a JSON object (a Hugging Face config.json)",
+                            field="--model-config")
+        if isinstance(cfg, dict) and "quantization_config" not in cfg:
+            cfg = _with_hf_quant_config(cfg, p)
+        label = p.parent.name if p.name == "config.json" else p.stem.removesuffix("_config")
+        return from_hf_config(cfg, name=name or label or p.stem)
     if not name:
         raise SpecError("a model is required: a catalog name or --model-config PATH", field=field)
     key = catalog_key(name)

@@ -10,7 +10,7 @@ from chunktune.modelgen.tiny import TINY, write_tiny_model
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     model = sub.add_parser("model", help="model directories that need no model hub")
-    msub = model.add_subparsers(dest="model_cmd", required=True, metavar="{tiny}")
+    msub = model.add_subparsers(dest="model_cmd", required=True)
     tiny = msub.add_parser(
         "tiny",
         help="write a tiny Llama config.json and an offline-trained tokenizer into DIR",

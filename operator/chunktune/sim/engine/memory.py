@@ -22,10 +22,11 @@ Calibration (each figure from a published vLLM start-up log; see ``docs/simulato
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from chunktune.core.engine_args import EngineStartupError, ResolvedConfig
+from chunktune.core.models import CHUNKED, SLIDING, ModelConfig
 from chunktune.core.vllm_release import cudagraphs_profiled
 
 GiB = float(2**30)
@@ -60,14 +61,23 @@ class MemoryPlan:
     num_gpu_blocks: int
     max_model_len: int
     block_size: int
+    #: vLLM's pool of block ids (``KVCacheConfig.num_blocks``) and the KV tokens it prints,
+    #: when windowed layers make them differ from :attr:`num_gpu_blocks`, the blocks of
+    #: block_size tokens the scheduler admits and preempts against (0: the same)
+    pool_blocks: int = 0
+    reported_tokens: int = 0
+    #: blocks one max-length request takes from the pool (0: ceil(max_model_len/block_size))
+    pool_blocks_per_request: int = 0
 
     @property
     def kv_cache_tokens(self) -> int:
-        return self.num_gpu_blocks * self.block_size
+        return self.reported_tokens or self.num_gpu_blocks * self.block_size
 
     @property
     def max_concurrency(self) -> float:
         """How many max-length requests fit at once (vLLM's "Maximum concurrency")."""
+        if self.pool_blocks_per_request:
+            return self.pool_blocks / self.pool_blocks_per_request
         per_req = math.ceil(self.max_model_len / self.block_size)
         return self.num_gpu_blocks / per_req
 
@@ -94,9 +104,97 @@ class MemoryPlan:
         return d
 
 
+@dataclass(frozen=True)
+class KVGroup:
+    """One KV-cache group of vLLM's hybrid KV cache manager: layers of one attention kind
+    sharing a block table (vLLM 0.33 ``kv_cache_planning._get_kv_cache_groups_uniform_page_size``).
+    """
+
+    kind: str
+    #: layers in the group (the largest of its kind's groups when the kind splits unevenly)
+    layers: int
+    #: KV bytes one layer of the group stores per token on one rank
+    bytes_per_token: float
+    #: blocks one max-length request takes from the pool for this group
+    #: (``KVCacheSpec.max_memory_usage_bytes`` / ``page_size_bytes``)
+    blocks_per_request: int
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How vLLM lays out a model's KV cache: its groups and the bytes of one pool block."""
+
+    groups: tuple[KVGroup, ...]
+    #: bytes of one block id across every layer of the widest group
+    #: (``_get_kv_cache_bytes_per_block``): each group's layers hold one page of it
+    bytes_per_block: float
+    block_size: int
+    max_model_len: int
+
+    @property
+    def hybrid(self) -> bool:
+        return len({g.kind for g in self.groups}) > 1
+
+    @property
+    def blocks_per_request(self) -> int:
+        """Pool blocks one max-length request takes across all groups."""
+        return sum(g.blocks_per_request for g in self.groups)
+
+    def tokens(self, pool_blocks: int) -> int:
+        """The KV tokens vLLM prints for ``pool_blocks`` (``get_kv_cache_capacity``: max
+        concurrency x max_model_len; blocks x block_size without windowed layers)."""
+        if not self.hybrid:
+            return pool_blocks * self.block_size
+        return int(pool_blocks / self.blocks_per_request * self.max_model_len)
+
+
+def _blocks_per_request(kind: str, model: ModelConfig, block_size: int, max_model_len: int,
+                        in_flight: int) -> int:
+    """vLLM 0.33 ``max_admission_blocks_per_request`` of each spec: a sliding-window layer
+    holds its window (less one) plus the tokens in flight, +1 block for the window's
+    misaligned start (``SlidingWindowSpec``); a chunked-local one its chunk plus the tokens in
+    flight (``ChunkedLocalAttentionSpec``); full attention and MLA every token."""
+    if kind == SLIDING:
+        n = min(model.sliding_window - 1 + in_flight, max_model_len)
+        return math.ceil(n / block_size) + 1
+    if kind == CHUNKED:
+        return math.ceil(min(model.attention_chunk_size + in_flight, max_model_len)
+                         / block_size)
+    return math.ceil(max_model_len / block_size)
+
+
+def kv_cache_layout(cfg: ResolvedConfig) -> KVLayout:
+    """The model's KV-cache groups as vLLM 0.33 forms them (``get_kv_cache_groups``): one
+    group of every layer when all layers share one spec; otherwise (gpt-oss's sliding and
+    full layers, Llama-4's chunked and full ones, each kind with one page size) the layers
+    of each kind split into groups of the smallest kind's layer count (the largest's when it
+    is under 1.5x the smallest), every group's layers holding a page of each pool block.
+    Tokens in flight: ``max_concurrent_batches`` (2 with async scheduling) x
+    max_num_batched_tokens (``VllmConfig.max_in_flight_tokens``)."""
+    m, tp, bs = cfg.model, cfg.tensor_parallel_size, cfg.block_size
+    kinds = m.layer_kinds()
+    counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+    in_flight = (2 if cfg.async_scheduling else 1) * cfg.max_num_batched_tokens
+    if len(counts) == 1:
+        group_size = len(kinds)
+    else:
+        group_size = min(counts.values())
+        if max(counts.values()) < 1.5 * group_size:
+            group_size = max(counts.values())
+    groups: list[KVGroup] = []
+    for kind, n in counts.items():
+        per_token = m.kv_bytes_per_token_per_layer(kind, tp, cfg.kv_cache_dtype_bytes)
+        blocks = _blocks_per_request(kind, m, bs, cfg.max_model_len, in_flight)
+        num = math.ceil(n / group_size)  # layers[i::num] for the i-th group
+        groups += [KVGroup(kind, math.ceil(n / num), per_token, blocks)] * num
+    per_block = max(g.layers * g.bytes_per_token for g in groups) * bs
+    return KVLayout(tuple(groups), per_block, bs, cfg.max_model_len)
+
+
 def forward_activation_bytes(cfg: ResolvedConfig) -> float:
     m, tp = cfg.model, cfg.tensor_parallel_size
-    kv = max(1, math.ceil(m.num_key_value_heads / tp)) * m.head_dim
+    kv = (m.kv_lora_rank + m.qk_rope_head_dim if m.is_mla  # the latent, on every rank
+          else max(1, math.ceil(m.num_key_value_heads / tp)) * m.head_dim)
     inter = (m.moe_intermediate_size * m.num_experts_per_tok if m.is_moe
              else m.intermediate_size)
     per_token = m.dtype_bytes * (2 * m.hidden_size + m.q_dim / tp + 2 * kv + 3 * inter / tp)
@@ -136,13 +234,19 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
     else:  # before v0.21 the graphs were captured after the KV cache, outside this budget
         kv = requested - weights - act - non_torch \
             - (graphs if cudagraphs_profiled(cfg.vllm_version) else 0.0)
-    kv_per_token = cfg.model.kv_bytes_per_token(tp, cfg.kv_cache_dtype_bytes)
-    per_block = kv_per_token * cfg.block_size
+    layout = kv_cache_layout(cfg)
+    per_block = layout.bytes_per_block
     blocks = int(kv // per_block) if kv > 0 else 0
     if cfg.num_gpu_blocks_override is not None:
         blocks = cfg.num_gpu_blocks_override
+    pool = {}
+    if layout.hybrid:  # the scheduler's full-attention blocks: the tokens vLLM prints
+        tokens = layout.tokens(blocks)
+        pool = {"pool_blocks": blocks, "reported_tokens": tokens,
+                "pool_blocks_per_request": layout.blocks_per_request}
+        blocks = tokens // cfg.block_size
     plan = MemoryPlan(total, requested, weights, act, fwd, smp, non_torch, graphs, kv,
-                      per_block, blocks, cfg.max_model_len, cfg.block_size)
+                      per_block, blocks, cfg.max_model_len, cfg.block_size, **pool)
     if kv <= 0 and cfg.num_gpu_blocks_override is None:
         raise EngineStartupError(
             "KVCacheTooSmall",
@@ -158,10 +262,13 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
     # vLLM 0.32 sizes one request as its blocks plus the null block (kv_cache_utils.py
     # _check_enough_kv_cache_memory / estimate_max_model_len).
     need_blocks = math.ceil(cfg.max_model_len / cfg.block_size) + 1
+    if layout.hybrid:  # every group's blocks of one max-length request, from the one pool
+        need_blocks, blocks = layout.blocks_per_request + 1, plan.pool_blocks
     if blocks < need_blocks:
         need = need_blocks * per_block
         have = blocks * per_block
-        est = max(blocks - 1, 0) * cfg.block_size
+        est = max(blocks - 1, 0) * cfg.block_size if not layout.hybrid \
+            else _longest_fitting(cfg, blocks)
         estimated = (f"Based on the available memory, the estimated maximum model length is "
                      f"{est}. " if est > 0 else "")
         raise EngineStartupError(
@@ -176,6 +283,20 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
             preceding=tuple(plan.log_lines()[:3]),
         )
     return plan
+
+
+def _longest_fitting(cfg: ResolvedConfig, pool_blocks: int) -> int:
+    """The longest request whose blocks of every group fit ``pool_blocks`` with the null
+    block (vLLM 0.33 ``estimate_max_model_len``: a binary search over the length)."""
+    lo, hi = 0, cfg.max_model_len
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        layout = kv_cache_layout(replace(cfg, max_model_len=mid))
+        if layout.blocks_per_request + 1 <= pool_blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _gib(b: float) -> str:

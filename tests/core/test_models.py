@@ -1,0 +1,145 @@
+"""The models users serve, read from their own config.json as vLLM 0.33 reads them.
+
+The configs are the real ones in ``../shared/data/aiconfigurator-vllm/model-configs/``; the
+parameter counts each test pins are the model cards' published totals.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chunktune.core.errors import SpecError
+from chunktune.core.models import (
+    CATALOG_HF,
+    CHUNKED,
+    FULL,
+    MLA,
+    SLIDING,
+    from_hf_config,
+    resolve_model,
+)
+
+CONFIGS = Path(__file__).resolve().parents[3] / "shared" / "data" / "aiconfigurator-vllm" \
+    / "model-configs"
+needs_configs = pytest.mark.skipif(not CONFIGS.is_dir(), reason="model configs not beside "
+                                   "this checkout")
+
+
+def real(name: str):
+    return resolve_model(config_path=CONFIGS / f"{name}_config.json")
+
+
+@needs_configs
+@pytest.mark.parametrize(("name", "total_b", "active_b"), [
+    # published totals: DeepSeek-V3 671B (37B active) without its MTP layer, which vLLM
+    # loads only for speculative decoding; Kimi-K2 1.04T (32B); gpt-oss 116.8B / 20.9B;
+    # Qwen3-235B-A22B; MiniMax-M2.5 229B (10B); Llama-4 Scout 109B with its vision tower
+    # (the text model alone ~107.8B), 17B active; Mixtral-8x22B 141B (39B).
+    ("deepseek-ai--DeepSeek-V3", 671, 37),
+    ("moonshotai--Kimi-K2.5", 1026, 32.9),
+    ("openai--gpt-oss-120b", 116.8, 5.1),
+    ("openai--gpt-oss-20b", 20.9, 3.6),
+    ("Qwen--Qwen3-235B-A22B-FP8", 235, 22),
+    ("MiniMaxAI--MiniMax-M2.5", 229, 10),
+    ("meta-llama--Llama-4-Scout-17B-16E-Instruct", 107.8, 17),
+    ("mistralai--Mixtral-8x22B-v0.1", 141, 39),
+])
+def test_parameter_counts_match_the_model_cards(name, total_b, active_b):
+    m = real(name)
+    assert m.num_params() / 1e9 == pytest.approx(total_b, rel=0.01)
+    # active: the routed experts a token visits; the cards leave out the input embedding
+    # (a lookup, not a matmul), and round (hence the looser bound)
+    active = m.num_params(active_only=True) - m.vocab_size * m.hidden_size
+    assert active / 1e9 == pytest.approx(active_b, rel=0.06)
+
+
+@needs_configs
+def test_layer_kinds_follow_vllm_model_files():
+    ds = real("deepseek-ai--DeepSeek-V3")
+    assert ds.is_mla and set(ds.layer_kinds()) == {MLA}
+    assert (ds.kv_lora_rank, ds.qk_rope_head_dim) == (512, 64)
+    assert ds.num_dense_layers == 3 and ds.num_moe_layers == 58  # first_k_dense_replace 3
+    oss = real("openai--gpt-oss-120b")
+    # gpt_oss.py: sliding window on even layers (layer_idx % 2 == 0), window 128
+    assert oss.layer_kinds()[:2] == (SLIDING, FULL) and oss.sliding_window == 128
+    assert oss.layer_kinds().count(SLIDING) == 18
+    scout = real("meta-llama--Llama-4-Scout-17B-16E-Instruct")
+    # llama4.py: every 4th layer is NoPE global attention (HF no_rope_layers default),
+    # the others chunked local attention of attention_chunk_size 8192
+    kinds = scout.layer_kinds()
+    assert kinds.count(FULL) == 12 and kinds[3] == FULL and kinds[0] == CHUNKED
+    assert scout.attention_chunk_size == 8192 and scout.num_dense_layers == 0
+    maverick = real("meta-llama--Llama-4-Maverick-17B-128E-Instruct")
+    assert maverick.num_dense_layers == 24  # interleave_moe_layer_step 2
+    assert maverick.dense_intermediate_size == 16384  # intermediate_size_mlp
+
+
+@needs_configs
+@pytest.mark.parametrize(("name", "field", "text"), [
+    ("Qwen--Qwen3.5-397B-A17B", "layer_types",
+     "linear_attention layers (qwen3_5_moe) are not modelled"),
+    ("nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8", "hybrid_override_pattern",
+     "mamba layers (nemotron_h) are not modelled"),
+    ("deepseek-ai--DeepSeek-V3.2", "index_topk",
+     "MLA with a sparse indexer (deepseek_v32, DSA) is not modelled"),
+    ("zai-org--GLM-5-FP8", "index_topk", "sparse indexer (glm_moe_dsa"),
+    ("google--gemma-4-26B-A4B", "global_head_dim", "(gemma4) are not modelled"),
+])
+def test_unmodelled_layer_kinds_are_refused_by_name(name, field, text):
+    with pytest.raises(SpecError) as e:
+        real(name)
+    assert any(field in p and text in m for p, m in e.value.problems), e.value.problems
+
+
+@needs_configs
+def test_quantized_modules_as_vllm_stores_them():
+    # gpt-oss: vLLM's Mxfp4Config quantizes the experts only (4 bits + an e8m0 scale per 32)
+    oss = real("openai--gpt-oss-120b")
+    assert (oss.quantization, oss.weight_dtype) == ("mxfp4", "mxfp4")
+    assert oss.module_weight_bytes("experts") == pytest.approx(0.5 + 1 / 32)
+    assert oss.module_weight_bytes("attention") == 2
+    assert oss.weight_bytes() / 2**30 == pytest.approx(60.7, abs=0.1)
+    # Kimi-K2.5: compressed-tensors INT4 groups of 32 on the routed experts; ignore keeps
+    # attention, shared experts and the dense first layer in bf16
+    kimi = real("moonshotai--Kimi-K2.5")
+    assert kimi.weight_dtype == "int4_g32"
+    assert kimi.module_weight_bytes("experts") == pytest.approx(0.5 + 2 / 32)
+    for c in ("attention", "shared_experts", "dense_mlp"):
+        assert kimi.module_weight_bytes(c) == 2
+    # Qwen3-235B-A22B-FP8 leaves out only norms and routers: every linear layer is FP8
+    q = real("Qwen--Qwen3-235B-A22B-FP8")
+    assert q.unquantized == () and q.module_weight_bytes("attention") == 1
+    # ModelOpt NVFP4 from hf_quant_config.json beside config.json; attention excluded per layer
+    ds = real("nvidia--DeepSeek-V3.1-NVFP4")
+    assert (ds.quantization, ds.weight_dtype, ds.kv_cache_dtype) == \
+        ("modelopt", "nvfp4", "fp8_e4m3")
+    assert ds.module_weight_bytes("attention") == 2
+    assert ds.module_weight_bytes("experts") == pytest.approx(0.5 + 1 / 16)
+
+
+@needs_configs
+def test_mla_down_projections_and_router_stay_whole_on_each_rank():
+    ds = real("deepseek-ai--DeepSeek-V3")
+    whole = 61 * ds.mla_replicated_params_per_layer() * 1 + 58 * ds.router_params() * 2
+    assert ds.weight_bytes(8) == pytest.approx((ds.weight_bytes(1) - whole) / 8 + whole)
+    # ~79 GiB a rank: 671B weights, FP8 but for the bf16 embeddings, lm_head, norms and
+    # routers, / 8, plus the replicated parts
+    assert 78 < ds.weight_bytes(8) / 2**30 < 81
+
+
+def test_old_configs_read_as_before():
+    m = from_hf_config(CATALOG_HF["llama-3.1-70b"])
+    assert m.layer_kinds() == (FULL,) * 80 and not m.is_mla and m.num_dense_layers == 0
+    assert m.kv_bytes_per_token(tp=2) == 80 * 4 * 128 * 2 * 2
+    # Qwen2/3 configs carry a sliding_window that use_sliding_window false turns off
+    qwen = from_hf_config({**CATALOG_HF["qwen3-32b"], "sliding_window": 4096,
+                           "use_sliding_window": False})
+    assert set(qwen.layer_kinds()) == {FULL}
+
+
+def test_layer_types_must_match_the_layer_count():
+    cfg = {**CATALOG_HF["llama-3.1-8b"], "layer_types": ["full_attention"] * 3}
+    with pytest.raises(SpecError, match="one kind per layer"):
+        from_hf_config(cfg)

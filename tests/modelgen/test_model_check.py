@@ -1,0 +1,86 @@
+"""``chunktune model check``: what the simulator makes of a model, or a clean refusal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chunktune.cli import main
+from chunktune.core.models import CATALOG_HF
+
+CONFIGS = Path(__file__).resolve().parents[3] / "shared" / "data" / "aiconfigurator-vllm" \
+    / "model-configs"
+needs_configs = pytest.mark.skipif(not CONFIGS.is_dir(), reason="model configs not beside "
+                                   "this checkout")
+
+
+@needs_configs
+def test_deepseek_v3_on_eight_h200(capsys):
+    cfg = CONFIGS / "deepseek-ai--DeepSeek-V3_config.json"
+    assert main(["model", "check", str(cfg), "--gpu", "h200",
+                 "--tensor-parallel-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "model: deepseek-ai--DeepSeek-V3: 671.0 B parameters" in out
+    assert "61 layers: 61 mla" in out and "58 MoE layers, 3 dense" in out
+    assert "KV cache a token a layer on one rank: mla 1,152 B" in out  # 576 bf16 elements
+    assert "weights: 79.27 GiB a rank at TP 8" in out
+    assert "GPU KV cache size:" in out and "Maximum concurrency for 163,840 tokens" in out
+    # the step-time line is the one sim run prints (sim.cost.provenance)
+    assert "step time: h200:" in out
+
+
+@needs_configs
+def test_windowed_model_prints_its_groups(capsys):
+    cfg = CONFIGS / "openai--gpt-oss-120b_config.json"
+    assert main(["model", "check", str(cfg), "--max-model-len", "32768"]) == 0
+    out = capsys.readouterr().out
+    assert "18 sliding_attention, 18 full_attention" in out
+    assert "mxfp4 weights" in out and "left at bfloat16: attention 100%" in out
+    assert "1 x 18 sliding_attention layers" in out and "1 x 18 full_attention layers" in out
+
+
+def test_a_catalog_name_and_a_model_directory(tmp_path, capsys):
+    assert main(["model", "check", "llama-3.1-8b"]) == 0
+    assert "8.0 B parameters" in capsys.readouterr().out
+    (tmp_path / "config.json").write_text(json.dumps(CATALOG_HF["qwen3-30b-a3b"]))
+    assert main(["model", "check", str(tmp_path), "--kv-cache-dtype", "fp8"]) == 0
+    out = capsys.readouterr().out
+    assert f"model: {tmp_path.name}:" in out and "128 routed" in out
+    assert "full_attention 1,024 B" in out  # 4 KV heads x 128 x K,V x 1 byte
+
+
+@needs_configs
+@pytest.mark.parametrize(("name", "text"), [
+    ("Qwen--Qwen3.5-397B-A17B", "linear_attention layers (qwen3_5_moe) are not modelled"),
+    ("nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8", "mamba layers (nemotron_h) are not "
+     "modelled"),
+])
+def test_unmodelled_layers_are_refused_by_name(name, text, capsys):
+    assert main(["model", "check", str(CONFIGS / f"{name}_config.json")]) == 2
+    err = capsys.readouterr().err
+    assert text in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("content", "text", "lines"), [
+    (None, "does not exist", 1),
+    ("{not json", "is not valid JSON", 1),
+    ("[1, 2]", "must hold a JSON object", 1),
+    # one line a missing field: num_hidden_layers, num_attention_heads, vocab_size
+    (json.dumps({"hidden_size": 8}), "num_hidden_layers: is missing", 3),
+])
+def test_bad_input_is_refused_line_by_line(tmp_path, capsys, content, text, lines):
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["model", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert text in err and err.count("\n") == lines and "Traceback" not in err
+
+
+def test_bad_flags_are_refused(capsys):
+    assert main(["model", "check", "llama-3.1-8b", "--gpu", "nope"]) == 2
+    assert "unknown GPU 'nope'" in capsys.readouterr().err
+    assert main(["model", "check", "llama-3.1-8b", "--tensor-parallel-size", "0"]) == 2
+    assert "--tensor-parallel-size" in capsys.readouterr().err
