@@ -95,16 +95,30 @@ def test_end_to_end_figures_stay_within_their_thresholds(figures):
 #: measures, and the rows that must run; and the groups the simulator cannot run yet, with
 #: why (each reason and its rows).
 MOE_THRESHOLDS: dict[str, tuple[float, float, int]] = {
-    "b200 fp8 MiniMax-M2.5": (0.10, 0.20, 68),
-    "h200 fp8 MiniMax-M2.5": (0.055, 0.37, 30),
+    # its TP 1 rows run 27-54% slow: vLLM's MXFP8-activation kernel InferenceX turns on
+    # (VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8) is not timed for gpt-oss's shape
+    "b200 fp4 gpt-oss-120b": (0.09, 0.36, 30),
+    "b200 fp4 Kimi-K2.5": (0.14, 0.14, 24),
+    "b200 fp4 MiniMax-M2.5": (0.11, 0.26, 45),
+    "b200 fp8 MiniMax-M2.5": (0.10, 0.15, 68),
+    "b200 int4 Kimi-K2.5": (0.065, 0.08, 18),
+    "h100-sxm fp4 gpt-oss-120b": (0.04, 0.245, 24),
+    "h200 fp4 gpt-oss-120b": (0.03, 0.22, 30),
+    "h200 fp8 MiniMax-M2.5": (0.055, 0.35, 30),
+    # 26% slow at every load: the H200's measured MLA module is launch-bound at small
+    # batches (83 us a layer flat, against the B200's 33 us; docs/simulator.md)
+    "h200 int4 Kimi-K2.5": (0.265, 0.035, 18),
 }
+DP = "attention data parallelism (--data-parallel-size) is not modelled"
 MOE_NOT_RUN: dict[str, dict[str, int]] = {
-    "b200 fp8 MiniMax-M2.5": {
-        "attention data parallelism (--data-parallel-size) is not modelled": 14},
+    "b200 fp4 Kimi-K2.5": {DP: 24},
+    "b200 fp4 MiniMax-M2.5": {DP: 2},
+    "b200 fp8 MiniMax-M2.5": {DP: 14},
 }
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 327 replays: ~30 s of one core, minutes on a busy machine
 def test_moe_groups_stay_within_their_thresholds(moe_figures):
     """The MoE runs replayed per GPU, precision and model: no change may make a group's TPOT
     or TTFT worse than the committed model's, nor leave a row unrunnable that runs today."""

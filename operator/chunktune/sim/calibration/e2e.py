@@ -250,10 +250,7 @@ def _moe_engine(run: ServingRun, gpu_name: str
     if run.moe_ep not in (1, run.tp):
         raise SpecError(f"experts split {run.moe_tp} x {run.moe_ep} over TP {run.tp}: only "
                         "TP-sharded or expert-parallel over the TP ranks is modelled")
-    path = MOE_CONFIGS / configs[run.precision]
-    if "kv_lora_rank" in path.read_text():
-        raise SpecError("MLA attention (kv_lora_rank) is not modelled")
-    model = resolve_model(config_path=path)
+    model = resolve_model(config_path=MOE_CONFIGS / configs[run.precision])
     version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
     args = EngineArgs(tensor_parallel_size=run.tp, async_scheduling=True,
                       max_num_batched_tokens=8192, max_num_seqs=run.concurrency,
