@@ -26,7 +26,6 @@ Committed derivative: ``data/aic_mla_us.csv`` (``python -m chunktune.sim.cost.ml
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import csv
 import gzip
@@ -35,6 +34,8 @@ import sys
 from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
+
+from chunktune.sim.cost import moe_table
 
 DATA = Path(__file__).with_name("data")
 MLA_PATH = DATA / "aic_mla_us.csv"
@@ -184,14 +185,7 @@ class MlaTable:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description="rewrite the committed MLA table from the shared "
-                                             "data")
-    ap.add_argument("--data", type=Path, required=True, help="the shared data folder")
-    a = ap.parse_args()
-    rows = derive(a.data)
-    write(rows)
-    print(f"wrote {len(rows)} curves to {MLA_PATH}")
-    return 0
+    return moe_table.rewrite_main("MLA", derive, write, MLA_PATH)
 
 
 if __name__ == "__main__":

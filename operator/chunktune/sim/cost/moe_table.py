@@ -7,9 +7,9 @@ fused_moe``, 0.33.0: Triton ``fused_moe`` for bf16 and FP8 on Hopper, Marlin for
 Hopper (``quantization/mxfp4.py``: Marlin or Triton), FlashInfer TRT-LLM kernels for FP8
 block, NVFP4 and MXFP4 on Blackwell (``modelopt.py``, ``mxfp4.py``)). AIConfigurator timed that
 layer per GPU and vLLM release, per weight format, model shape (hidden, expert width, experts,
-top-k), the experts' tensor-parallel and expert-parallel split and token count, with the
-tokens routed evenly (``balanced``). Where the GPU's table has the model's shape in the
-weights' format, the step time interpolates it (linear in log time over log tokens; past
+top-k), the experts' tensor-parallel and expert-parallel split and token count, the tokens
+routed evenly (``balanced``) or by a power law. Where the GPU's table has the model's shape in
+the weights' format, the step time interpolates it (linear in log time over log tokens; past
 the largest measured count, proportional to tokens) instead of the fitted roofline
 (:func:`chunktune.sim.cost.step_time.moe_form`): the roofline knows neither the backend's
 fixed costs nor how its tiles fill at a few tokens per expert.
@@ -34,8 +34,10 @@ import csv
 import gzip
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,8 +66,8 @@ Key = tuple[str, str, int, int, int, int, int, int]  # gpu, dtype, hidden, inter
 
 def derive(root: Path) -> list[tuple[Key, str, list[float]]]:
     """Per (GPU, format, shape, split), from the newest vLLM release that has it: the fastest
-    backend's microseconds at each of :data:`TOKENS` (balanced routing; curves missing a
-    count are left out)."""
+    backend's microseconds at each of :data:`TOKENS` (:data:`DISTRIBUTION` routing; curves
+    missing a count are left out)."""
     out: dict[Key, tuple[tuple[int, ...], str, list[float]]] = {}
     for folder, gpu in MOE_GPUS.items():
         base = root / "aiconfigurator-vllm" / folder
@@ -101,7 +103,7 @@ def write(rows: list[tuple[Key, str, list[float]]], path: Path = MOE_PATH) -> No
         fh.write(f"# Derived from {SOURCE}: per GPU, vLLM release, weight format, hidden size, "
                  "expert width, experts, top-k,\n# the experts' TP and EP sizes: the fastest "
                  "backend's microseconds at tokens "
-                 f"{' '.join(map(str, TOKENS))} (balanced routing).\n"
+                 f"{' '.join(map(str, TOKENS))} ({DISTRIBUTION} routing).\n"
                  "# Rewrite: python -m chunktune.sim.cost.moe_table --data DIR\n")
         w = csv.writer(fh, lineterminator="\n")
         w.writerow(["gpu", "version", "dtype", "hidden", "inter", "experts", "topk", "tp", "ep",
@@ -143,15 +145,21 @@ def seconds(us: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return res
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description="rewrite the committed MoE table from the "
+def rewrite_main(what: str, derive: Callable[[Path], list[Any]],
+                 write: Callable[[list[Any]], None], path: Path) -> int:
+    """The command that rewrites a committed table from the shared data: ``--data DIR``."""
+    ap = argparse.ArgumentParser(description=f"rewrite the committed {what} table from the "
                                              "shared data")
     ap.add_argument("--data", type=Path, required=True, help="the shared data folder")
     a = ap.parse_args()
     rows = derive(a.data)
     write(rows)
-    print(f"wrote {len(rows)} curves to {MOE_PATH}")
+    print(f"wrote {len(rows)} curves to {path}")
     return 0
+
+
+def main() -> int:
+    return rewrite_main("MoE", derive, write, MOE_PATH)
 
 
 if __name__ == "__main__":
