@@ -7,6 +7,11 @@ Two sets of measured runs, each replayed as its client ran it:
   prompt and ``osl`` output tokens, the client's mean TTFT and TPOT. Engine flags beyond TP and
   precision were not recorded: the replay takes the defaults of the row's vLLM version (of the
   current one where the row names none).
+- **AIConfigurator's MoE serving runs** (``silicon-e2e-moe.csv``, same source): gpt-oss-120b,
+  Kimi-K2.5 and MiniMax-M2.5 on H100/H200/B200, the same closed loop, with the TP, expert
+  split and attention data parallelism they ran and the container image where recorded;
+  replayed with the checkpoint's own ``config.json`` (:data:`SILICON_MOE_MODELS`) and the
+  flags :func:`_moe_engine` assumes, reported per GPU, precision and model.
 - **LLMServingSim's vLLM 0.19 runs** (RTX 4090, RTX PRO 6000; MIT, CASYS Lab at KAIST): an
   offline engine with timed injection, open loop, engine-side timestamps (no server cost),
   replayed by :func:`chunktune.sim.calibration.fidelity.simulate_run`.
