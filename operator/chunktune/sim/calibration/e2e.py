@@ -244,7 +244,8 @@ def _moe_engine(run: ServingRun, gpu_name: str
     --no-enable-prefix-caching --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9
     --max-num-seqs CONC``, ``--max-model-len`` by :func:`_model_len`, no ``--kv-cache-dtype``:
     the checkpoint's KV cache), assumed for every MoE row (they record parallelism and
-    precision only)."""
+    precision only); on the B200, gpt-oss as ``gptoss_fp4_b200.sh`` runs it
+    (``--kv-cache-dtype fp8 --max-num-seqs 512``)."""
     short, configs = SILICON_MOE_MODELS[run.model]
     if gpu_name not in GPUS:
         raise SpecError(f"GPU {gpu_name} is not in the catalog")
@@ -257,8 +258,12 @@ def _moe_engine(run: ServingRun, gpu_name: str
                         "TP-sharded or expert-parallel over the TP ranks is modelled")
     model = resolve_model(config_path=MOE_CONFIGS / configs[run.precision])
     version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
+    # InferenceX's B200 gpt-oss script (gptoss_fp4_b200.sh): an FP8 KV cache, 512 sequences
+    b200_oss = run.system == "b200_sxm" and short == "gpt-oss-120b"
     args = EngineArgs(tensor_parallel_size=run.tp, async_scheduling=True,
-                      max_num_batched_tokens=8192, max_num_seqs=run.concurrency,
+                      max_num_batched_tokens=8192,
+                      max_num_seqs=512 if b200_oss else run.concurrency,
+                      kv_cache_dtype="fp8" if b200_oss else "auto",
                       gpu_memory_utilization=0.9, max_model_len=_model_len(run),
                       enable_expert_parallel=run.moe_ep > 1)
     return args, model, resolve_gpu(gpu_name), version
