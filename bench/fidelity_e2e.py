@@ -1,10 +1,12 @@
 """Real vLLM serving runs replayed through the simulator: median |error| of TPOT and TTFT.
 
-Usage: ``python bench/fidelity_e2e.py [--quick] [--rows] [--data ../shared/data]
-[--write-tables]``.
+Usage: ``python bench/fidelity_e2e.py [--quick] [--moe|--dense] [--rows]
+[--data ../shared/data] [--write-tables]``.
 
-Replays AIConfigurator's 249 silicon runs (``silicon-e2e.csv``: H100/H200/B200, FP8 and FP4,
-closed loop) and LLMServingSim's vLLM 0.19 RTX runs (open loop, engine-side timestamps), each
+Replays AIConfigurator's 249 dense silicon runs (``silicon-e2e.csv``: H100/H200/B200, FP8 and
+FP4, closed loop), its 776 MoE runs (``silicon-e2e-moe.csv``: gpt-oss-120b, Kimi-K2.5,
+MiniMax-M2.5; reported per GPU, precision and model; ``--moe``/``--dense`` replay one set)
+and LLMServingSim's vLLM 0.19 RTX runs (open loop, engine-side timestamps), each
 as its client ran it (``chunktune.sim.calibration.e2e`` says how the closed-loop client is
 modelled), and prints per GPU and precision the rows, the rows the simulator cannot run and
 why, and the median |error| of the mean TPOT and TTFT per run. ``--quick`` replays only the
@@ -27,6 +29,7 @@ from chunktune.sim.cost import kernel_data, provenance
 
 TABLES = Path(__file__).with_name("data") / "e2e"
 SILICON = TABLES / "silicon_e2e.csv"
+SILICON_MOE = TABLES / "silicon_e2e_moe.csv"
 RUNS = TABLES / "llmss_runs.csv"
 REQUESTS = TABLES / "llmss_requests.csv"
 RUNS_HEADER = (
@@ -43,20 +46,26 @@ SILICON_HEADER = (
 
 
 def load(data: Path | None) -> tuple[list[e2e.ServingRun], list[kernel_data.EngineRun]]:
+    """The silicon rows (the dense ones, then the MoE ones) and the RTX runs."""
     if data is None:
-        return e2e.read_silicon(SILICON), e2e.read_engine_runs(RUNS, REQUESTS)
-    return (e2e.read_silicon(data / "aiconfigurator-vllm" / "silicon-e2e.csv"),
-            kernel_data.read_engine_runs(data))
+        return (e2e.read_silicon(SILICON) + e2e.read_silicon(SILICON_MOE),
+                e2e.read_engine_runs(RUNS, REQUESTS))
+    aic = data / "aiconfigurator-vllm"
+    return (e2e.read_silicon(aic / "silicon-e2e.csv")
+            + e2e.read_silicon(aic / "silicon-e2e-moe.csv"), kernel_data.read_engine_runs(data))
 
 
 def write_tables(data: Path) -> None:
     TABLES.mkdir(parents=True, exist_ok=True)
-    with SILICON.open("w") as out, \
-            (data / "aiconfigurator-vllm" / "silicon-e2e.csv").open() as raw:
-        out.write(SILICON_HEADER)
-        shutil.copyfileobj(raw, out)
+    for path, name in ((SILICON, "silicon-e2e.csv"), (SILICON_MOE, "silicon-e2e-moe.csv")):
+        with path.open("w") as out, (data / "aiconfigurator-vllm" / name).open() as raw:
+            out.write(SILICON_HEADER.replace("silicon-e2e.csv", name))
+            shutil.copyfileobj(raw, out)
+    for name in e2e.moe_config_files():
+        shutil.copyfile(data / "aiconfigurator-vllm" / "model-configs" / name,
+                        e2e.MOE_CONFIGS / name)
     e2e.write_engine_runs(kernel_data.read_engine_runs(data), RUNS, REQUESTS, RUNS_HEADER)
-    print(f"wrote {SILICON}, {RUNS} and {REQUESTS}")
+    print(f"wrote {SILICON}, {SILICON_MOE}, {e2e.MOE_CONFIGS}, {RUNS} and {REQUESTS}")
 
 
 def print_first_token(silicon: list[e2e.ServingRun]) -> int:
@@ -101,6 +110,8 @@ def main() -> int:
                                                "committed copies in bench/data/e2e)")
     ap.add_argument("--quick", action="store_true",
                     help="only the cheap silicon rows (the CI guard's set)")
+    ap.add_argument("--moe", action="store_true", help="only the MoE rows (silicon-e2e-moe)")
+    ap.add_argument("--dense", action="store_true", help="only the dense rows and RTX runs")
     ap.add_argument("--rows", action="store_true", help="print every replayed row")
     ap.add_argument("--first-token", action="store_true",
                     help="print the light-load rows' TTFT left beside the simulated prefill "
@@ -121,8 +132,16 @@ def main() -> int:
     if a.first_token:
         return print_first_token(silicon)
     chosen = e2e.quick(silicon) if a.quick else silicon
-    replays = [e2e.replay_silicon(r) for r in chosen]
+    if a.moe:
+        chosen, runs = [r for r in chosen if r.is_moe], []
+    elif a.dense:
+        chosen = [r for r in chosen if not r.is_moe]
+    # the dense silicon rows, the RTX runs, then the MoE rows (by_harness and fidelity_table
+    # take the dense rows and, after them, the RTX runs)
+    dense = [r for r in chosen if not r.is_moe]
+    replays = [e2e.replay_silicon(r) for r in dense]
     replays += [e2e.replay_engine_run(r) for r in runs]
+    replays += [e2e.replay_silicon(r) for r in chosen if r.is_moe]
     if a.rows:
         print(f"{'run':58} {'ttft meas':>9} {'sim':>9} {'err':>7} "
               f"{'tpot meas':>9} {'sim':>7} {'err':>7}")
@@ -135,24 +154,27 @@ def main() -> int:
                   f"{r.ttft_err:+7.1%} {r.measured_tpot_s * 1e3:7.2f}ms {r.tpot_s * 1e3:5.2f}ms "
                   f"{r.tpot_err:+7.1%}")
         print()
-    print(f"{'GPU, precision':22} {'rows':>4} {'run':>4} {'TPOT':>7} {'TTFT':>7}  "
+    print(f"{'GPU, precision':30} {'rows':>4} {'run':>4} {'TPOT':>7} {'TTFT':>7}  "
           "(median |error|; not run: why)")
-    print_groups(replays, 22)
+    print_groups(replays, 30)
     # the silicon groups again, by whether the row's harness is known (InferenceX's rows name
     # no vLLM version; the others record no harness: see the module docstring of e2e)
-    if any(run.vllm_version for run in chosen):
+    if any(run.vllm_version for run in dense):
         print("\nsilicon rows by harness:")
-        print_groups(e2e.by_harness(chosen, replays), 38)
+        print_groups(e2e.by_harness(dense, replays[:len(dense)]), 38)
     if a.write_fidelity:
-        if not a.quick:
+        if not a.quick or a.moe or a.dense:
             ap.error("--write-fidelity takes the --quick set (what the CI test pins)")
-        write_fidelity(e2e.fidelity_table(chosen, replays))
+        write_fidelity(e2e.fidelity_table(dense, replays[:len(dense) + len(runs)]))
     notes = [f"{p} rows model {what}" for p, what in e2e.MODELLED_PRECISIONS.items() if what]
     print("\nSilicon rows: InferenceX's client (10 x N requests of lengths drawn in [0.8 L, L], "
           "N in flight,\nthe first N at once; means over all) against InferenceX's engine "
           "flags (FP8 KV cache, bf16 on\nthe H100; async scheduling). RTX rows: "
           "LLMServingSim's open-loop runs, engine-side timestamps."
-          + ("\n" + "; ".join(notes) if notes else ""))
+          + ("\n" + "; ".join(notes) if notes else "")
+          + "\nMoE rows (model named): InferenceX's MoE engine flags (the checkpoint's KV cache, "
+          "async scheduling,\n--max-num-seqs N), the row's vLLM version (a nightly's: the "
+          "current one's defaults).")
     print(f"({len(chosen)} of {len(silicon)} silicon rows{' (--quick)' if a.quick else ''}, "
           f"{len(runs)} RTX runs; {time.perf_counter() - t0:.0f} s)")
     return 0

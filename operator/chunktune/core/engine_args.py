@@ -114,6 +114,7 @@ class EngineArgs:
     """The JSON text (:mod:`chunktune.core.speculative`)."""
     num_speculative_tokens: int | None = None
     """K inside ``speculative_config`` where searched (0: no speculative decoding)."""
+    enable_expert_parallel: bool = _default("enable-expert-parallel")
     enable_logging_iteration_details: bool = _default("enable-logging-iteration-details")
     """Only ``sim serve`` reads it: its step log (:mod:`chunktune.core.steps`)."""
 
@@ -252,6 +253,8 @@ class ResolvedConfig:
     @property
     def num_speculative_tokens(self) -> int | None:
         return self.speculative.num_speculative_tokens if self.speculative else None
+    #: ``--enable-expert-parallel``: an MoE model's experts split whole across the ranks
+    enable_expert_parallel: bool = False
 
     def flags(self) -> dict[str, Any]:
         """The engine flags as the engine runs with them, as a point
@@ -410,6 +413,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
         speculative=spec,
         draft_model=draft,
         max_num_queued_reqs=args.max_num_queued_reqs,
+        enable_expert_parallel=args.enable_expert_parallel,
     )
 
 

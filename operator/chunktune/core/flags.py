@@ -368,6 +368,9 @@ _ENTRIES: tuple[Flag, ...] = (
          "draft tokens per decode (the num_speculative_tokens of --speculative-config; "
          "0: no speculative decoding)",
          int, _INT, minimum=0, maximum=64, tunable=True, within="speculative-config"),
+    Flag("enable-expert-parallel", "bool", VLLM_ENGINES,
+         "split a mixture-of-experts model's experts whole across the ranks (expert "
+         "parallelism) instead of sharding every expert", default=False),
     Flag("enable-logging-iteration-details", "bool", VLLM_ENGINES,
          "log one Iteration(N) line per engine step (the step log chunktune keeps of every "
          "trial); changes nothing else", default=False),

@@ -7,6 +7,11 @@ Two sets of measured runs, each replayed as its client ran it:
   prompt and ``osl`` output tokens, the client's mean TTFT and TPOT. Engine flags beyond TP and
   precision were not recorded: the replay takes the defaults of the row's vLLM version (of the
   current one where the row names none).
+- **AIConfigurator's MoE serving runs** (``silicon-e2e-moe.csv``, same source): gpt-oss-120b,
+  Kimi-K2.5 and MiniMax-M2.5 on H100/H200/B200, the same closed loop, with the TP, expert
+  split and attention data parallelism they ran and the container image where recorded;
+  replayed with the checkpoint's own ``config.json`` (:data:`SILICON_MOE_MODELS`) and the
+  flags :func:`_moe_engine` assumes, reported per GPU, precision and model.
 - **LLMServingSim's vLLM 0.19 runs** (RTX 4090, RTX PRO 6000; MIT, CASYS Lab at KAIST): an
   offline engine with timed injection, open loop, engine-side timestamps (no server cost),
   replayed by :func:`chunktune.sim.calibration.fidelity.simulate_run`.
@@ -70,6 +75,22 @@ SILICON_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200",
 #: checkpoint ran it with ``--quantization fp8`` (online); an FP8 checkpoint runs as itself.
 SILICON_MODELS = {"Qwen/Qwen3-32B": "qwen3-32b", "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
                   "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b-fp8"}
+#: silicon-e2e-moe's ``model_path`` -> (the name its groups are reported under, and per
+#: ``precision`` the checkpoint's ``config.json`` the replay reads, in ``MOE_CONFIGS``): the FP4
+#: rows of MiniMax-M2.5 and Kimi-K2.5 ran NVIDIA's NVFP4 exports, gpt-oss-120b's FP4 rows its
+#: own MXFP4 checkpoint, Kimi-K2.5's INT4 rows Moonshot's W4A16 checkpoint.
+SILICON_MOE_MODELS: dict[str, tuple[str, dict[str, str]]] = {
+    "MiniMaxAI/MiniMax-M2.5": ("MiniMax-M2.5", {
+        "fp8": "MiniMaxAI--MiniMax-M2.5_config.json",
+        "fp4": "nvidia--MiniMax-M2.5-NVFP4_config.json"}),
+    "moonshotai/Kimi-K2.5": ("Kimi-K2.5", {
+        "int4": "moonshotai--Kimi-K2.5_config.json",
+        "fp4": "nvidia--Kimi-K2.5-NVFP4_config.json"}),
+    "openai/gpt-oss-120b": ("gpt-oss-120b", {"fp4": "openai--gpt-oss-120b_config.json"}),
+}
+#: Where the replay reads the MoE checkpoints' ``config.json`` (the committed copies of the
+#: shared data's ``model-configs``; :func:`set_moe_configs` points it elsewhere).
+MOE_CONFIGS = Path(__file__).resolve().parents[4] / "bench" / "data" / "e2e" / "model-configs"
 #: silicon-e2e systems whose InferenceX rows ran with vLLM's default KV cache (the model's
 #: bf16) rather than ``--kv-cache-dtype fp8``: the module docstring gives the evidence.
 BF16_KV_SYSTEMS = frozenset({"h100_sxm"})
@@ -97,11 +118,32 @@ class ServingRun:
     tp: int
     ttft_s: float
     tpot_s: float
+    #: silicon-e2e-moe's parallelism: attention data-parallel ranks (``--data-parallel-size``
+    #: with attention DP), and the experts' tensor- and expert-parallel sizes (``moe_ep > 1``:
+    #: ``--enable-expert-parallel``); 1, 0 (= ``tp``), 1 for the dense rows
+    attention_dp: int = 1
+    moe_tp: int = 0
+    moe_ep: int = 1
+    #: the container image's vLLM tag where the row records one (``nightly-<commit>``)
+    image: str = ""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.model in SILICON_MOE_MODELS
 
     @property
     def name(self) -> str:
-        return (f"{self.model.split('/')[-1]} {self.system} tp{self.tp} {self.precision} "
+        par = (f" dp{self.attention_dp}" if self.attention_dp > 1 else "") + (
+            f" ep{self.moe_ep}" if self.moe_ep > 1 else "")
+        return (f"{self.model.split('/')[-1]} {self.system} tp{self.tp}{par} {self.precision} "
                 f"{self.isl}/{self.osl} c{self.concurrency}")
+
+    @property
+    def group(self) -> str:
+        """What the row is reported under: GPU and precision (``"h200 fp8"``), and for an MoE
+        row its model too (``"h200 fp8 MiniMax-M2.5"``)."""
+        group = f"{SILICON_GPUS.get(self.system, self.system)} {self.precision}"
+        return f"{group} {SILICON_MOE_MODELS[self.model][0]}" if self.is_moe else group
 
     @property
     def request_steps(self) -> int:
@@ -110,15 +152,27 @@ class ServingRun:
 
 
 def read_silicon(path: Path) -> list[ServingRun]:
-    """The rows of ``silicon-e2e.csv`` (the shared data's or the committed copy)."""
+    """The rows of ``silicon-e2e.csv`` or ``silicon-e2e-moe.csv`` (the shared data's or the
+    committed copy). A MoE row's vLLM version is its ``backend_version`` (None for a nightly
+    build: the current release's defaults apply)."""
     out = []
     with path.open() as fh:
         for r in csv.DictReader(line for line in fh if not line.startswith("#")):
+            tp = int(float(r["tp_size"]))
+            version = r["backend_version"] or None
+            image = ""
+            for part in (r.get("silicon_data_source") or "").split(";"):
+                if "vllm-openai:" in part:
+                    image = part.rsplit(":", 1)[1].strip()
+            if version and version.startswith("nightly"):
+                version = None
             out.append(ServingRun(
-                r["model_path"], r["system"], r["backend_version"] or None, r["precision"],
-                int(r["isl"]), int(r["osl"]), int(float(r["concurrency"])),
-                int(float(r["tp_size"])), float(r["silicon_ttft_ms"]) / 1e3,
-                float(r["silicon_tpot_ms"]) / 1e3))
+                r["model_path"], r["system"], version, r["precision"],
+                int(r["isl"]), int(r["osl"]), int(float(r["concurrency"])), tp,
+                float(r["silicon_ttft_ms"]) / 1e3, float(r["silicon_tpot_ms"]) / 1e3,
+                int(float(r.get("attention_dp_size") or 1)),
+                int(float(r.get("moe_tp_size") or 0)), int(float(r.get("moe_ep_size") or 1)),
+                image))
     return out
 
 
@@ -151,31 +205,76 @@ def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Versi
     the simulator takes it, and the vLLM version whose defaults apply (the row's; None where
     it records none: the current one); raises
     :class:`SpecError` naming what the simulator does not model."""
+    gpu_name = SILICON_GPUS.get(run.system, run.system)
+    if run.is_moe:
+        return _moe_engine(run, gpu_name)
     if run.precision not in MODELLED_PRECISIONS:
         raise SpecError(f"{run.precision} weights are not modelled")
     if run.model not in SILICON_MODELS:
         raise SpecError(f"model {run.model} is not in the catalog")
-    gpu_name = SILICON_GPUS.get(run.system, run.system)
     if gpu_name not in GPUS:
         raise SpecError(f"GPU {gpu_name} is not in the catalog")
     gpu = resolve_gpu(gpu_name)
     model = resolve_model(SILICON_MODELS[run.model])
     online = "fp8" if run.precision == "fp8" and not model.quantization else None
     version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
-    if run.system == "h100_sxm":
-        model_len = 10240  # the H100 script's config.yaml, whatever the lengths
-    elif (run.isl, run.osl) == (1024, 1024):
-        model_len = run.isl + run.osl + 20
-    elif 8192 in (run.isl, run.osl):
-        model_len = run.isl + run.osl + 200
-    else:
-        model_len = 10240
+    # the H100 script's config.yaml: 10240 whatever the lengths
+    model_len = 10240 if run.system == "h100_sxm" else _model_len(run)
     kv_dtype = "auto" if run.system in BF16_KV_SYSTEMS and run.vllm_version is None else "fp8"
     args = EngineArgs(tensor_parallel_size=run.tp, quantization=online, kv_cache_dtype=kv_dtype,
                       async_scheduling=True, max_num_batched_tokens=8192,
                       max_num_seqs=512 if run.system == "b200_sxm" else run.concurrency,
                       gpu_memory_utilization=0.9, max_model_len=model_len)
     return args, model, gpu, version
+
+
+def _model_len(run: ServingRun) -> int:
+    """``--max-model-len`` by InferenceX's rule (its H200 and MoE scripts)."""
+    if (run.isl, run.osl) == (1024, 1024):
+        return run.isl + run.osl + 20
+    if 8192 in (run.isl, run.osl):
+        return run.isl + run.osl + 200
+    return 10240
+
+
+def _moe_engine(run: ServingRun, gpu_name: str
+                ) -> tuple[EngineArgs, ModelConfig, GPU, Version | None]:
+    """A silicon-e2e-moe row's engine: the checkpoint's own ``config.json`` and InferenceX's
+    flags for its MoE models (``benchmarks/gptoss_fp4_h200.sh``: ``--async-scheduling
+    --no-enable-prefix-caching --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9
+    --max-num-seqs CONC``, ``--max-model-len`` by :func:`_model_len`, no ``--kv-cache-dtype``:
+    the checkpoint's KV cache), assumed for every MoE row (they record parallelism and
+    precision only); on the B200, gpt-oss as ``gptoss_fp4_b200.sh`` runs it
+    (``--kv-cache-dtype fp8 --max-num-seqs 512``)."""
+    short, configs = SILICON_MOE_MODELS[run.model]
+    if gpu_name not in GPUS:
+        raise SpecError(f"GPU {gpu_name} is not in the catalog")
+    if run.precision not in configs:
+        raise SpecError(f"{short} in {run.precision} is not a checkpoint the replay knows")
+    if run.attention_dp > 1:
+        raise SpecError("attention data parallelism (--data-parallel-size) is not modelled")
+    if run.moe_ep not in (1, run.tp):
+        raise SpecError(f"experts split {run.moe_tp} x {run.moe_ep} over TP {run.tp}: only "
+                        "TP-sharded or expert-parallel over the TP ranks is modelled")
+    model = resolve_model(config_path=MOE_CONFIGS / configs[run.precision])
+    version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
+    # InferenceX's B200 gpt-oss script (gptoss_fp4_b200.sh): an FP8 KV cache, 512 sequences
+    b200_oss = run.system == "b200_sxm" and short == "gpt-oss-120b"
+    args = EngineArgs(tensor_parallel_size=run.tp, async_scheduling=True,
+                      max_num_batched_tokens=8192,
+                      max_num_seqs=512 if b200_oss else run.concurrency,
+                      kv_cache_dtype="fp8" if b200_oss else "auto",
+                      gpu_memory_utilization=0.9, max_model_len=_model_len(run),
+                      enable_expert_parallel=run.moe_ep > 1)
+    return args, model, resolve_gpu(gpu_name), version
+
+
+def moe_config_files() -> list[str]:
+    """The ``config.json`` files (and ``hf_quant_config.json`` where the shared data has one)
+    the MoE rows' replays read, by name."""
+    names = sorted(n for _, configs in SILICON_MOE_MODELS.values() for n in configs.values())
+    return names + [n.replace("_config.json", "_hf_quant_config.json") for n in names
+                    if (MOE_CONFIGS / n.replace("_config.json", "_hf_quant_config.json")).exists()]
 
 
 def replay_client(engine: Engine, run: ServingRun, server: ServerCost,
@@ -205,7 +304,7 @@ def replay_client(engine: Engine, run: ServingRun, server: ServerCost,
 
 def replay_silicon(run: ServingRun) -> Replay:
     """One silicon row replayed, or the reason it cannot be."""
-    group = f"{SILICON_GPUS.get(run.system, run.system)} {run.precision}"
+    group = run.group
     base = Replay(run.name, group, run.ttft_s, run.tpot_s)
     try:
         args, model, gpu, version = silicon_engine(run)
@@ -338,7 +437,7 @@ def first_token_residuals(runs: Sequence[ServingRun], max_concurrency: int = 4,
     out = []
     for run in runs:
         if (run.concurrency > max_concurrency or run.isl > max_isl
-                or run.system not in systems):
+                or run.system not in systems or run.is_moe):
             continue
         try:
             args, model, gpu, version = silicon_engine(run)

@@ -41,9 +41,10 @@ from typing import Any
 
 import numpy as np
 
+from chunktune.core.errors import SpecError
 from chunktune.core.gpus import GPU
-from chunktune.core.models import ModelConfig
-from chunktune.sim.cost import gemm_table
+from chunktune.core.models import DTYPE_BYTES, SLIDING, ModelConfig
+from chunktune.sim.cost import gemm_table, mla_table, moe_table
 from chunktune.sim.cost.coefficients import KernelCoefficients, coefficients
 from chunktune.sim.cost.collectives import Interconnect, tp_allreduce_s
 
@@ -126,10 +127,12 @@ def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients
 
 def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
                     c: KernelCoefficients, weight_dtype: str = "bf16",
-                    use_table: bool = True) -> dict[str, np.ndarray]:
+                    use_table: bool = True,
+                    expert_parallel: bool = False) -> dict[str, np.ndarray]:
     """Seconds each linear operator of ONE layer takes on one rank, for each token count
     (keys: the ``LINEAR_OPS`` the model has). Measured per operator, these separate the GEMM
-    efficiencies from the elementwise kernels, which a per-layer sum alone cannot."""
+    efficiencies from the elementwise kernels, which a per-layer sum alone cannot.
+    ``expert_parallel``: how the routed experts are split (:func:`moe_time`)."""
     T = np.asarray(tokens, dtype=np.float64)
     B = gpu.hbm_tb_s * 1e12
     b = model.dtype_bytes
@@ -137,18 +140,27 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     def gemm(m: np.ndarray, k: float, n: float) -> np.ndarray:
         return gemm_time(m, k, n, gpu, c, weight_dtype, use_table)
 
-    # a mixture-of-experts layer has only the attention's two: zip stops there
+    # a mixture-of-experts layer has only the attention's two: zip stops there; an MLA
+    # layer's projections are timed with its attention (mla_table: the whole module)
     out = {name: gemm(T, k, n) for name, (k, n)
-           in zip(("qkv", "o", "up", "down"), layer_gemms(model, tp), strict=False)}
+           in zip(("qkv", "o", "up", "down"), layer_gemms(model, tp), strict=False)
+           if not (model.is_mla and name in ("qkv", "o"))}
     h = model.hidden_size
     q = model.q_dim / tp
     kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
     if model.is_moe:
-        out["experts"] = moe_time(model, gpu, tp, T, c, weight_dtype) + gemm_time(
+        out["experts"] = moe_time(model, gpu, tp, T, c, weight_dtype, use_table,
+                                  expert_parallel) + gemm_time(
             T, h, model.num_experts, gpu, c, "bf16", use_table)  # the router stays bf16
-        if model.num_shared_experts:
-            si = model.num_shared_experts * model.moe_intermediate_size / tp
-            out["experts"] = out["experts"] + gemm(T, h, 2 * si) + gemm(T, si, h)
+        if model.num_shared_experts or model.shared_expert_intermediate_size:
+            si = (model.shared_expert_intermediate_size
+                  or model.num_shared_experts * model.moe_intermediate_size) / tp
+            # shared experts the checkpoint quantizes to 4 bits: priced as FP8 GEMMs (one
+            # byte a weight, the FP8 peak; no 4-bit dense GEMM table here: borrowed)
+            shared = weight_dtype if model.module_weight_bytes("shared_experts") >= \
+                model.dtype_bytes or model.weight_dtype not in FOUR_BIT else "fp8"
+            out["experts"] = out["experts"] + gemm_time(T, h, 2 * si, gpu, c, shared, use_table) \
+                + gemm_time(T, si, h, gpu, c, shared, use_table)
         inter = model.moe_intermediate_size * model.num_experts_per_tok / tp
     else:
         inter = model.intermediate_size / tp
@@ -158,13 +170,47 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     return out
 
 
+#: 4-bit weight formats (:data:`chunktune.core.models.DTYPE_BYTES`) whose routed experts the
+#: step time prices: MXFP4 (gpt-oss: vLLM 0.33 ``quantization/mxfp4.py``, Marlin or Triton on
+#: Hopper, FlashInfer TRT-LLM W4A16 on Blackwell), NVFP4 (ModelOpt W4A4: ``modelopt.py``,
+#: FlashInfer TRT-LLM/CUTLASS on Blackwell), INT4 W4A16 in groups (Kimi-K2.x:
+#: ``compressed_tensors_moe.py``, Marlin).
+FOUR_BIT = ("mxfp4", "nvfp4", "int4_g32", "int4_g64", "int4_g128")
+
+
+def moe_weight_format(weight_dtype: str) -> str:
+    """The routed experts' format in the measured MoE table (:mod:`chunktune.sim.cost.
+    moe_table`) for the checkpoint's weight dtype (:attr:`ModelConfig.weight_dtype`): FP8 MoE
+    checkpoints ship 128x128 block scales (DeepSeek-V3/R1, Qwen3 MoE FP8, MiniMax-M2.5, GLM-5:
+    ``weight_block_size``), run by vLLM's block-FP8 MoE kernels; INT4 groups of any size are
+    the table's ``int4`` (W4A16, Marlin)."""
+    if weight_dtype == "fp8":
+        return "fp8_block"
+    if weight_dtype.startswith("int4"):
+        return "int4"
+    return weight_dtype or "bf16"
+
+
 def moe_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray, c: KernelCoefficients,
-             weight_dtype: str = "bf16") -> np.ndarray:
-    """Seconds of a fused MoE layer's routed experts on one rank (experts sharded across the
-    ranks), for each token count (:func:`moe_form`)."""
+             weight_dtype: str = "bf16", use_table: bool = True,
+             expert_parallel: bool = False) -> np.ndarray:
+    """Seconds of a fused MoE layer's routed experts on one rank, for each token count: the
+    GPU's measured MoE layer where its table has the model's shape and split
+    (:mod:`chunktune.sim.cost.moe_table`; ``expert_parallel``: each of the ``tp`` ranks holds
+    ``1/tp`` of the experts whole, as ``--enable-expert-parallel`` splits them, else every
+    expert is sharded ``tp`` ways), else the fitted form (:func:`moe_form`, sharded experts)."""
+    experts_dtype = model.weight_dtype if weight_dtype in ("fp8", "bf16") \
+        and model.weight_dtype in FOUR_BIT else weight_dtype
+    if use_table:
+        ep = tp if expert_parallel else 1
+        us = moe_table.curve(gpu.name, moe_weight_format(experts_dtype), model.hidden_size,
+                             model.moe_intermediate_size, model.num_experts,
+                             model.num_experts_per_tok, tp // ep, ep)
+        if us is not None:
+            return moe_table.seconds(us, tokens)
     return moe_form(np.asarray(tokens, dtype=np.float64), model.hidden_size,
                     model.moe_intermediate_size / tp, model.num_experts_per_tok,
-                    model.num_experts, 3 if model.gated_mlp else 2, gpu, c, weight_dtype)
+                    model.num_experts, 3 if model.gated_mlp else 2, gpu, c, experts_dtype)
 
 
 def moe_form(tokens: np.ndarray, hidden: float | np.ndarray, inter: float | np.ndarray,
@@ -176,7 +222,8 @@ def moe_form(tokens: np.ndarray, hidden: float | np.ndarray, inter: float | np.n
     efficiencies (fitted on vLLM's fused MoE kernel in bf16; FP8 weights at the FP8 peak and
     one byte per weight) combined as a soft maximum, plus a fixed cost."""
     fp8 = weight_dtype == "fp8"
-    wb = 1.0 if fp8 else 2.0
+    # a 4-bit format without a measured table: its bytes at the bf16 peak (W4A16; borrowed)
+    wb = 1.0 if fp8 else DTYPE_BYTES.get(weight_dtype, 2.0)
     peak = gpu.fp8_tflops if fp8 and gpu.fp8_tflops > 0 else gpu.bf16_tflops
     active = experts * (1.0 - (1.0 - topk / experts) ** np.maximum(tokens, 0))
     tok = tokens * topk
@@ -190,9 +237,9 @@ def moe_form(tokens: np.ndarray, hidden: float | np.ndarray, inter: float | np.n
 
 def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
                       c: KernelCoefficients, weight_dtype: str = "bf16",
-                      use_table: bool = True) -> np.ndarray:
+                      use_table: bool = True, expert_parallel: bool = False) -> np.ndarray:
     """Seconds the linear operators of ONE layer take on one rank, for each token count."""
-    ops = linear_op_times(model, gpu, tp, tokens, c, weight_dtype, use_table)
+    ops = linear_op_times(model, gpu, tp, tokens, c, weight_dtype, use_table, expert_parallel)
     t: np.ndarray = np.zeros_like(np.asarray(tokens, dtype=np.float64))
     for name in LINEAR_OPS:
         if name in ops:
@@ -233,8 +280,12 @@ class AttentionShape:
 
 def attention_layer_time(s: AttentionShape, gpu: GPU, c: KernelCoefficients,
                          prefill_chunks: list[tuple[int, int]], num_decodes: int,
-                         decode_context_tokens: int) -> float:
+                         decode_context_tokens: int, window: int = 0) -> float:
     """Seconds ONE layer's attention takes on one rank for a (possibly mixed) batch.
+
+    ``window``: a sliding-window layer's window (0: full attention): a query tile attends to
+    at most ``window`` keys before its first row (vLLM's FlashAttention ``window_size``), so
+    its keys stop growing there; the caller bounds the decodes' context by the window.
 
     ``prefill_chunks``: ``(chunk, computed)`` per prefilling request; the decodes read
     ``decode_context_tokens`` KV tokens in all. With a prefill in the batch, everything runs in
@@ -269,9 +320,16 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: KernelCoefficients,
         longest = float(decode_context_tokens) / num_decodes if num_decodes else 0.0
         for chunk, computed in prefill_chunks:
             n = math.ceil(chunk / Q_TILE)
-            tile_keys += n * computed + Q_TILE * (n - 1) * n / 2 + chunk
+            if window:
+                # tile i attends computed + (i + 1) Q_TILE keys, at most window + Q_TILE
+                cap = window + Q_TILE
+                m = min(n, max(0, (cap - computed) // Q_TILE))
+                tile_keys += m * computed + Q_TILE * m * (m + 1) / 2 + (n - m) * cap
+                longest = max(longest, float(min(computed + chunk, cap)))
+            else:
+                tile_keys += n * computed + Q_TILE * (n - 1) * n / 2 + chunk
+                longest = max(longest, float(computed + chunk))
             tiles += n
-            longest = max(longest, float(computed + chunk))
         tiles += num_decodes
         per_key = 4.0 * s.head_dim * Q_TILE
         clock = gpu.boost_mhz * 1e6
@@ -412,19 +470,71 @@ def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: n
     return out
 
 
+def check_modelled(model: ModelConfig) -> None:
+    """Raise :class:`SpecError` naming what of ``model`` the step time does not price: MLA
+    attention, and 4-bit dense linear layers (attention projections or dense MLPs the
+    checkpoint quantizes to 4 bits: no measured 4-bit GEMM table here)."""
+    if model.is_mla:
+        odd = [k for k, v in mla_table.MLA_SHAPE.items() if getattr(model, k) != v]
+        if odd:
+            raise SpecError(f"model {model.name}: MLA layers of other dimensions than "
+                            f"DeepSeek-V3's ({', '.join(odd)}) are not timed: the measured MLA "
+                            "module has those only")
+    if model.weight_dtype in FOUR_BIT:
+        # an MoE model's few dense MLPs in 4 bits are priced as FP8 (borrowed); a dense
+        # model's, or attention projections, are refused
+        for module in ("attention",) if model.is_moe else ("attention", "dense_mlp"):
+            if model.module_weight_bytes(module) < model.dtype_bytes:
+                raise SpecError(f"model {model.name}: {model.weight_dtype} {module} linear "
+                                "layers (4-bit dense GEMMs) are not modelled")
+
+
+def mla_module(model: ModelConfig, gpu: GPU, tp: int, kv_dtype_bytes: float | None
+               ) -> mla_table.MlaTable:
+    """The measured MLA module (:mod:`chunktune.sim.cost.mla_table`) of ``model``'s layers on
+    one of ``tp`` ranks: its query heads split over the ranks, its projections in the
+    checkpoint's format (bf16 where it leaves attention unquantized, as Kimi-K2.5's INT4 and
+    NVFP4 exports do; block FP8 for DeepSeek's FP8), the KV cache's. Raises
+    :class:`SpecError` where the GPU's tables lack it."""
+    heads = model.num_attention_heads // tp
+    if model.module_weight_bytes("attention") >= model.dtype_bytes:
+        gemm = "bf16"
+    elif model.weight_dtype == "fp8":
+        gemm = "fp8_block"
+    else:
+        gemm = model.weight_dtype
+    kv = "fp8" if kv_dtype_bytes == 1 else "bf16"
+    found = mla_table.MlaTable.find(gpu.name, gemm, kv, heads)
+    if found is None:
+        raise SpecError(f"model {model.name}: no measured MLA module on {gpu.name} for "
+                        f"{heads} heads a rank, {gemm} projections and a {kv} KV cache")
+    return found
+
+
+def dense_layer(model: ModelConfig) -> ModelConfig:
+    """One of an MoE model's dense layers, as a dense model (its MLP's width)."""
+    return model.with_overrides(num_experts=0, num_experts_per_tok=0, num_shared_experts=0,
+                                shared_expert_intermediate_size=0,
+                                intermediate_size=model.dense_intermediate_size
+                                or model.intermediate_size)
+
+
 class StepCostModel:
     """Predicts step times for one (model, GPU, TP, budget) engine."""
 
     def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
                  enforce_eager: bool = False, interconnect: Interconnect | None = None,
                  weight_dtype: str | None = None, kv_dtype_bytes: float | None = None,
-                 async_scheduling: bool = False) -> None:
+                 async_scheduling: bool = False, expert_parallel: bool = False) -> None:
         """``weight_dtype``: what the linear layers run in (``WEIGHT_DTYPES``; None: the
         model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``); ``kv_dtype_bytes``:
         bytes per KV-cache element (None: the model's dtype); ``async_scheduling``: the host's
-        part of a step overlaps the GPU's (see the module docstring)."""
+        part of a step overlaps the GPU's (see the module docstring); ``expert_parallel``:
+        ``--enable-expert-parallel`` (the experts split whole across the TP ranks,
+        :func:`moe_time`)."""
         if weight_dtype is None:
             weight_dtype = "fp8" if model.weight_dtype == "fp8" else "bf16"
+        check_modelled(model)
         if gpu.l2_mib <= 0 or gpu.boost_mhz <= 0:
             raise ValueError(f"GPU {gpu.name!r}: l2_mib and boost_mhz must be positive (the data "
                              "sheet's L2 size in MiB and SM boost clock in MHz; the attention "
@@ -439,7 +549,16 @@ class StepCostModel:
         self.c = c = coefficients(gpu)
         layers = model.num_hidden_layers
         tokens = np.arange(max_tokens + 1, dtype=np.float64)
-        lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype) * layers
+        # an MoE model's dense layers (first_k_dense_replace, moe_layer_freq) run a dense MLP
+        dense = model.num_dense_layers if model.is_moe else 0
+        lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype,
+                                expert_parallel=expert_parallel) * (layers - dense)
+        if dense:
+            # 4-bit dense MLPs of an MoE model: as FP8 GEMMs (no 4-bit GEMM table; borrowed)
+            dense_dtype = "fp8" if model.weight_dtype in FOUR_BIT and \
+                model.module_weight_bytes("dense_mlp") < model.dtype_bytes else weight_dtype
+            lin = lin + linear_layer_time(dense_layer(model), gpu, tp, tokens, c,
+                                          dense_dtype) * dense
         lin[0] = 0.0
         self._linear: list[float] = lin.tolist()
         b = model.dtype_bytes
@@ -450,6 +569,11 @@ class StepCostModel:
             model, tp, c.attn_kv_fp8_bytes if fp8_kv else kv_dtype_bytes)
         self._attn_fixed = c.attn_kv_fp8_overhead_s if fp8_kv else 0.0
         self._layers = layers
+        # windowed layers (gpt-oss, Gemma: sliding_attention) attend to their window only
+        kinds = model.layer_kinds()
+        self._windowed = sum(k == SLIDING for k in kinds) if model.sliding_window else 0
+        self._window = model.sliding_window
+        self._mla = mla_module(model, gpu, tp, kv_dtype_bytes) if model.is_mla else None
         # lm_head: [rows x hidden] x [hidden x vocab/tp], then fp32 logits through the sampler
         v = model.vocab_size / tp
         self._lm_weight_s = model.hidden_size * v * b / self._B
@@ -542,9 +666,21 @@ class StepCostModel:
         """All layers' attention for the batch (see :func:`attention_layer_time`)."""
         if not prefill_chunks and not num_decodes:
             return 0.0
-        return self._layers * (attention_layer_time(
+        if self._mla is not None:
+            dec = self._mla.decode_s(num_decodes, decode_context_tokens / num_decodes) \
+                if num_decodes else 0.0
+            return self._layers * (dec + sum(self._mla.prefill_s(c, done)
+                                             for c, done in prefill_chunks))
+        full = self._layers - self._windowed
+        t = full * (attention_layer_time(
             self._attn_shape, self.gpu, self.c, prefill_chunks, num_decodes,
-            decode_context_tokens) + self._attn_fixed)
+            decode_context_tokens) + self._attn_fixed) if full else 0.0
+        if self._windowed:
+            t += self._windowed * (attention_layer_time(
+                self._attn_shape, self.gpu, self.c, prefill_chunks, num_decodes,
+                min(decode_context_tokens, num_decodes * self._window), self._window)
+                + self._attn_fixed)
+        return t
 
     def step_time(self, num_tokens: int, num_reqs: int, num_logits: int,
                   prefill_chunks: list[tuple[int, int]], num_decodes: int,

@@ -109,7 +109,8 @@ class Engine:
                                   max_tokens=cfg.max_num_batched_tokens,
                                   enforce_eager=cfg.enforce_eager,
                                   kv_dtype_bytes=cfg.kv_cache_dtype_bytes,
-                                  async_scheduling=cfg.async_scheduling)
+                                  async_scheduling=cfg.async_scheduling,
+                                  expert_parallel=cfg.enable_expert_parallel)
         self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
         #: the drafter's time per step, with speculative decoding
         self.draft = DraftCost.build(cfg.speculative, self.cost, drafter(cfg)) \

@@ -1,0 +1,192 @@
+"""MLA attention layers timed from the GPU's measured MLA module (AIConfigurator's vLLM tables).
+
+Multi-head latent attention (DeepSeek-V2/V3/R1, Kimi-K2.x: vLLM 0.33 ``deepseek_v2.py``,
+``DeepseekV2MLAAttention`` over ``MLACommonImpl``) runs a layer's attention as one module: the
+query down- and up-projections, the fused KV down-projection into the latent cache, the
+attention (decodes through the absorbed latent path, prefills through the expanded one) and
+the output projection. AIConfigurator timed that whole module per GPU and vLLM release
+(0.19-0.24; DeepSeek-V3's dimensions: hidden 7168, q_lora_rank 1536, kv_lora_rank 512, rope
+64, nope 128, value 128, which Kimi-K2.x share) for the query heads on one rank, the
+projections' format (bf16, block FP8, NVFP4) and the KV cache's (bf16, FP8):
+
+- ``mla_generation_module_perf``: ``batch_size`` decodes with ``step`` tokens of context each;
+- ``mla_context_module_perf``: ``batch_size`` prompts of ``isl`` tokens prefilled from scratch
+  (several prefill backends timed: the fastest counts, as for the MoE table).
+
+The step time (:class:`chunktune.sim.cost.step_time.StepCostModel`) prices an MLA layer's
+decodes by the generation table at the batch's decode count and mean context, and each
+prefill chunk of ``c`` tokens after ``p`` computed ones as ``ctx(p + c) - ctx(p)`` (never below
+``ctx(c)``): what prefilling the first ``p + c`` tokens costs beyond the first ``p``. Both are
+bilinear in log time over the tables' log grids (proportional past the largest measured count).
+The newest release's tables are read (vLLM's own backend selection, as for the MoE table).
+
+Committed derivative: ``data/aic_mla_us.csv`` (``python -m chunktune.sim.cost.mla_table
+--data ../shared/data`` rewrites it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import gzip
+import math
+import sys
+from collections import defaultdict
+from functools import lru_cache
+from pathlib import Path
+
+from chunktune.sim.cost import moe_table
+
+DATA = Path(__file__).with_name("data")
+MLA_PATH = DATA / "aic_mla_us.csv"
+SOURCE = ("NVIDIA AIConfigurator (ai-dynamo/aiconfigurator, Apache-2.0, Copyright NVIDIA "
+          "CORPORATION & AFFILIATES) systems/data/<gpu>/vllm/<version>/mla_{generation,context}"
+          "_module_perf")
+#: AIConfigurator's system folders read -> our GPU names.
+MLA_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200"}
+#: The projections' formats read, under the cost model's names (``fp8_block``: DeepSeek's
+#: 128x128 block-scaled FP8).
+GEMM_TYPES = {"bfloat16": "bf16", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+KV_TYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+#: The dimensions the tables were timed at (DeepSeek-V3's): a model's MLA must have them.
+MLA_SHAPE = {"hidden_size": 7168, "q_lora_rank": 1536, "kv_lora_rank": 512,
+             "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}
+#: The grids kept: decode batch and context (generation), prompt length (context, batch 1).
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+STEPS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536,
+         131072)
+PROMPTS = (1, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 10240,
+           12288, 16384, 32768)
+
+#: gpu, "gen"/"ctx", projections' format, KV format, heads on the rank, decode batch (0: ctx)
+Key = tuple[str, str, str, str, int, int]
+
+
+def _newest(base: Path, table: str) -> Path | None:
+    found = sorted((p for p in base.iterdir() if (p / f"{table}.csv.gz").exists()),
+                   key=lambda p: tuple(int(x) for x in p.name.split(".") if x.isdigit()))
+    return found[-1] / f"{table}.csv.gz" if found else None
+
+
+def derive(root: Path) -> list[tuple[Key, str, list[float]]]:
+    """Per GPU (newest release with the table): the generation curves over :data:`STEPS` per
+    batch, and the context curves (batch 1) over :data:`PROMPTS`, microseconds, fastest
+    backend; curves missing a point are left out."""
+    out = []
+    for folder, gpu in MLA_GPUS.items():
+        base = root / "aiconfigurator-vllm" / folder
+        if not base.is_dir():
+            continue
+        for kind, table, grid, col in (("gen", "mla_generation_module_perf", STEPS, "step"),
+                                       ("ctx", "mla_context_module_perf", PROMPTS, "isl")):
+            path = _newest(base, table)
+            if path is None:
+                continue
+            best: dict[Key, dict[int, float]] = defaultdict(dict)
+            with gzip.open(path, "rt", newline="") as fh:
+                for r in csv.DictReader(fh):
+                    g, kv = GEMM_TYPES.get(r["gemm_type"]), KV_TYPES.get(r["kv_cache_dtype"])
+                    batch = int(r["batch_size"])
+                    if g is None or kv is None or r["tp_size"] != "1":
+                        continue
+                    if kind == "ctx" and (batch != 1 or r["mla_dtype"] != "bfloat16"):
+                        continue
+                    key = (gpu, kind, g, kv, int(r["num_heads"]), batch if kind == "gen" else 0)
+                    x = int(r[col])
+                    us = float(r["latency"]) * 1e3
+                    best[key][x] = min(us, best[key].get(x, us))
+            for key, curve in sorted(best.items()):
+                if all(x in curve for x in grid):
+                    out.append((key, path.parent.name, [curve[x] for x in grid]))
+    return out
+
+
+def write(rows: list[tuple[Key, str, list[float]]], path: Path = MLA_PATH) -> None:
+    with path.open("w", newline="") as fh:
+        fh.write(f"# Derived from {SOURCE}: per GPU, the newest vLLM release's MLA module "
+                 "(DeepSeek-V3's dimensions), projections' and KV\n# format, heads on the rank "
+                 "and decode batch: microseconds over the decodes' context "
+                 f"({' '.join(map(str, STEPS))})\n# (kind gen), or over the prompt of one "
+                 f"prefill from scratch ({' '.join(map(str, PROMPTS))}) (kind ctx, batch 0);\n"
+                 "# the fastest backend. Rewrite: python -m chunktune.sim.cost.mla_table "
+                 "--data DIR\n")
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(["gpu", "version", "kind", "gemm", "kv", "heads", "batch", "us"])
+        for (gpu, kind, g, kv, heads, batch), version, us in rows:
+            w.writerow([gpu, version, kind, g, kv, heads, batch,
+                        " ".join(f"{u:.1f}" for u in us)])
+
+
+@lru_cache(maxsize=1)
+def _load() -> dict[Key, list[float]]:
+    out: dict[Key, list[float]] = {}
+    with MLA_PATH.open() as fh:
+        for r in csv.DictReader(line for line in fh if not line.startswith("#")):
+            key = (r["gpu"], r["kind"], r["gemm"], r["kv"], int(r["heads"]), int(r["batch"]))
+            out[key] = [math.log(float(u)) for u in r["us"].split()]
+    return out
+
+
+def _interp(grid: tuple[int, ...], logus: list[float], x: float) -> float:
+    """Microseconds at ``x``: linear in log time over log ``x`` inside the grid, proportional
+    to ``x`` past its end, the first point below it."""
+    if x >= grid[-1]:
+        return math.exp(logus[-1]) * x / grid[-1]
+    if x <= grid[0]:
+        return math.exp(logus[0])
+    i = bisect.bisect_right(grid, x) - 1
+    f = (math.log(x) - math.log(grid[i])) / (math.log(grid[i + 1]) - math.log(grid[i]))
+    return math.exp(logus[i] + f * (logus[i + 1] - logus[i]))
+
+
+class MlaTable:
+    """One GPU's MLA module for one model on one rank: seconds of a layer's decodes and of a
+    prefill chunk (see the module docstring)."""
+
+    def __init__(self, gen: list[tuple[int, list[float]]], ctx: list[float]) -> None:
+        self.gen = gen
+        self.ctx = ctx
+        self._batches = tuple(b for b, _ in gen)
+
+    @staticmethod
+    def find(gpu: str, gemm: str, kv: str, heads: int) -> MlaTable | None:
+        """The table for these (the decode batches measured over the whole context grid), or
+        None where the GPU's tables lack them."""
+        t = _load()
+        gen = [(b, t[(gpu, "gen", gemm, kv, heads, b)]) for b in BATCHES
+               if (gpu, "gen", gemm, kv, heads, b) in t]
+        ctx = t.get((gpu, "ctx", gemm, "bf16", heads, 0))
+        if ctx is None or len(gen) < 2:
+            return None
+        return MlaTable(gen, ctx)
+
+    def decode_s(self, decodes: int, context: float) -> float:
+        """``decodes`` decodes with ``context`` tokens of context each (mean): bilinear in log
+        time over log batch and log context; past the largest measured batch, proportional
+        to the batch."""
+        if decodes <= 0:
+            return 0.0
+        bs = self._batches
+        if decodes >= bs[-1]:
+            return _interp(STEPS, self.gen[-1][1], context) * decodes / bs[-1] * 1e-6
+        i = max(0, bisect.bisect_right(bs, decodes) - 1)
+        lo = math.log(_interp(STEPS, self.gen[i][1], context))
+        if decodes <= bs[0]:
+            return math.exp(lo) * 1e-6
+        hi = math.log(_interp(STEPS, self.gen[i + 1][1], context))
+        f = (math.log(decodes) - math.log(bs[i])) / (math.log(bs[i + 1]) - math.log(bs[i]))
+        return math.exp(lo + f * (hi - lo)) * 1e-6
+
+    def prefill_s(self, chunk: int, computed: int) -> float:
+        """A prefill chunk of ``chunk`` tokens after ``computed`` ones."""
+        whole = _interp(PROMPTS, self.ctx, computed + chunk)
+        before = _interp(PROMPTS, self.ctx, computed) if computed else 0.0
+        return max(whole - before, _interp(PROMPTS, self.ctx, chunk)) * 1e-6
+
+
+def main() -> int:
+    return moe_table.rewrite_main("MLA", derive, write, MLA_PATH)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

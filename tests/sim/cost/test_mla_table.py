@@ -1,0 +1,108 @@
+"""MLA layers timed from the GPU's measured MLA module (AIConfigurator's vLLM tables)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chunktune.core.errors import SpecError
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import from_hf_config
+from chunktune.sim.cost import mla_table, moe_table
+from chunktune.sim.cost.step_time import StepCostModel, linear_op_times
+
+ROOT = Path(__file__).resolve().parents[3]
+SHARED = ROOT.parent / "shared" / "data"
+CONFIGS = ROOT / "bench" / "data" / "e2e" / "model-configs"
+
+
+def model(name: str):  # type: ignore[no-untyped-def]
+    return from_hf_config(json.loads((CONFIGS / f"{name}_config.json").read_text()), name)
+
+
+def test_decodes_and_prefills_interpolate_the_measured_module():
+    t = mla_table.MlaTable.find("b200", "bf16", "bf16", 8)
+    assert t is not None
+    grid = dict(t.gen)
+    # on the grid: the measured microseconds (8 heads a rank, 16 decodes of 1024 tokens)
+    i = mla_table.STEPS.index(1024)
+    assert t.decode_s(16, 1024) == pytest.approx(2.718281828 ** grid[16][i] * 1e-6, rel=1e-6)
+    # between grid points: inside the bracket, growing with batch and context
+    assert t.decode_s(16, 1024) < t.decode_s(24, 1024) < t.decode_s(32, 1024)
+    assert t.decode_s(16, 1024) < t.decode_s(16, 1500) < t.decode_s(16, 2048)
+    # a chunk after computed tokens costs what the longer prefill costs beyond the shorter
+    whole, first = t.prefill_s(2048, 0), t.prefill_s(1024, 0)
+    assert t.prefill_s(1024, 1024) == pytest.approx(max(whole - first, first))
+    assert mla_table.MlaTable.find("b200", "bf16", "bf16", 3) is None
+
+
+def test_an_mla_model_steps_through_its_measured_module():
+    """Kimi-K2.5 (INT4 experts, bf16 attention, 64 heads) at TP 8 on the B200: every layer's
+    attention is the module's at 8 heads (projections included: no qkv/o GEMMs beside it)."""
+    kimi = model("moonshotai--Kimi-K2.5")
+    gpu = resolve_gpu("b200")
+    cost = StepCostModel(kimi, gpu, tp=8, max_tokens=1024)
+    t = mla_table.MlaTable.find("b200", "bf16", "bf16", 8)
+    assert t is not None
+    assert cost.attention_time([], 16, 16 * 1024) == pytest.approx(
+        kimi.num_hidden_layers * t.decode_s(16, 1024))
+    assert cost.attention_time([(512, 1024)], 0, 0) == pytest.approx(
+        kimi.num_hidden_layers * t.prefill_s(512, 1024))
+    ops = linear_op_times(kimi, gpu, 8, np.array([16.0]), cost.c)
+    assert set(ops) == {"experts", "elementwise"}
+    # an FP8 KV cache reads the FP8 rows
+    fp8 = StepCostModel(kimi, gpu, tp=8, max_tokens=1024, kv_dtype_bytes=1)
+    assert fp8.attention_time([], 16, 16 * 1024) != cost.attention_time([], 16, 16 * 1024)
+
+
+def test_what_the_tables_do_not_time_is_refused_by_name():
+    kimi = model("moonshotai--Kimi-K2.5")
+    odd = kimi.with_overrides(kv_lora_rank=256)
+    with pytest.raises(SpecError, match="kv_lora_rank"):
+        StepCostModel(odd, resolve_gpu("b200"), tp=8, max_tokens=64)
+    with pytest.raises(SpecError, match="no measured MLA module on a100-sxm"):
+        StepCostModel(kimi, resolve_gpu("a100-sxm"), tp=8, max_tokens=64)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
+def test_the_committed_table_is_what_the_raw_tables_give(tmp_path):
+    out = tmp_path / "mla.csv"
+    mla_table.write(mla_table.derive(SHARED), out)
+    assert out.read_text() == mla_table.MLA_PATH.read_text()
+
+
+def test_gpt_oss_windowed_layers_and_mxfp4_experts():
+    """gpt-oss-120b: half its layers attend to a 128-token window (their decodes read at most
+    128 tokens each, their prefill tiles at most the window before them), its MXFP4 experts
+    come from the GPU's measured MXFP4 MoE layer, its bf16 attention projections from the
+    bf16 GEMMs."""
+    oss = model("openai--gpt-oss-120b")
+    gpu = resolve_gpu("h200")
+    cost = StepCostModel(oss, gpu, tp=1, max_tokens=1024)
+    assert cost.weight_dtype == "bf16" and cost._windowed == 18
+    full = StepCostModel(oss.with_overrides(layer_types=(), sliding_window=0), gpu, tp=1,
+                         max_tokens=1024)
+    # long contexts: the windowed layers cost far less than full ones
+    assert cost.attention_time([], 16, 16 * 8000) < 0.7 * full.attention_time([], 16, 16 * 8000)
+    assert cost.attention_time([(2048, 6000)], 0, 0) < 0.7 * full.attention_time(
+        [(2048, 6000)], 0, 0)
+    # short contexts inside the window: the same
+    assert cost.attention_time([], 4, 4 * 100) == pytest.approx(full.attention_time([], 4, 400))
+    us = moe_table.curve("h200", "mxfp4", 2880, 2880, 128, 4, 1, 1)
+    assert us is not None
+    ops = linear_op_times(oss, gpu, 1, np.array([16.0]), cost.c)
+    router = ops["experts"][0] - moe_table.seconds(us, np.array([16.0]))[0]
+    assert 0 < router < 5e-6  # the rest is the bf16 router GEMM
+
+
+def test_a_dense_4bit_checkpoint_is_refused_by_name():
+    llama = from_hf_config({
+        "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+        "max_position_embeddings": 131072}, "llama")
+    fp4 = llama.with_overrides(quantization="modelopt", weight_dtype="nvfp4")
+    with pytest.raises(SpecError, match="nvfp4 attention linear layers"):
+        StepCostModel(fp4, resolve_gpu("b200"), tp=1, max_tokens=64)
