@@ -110,6 +110,23 @@ def test_default_search_space_is_valid_for_vllm() -> None:
     assert space[0]["low"] >= max(space[2]["choices"])
 
 
+@pytest.mark.parametrize(("image", "version", "cadence"), [
+    ("vllm/vllm-openai:v0.11.0", None, False),  # the image's release: no local cadence
+    ("vllm/vllm-openai:v0.33.0", None, True),
+    ("vllm/vllm-openai:latest", None, True),  # no release named: the newest checked
+    ("vllm/vllm-openai:latest", "0.32.0", False),
+])
+def test_default_search_space_has_the_prefill_cadence_where_the_release_has_it(
+        image: str, version: str | None, cadence: bool) -> None:
+    raw = vllm_manifest()
+    raw["spec"]["engine"]["image"] = image
+    if version:
+        raw["spec"]["engine"]["vllmVersion"] = version
+    names = [p.name for p in parse_manifest(raw).spec.parameters]
+    assert names[:3] == [p["name"] for p in DEFAULT_SEARCH_SPACE["vllm"]]
+    assert ("prefill-schedule-interval" in names) is cadence
+
+
 def test_flags_line() -> None:
     assert flags_line({"max-num-batched-tokens": 4096, "long-prefill-token-threshold": 512}) == \
         "--max-num-batched-tokens 4096 --long-prefill-token-threshold 512"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chunktune.core import vllm_release
 from chunktune.sim.engine.step_trace import BatchTrace
 
 #: vLLM's CPU backend's default KV block size.
@@ -188,6 +189,7 @@ def sim_trace(engine: EngineCase, case: Case, model_config: str | Path) -> Batch
         enforce_eager=True,
         scheduling_policy=engine.scheduling_policy,
         enable_prefix_caching=engine.enable_prefix_caching,
-    ), resolve_model(config_path=model_config), resolve_gpu("h100-sxm"))
+    ), resolve_model(config_path=model_config), resolve_gpu("h100-sxm"),
+        version=vllm_release.CURRENT)  # the CPU build's scheduler
     return run_batch(cfg, engine.num_gpu_blocks, list(case.requests),
                      priorities=case.priorities, prefixes=case.prefixes)

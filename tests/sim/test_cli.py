@@ -229,3 +229,17 @@ def test_max_num_queued_reqs_answers_503_beyond_n_requests(tmp_path, capsys):
     assert failed > 0 and capped["engine"]["queue_rejections"] == failed
     assert list(capped["overall"]["failures"]) == ["http_503"]
     assert capped["overall"]["failures"]["http_503"]["count"] == failed
+
+
+def test_sim_run_says_which_release_schedules_and_refuses_a_newer_flag(capsys):
+    """The scheduler is the named release's (none named: the newest checked); a flag the named
+    release does not have is refused by name, exit 2."""
+    base = ["sim", "run", "--model", "llama-3.1-8b", "--workload", "smoke", "--duration", "5"]
+    assert main(base) == 0
+    assert "scheduler: vLLM 0.34 (the newest checked" in capsys.readouterr().out
+    assert main([*base, "--vllm-version", "0.33.0", "--prefill-schedule-interval", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "scheduler: vLLM 0.33\n" in out and "--prefill-schedule-interval 4" in out
+    assert main([*base, "--vllm-version", "0.33.0", "--cache-aware-admission-window", "8"]) == 2
+    assert "vLLM 0.33 has no --cache-aware-admission-window (since 0.34)" in \
+        capsys.readouterr().err

@@ -65,7 +65,7 @@ from chunktune.api._types import (
     pattern_str,
     short_repr,
 )
-from chunktune.api.default_space import DEFAULT_SEARCH_SPACE
+from chunktune.api.default_space import default_search_space
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, MAX_TOKENS, TUNABLE
 from chunktune.core.suggest import closest
@@ -636,8 +636,8 @@ class Spec(Model):
     @model_validator(mode="after")
     def _defaults(self) -> Spec:
         if self.search_space is None:
-            self.search_space = [Parameter.model_validate(p)
-                                 for p in DEFAULT_SEARCH_SPACE[self.engine.kind]]
+            self.search_space = [Parameter.model_validate(p) for p in default_search_space(
+                self.engine.kind, self.engine.effective_vllm_version())]
         if len(self.objectives) > 1 and "name" not in self.pruner.model_fields_set:
             self.pruner = PrunerSpec(name="none", warmup_windows=self.pruner.warmup_windows)
         return self

@@ -139,6 +139,8 @@ class SimulatedBackend(TrialBackend):
                 args = profiles.engine_args(args, calib)
             version = (None if target.vllm_version is None
                        else parse_version(target.vllm_version, "spec.engine.vllmVersion"))
+            if version is None and calib is not None:
+                version = profiles.fitted_version(calib)
             engine = build_engine(args, model, gpu, version)
             engine.use_acceptance(plan.profile)
             if calib is not None:

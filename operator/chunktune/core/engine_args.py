@@ -18,7 +18,7 @@ from chunktune.core.flags import BY_ATTR, FLAGS, argv, engine_defaults
 from chunktune.core.gpus import GPU
 from chunktune.core.models import MODELLED_QUANTIZATION, ModelConfig, resolve_model
 from chunktune.core.speculative import SpeculativeConfig
-from chunktune.core.vllm_release import Version
+from chunktune.core.vllm_release import Version, scheduler_release
 
 
 class EngineStartupError(ChunktuneError):
@@ -82,6 +82,11 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     long_prefill_token_threshold: int = _default("long-prefill-token-threshold")
+    long_prefill_token_threshold_adaptive: bool = \
+        _default("long-prefill-token-threshold-adaptive")
+    prefill_schedule_interval: int = _default("prefill-schedule-interval")
+    cache_aware_admission_window: int = _default("cache-aware-admission-window")
+    cache_aware_admission_threshold: float = _default("cache-aware-admission-threshold")
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     enable_chunked_prefill: bool = _default("enable-chunked-prefill")
@@ -218,7 +223,12 @@ class ResolvedConfig:
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
     #: the vLLM whose start-up defaults and memory accounting apply (None: the current one)
+    #: and whose scheduler runs (None: the newest checked, ``vllm_release.NEWEST_SCHEDULER``)
     vllm_version: Version | None = None
+    long_prefill_token_threshold_adaptive: bool = False
+    prefill_schedule_interval: int = 1
+    cache_aware_admission_window: int = 0
+    cache_aware_admission_threshold: float = 0.5
     #: speculative decoding (``--speculative-config``; None: off) and, for a draft model, its
     #: architecture
     speculative: SpeculativeConfig | None = None
@@ -323,6 +333,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
     model the result holds has its linear layers at the resolved weight type. ``version``:
     the vLLM whose defaults apply (:mod:`chunktune.core.vllm_release`; None: the current)."""
     args.check()
+    _check_release_flags(args, version)
     model = apply_quantization(model, args.quantization)
     tp = args.tensor_parallel_size
     if model.num_attention_heads % tp:
@@ -387,6 +398,10 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
         kv_cache_dtype=kv_dtype,
         quantization=model.quantization or None,
         vllm_version=version,
+        long_prefill_token_threshold_adaptive=args.long_prefill_token_threshold_adaptive,
+        prefill_schedule_interval=args.prefill_schedule_interval,
+        cache_aware_admission_window=args.cache_aware_admission_window,
+        cache_aware_admission_threshold=args.cache_aware_admission_threshold,
         speculative=spec,
         draft_model=draft,
         max_num_queued_reqs=args.max_num_queued_reqs,
@@ -412,6 +427,21 @@ def resolve_speculative(args: EngineArgs, budget: int
             f"the speculative decoding settings. Got max_num_batched_tokens={budget} and "
             f"scheduled_token_delta={spec.draft_slots}.")
     return spec, draft
+
+
+def _check_release_flags(args: EngineArgs, version: Version | None) -> None:
+    """Refuse a flag newer than vLLM ``version`` (:attr:`Flag.since`; its ``vllm serve``
+    exits on an unrecognized argument), naming the release that brought it. None: the newest
+    checked release's scheduler (:func:`scheduler_release`) runs, which has them all."""
+    release = scheduler_release(version)
+    problems = [(f.option, f"vLLM {release.name} has no {f.option} (since "
+                           f"{f.since[0]}.{f.since[1]}); drop it or name vLLM "
+                           f"{f.since[0]}.{f.since[1]} or later")
+                for f in FLAGS.values()
+                if f.since is not None and release.version < f.since
+                and hasattr(args, f.attr) and getattr(args, f.attr) != f.default]
+    if problems:
+        raise SpecError(problems)
 
 
 def apply_quantization(model: ModelConfig, quantization: str | None) -> ModelConfig:

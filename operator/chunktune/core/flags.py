@@ -129,6 +129,9 @@ class Flag:
     """The JSON flag this one is a key of (``num-speculative-tokens`` is the
     ``num_speculative_tokens`` of ``--speculative-config``): no command-line spelling of its
     own; :func:`argv` writes it into that flag's object (:func:`fold`)."""
+    since: vllm_release.Version | None = None
+    """The vLLM release that brought the flag, where newer than the supported one: the
+    simulator takes it, and refuses it for a study naming an older release."""
 
     @property
     def attr(self) -> str:
@@ -281,6 +284,22 @@ _ENTRIES: tuple[Flag, ...] = (
     Flag("long-prefill-token-threshold", "int", VLLM_ENGINES,
          "most prompt tokens one request may take in a step; 0 = no cap",
          int, _INT, minimum=0, maximum=MAX_TOKENS, default=0, tunable=True),
+    # vLLM's SchedulerConfig; what each release does with them: core.vllm_release.SCHEDULERS
+    Flag("long-prefill-token-threshold-adaptive", "bool", VLLM_ENGINES,
+         "floor the long-prefill threshold at the token budget / requests in the system",
+         default=False),
+    Flag("prefill-schedule-interval", "int", VLLM_ENGINES,
+         "hold prefill until N steps have passed since the last step that carried prefill, "
+         "so decodes run alone in between (without data parallelism since vLLM 0.33)",
+         int, _INT, minimum=1, maximum=MAX_SEQS, default=1, tunable=True),
+    Flag("cache-aware-admission-window", "int", VLLM_ENGINES,
+         "within the first N waiting requests admit those with a cached prefix first, once "
+         "KV usage reaches the threshold (vLLM 0.34; fcfs with prefix caching); 0 = off",
+         int, _INT, minimum=0, maximum=MAX_SEQS, default=0, since=(0, 34, 0)),
+    Flag("cache-aware-admission-threshold", "float", VLLM_ENGINES,
+         "KV-cache usage from which --cache-aware-admission-window applies (vLLM 0.34)",
+         float, "a fraction such as 0.5", minimum=0, maximum=1, default=0.5,
+         since=(0, 34, 0)),
     Flag("max-num-seqs", "int", VLLM_ENGINES, "most running requests",
          int, _INT, minimum=1, maximum=MAX_SEQS, default_rule="batch_seqs", tunable=True),
     Flag("gpu-memory-utilization", "float", VLLM_ENGINES,

@@ -29,6 +29,7 @@ Versions before 0.9.0 (V0's defaults, name-keyed V1 defaults) are not modelled.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from chunktune.core.errors import SpecError
 
@@ -109,3 +110,76 @@ def large_memory_tier(v: Version | None) -> bool:
 def async_scheduling(v: Version | None) -> bool:
     """Whether vLLM ``v`` schedules asynchronously unless told otherwise."""
     return (v or CURRENT) >= ASYNC_SCHEDULING
+
+
+# ---- the V1 scheduler of each checked release ---------------------------------------------------
+
+@dataclass(frozen=True)
+class SchedulerRelease:
+    """What one vLLM release's V1 scheduler (``vllm/v1/core/sched/scheduler.py::schedule``)
+    does that another checked release does not, as far as the simulator models it. The
+    simulator's scheduler reads these fields, never a version number; each field names the
+    release and the code it comes from. Adding a release is a row of :data:`SCHEDULERS`, plus
+    a field (and its rule in the scheduler) for whatever its diff changes."""
+
+    version: Version
+    #: ``--prefill-schedule-interval N`` holds prefill without data parallelism too ("Local
+    #: prefill cadence", 0.33); before, only a DP engine core applied it (a no-op alone).
+    local_prefill_cadence: bool = False
+    #: under ``priority``, a request that preempts itself lets the running requests after it
+    #: be scheduled (0.33: ``continue``); before, it ended the running loop (``break``).
+    priority_self_preemption_continues: bool = False
+    #: ``--long-prefill-token-threshold`` applies only with chunked prefill (0.34:
+    #: ``if self.scheduler_config.enable_chunked_prefill and num_eligible_reqs > 1``).
+    threshold_needs_chunking: bool = False
+    #: ``--cache-aware-admission-window`` / ``-threshold`` exist (0.34:
+    #: ``Scheduler._reorder_waiting_by_cached_prefix``).
+    cache_aware_admission: bool = False
+    #: the iteration log counts a request resumed after a preemption as context in the step
+    #: that resumes it (0.34: it is sent as a new request, ``scheduled_new_reqs``, which
+    #: ``compute_iteration_details`` counts as context); before, as generation once it had
+    #: produced a token.
+    resumed_counts_as_context: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
+
+#: The releases whose scheduler the per-release suite (``tests/sim/releases``) checks step by
+#: step against the simulator's, oldest first. 0.31 and 0.32 schedule alike (their
+#: ``schedule()`` differs in encoder, connector and logging code only).
+SCHEDULERS: tuple[SchedulerRelease, ...] = (
+    SchedulerRelease((0, 31, 0)),
+    SchedulerRelease((0, 32, 0)),
+    SchedulerRelease((0, 33, 0), local_prefill_cadence=True,
+                     priority_self_preemption_continues=True),
+    SchedulerRelease((0, 34, 0), local_prefill_cadence=True,
+                     priority_self_preemption_continues=True, threshold_needs_chunking=True,
+                     cache_aware_admission=True, resumed_counts_as_context=True),
+)
+#: The release whose scheduler the simulator runs when a study names none.
+NEWEST_SCHEDULER: SchedulerRelease = SCHEDULERS[-1]
+
+
+def scheduler_release(v: Version | None) -> SchedulerRelease:
+    """The checked scheduler that vLLM ``v`` runs: its own release's row, or the row of the
+    newest checked release before it; the oldest checked before that (older schedulers are
+    not checked) and :data:`NEWEST_SCHEDULER` for None or a release newer than any checked."""
+    if v is None:
+        return NEWEST_SCHEDULER
+    rows = [r for r in SCHEDULERS if r.version[:2] <= v[:2]]
+    return rows[-1] if rows else SCHEDULERS[0]
+
+
+def scheduler_note(v: Version | None) -> str:
+    """One line saying which release's scheduler the simulator runs for ``v``."""
+    row = scheduler_release(v)
+    if v is None:
+        return f"vLLM {row.name} (the newest checked; name one with --vllm-version)"
+    if v[:2] == row.version[:2]:
+        return f"vLLM {row.name}"
+    if v[:2] < row.version[:2]:
+        return (f"vLLM {row.name}'s for {text(v)} (older schedulers are not "
+                "checked)")
+    return f"vLLM {row.name}'s for {text(v)} (the newest checked)"

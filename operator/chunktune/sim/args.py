@@ -53,8 +53,11 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = False) 
     flags.add_argparse(g, "sim", help_for=_HELP)
     # Registry flags the supported vLLM no longer has (--max-num-partial-prefills, ...) are not
     # options here: they reach split_unknown and are refused as that vLLM refuses them (exit 2).
+    # Those a newer release brought (Flag.since) are: resolve() refuses them for an older one.
     for action in list(g._group_actions):
-        if action.option_strings and not set(action.option_strings) & vllm_flags():
+        if action.option_strings and not set(action.option_strings) & vllm_flags() \
+                and not any((f := flags.lookup(o)[0]) is not None and f.since
+                            for o in action.option_strings):
             g._group_actions.remove(action)
             p._remove_action(action)
             for o in action.option_strings:

@@ -13,7 +13,7 @@ from chunktune.core.engine_args import EngineStartupError
 from chunktune.core.errors import Problems, SpecError
 from chunktune.core.flags import TUNABLE, flags_line
 from chunktune.core.steps import write_steps
-from chunktune.core.vllm_release import parse_version
+from chunktune.core.vllm_release import parse_version, scheduler_note
 from chunktune.core.workload import (
     Profile,
     generate,
@@ -64,9 +64,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "finish before they count as timeouts, as in `chunktune load run` "
                         "(default: 60s)")
     run.add_argument("--vllm-version", metavar="VERSION",
-                     help="the vLLM whose start-up defaults apply (batch budget and sequences, "
-                          "--gpu-memory-utilization, CUDA-graph memory), e.g. 0.12.0 "
-                          "(default: the current, 0.32)")
+                     help="the vLLM whose scheduler runs (0.31 to 0.34 checked; an older one "
+                          "runs 0.31's) and whose start-up defaults apply (batch budget and "
+                          "sequences, --gpu-memory-utilization, CUDA-graph memory), e.g. 0.33.0 "
+                          "(default: the newest checked, 0.34; docs/vllm-versions.md)")
     run.add_argument("--json", metavar="PATH",
                      help="also write the summary as JSON (the load driver's summary schema, "
                           "plus engine and config)")
@@ -156,6 +157,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         args = profiles.engine_args(args, calib)
+        version = version or profiles.fitted_version(calib)
     try:
         engine = build_engine(args, model, gpu, version)
         engine.use_acceptance(profile)
@@ -198,11 +200,13 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
     summary["cost_model"] = provenance(gpu)
     summary["workload"] = profile.name
     summary["wall_seconds"] = wall
+    summary["scheduler"] = scheduler_note(version)
     print(f"{model.name} on {gpu.name} x{engine.cfg.tensor_parallel_size}, workload "
           f"{profile.name} ({profile.duration:g}s, warm-up {profile.warmup:g}s); flags: "
           + flags_line({k: v for k, v in engine.cfg.flags().items()
                         if k in TUNABLE or k in args.point()}))
     print(f"cost model: {summary['cost_model']}")
+    print(f"scheduler: {summary['scheduler']}")
     print(format_summary(summary))
     print(f"(replayed in {wall:.2f} s wall, {result.end_time / max(wall, 1e-9):,.0f}x real time)")
     if ns.json:

@@ -134,6 +134,10 @@ def test_sim_run_takes_the_profile(tmp_path, tiny, capsys):
     cal = json.loads((tmp_path / "cal.json").read_text())
     # the idle TTFT carries the profile's 100 ms before the first token
     assert cal["overall"]["ttft"]["p50"] > 0.1
+    # no release named: the scheduler of the one whose steps the profile was fitted on
+    prof = profiles.read_profile(tmp_path / "profile.json")
+    assert profiles.fitted_version(prof) == (0, 32, 0)
+    assert cal["scheduler"] == "vLLM 0.32"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"kind": "something-else"}))
     assert main([*common, "--calibration", str(bad)]) == 2

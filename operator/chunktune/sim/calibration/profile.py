@@ -41,6 +41,7 @@ from chunktune.core.engine_args import EngineArgs
 from chunktune.core.errors import SpecError
 from chunktune.core.models import ModelConfig
 from chunktune.core.steps import read_step_log
+from chunktune.core.vllm_release import Version, parse_version
 from chunktune.sim.calibration.step_fit import MIN_STEPS, StepLog, check_steps
 from chunktune.sim.cost.step_time import StepCostModel
 from chunktune.sim.engine.virtual import Engine
@@ -332,6 +333,19 @@ def read_profile(path: str | Path, field_path: str = "--calibration") -> Calibra
     except json.JSONDecodeError as e:
         raise SpecError(f"{p}: not valid JSON: {e}", field=field_path) from e
     return parse_profile(d, str(p), field_path)
+
+
+def fitted_version(profile: CalibrationProfile) -> Version | None:
+    """The vLLM release whose step logs the profile was fitted on, where they name one: a
+    calibrated simulation that names no release runs that release's scheduler, the one whose
+    steps it was fitted to (the CPU build's 0.32, not the newest checked)."""
+    text = profile.fitted_on.get("vllm_version")
+    if not isinstance(text, str) or "," in text:
+        return None
+    try:
+        return parse_version(text)
+    except SpecError:
+        return None
 
 
 def engine_args(args: EngineArgs, profile: CalibrationProfile) -> EngineArgs:

@@ -31,6 +31,7 @@ class Request:
         "num_computed",
         "num_output",
         "num_preemptions",
+        "prefill_chunk",
         "prefix_key",
         "prefix_tokens",
         "priority",
@@ -70,6 +71,9 @@ class Request:
         self.num_output = 0
         self.num_blocks = 0
         self.num_preemptions = 0
+        #: whether its last scheduled chunk left prompt to compute (vLLM's
+        #: ``Request.is_prefill_chunk``, set after each step that scheduled it)
+        self.prefill_chunk = False
         self.status = WAITING
         self.first_scheduled = -1.0
         self.first_token = -1.0

@@ -36,6 +36,14 @@ This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (``docs/vllm-behavi
    against the budget (``input_budget``), nothing is scheduled once the budget left is at most
    the draft slots, and KV is allocated ``lookahead`` tokens past the scheduled ones. After the
    step the rejected drafts roll ``num_computed`` back (:meth:`Scheduler.verify`).
+8. The release: ``cfg.vllm_version`` picks the row of
+   :data:`chunktune.core.vllm_release.SCHEDULERS` whose rules apply (the newest checked when
+   none is named): from 0.33 ``--prefill-schedule-interval`` holds prefill without data
+   parallelism (:meth:`Scheduler._prefill_held`) and a request preempting itself under
+   ``priority`` lets the requests after it run; from 0.34 the threshold needs chunked prefill
+   and ``--cache-aware-admission-window`` reorders WAITING (:meth:`Scheduler._cache_aware`).
+   ``--long-prefill-token-threshold-adaptive`` (every checked release) floors the threshold at
+   the budget over the requests in the system.
 
 NOTE: with the default threshold of 0 a long prompt takes *all* budget left after the decodes
 scheduled before it — decodes admitted after it in the running list, and new arrivals, wait:
@@ -52,6 +60,7 @@ from dataclasses import dataclass, field
 
 from chunktune.core.engine_args import ResolvedConfig
 from chunktune.core.speculative import expected_accepted
+from chunktune.core.vllm_release import scheduler_release
 from chunktune.sim.engine.kv_cache import BlockPool, PrefixCache
 from chunktune.sim.engine.request import FINISHED, RUNNING, WAITING, Request
 
@@ -70,12 +79,16 @@ class StepPlan:
     #: rows that sample a token: decodes plus prefills that complete in this step
     num_logits: int = 0
     num_prefill_tokens: int = 0
+    #: the last ``num_admitted`` of ``scheduled`` came from WAITING
     num_admitted: int = 0
     #: speculative decoding: draft tokens scheduled for verification, per request
     spec: dict[Request, int] = field(default_factory=dict)
     #: requests that sample in this step (decodes and prefills that complete): the drafter's
     #: rows after it
     num_sampling: int = 0
+    #: the iteration log counts those admitted as context, resumed ones included
+    #: (``SchedulerRelease.resumed_counts_as_context``)
+    admitted_as_context: bool = False
 
     @property
     def empty(self) -> bool:
@@ -158,6 +171,27 @@ class Scheduler:
         self.num_accepted_tokens = 0
         #: accepted tokens by draft position (``..._accepted_tokens_per_pos``)
         self.accepted_per_pos = [0] * (self.spec.num_speculative_tokens if self.spec else 0)
+        self._release_rules(cfg)
+
+    def _release_rules(self, cfg: ResolvedConfig) -> None:
+        """The rules of the release the config names (:func:`scheduler_release`)."""
+        release = self.release = scheduler_release(cfg.vllm_version)
+        self.adaptive = cfg.long_prefill_token_threshold_adaptive
+        self.threshold_needs_chunking = release.threshold_needs_chunking
+        self.self_preemption_continues = release.priority_self_preemption_continues
+        # vLLM 0.33 Scheduler.__init__: local_prefill_interval (no DP here); a full interval
+        # back, so that the first step is never held
+        self.interval = cfg.prefill_schedule_interval if release.local_prefill_cadence else 1
+        self.last_prefill_step = -self.interval
+        #: steps that scheduled tokens (vLLM's ``num_executed_steps``)
+        self.num_executed_steps = 0
+        #: the last step that admitted from WAITING left it non-empty (``prefill_capacity_bound``)
+        self.capacity_bound = False
+        # vLLM 0.34 Scheduler.__init__: cache_aware_window, fcfs with prefix caching only
+        self.cache_window = (cfg.cache_aware_admission_window
+                             if release.cache_aware_admission and not self.priority
+                             and self.cache is not None else 0)
+        self.cache_threshold = cfg.cache_aware_admission_threshold
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -181,14 +215,21 @@ class Scheduler:
     # ---- the step --------------------------------------------------------------------------
 
     def schedule(self, now: float) -> StepPlan:
-        plan = StepPlan()
+        plan = StepPlan(admitted_as_context=self.release.resumed_counts_as_context)
         # vLLM's input_budget: each scheduled request costs its tokens plus the draft slots
         budget = self.budget
         slots = self.draft_slots
         ahead = self.lookahead
         # The threshold exists to stop a long prefill from starving others: with one request
         # in the system vLLM 0.32 does not apply it.
-        thr = self.threshold if len(self.running) + len(self.waiting) > 1 else 0
+        in_system = len(self.running) + len(self.waiting)
+        thr = self.threshold if in_system > 1 else 0
+        if self.threshold_needs_chunking and not self.chunked:
+            thr = 0
+        if thr and self.adaptive:  # a fair share of the budget at least
+            thr = max(thr, self.budget // in_system)
+        held = self.interval > 1 and self._prefill_held()
+        prefill_ran = False
         max_len = self.max_model_len
         pool = self.pool
         cache = self.cache
@@ -208,6 +249,9 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > slots:
             req = running[i]
+            if held and req.prefill_chunk:
+                i += 1
+                continue
             computed = req.num_computed
             remaining = req.prompt_len + req.num_output - computed
             n = remaining + req.spec_tokens
@@ -253,12 +297,15 @@ class Scheduler:
                     if victim is req:
                         break
                 if victim is req:
+                    if self.priority and self.self_preemption_continues:
+                        continue  # vLLM 0.33: running[i] is the next request already
                     break
             if need:
                 pool.allocate(req, need)
             if cache is not None:
                 cache.commit(req, min(computed + n, req.prompt_len + req.num_output))
             scheduled.append((req, n))
+            prefill_ran |= req.prefill_chunk
             if self.priority:
                 done[req] = (n, computed, remaining)
             budget -= n + slots
@@ -282,6 +329,8 @@ class Scheduler:
             i += 1
 
         if not preempted:
+            if self.cache_window and not held:
+                self._cache_aware()
             waiting = self.waiting
             max_seqs = self.max_num_seqs
             chunked = self.chunked
@@ -295,6 +344,8 @@ class Scheduler:
                     hit, touch = cache.lookup(req)
                     computed = hit * bs
                 remaining = req.prompt_len + req.num_output - computed
+                if held and remaining > 1:
+                    break  # vLLM 0.33: the cadence holds this step's prefill
                 n = remaining
                 if 0 < thr < n:
                     n = thr
@@ -327,6 +378,9 @@ class Scheduler:
                     logits += 1
                     sampling += 1
                 plan.num_admitted += 1
+                prefill_ran |= remaining > 1
+            if not held:
+                self.capacity_bound = bool(waiting)
         else:
             # Preempted requests go back to the head of WAITING, earliest-admitted first
             # (under priority: in their (priority, arrival) place).
@@ -335,11 +389,49 @@ class Scheduler:
 
         plan.num_tokens = self.budget - budget - slots * len(scheduled)
         plan.num_sampling = sampling
+        if plan.num_tokens:
+            self.num_executed_steps += 1
+            if prefill_ran and self.interval > 1:
+                self.last_prefill_step = self.num_executed_steps
         plan.num_decodes = decodes
         plan.decode_context_tokens = decode_ctx
         plan.num_logits = logits
         plan.num_prefill_tokens = prefill_tokens
         return plan
+
+    def _prefill_held(self) -> bool:
+        """vLLM 0.33's local prefill cadence (``schedule()``, "Local prefill cadence"): hold
+        prefill — admissions and chunks of running prompts — until ``interval`` executed
+        steps have passed since the last step that carried prefill, while a running request
+        decodes, unless the last admitting step could not drain WAITING."""
+        return (not self.capacity_bound
+                and self.num_executed_steps + 1 - self.last_prefill_step < self.interval
+                and any(not r.prefill_chunk for r in self.running))
+
+    def _cache_aware(self) -> None:
+        """vLLM 0.34's ``Scheduler._reorder_waiting_by_cached_prefix``: once KV usage reaches
+        the threshold, within the first ``cache_window`` waiting requests those never
+        scheduled (a preempted one keeps its place) go deepest cached prefix first, arrival
+        order breaking ties."""
+        waiting = self.waiting
+        cache = self.cache
+        if len(waiting) < 2 or cache is None or cache.usage < self.cache_threshold:
+            return
+        assert isinstance(waiting, deque), "cache-aware admission is fcfs only"
+        head = list(itertools.islice(waiting, self.cache_window))
+        slots = [i for i, r in enumerate(head) if r.num_preemptions == 0]
+        if len(slots) < 2:
+            return
+        cached = {i: cache.lookup(head[i])[0] for i in slots}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order == slots:
+            return
+        reordered = list(head)
+        for slot, source in zip(slots, order, strict=True):
+            reordered[slot] = head[source]
+        for _ in head:
+            waiting.popleft()
+        waiting.extendleft(reversed(reordered))
 
     def _preempt(self, req: Request) -> None:
         """Preemption by recompute: free the blocks, restart from token 0
@@ -387,7 +479,9 @@ class Scheduler:
                 continue  # aborted while the step ran
             req.num_computed += n
             if req.num_computed < req.prompt_len + req.num_output:
+                req.prefill_chunk = True
                 continue
+            req.prefill_chunk = False
             tokens = 1 + self.verify(req, spec[req]) if req in spec else 1
             if req.num_output == 0:
                 req.first_token = end_time

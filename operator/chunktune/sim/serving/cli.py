@@ -43,7 +43,7 @@ from chunktune import __version__
 from chunktune.core.engine_args import EngineStartupError, resolve
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS
-from chunktune.core.vllm_release import parse_version
+from chunktune.core.vllm_release import parse_version, scheduler_release
 from chunktune.sim.args import add_engine_args, engine_args_from, model_and_gpu, split_unknown
 from chunktune.sim.calibration import profile as profiles
 from chunktune.sim.engine.memory import GiB
@@ -89,9 +89,10 @@ def register(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                         "profiled engine's steps cost (its server overhead is not added: this "
                         "server pays its own HTTP costs)")
     s.add_argument("--vllm-version", metavar="VERSION",
-                   help="the vLLM whose start-up defaults apply (batch budget and sequences, "
-                        "--gpu-memory-utilization, CUDA-graph memory), e.g. 0.12.0 "
-                        "(default: the current, 0.32)")
+                   help="the vLLM whose scheduler runs (0.31 to 0.34 checked; an older one "
+                        "runs 0.31's) and whose start-up defaults apply (batch budget and "
+                        "sequences, --gpu-memory-utilization, CUDA-graph memory), e.g. 0.33.0 "
+                        "(default: the newest checked, 0.34; docs/vllm-versions.md)")
     s.add_argument("--load-time", type=float, default=DEFAULT_LOAD_TIME_S, metavar="SECONDS",
                    help=f"simulated model-load delay before the port opens "
                         f"(default {DEFAULT_LOAD_TIME_S:g}; 0 allowed)")
@@ -200,7 +201,7 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
         time.sleep(ns.load_time)
     try:
         version = (parse_version(ns.vllm_version, "--vllm-version") if ns.vllm_version
-                   else None)
+                   else None if calib is None else profiles.fitted_version(calib))
         engine = build_engine(args, model, gpu, version)
         if ns.spec_acceptance is not None:
             engine.acceptance = (ns.spec_acceptance,)
@@ -219,6 +220,12 @@ def cmd_serve(ns: argparse.Namespace, unknown: list[str]) -> int:
             f"{engine.cfg.max_num_batched_tokens}.", where="scheduler.py")
     for w in engine.cfg.warnings:
         log(w, level="WARNING", where="scheduler.py")
+    interval = engine.cfg.prefill_schedule_interval
+    if interval > 1 and scheduler_release(version).local_prefill_cadence:  # vLLM 0.33's line
+        log(f"Prefill cadence: applying prefill_schedule_interval={interval} locally (this "
+            "engine is not DP-coordinated); prefill is held until "
+            f"{interval} executed steps have passed since the last prefill-carrying step.",
+            where="scheduler.py")
     for line in engine.memory.log_lines():
         log(line, where="gpu_worker.py")
     cfg = ServerConfig(served_model_names=served, model_root=model_tag,

@@ -1,0 +1,83 @@
+"""The scheduler rules that differ between vLLM releases (``core.vllm_release.SCHEDULERS``),
+on the simulator's side; ``tests/sim/releases`` checks each against the release's own
+scheduler, step by step."""
+
+from __future__ import annotations
+
+import pytest
+
+from chunktune.core.engine_args import EngineArgs, resolve
+from chunktune.core.errors import SpecError
+from chunktune.core.gpus import resolve_gpu
+from chunktune.core.models import resolve_model
+from chunktune.core.vllm_release import (
+    NEWEST_SCHEDULER,
+    SCHEDULERS,
+    scheduler_note,
+    scheduler_release,
+)
+from tests.sim.releases.cases import NAMED, sim_trace
+
+V31, V32, V33, V34 = (r.version for r in SCHEDULERS)
+CASE = {c.name: c for c in NAMED}
+
+
+def steps(name: str, version: tuple[int, int, int] | None) -> list[tuple[int, int, int, int]]:
+    return sim_trace(CASE[name], version).steps
+
+
+def test_each_version_runs_the_scheduler_of_its_release_or_the_nearest_checked():
+    assert scheduler_release(None) is NEWEST_SCHEDULER
+    assert scheduler_release((0, 33, 2)).version == V33
+    assert scheduler_release((0, 20, 0)).version == V31  # older ones: the oldest checked
+    assert scheduler_release((0, 40, 0)) is NEWEST_SCHEDULER
+    assert "newest checked" in scheduler_note(None)
+    assert scheduler_note((0, 33, 0)) == "vLLM 0.33"
+
+
+def test_the_prefill_cadence_holds_prefill_from_0_33_and_is_a_no_op_before():
+    held, every = steps("prefill_schedule_interval_4", V33), steps(
+        "prefill_schedule_interval_1", V33)
+    assert steps("prefill_schedule_interval_4", V32) == steps("prefill_schedule_interval_1",
+                                                             V32)
+    assert held != every
+    # decodes run alone in between: steps with decodes and no prompt tokens
+    assert sum(1 for s in held if s[1] == 0 and s[3]) > sum(1 for s in every
+                                                             if s[1] == 0 and s[3])
+    # the prompts take longer to finish: the cadence trades TTFT for ITL
+    assert len(held) > len(every)
+
+
+def test_a_request_preempting_itself_ends_the_running_loop_only_before_0_33():
+    assert steps("priority_self_preemption", V33) != steps("priority_self_preemption", V32)
+    # 0.34 schedules as 0.33 (its log counts the resumed request as context, see below)
+    assert [s[1] + s[3] for s in steps("priority_self_preemption", V34)] == \
+        [s[1] + s[3] for s in steps("priority_self_preemption", V33)]
+
+
+def test_the_log_counts_a_resumed_request_as_context_from_0_34():
+    case = CASE["priority_self_preemption"]
+    old, new = sim_trace(case, V33), sim_trace(case, V34)
+    assert sum(old.preempted) == sum(new.preempted) > 0
+    assert sum(s[0] for s in new.steps) > sum(s[0] for s in old.steps)
+
+
+def test_the_threshold_needs_chunked_prefill_from_0_34():
+    old, new = steps("threshold_without_chunking", V33), steps("threshold_without_chunking",
+                                                              V34)
+    assert old[0] == (2, 2 * 32, 0, 0)  # 0.33 splits both prompts at the threshold
+    assert new[0] == (2, 100 + 90, 0, 0)  # 0.34 takes them whole
+
+
+def test_the_adaptive_threshold_floors_the_cap_at_a_fair_share_of_the_budget():
+    adaptive = steps("adaptive_threshold", V32)
+    # three requests in the system: 128 // 3 = 42 tokens each at least
+    assert adaptive[0] == (3, 42 + 42 + 20, 0, 0)
+
+
+def test_cache_aware_admission_puts_cached_openings_first_from_0_34():
+    on, off = steps("cache_aware_admission", V34), steps("cache_aware_admission_off", V34)
+    assert on != off
+    with pytest.raises(SpecError, match=r"--cache-aware-admission-window.*since 0\.34"):
+        resolve(EngineArgs(cache_aware_admission_window=4), resolve_model("llama-3.1-8b"),
+                resolve_gpu("h100-sxm"), version=(0, 33, 0))

@@ -1,0 +1,165 @@
+"""The cases of the per-release scheduler suite: seeded random ones, and one per rule that
+changed between releases.
+
+A case is an engine (scheduler settings and a KV-cache size in blocks) and requests
+``(id, prompt tokens, output tokens)``, each with a priority, an opening shared with others
+(``(key, tokens)`` or None) and the step before which it arrives. The same case runs through
+each release's own ``Scheduler`` (``vllm_scheduler.py``) and through the simulator's, set to
+that release (:func:`sim_trace`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chunktune.core.vllm_release import Version
+from chunktune.sim.engine.step_trace import BatchTrace
+
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class ReleaseCase:
+    name: str
+    requests: tuple[tuple[str, int, int], ...]
+    max_num_batched_tokens: int = 64
+    max_num_seqs: int = 8
+    max_model_len: int = 1024
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
+    enable_prefix_caching: bool = False
+    num_gpu_blocks: int = 256
+    priorities: tuple[int, ...] = ()
+    prefixes: tuple[tuple[str, int] | None, ...] = ()
+    arrivals: tuple[int, ...] = ()
+    #: scheduler settings beyond the common ones, by vLLM's ``SchedulerConfig`` field name
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: the first release that has every setting of ``extra``
+    since: Version = (0, 31, 0)
+
+    def engine(self) -> dict[str, Any]:
+        """The engine as ``vllm_scheduler.py`` takes it."""
+        return {"block_size": BLOCK_SIZE, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len,
+                "long_prefill_token_threshold": self.long_prefill_token_threshold,
+                "enable_chunked_prefill": self.enable_chunked_prefill,
+                "scheduling_policy": self.scheduling_policy,
+                "enable_prefix_caching": self.enable_prefix_caching,
+                "num_gpu_blocks": self.num_gpu_blocks, **self.extra}
+
+    def spec(self) -> dict[str, Any]:
+        return {"name": self.name, "engine": self.engine(), "requests": [
+            {"id": rid, "prompt_len": p, "max_tokens": o,
+             "priority": self.priorities[i] if self.priorities else 0,
+             "prefix": self.prefixes[i] if self.prefixes else None,
+             "arrive": self.arrivals[i] if self.arrivals else 0}
+            for i, (rid, p, o) in enumerate(self.requests)]}
+
+
+def random_case(seed: int) -> ReleaseCase:
+    """A random engine and workload: budgets, thresholds (adaptive or not), max-num-seqs, KV
+    from tight (preemptions) to ample, chunked prefill on or off, fcfs or priority, prefix
+    caching on or off with shared openings, requests arriving mid-run."""
+    rng = random.Random(seed)
+    chunked = rng.random() < 0.7
+    budget = rng.choice([32, 48, 64, 96, 128, 256])
+    max_len = 1024 if chunked else budget
+    n = rng.randint(3, 9)
+    requests = []
+    for i in range(n):
+        out = rng.randint(1, 24)
+        prompt = rng.randint(1, (max_len if chunked else budget) - out)
+        prompt = min(prompt, 400)
+        requests.append((f"r{i}", prompt, out))
+    longest = max(-(-(p + o) // BLOCK_SIZE) for _, p, o in requests)
+    blocks = 1 + longest + rng.choice([0, 1, 3, 8, 64])
+    caching = rng.random() < 0.5
+    prefixes = tuple((f"p{rng.randint(0, 1)}", 48) if caching and p > 48 and rng.random() < 0.7
+                     else None for _, p, _ in requests)
+    priority = rng.random() < 0.3
+    threshold = rng.choice([0, 0, 8, 16, 24, 40]) if budget >= 48 else rng.choice([0, 8])
+    extra: dict[str, Any] = {}
+    if threshold and rng.random() < 0.3:
+        extra["long_prefill_token_threshold_adaptive"] = True
+    return ReleaseCase(
+        f"random{seed}", tuple(requests), max_num_batched_tokens=budget,
+        max_num_seqs=rng.randint(1, 6), max_model_len=max_len,
+        long_prefill_token_threshold=min(threshold, max_len),
+        enable_chunked_prefill=chunked,
+        scheduling_policy="priority" if priority else "fcfs",
+        enable_prefix_caching=caching, num_gpu_blocks=blocks,
+        priorities=tuple(rng.randint(0, 3) for _ in requests) if priority else (),
+        prefixes=prefixes if caching else (),
+        arrivals=tuple(sorted(rng.choice([0, 0, 2, 5, 9, 15]) for _ in requests)),
+        extra=extra)
+
+
+#: Long prompts beside decodes, with more arriving: the cadence holds chunks and admissions.
+_CADENCE_REQUESTS = (("a", 40, 30), ("b", 30, 30), ("c", 300, 5), ("d", 200, 8),
+                     ("e", 60, 12), ("f", 90, 6))
+_CADENCE_ARRIVALS = (0, 0, 3, 6, 10, 11)
+#: A warm opening, then cold and warm requests queued behind a full KV cache.
+_CACHE_REQUESTS = (("w0", 120, 40), ("c1", 150, 4), ("c2", 150, 4), ("w1", 120, 4),
+                   ("c3", 150, 4), ("w2", 120, 4), ("w3", 120, 4))
+_CACHE_PREFIXES = (("warm", 96), None, None, ("warm", 96), None, ("warm", 96), ("warm", 96))
+_CACHE_ARRIVALS = (0, 4, 4, 4, 4, 4, 4)
+
+NAMED: tuple[ReleaseCase, ...] = (
+    # 0.33: --prefill-schedule-interval without DP (0.31/0.32: a no-op there)
+    ReleaseCase("prefill_schedule_interval_4", _CADENCE_REQUESTS, max_num_batched_tokens=64,
+                arrivals=_CADENCE_ARRIVALS, extra={"prefill_schedule_interval": 4}),
+    ReleaseCase("prefill_schedule_interval_1", _CADENCE_REQUESTS, max_num_batched_tokens=64,
+                arrivals=_CADENCE_ARRIVALS),
+    # 0.33: the lowest-priority request preempts itself; the ones after it still run
+    ReleaseCase("priority_self_preemption", (("lo", 119, 15), ("hi", 86, 30), ("mid", 67, 36)),
+                max_num_batched_tokens=64, scheduling_policy="priority", num_gpu_blocks=15,
+                priorities=(5, 0, 1), arrivals=(0, 2, 2)),
+    # 0.34: the threshold needs chunked prefill
+    ReleaseCase("threshold_without_chunking",
+                (("a", 100, 10), ("b", 90, 10), ("c", 120, 10)), max_num_batched_tokens=256,
+                max_model_len=256, long_prefill_token_threshold=32,
+                enable_chunked_prefill=False, arrivals=(0, 0, 3)),
+    # every release: the adaptive threshold floors it at budget / requests in the system
+    ReleaseCase("adaptive_threshold", (("a", 300, 5), ("b", 200, 5), ("c", 20, 30)),
+                max_num_batched_tokens=128, long_prefill_token_threshold=16,
+                extra={"long_prefill_token_threshold_adaptive": True}),
+    # 0.34: cache-aware admission, against the same case without it
+    ReleaseCase("cache_aware_admission", _CACHE_REQUESTS, max_num_batched_tokens=128,
+                max_num_seqs=2, enable_prefix_caching=True, num_gpu_blocks=30,
+                prefixes=_CACHE_PREFIXES, arrivals=_CACHE_ARRIVALS,
+                extra={"cache_aware_admission_window": 4,
+                       "cache_aware_admission_threshold": 0.3},
+                since=(0, 34, 0)),
+    ReleaseCase("cache_aware_admission_off", _CACHE_REQUESTS, max_num_batched_tokens=128,
+                max_num_seqs=2, enable_prefix_caching=True, num_gpu_blocks=30,
+                prefixes=_CACHE_PREFIXES, arrivals=_CACHE_ARRIVALS),
+)
+
+#: The random cases each release runs (seeded: the same every run).
+RANDOM: tuple[ReleaseCase, ...] = tuple(random_case(seed) for seed in range(8))
+
+CASES: tuple[ReleaseCase, ...] = NAMED + RANDOM
+
+
+def sim_trace(case: ReleaseCase, version: Version | None,
+              model_config: str | Path | None = None) -> BatchTrace:
+    """The simulator's trace of ``case`` with the scheduler of vLLM ``version`` (None: the
+    default) on the model of ``model_config`` (a config.json; None: any, the KV-cache size
+    being the case's)."""
+    from chunktune.core.engine_args import EngineArgs, resolve
+    from chunktune.core.gpus import resolve_gpu
+    from chunktune.core.models import resolve_model
+    from chunktune.sim.engine.step_trace import run_batch
+
+    fields = case.engine()  # vLLM's names, which EngineArgs shares
+    fields["num_gpu_blocks_override"] = fields.pop("num_gpu_blocks")
+    model = resolve_model("llama-3.1-8b") if model_config is None \
+        else resolve_model(config_path=model_config)
+    cfg = resolve(EngineArgs(enforce_eager=True, **fields), model, resolve_gpu("h100-sxm"),
+                  version=version)
+    return run_batch(cfg, case.num_gpu_blocks, list(case.requests), priorities=case.priorities,
+                     prefixes=case.prefixes, arrivals=case.arrivals)

@@ -1,0 +1,173 @@
+"""Drive one vLLM release's own V1 ``Scheduler`` step by step and print its trace as JSON.
+
+Usage: ``python vllm_scheduler.py EXTRACT MODEL SPEC.json OUT.json``. EXTRACT is a directory
+holding the pure-Python files of one release's wheel (``vllm/...``; see ``wheels.py``), put
+first on ``sys.path`` so that every ``vllm`` module comes from it and none from the installed
+CPU build; MODEL is a ``chunktune model tiny`` directory (the ``ModelConfig`` it needs). SPEC
+holds ``cases``: ``[{"name", "engine": {...}, "requests": [{"id", "prompt_len", "max_tokens",
+"priority", "prefix": [key, tokens] | null, "arrive": step}]}]`` (``cases.py`` writes it).
+
+There is no model: each step, the requests whose scheduled tokens reach their last known
+token get one sampled id (the release's ``ModelRunnerOutput``, whose fields differ between
+releases: 0.34 dropped ``req_id_to_index``), and ``update_from_output`` runs as the engine
+core would. A request arriving at step ``k`` is added before the ``k``-th executed step. Per
+step the trace holds the four counts of vLLM's iteration log, from the release's own
+``compute_iteration_details``, and the requests preempted in the step; then the request ids
+in the order they finished. A step that schedules nothing (vLLM 0.31-0.32, a request
+preempting itself under ``priority``) is left out, as vLLM's log leaves it out.
+
+Run as a subprocess (one per release): modules of two releases must never meet in one
+process, nor meet the installed vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from typing import Any
+
+
+def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    # the V1 model runner, as the CPU build runs (0.31-0.33 send a request resumed after a
+    # preemption as new to the V2 one, which the iteration log then counts as context; 0.34
+    # has only that behaviour: SchedulerRelease.resumed_counts_as_context)
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    # the same release in vLLM's own subprocesses (the model registry inspects the model's
+    # class in one), and its model-info cache kept apart from other releases'
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (extract, os.environ.get("PYTHONPATH")) if p)
+    os.environ["VLLM_CACHE_ROOT"] = os.path.join(extract, ".vllm-cache")
+    sys.path.insert(0, extract)
+    import torch
+    import vllm.platforms
+    from vllm.platforms.interface import UnspecifiedPlatform
+
+    class Neutral(UnspecifiedPlatform):
+        """No platform's adjustments (``check_and_update_config`` does nothing): the
+        configs stay as given, as the scheduler sees them on any accelerator."""
+
+        device_type = "cpu"
+        device_name = "cpu"
+
+    vllm.platforms._current_platform = Neutral()  # before anything binds the platform
+    import vllm
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm.v1.utils import compute_iteration_details
+
+    foreign = [m.__file__ for m in list(sys.modules.values())
+               if m.__name__.split(".")[0] == "vllm" and getattr(m, "__file__", None)
+               and not os.path.realpath(m.__file__).startswith(os.path.realpath(extract))]
+    if foreign:
+        raise SystemExit(f"vllm modules from outside the extract: {foreign[:3]}")
+    takes_index = "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__
+
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    init_none_hash(sha256)
+    model_config = ModelConfig(model=model, dtype="float32", seed=0,
+                               skip_tokenizer_init=True, enforce_eager=True)
+    out_cases = []
+    for case in spec["cases"]:
+        e = case["engine"]
+        block = e["block_size"]
+        extra: dict[str, Any] = {}
+        for key in ("long_prefill_token_threshold_adaptive", "prefill_schedule_interval",
+                    "cache_aware_admission_window", "cache_aware_admission_threshold"):
+            if key in e:
+                extra[key] = e[key]
+        sched_config = SchedulerConfig(
+            max_num_batched_tokens=e["max_num_batched_tokens"],
+            max_num_seqs=e["max_num_seqs"],
+            max_model_len=e["max_model_len"],
+            long_prefill_token_threshold=e["long_prefill_token_threshold"],
+            enable_chunked_prefill=e["enable_chunked_prefill"],
+            policy=e["scheduling_policy"],
+            is_encoder_decoder=False,
+            **extra,
+        )
+        model_config.max_model_len = e["max_model_len"]
+        cache_config = CacheConfig(block_size=block, gpu_memory_utilization=0.9,
+                                   cache_dtype="auto",
+                                   enable_prefix_caching=e["enable_prefix_caching"])
+        vllm_config = VllmConfig(scheduler_config=sched_config, model_config=model_config,
+                                 cache_config=cache_config)
+        kv_config = KVCacheConfig(
+            num_blocks=e["num_gpu_blocks"], kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(
+                ["layer"], FullAttentionSpec(block_size=block, num_kv_heads=1, head_size=1,
+                                             dtype=torch.float32))])
+        cache_config.num_gpu_blocks = e["num_gpu_blocks"]
+        sched = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_config,
+                          structured_output_manager=StructuredOutputManager(vllm_config),
+                          block_size=block, log_stats=True)
+        hasher = get_request_block_hasher(block, sha256)
+        rng = random.Random(case["name"])
+        openings: dict[str, list[int]] = {}
+        pending = []
+        for i, r in enumerate(case["requests"]):
+            ids = [rng.randrange(1000, 30000) for _ in range(r["prompt_len"])]
+            if r.get("prefix"):
+                key, n = r["prefix"]
+                opening = openings.setdefault(key, [rng.randrange(1000, 30000)
+                                                    for _ in range(n)])
+                ids[:n] = opening[:n]
+            params = SamplingParams(max_tokens=r["max_tokens"], min_tokens=r["max_tokens"],
+                                    ignore_eos=True)
+            pending.append((r.get("arrive", 0), i, Request(
+                r["id"], ids, params, None, arrival_time=i * 1e-6,
+                priority=r.get("priority", 0), block_hasher=hasher)))
+        steps: list[list[int]] = []
+        preempted: list[int] = []
+        finished: list[str] = []
+        step = empties = 0
+        while pending or sched.has_unfinished_requests():
+            while pending and pending[0][0] <= step:
+                sched.add_request(pending.pop(0)[2])
+            if not sched.has_unfinished_requests():
+                step = pending[0][0]
+                continue
+            if len(steps) > 20000:
+                raise SystemExit(f"{case['name']}: no end after 20000 steps")
+            out = sched.schedule()
+            empty = out.total_num_scheduled_tokens == 0
+            empties = empties + 1 if empty else 0
+            if empties > 3:
+                raise SystemExit(f"{case['name']}: steps up to {step} scheduled nothing")
+            if not empty:  # an empty step runs no model and logs no iteration
+                d = compute_iteration_details(out)
+                steps.append([d.num_ctx_requests, d.num_ctx_tokens,
+                              d.num_generation_requests, d.num_generation_tokens])
+                preempted.append(len(out.preempted_req_ids or ()))
+            req_ids = list(out.num_scheduled_tokens)
+            sampled = []
+            for rid in req_ids:
+                req = sched.requests[rid]
+                sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
+            kwargs: dict[str, Any] = {"req_ids": req_ids, "sampled_token_ids": sampled}
+            if takes_index:
+                kwargs["req_id_to_index"] = {rid: i for i, rid in enumerate(req_ids)}
+            engine_outputs = sched.update_from_output(out, ModelRunnerOutput(**kwargs))
+            for outs in engine_outputs.values():
+                finished += [o.request_id for o in outs.outputs if o.finished]
+            step += 1
+        out_cases.append({"name": case["name"], "steps": steps, "preempted": preempted,
+                          "finished": finished})
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump({"version": vllm.__version__, "cases": out_cases}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:5]))
