@@ -3,19 +3,26 @@ changed between releases.
 
 A case is an engine (scheduler settings and a KV-cache size in blocks) and requests
 ``(id, prompt tokens, output tokens)``, each with a priority, an opening shared with others
-(``(key, tokens)`` or None) and the step before which it arrives. The same case runs through
+(``(key, tokens)`` or None) and the step before which it arrives; with speculative decoding
+(``speculative``: method and K), the drafts each verification accepts, per request, are drawn
+from a generator seeded by the case and the request, and both sides are given the same
+numbers. The same case runs through
 each release's own ``Scheduler`` (``vllm_scheduler.py``) and through the simulator's, set to
 that release (:func:`sim_trace`).
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chunktune.core.engine_args import ResolvedConfig
 from chunktune.core.vllm_release import Version
+from chunktune.sim.engine.request import Request
+from chunktune.sim.engine.scheduler import Scheduler
 from chunktune.sim.engine.step_trace import BatchTrace
 
 BLOCK_SIZE = 16
@@ -40,6 +47,31 @@ class ReleaseCase:
     extra: dict[str, Any] = field(default_factory=dict)
     #: the first release that has every setting of ``extra``
     since: Version = (0, 31, 0)
+    #: speculative decoding: (method, K), method ``ngram`` or ``draft_model`` (the model
+    #: drafting for itself); None: off
+    speculative: tuple[str, int] | None = None
+
+    def accepted(self) -> dict[str, list[int]]:
+        """The drafts accepted at each verification of each request's drafts, in order
+        (seeded: the same every run); a verification never accepts more than it has."""
+        if self.speculative is None:
+            return {}
+        k = self.speculative[1]
+        out = {}
+        for rid, _, o in self.requests:
+            rng = random.Random(f"{self.name}-{rid}")
+            out[rid] = [rng.randint(0, k) for _ in range(o + 2)]
+        return out
+
+    def speculative_config(self) -> str | None:
+        """``--speculative-config``'s JSON for the simulator (None: off)."""
+        if self.speculative is None:
+            return None
+        method, k = self.speculative
+        spec: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+        if method == "draft_model":
+            spec["model"] = "llama-3.1-8b"
+        return json.dumps(spec)
 
     def engine(self) -> dict[str, Any]:
         """The engine as ``vllm_scheduler.py`` takes it."""
@@ -52,7 +84,9 @@ class ReleaseCase:
                 "num_gpu_blocks": self.num_gpu_blocks, **self.extra}
 
     def spec(self) -> dict[str, Any]:
-        return {"name": self.name, "engine": self.engine(), "requests": [
+        return {"name": self.name, "engine": self.engine(),
+                "speculative": list(self.speculative) if self.speculative else None,
+                "accepted": self.accepted(), "requests": [
             {"id": rid, "prompt_len": p, "max_tokens": o,
              "priority": self.priorities[i] if self.priorities else 0,
              "prefix": self.prefixes[i] if self.prefixes else None,
@@ -108,6 +142,12 @@ _CACHE_REQUESTS = (("w0", 120, 40), ("c1", 150, 4), ("c2", 150, 4), ("w1", 120, 
 _CACHE_PREFIXES = (("warm", 96), None, None, ("warm", 96), None, ("warm", 96), ("warm", 96))
 _CACHE_ARRIVALS = (0, 4, 4, 4, 4, 4, 4)
 
+#: Speculative decoding: prompts cut into chunks beside decodes verifying drafts, with more
+#: requests arriving mid-run.
+_SPEC_REQUESTS = (("a", 40, 30), ("b", 150, 20), ("c", 90, 25), ("d", 200, 12),
+                  ("e", 30, 18))
+_SPEC_ARRIVALS = (0, 0, 3, 6, 10)
+
 NAMED: tuple[ReleaseCase, ...] = (
     # 0.33: --prefill-schedule-interval without DP (0.31/0.32: a no-op there)
     ReleaseCase("prefill_schedule_interval_4", _CADENCE_REQUESTS, max_num_batched_tokens=64,
@@ -137,6 +177,19 @@ NAMED: tuple[ReleaseCase, ...] = (
     ReleaseCase("cache_aware_admission_off", _CACHE_REQUESTS, max_num_batched_tokens=128,
                 max_num_seqs=2, enable_prefix_caching=True, num_gpu_blocks=30,
                 prefixes=_CACHE_PREFIXES, arrivals=_CACHE_ARRIVALS),
+    # every release: speculative decoding, ngram (no draft slots, no lookahead) and a draft
+    # model (a draft slot per request in the budget, K KV slots ahead), budgets that cut the
+    # prompts, and a KV cache tight enough to preempt
+    ReleaseCase("spec_ngram_k3", _SPEC_REQUESTS, max_num_batched_tokens=64,
+                arrivals=_SPEC_ARRIVALS, speculative=("ngram", 3)),
+    ReleaseCase("spec_draft_k2", _SPEC_REQUESTS, max_num_batched_tokens=48,
+                long_prefill_token_threshold=24, arrivals=_SPEC_ARRIVALS,
+                speculative=("draft_model", 2)),
+    ReleaseCase("spec_draft_k4_tight_kv", _SPEC_REQUESTS, max_num_batched_tokens=96,
+                num_gpu_blocks=22, arrivals=_SPEC_ARRIVALS, speculative=("draft_model", 4)),
+    ReleaseCase("spec_ngram_k2_tight_kv", _SPEC_REQUESTS, max_num_batched_tokens=64,
+                max_num_seqs=4, num_gpu_blocks=20, arrivals=_SPEC_ARRIVALS,
+                speculative=("ngram", 2)),
 )
 
 #: The random cases each release runs (seeded: the same every run).
@@ -159,7 +212,25 @@ def sim_trace(case: ReleaseCase, version: Version | None,
     fields["num_gpu_blocks_override"] = fields.pop("num_gpu_blocks")
     model = resolve_model("llama-3.1-8b") if model_config is None \
         else resolve_model(config_path=model_config)
-    cfg = resolve(EngineArgs(enforce_eager=True, **fields), model, resolve_gpu("h100-sxm"),
-                  version=version)
+    cfg = resolve(EngineArgs(enforce_eager=True, speculative_config=case.speculative_config(),
+                             **fields), model, resolve_gpu("h100-sxm"), version=version)
+    script = [list(case.accepted().get(rid, ())) for rid, _, _ in case.requests]
+
+    def scripted(cfg: ResolvedConfig, blocks: int) -> Scheduler:
+        return _Scripted(cfg, blocks, script)
+
     return run_batch(cfg, case.num_gpu_blocks, list(case.requests), priorities=case.priorities,
-                     prefixes=case.prefixes, arrivals=case.arrivals)
+                     prefixes=case.prefixes, arrivals=case.arrivals, scheduler=scripted)
+
+
+class _Scripted(Scheduler):
+    """The simulator's scheduler with each verification's accepted drafts taken, in order,
+    from the case's script (``ReleaseCase.accepted``; indexed by the request's ``rid``, its
+    place in the case) instead of the expected number at the request's acceptance rate."""
+
+    def __init__(self, cfg: ResolvedConfig, blocks: int, script: list[list[int]]) -> None:
+        super().__init__(cfg, blocks)
+        self.script = script
+
+    def accept(self, req: Request, drafts: int) -> int:
+        return min(self.script[req.rid].pop(0), drafts)

@@ -4,7 +4,8 @@ For every release of :data:`chunktune.core.vllm_release.SCHEDULERS`, the release
 (downloaded once into a cache, ``wheels.py``) drives its ``vllm.v1.core.sched.scheduler.
 Scheduler`` in a subprocess of its own (``vllm_scheduler.py``) through the cases of
 ``cases.py``; the simulator, set to that release, runs the same cases. Per case the per-step
-iteration counts, the preemptions per step and the completion order must be equal.
+iteration counts, the preemptions and the draft tokens verified per step and the completion
+order must be equal.
 """
 
 from __future__ import annotations
@@ -93,13 +94,15 @@ def test_release_scheduler_and_simulator_take_the_same_steps(
     steps = [tuple(s) for s in real["steps"]]
     assert steps == sim.steps, _first_difference(steps, sim.steps)
     assert real["preempted"] == sim.preempted
+    assert real["drafts"] == sim.drafts, _first_difference(real["drafts"], sim.drafts)
     assert real["finished"] == sim.finished
 
 
 def test_the_cases_exercise_what_they_are_named_for(vllm: Releases) -> None:
     """Each named case shows, on vLLM's side, the release difference it exists for; the
     random ones cover arrivals mid-run, prefix caching on and off, preemptions, priority
-    and chunked prefill off."""
+    and chunked prefill off; the speculative ones verify drafts in steps that also carry
+    prefill chunks, and preempt where the KV cache is tight."""
     v31, v32, v33, v34 = RELEASES
 
     def steps(v: Version, name: str) -> list[list[int]]:
@@ -119,3 +122,12 @@ def test_the_cases_exercise_what_they_are_named_for(vllm: Releases) -> None:
     assert {c.enable_chunked_prefill for c in RANDOM} == {True, False}
     assert any(c.scheduling_policy == "priority" for c in RANDOM)
     assert any(sum(vllm(v34, c.name)["preempted"]) for c in RANDOM)
+    spec = [c for c in CASES if c.speculative]
+    assert {c.speculative[0] for c in spec if c.speculative} == {"ngram", "draft_model"}
+    for v in RELEASES:
+        for c in spec:
+            real = vllm(v, c.name)
+            # drafts verified beside prefill chunks (a step with context tokens and drafts)
+            assert any(s[1] > 0 and d > 0 for s, d in zip(real["steps"], real["drafts"],
+                                                           strict=True)), (v, c.name)
+            assert ("tight_kv" in c.name) == (sum(real["preempted"]) > 0), (v, c.name)

@@ -5,16 +5,25 @@ holding the pure-Python files of one release's wheel (``vllm/...``; see ``wheels
 first on ``sys.path`` so that every ``vllm`` module comes from it and none from the installed
 CPU build; MODEL is a ``chunktune model tiny`` directory (the ``ModelConfig`` it needs). SPEC
 holds ``cases``: ``[{"name", "engine": {...}, "requests": [{"id", "prompt_len", "max_tokens",
-"priority", "prefix": [key, tokens] | null, "arrive": step}]}]`` (``cases.py`` writes it).
+"priority", "prefix": [key, tokens] | null, "arrive": step}], "speculative": [method, K] |
+null, "accepted": {"<request id>": [drafts accepted at each verification, ...]}}]``
+(``cases.py`` writes it).
 
 There is no model: each step, the requests whose scheduled tokens reach their last known
 token get one sampled id (the release's ``ModelRunnerOutput``, whose fields differ between
 releases: 0.34 dropped ``req_id_to_index``), and ``update_from_output`` runs as the engine
-core would. A request arriving at step ``k`` is added before the ``k``-th executed step. Per
-step the trace holds the four counts of vLLM's iteration log, from the release's own
-``compute_iteration_details``, and the requests preempted in the step; then the request ids
-in the order they finished. A step that schedules nothing (vLLM 0.31-0.32, a request
-preempting itself under ``priority``) is left out, as vLLM's log leaves it out.
+core would. With speculative decoding (``ngram``, or ``draft_model`` with the model drafting
+for itself: the release's ``SpeculativeConfig``), a request verifying drafts samples
+``1 + accepted`` tokens (the case's next number, at most its drafts), as vLLM's own scheduler
+tests answer it; then the drafter proposes K tokens for every request that sampled and is
+not finished (``DraftTokenIds`` through ``update_draft_token_ids``, the same in 0.31-0.34;
+0.33-0.34's ``skip_drafts`` only marks steps whose drafts would go unused, so it changes
+nothing the scheduler sees). A request arriving at step ``k`` is added before the ``k``-th
+executed step. Per step the trace holds the four counts of vLLM's iteration log, from the
+release's own ``compute_iteration_details``, the requests preempted in the step and the draft
+tokens it verifies; then the request ids in the order they finished. A step that schedules
+nothing (vLLM 0.31-0.32, a request preempting itself under ``priority``) is left out, as
+vLLM's log leaves it out.
 
 Run as a subprocess (one per release): modules of two releases must never meet in one
 process, nor meet the installed vLLM.
@@ -55,13 +64,20 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
 
     vllm.platforms._current_platform = Neutral()  # before anything binds the platform
     import vllm
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import (
+        CacheConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
     from vllm.v1.utils import compute_iteration_details
@@ -101,8 +117,18 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
         cache_config = CacheConfig(block_size=block, gpu_memory_utilization=0.9,
                                    cache_dtype="auto",
                                    enable_prefix_caching=e["enable_prefix_caching"])
+        spec_config = None
+        k = 0
+        if case.get("speculative"):
+            method, k = case["speculative"]
+            spec_extra: dict[str, Any] = (
+                {"prompt_lookup_max": 4, "prompt_lookup_min": 1} if method == "ngram"
+                else {"model": model, "target_model_config": model_config,
+                      "target_parallel_config": ParallelConfig()})
+            spec_config = SpeculativeConfig(method=method, num_speculative_tokens=k,
+                                            **spec_extra)
         vllm_config = VllmConfig(scheduler_config=sched_config, model_config=model_config,
-                                 cache_config=cache_config)
+                                 cache_config=cache_config, speculative_config=spec_config)
         kv_config = KVCacheConfig(
             num_blocks=e["num_gpu_blocks"], kv_cache_tensors=[],
             kv_cache_groups=[KVCacheGroupSpec(
@@ -128,8 +154,10 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
             pending.append((r.get("arrive", 0), i, Request(
                 r["id"], ids, params, None, arrival_time=i * 1e-6,
                 priority=r.get("priority", 0), block_hasher=hasher)))
+        accepted = {rid: list(v) for rid, v in case.get("accepted", {}).items()}
         steps: list[list[int]] = []
         preempted: list[int] = []
+        drafts: list[int] = []
         finished: list[str] = []
         step = empties = 0
         while pending or sched.has_unfinished_requests():
@@ -150,20 +178,30 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
                 steps.append([d.num_ctx_requests, d.num_ctx_tokens,
                               d.num_generation_requests, d.num_generation_tokens])
                 preempted.append(len(out.preempted_req_ids or ()))
+                drafts.append(sum(len(t) for t in out.scheduled_spec_decode_tokens.values()))
             req_ids = list(out.num_scheduled_tokens)
             sampled = []
             for rid in req_ids:
                 req = sched.requests[rid]
-                sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
+                n = 0
+                if req.num_computed_tokens >= req.num_tokens:  # it reaches its last token
+                    verified = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+                    n = 1 + (min(accepted[rid].pop(0), verified) if verified else 0)
+                sampled.append([7] * n)
             kwargs: dict[str, Any] = {"req_ids": req_ids, "sampled_token_ids": sampled}
             if takes_index:
                 kwargs["req_id_to_index"] = {rid: i for i, rid in enumerate(req_ids)}
             engine_outputs = sched.update_from_output(out, ModelRunnerOutput(**kwargs))
             for outs in engine_outputs.values():
                 finished += [o.request_id for o in outs.outputs if o.finished]
+            proposing = [rid for rid, t in zip(req_ids, sampled, strict=True)
+                         if t and rid in sched.requests and not sched.requests[rid].is_finished()]
+            if k and proposing:
+                sched.update_draft_token_ids(DraftTokenIds(proposing,
+                                                           [[9] * k for _ in proposing]))
             step += 1
         out_cases.append({"name": case["name"], "steps": steps, "preempted": preempted,
-                          "finished": finished})
+                          "drafts": drafts, "finished": finished})
     with open(out_path, "w", encoding="utf-8") as f:
         json.dump({"version": vllm.__version__, "cases": out_cases}, f)
     return 0

@@ -15,7 +15,7 @@ traces can be compared step by step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from chunktune.core.engine_args import ResolvedConfig
@@ -55,6 +55,8 @@ class BatchTrace:
 
     steps: list[StepCounts] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
+    #: speculative decoding: the draft tokens each step verifies (all requests together)
+    drafts: list[int] = field(default_factory=list)
     reported: list[int] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     request_preemptions: dict[str, int] = field(default_factory=dict)
@@ -68,7 +70,8 @@ def run_batch(cfg: ResolvedConfig, num_gpu_blocks: int,
               requests: list[tuple[str, int, int]], max_steps: int = 100_000,
               priorities: Sequence[int] = (),
               prefixes: Sequence[tuple[str, int] | None] = (),
-              arrivals: Sequence[int] = ()) -> BatchTrace:
+              arrivals: Sequence[int] = (),
+              scheduler: Callable[[ResolvedConfig, int], Scheduler] = Scheduler) -> BatchTrace:
     """Run ``(id, prompt tokens, output tokens)`` requests, all waiting before step 0, to
     completion through a fresh :class:`Scheduler` with ``num_gpu_blocks`` KV blocks.
     ``priorities``: each request's (``--scheduling-policy priority``; default 0);
@@ -76,13 +79,15 @@ def run_batch(cfg: ResolvedConfig, num_gpu_blocks: int,
     arrive in list order, a microsecond apart, as they do when added one after the other to
     an engine (vLLM stamps each with its own arrival time). ``arrivals``: the step before
     which each request is added (default 0: all before the first step); while nothing is
-    left to run, the steps jump to the next arrival.
+    left to run, the steps jump to the next arrival. ``scheduler``: makes the scheduler from
+    the config and the KV blocks (a subclass that scripts the drafts accepted, say); each
+    request's ``rid`` is its index in ``requests``.
 
     A step that schedules nothing is left out of the trace, as vLLM logs no iteration for
     it. Raises ``RuntimeError`` if steps keep scheduling nothing while work is left (a
     request that can never fit) or if ``max_steps`` pass first.
     """
-    sched = Scheduler(cfg, num_gpu_blocks)
+    sched = scheduler(cfg, num_gpu_blocks)
     ids: dict[int, str] = {}
     pending: list[tuple[int, Request]] = []
     for i, (rid, prompt, out) in enumerate(requests):
@@ -122,6 +127,7 @@ def run_batch(cfg: ResolvedConfig, num_gpu_blocks: int,
         empties = 0
         trace.steps.append(iteration_counts(plan))
         trace.preempted.append(len(plan.preempted))
+        trace.drafts.append(sum(plan.spec.values()))
         now += 1.0
         outcome = sched.apply(plan, now)
         reported = 0
