@@ -59,3 +59,27 @@ def test_context_or_generation_is_whether_the_request_has_output():
     assert iteration_counts(plan) == (2, 100, 0, 0)
     sched.apply(plan, 1.0)
     assert iteration_counts(sched.schedule(1.0)) == (1, 40, 1, 1)
+
+
+def test_drafts_verified_per_step_with_the_scheduler_given():
+    """Speculative decoding (ngram, K=2): each step records the drafts it verifies, and
+    ``run_batch`` runs the scheduler it is given (here one accepting all drafts, or none)."""
+    from chunktune.sim.engine.scheduler import Scheduler
+
+    class Accepting(Scheduler):
+        share = 1
+
+        def accept(self, req, drafts):
+            return drafts * self.share
+
+    class Rejecting(Accepting):
+        share = 0
+
+    cfg = _cfg(max_num_batched_tokens=64, max_model_len=2048,
+               speculative_config='{"method": "ngram", "num_speculative_tokens": 2}')
+    trace = run_batch(cfg, 256, [("a", 20, 7)], scheduler=Accepting)
+    assert trace.steps == [(1, 20, 0, 0), (0, 0, 1, 3), (0, 0, 1, 3)]
+    assert trace.drafts == [0, 2, 2]
+    trace = run_batch(cfg, 256, [("a", 20, 7)], scheduler=Rejecting)
+    assert trace.steps == [(1, 20, 0, 0)] + [(0, 0, 1, 3)] * 6
+    assert trace.drafts == [0] + [2] * 6
