@@ -16,9 +16,10 @@ core would. With speculative decoding (``ngram``, or ``draft_model`` with the mo
 for itself: the release's ``SpeculativeConfig``), a request verifying drafts samples
 ``1 + accepted`` tokens (the case's next number, at most its drafts), as vLLM's own scheduler
 tests answer it; then the drafter proposes K tokens for every request that sampled and is
-not finished (``DraftTokenIds`` through ``update_draft_token_ids``, the same in 0.31-0.34;
-0.33-0.34's ``skip_drafts`` only marks steps whose drafts would go unused, so it changes
-nothing the scheduler sees). A request arriving at step ``k`` is added before the ``k``-th
+not finished (``DraftTokenIds`` through ``update_draft_token_ids``, the same in 0.31-0.34),
+unless the step is marked ``skip_drafts`` (0.33 with the V2 model runner, 0.34 for drafters
+that reserve lookahead slots: no request of the step could use its drafts, so the scheduler
+sees nothing different). A request arriving at step ``k`` is added before the ``k``-th
 executed step. Per step the trace holds the four counts of vLLM's iteration log, from the
 release's own ``compute_iteration_details``, the requests preempted in the step and the draft
 tokens it verifies; then the request ids in the order they finished. A step that schedules
@@ -196,7 +197,8 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
                 finished += [o.request_id for o in outs.outputs if o.finished]
             proposing = [rid for rid, t in zip(req_ids, sampled, strict=True)
                          if t and rid in sched.requests and not sched.requests[rid].is_finished()]
-            if k and proposing:
+            # 0.33-0.34: a step whose drafts would all go unused runs no drafter
+            if k and proposing and not getattr(out, "skip_drafts", False):
                 sched.update_draft_token_ids(DraftTokenIds(proposing,
                                                            [[9] * k for _ in proposing]))
             step += 1
