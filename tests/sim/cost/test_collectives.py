@@ -10,8 +10,9 @@ import pytest
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.sim.cost import aic_data, kernel_data, nccl_fit
+from chunktune.sim.cost import aic_data
 from chunktune.sim.cost import collectives as col
+from chunktune.sim.cost.fit import kernel_data, nccl_fit
 from chunktune.sim.cost.step_time import StepCostModel
 
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"

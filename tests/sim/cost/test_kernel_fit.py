@@ -1,4 +1,4 @@
-"""The per-GPU fit of the step-time model and its error report (chunktune.sim.cost.kernel_fit,
+"""The per-GPU fit of the step-time model and its error report (chunktune.sim.cost.fit.kernel_fit,
 kernel_report): pinned figures, cross-checks between sources, and the committed tables."""
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from chunktune.core.gpus import resolve_gpu
-from chunktune.sim.cost import aic_data, family_fit, kernel_data, kernel_report, measurements
+from chunktune.sim.cost import aic_data
 from chunktune.sim.cost.coefficients import GROUPS, coefficients, load_document, source_gpu
+from chunktune.sim.cost.fit import family_fit, kernel_data, kernel_report, measurements
 from chunktune.sim.cost.step_time import gemm_form
 
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"
 
-#: Regression thresholds on the committed tables (``python -m chunktune.sim.cost.kernel_fit
+#: Regression thresholds on the committed tables (``python -m chunktune.sim.cost.fit.kernel_fit
 #: report`` prints the figures): per (family, mode), the median over GPUs of each GPU's median
 #: relative error, and the worst GPU. A little above what the committed fit measures.
 THRESHOLDS: dict[tuple[str, str], tuple[float, float]] = {

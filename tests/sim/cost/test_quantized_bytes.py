@@ -10,8 +10,9 @@ import pytest
 from chunktune.core.engine_args import EngineArgs
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.sim.cost import aic_data, family_fit, measurements
+from chunktune.sim.cost import aic_data
 from chunktune.sim.cost.coefficients import coefficients
+from chunktune.sim.cost.fit import family_fit, measurements
 from chunktune.sim.cost.step_time import StepCostModel, linear_op_times
 from chunktune.sim.engine.virtual import build_engine
 

@@ -11,9 +11,10 @@ import pytest
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.sim.cost import aic_data, family_fit, gemm_table, kernel_data
+from chunktune.sim.cost import aic_data, gemm_table
 from chunktune.sim.cost.coefficients import coefficients
 from chunktune.sim.cost.collectives import VIDUR_TOPOLOGIES
+from chunktune.sim.cost.fit import family_fit, kernel_data
 from chunktune.sim.cost.provenance import provenance
 from chunktune.sim.cost.step_time import (
     AttentionShape,

@@ -19,10 +19,10 @@ import numpy as np
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.sim.cost import aic_data
-from chunktune.sim.cost import kernel_data as kd
 from chunktune.sim.cost.coefficients import GROUPS, KernelCoefficients
 from chunktune.sim.cost.collectives import vllm_allreduce_s
-from chunktune.sim.cost.measurements import attention_kind
+from chunktune.sim.cost.fit import kernel_data as kd
+from chunktune.sim.cost.fit.measurements import attention_kind
 from chunktune.sim.cost.step_time import (
     AttentionShape,
     attention_grid_time,

@@ -1,7 +1,7 @@
 """Every measured kernel timing the step-time model is fitted and checked on, by GPU and
 operator family.
 
-Sources (readers: :mod:`chunktune.sim.cost.aic_data` and :mod:`chunktune.sim.cost.kernel_data`):
+Sources (readers: :mod:`chunktune.sim.cost.aic_data` and :mod:`.kernel_data`):
 AIConfigurator's vLLM kernels (A100, H100, H200, L40S, RTX PRO 6000, B200: GEMMs in bf16 and fp8,
 prefill and decode attention, all-reduce, fused MoE), LLMServingSim's vLLM 0.19 profiles (RTX
 4090, RTX PRO 6000: per-operator linear layers and mixed chunked-prefill attention) and Vidur's
@@ -24,8 +24,8 @@ from pathlib import Path
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.sim.cost import aic_data
-from chunktune.sim.cost import kernel_data as kd
 from chunktune.sim.cost.coefficients import NEAREST
+from chunktune.sim.cost.fit import kernel_data as kd
 from chunktune.sim.cost.step_time import layer_gemms
 
 #: The operator families the report holds each GPU out of.

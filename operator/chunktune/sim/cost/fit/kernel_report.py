@@ -3,7 +3,7 @@ with the GPU held out, the cross-checks between sources, and the held-out datase
 
 Holding a GPU out predicts its timings exactly as a GPU without data is predicted: with the
 coefficients of its nearest other GPU whose data has the family
-(:func:`chunktune.sim.cost.measurements.borrow_source`) and its own data sheet. A family a GPU
+(:func:`chunktune.sim.cost.fit.measurements.borrow_source`) and its own data sheet. A family a GPU
 has no data for is listed as such (``missing``), never filled in. Relative error is
 ``|predicted / measured - 1|``; each row gives its median and p90.
 """
@@ -22,13 +22,13 @@ import numpy as np
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
-from chunktune.sim.cost import aic_data, nccl_fit
+from chunktune.sim.cost import aic_data
 from chunktune.sim.cost import collectives as col
-from chunktune.sim.cost import family_fit as ff
-from chunktune.sim.cost import kernel_data as kd
 from chunktune.sim.cost.coefficients import NEAREST, KernelCoefficients, coefficients
-from chunktune.sim.cost.gemm_table import GemmTable
-from chunktune.sim.cost.measurements import (
+from chunktune.sim.cost.fit import family_fit as ff
+from chunktune.sim.cost.fit import kernel_data as kd
+from chunktune.sim.cost.fit import nccl_fit
+from chunktune.sim.cost.fit.measurements import (
     FAMILIES,
     Measurements,
     attention_kind,
@@ -40,6 +40,7 @@ from chunktune.sim.cost.measurements import (
     load,
     op_gemms,
 )
+from chunktune.sim.cost.gemm_table import GemmTable
 from chunktune.sim.cost.step_time import gemm_form, linear_layer_time
 
 
