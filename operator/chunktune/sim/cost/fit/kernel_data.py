@@ -19,7 +19,7 @@ with source and licence in its header). Datasets:
   ``data/vidur_linear_ms.csv`` (every power of two and multiple of 256 tokens: per-layer sums
   and their GEMM and elementwise parts).
 
-AIConfigurator's vLLM kernel timings have their own reader, :mod:`chunktune.sim.cost.aic_data`.
+AIConfigurator's vLLM kernel timings have their own reader, :mod:`.aic_kernels`.
 """
 
 from __future__ import annotations

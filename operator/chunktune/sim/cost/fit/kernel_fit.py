@@ -31,10 +31,10 @@ from chunktune.sim.cost import aic_data
 from chunktune.sim.cost import coefficients as coef_mod
 from chunktune.sim.cost import collectives as col
 from chunktune.sim.cost.coefficients import GROUPS, KernelCoefficients
+from chunktune.sim.cost.fit import aic_kernels, nccl_fit
 from chunktune.sim.cost.fit import family_fit as ff
 from chunktune.sim.cost.fit import kernel_data as kd
 from chunktune.sim.cost.fit import kernel_report as rep
-from chunktune.sim.cost.fit import nccl_fit
 from chunktune.sim.cost.fit.measurements import (
     Measurements,
     attention_kind,
@@ -129,7 +129,7 @@ def document(meas: Measurements) -> dict[str, Any]:
     return {
         "source": "per GPU, fitted on its own measured kernels "
                   "(chunktune.sim.cost.fit.kernel_fit): "
-                  f"{aic_data.SOURCE} (Apache-2.0; GEMM versions {versions}); "
+                  f"{aic_kernels.SOURCE} (Apache-2.0; GEMM versions {versions}); "
                   "casys-kaist/LLMServingSim profiler/perf/*/bf16 (vLLM 0.19, MIT); "
                   "microsoft/vidur data/profiling/compute (MIT)",
         "trusted": "where two sources timed the same GEMMs, "
@@ -147,9 +147,9 @@ def write_tables(root: Path, meas: Measurements) -> None:
     """The committed derived tables, from the raw data under ``root``."""
     kd.write_vidur(meas.vidur)
     kd.write_points(kd.committed_subset(meas.llmss_attention), meas.llmss_linear)
-    aic_data.write_gemm(meas.gemm, meas.gemm_versions)
-    aic_data.write_allreduce(meas.allreduce)
-    aic_data.write_points(*aic_data.committed_subset(meas.attention, meas.moe))
+    aic_kernels.write_gemm(meas.gemm, meas.gemm_versions)
+    aic_kernels.write_allreduce(meas.allreduce)
+    aic_kernels.write_points(*aic_kernels.committed_subset(meas.attention, meas.moe))
     ar = kd.read_allreduce(root)
     kd.write_allreduce(kd.allreduce_subsample(ar))
     col.COLLECTIVE_COEFFICIENTS_PATH.write_text(
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     data: Path | None = a.data
     if data is not None:
         for sub_dir in ("vidur-profiling", "llmservingsim-vllm019", "splitwise",
-                        aic_data.AIC_DIR):
+                        aic_kernels.AIC_DIR):
             if not (data / sub_dir).is_dir():
                 ap.error(f"--data {data}: no {sub_dir}/ folder; give the shared data folder")
     if a.cmd == "fit":
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         _clear_caches()
         print("wrote " + ", ".join(p.name for p in (
             kd.VIDUR_PATH, kd.POINTS_PATH, aic_data.GEMM_PATH, aic_data.ALLREDUCE_PATH,
-            aic_data.POINTS_PATH, kd.ALLREDUCE_PATH, col.COLLECTIVE_COEFFICIENTS_PATH,
+            aic_kernels.POINTS_PATH, kd.ALLREDUCE_PATH, col.COLLECTIVE_COEFFICIENTS_PATH,
             coef_mod.COEFFICIENTS_PATH)))
         return 0
     rows, checks = rep.full_report(data, held_out=not a.no_held_out)
