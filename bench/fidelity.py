@@ -2,7 +2,7 @@
 
 Usage: ``python bench/fidelity.py [--data ../shared/data]``. Sections:
 
-1. kernel datasets (``python -m chunktune.sim.cost.kernel_fit report``): per operator family
+1. kernel datasets (``python -m chunktune.sim.cost.fit.kernel_fit report``): per operator family
    (GEMM bf16 and fp8, attention prefill / decode / mixed, all-reduce, fused MoE, elementwise)
    and GPU, in sample and with the GPU held out; the cross-checks between sources; the engine's
    linear layers against Vidur's and LLMServingSim's per-layer sums; NCCL all-reduce (Vidur);
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from chunktune.sim.calibration.fidelity import compare_run
-from chunktune.sim.cost import kernel_data, kernel_report
+from chunktune.sim.cost.fit import kernel_data, kernel_report
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

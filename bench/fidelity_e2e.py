@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from chunktune.sim.calibration import e2e
-from chunktune.sim.cost import kernel_data, provenance
+from chunktune.sim.cost import provenance
+from chunktune.sim.cost.fit import kernel_data
 
 TABLES = Path(__file__).with_name("data") / "e2e"
 SILICON = TABLES / "silicon_e2e.csv"

@@ -29,7 +29,8 @@ import numpy as np
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.sim.cost import collectives, kernel_data
+from chunktune.sim.cost import collectives
+from chunktune.sim.cost.fit import kernel_data
 from chunktune.sim.cost.step_time import StepCostModel
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chunktune.sim.calibration.fidelity import compare_run
-from chunktune.sim.cost import kernel_data
+from chunktune.sim.cost.fit import kernel_data
 
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"
 #: |error| bounds per run, a little above what the committed model measures (docs/simulator.md).

@@ -10,8 +10,9 @@ import pytest
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.sim.cost import aic_data, kernel_data, nccl_fit
+from chunktune.sim.cost import aic_data
 from chunktune.sim.cost import collectives as col
+from chunktune.sim.cost.fit import aic_kernels, kernel_data, nccl_fit
 from chunktune.sim.cost.step_time import StepCostModel
 
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"
@@ -168,7 +169,7 @@ def test_committed_allreduce_sample_matches_raw_data():
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
 def test_committed_vllm_allreduce_table_matches_raw_data():
-    raw = aic_data.read_allreduce(SHARED)
+    raw = aic_kernels.read_allreduce(SHARED)
     committed = aic_data.read_committed_allreduce()
     assert [(r.gpu, r.ranks, r.nbytes) for r in raw] == [
         (r.gpu, r.ranks, r.nbytes) for r in committed]

@@ -1,4 +1,4 @@
-"""The per-GPU fit of the step-time model and its error report (chunktune.sim.cost.kernel_fit,
+"""The per-GPU fit of the step-time model and its error report (chunktune.sim.cost.fit.kernel_fit,
 kernel_report): pinned figures, cross-checks between sources, and the committed tables."""
 
 from __future__ import annotations
@@ -10,13 +10,20 @@ import numpy as np
 import pytest
 
 from chunktune.core.gpus import resolve_gpu
-from chunktune.sim.cost import aic_data, family_fit, kernel_data, kernel_report, measurements
+from chunktune.sim.cost import aic_data
 from chunktune.sim.cost.coefficients import GROUPS, coefficients, load_document, source_gpu
+from chunktune.sim.cost.fit import (
+    aic_kernels,
+    family_fit,
+    kernel_data,
+    kernel_report,
+    measurements,
+)
 from chunktune.sim.cost.step_time import gemm_form
 
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"
 
-#: Regression thresholds on the committed tables (``python -m chunktune.sim.cost.kernel_fit
+#: Regression thresholds on the committed tables (``python -m chunktune.sim.cost.fit.kernel_fit
 #: report`` prints the figures): per (family, mode), the median over GPUs of each GPU's median
 #: relative error, and the worst GPU. A little above what the committed fit measures.
 THRESHOLDS: dict[tuple[str, str], tuple[float, float]] = {
@@ -190,8 +197,8 @@ def test_committed_tables_match_raw_data():
     raw_att = kernel_data.committed_subset(kernel_data.read_attention(SHARED))
     assert len(att) == len(raw_att)
     assert len(lin) == len(kernel_data.read_llmss_linear(SHARED))
-    gemm, versions = aic_data.read_gemm(SHARED)
-    grid = {(p.gpu, p.dtype, p.m, p.n, p.k): p.us for p in aic_data.gemm_grid(gemm)}
+    gemm, versions = aic_kernels.read_gemm(SHARED)
+    grid = {(p.gpu, p.dtype, p.m, p.n, p.k): p.us for p in aic_kernels.gemm_grid(gemm)}
     committed = aic_data.read_committed_gemm()
     assert len(committed) == len(grid)
     for p in committed[::101]:
@@ -199,10 +206,10 @@ def test_committed_tables_match_raw_data():
     # the newest vLLM version with each table: 0.24 where it exists, 0.14 on the A100
     assert versions[("h100-sxm", "fp8")] == versions[("h200", "fp8")] == "0.24.0"
     assert versions[("a100-sxm", "bf16")] == "0.14.0"
-    a, moe = aic_data.read_points()
-    ra, rm = aic_data.committed_subset(
-        [r for r in aic_data.read_attention(SHARED) if measurements.engine_regime(r)],
-        aic_data.read_moe(SHARED))
+    a, moe = aic_kernels.read_points()
+    ra, rm = aic_kernels.committed_subset(
+        [r for r in aic_kernels.read_attention(SHARED) if measurements.engine_regime(r)],
+        aic_kernels.read_moe(SHARED))
     assert (len(a), len(moe)) == (len(ra), len(rm))
 
 
@@ -212,7 +219,7 @@ def test_mla_module_held_out_from_a_neighbours_table():
     each held out and predicted from its nearest other GPU's table scaled by the data sheets
     (kernel_report.mla_report): the H100 and H200 from each other within 7% (decode and
     prefill), and the median over GPUs (decode 12.5%, prefill 15.5%) pinned."""
-    rows = kernel_report.mla_report(aic_data.read_mla(SHARED))
+    rows = kernel_report.mla_report(aic_kernels.read_mla(SHARED))
     by = {(r.dataset, r.slice.split(" from ")[0]): r.median_rel_err for r in rows}
     assert {g for _, g in by} == {"h100-sxm", "h200", "b200", "l40s", "rtx-pro-6000"}
     for kind in ("mla-decode", "mla-prefill"):

@@ -12,6 +12,7 @@ from chunktune.core.errors import SpecError
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import from_hf_config
 from chunktune.sim.cost import mla_table, moe_table
+from chunktune.sim.cost.fit import mla_derive
 from chunktune.sim.cost.step_time import StepCostModel, linear_op_times
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -70,7 +71,7 @@ def test_what_the_tables_do_not_time_is_refused_by_name():
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
 def test_the_committed_table_is_what_the_raw_tables_give(tmp_path):
     out = tmp_path / "mla.csv"
-    mla_table.write(mla_table.derive(SHARED), out)
+    mla_derive.write(mla_derive.derive(SHARED), out)
     assert out.read_text() == mla_table.MLA_PATH.read_text()
 
 

@@ -11,6 +11,7 @@ from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import ModelConfig
 from chunktune.sim.cost import moe_table
 from chunktune.sim.cost.coefficients import coefficients
+from chunktune.sim.cost.fit import moe_derive
 from chunktune.sim.cost.step_time import moe_form, moe_time
 
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"
@@ -65,9 +66,9 @@ def test_the_step_time_takes_the_gpus_measured_moe_layer_where_it_has_the_shape(
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
 def test_the_committed_table_is_what_the_raw_tables_give(tmp_path):
-    rows = moe_table.derive(SHARED)
+    rows = moe_derive.derive(SHARED)
     out = tmp_path / "moe.csv"
-    moe_table.write(rows, out)
+    moe_derive.write(rows, out)
     assert out.read_text() == moe_table.MOE_PATH.read_text()
     versions = {(key[0], version) for key, version, _ in rows}
     # the newest release's curves, where it has them (vLLM's own MoE layer and backend)

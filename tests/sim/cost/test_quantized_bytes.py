@@ -10,8 +10,8 @@ import pytest
 from chunktune.core.engine_args import EngineArgs
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.sim.cost import aic_data, family_fit, measurements
 from chunktune.sim.cost.coefficients import coefficients
+from chunktune.sim.cost.fit import aic_kernels, family_fit, measurements
 from chunktune.sim.cost.step_time import StepCostModel, linear_op_times
 from chunktune.sim.engine.virtual import build_engine
 
@@ -57,7 +57,7 @@ def test_fp8_weights_run_the_linear_layers_at_the_fp8_rate():
 
 
 def _decode_rows(gpu: str, kind: str) -> dict[tuple[int, int, int, int], float]:
-    att, _ = aic_data.read_points()
+    att, _ = aic_kernels.read_points()
     return {(r.batch, r.history, r.heads, r.kv_heads): r.us for r in att
             if r.gpu == gpu and r.kind == kind and measurements.engine_regime(r)}
 
@@ -73,7 +73,7 @@ def test_fp8_kv_cache_costs_what_its_kernels_were_measured_to_take(gpu):
     assert len(both) >= 20
     c = coefficients(gpu)
     g = resolve_gpu(gpu)
-    rows = [aic_data.AttentionRow(gpu, k, b, 1, h, q, kv, 1.0)
+    rows = [aic_kernels.AttentionRow(gpu, k, b, 1, h, q, kv, 1.0)
             for (b, h, q, kv) in both for k in ("decode", "decode-fp8")]
     pred = family_fit.attention_pred_us(c, family_fit.attention_arrays(rows)).reshape(-1, 2)
     big = np.array([b * (h + 1) * kv * 128 * 2 * 2 >= 2**28 for (b, h, _, kv) in both])
@@ -87,7 +87,7 @@ def test_fp8_kv_cache_costs_what_its_kernels_were_measured_to_take(gpu):
     m = resolve_model("llama-3.1-8b")
     auto, f8 = StepCostModel(m, g), StepCostModel(m, g, kv_dtype_bytes=1.0)
     kv = 64 * 8192
-    one = [aic_data.AttentionRow(gpu, k, 64, 1, 8191, 32, 8, 1.0)
+    one = [aic_kernels.AttentionRow(gpu, k, 64, 1, 8191, 32, 8, 1.0)
            for k in ("decode", "decode-fp8")]
     layer = family_fit.attention_pred_us(c, family_fit.attention_arrays(one)) * 1e-6
     assert auto.attention_time([], 64, kv) == pytest.approx(m.num_hidden_layers * layer[0],

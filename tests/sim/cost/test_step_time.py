@@ -11,9 +11,10 @@ import pytest
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.sim.cost import aic_data, family_fit, gemm_table, kernel_data
+from chunktune.sim.cost import aic_data, gemm_table
 from chunktune.sim.cost.coefficients import coefficients
 from chunktune.sim.cost.collectives import VIDUR_TOPOLOGIES
+from chunktune.sim.cost.fit import aic_kernels, family_fit, kernel_data
 from chunktune.sim.cost.provenance import provenance
 from chunktune.sim.cost.step_time import (
     AttentionShape,
@@ -33,7 +34,7 @@ def test_vectorized_attention_matches_the_engine_path():
     """The fit's array form and the simulator's per-step form are the same function, for
     LLMServingSim's mixed batches and AIConfigurator's batches of prompts and of decodes."""
     att, _ = kernel_data.read_points()
-    aic, _ = aic_data.read_points()
+    aic, _ = aic_kernels.read_points()
     pts = att[::97]
     # the RTX points, and the same batches on an H100 (FlashAttention 3)
     pts = pts + [dataclasses.replace(p, gpu="h100-sxm") for p in pts]
@@ -43,9 +44,9 @@ def test_vectorized_attention_matches_the_engine_path():
         a = family_fit.attention_arrays(pts + rows)
         vec = family_fit.attention_pred_us(c, a)
         for p, v in zip(pts + rows, vec, strict=True):
-            if isinstance(p, aic_data.AttentionRow):
+            if isinstance(p, aic_kernels.AttentionRow):
                 fp8 = p.kind == "decode-fp8"  # an FP8 cache, costed as the engine costs it
-                s = AttentionShape(p.heads, p.kv_heads, aic_data.HEAD_DIM,
+                s = AttentionShape(p.heads, p.kv_heads, aic_kernels.HEAD_DIM,
                                    c.attn_kv_fp8_bytes if fp8 else 2.0)
                 chunks = [(p.prompt, 0)] * p.batch if p.kind == "prefill" else []
                 dec = 0 if p.kind == "prefill" else p.batch

@@ -65,7 +65,7 @@ from chunktune.core.models import ModelConfig, resolve_model
 from chunktune.core.vllm_release import Version, parse_version
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.calibration.fidelity import measured_latencies, simulate_run
-from chunktune.sim.cost.kernel_data import EngineRun
+from chunktune.sim.cost.fit.kernel_data import EngineRun
 from chunktune.sim.engine.virtual import API_SERVER, Engine, ServerCost, build_engine
 
 #: silicon-e2e's ``system`` -> our GPU name.

@@ -16,7 +16,7 @@ from chunktune.core.engine_args import EngineArgs
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.core.workload import RequestSpec
-from chunktune.sim.cost.kernel_data import EngineRun
+from chunktune.sim.cost.fit.kernel_data import EngineRun
 from chunktune.sim.engine.virtual import build_engine
 
 #: The vLLM LLMServingSim's runs used (their meta.json): its start-up memory accounting.

@@ -1,7 +1,7 @@
 """Per-GPU coefficients of the step-time model, and where each GPU's came from.
 
 Every GPU with measured kernels has its own coefficients, fitted on its own data only
-(:mod:`chunktune.sim.cost.kernel_fit`), in groups by operator family (``GROUPS``). A group a
+(:mod:`chunktune.sim.cost.fit.kernel_fit`), in groups by operator family (``GROUPS``). A group a
 GPU has no data for is taken from the nearest GPU that has it (``NEAREST``: the same chip
 first, then the same architecture, then the nearest other); a GPU with no data at all takes
 every group that way. :func:`chunktune.sim.cost.provenance.provenance` says which, with the
@@ -37,7 +37,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "all-reduce": ("allreduce_latency_s", "allreduce_link_eff"),
     "moe": ("moe_compute_eff", "moe_memory_eff", "moe_overhead_s", "moe_smoothness"),
 }
-#: Not fitted (``kernel_fit.FIXED`` says where each comes from).
+#: Not fitted (``fit.family_fit.FIXED`` says where each comes from).
 FIXED_FIELDS = ("step_overhead_s", "per_request_overhead_s", "eager_launch_overhead_per_layer_s")
 
 #: Where a GPU borrows a group it has no data for: the first of these that has it. Same chip

@@ -20,7 +20,7 @@ for ``S`` bytes over ``n`` ranks:
 
 ``B`` is the per-direction bandwidth of the slowest link the ring crosses (data sheet: half of
 the bidirectional NVLink or PCIe figure), ``eff`` the fraction of it a ring reaches (fitted per
-kind of link, :mod:`chunktune.sim.cost.nccl_fit`), ``chunk`` the bytes that must cross each of
+kind of link, :mod:`chunktune.sim.cost.fit.nccl_fit`), ``chunk`` the bytes that must cross each of
 the ring's ``2 (n - 1)`` steps before it streams. What Vidur's eager loop records is a soft
 maximum of that device time and a host floor (the rate at which ``torch.distributed`` issues
 calls and the ranks' skew, 20-60 us on these machines), which is fitted but not simulated. The

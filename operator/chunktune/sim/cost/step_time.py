@@ -27,10 +27,10 @@ A step's time is the sum of
   longer of the two parts, not their sum.
 
 Every coefficient is the GPU's own, fitted on its measured kernels, or borrowed from the
-nearest measured GPU (:mod:`chunktune.sim.cost.coefficients`, fitted by
-:mod:`chunktune.sim.cost.kernel_fit`). The linear part depends only on ``T``, so it is tabulated
-once per engine for every ``T`` up to the budget; a step then costs a table lookup plus a few
-multiplications.
+nearest measured GPU (:mod:`chunktune.sim.cost.coefficients`, fitted offline by
+:mod:`chunktune.sim.cost.fit.kernel_fit`). The linear part depends only on ``T``, so it is
+tabulated once per engine for every ``T`` up to the budget; a step then costs a table lookup
+plus a few multiplications.
 """
 
 from __future__ import annotations

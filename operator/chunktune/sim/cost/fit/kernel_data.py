@@ -1,8 +1,8 @@
 """Readers for the measured kernel and engine data the step-time model is fitted and checked on.
 
 Raw data (MIT-licensed, each folder with its PROVENANCE.md) lives beside the checkout in
-``../shared/data``; only small derived tables are committed (``data/kernel_points.csv``, with
-source and licence in its header). Datasets:
+``../shared/data``; only small derived tables are committed (``sim/cost/data/kernel_points.csv``,
+with source and licence in its header). Datasets:
 
 - ``llmss``: casys-kaist/LLMServingSim (MIT, Copyright (c) 2024 CASYS Lab at KAIST), vLLM 0.19
   per-layer timings on RTX 4090 and RTX PRO 6000: ``attention.csv`` (prefill chunk x its context
@@ -19,7 +19,7 @@ source and licence in its header). Datasets:
   ``data/vidur_linear_ms.csv`` (every power of two and multiple of 256 tokens: per-layer sums
   and their GEMM and elementwise parts).
 
-AIConfigurator's vLLM kernel timings have their own reader, :mod:`chunktune.sim.cost.aic_data`.
+AIConfigurator's vLLM kernel timings have their own reader, :mod:`.aic_kernels`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-POINTS_PATH = Path(__file__).with_name("data") / "kernel_points.csv"
-VIDUR_PATH = Path(__file__).with_name("data") / "vidur_linear_ms.csv"
+#: The committed tables, beside the runtime step-time model's (``chunktune/sim/cost/data``).
+DATA = Path(__file__).parents[1] / "data"
+POINTS_PATH = DATA / "kernel_points.csv"
+VIDUR_PATH = DATA / "vidur_linear_ms.csv"
 #: Vidur's linear operators in ``mlp.csv``, and its GEMMs under the cost model's names (the
 #: others are elementwise).
 VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
@@ -273,7 +275,7 @@ class AllReducePoint:
     ms: float
 
 
-ALLREDUCE_PATH = Path(__file__).with_name("data") / "vidur_allreduce_ms.csv"
+ALLREDUCE_PATH = DATA / "vidur_allreduce_ms.csv"
 #: Every how many sizes of a (topology, ranks) sweep the committed sub-sample keeps.
 ALLREDUCE_STRIDE = 20
 

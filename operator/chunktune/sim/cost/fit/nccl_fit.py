@@ -3,7 +3,7 @@ no measured vLLM all-reduce covers a GPU or where a node's links are given expli
 (:func:`chunktune.sim.cost.collectives.tp_allreduce_s`).
 
 Source: microsoft/vidur ``data/profiling/network/*/all_reduce.csv`` (MIT licence, Copyright (c)
-Microsoft Corporation), read by :func:`chunktune.sim.cost.kernel_data.read_allreduce`.
+Microsoft Corporation), read by :func:`chunktune.sim.cost.fit.kernel_data.read_allreduce`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from chunktune.sim.cost import collectives as col
-from chunktune.sim.cost import kernel_data as kd
+from chunktune.sim.cost.fit import kernel_data as kd
 
 
 def _allreduce_arrays(points: list[kd.AllReducePoint]
@@ -76,7 +76,7 @@ def allreduce_document(points: list[kd.AllReducePoint]) -> dict[str, Any]:
     return {
         "source": "microsoft/vidur data/profiling/network/{a100_dgx,a100_pairwise_nvlink,"
                   "h100_dgx,h100_pairwise_nvlink}/all_reduce.csv (MIT licence, Copyright (c) "
-                  "Microsoft Corporation), one node; fitted by chunktune.sim.cost.kernel_fit "
+                  "Microsoft Corporation), one node; fitted by chunktune.sim.cost.fit.kernel_fit "
                   "(fit_allreduce); the model is chunktune.sim.cost.collectives",
         "units": "latency_s, host_floor_s: seconds; chunk_bytes: bytes; link_eff: fraction of "
                  "the per-direction data-sheet bandwidth of the ring's slowest link",

@@ -1,7 +1,7 @@
 """Every measured kernel timing the step-time model is fitted and checked on, by GPU and
 operator family.
 
-Sources (readers: :mod:`chunktune.sim.cost.aic_data` and :mod:`chunktune.sim.cost.kernel_data`):
+Sources (readers: :mod:`.aic_kernels` and :mod:`.kernel_data`):
 AIConfigurator's vLLM kernels (A100, H100, H200, L40S, RTX PRO 6000, B200: GEMMs in bf16 and fp8,
 prefill and decode attention, all-reduce, fused MoE), LLMServingSim's vLLM 0.19 profiles (RTX
 4090, RTX PRO 6000: per-operator linear layers and mixed chunked-prefill attention) and Vidur's
@@ -24,8 +24,9 @@ from pathlib import Path
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.sim.cost import aic_data
-from chunktune.sim.cost import kernel_data as kd
 from chunktune.sim.cost.coefficients import NEAREST
+from chunktune.sim.cost.fit import aic_kernels
+from chunktune.sim.cost.fit import kernel_data as kd
 from chunktune.sim.cost.step_time import layer_gemms
 
 #: The operator families the report holds each GPU out of.
@@ -44,9 +45,9 @@ class Measurements:
     llmss_linear: list[kd.LinearPoint]
     llmss_attention: list[kd.AttentionPoint]
     gemm: list[aic_data.GemmPoint]
-    attention: list[aic_data.AttentionRow]
+    attention: list[aic_kernels.AttentionRow]
     allreduce: list[aic_data.AllReduceRow]
-    moe: list[aic_data.MoeRow]
+    moe: list[aic_kernels.MoeRow]
     #: vLLM version per (GPU, dtype) of the GEMM grid (raw data only)
     gemm_versions: dict[tuple[str, str], str] = field(default_factory=dict)
     raw: bool = False
@@ -57,15 +58,15 @@ def load(root: Path | None) -> Measurements:
     committed derived tables (their sub-grids)."""
     if root is None:
         att, lin = kd.read_points()
-        aic_att, moe = aic_data.read_points()
+        aic_att, moe = aic_kernels.read_points()
         return Measurements(kd.read_vidur(), lin, att, aic_data.read_committed_gemm(),
                             [r for r in aic_att if engine_regime(r)],
                             aic_data.read_committed_allreduce(), moe)
-    gemm, versions = aic_data.read_gemm(root)
+    gemm, versions = aic_kernels.read_gemm(root)
     return Measurements(kd.derive_vidur(root / "vidur-profiling"), kd.read_llmss_linear(root),
-                        kd.read_attention(root), aic_data.gemm_grid(gemm),
-                        [r for r in aic_data.read_attention(root) if engine_regime(r)],
-                        aic_data.read_allreduce(root), aic_data.read_moe(root), versions,
+                        kd.read_attention(root), aic_kernels.gemm_grid(gemm),
+                        [r for r in aic_kernels.read_attention(root) if engine_regime(r)],
+                        aic_kernels.read_allreduce(root), aic_kernels.read_moe(root), versions,
                         raw=True)
 
 
@@ -117,21 +118,21 @@ MIN_PROMPT = 16
 WARM_KV_MIN = 2**20
 
 
-def engine_regime(r: aic_data.AttentionRow) -> bool:
+def engine_regime(r: aic_kernels.AttentionRow) -> bool:
     """Whether an AIConfigurator attention row times what an engine step would."""
     if r.heads < MIN_HEADS:
         return False
     if r.kind == "prefill":
         return r.prompt >= MIN_PROMPT
-    kv = (r.batch * (r.history + 1) * r.kv_heads * aic_data.HEAD_DIM * 2
+    kv = (r.batch * (r.history + 1) * r.kv_heads * aic_kernels.HEAD_DIM * 2
           * (1 if r.kind == "decode-fp8" else 2))
     l2 = resolve_gpu(r.gpu).l2_mib * 2**20
     return not WARM_KV_MIN < kv < 2 * l2
 
 
-def attention_kind(p: kd.AttentionPoint | aic_data.AttentionRow) -> str:
+def attention_kind(p: kd.AttentionPoint | aic_kernels.AttentionRow) -> str:
     """The family a measured attention batch belongs to."""
-    if isinstance(p, aic_data.AttentionRow):
+    if isinstance(p, aic_kernels.AttentionRow):
         return {"prefill": "attention-prefill", "decode": "attention-decode",
                 "decode-fp8": "attention-kv-fp8"}[p.kind]
     if p.decodes == 0:
@@ -140,9 +141,9 @@ def attention_kind(p: kd.AttentionPoint | aic_data.AttentionRow) -> str:
 
 
 def attention_points(meas: Measurements, gpu: str | None = None
-                     ) -> list[kd.AttentionPoint | aic_data.AttentionRow]:
+                     ) -> list[kd.AttentionPoint | aic_kernels.AttentionRow]:
     """Every measured attention batch of both sources (of ``gpu`` only, when given)."""
-    out: list[kd.AttentionPoint | aic_data.AttentionRow] = [*meas.attention,
+    out: list[kd.AttentionPoint | aic_kernels.AttentionRow] = [*meas.attention,
                                                              *meas.llmss_attention]
     return out if gpu is None else [p for p in out if p.gpu == gpu]
 

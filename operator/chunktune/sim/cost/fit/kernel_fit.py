@@ -1,21 +1,21 @@
 """The step-time model fitted per GPU on that GPU's measured kernels, and its error report.
 
-``python -m chunktune.sim.cost.kernel_fit fit --data ../shared/data`` fits every GPU with
-measured kernels on its own data (:mod:`chunktune.sim.cost.measurements`: AIConfigurator's vLLM
+``python -m chunktune.sim.cost.fit.kernel_fit fit --data ../shared/data`` fits every GPU with
+measured kernels on its own data (:mod:`.measurements`: AIConfigurator's vLLM
 kernels on A100, H100, H200, L40S, RTX PRO 6000 and B200; LLMServingSim's on RTX 4090 and RTX PRO
 6000; Vidur's on A100, H100 and A40), family by family (:data:`coefficients.GROUPS`). A family a
 GPU has no data for is borrowed from its nearest GPU that has it (``coefficients.NEAREST``;
 the attention of mixed chunked-prefill batches, measured on the two RTX cards only, is the
-common case). It rewrites the committed tables (``data/aic_*.csv``, ``data/kernel_points.csv``,
-``data/vidur_linear_ms.csv``, ``data/vidur_allreduce_ms.csv``) and coefficients
-(``data/step_time_coefficients.json``, with each GPU's sources and the leave-one-GPU-out error
-per family; ``data/allreduce_coefficients.json``, NCCL's curve).
+common case). It rewrites the committed tables under ``sim/cost/data/`` (``aic_*.csv``,
+``kernel_points.csv``, ``vidur_linear_ms.csv``, ``vidur_allreduce_ms.csv``) and coefficients
+(``step_time_coefficients.json``, with each GPU's sources and the leave-one-GPU-out error per
+family; ``allreduce_coefficients.json``, NCCL's curve).
 
-``python -m chunktune.sim.cost.kernel_fit report [--data ../shared/data]`` prints, per family
+``python -m chunktune.sim.cost.fit.kernel_fit report [--data ../shared/data]`` prints, per family
 and GPU, the error in sample and with the GPU held out (predicted as a GPU without data would
 be: from its nearest measured GPU's coefficients and its own data sheet), the cross-checks
 between sources that timed the same kernels, and the held-out datasets
-(:mod:`chunktune.sim.cost.kernel_report`).
+(:mod:`chunktune.sim.cost.fit.kernel_report`).
 """
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.core.gpus import resolve_gpu
-from chunktune.sim.cost import aic_data, nccl_fit
+from chunktune.sim.cost import aic_data
 from chunktune.sim.cost import coefficients as coef_mod
 from chunktune.sim.cost import collectives as col
-from chunktune.sim.cost import family_fit as ff
-from chunktune.sim.cost import kernel_data as kd
-from chunktune.sim.cost import kernel_report as rep
 from chunktune.sim.cost.coefficients import GROUPS, KernelCoefficients
-from chunktune.sim.cost.measurements import (
+from chunktune.sim.cost.fit import aic_kernels, nccl_fit
+from chunktune.sim.cost.fit import family_fit as ff
+from chunktune.sim.cost.fit import kernel_data as kd
+from chunktune.sim.cost.fit import kernel_report as rep
+from chunktune.sim.cost.fit.measurements import (
     Measurements,
     attention_kind,
     attention_points,
@@ -126,13 +127,14 @@ def document(meas: Measurements) -> dict[str, Any]:
     loo = rep.loo_gpu_summary(meas, coef)
     versions = " ".join(f"{g}/{d}={v}" for (g, d), v in sorted(meas.gemm_versions.items()))
     return {
-        "source": "per GPU, fitted on its own measured kernels (chunktune.sim.cost.kernel_fit): "
-                  f"{aic_data.SOURCE} (Apache-2.0; GEMM versions {versions}); "
+        "source": "per GPU, fitted on its own measured kernels "
+                  "(chunktune.sim.cost.fit.kernel_fit): "
+                  f"{aic_kernels.SOURCE} (Apache-2.0; GEMM versions {versions}); "
                   "casys-kaist/LLMServingSim profiler/perf/*/bf16 (vLLM 0.19, MIT); "
                   "microsoft/vidur data/profiling/compute (MIT)",
         "trusted": "where two sources timed the same GEMMs, "
-                   "chunktune.sim.cost.measurements.TRUSTED",
-        "fixed_sources": "see chunktune.sim.cost.family_fit.FIXED",
+                   "chunktune.sim.cost.fit.measurements.TRUSTED",
+        "fixed_sources": "see chunktune.sim.cost.fit.family_fit.FIXED",
         "loo_gpu": loo,
         "gemm_borrowing": rep.gemm_borrowing(meas, lambda g: coef[g]),
         "gpus": {g: {"sources": sources[g],
@@ -145,9 +147,9 @@ def write_tables(root: Path, meas: Measurements) -> None:
     """The committed derived tables, from the raw data under ``root``."""
     kd.write_vidur(meas.vidur)
     kd.write_points(kd.committed_subset(meas.llmss_attention), meas.llmss_linear)
-    aic_data.write_gemm(meas.gemm, meas.gemm_versions)
-    aic_data.write_allreduce(meas.allreduce)
-    aic_data.write_points(*aic_data.committed_subset(meas.attention, meas.moe))
+    aic_kernels.write_gemm(meas.gemm, meas.gemm_versions)
+    aic_kernels.write_allreduce(meas.allreduce)
+    aic_kernels.write_points(*aic_kernels.committed_subset(meas.attention, meas.moe))
     ar = kd.read_allreduce(root)
     kd.write_allreduce(kd.allreduce_subsample(ar))
     col.COLLECTIVE_COEFFICIENTS_PATH.write_text(
@@ -164,7 +166,7 @@ def _clear_caches() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m chunktune.sim.cost.kernel_fit")
+    ap = argparse.ArgumentParser(prog="python -m chunktune.sim.cost.fit.kernel_fit")
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fit", help="derive the tables and fit the coefficients")
     f.add_argument("--data", type=Path, required=True,
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     data: Path | None = a.data
     if data is not None:
         for sub_dir in ("vidur-profiling", "llmservingsim-vllm019", "splitwise",
-                        aic_data.AIC_DIR):
+                        aic_kernels.AIC_DIR):
             if not (data / sub_dir).is_dir():
                 ap.error(f"--data {data}: no {sub_dir}/ folder; give the shared data folder")
     if a.cmd == "fit":
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         _clear_caches()
         print("wrote " + ", ".join(p.name for p in (
             kd.VIDUR_PATH, kd.POINTS_PATH, aic_data.GEMM_PATH, aic_data.ALLREDUCE_PATH,
-            aic_data.POINTS_PATH, kd.ALLREDUCE_PATH, col.COLLECTIVE_COEFFICIENTS_PATH,
+            aic_kernels.POINTS_PATH, kd.ALLREDUCE_PATH, col.COLLECTIVE_COEFFICIENTS_PATH,
             coef_mod.COEFFICIENTS_PATH)))
         return 0
     rows, checks = rep.full_report(data, held_out=not a.no_held_out)

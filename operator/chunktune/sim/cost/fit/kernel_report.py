@@ -3,7 +3,7 @@ with the GPU held out, the cross-checks between sources, and the held-out datase
 
 Holding a GPU out predicts its timings exactly as a GPU without data is predicted: with the
 coefficients of its nearest other GPU whose data has the family
-(:func:`chunktune.sim.cost.measurements.borrow_source`) and its own data sheet. A family a GPU
+(:func:`chunktune.sim.cost.fit.measurements.borrow_source`) and its own data sheet. A family a GPU
 has no data for is listed as such (``missing``), never filled in. Relative error is
 ``|predicted / measured - 1|``; each row gives its median and p90.
 """
@@ -22,13 +22,13 @@ import numpy as np
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
-from chunktune.sim.cost import aic_data, nccl_fit
+from chunktune.sim.cost import aic_data
 from chunktune.sim.cost import collectives as col
-from chunktune.sim.cost import family_fit as ff
-from chunktune.sim.cost import kernel_data as kd
 from chunktune.sim.cost.coefficients import NEAREST, KernelCoefficients, coefficients
-from chunktune.sim.cost.gemm_table import GemmTable
-from chunktune.sim.cost.measurements import (
+from chunktune.sim.cost.fit import aic_kernels, nccl_fit
+from chunktune.sim.cost.fit import family_fit as ff
+from chunktune.sim.cost.fit import kernel_data as kd
+from chunktune.sim.cost.fit.measurements import (
     FAMILIES,
     Measurements,
     attention_kind,
@@ -40,6 +40,7 @@ from chunktune.sim.cost.measurements import (
     load,
     op_gemms,
 )
+from chunktune.sim.cost.gemm_table import GemmTable
 from chunktune.sim.cost.step_time import gemm_form, linear_layer_time
 
 
@@ -235,7 +236,7 @@ def gemm_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
     return out
 
 
-def mla_report(rows: list[aic_data.MlaRow]) -> list[ErrorRow]:
+def mla_report(rows: list[aic_kernels.MlaRow]) -> list[ErrorRow]:
     """The MLA module (DeepSeek-V3 attention) held out per GPU: each GPU's timings predicted
     from its nearest other GPU with the table (``coefficients.NEAREST``), the same rows scaled
     by the two data sheets: a decode's time above the neighbour's fastest of that shape (one
@@ -312,7 +313,7 @@ def attention_cross_checks(meas: Measurements) -> list[CrossCheck]:
     for p in meas.llmss_attention:
         m = resolve_model(p.model)
         h, kv = m.num_attention_heads // p.tp, max(1, m.num_key_value_heads // p.tp)
-        if m.head_dim != aic_data.HEAD_DIM:
+        if m.head_dim != aic_kernels.HEAD_DIM:
             continue
         if p.decodes == 0 and p.kv_prefill == 0:
             key = (p.gpu, "prefill", 1, p.chunk, 0, h, kv)
@@ -449,7 +450,7 @@ def full_report(data_root: Path | None, held_out: bool = True
     rows += nccl_report(kd.read_allreduce(data_root) if data_root is not None
                         else kd.read_committed_allreduce())
     if data_root is not None:
-        rows += mla_report(aic_data.read_mla(data_root))
+        rows += mla_report(aic_kernels.read_mla(data_root))
     if data_root is not None and held_out:
         rows += unseen_report(data_root / "vidur-profiling")
         rows += splitwise_report(kd.read_splitwise(data_root))

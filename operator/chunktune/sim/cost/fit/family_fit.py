@@ -19,10 +19,11 @@ import numpy as np
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.sim.cost import aic_data
-from chunktune.sim.cost import kernel_data as kd
 from chunktune.sim.cost.coefficients import GROUPS, KernelCoefficients
 from chunktune.sim.cost.collectives import vllm_allreduce_s
-from chunktune.sim.cost.measurements import attention_kind
+from chunktune.sim.cost.fit import aic_kernels
+from chunktune.sim.cost.fit import kernel_data as kd
+from chunktune.sim.cost.fit.measurements import attention_kind
 from chunktune.sim.cost.step_time import (
     AttentionShape,
     attention_grid_time,
@@ -154,7 +155,7 @@ def fit_elementwise(base: KernelCoefficients, points: list[kd.LinearPoint]) -> d
 
 # ---- attention ---------------------------------------------------------------------------
 
-AttentionMeasurement = kd.AttentionPoint | aic_data.AttentionRow
+AttentionMeasurement = kd.AttentionPoint | aic_kernels.AttentionRow
 
 
 def attention_arrays(points: Sequence[AttentionMeasurement]) -> dict[str, np.ndarray]:
@@ -174,7 +175,7 @@ def attention_arrays(points: Sequence[AttentionMeasurement]) -> dict[str, np.nda
                                               p.decodes * p.kv_decode)
             fp8 = 0.0
         else:
-            heads, kv, hd = p.heads, p.kv_heads, aic_data.HEAD_DIM
+            heads, kv, hd = p.heads, p.kv_heads, aic_kernels.HEAD_DIM
             fp8 = float(p.kind == "decode-fp8")
             if p.kind == "prefill":
                 chunk, computed, pre, dec, ctx = p.prompt, 0, p.batch, 0, 0
@@ -257,7 +258,7 @@ def fit_allreduce(base: KernelCoefficients, gpu: GPU,
     return _fit(GROUPS["all-reduce"], resid)
 
 
-def moe_pred_us(c: KernelCoefficients, gpu: GPU, rows: list[aic_data.MoeRow]) -> np.ndarray:
+def moe_pred_us(c: KernelCoefficients, gpu: GPU, rows: list[aic_kernels.MoeRow]) -> np.ndarray:
     col = {a: np.array([getattr(r, a) for r in rows], dtype=np.float64)
            for a in ("tokens", "hidden", "inter", "topk", "experts", "tp")}
     out: np.ndarray = moe_form(col["tokens"], col["hidden"], col["inter"] / col["tp"],
@@ -265,7 +266,8 @@ def moe_pred_us(c: KernelCoefficients, gpu: GPU, rows: list[aic_data.MoeRow]) ->
     return out
 
 
-def fit_moe(base: KernelCoefficients, gpu: GPU, rows: list[aic_data.MoeRow]) -> dict[str, float]:
+def fit_moe(base: KernelCoefficients, gpu: GPU,
+            rows: list[aic_kernels.MoeRow]) -> dict[str, float]:
     us = np.array([r.us for r in rows])
 
     def resid(v: dict[str, float]) -> np.ndarray:

@@ -1,0 +1,341 @@
+"""Readers of AIConfigurator's raw vLLM kernel timings, and writers of the small tables derived
+from them (the committed ones a simulation reads are :mod:`chunktune.sim.cost.aic_data`'s).
+
+Source: NVIDIA AIConfigurator (ai-dynamo/aiconfigurator, Apache-2.0, Copyright NVIDIA
+CORPORATION & AFFILIATES), ``systems/data/<gpu>/<family>/vllm/<version>/``, kept beside the
+checkout as ``../shared/data/aiconfigurator-vllm/<gpu>/<version>/<table>.csv.gz``: vLLM's own
+layers and kernels timed on A100 SXM, H100 SXM, H200, L40S, RTX PRO 6000 Server Edition and B200 by
+vLLM 0.14-0.24 (one call per row, ms). Tables read here:
+
+- ``gemm_perf``: vLLM's linear layer, an ``m x k`` input times a ``k x n`` weight, in bf16 and
+  fp8 (per-tensor scaled, the activation quantised on the fly);
+- ``context_attention_perf``: ``batch_size`` prompts of ``isl`` tokens prefilled from scratch
+  in one attention call of one layer; ``generation_attention_perf``: ``batch_size`` decodes
+  with ``step`` tokens of history each;
+- ``custom_allreduce_perf``: vLLM's tensor-parallel all-reduce (``vllm_graph``: inside a CUDA
+  graph, as the engine runs it) of ``message_size`` bf16 elements over 2, 4 and 8 GPUs;
+- ``moe_perf``: vLLM's fused MoE layer.
+
+Each GPU's table comes from the newest vLLM version that has it (for the GEMMs: that has rows
+of the dtype): the versions closest to the one users run. Committed derivatives under
+``sim/cost/data/`` (headers name source and licence): ``aic_gemm_us.csv`` (the GEMM grid at
+powers of two of ``m``, ``n`` and ``k`` of at least 128), ``aic_allreduce_us.csv`` (every
+CUDA-graph all-reduce row) and ``aic_kernel_points.csv`` (a sub-grid of the attention and MoE
+rows for the regression test).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from chunktune.sim.cost.aic_data import (
+    ALLREDUCE_PATH,
+    DATA,
+    GEMM_PATH,
+    M_GRID,
+    AllReduceRow,
+    GemmPoint,
+)
+
+AIC_DIR = "aiconfigurator-vllm"
+POINTS_PATH = DATA / "aic_kernel_points.csv"
+SOURCE = ("NVIDIA AIConfigurator (ai-dynamo/aiconfigurator, Apache-2.0, Copyright NVIDIA "
+          "CORPORATION & AFFILIATES) systems/data/<gpu>/vllm/<version>/")
+
+#: AIConfigurator's system folder -> our GPU name.
+AIC_GPUS = {"a100_sxm": "a100-sxm", "h100_sxm": "h100-sxm", "h200_sxm": "h200", "l40s": "l40s",
+            "rtx_pro_6000_server": "rtx-pro-6000", "b200_sxm": "b200"}
+#: ``gemm_dtype`` values read, under the cost model's names.
+GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+MIN_NK = 128
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split(".") if x.isdigit())
+
+
+def _versions(root: Path, folder: str, table: str) -> list[Path]:
+    """The ``<table>.csv.gz`` files of one GPU, newest vLLM version first."""
+    d = root / AIC_DIR / folder
+    files = [p / f"{table}.csv.gz" for p in d.iterdir() if (p / f"{table}.csv.gz").exists()]
+    return sorted(files, key=lambda f: _version_key(f.parent.name), reverse=True)
+
+
+def _rows(path: Path) -> Iterator[dict[str, str]]:
+    with gzip.open(path, "rt", newline="") as fh:
+        yield from csv.DictReader(fh)
+
+
+def gpu_folders(root: Path) -> dict[str, str]:
+    """Our GPU name -> its AIConfigurator folder, for the folders present under ``root``."""
+    base = root / AIC_DIR
+    if not base.is_dir():
+        raise FileNotFoundError(f"no {AIC_DIR}/ folder under {root}")
+    return {g: f for f, g in AIC_GPUS.items() if (base / f).is_dir()}
+
+
+# ---- GEMMs -------------------------------------------------------------------------------
+
+def read_gemm(root: Path) -> tuple[list[GemmPoint], dict[tuple[str, str], str]]:
+    """Every bf16 and fp8 GEMM timing of each GPU's newest version with that dtype (median of
+    duplicates), and the vLLM version each (GPU, dtype) came from."""
+    out: list[GemmPoint] = []
+    versions: dict[tuple[str, str], str] = {}
+    for gpu, folder in sorted(gpu_folders(root).items()):
+        for path in _versions(root, folder, "gemm_perf"):
+            acc: dict[tuple[str, int, int, int], list[float]] = defaultdict(list)
+            for r in _rows(path):
+                dtype = GEMM_DTYPES.get(r["gemm_dtype"])
+                if dtype is None or (gpu, dtype) in versions:
+                    continue
+                acc[(dtype, int(r["m"]), int(r["n"]), int(r["k"]))].append(
+                    float(r["latency"]) * 1e3)
+            for dtype in sorted({k[0] for k in acc}):
+                versions[(gpu, dtype)] = path.parent.name
+            out += [GemmPoint(gpu, d, m, n, k, statistics.median(v))
+                    for (d, m, n, k), v in sorted(acc.items())]
+    return out, versions
+
+
+def gemm_grid(points: Iterable[GemmPoint]) -> list[GemmPoint]:
+    """The committed grid: ``m`` in ``M_GRID``, ``n`` and ``k`` at least ``MIN_NK``."""
+    ms = set(M_GRID)
+    return [p for p in points if p.m in ms and p.n >= MIN_NK and p.k >= MIN_NK]
+
+
+def write_gemm(points: list[GemmPoint], versions: dict[tuple[str, str], str],
+               path: Path = GEMM_PATH) -> None:
+    """One row per (GPU, dtype, n, k): microseconds at each ``M_GRID`` m (empty: not
+    measured)."""
+    rows: dict[tuple[str, str, int, int], dict[int, float]] = defaultdict(dict)
+    for p in points:
+        rows[(p.gpu, p.dtype, p.n, p.k)][p.m] = p.us
+    with path.open("w", newline="") as fh:
+        fh.write(f"# Derived from {SOURCE}gemm_perf (vLLM's linear layer, one call):\n")
+        fh.write("# microseconds for an m x k input times a k x n weight, at m = 1, 2, 4, ..."
+                 f" {M_GRID[-1]}; n, k >= {MIN_NK}; vLLM version per (gpu, dtype): "
+                 + " ".join(f"{g}/{d}={v}" for (g, d), v in sorted(versions.items())) + "\n")
+        w = csv.writer(fh)
+        w.writerow(["gpu", "dtype", "n", "k"] + [f"m{m}" for m in M_GRID])
+        for (g, d, n, k), by_m in sorted(rows.items()):
+            w.writerow([g, d, n, k] + [f"{by_m[m]:.4g}" if m in by_m else "" for m in M_GRID])
+
+
+# ---- attention ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttentionRow:
+    """One layer's attention on one rank: ``batch`` prompts of ``prompt`` tokens prefilled
+    from scratch (``kind`` ``prefill``) or ``batch`` decodes with ``history`` tokens of KV each
+    (``decode``: a bf16 KV cache; ``decode-fp8``: an FP8 one, ``--kv-cache-dtype fp8``);
+    ``heads`` and ``kv_heads`` per rank, head size 128."""
+
+    gpu: str
+    kind: str
+    batch: int
+    prompt: int
+    history: int
+    heads: int
+    kv_heads: int
+    us: float
+
+
+#: Rows read: full attention (no sliding window), head size 128, query heads a multiple of
+#: the KV heads and at most ``MAX_GROUP`` per KV head (the models simulated); bf16 KV, and for
+#: decodes also FP8 KV (kind ``decode-fp8``; prefills with an FP8 KV cache are not read).
+HEAD_DIM = 128
+MAX_GROUP = 16
+ATTENTION_TABLES = {"prefill": "context_attention_perf", "decode": "generation_attention_perf"}
+#: A row's kind by its table's kind and its ``kv_cache_dtype`` (rows of other pairs are not read).
+ROW_KINDS = {("prefill", "bfloat16"): "prefill", ("decode", "bfloat16"): "decode",
+             ("decode", "fp8"): "decode-fp8"}
+
+
+def read_attention(root: Path) -> list[AttentionRow]:
+    out = []
+    for gpu, folder in sorted(gpu_folders(root).items()):
+        for kind, table in ATTENTION_TABLES.items():
+            files = _versions(root, folder, table)
+            if not files:
+                continue
+            acc: dict[tuple[str, int, int, int, int, int], list[float]] = defaultdict(list)
+            for r in _rows(files[0]):
+                row_kind = ROW_KINDS.get((kind, r["kv_cache_dtype"]))
+                if (row_kind is None or r.get("window_size", "0") != "0"
+                        or int(r["head_dim"]) != HEAD_DIM):
+                    continue
+                h, kv = int(r["num_heads"]), int(r["num_key_value_heads"])
+                if h % kv or h // kv > MAX_GROUP:
+                    continue
+                b = int(r["batch_size"])
+                prompt, hist = (int(r["isl"]), 0) if kind == "prefill" else (1, int(r["step"]))
+                acc[(row_kind, b, prompt, hist, h, kv)].append(float(r["latency"]) * 1e3)
+            out += [AttentionRow(gpu, *k, statistics.median(v)) for k, v in sorted(acc.items())]
+    return out
+
+
+# ---- all-reduce --------------------------------------------------------------------------
+
+def read_allreduce(root: Path) -> list[AllReduceRow]:
+    out = []
+    for gpu, folder in sorted(gpu_folders(root).items()):
+        files = _versions(root, folder, "custom_allreduce_perf")
+        for path in files[:1]:
+            acc: dict[tuple[int, int], list[float]] = defaultdict(list)
+            for r in _rows(path):
+                if r["backend"] != "vllm_graph" or r["allreduce_dtype"] != "bfloat16":
+                    continue
+                acc[(int(r["num_gpus"]), 2 * int(r["message_size"]))].append(
+                    float(r["latency"]) * 1e3)
+            out += [AllReduceRow(gpu, n, s, statistics.median(v))
+                    for (n, s), v in sorted(acc.items())]
+    return out
+
+
+def write_allreduce(rows: list[AllReduceRow], path: Path = ALLREDUCE_PATH) -> None:
+    with path.open("w", newline="") as fh:
+        fh.write(f"# Derived from {SOURCE}custom_allreduce_perf: vLLM's all-reduce in a CUDA "
+                 "graph (backend vllm_graph), bf16; bytes per rank, microseconds.\n")
+        w = csv.writer(fh)
+        w.writerow(["gpu", "ranks", "bytes", "us"])
+        for r in rows:
+            w.writerow([r.gpu, r.ranks, r.nbytes, f"{r.us:.4g}"])
+
+
+# ---- fused MoE ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MoeRow:
+    """vLLM's fused MoE layer on one rank: ``tokens`` tokens routed to ``topk`` of
+    ``experts`` experts of width ``inter`` (per rank: ``inter / tp``), balanced routing."""
+
+    gpu: str
+    dtype: str
+    tokens: int
+    hidden: int
+    inter: int
+    topk: int
+    experts: int
+    tp: int
+    us: float
+
+
+def read_moe(root: Path) -> list[MoeRow]:
+    """bf16 and fp8 rows with balanced routing and no expert parallelism (the newest version
+    with such rows; ``power_law_1.01`` where a version has no balanced rows)."""
+    out = []
+    for gpu, folder in sorted(gpu_folders(root).items()):
+        done: set[str] = set()
+        for path in _versions(root, folder, "moe_perf"):
+            rows = [r for r in _rows(path) if r["moe_ep_size"] == "1"
+                    and GEMM_DTYPES.get(r["moe_dtype"]) not in (None, *done)]
+            dists = {r["distribution"] for r in rows}
+            dist = "balanced" if "balanced" in dists else "power_law_1.01"
+            acc: dict[tuple[str, int, int, int, int, int, int], list[float]] = defaultdict(list)
+            for r in rows:
+                if r["distribution"] == dist:
+                    acc[(GEMM_DTYPES[r["moe_dtype"]], int(r["num_tokens"]),
+                         int(r["hidden_size"]), int(r["inter_size"]), int(r["topk"]),
+                         int(r["num_experts"]), int(r["moe_tp_size"]))].append(
+                        float(r["latency"]) * 1e3)
+            out += [MoeRow(gpu, *k, statistics.median(v)) for k, v in sorted(acc.items())]
+            done |= {k[0] for k in acc}
+    return out
+
+
+# ---- multi-head latent attention (DeepSeek-V3) --------------------------------------------
+
+@dataclass(frozen=True)
+class MlaRow:
+    """vLLM's whole MLA attention module of one DeepSeek-V3 layer on one rank (projections
+    included; ``mla_{context,generation}_module_perf``, vLLM 0.19+): ``kind`` ``prefill``
+    (``batch`` prompts of ``isl`` tokens) or ``decode`` (``batch`` decodes over ``step``
+    tokens of latent KV); ``heads`` query heads on the rank, and the weight (``gemm``) and
+    KV-cache dtypes as the collector names them."""
+
+    gpu: str
+    kind: str
+    gemm: str
+    kv: str
+    heads: int
+    batch: int
+    isl: int
+    step: int
+    us: float
+
+
+MLA_TABLES = {"prefill": "mla_context_module_perf", "decode": "mla_generation_module_perf"}
+
+
+def read_mla(root: Path) -> list[MlaRow]:
+    """Every GPU's MLA module rows from its newest vLLM version with the table (median of
+    duplicates)."""
+    out = []
+    for gpu, folder in sorted(gpu_folders(root).items()):
+        for kind, table in MLA_TABLES.items():
+            files = _versions(root, folder, table)
+            if not files:
+                continue
+            acc: dict[tuple[str, str, int, int, int, int], list[float]] = defaultdict(list)
+            for r in _rows(files[0]):
+                acc[(r["gemm_type"], r["kv_cache_dtype"], int(r["num_heads"]),
+                     int(r["batch_size"]), int(r["isl"]), int(r["step"]))].append(
+                    float(r["latency"]) * 1e3)
+            out += [MlaRow(gpu, kind, *k, statistics.median(v)) for k, v in sorted(acc.items())]
+    return out
+
+
+# ---- the committed sub-grid of attention and MoE rows ------------------------------------
+
+#: What the regression test keeps of the attention and MoE rows (a small sub-grid).
+KEEP_BATCH = {1, 4, 16, 64, 256}
+KEEP_PROMPT = {16, 128, 512, 2048, 8192, 16384}
+KEEP_HISTORY = {127, 1023, 4095, 16383}
+KEEP_HEADS = {(8, 1), (16, 2), (32, 8), (64, 8), (32, 4), (48, 8)}
+KEEP_MOE_TOKENS = {1, 16, 128, 1024, 4096, 16384}
+
+
+def committed_subset(att: list[AttentionRow], moe: list[MoeRow]
+                     ) -> tuple[list[AttentionRow], list[MoeRow]]:
+    a = [r for r in att if r.batch in KEEP_BATCH and (r.heads, r.kv_heads) in KEEP_HEADS
+         and (r.prompt in KEEP_PROMPT if r.kind == "prefill" else r.history in KEEP_HISTORY)]
+    m = [r for r in moe if r.tokens in KEEP_MOE_TOKENS and r.tp in (1, 2, 4)]
+    return a, m
+
+
+def write_points(att: list[AttentionRow], moe: list[MoeRow], path: Path = POINTS_PATH) -> None:
+    with path.open("w", newline="") as fh:
+        fh.write(f"# Derived from {SOURCE}{{context,generation}}_attention_perf and moe_perf: "
+                 "a sub-grid, microseconds per layer on one rank.\n")
+        fh.write("# attention: a=batch, b=prompt (prefill) or 1, c=history (decode) or 0, "
+                 "d=heads, e=kv heads (head size 128; KV bf16, fp8 in decode-fp8); moe: dtype "
+                 "in kind, a=tokens, b=hidden, c=inter, d=topk, e=experts, f=tp (balanced "
+                 "routing).\n")
+        w = csv.writer(fh)
+        w.writerow(["kind", "gpu", "a", "b", "c", "d", "e", "f", "us"])
+        for r in att:
+            w.writerow([r.kind, r.gpu, r.batch, r.prompt, r.history, r.heads, r.kv_heads, "",
+                        f"{r.us:.4g}"])
+        for m in moe:
+            w.writerow([f"moe-{m.dtype}", m.gpu, m.tokens, m.hidden, m.inter, m.topk,
+                        m.experts, m.tp, f"{m.us:.4g}"])
+
+
+def read_points(path: Path = POINTS_PATH) -> tuple[list[AttentionRow], list[MoeRow]]:
+    att, moe = [], []
+    with path.open() as fh:
+        for r in csv.DictReader(line for line in fh if not line.startswith("#")):
+            if r["kind"].startswith("moe-"):
+                moe.append(MoeRow(r["gpu"], r["kind"][4:], int(r["a"]), int(r["b"]),
+                                  int(r["c"]), int(r["d"]), int(r["e"]), int(r["f"]),
+                                  float(r["us"])))
+            else:
+                att.append(AttentionRow(r["gpu"], r["kind"], int(r["a"]), int(r["b"]),
+                                        int(r["c"]), int(r["d"]), int(r["e"]), float(r["us"])))
+    return att, moe
