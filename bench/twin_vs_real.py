@@ -130,7 +130,7 @@ def same_behaviour(a: dict[str, Any], b: dict[str, Any]) -> str | None:
     every measurement of either is a run of both configurations
     (:func:`chunktune.tuning.results.runs_as`: they differ only in limits no run reached,
     with the KV cache never near full)."""
-    from chunktune.api.status import TrialRecord
+    from chunktune.core.study_records import TrialRecord
     from chunktune.core.trials import TrialState
     from chunktune.tuning.results.merge import runs_as
 

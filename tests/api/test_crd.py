@@ -11,7 +11,7 @@ import pytest
 
 from chunktune.api import parse_manifest, render_status
 from chunktune.api.crd import build_crd, openapi_schema, to_json_schema
-from chunktune.api.status import StudySummary, TrialRecord
+from chunktune.core.study_records import StudySummary, TrialRecord
 from tests.api.factories import quickstart, vllm_manifest
 
 

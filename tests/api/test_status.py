@@ -7,13 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from chunktune.api.status import (
-    StudySummary,
-    TrialRecord,
-    improvement,
-    render_status,
-    set_condition,
-)
+from chunktune.api.status import improvement, render_status, set_condition
+from chunktune.core.study_records import StudySummary, TrialRecord
 
 T0 = datetime(2026, 12, 2, 18, 0, tzinfo=UTC)
 

@@ -222,9 +222,9 @@ def test_infrastructure_faults_are_not_results(make_tuning, tmp_path, monkeypatc
     """A backend whose infrastructure fails (the cluster API unreachable) neither fails the
     trial nor spends budget: the trial is re-adopted once the backend answers again."""
     from chunktune.core.errors import InfrastructureFault
-    from chunktune.tuning import runner
+    from chunktune.tuning import recovery
 
-    monkeypatch.setattr(runner, "FAULT_RETRY_FIRST", 0.01)
+    monkeypatch.setattr(recovery, "FAULT_RETRY_FIRST", 0.01)
 
     class Flaky(SimulatedBackend):
         def __init__(self):

@@ -11,7 +11,7 @@ runner and the operator alike.
 from chunktune.api.crd import build_crd
 from chunktune.api.metrics import METRICS, Metric
 from chunktune.api.reader import load_manifest, parse_manifest, read_manifest, validate
-from chunktune.api.status import StudySummary, TrialRecord, render_status, set_condition
+from chunktune.api.status import render_status, set_condition
 from chunktune.api.v1alpha1 import (
     ChunkedPrefillTuning,
     Constraint,
@@ -21,6 +21,7 @@ from chunktune.api.v1alpha1 import (
     Spec,
     WorkloadSpec,
 )
+from chunktune.core.study_records import StudySummary, TrialRecord
 
 __all__ = [
     "METRICS",

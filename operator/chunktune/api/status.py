@@ -1,6 +1,7 @@
 """The ``status`` of a ChunkedPrefillTuning: its typed shape and a pure renderer.
 
-The tuner summarises its study as a :class:`StudySummary` (plain dataclasses, no Optuna types)
+The tuner summarises its study as a :class:`~chunktune.core.study_records.StudySummary` (plain
+dataclasses, no Optuna types, in core)
 and :func:`render_status` turns it into the ``status`` mapping the operator patches and the local
 runner prints. :func:`set_condition` updates a Kubernetes-style condition list. Nothing here does
 I/O or reads the clock: times come in as arguments.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -23,14 +23,13 @@ from pydantic.alias_generators import to_camel
 
 from chunktune.core.flags import flags_line
 from chunktune.core.progress import TwinPhase
+from chunktune.core.study_records import StudySummary, TrialRecord
 from chunktune.core.trials import TrialState
 
 Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"]
 PHASES: tuple[str, ...] = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
 #: The states a listed trial can be in (queued trials are not listed), as the CRD enumerates them.
 LISTED_STATES: tuple[TrialState, ...] = tuple(s for s in TrialState if s is not TrialState.WAITING)
-#: How many trials the status lists by default (the counts cover all of them).
-DEFAULT_TRIALS_LIMIT = 50
 #: The CRD's bounds on status lists and strings (:data:`chunktune.api.crd.STATUS_BOUNDS`): the
 #: renderer stays within them, or the API server would refuse the status patch.
 MAX_LISTED = 1000
@@ -41,81 +40,6 @@ MAX_HISTORY = 20
 _COUNT_FIELD = {TrialState.COMPLETE: "completed", TrialState.PRUNED: "pruned",
                 TrialState.INFEASIBLE: "infeasible", TrialState.FAIL: "failed",
                 TrialState.RUNNING: "running", TrialState.SKIPPED: "skipped"}
-
-
-# ---- input: what the tuner knows --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """One trial as the tuner saw it."""
-
-    number: int
-    params: Mapping[str, int | float]
-    state: TrialState
-    reason: str | None = None
-    """Why a trial failed, was pruned or skipped (``EngineOOM``, ``SLOViolated``, ...)."""
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    """Measured values by metric key (``ttft_p99``, ``chat.itl_p99``)."""
-    constraints_ok: bool = True
-    phase: str | None = None
-    """Twin-first studies: the phase that ran the trial (``calibrate``, ``confirm``,
-    ``fallback``)."""
-    predicted: Mapping[str, float] = field(default_factory=dict)
-    """Twin-first studies: the twin's prediction of ``metrics`` for a confirmed trial."""
-    itl_band: tuple[float, float] | None = None
-    """Trials with a step log: the engine's ITL half a percentile either side of its p99,
-    seconds (:func:`chunktune.core.steps.itl_band`)."""
-    repeats: tuple[int, ...] = ()
-    """A configuration measured more than once (a ``recheck``): the numbers of every trial
-    that measured it, ``metrics`` then being the mean of those not in :attr:`noisy`; empty for
-    one measurement."""
-    noisy: tuple[int, ...] = ()
-    """Of :attr:`repeats`, the measurements left out of the mean: flagged as set outside the
-    engine (:func:`chunktune.core.steps.outside_engine`) while another measurement was not."""
-    peak: Mapping[str, int] = field(default_factory=dict)
-    """Trials with a step log: the most the engine's busiest step used of each limit flag
-    (:data:`chunktune.core.steps.LIMIT_USE`: ``max-num-seqs`` -> requests in one step,
-    ``max-num-batched-tokens`` -> tokens in one step)."""
-
-
-@dataclass(frozen=True)
-class StudySummary:
-    """Everything :func:`render_status` needs."""
-
-    phase: str
-    """One of :data:`PHASES`."""
-    trials: Sequence[TrialRecord] = ()
-    objectives: Sequence[tuple[str, str]] = (("ttft_p99", "minimize"),)
-    """``(metric key, direction)`` per objective, in spec order (``Objective.key``)."""
-    baseline: int | None = None
-    """Number of the baseline trial (the engine's defaults), if one ran."""
-    best: int | None = None
-    """Number of the best feasible trial (single objective)."""
-    pareto: Sequence[int] = ()
-    """Numbers of the Pareto-optimal trials (several objectives)."""
-    max_trials: int | None = None
-    key_metrics: Sequence[str] = ()
-    """Metric keys each listed trial keeps besides the objectives (e.g. the constraints')."""
-    conditions: Sequence[Mapping[str, Any]] = ()
-    observed_generation: int | None = None
-    start_time: datetime | str | None = None
-    completion_time: datetime | str | None = None
-    message: str | None = None
-    trials_limit: int = DEFAULT_TRIALS_LIMIT
-    twin: Mapping[str, Any] | None = None
-    """Twin-first studies: the :class:`TwinStatus` fields (phase, round, counts, error)."""
-    cost_model: str | None = None
-    """Simulated and twin-first studies: what the simulator's step-time model for the study's
-    GPU was fitted on (``chunktune.sim.cost.provenance``)."""
-    merged: Mapping[int, TrialRecord] = field(default_factory=dict)
-    """Configurations measured more than once, by the number of each trial that measured
-    them: one record with their mean (:attr:`TrialRecord.repeats`), which the baseline, the
-    best and the Pareto front show instead of the single trial."""
-    workload: Mapping[str, Any] | None = None
-    """A workload derived from Prometheus: the :class:`WorkloadStatus` fields."""
-    retune: Mapping[str, Any] | None = None
-    """``spec.retune``: the :class:`RetuneStatus` fields."""
 
 
 # ---- output: the status shape -----------------------------------------------------------------

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.api.reader import parse_manifest, validate
-from chunktune.api.status import StudySummary, render_status, set_condition
+from chunktune.api.status import render_status, set_condition
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends import manifests as mf
 from chunktune.backends.cluster import ClusterApiError
 from chunktune.backends.kubernetes import BackendSettings, KubernetesBackend
 from chunktune.core.errors import SpecError
+from chunktune.core.study_records import StudySummary
 from chunktune.k8s import locations
 from chunktune.k8s.kube import KubeApi
 from chunktune.k8s.operator_metrics import OperatorMetrics

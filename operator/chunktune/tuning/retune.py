@@ -32,9 +32,10 @@ from typing import Any
 
 import optuna
 
-from chunktune.api.status import TrialRecord, improvement
+from chunktune.api.status import improvement
 from chunktune.api.v1alpha1 import ChunkedPrefillTuning, RetuneSpec
 from chunktune.core.progress import TwinPhase
+from chunktune.core.study_records import TrialRecord
 from chunktune.core.trials import TrialState
 from chunktune.metrics.derive import DriftLimits
 from chunktune.tuning import study as st

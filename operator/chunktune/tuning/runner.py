@@ -7,8 +7,8 @@ backend differs. Trial 0 is the engine's default configuration. Points vLLM woul
 that the memory model predicts to fail (``budget.prescreen``), are recorded without launching
 (``SKIPPED``) and do not count against ``maxTrials``; start-up failures of launched engines are
 ``INFEASIBLE``. Both are told to Optuna as complete trials whose ``engine_starts`` constraint is
-violated, so constrained samplers learn where the engine does not start. SLOs are further
-constraints.
+violated, so constrained samplers learn where the engine does not start
+(:mod:`chunktune.tuning.telling`). SLOs are further constraints.
 
 Stopping: a :data:`~chunktune.core.progress.StopRequest.DRAIN` request asks no new trial and
 lets the trials in flight finish (each is recorded); a
@@ -18,7 +18,8 @@ lets the trials in flight finish (each is recorded); a
 Restart safety: every trial's state lives in the study storage. A trial found RUNNING when the
 runner starts was left by a process that died or was cancelled: the backend may re-attach to it
 (:meth:`TrialBackend.recover`); if it cannot, the trial is closed as FAIL with reason
-``Interrupted`` (not counted) and its point is queued again, so nothing is lost or repeated.
+``Interrupted`` (not counted) and its point is queued again, so nothing is lost or repeated
+(:mod:`chunktune.tuning.recovery`).
 
 Several writers (two ``chunktune tune`` runs, the CLI beside the operator) may share one study
 in a database: a trial is its writer's from its ask (``st.ATTR_OWNER``) and carries a heartbeat
@@ -30,16 +31,17 @@ budget counts every writer's running trials, a point another live writer runs is
 Faults are not results: a backend that raises :class:`~chunktune.core.errors.InfrastructureFault`
 (the cluster API unreachable past its retries) leaves the trial in flight — not told to
 Optuna, not counted against ``maxTrials`` or ``maxFailedTrials`` — and the trial is re-adopted
-once the backend answers again (:meth:`TrialRunner._readopt`).
+once the backend answers again (:func:`chunktune.tuning.recovery.readopt`).
+
+What a result becomes in the study (user attributes, constraints, Optuna state) is
+:mod:`chunktune.tuning.telling`'s; this module keeps the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
-import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -54,13 +56,6 @@ from chunktune.core import vllm_release
 from chunktune.core.errors import InfrastructureFault, SpecError
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent, TwinPhase
-from chunktune.core.steps import (
-    StepSummary,
-    engine_itl,
-    host_added,
-    on_cliff,
-    outside_engine,
-)
 from chunktune.core.trials import (
     RESULT_STATES,
     CpuTarget,
@@ -71,23 +66,18 @@ from chunktune.core.trials import (
 )
 from chunktune.sim.calibration import profile as profiles
 from chunktune.sim.cost.provenance import provenance
-from chunktune.tuning import space, workload_source
+from chunktune.tuning import recovery, space, telling, workload_source
 from chunktune.tuning import storage as storages
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import (
-    STARTUP_CONSTRAINT,
     ConstraintDef,
     ObjectiveDef,
-    objective_values,
     slos_for_goodput,
 )
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 log = logging.getLogger(__name__)
 
-#: Backoff while a trial waits out an infrastructure fault: first delay, cap (seconds).
-FAULT_RETRY_FIRST = 1.0
-FAULT_RETRY_CAP = 30.0
 #: How many points may be skipped (refused or predicted to fail) per counted trial before the
 #: loop gives up on finding launchable points.
 MAX_SKIPS_PER_TRIAL = 5
@@ -199,7 +189,8 @@ class TrialRunner:
         out: dict[str, int] = {**{s: 0 for s in TrialState}, INTERRUPTED: 0}
         for t in self.trials():
             s: str = st.trial_state(t)
-            if s == TrialState.FAIL and t.user_attrs.get(st.ATTR_REASON) == "Interrupted":
+            if s == TrialState.FAIL and t.user_attrs.get(st.ATTR_REASON) == \
+                    recovery.INTERRUPTED_REASON:
                 s = INTERRUPTED
             out[s] += 1
         return out
@@ -466,35 +457,11 @@ class TrialRunner:
                 await self._adopt(t, trial)
 
     def _claim_left(self, t: optuna.trial.FrozenTrial) -> optuna.Trial | None:
-        """Trial ``t``, taken over, if it is RUNNING and its writer stopped; None when
-        another live writer runs it (or it is not running)."""
-        if t.state != OptunaState.RUNNING or not st.abandoned(t, self.owner):
-            return None
-        return st.claim(self.study, self.storage, t.number, self.owner)
+        return recovery.claim_left(self.study, self.storage, t, self.owner)
 
     async def _adopt(self, t: optuna.trial.FrozenTrial, trial: optuna.Trial) -> None:
-        """Re-attach to a trial a stopped writer left (the backend's ``recover``), or close
-        it as ``Interrupted`` and queue its point again."""
-        point = st.point_of(t)
-        if not point:  # asked, never started (its answer lost with the database)
-            trial.set_user_attr(st.ATTR_STATE, TrialState.FAIL.value)
-            trial.set_user_attr(st.ATTR_REASON, "Interrupted")
-            self.study.tell(trial, state=OptunaState.FAIL)
-            return
-        plan = self.plan(t.number, point)
-        async with st.heartbeat(trial, self.owner):
-            result = await self.backend.recover(plan)
-        if result is not None:
-            self._tell(trial, point, result)
-            return
-        trial.set_user_attr(st.ATTR_STATE, TrialState.FAIL.value)
-        trial.set_user_attr(st.ATTR_REASON, "Interrupted")
-        trial.set_user_attr(st.ATTR_MESSAGE, "the process running this trial stopped "
-                            "before it ended; its configuration was queued again")
-        self.study.tell(trial, state=OptunaState.FAIL)
-        self.enqueue(point, {key: t.user_attrs[key]
-                             for key in (st.ATTR_BASELINE, *st.QUEUED_ATTRS)
-                             if t.user_attrs.get(key) is not None})
+        await recovery.adopt(self.study, self.backend, self.owner, t, trial, self.plan,
+                             self._tell, self.enqueue)
 
     def plan(self, number: int, point: dict[str, Any]) -> TrialPlan:
         return TrialPlan(number=number, params=point, target=self.target, profile=self.profile,
@@ -532,7 +499,9 @@ class TrialRunner:
             try:
                 result = await self._bounded(plan, reporter)
             except InfrastructureFault as fault:
-                result = await self._readopt(plan, reporter, fault)
+                result = await recovery.readopt(
+                    self.backend, plan, reporter, fault,
+                    lambda: self._bounded(plan, reporter), self._faulted)
         except TimeoutError:
             result = TrialResult(TrialState.FAIL, reason="TrialTimeout",
                                  message=f"the trial did not end within "
@@ -555,152 +524,30 @@ class TrialRunner:
         return await within(self.backend.run_trial(plan, report), self.spec.budget.trial_timeout,
                             lambda: self.backend.paused_seconds(plan.number))
 
-    async def _readopt(self, plan: TrialPlan, report: Callable[[int, dict[str, float]], bool]
-                       | None, fault: InfrastructureFault) -> TrialResult:
-        """The backend's infrastructure failed under a trial (the cluster API is unreachable):
-        that is never the trial's result. Wait for it with capped, jittered backoff, then
-        re-adopt the trial where it is (its measurement is kept if the load finished) or, if
-        its objects are gone, run it again under the same trial number. Ends only with a
-        result, or when the study is stopped (cancellation)."""
-        delay = FAULT_RETRY_FIRST
-        attempt = 0
-        while True:
-            attempt += 1
+    def _faulted(self, number: int, message: str | None) -> None:
+        """A trial waits out an infrastructure fault (counted in :attr:`faults`), or was
+        re-adopted (``message`` None): told to ``on_fault``."""
+        if message is not None:
             self.faults += 1
-            log.warning("trial %d: %s; re-adopting it in %.0f s (try %d; the trial is not "
-                        "failed and no budget is spent)", plan.number, fault, delay, attempt)
-            self.on_fault(plan.number, str(fault))
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(FAULT_RETRY_CAP, delay * 2)
-            try:
-                result = await self.backend.recover(plan, report)
-                if result is None:
-                    log.warning("trial %d: its objects are gone; running it again",
-                                plan.number)
-                    result = await self._bounded(plan, report)
-                self.on_fault(plan.number, None)
-                return result
-            except InfrastructureFault as again:
-                fault = again
+        self.on_fault(number, message)
 
-    # ---- telling Optuna --------------------------------------------------------------------
+    # ---- telling Optuna (chunktune.tuning.telling) -----------------------------------------
 
     def _tell(self, trial: optuna.Trial, point: dict[str, Any], result: TrialResult) -> None:
-        baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
-        if result.steps:
-            summary = StepSummary.of(result.steps)
-            trial.set_user_attr(st.ATTR_STEPS, {"file": result.steps_file,
-                                                **dataclasses.asdict(summary)})
-            # (the step log's KV peak: the backend that kept the log took it,
-            # chunktune.backends.base.take_kv_peak_from_steps)
-            itl = engine_itl(result.steps)
-            if itl is not None and result.state == TrialState.COMPLETE:
-                # a backend that knows its engine's steps better (the simulator, which leaves a
-                # calibrated gap between steps out) has set it already
-                result.metrics.setdefault("engine_itl_p99", itl)
-                why = host_added(result.metrics, summary.itl_band_s)
-                if why:
-                    log.warning("trial %d: %s; its latencies are noisy, not the configuration's",
-                                trial.number, why)
-                cliff = on_cliff(summary.itl_band_s)
-                if cliff:
-                    log.info("trial %d: ITL p99 on a cliff: %s%s", trial.number, cliff,
-                             "; the clients' p99 landed on the long steps"
-                             if outside_engine(result.metrics) and not why else "")
-        if result.state == TrialState.INFEASIBLE:
-            self._tell_startup_failure(trial, point, TrialState.INFEASIBLE,
-                                       result.reason or "Startup", result.message or "")
-            return
-        trial.set_user_attr(st.ATTR_METRICS, result.metrics)
-        if result.server:
-            trial.set_user_attr(st.ATTR_SERVER, _jsonable(result.server))
-        if result.reason:
-            trial.set_user_attr(st.ATTR_REASON, result.reason)
-        if result.message:
-            trial.set_user_attr(st.ATTR_MESSAGE, result.message[-2000:])
-        values = objective_values(self.objectives, result.metrics)
-        if result.state == TrialState.COMPLETE and values is None:
-            result.state = TrialState.FAIL
-            trial.set_user_attr(st.ATTR_REASON, "NoMeasurements")
-            trial.set_user_attr(st.ATTR_MESSAGE, "no request completed, so the objectives "
-                                "could not be measured")
-        trial.set_user_attr(st.ATTR_STATE, result.state.value)
-        if result.state == TrialState.COMPLETE:
-            trial.set_constraint(STARTUP_CONSTRAINT, -1.0)
-            for c in self.constraints:
-                trial.set_constraint(c.key, c.violation(result.metrics))
-            if trial.user_attrs.get(st.ATTR_HIDDEN):
-                self.study.tell(trial, state=OptunaState.FAIL)
-            else:
-                self.study.tell(trial, values)
-        elif result.state == TrialState.PRUNED:
-            self.study.tell(trial, state=OptunaState.PRUNED)
-        else:
-            self.study.tell(trial, state=OptunaState.FAIL)
-        self.emit(TrialEvent(EventKind.FINISHED, trial.number, point, result.state,
-                             result.reason, result.message, result.metrics, baseline))
+        self.emit(telling.tell(self.study, trial, point, result, self.objectives,
+                               self.constraints))
         self.changed()
 
     def _tell_startup_failure(self, trial: optuna.Trial, point: dict[str, Any], state: TrialState,
                               reason: str, message: str) -> None:
-        """A point the engine cannot start at: feasible = False through the constraint, with
-        the worst objective values seen so far as placeholders (what the samplers compare)."""
-        baseline = bool(trial.user_attrs.get(st.ATTR_BASELINE))
-        trial.set_user_attr(st.ATTR_STATE, state.value)
-        trial.set_user_attr(st.ATTR_REASON, reason)
-        trial.set_user_attr(st.ATTR_MESSAGE, message[-2000:])
-        trial.set_constraint(STARTUP_CONSTRAINT, 1.0)
-        for c in self.constraints:
-            trial.set_constraint(c.key, 1.0)
-        if trial.user_attrs.get(st.ATTR_HIDDEN):
-            self.study.tell(trial, state=OptunaState.FAIL)
-        else:
-            self.study.tell(trial, self._placeholder_values())
-        self.emit(TrialEvent(EventKind.FINISHED, trial.number, point, state, reason, message,
-                             baseline=baseline))
+        self.emit(telling.tell_startup_failure(self.study, trial, point, state, reason, message,
+                                               self.objectives, self.constraints))
         self.changed()
-
-    def _placeholder_values(self) -> list[float]:
-        out = []
-        for i, o in enumerate(self.objectives):
-            seen = [t.values[i] for t in self.trials()
-                    if t.state == OptunaState.COMPLETE and t.values is not None
-                    and st.trial_state(t) == TrialState.COMPLETE]
-            if seen:
-                worst = max(seen) if o.direction == "minimize" else min(seen)
-                out.append(worst * 2 if o.direction == "minimize" else worst / 2)
-            else:
-                out.append(1e4 if o.direction == "minimize" else 0.0)
-        return out
 
 
 def _default_window(duration: float, warmup: float) -> float:
     """About ten pruning windows per trial, at least 5 s each."""
     return max(5.0, (duration - warmup) / 10)
-
-
-def _plain(v: Any) -> tuple[bool, Any]:
-    """``(True, v)`` for a JSON value (scalars, and lists and string-keyed dicts of them, the
-    unplain entries of a dict left out); ``(False, None)`` for anything else."""
-    if isinstance(v, int | float | str | bool) or v is None:
-        return True, v
-    if isinstance(v, dict):
-        return True, _jsonable(v)
-    if isinstance(v, list | tuple):
-        items = [_plain(x) for x in v]
-        return (True, [x for _, x in items]) if all(ok for ok, _ in items) else (False, None)
-    return False, None
-
-
-def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
-    """The entries of ``d`` a study attribute can keep (:func:`_plain`), nested ones too (the
-    engine's start-up figures, ``server["engine"]``)."""
-    out = {}
-    for k, v in d.items():
-        ok, plain = _plain(v)
-        if ok and isinstance(k, str):
-            out[k] = plain
-    return out
 
 
 __all__ = ["SpecError", "TrialRunner", "target_from_spec"]

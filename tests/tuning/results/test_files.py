@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from chunktune import __version__
-from chunktune.api.status import TrialRecord
 from chunktune.core.errors import SpecError
+from chunktune.core.study_records import TrialRecord
 from chunktune.core.trials import TrialState
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
 from chunktune.tuning.results.files import SCHEMA_ID, read_result, to_json

@@ -7,7 +7,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from chunktune.api.status import TrialRecord
+from chunktune.core.study_records import TrialRecord
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
 from chunktune.tuning.results import plots

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from chunktune.api.status import TrialRecord
+from chunktune.core.study_records import TrialRecord
 from chunktune.core.trials import TrialState
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
 from chunktune.tuning.results.model import collect_trials

@@ -296,7 +296,7 @@ def test_a_p99_on_a_cliff_is_the_configurations_own_and_stays_in_the_mean() -> N
     flagged noisy; but the engine's own ITL ran from 16.6 ms at p98.5 to 212 ms at p99.5 (on a
     cliff), so 51.9 ms is the engine's and the measurement stays. 4096/0/16 (18.8, 18.1 ms)
     then wins; left out, the defaults' 17.8 ms alone won."""
-    from chunktune.api.status import TrialRecord
+    from chunktune.core.study_records import TrialRecord
     from chunktune.tuning.results.merge import merge
     from chunktune.tuning.results.model import Results
 

@@ -169,7 +169,7 @@ def test_an_untrusted_twin_falls_back_to_real_trials(tmp_path: Path) -> None:
 
 
 def test_candidates_skip_measured_points_and_spread_a_pareto_front() -> None:
-    from chunktune.api.status import TrialRecord
+    from chunktune.core.study_records import TrialRecord
     from chunktune.tuning.objectives import ObjectiveDef
     from chunktune.tuning.results.model import Results
 
@@ -188,7 +188,7 @@ def test_candidates_skip_measured_points_and_spread_a_pareto_front() -> None:
 
 
 def test_candidates_measure_each_simulated_behaviour_once() -> None:
-    from chunktune.api.status import TrialRecord
+    from chunktune.core.study_records import TrialRecord
     from chunktune.tuning.objectives import ObjectiveDef
     from chunktune.tuning.results.model import Results
 

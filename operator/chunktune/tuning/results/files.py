@@ -29,11 +29,11 @@ from typing import Any
 import optuna
 
 from chunktune import __version__
-from chunktune.api.status import TrialRecord
 from chunktune.core import infile
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import flags_line
 from chunktune.core.infile import shown
+from chunktune.core.study_records import TrialRecord
 from chunktune.tuning.results import plots
 from chunktune.tuning.results.model import Results
 

@@ -10,7 +10,7 @@ import json
 import statistics
 from collections.abc import Sequence
 
-from chunktune.api.status import TrialRecord
+from chunktune.core.study_records import TrialRecord
 from chunktune.core.trials import TrialState
 from chunktune.tuning.results.noise import host_disturbed
 

@@ -1,6 +1,7 @@
-"""The result model of a study: every trial as a :class:`~chunktune.api.status.TrialRecord`,
-the baseline, the best configuration and the Pareto front, read back from the study's trials;
-and the :class:`~chunktune.api.status.StudySummary` the status is rendered from.
+"""The result model of a study: every trial as a
+:class:`~chunktune.core.study_records.TrialRecord`, the baseline, the best configuration and the
+Pareto front, read back from the study's trials; and the
+:class:`~chunktune.core.study_records.StudySummary` the status is rendered from.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any
 
 import optuna
 
-from chunktune.api.status import StudySummary, TrialRecord, improvement
+from chunktune.api.status import improvement
 from chunktune.core.steps import LIMIT_USE
+from chunktune.core.study_records import StudySummary, TrialRecord
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef

@@ -7,8 +7,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from chunktune.api.status import TrialRecord
 from chunktune.core.steps import host_added
+from chunktune.core.study_records import TrialRecord
 from chunktune.core.trials import TrialState
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 
 from chunktune.api.metrics import METRICS
-from chunktune.api.status import TrialRecord
+from chunktune.core.study_records import TrialRecord
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.results.model import Results

@@ -8,8 +8,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from chunktune.api.status import TrialRecord
 from chunktune.core.steps import outside_engine
+from chunktune.core.study_records import TrialRecord
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from chunktune.api.status import TrialRecord
+from chunktune.core.study_records import TrialRecord
 from chunktune.core.trials import TrialState
 from chunktune.tuning import space
 from chunktune.tuning.results.model import Results

@@ -11,8 +11,8 @@ from typing import Any
 
 import optuna
 
-from chunktune.api.status import TrialRecord
 from chunktune.core.steps import outside_engine
+from chunktune.core.study_records import TrialRecord
 from chunktune.core.trials import TrialState
 from chunktune.tuning import study as st
 from chunktune.tuning.objectives import ConstraintDef, ObjectiveDef
