@@ -305,8 +305,8 @@ async def test_a_retune_during_a_prometheus_outage_says_so(
                   "duration": "3s", "warmup": "1s"},
         metrics={"prometheusURL": dead_url(), "scrapeInterval": "1s"},
         budget={"maxTrials": 1},
-        retune={"interval": "600s", "slo": False, "strategy": "real", "maxTrials": 2,
-                "confirmTrials": 1}), "default")
+        retune={"interval": "600s", "window": "600s", "slo": False, "strategy": "real",
+                "maxTrials": 2, "confirmTrials": 1}), "default")
     _store_derived(state, created, rounds=1)
     kube.patch("cpt", "default", "outage", {"status": {
         "phase": "Succeeded", "observedGeneration": created["metadata"].get("generation", 1),

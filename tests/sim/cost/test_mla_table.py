@@ -96,7 +96,9 @@ def test_gpt_oss_windowed_layers_and_mxfp4_experts():
     assert us is not None
     ops = linear_op_times(oss, gpu, 1, np.array([16.0]), cost.c)
     router = ops["experts"][0] - moe_table.seconds(us, np.array([16.0]))[0]
-    assert 0 < router < 5e-6  # the rest is the bf16 router GEMM
+    # the rest is the bf16 router GEMM (16 x 2880 x 128): 5.8 us from the H200's own measured
+    # GEMM grid, a launch-bound kernel (4-5 us when the H200 borrowed the H100's fitted form)
+    assert 0 < router < 1e-5
 
 
 def test_a_dense_4bit_checkpoint_is_refused_by_name():
