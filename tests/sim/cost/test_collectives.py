@@ -146,7 +146,7 @@ def test_measured_form_is_the_device_time_above_the_host_floor():
 
 def test_committed_coefficients_are_the_fit_of_the_committed_sample():
     """A refit on the committed sub-sample lands near the committed (full-data) curve."""
-    pts = kernel_data.read_committed_allreduce()
+    pts = kernel_data.read_committed_vidur_allreduce()
     c = nccl_fit.fit_allreduce(pts)
     ref = col.collective_coefficients()
     for k in col.LINK_KINDS:
@@ -157,7 +157,7 @@ def test_committed_coefficients_are_the_fit_of_the_committed_sample():
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
 def test_committed_allreduce_sample_matches_raw_data():
     raw = kernel_data.allreduce_subsample(kernel_data.read_allreduce(SHARED))
-    committed = kernel_data.read_committed_allreduce()
+    committed = kernel_data.read_committed_vidur_allreduce()
     assert len(raw) == len(committed)
     for a, b in zip(raw, committed, strict=True):
         assert (a.topology, a.gpu, a.workers, a.nbytes) == (b.topology, b.gpu, b.workers,

@@ -325,7 +325,10 @@ def write_allreduce(points: list[AllReducePoint], path: Path = ALLREDUCE_PATH) -
             w.writerow([p.topology, p.workers, p.nbytes, f"{p.ms:.6g}"])
 
 
-def read_committed_allreduce(path: Path = ALLREDUCE_PATH) -> list[AllReducePoint]:
+def read_committed_vidur_allreduce(path: Path = ALLREDUCE_PATH) -> list[AllReducePoint]:
+    """Vidur's NCCL all-reduce sweeps as committed (median kernel time in ms; the measured vLLM
+    all-reduce of AIConfigurator, in us, is :func:`chunktune.sim.cost.aic_data.
+    read_committed_allreduce`)."""
     with path.open() as fh:
         rows = csv.DictReader(line for line in fh if not line.startswith("#"))
         return [AllReducePoint(r["topology"], r["topology"].split("_")[0],

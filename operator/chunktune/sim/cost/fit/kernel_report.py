@@ -448,7 +448,7 @@ def full_report(data_root: Path | None, held_out: bool = True
     rows = family_report(meas, coefficients)
     rows += linear_layer_report(meas)
     rows += nccl_report(kd.read_allreduce(data_root) if data_root is not None
-                        else kd.read_committed_allreduce())
+                        else kd.read_committed_vidur_allreduce())
     if data_root is not None:
         rows += mla_report(aic_kernels.read_mla(data_root))
     if data_root is not None and held_out:
