@@ -73,3 +73,30 @@ def test_the_committed_table_is_what_the_raw_tables_give(tmp_path):
     versions = {(key[0], version) for key, version, _ in rows}
     # the newest release's curves, where it has them (vLLM's own MoE layer and backend)
     assert ("b200", "0.24.0") in versions and ("h200", "0.24.0") in versions
+
+
+def test_a_gpu_without_a_moe_table_borrows_its_neighbours_scaled_per_regime():
+    """The GB200 (no timings: it borrows the B200's kernels) runs MiniMax-M2.5's experts from
+    the B200's measured curve scaled by the ratio of the fitted form on the two data sheets
+    (``moe_table.lent``; holding out the measured GPUs chose the table over the form,
+    ``moe_borrowing``): the same HBM bandwidth and an 11% higher peak, so a layer bound by its
+    fixed cost or by streaming the experts' weights keeps the B200's time and one bound by
+    FLOPs runs faster, never more than the peaks' ratio. The B300 (the B200's bandwidth and
+    peaks) runs the B200's curve as measured; a measured GPU never borrows."""
+    b200, gb200, b300 = resolve_gpu("b200"), resolve_gpu("gb200"), resolve_gpu("b300")
+    assert moe_table.borrowing() is not None and moe_table.borrowing()["use"] == "table"
+    assert moe_table.lent(gb200) == b200 and moe_table.lent(b300) == b200
+    assert moe_table.lent(b200) is None and moe_table.lent(resolve_gpu("l40s")) is None
+    t = np.array([1.0, 16.0, 16384.0])
+    us = moe_table.curve("b200", "fp8_block", 3072, 1536, 256, 8, 4, 1)
+    assert us is not None
+    measured = moe_table.seconds(us, t)
+    ratio = moe_time(MINIMAX, gb200, 4, t, coefficients(gb200), "fp8") / measured
+    assert ratio[0] == pytest.approx(1.0, abs=0.005)  # one token: fixed cost and weights
+    assert b200.bf16_tflops / gb200.bf16_tflops <= ratio[2] < ratio[0] - 0.02  # FLOPs
+    assert moe_time(MINIMAX, b300, 4, t, coefficients(b300), "fp8") == pytest.approx(measured)
+    # a shape the B200's table lacks: the fitted form, as before
+    odd = MINIMAX.with_overrides(moe_intermediate_size=1000)
+    c = coefficients(gb200)
+    assert moe_time(odd, gb200, 4, t, c, "fp8") == pytest.approx(
+        moe_form(t, 3072, 1000 / 4, 8, 256, 3, gb200, c, "fp8"))

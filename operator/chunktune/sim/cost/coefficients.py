@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from chunktune.core.gpus import GPU
+from chunktune.core.gpus import GPU, resolve_gpu
 
 COEFFICIENTS_PATH = Path(__file__).with_name("data") / "step_time_coefficients.json"
 
@@ -62,6 +62,35 @@ NEAREST: dict[str, tuple[str, ...]] = {
     "rtx-pro-6000": ("l40s", "rtx4090", "b200", "h100-sxm"),
     "cpu": ("a100-sxm",),
 }
+
+#: Families a GPU without data for them takes from a pool of measured GPUs, the group fitted
+#: on all of their timings together (each at its own data sheet, each GPU weighted equally:
+#: ``fit.family_fit.fit_pooled``), rather than from its nearest measured GPU alone, where
+#: holding out each measured GPU says the pool predicts it better (``kernel_fit report``;
+#: ``docs/simulator.md`` has the figures). ``flash-attention``: the GPUs that run the same
+#: FlashAttention generation (:attr:`chunktune.core.gpus.GPU.flash_attention`; where none
+#: does, the nearest generation's): a decode's fixed cost and the HBM fraction it reaches
+#: are the kernel's (FA2's decode-only batches cost 6-9 us more per call than FA3's and
+#: FA4's on every measured GPU), more than the chip's.
+POOLED: dict[str, str] = {"attention-decode": "flash-attention"}
+
+
+def pool_key(gpu: GPU, family: str) -> str:
+    """Which pool of ``family`` (:data:`POOLED`) ``gpu`` borrows from."""
+    assert POOLED[family] == "flash-attention"
+    return f"fa{gpu.flash_attention}"
+
+
+def pool_members(gpu: GPU, family: str, have: set[str] | list[str]) -> list[str]:
+    """The GPUs among ``have`` (measured with ``family``; ``gpu`` itself left out) whose
+    timings ``gpu``'s pool of ``family`` is fitted on: those of its FlashAttention
+    generation, else of the nearest one."""
+    assert POOLED[family] == "flash-attention"
+    others = sorted(g for g in have if g != gpu.name)
+    if not others:
+        return []
+    gap = {g: abs(resolve_gpu(g).flash_attention - gpu.flash_attention) for g in others}
+    return [g for g in others if gap[g] == min(gap.values())]
 
 
 @dataclass(frozen=True)
@@ -153,15 +182,36 @@ def source_gpu(gpu: str) -> str:
                    f"chunktune.sim.cost.coefficients.NEAREST[{gpu!r}]; add one there")
 
 
+def _pools(gpu: str | GPU) -> dict[str, dict[str, Any]]:
+    """Per pooled family, the pool (``gpus``, ``coefficients``) an unmeasured ``gpu`` takes
+    it from (``pooled`` in the coefficients document); empty for a measured GPU (its own
+    fit already took the pool for each pooled family its data lacks)."""
+    doc = load_document()
+    g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
+    if g.name in doc["gpus"]:
+        return {}
+    out = {}
+    for fam, pools in doc.get("pooled", {}).items():
+        pool = pools.get(pool_key(g, fam))
+        if pool is not None:
+            out[fam] = pool
+    return out
+
+
 def coefficients(gpu: str | GPU) -> KernelCoefficients:
-    """The coefficients the step-time model uses for ``gpu`` (its own, or borrowed)."""
+    """The coefficients the step-time model uses for ``gpu`` (its own, or borrowed: from its
+    nearest measured GPU, the :data:`POOLED` families from their pools)."""
     name = gpu if isinstance(gpu, str) else gpu.name
-    return KernelCoefficients.from_dict(
-        load_document()["gpus"][source_gpu(name)]["coefficients"])
+    vals = dict(load_document()["gpus"][source_gpu(name)]["coefficients"])
+    for pool in _pools(gpu).values():
+        vals.update(pool["coefficients"])
+    return KernelCoefficients.from_dict(vals)
 
 
 def group_sources(gpu: str) -> dict[str, str]:
     """Per family: the GPU whose measurements it was fitted on (``gpu`` itself where its own
-    data has the family)."""
+    data has the family; a pool's GPUs joined by ``+``)."""
     src = source_gpu(gpu)
-    return dict(load_document()["gpus"][src]["sources"])
+    out = dict(load_document()["gpus"][src]["sources"])
+    out.update({f: "+".join(p["gpus"]) for f, p in _pools(gpu).items()})
+    return out

@@ -23,6 +23,13 @@ with the 0.19 curve, the B200 MiniMax TP 2 rows of vLLM 0.19 come out 22% slow).
 backends timed for one format (B200: the TRT-LLM monolithic and modular kernels, CUTLASS)
 count as the fastest.
 
+A GPU without a table of its own (the B300 and GB200, which borrow the B200's kernels)
+borrows the table of the GPU it takes its MoE coefficients from where holding out the measured
+GPUs says that beats borrowing the fitted form (``moe_borrowing`` in the coefficients
+document, :func:`lent`): each curve scaled by the ratio of the fitted form on the two data
+sheets, so a layer bound by its fixed cost keeps the measured time, one bound by streaming
+the experts' weights scales by HBM bandwidth and one bound by their FLOPs by the peak.
+
 Committed derivative: ``data/aic_moe_us.csv``, one line per measured curve (``python -m
 chunktune.sim.cost.fit.moe_derive --data ../shared/data`` rewrites it).
 """
@@ -32,8 +39,12 @@ from __future__ import annotations
 import csv
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.sim.cost.coefficients import group_sources, load_document
 
 DATA = Path(__file__).with_name("data")
 MOE_PATH = DATA / "aic_moe_us.csv"
@@ -73,3 +84,36 @@ def seconds(us: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     out = np.where(t > top, us[-1] * 1e-6 * t / top, out)
     res: np.ndarray = np.where(t > 0, out, 0.0)
     return res
+
+
+@lru_cache(maxsize=1)
+def _gpus() -> frozenset[str]:
+    return frozenset(k[0] for k in _load())
+
+
+def has_table(gpu: str) -> bool:
+    """Whether ``gpu`` has measured MoE curves of its own."""
+    return gpu in _gpus()
+
+
+def borrowing() -> dict[str, Any] | None:
+    """The fit's decision for borrowing MoE tables (``moe_borrowing`` in the coefficients
+    document: held-out errors of the ``table`` and the ``form``, and the one to ``use``)."""
+    rule: dict[str, Any] | None = load_document().get("moe_borrowing")
+    return rule
+
+
+def lent(gpu: GPU) -> GPU | None:
+    """The measured GPU whose MoE table ``gpu`` borrows: where ``gpu`` has no table of its
+    own, the GPU it takes its MoE coefficients from (``coefficients.NEAREST``) has one, and
+    the fit chose the table over the form (:func:`borrowing`); else None. The caller scales
+    the curve by the ratio of the fitted form on the two GPUs."""
+    if has_table(gpu.name):
+        return None
+    rule = borrowing()
+    if rule is None or rule["use"] != "table":
+        return None
+    src = group_sources(gpu.name).get("moe")
+    if src is None or src == gpu.name or not has_table(src):
+        return None
+    return resolve_gpu(src)

@@ -11,8 +11,8 @@ from typing import Any
 
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig
-from chunktune.sim.cost import gemm_table
-from chunktune.sim.cost.coefficients import group_sources, load_document, source_gpu
+from chunktune.sim.cost import gemm_table, moe_table
+from chunktune.sim.cost.coefficients import POOLED, group_sources, load_document, source_gpu
 from chunktune.sim.cost.collectives import measured_allreduce_source, vllm_allreduce_source
 
 #: Per GPU, the end-to-end error of the simulator against real vLLM serving runs (written by
@@ -53,8 +53,10 @@ def approximations(model: ModelConfig) -> str:
 def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
     """One line: the measured GPU whose kernels each family was fitted on, and where a family
     is borrowed, the error borrowing makes (leave-one-GPU-out, median over the measured GPUs
-    of that family, stored with the fit; for GEMMs borrowed as a same-architecture GPU's
-    measured table scaled by the data sheets, that rule's error). All-reduces say what they
+    of that family, stored with the fit; a family borrowed from a pool of GPUs
+    (``coefficients.POOLED``) names them; for GEMMs borrowed as a same-architecture GPU's
+    measured table scaled by the data sheets, that rule's error; likewise for an MoE table,
+    scaled per regime by the ratio of the fitted form). All-reduces say what they
     run on: a measured table (the GPU's own or one on the same interconnect) or NCCL's curve
     over PCIe; FP8
     GEMMs on a GPU without FP8 tensor cores run weight-only at the bf16 rate. Last, the
@@ -72,6 +74,10 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
             rule = gemm_table.borrowing(g, f)
             assert rule is not None
             return f"{f} {rule['table']:.0%} (its measured table scaled by the data sheets)"
+        if f == "moe" and moe_table.lent(g) is not None:
+            moe = moe_table.borrowing()
+            assert moe is not None
+            return f"moe {moe['table']:.0%} (its measured MoE table scaled per regime)"
         return f"{f} {loo[f]:.0%}"
 
     def err(fams: list[str]) -> str:
@@ -79,7 +85,12 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
         return f" (leave-one-GPU-out error of borrowing: {', '.join(figs)})" if figs else ""
 
     if src != name:
-        text = f"{name}: no measured kernels; borrowed from {src}{err(sorted(sources))}"
+        text = f"{name}: no measured kernels; borrowed from {src}"
+        pooled = {f: sources[f] for f in POOLED if sources.get(f, src) != src}
+        if pooled:
+            text += " (" + ", ".join(f"{f} fitted on {s.replace('+', ', ')} together"
+                                     for f, s in pooled.items()) + ")"
+        text += err(sorted(sources))
     else:
         own = sorted(f for f, s in sources.items() if s == name)
         text = f"{name}: fitted on measured kernels of {name} ({', '.join(own)})"

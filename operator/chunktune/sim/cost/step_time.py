@@ -198,7 +198,9 @@ def moe_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray, c: Kerne
     GPU's measured MoE layer where its table has the model's shape and split
     (:mod:`chunktune.sim.cost.moe_table`; ``expert_parallel``: each of the ``tp`` ranks holds
     ``1/tp`` of the experts whole, as ``--enable-expert-parallel`` splits them, else every
-    expert is sharded ``tp`` ways), else the fitted form (:func:`moe_form`, sharded experts)."""
+    expert is sharded ``tp`` ways); where the GPU has no MoE table and borrows a neighbour's
+    (:func:`chunktune.sim.cost.moe_table.lent`), that table scaled by the ratio of the fitted
+    form on the two GPUs; else the fitted form (:func:`moe_form`, sharded experts)."""
     experts_dtype = model.weight_dtype if weight_dtype in ("fp8", "bf16") \
         and model.weight_dtype in FOUR_BIT else weight_dtype
     if use_table:
@@ -208,6 +210,19 @@ def moe_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray, c: Kerne
                              model.num_experts_per_tok, tp // ep, ep)
         if us is not None:
             return moe_table.seconds(us, tokens)
+        src = moe_table.lent(gpu)
+        theirs = None if src is None else moe_table.curve(
+            src.name, moe_weight_format(experts_dtype), model.hidden_size,
+            model.moe_intermediate_size, model.num_experts, model.num_experts_per_tok,
+            tp // ep, ep)
+        if src is not None and theirs is not None:  # a neighbour's table, scaled per regime
+            T = np.asarray(tokens, dtype=np.float64)
+            args = (model.hidden_size, model.moe_intermediate_size / tp,
+                    model.num_experts_per_tok, model.num_experts, 3 if model.gated_mlp else 2)
+            scale = (moe_form(T, *args, gpu, c, experts_dtype)
+                     / moe_form(T, *args, src, c, experts_dtype))
+            lent: np.ndarray = moe_table.seconds(theirs, tokens) * scale
+            return lent
     return moe_form(np.asarray(tokens, dtype=np.float64), model.hidden_size,
                     model.moe_intermediate_size / tp, model.num_experts_per_tok,
                     model.num_experts, 3 if model.gated_mlp else 2, gpu, c, experts_dtype)

@@ -225,6 +225,12 @@ class MoeRow:
     tp: int
     us: float
 
+    @property
+    def key(self) -> tuple[str, int, int, int, int, int, int]:
+        """The layer timed, apart from the GPU: the same key on two GPUs is the same work."""
+        return (self.dtype, self.tokens, self.hidden, self.inter, self.topk, self.experts,
+                self.tp)
+
 
 def read_moe(root: Path) -> list[MoeRow]:
     """bf16 and fp8 rows with balanced routing and no expert parallelism (the newest version

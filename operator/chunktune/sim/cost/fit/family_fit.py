@@ -10,7 +10,7 @@ model's own functions (:mod:`chunktune.sim.cost.step_time`), evaluated on arrays
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +23,7 @@ from chunktune.sim.cost.coefficients import GROUPS, KernelCoefficients
 from chunktune.sim.cost.collectives import vllm_allreduce_s
 from chunktune.sim.cost.fit import aic_kernels
 from chunktune.sim.cost.fit import kernel_data as kd
-from chunktune.sim.cost.fit.measurements import attention_kind
+from chunktune.sim.cost.fit.measurements import Measurements, attention_kind, attention_points
 from chunktune.sim.cost.step_time import (
     AttentionShape,
     attention_grid_time,
@@ -275,3 +275,31 @@ def fit_moe(base: KernelCoefficients, gpu: GPU,
         return out
 
     return _fit(GROUPS["moe"], resid)
+
+
+# ---- a pool of GPUs fitted together ------------------------------------------------------
+
+def fit_pooled(family: str, members: Sequence[str],
+               coef: Callable[[str], KernelCoefficients], meas: Measurements
+               ) -> dict[str, float]:
+    """An attention ``family``'s group (``coefficients.POOLED``) fitted on the timings of
+    every GPU of ``members`` together: each at its own data sheet and its own coefficients for
+    the other groups, the measured sets weighted equally within a GPU (as
+    :func:`fit_attention`) and each GPU weighted equally."""
+    data = []
+    for g in members:
+        pts = [p for p in attention_points(meas, g) if attention_kind(p) == family]
+        keys = [_set_key(p) for p in pts]
+        ids = {k: i for i, k in enumerate(sorted(set(keys), key=str))}
+        grp = np.array([ids[k] for k in keys])
+        w = 1.0 / np.sqrt(np.bincount(grp)[grp]) / np.sqrt(len(ids))
+        a = attention_arrays(pts)
+        data.append((coef(g), a, np.log(a["us"]), w))
+
+    def resid(v: dict[str, float]) -> np.ndarray:
+        out: np.ndarray = np.concatenate([
+            (np.log(attention_pred_us(with_values(c, v), a)) - log_us) * w
+            for c, a, log_us, w in data])
+        return out
+
+    return _fit(GROUPS[family], resid)

@@ -26,11 +26,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chunktune.core.gpus import resolve_gpu
+from chunktune.core.gpus import GPUS, resolve_gpu
 from chunktune.sim.cost import aic_data
 from chunktune.sim.cost import coefficients as coef_mod
 from chunktune.sim.cost import collectives as col
-from chunktune.sim.cost.coefficients import GROUPS, KernelCoefficients
+from chunktune.sim.cost.coefficients import (
+    GROUPS,
+    POOLED,
+    KernelCoefficients,
+    pool_key,
+    pool_members,
+)
 from chunktune.sim.cost.fit import aic_kernels, nccl_fit
 from chunktune.sim.cost.fit import family_fit as ff
 from chunktune.sim.cost.fit import kernel_data as kd
@@ -118,7 +124,35 @@ def fit_gpus(meas: Measurements) -> tuple[dict[str, KernelCoefficients],
             if src != g:
                 coef[g] = ff.with_values(coef[g], {k: getattr(coef[src], k)
                                                    for k in GROUPS[fam]})
+    # the pooled families a GPU's data lacks: from its pool rather than its nearest GPU
+    cache: dict[tuple[str, tuple[str, ...]], dict[str, float]] = {}
+    for fam in POOLED:
+        for g in gpus:
+            members = pool_members(resolve_gpu(g), fam, have[fam])
+            if g in have[fam] or not members:
+                continue
+            coef[g] = ff.with_values(coef[g], rep.pooled_fit(fam, members, lambda d: coef[d],
+                                                             meas, cache))
+            sources[g][fam] = "+".join(members)
     return coef, sources
+
+
+def pools(meas: Measurements, coef: dict[str, KernelCoefficients]) -> dict[str, Any]:
+    """The committed ``pooled`` groups: per pooled family and pool (``coefficients.pool_key``)
+    that a catalog GPU without measured kernels borrows, its GPUs and coefficients."""
+    have = families_with_data(meas)
+    out: dict[str, dict[str, Any]] = {}
+    cache: dict[tuple[str, tuple[str, ...]], dict[str, float]] = {}
+    for fam in POOLED:
+        out[fam] = {}
+        for name, gpu in sorted(GPUS.items()):
+            key = pool_key(gpu, fam)
+            members = pool_members(gpu, fam, have[fam])
+            if name in coef or key in out[fam] or not members:
+                continue
+            out[fam][key] = {"gpus": members, "coefficients": rep.pooled_fit(
+                fam, members, lambda d: coef[d], meas, cache)}
+    return out
 
 
 def document(meas: Measurements) -> dict[str, Any]:
@@ -137,6 +171,8 @@ def document(meas: Measurements) -> dict[str, Any]:
         "fixed_sources": "see chunktune.sim.cost.fit.family_fit.FIXED",
         "loo_gpu": loo,
         "gemm_borrowing": rep.gemm_borrowing(meas, lambda g: coef[g]),
+        "moe_borrowing": rep.moe_borrowing(meas, lambda g: coef[g]),
+        "pooled": pools(meas, coef),
         "gpus": {g: {"sources": sources[g],
                      "coefficients": {k: float(f"{v:.6g}") for k, v in c.to_dict().items()}}
                  for g, c in sorted(coef.items())},

@@ -24,7 +24,14 @@ from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
 from chunktune.sim.cost import aic_data
 from chunktune.sim.cost import collectives as col
-from chunktune.sim.cost.coefficients import NEAREST, KernelCoefficients, coefficients
+from chunktune.sim.cost.coefficients import (
+    GROUPS,
+    NEAREST,
+    POOLED,
+    KernelCoefficients,
+    coefficients,
+    pool_members,
+)
 from chunktune.sim.cost.fit import aic_kernels, nccl_fit
 from chunktune.sim.cost.fit import family_fit as ff
 from chunktune.sim.cost.fit import kernel_data as kd
@@ -127,13 +134,15 @@ def family_errors(family: str, gpu: str, c: KernelCoefficients, meas: Measuremen
 def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients]
                   ) -> list[ErrorRow]:
     """Per family and GPU: in sample (its own coefficients), held out (``loo-gpu``: its
-    nearest other measured GPU's; for a PCIe GPU's all-reduces, NCCL's curve, which the
+    nearest other measured GPU's, the attention groups of ``coefficients.POOLED`` fitted on
+    their pool without it, :func:`held_out`; for a PCIe GPU's all-reduces, NCCL's curve, which the
     engine runs over PCIe; for GEMMs also ``loo-table``: that GPU's measured table scaled by
     the data sheets, :func:`lent_table_errors`), and ``missing`` rows for GPUs without
     data."""
     have = families_with_data(meas)
     everyone = sorted(set().union(*have.values()))
     rows = []
+    cache: dict[tuple[str, tuple[str, ...]], dict[str, float]] = {}
     for fam in FAMILIES:
         for g in everyone:
             if g not in have[fam]:
@@ -149,16 +158,49 @@ def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients]
                 continue
             src = borrow_source(g, fam, have)
             if src is not None:
-                held = family_errors(fam, g, coef(src), meas)
+                held = family_errors(fam, g, held_out(g, fam, src, coef, meas, have, cache),
+                                     meas)
                 assert held is not None
-                rows.append(ErrorRow.of(fam, f"{g} from {src}", "loo-gpu", held))
+                frm = ("+".join(pool_members(resolve_gpu(g), fam, have[fam])) if fam in POOLED
+                       else src)
+                rows.append(ErrorRow.of(fam, f"{g} from {frm}", "loo-gpu", held))
                 lent = (lent_table_errors(g, src, "fp8" if fam == "gemm-fp8" else "bf16",
                                           coef(src), meas) if fam in ("gemm", "gemm-fp8")
+                        else lent_moe_errors(g, src, coef(src), meas) if fam == "moe"
                         else None)
                 if lent is not None:
                     rows.append(ErrorRow.of(fam, f"{g} from {src}'s table", "loo-table",
                                             np.abs(lent)))
     return rows
+
+
+def pooled_fit(fam: str, members: list[str], coef: Callable[[str], KernelCoefficients],
+               meas: Measurements, cache: dict[tuple[str, tuple[str, ...]], dict[str, float]]
+               ) -> dict[str, float]:
+    """:func:`family_fit.fit_pooled`, once per pool (``cache``); a pool of one GPU is that
+    GPU's own group, as fitted on its data."""
+    key = (fam, tuple(members))
+    if key not in cache:
+        cache[key] = (ff.fit_pooled(fam, members, coef, meas) if len(members) > 1
+                      else {k: getattr(coef(members[0]), k) for k in GROUPS[fam]})
+    return cache[key]
+
+
+def held_out(gpu: str, fam: str, src: str, coef: Callable[[str], KernelCoefficients],
+             meas: Measurements, have: dict[str, set[str]],
+             cache: dict[tuple[str, tuple[str, ...]], dict[str, float]]
+             ) -> KernelCoefficients:
+    """What predicts ``gpu``'s ``fam`` with ``gpu`` held out, as a GPU without data is
+    predicted: its nearest other measured GPU ``src``'s coefficients, and for the attention
+    families every pooled group (``coefficients.POOLED``) from its pool without ``gpu``."""
+    c = coef(src)
+    if not fam.startswith("attention"):
+        return c
+    for pf in POOLED:
+        members = pool_members(resolve_gpu(gpu), pf, have[pf])
+        if members:
+            c = ff.with_values(c, pooled_fit(pf, members, coef, meas, cache))
+    return c
 
 
 def pcie_allreduce_errors(gpu: str, meas: Measurements) -> np.ndarray:
@@ -197,6 +239,51 @@ def lent_table_errors(gpu: str, src: str, dtype: str, c: KernelCoefficients,
             scale = gemm_form(m, p.k, p.n, g, c, dtype) / gemm_form(m, p.k, p.n, s, c, dtype)
             out.append(float(t.seconds(m, p.n, p.k)[0] * scale[0]) * 1e6 / p.us - 1.0)
     return np.array(out) if out else None
+
+
+def lent_moe_errors(gpu: str, src: str, c: KernelCoefficients, meas: Measurements
+                    ) -> np.ndarray | None:
+    """Signed relative error on ``gpu``'s bf16 MoE layers of ``src``'s measured MoE layers of
+    the same shapes, each scaled by the ratio of the fitted form (:func:`step_time.moe_form`
+    under ``c``, ``src``'s coefficients) on the two data sheets: per regime, so a layer bound
+    by its fixed cost keeps ``src``'s time, one bound by streaming the experts' weights scales
+    by the HBM bandwidths and one bound by their FLOPs by the peaks. What a GPU without an
+    MoE table runs borrowing ``src``'s (:func:`chunktune.sim.cost.moe_table.lent`); None where
+    the two share no shape."""
+    g, s = resolve_gpu(gpu), resolve_gpu(src)
+    theirs = {r.key: r for r in meas.moe if r.gpu == src and r.dtype == "bf16"}
+    pairs = [(r, theirs[r.key]) for r in meas.moe
+             if r.gpu == gpu and r.dtype == "bf16" and r.key in theirs]
+    if not pairs:
+        return None
+    mine, other = [p[0] for p in pairs], [p[1] for p in pairs]
+    pred = (np.array([r.us for r in other]) * ff.moe_pred_us(c, g, other)
+            / ff.moe_pred_us(c, s, other))
+    out: np.ndarray = pred / np.array([r.us for r in mine]) - 1.0
+    return out
+
+
+def moe_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
+                  ) -> dict[str, Any]:
+    """Over the measured GPUs with MoE layers: the held-out median error of borrowing the
+    nearest other one's measured MoE table scaled per regime (``table``,
+    :func:`lent_moe_errors`) against borrowing its fitted form (``form``), and the one to
+    ``use`` (:func:`chunktune.sim.cost.moe_table.lent`)."""
+    have = families_with_data(meas)
+    tab, form, held = [], [], []
+    for g in sorted(have["moe"]):
+        src = borrow_source(g, "moe", have)
+        lent = None if src is None else lent_moe_errors(g, src, coef(src), meas)
+        if src is None or lent is None:
+            continue
+        fitted = family_errors("moe", g, coef(src), meas)
+        assert fitted is not None
+        tab.append(float(np.median(np.abs(lent))))
+        form.append(float(np.median(fitted)))
+        held.append(f"{g} from {src}")
+    t, f = float(np.median(tab)), float(np.median(form))
+    return {"table": float(f"{t:.4g}"), "form": float(f"{f:.4g}"),
+            "use": "table" if t < f else "form", "held_out": ", ".join(held)}
 
 
 def gemm_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
