@@ -576,7 +576,9 @@ def format_checks(checks: list[CrossCheck]) -> str:
 def format_report(rows: list[ErrorRow], checks: list[CrossCheck]) -> str:
     parts = ["Step-time model: relative error per family (or dataset) and slice",
              format_rows(rows), "", format_checks(checks), "",
-             "Median over slices (loo-gpu: each GPU predicted from its nearest other measured "
-             "GPU, as a GPU without data is):"]
+             "Median over slices (loo-gpu: each GPU predicted as a GPU without data is, from "
+             "its nearest other measured GPU, the decode terms from the pool of the others "
+             "running its FlashAttention generation; loo-table: the nearest GPU's measured "
+             "table scaled by the data sheets):"]
     parts += [f"  {ds:20} {mode:10} {v:6.1%}" for (ds, mode), v in summarize(rows).items()]
     return "\n".join(parts)
