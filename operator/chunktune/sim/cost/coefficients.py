@@ -70,7 +70,7 @@ NEAREST: dict[str, tuple[str, ...]] = {
 #: ``docs/simulator.md`` has the figures). ``flash-attention``: the GPUs that run the same
 #: FlashAttention generation (:attr:`chunktune.core.gpus.GPU.flash_attention`; where none
 #: does, the nearest generation's): a decode's fixed cost and the HBM fraction it reaches
-#: are the kernel's (FA2's decode-only batches cost 6-9 us more per call than FA3's and
+#: are the kernel's (FA2's decode-only batches cost 7-9 us more per call than FA3's and
 #: FA4's on every measured GPU), more than the chip's.
 POOLED: dict[str, str] = {"attention-decode": "flash-attention"}
 
