@@ -259,6 +259,13 @@ def test_borrowing_rules_are_what_holding_out_chose():
     assert pcie.gemm_compute_eff == sxm.gemm_compute_eff  # the rest: the nearest GPU's
     assert group_sources("h100-pcie")["attention-decode"] == "h100-sxm+h200"
     assert group_sources("h100-pcie")["gemm"] == "h100-sxm"
+    # what the provenance line says of them
+    from chunktune.sim.cost.provenance import provenance
+
+    assert "(attention-decode fitted on h100-sxm, h200 together)" in provenance("h100-pcie")
+    b300 = provenance("b300")
+    assert "attention-decode 9%" in b300 and "fitted on" not in b300
+    assert "moe 14% (its measured MoE table scaled per regime)" in b300
     # measured GPUs keep their own tables and terms: nothing of theirs is pooled
     for g in ("h100-sxm", "h200", "b200", "rtx-pro-6000", "rtx4090"):
         assert group_sources(g)["attention-decode"] == g
