@@ -6,10 +6,13 @@ kernels on A100, H100, H200, L40S, RTX PRO 6000 and B200; LLMServingSim's on RTX
 6000; Vidur's on A100, H100 and A40), family by family (:data:`coefficients.GROUPS`). A family a
 GPU has no data for is borrowed from its nearest GPU that has it (``coefficients.NEAREST``;
 the attention of mixed chunked-prefill batches, measured on the two RTX cards only, is the
-common case). It rewrites the committed tables under ``sim/cost/data/`` (``aic_*.csv``,
-``kernel_points.csv``, ``vidur_linear_ms.csv``, ``vidur_allreduce_ms.csv``) and coefficients
-(``step_time_coefficients.json``, with each GPU's sources and the leave-one-GPU-out error per
-family; ``allreduce_coefficients.json``, NCCL's curve).
+common case), decode attention from the pool of GPUs running its FlashAttention generation
+(``coefficients.POOLED``; ``pooled`` in the document, for the GPUs without data). It rewrites
+the committed tables under ``sim/cost/data/`` (``aic_*.csv``, ``kernel_points.csv``,
+``vidur_linear_ms.csv``, ``vidur_allreduce_ms.csv``) and coefficients
+(``step_time_coefficients.json``, with each GPU's sources, the leave-one-GPU-out error per
+family and the table-or-form decisions ``gemm_borrowing`` and ``moe_borrowing``;
+``allreduce_coefficients.json``, NCCL's curve).
 
 ``python -m chunktune.sim.cost.fit.kernel_fit report [--data ../shared/data]`` prints, per family
 and GPU, the error in sample and with the GPU held out (predicted as a GPU without data would

@@ -3,7 +3,10 @@ with the GPU held out, the cross-checks between sources, and the held-out datase
 
 Holding a GPU out predicts its timings exactly as a GPU without data is predicted: with the
 coefficients of its nearest other GPU whose data has the family
-(:func:`chunktune.sim.cost.fit.measurements.borrow_source`) and its own data sheet. A family a GPU
+(:func:`chunktune.sim.cost.fit.measurements.borrow_source`), the decode attention terms
+fitted on the pool of the other GPUs running its FlashAttention generation
+(``coefficients.POOLED``), and its own data sheet; GEMMs and MoE layers also from that GPU's
+measured table scaled by the data sheets (``loo-table``). A family a GPU
 has no data for is listed as such (``missing``), never filled in. Relative error is
 ``|predicted / measured - 1|``; each row gives its median and p90.
 """
