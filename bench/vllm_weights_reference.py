@@ -40,10 +40,10 @@ What is faked, and how (nothing in vLLM's model or quantization code is changed)
   the registry inspects a model class in this process, not in a subprocess that would import
   the environment's installed vLLM.
 
-Not followed: ``process_weights_after_loading`` (kernel-format repacking after the load, e.g.
-the OAI Triton kernels' Hopper swizzle, whose ``HopperMXScaleLayout`` pads gpt-oss-120b's
-MXFP4 scales to 256 rows and 92 groups: +215 MB at TP 1, or MLA's ``W_UK_T`` / ``W_UV``),
-which runs on loaded weights and not on the meta device.
+``process_weights_after_loading`` runs on loaded weights and is not followed, but for the OAI
+Triton MXFP4 backend (gpt-oss on Hopper), whose repacking is printed apart
+(:func:`triton_mxfp4_after_loading`: vLLM's ``_swizzle_mxfp4`` on the meta tensors). Not
+followed: MLA's ``W_UK_T`` / ``W_UV`` (bf16 copies of ``kv_b_proj``'s halves it makes there).
 """
 
 from __future__ import annotations
@@ -197,9 +197,10 @@ def fake_tp(tp: int) -> None:
     ps._PP = ps._DP = ps._DCP = ps._PCP = ps._EPLB = group(1)
 
 
-def vllm_weights(name: str, tp: int) -> tuple[int, Counter[tuple[str, str]], str]:
+def vllm_weights(name: str, tp: int) -> tuple[int, Counter[tuple[str, str]], str, int]:
     """(bytes of rank 0's parameters and buffers, those bytes by module path and dtype, the
-    model class and quantization config) as vLLM builds ``name`` at TP ``tp``."""
+    model class and quantization config, what :func:`triton_mxfp4_after_loading` adds) as
+    vLLM builds ``name`` at TP ``tp``."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
@@ -225,7 +226,45 @@ def vllm_weights(name: str, tp: int) -> tuple[int, Counter[tuple[str, str]], str
         by[(".".join(p for p in path.split(".") if not p.isdigit()), str(t.dtype))] += b
     method = type(vc.quant_config).__name__ if vc.quant_config else "no quantization"
     what = f"{type(model).__name__}, {method}"
-    return total, by, what
+    return total, by, what, triton_mxfp4_after_loading(model)
+
+
+def triton_mxfp4_after_loading(model: Any) -> int:
+    """Bytes the OAI Triton MXFP4 backend adds in ``process_weights_after_loading``
+    (``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format``): vLLM's own ``_swizzle_mxfp4`` run
+    on the meta tensors with triton_kernels' layouts for :data:`CAPABILITY`
+    (``HopperMXValueLayout`` / ``HopperMXScaleLayout``: the scales padded to 256 rows, their
+    groups to 0 mod 4), and the expert biases cast to float32. 0 for other backends."""
+    import torch
+    from vllm.utils.import_utils import has_triton_kernels
+
+    if not has_triton_kernels():
+        return 0
+    import triton_kernels.tensor_details.layout as layout
+    from vllm.model_executor.layers.quantization.utils.mxfp4_utils import _swizzle_mxfp4
+
+    # triton_kernels asks torch.cuda for the capability; answer for the faked GPU
+    layout.cuda_capability_geq = lambda major, minor=0: (major, minor) <= CAPABILITY
+
+    def nbytes(t: Any) -> int:  # a tensor, or triton_kernels' wrapper of its swizzled one
+        data = t if isinstance(t, torch.Tensor) else t.storage.data
+        return int(data.numel() * data.element_size())
+
+    extra = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        backend = getattr(method, "mxfp4_backend", None)
+        if backend is None or backend.name != "TRITON":
+            continue
+        for w, sc in (("w13_weight", "w13_weight_scale"), ("w2_weight", "w2_weight_scale")):
+            weight, scale = getattr(module, w), getattr(module, sc)
+            new_w, _, new_s = _swizzle_mxfp4(weight, scale)
+            extra += nbytes(new_w) + nbytes(new_s) - nbytes(weight) - nbytes(scale)
+        for b in ("w13_bias", "w2_bias"):
+            bias = getattr(module, b, None)
+            if bias is not None:
+                extra += bias.numel() * (4 - bias.element_size())
+    return extra
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, gpu, tp in CASES:
         if ns.model and name not in ns.model:
             continue
-        total, by, what = vllm_weights(name, tp)
+        total, by, what, after = vllm_weights(name, tp)
         model = resolve_model(config_path=CONFIGS / f"{name}_config.json", name=name)
         ours = int(model.weight_bytes(tp))
         # the language model's rotary cos/sin caches (a vision tower's are its own)
@@ -259,8 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name} {gpu} TP{tp} ({what}): vLLM {total} B ({total / 2**30:.3f} GiB) a rank, "
               f"rotary caches {rope} B; simulator {ours} B ({(ours - total) / total:+.3%}), "
               f"rotary caches {int(model.rope_cache_bytes())} B", flush=True)
+        if after:
+            err = (ours - total - after) / (total + after)
+            print(f"    after the OAI Triton MXFP4 kernels' process_weights_after_loading: "
+                  f"+{after} B ({total + after} B; simulator {err:+.3%})")
         rows.append({"model": name, "tp": tp, "vllm_bytes": total, "vllm_rope_bytes": rope,
-                     "simulator_bytes": ours})
+                     "vllm_after_loading_extra": after, "simulator_bytes": ours})
         if ns.detail:
             for (path, dtype), b in sorted(by.items(), key=lambda kv: -kv[1]):
                 print(f"    {b:>14} {path} {dtype}")
