@@ -25,7 +25,7 @@ def test_deepseek_v3_on_eight_h200(capsys):
     assert "model: deepseek-ai--DeepSeek-V3: 671.0 B parameters" in out
     assert "61 layers: 61 mla" in out and "58 MoE layers, 3 dense" in out
     assert "KV cache a token a layer on one rank: mla 1,152 B" in out  # 576 bf16 elements
-    assert "weights: 79.27 GiB a rank at TP 8" in out
+    assert "weights: 79.29 GiB a rank at TP 8" in out
     assert "GPU KV cache size:" in out and "Maximum concurrency for 163,840 tokens" in out
     # the step-time line is the one sim run prints (sim.cost.provenance)
     assert "step time: h200:" in out and "approximated for" not in out

@@ -131,6 +131,9 @@ class ModelConfig:
     #: Parameters of the vision tower and its projection vLLM loads beside the language model
     #: (``Gemma4ForConditionalGeneration``), whole on every rank; 0 = none.
     vision_params: int = 0
+    #: Type of the rotary embeddings' cos/sin cache ("" = :attr:`dtype`; gpt-oss: vLLM 0.33
+    #: gpt_oss.py builds its rotary embedding in float32).
+    rope_cache_dtype: str = ""
 
     # ---- derived quantities -------------------------------------------------------------
 
@@ -277,14 +280,38 @@ class ModelConfig:
                 * self.num_hidden_layers + self.mlp_params(active_only)
                 + self.embedding_params() + self.hidden_size)
 
-    def weight_bytes(self, tp: int = 1) -> float:
-        """Weight bytes one tensor-parallel rank holds. Sharded across ranks: the attention
-        projections, the MLPs and experts (split by width, or by expert under expert
-        parallelism: the same bytes), the embeddings and lm_head (vLLM's
-        VocabParallelEmbedding); the norms too (they are whole on each rank, but under 0.01%
-        of the weights). Whole on every rank: an MoE router, MLA's down-projections and a
-        vision tower (:attr:`vision_params`). Each module class's linear layers at
-        :meth:`module_weight_bytes`, the rest at :attr:`dtype`."""
+    def rope_caches(self) -> frozenset[tuple[int, int, str]]:
+        """The rotary embeddings' cos/sin caches vLLM 0.33 allocates, as (positions, rotary
+        width, dtype): ``get_rope`` builds one ``cos_sin_cache`` buffer of
+        max_position_embeddings x rotary_dim per distinct rotary embedding (its ``_ROPE_DICT``
+        shares it among the layers that use it): the head size (MLA: qk_rope_head_dim; Gemma-4:
+        one for the sliding layers' head, one for the full layers'); Llama-4's NoPE layers
+        have none. The positions are the config's, whatever ``--max-model-len`` is (Llama-4
+        Scout: 10,485,760 x 128 in bf16, 2.5 GiB a rank)."""
+        kinds = self.layer_kinds()
+        dtype = self.rope_cache_dtype or self.dtype
+        return frozenset(
+            (self.max_position_embeddings,
+             self.qk_rope_head_dim if k == MLA else self.layer_head_dim(k), dtype)
+            for k in kinds if not (k == FULL and CHUNKED in kinds))
+
+    def rope_cache_bytes(self, held: frozenset[tuple[int, int, str]] = frozenset()) -> float:
+        """Bytes of :meth:`rope_caches` (whole on every rank), but those in ``held``: a
+        drafter's rotary embedding that is the target's is the target's buffer."""
+        return sum(n * width * DTYPE_BYTES[dtype]
+                   for n, width, dtype in self.rope_caches() - held)
+
+    def weight_bytes(self, tp: int = 1,
+                     ropes_held: frozenset[tuple[int, int, str]] = frozenset()) -> float:
+        """Weight bytes one tensor-parallel rank holds: what vLLM 0.33's model classes
+        allocate, parameters and buffers (``bench/vllm_weights_reference.py`` builds them).
+        Sharded across ranks: the attention projections, the MLPs and experts (split by
+        width, or by expert under expert parallelism: the same bytes), the embeddings and
+        lm_head (vLLM's VocabParallelEmbedding); the norms too (they are whole on each rank,
+        but under 0.01% of the weights). Whole on every rank: an MoE router, MLA's
+        down-projections, a vision tower (:attr:`vision_params`) and the rotary embeddings'
+        cos/sin caches (:meth:`rope_cache_bytes`, but ``ropes_held``). Each module class's
+        linear layers at :meth:`module_weight_bytes`, the rest at :attr:`dtype`."""
         L, b = self.num_hidden_layers, self.dtype_bytes
         mla_rep = self.mla_replicated_params_per_layer()
         attn = self.module_weight_bytes("attention")
@@ -302,7 +329,7 @@ class ModelConfig:
             sharded += L * self.dense_mlp_params() * self.module_weight_bytes("dense_mlp")
         whole = L * mla_rep * attn + (self.num_moe_layers * self.router_params()
                                       + self.vision_params) * b
-        return sharded / tp + whole
+        return sharded / tp + whole + self.rope_cache_bytes(ropes_held)
 
     # ---- KV cache ------------------------------------------------------------------------
 
@@ -402,6 +429,8 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
     dense_width = count("intermediate_size_mlp")
     quant = read_quantization(cfg.get("quantization_config"), problems, layers)
     gemma4 = _gemma4_fields(outer, cfg, family, problems)
+    # vLLM 0.33 gpt_oss.py: get_rope(..., dtype=torch.float32)
+    rope_dtype = "float32" if cfg.get("model_type") == "gpt_oss" else ""
     if problems:
         raise SpecError([(f"model config {label}: {p}", m) for p, m in problems])
     shared_width = count("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
@@ -440,6 +469,7 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
         dense_intermediate_size=dense_width,
         shared_expert_intermediate_size=shared_width,
         unquantized=quant.unquantized,
+        rope_cache_dtype=rope_dtype,
         **gemma4,
     )
 

@@ -7,10 +7,11 @@ Every pinned figure is vLLM 0.33.0's own, computed by ``bench/vllm_kv_reference.
 for the same available KV memory, budget 8192 tokens and async scheduling on.
 
 The available bytes are given (``kv_cache_memory_bytes``), so these tests check the KV layout
-alone. The rest of start-up memory (weights aside) is the dense models' calibration, not
-measured on these models: activation peak, non-torch memory and CUDA graphs as
-``sim/engine/memory.py`` states them (docs/simulator.md, "Model families", says what an
-error there does to the KV tokens).
+alone; they are the simulator's KV memory for each engine, with the weights vLLM 0.33's model
+classes allocate (``test_weights.py``, rotary caches included). The rest of start-up memory is
+the dense models' calibration, not measured on these models: activation peak, non-torch
+memory and CUDA graphs as ``sim/engine/memory.py`` states them (docs/simulator.md, "Model
+families", says what an error there does to the KV tokens).
 """
 
 from __future__ import annotations
@@ -42,22 +43,22 @@ def config(name, gpu, tp, max_model_len=None, kv_dtype="auto", **kw):
     ("name", "gpu", "tp", "max_model_len", "kv_dtype", "available", "blocks", "tokens"),
     [
         # (vLLM 0.33.0 get_kv_cache_config_from_groups num_blocks, get_kv_cache_capacity tokens)
-        ("deepseek-ai--DeepSeek-V3", "h200", 8, None, "auto", 47571210994, 42309, 676_944),
-        ("deepseek-ai--DeepSeek-V3", "h200", 8, None, "fp8", 47571210994, 84619, 1_353_904),
-        ("moonshotai--Kimi-K2.5", "h200", 8, None, "auto", 55966575346, 49776, 796_416),
-        ("openai--gpt-oss-120b", "h100-sxm", 1, None, "auto", 8849272598, 15003, 213_167),
-        ("openai--gpt-oss-20b", "h100-sxm", 1, 8192, "auto", 60433765024, 153691, 1_228_328),
-        ("Qwen--Qwen3-235B-A22B-FP8", "h200", 4, None, "auto", 72713410563, 94427,
-         1_510_832),
+        ("deepseek-ai--DeepSeek-V3", "h200", 8, None, "auto", 47550239474, 42291, 676_656),
+        ("deepseek-ai--DeepSeek-V3", "h200", 8, None, "fp8", 47550239474, 84582, 1_353_312),
+        ("moonshotai--Kimi-K2.5", "h200", 8, None, "auto", 55933020914, 49746, 795_936),
+        ("openai--gpt-oss-120b", "h100-sxm", 1, None, "auto", 8815718166, 14946, 212_357),
+        ("openai--gpt-oss-20b", "h100-sxm", 1, 8192, "auto", 60400210592, 153605, 1_227_641),
+        ("Qwen--Qwen3-235B-A22B-FP8", "h200", 4, None, "auto", 72702924803, 94413,
+         1_510_608),
         ("meta-llama--Llama-4-Scout-17B-16E-Instruct", "h100-sxm", 4, 131072, "auto",
-         17962082725, 91359, 935_516),
+         15277728165, 77706, 795_709),
         ("meta-llama--Llama-4-Maverick-17B-128E-Instruct", "h200", 8, 65536, "auto",
-         31520556761, 320643, 2_414_253),
+         31252121305, 317913, 2_393_697),
         # Gemma-4: full layers 2 KV heads of 512, sliding 8 of 256; vLLM's
         # unify_kv_cache_spec_page_size gives the full layers 32-token blocks
-        ("google--gemma-4-26B-A4B", "h100-sxm", 1, None, "auto", 21503406119, 32811, 630_725),
-        ("google--gemma-4-26B-A4B", "h100-sxm", 1, 32768, "auto", 21503406119, 32811,
-         166_200),
+        ("google--gemma-4-26B-A4B", "h100-sxm", 1, None, "auto", 21100752935, 32197, 618_922),
+        ("google--gemma-4-26B-A4B", "h100-sxm", 1, 32768, "auto", 21100752935, 32197,
+         163_090),
     ],
 )
 def test_kv_tokens_are_what_vllm_0_33_computes(name, gpu, tp, max_model_len, kv_dtype,
@@ -124,14 +125,14 @@ def test_sim_serve_reports_vllm_pool_and_capacity_for_a_windowed_model():
 
     from chunktune.sim.serving.metrics import VllmMetrics
 
-    cfg = config("openai--gpt-oss-120b", "h100-sxm", 1, kv_cache_memory_bytes=8849272598)
+    cfg = config("openai--gpt-oss-120b", "h100-sxm", 1, kv_cache_memory_bytes=8815718166)
     plan = plan_memory(cfg)
     text = VllmMetrics(cfg, plan, "gpt-oss-120b").render().decode()
     info, = (s for f in text_string_to_metric_families(text)
              if f.name == "vllm:cache_config_info" for s in f.samples)
     # CacheConfig as vLLM 0.33 fills it: the pool's num_blocks, the capacity it prints
-    assert info.labels["num_gpu_blocks"] == "15003"
-    assert info.labels["kv_cache_size_tokens"] == "213167"
+    assert info.labels["num_gpu_blocks"] == "14946"
+    assert info.labels["kv_cache_size_tokens"] == "212357"
 
 
 def test_gemma4_page_sizes_unified_as_vllm_does():
