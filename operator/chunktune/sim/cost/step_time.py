@@ -168,7 +168,7 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
             si = (model.shared_expert_intermediate_size
                   or model.num_shared_experts * model.moe_intermediate_size) / tp
             # shared experts the checkpoint quantizes to 4 bits: priced as FP8 GEMMs (one
-            # byte a weight, the FP8 peak; no 4-bit dense GEMM table here: borrowed)
+            # byte a weight, the FP8 peak; borrowed: the nvfp4 grid is not used for them yet)
             shared = weight_dtype if model.module_weight_bytes("shared_experts") >= \
                 model.dtype_bytes or model.weight_dtype not in FOUR_BIT else "fp8"
             out["experts"] = out["experts"] + gemm_time(T, h, 2 * si, gpu, c, shared, use_table) \
@@ -595,7 +595,8 @@ class StepCostModel:
         lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype,
                                 expert_parallel=expert_parallel) * (layers - dense)
         if dense:
-            # 4-bit dense MLPs of an MoE model: as FP8 GEMMs (no 4-bit GEMM table; borrowed)
+            # 4-bit dense MLPs of an MoE model: as FP8 GEMMs (borrowed: the nvfp4 grid is not
+            # used for them yet)
             dense_dtype = "fp8" if model.weight_dtype in FOUR_BIT and \
                 model.module_weight_bytes("dense_mlp") < model.dtype_bytes else weight_dtype
             lin = lin + linear_layer_time(dense_layer(model), gpu, tp, tokens, c,
