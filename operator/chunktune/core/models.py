@@ -778,6 +778,18 @@ CATALOG_HF: dict[str, dict[str, Any]] = {
                                                     "strategy": "channel"},
                                         "input_activations": {"num_bits": 8, "type": "float",
                                                               "dynamic": True}}}}),
+    # NVIDIA's NVFP4 export of Llama-3.3-70B (Llama-3.1-70B's shape; InferenceX's B200 FP4
+    # runs): its hf_quant_config.json, which vLLM merges in as a ModelOpt config, quantizes
+    # every linear layer but the lm_head to NVFP4 (W4A4, an FP8 scale per 16 weights) and the
+    # KV cache to FP8
+    "llama-3.3-70b-fp4": _dense("nvidia/Llama-3.3-70B-Instruct-FP4", 8192, 80, 64, 8, 28672,
+                                128256, 131072, quantization_config={
+                                    "quant_method": "modelopt",
+                                    "producer": {"name": "modelopt"},
+                                    "quantization": {"quant_algo": "NVFP4",
+                                                     "kv_cache_quant_algo": "FP8",
+                                                     "group_size": 16,
+                                                     "exclude_modules": ["lm_head"]}}),
     "qwen3-32b-fp8": _dense("Qwen/Qwen3-32B-FP8", 5120, 64, 64, 8, 25600, 151936, 40960,
                             head_dim=128, quantization_config={
                                 "quant_method": "fp8", "fmt": "e4m3",

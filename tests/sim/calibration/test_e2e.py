@@ -33,12 +33,16 @@ THRESHOLDS: dict[str, tuple[float | None, float | None, int]] = {
     # (6.5% / 13.1% while the H200 borrowed the H100's kernels; fitted on its own, issue 32)
     "h200 fp8": (0.045, 0.135, 37),
     "b200 fp8": (0.08, 0.17, 24),
+    # nvidia/Llama-3.3-70B-Instruct-FP4 (ModelOpt NVFP4), its GEMMs from the B200's measured
+    # nvfp4 grid: 7.8% / 19.2% on the quick set (all 60 rows: 6.2% / 19.6%; the simulated
+    # TTFT 13-64% under the measured at TP 4 and 8)
+    "b200 fp4": (0.085, 0.20, 24),
     # its Qwen3-32B TP 2 run is 11% fast in TPOT (-9% before async scheduling was modelled)
     "rtx-pro-6000 bf16": (0.085, 0.145, 2),
     "rtx4090 bf16": (0.02, 0.03, 1),
 }
 #: Groups the simulator cannot run yet: why each row is not run.
-NOT_RUN = {"b200 fp4": "fp4 weights are not modelled"}
+NOT_RUN: dict[str, str] = {}
 #: The same for the rows whose harness is known, where a group also holds rows that record
 #: none (vLLM 0.12.0's, 60-130% off either way): there the group's median is a high
 #: percentile of the known rows, which a refit could worsen unseen. On the quick set: H100
@@ -137,6 +141,26 @@ def test_moe_groups_stay_within_their_thresholds(moe_figures):
         assert g.skipped == MOE_NOT_RUN.get(group, {}), group
         assert g.tpot_median_abs_err is not None and g.tpot_median_abs_err <= tpot, group
         assert g.ttft_median_abs_err is not None and g.ttft_median_abs_err <= ttft, group
+
+
+def test_the_b200_fp4_rows_run_nvidias_nvfp4_checkpoint_with_inferencex_flags():
+    """The dense FP4 rows are InferenceX's ``70b-fp4-b200-vllm``: NVIDIA's NVFP4 export of
+    Llama-3.3-70B (Llama-3.1-70B's shape), every linear layer but the lm_head in NVFP4 (no
+    ``--quantization``: the checkpoint's own), an FP8 KV cache and 512 sequences as its
+    script passes them; the KV cache gets the memory the 4-bit weights leave."""
+    silicon, _ = fidelity_e2e.load(None)
+    fp4 = [r for r in silicon if r.precision == "fp4" and not r.is_moe]
+    assert len(fp4) == 60 and {r.system for r in fp4} == {"b200_sxm"}
+    assert {r.tp for r in fp4} == {1, 2, 4, 8}
+    args, model, gpu, version = e2e.silicon_engine(fp4[0])
+    assert (model.hf_name, model.quantization, model.weight_dtype) == (
+        "nvidia/Llama-3.3-70B-Instruct-FP4", "modelopt", "nvfp4")
+    assert (args.quantization, args.kv_cache_dtype, args.max_num_seqs, gpu.name, version) == (
+        None, "fp8", 512, "b200", None)
+    tp1 = dataclasses.replace(fp4[0], tp=1)
+    fp8 = dataclasses.replace(tp1, precision="fp8")
+    blocks = [build_engine(*e2e.silicon_engine(r)).memory.num_gpu_blocks for r in (tp1, fp8)]
+    assert blocks[0] > blocks[1]
 
 
 def test_moe_rows_run_the_checkpoint_and_split_they_record():
@@ -284,9 +308,16 @@ def test_the_cost_before_the_first_token_is_the_fit_on_light_load_rows():
 
 
 def test_rows_name_why_they_do_not_run():
-    run = e2e.ServingRun("meta-llama/Llama-3.1-70B", "b200_sxm", None, "fp4", 1024, 1024, 4, 1,
+    run = e2e.ServingRun("Qwen/Qwen3-32B", "b200_sxm", None, "fp4", 1024, 1024, 4, 1,
                          0.1, 0.01)
-    assert e2e.replay_silicon(run).skipped == "fp4 weights are not modelled"
+    assert e2e.replay_silicon(run).skipped == (
+        "fp4 weights of Qwen/Qwen3-32B: no NVFP4 checkpoint of it is known")
+    int8 = dataclasses.replace(run, precision="int8")
+    assert e2e.replay_silicon(int8).skipped == "int8 weights are not modelled"
+    # NVFP4 dense layers on a Hopper: vLLM runs them weight-only (Marlin), not measured
+    hopper = dataclasses.replace(run, model="meta-llama/Llama-3.1-70B", system="h200_sxm")
+    why = e2e.replay_silicon(hopper).skipped
+    assert why is not None and "nvfp4 dense linear layers on h200 are not modelled" in why
     unknown = e2e.ServingRun("org/Other-7B", "h100_sxm", None, "bf16", 1024, 1024, 4, 1,
                              0.1, 0.01)
     assert e2e.replay_silicon(unknown).skipped == "model org/Other-7B is not in the catalog"

@@ -222,6 +222,9 @@ def test_committed_tables_match_raw_data():
     # the newest vLLM version with each table: 0.24 where it exists, 0.14 on the A100
     assert versions[("h100-sxm", "fp8")] == versions[("h200", "fp8")] == "0.24.0"
     assert versions[("a100-sxm", "bf16")] == "0.14.0"
+    # NVFP4 W4A4 on the Blackwell GPUs (vLLM 0.24: FlashInfer's CuTe DSL kernel on the B200)
+    assert versions[("b200", "nvfp4")] == versions[("rtx-pro-6000", "nvfp4")] == "0.24.0"
+    assert {p.dtype for p in committed if p.gpu == "b200"} == {"bf16", "fp8", "nvfp4"}
     a, moe = aic_kernels.read_points()
     ra, rm = aic_kernels.committed_subset(
         [r for r in aic_kernels.read_attention(SHARED) if measurements.engine_regime(r)],

@@ -26,7 +26,11 @@ engine (:func:`silicon_engine`): ``--kv-cache-dtype fp8 --async-scheduling
 --max-num-seqs CONC`` (512 on B200), ``--max-model-len`` 10240 on H100 (its script), else
 ISL+OSL+20 at 1k/1k, +200 with an 8k side, else 10240 (the H200 script's rule). (B200's
 fused all-reduce + RMSNorm and FP8-quant kernels and its decode-only CUDA graphs are not
-modelled.)
+modelled.) The B200's FP4 rows are InferenceX's ``70b-fp4-b200-vllm`` (its ``master.json``:
+``nvidia/Llama-3.3-70B-Instruct-FP4``, image ``vllm/vllm-openai:v0.10.2``;
+``benchmarks/70b_fp4_b200_docker.sh``: the FP8 script's flags): NVIDIA's ModelOpt NVFP4
+export, replayed as that checkpoint (:data:`SILICON_CHECKPOINTS`) with the same flags; the
+rows record no version, so the current release's defaults apply as for the FP8 rows.
 
 The H100's 70B rows ran a bf16 KV cache (:data:`BF16_KV_SYSTEMS`), an inference from the rows
 themselves: the first H100 and H200 scripts (``benchmarks/70b_h100_slurm.sh`` from when the
@@ -75,6 +79,12 @@ SILICON_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200",
 #: checkpoint ran it with ``--quantization fp8`` (online); an FP8 checkpoint runs as itself.
 SILICON_MODELS = {"Qwen/Qwen3-32B": "qwen3-32b", "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
                   "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b-fp8"}
+#: silicon-e2e's dense (``model_path``, ``precision``) rows that ran a quantized checkpoint of
+#: their own, and the catalog model of it: the B200 FP4 rows are InferenceX's
+#: ``70b-fp4-b200-vllm`` (``.github/configs/master.json``: ``nvidia/Llama-3.3-70B-Instruct-FP4``,
+#: ModelOpt NVFP4 with Llama-3.1-70B's shape; ``benchmarks/70b_fp4_b200_docker.sh``: the flags
+#: of its FP8 script, ``--kv-cache-dtype fp8`` and 512 sequences).
+SILICON_CHECKPOINTS = {("meta-llama/Llama-3.1-70B", "fp4"): "llama-3.3-70b-fp4"}
 #: silicon-e2e-moe's ``model_path`` -> (the name its groups are reported under, and per
 #: ``precision`` the checkpoint's ``config.json`` the replay reads, in ``MOE_CONFIGS``): the FP4
 #: rows of MiniMax-M2.5 and Kimi-K2.5 ran NVIDIA's NVFP4 exports, gpt-oss-120b's FP4 rows its
@@ -96,7 +106,7 @@ MOE_CONFIGS = Path(__file__).resolve().parents[4] / "bench" / "data" / "e2e" / "
 BF16_KV_SYSTEMS = frozenset({"h100_sxm"})
 #: Precisions the replay runs (``precision`` column), with what it leaves out where it leaves
 #: something out; the rest are reported, not run.
-MODELLED_PRECISIONS = {"bf16": "", "fp8": ""}
+MODELLED_PRECISIONS = {"bf16": "", "fp8": "", "fp4": ""}
 #: InferenceX's client (see the module docstring): requests per concurrency slot, the
 #: lengths' range ratio, and the seed of the replay's draw.
 PROMPTS_PER_SLOT = 10
@@ -212,10 +222,13 @@ def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Versi
         raise SpecError(f"{run.precision} weights are not modelled")
     if run.model not in SILICON_MODELS:
         raise SpecError(f"model {run.model} is not in the catalog")
+    checkpoint = SILICON_CHECKPOINTS.get((run.model, run.precision))
+    if run.precision == "fp4" and checkpoint is None:
+        raise SpecError(f"fp4 weights of {run.model}: no NVFP4 checkpoint of it is known")
     if gpu_name not in GPUS:
         raise SpecError(f"GPU {gpu_name} is not in the catalog")
     gpu = resolve_gpu(gpu_name)
-    model = resolve_model(SILICON_MODELS[run.model])
+    model = resolve_model(checkpoint or SILICON_MODELS[run.model])
     online = "fp8" if run.precision == "fp8" and not model.quantization else None
     version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
     # the H100 script's config.yaml: 10240 whatever the lengths
@@ -350,6 +363,12 @@ def by_harness(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> list[Re
         for run, rep in zip(runs, replays, strict=False)]
 
 
+#: Bytes a weight of each ``precision`` of the silicon rows: which of a GPU's groups of as many
+#: runs :func:`fidelity_table` shows (the wider format, whose kernels the cost model was fitted
+#: on most).
+_WIDTH = {"bf16": 2.0, "fp8": 1.0, "int4": 0.5, "fp4": 0.5}
+
+
 def fidelity_table(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> dict[str, Any]:
     """Per GPU (our name), the end-to-end figures :func:`chunktune.sim.cost.provenance
     .provenance` shows: the median |error| of TPOT and TTFT over the runs whose harness is
@@ -364,8 +383,9 @@ def fidelity_table(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> dic
             continue
         gpu, _, rest = g.group.partition(" ")
         precision = rest.split(",")[0]
-        if gpu in out and out[gpu]["runs"] >= g.run:
-            continue  # the GPU's largest group (B200: FP8, not FP4's none)
+        if gpu in out and (out[gpu]["runs"], _WIDTH.get(out[gpu]["precision"], 0)) >= (
+                g.run, _WIDTH.get(precision, 0)):
+            continue  # the GPU's largest group; of two as large, the wider format's (B200: FP8)
         out[gpu] = {"precision": precision, "runs": g.run,
                     "tpot": round(g.tpot_median_abs_err, 3),
                     "ttft": round(g.ttft_median_abs_err, 3)}

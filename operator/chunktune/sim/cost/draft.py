@@ -37,8 +37,11 @@ class DraftCost:
         :func:`chunktune.sim.engine.memory.drafter`)."""
         if net is None:
             return cls(spec, None)
+        # --quantization fp8 quantizes the drafter too; NVFP4 is a checkpoint's own format
+        # (no online NVFP4): the drafter runs its own
+        dtype = None if target.weight_dtype == "nvfp4" else target.weight_dtype
         return cls(spec, StepCostModel(net, target.gpu, target.tp, max_tokens=target.max_tokens,
-                                       weight_dtype=target.weight_dtype))
+                                       weight_dtype=dtype))
 
     def time(self, num_tokens: int, num_sampling: int, prefill_chunks: list[tuple[int, int]],
              num_decodes: int, decode_context_tokens: int) -> float:

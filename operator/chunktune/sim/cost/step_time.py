@@ -48,9 +48,12 @@ from chunktune.sim.cost import gemm_table, mla_table, moe_table
 from chunktune.sim.cost.coefficients import KernelCoefficients, coefficients
 from chunktune.sim.cost.collectives import Interconnect, tp_allreduce_s
 
-#: Weight dtypes the linear operators run in: ``bf16`` (also fp16) and ``fp8`` (an FP8
-#: checkpoint or ``--quantization fp8``: FP8 weights and per-tensor scaled FP8 activations).
-WEIGHT_DTYPES = ("bf16", "fp8")
+#: Weight dtypes the linear operators run in: ``bf16`` (also fp16), ``fp8`` (an FP8
+#: checkpoint or ``--quantization fp8``: FP8 weights and per-tensor scaled FP8 activations) and
+#: ``nvfp4`` (a ModelOpt NVFP4 checkpoint's dense linear layers on a GPU with FP4 tensor cores:
+#: W4A4, FP4 weights with an FP8 scale per 16, the activations quantised to NVFP4 on the fly;
+#: vLLM ``quantization/modelopt.py`` ``ModelOptNvFp4LinearMethod``).
+WEIGHT_DTYPES = ("bf16", "fp8", "nvfp4")
 
 
 def layer_gemms(model: ModelConfig, tp: int) -> list[tuple[float, float]]:
@@ -78,11 +81,13 @@ def gemm_form(m: np.ndarray, k: float | np.ndarray, n: float | np.ndarray, gpu: 
     memory^p)^(1/p)``, compute at a fraction of the dtype's peak, memory the weights and bf16
     activations at a fraction of HBM; FP8 adds the activation's quantisation (read bf16, write
     fp8). FP8 on a GPU without FP8 tensor cores runs weight-only (Marlin): the bf16 terms with
-    one byte per weight."""
+    one byte per weight. NVFP4 (only where a shape lies outside the GPU's measured nvfp4
+    grid): the FP8 terms with its bytes per weight, scales included (borrowed: no FP4 form is
+    fitted)."""
     m = np.asarray(m, dtype=np.float64)
     B = gpu.hbm_tb_s * 1e12
-    fp8 = weight_dtype == "fp8" and gpu.fp8_tflops > 0
-    wb = 1.0 if weight_dtype == "fp8" else 2.0
+    fp8 = weight_dtype in ("fp8", "nvfp4") and gpu.fp8_tflops > 0
+    wb = {"fp8": 1.0, "nvfp4": DTYPE_BYTES["nvfp4"]}.get(weight_dtype, 2.0)
     if fp8:
         F, me, ov, p = (gpu.fp8_tflops * 1e12 * c.fp8_compute_eff, c.fp8_memory_eff,
                         c.fp8_overhead_s, c.fp8_smoothness)
@@ -107,7 +112,14 @@ def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients
     between its repeated calls; in an engine each layer's weights come from HBM); where it
     borrows a same-architecture neighbour's grid (:func:`chunktune.sim.cost.gemm_table.lent`),
     that grid scaled by the ratio of the two GPUs' fitted forms; else the fitted form
-    (:func:`gemm_form`)."""
+    (:func:`gemm_form`). NVFP4 only from the GPU's own measured nvfp4 grid (else the form)."""
+    if weight_dtype == "nvfp4":
+        fp4 = gemm_table.table(gpu.name, "nvfp4") if use_table else None
+        if fp4 is not None and fp4.covers(n, k):
+            floor = k * n * DTYPE_BYTES["nvfp4"] / (gpu.hbm_tb_s * 1e12)
+            measured: np.ndarray = np.maximum(fp4.seconds(m, n, k), floor)
+            return measured
+        return gemm_form(m, k, n, gpu, c, weight_dtype)
     fp8 = weight_dtype == "fp8"
     own = "fp8" if fp8 and gpu.fp8_tflops > 0 else "bf16"
     table = gemm_table.table(gpu.name, own) if use_table and (own == "fp8") == fp8 else None
@@ -156,7 +168,7 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
             si = (model.shared_expert_intermediate_size
                   or model.num_shared_experts * model.moe_intermediate_size) / tp
             # shared experts the checkpoint quantizes to 4 bits: priced as FP8 GEMMs (one
-            # byte a weight, the FP8 peak; no 4-bit dense GEMM table here: borrowed)
+            # byte a weight, the FP8 peak; borrowed: the nvfp4 grid is not used for them yet)
             shared = weight_dtype if model.module_weight_bytes("shared_experts") >= \
                 model.dtype_bytes or model.weight_dtype not in FOUR_BIT else "fp8"
             out["experts"] = out["experts"] + gemm_time(T, h, 2 * si, gpu, c, shared, use_table) \
@@ -485,23 +497,50 @@ def attention_grid_time(s_heads: np.ndarray, s_kv_heads: np.ndarray, head_dim: n
     return out
 
 
-def check_modelled(model: ModelConfig) -> None:
-    """Raise :class:`SpecError` naming what of ``model`` the step time does not price: MLA
-    attention, and 4-bit dense linear layers (attention projections or dense MLPs the
-    checkpoint quantizes to 4 bits: no measured 4-bit GEMM table here)."""
+def check_modelled(model: ModelConfig, gpu: GPU) -> None:
+    """Raise :class:`SpecError` naming what of ``model`` the step time does not price on
+    ``gpu``: MLA attention of other dimensions than the measured module's, and 4-bit dense
+    linear layers (attention projections or dense MLPs the checkpoint quantizes to 4 bits)
+    other than a dense model's NVFP4 layers on a GPU with a measured nvfp4 GEMM grid
+    (:func:`fp4_dense_refusal`)."""
     if model.is_mla:
         odd = [k for k, v in mla_table.MLA_SHAPE.items() if getattr(model, k) != v]
         if odd:
             raise SpecError(f"model {model.name}: MLA layers of other dimensions than "
                             f"DeepSeek-V3's ({', '.join(odd)}) are not timed: the measured MLA "
                             "module has those only")
-    if model.weight_dtype in FOUR_BIT:
+    if model.weight_dtype == "nvfp4" and not model.is_moe:
+        why = fp4_dense_refusal(model, gpu)
+        if why is not None:
+            raise SpecError(f"model {model.name}: {why}")
+    elif model.weight_dtype in FOUR_BIT:
         # an MoE model's few dense MLPs in 4 bits are priced as FP8 (borrowed); a dense
         # model's, or attention projections, are refused
         for module in ("attention",) if model.is_moe else ("attention", "dense_mlp"):
             if model.module_weight_bytes(module) < model.dtype_bytes:
                 raise SpecError(f"model {model.name}: {model.weight_dtype} {module} linear "
                                 "layers (4-bit dense GEMMs) are not modelled")
+
+
+def fp4_dense_refusal(model: ModelConfig, gpu: GPU) -> str | None:
+    """Why a dense NVFP4 checkpoint's linear layers are not timed on ``gpu``, or None where
+    they are (from ``gpu``'s own measured nvfp4 GEMM grid). vLLM (0.33 ``kernels/linear/
+    nvfp4``) runs them W4A4 on FP4 tensor cores (Blackwell: CUTLASS or FlashInfer kernels);
+    on an older GPU it falls back to weight-only FP4 with bf16 activations (Marlin,
+    ``MarlinNvFp4LinearKernel``), a kernel not measured here. A checkpoint that leaves some
+    dense linear layers in bf16 is not timed either (one dtype prices all four GEMMs)."""
+    mixed = [m for m in ("attention", "dense_mlp") if dict(model.unquantized).get(m, 0.0) > 0]
+    if mixed:
+        return (f"nvfp4 dense linear layers beside unquantized {', '.join(mixed)} layers "
+                "(4-bit dense GEMMs mixed with bf16) are not modelled")
+    if gpu.family != "blackwell":
+        return (f"nvfp4 dense linear layers on {gpu.name} are not modelled: without FP4 "
+                "tensor cores vLLM runs them weight-only (Marlin FP4, bf16 activations), a "
+                "kernel not measured here")
+    if gemm_table.table(gpu.name, "nvfp4") is None:
+        return (f"nvfp4 dense linear layers on {gpu.name} are not modelled: no measured "
+                "nvfp4 GEMM grid for this GPU")
+    return None
 
 
 def mla_module(model: ModelConfig, gpu: GPU, tp: int, kv_dtype_bytes: float | None
@@ -542,14 +581,16 @@ class StepCostModel:
                  weight_dtype: str | None = None, kv_dtype_bytes: float | None = None,
                  async_scheduling: bool = False, expert_parallel: bool = False) -> None:
         """``weight_dtype``: what the linear layers run in (``WEIGHT_DTYPES``; None: the
-        model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``); ``kv_dtype_bytes``:
+        model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``, ``nvfp4`` for a dense
+        NVFP4 checkpoint); ``kv_dtype_bytes``:
         bytes per KV-cache element (None: the model's dtype); ``async_scheduling``: the host's
         part of a step overlaps the GPU's (see the module docstring); ``expert_parallel``:
         ``--enable-expert-parallel`` (the experts split whole across the TP ranks,
         :func:`moe_time`)."""
         if weight_dtype is None:
-            weight_dtype = "fp8" if model.weight_dtype == "fp8" else "bf16"
-        check_modelled(model)
+            weight_dtype = model.weight_dtype if model.weight_dtype == "fp8" or (
+                model.weight_dtype == "nvfp4" and not model.is_moe) else "bf16"
+        check_modelled(model, gpu)
         if gpu.l2_mib <= 0 or gpu.boost_mhz <= 0:
             raise ValueError(f"GPU {gpu.name!r}: l2_mib and boost_mhz must be positive (the data "
                              "sheet's L2 size in MiB and SM boost clock in MHz; the attention "
@@ -569,7 +610,8 @@ class StepCostModel:
         lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype,
                                 expert_parallel=expert_parallel) * (layers - dense)
         if dense:
-            # 4-bit dense MLPs of an MoE model: as FP8 GEMMs (no 4-bit GEMM table; borrowed)
+            # 4-bit dense MLPs of an MoE model: as FP8 GEMMs (borrowed: the nvfp4 grid is not
+            # used for them yet)
             dense_dtype = "fp8" if model.weight_dtype in FOUR_BIT and \
                 model.module_weight_bytes("dense_mlp") < model.dtype_bytes else weight_dtype
             lin = lin + linear_layer_time(dense_layer(model), gpu, tp, tokens, c,

@@ -7,8 +7,10 @@ checkout as ``../shared/data/aiconfigurator-vllm/<gpu>/<version>/<table>.csv.gz`
 layers and kernels timed on A100 SXM, H100 SXM, H200, L40S, RTX PRO 6000 Server Edition and B200 by
 vLLM 0.14-0.24 (one call per row, ms). Tables read here:
 
-- ``gemm_perf``: vLLM's linear layer, an ``m x k`` input times a ``k x n`` weight, in bf16 and
-  fp8 (per-tensor scaled, the activation quantised on the fly);
+- ``gemm_perf``: vLLM's linear layer, an ``m x k`` input times a ``k x n`` weight, in bf16,
+  fp8 (per-tensor scaled, the activation quantised on the fly) and, on the Blackwell GPUs,
+  nvfp4 (ModelOpt W4A4: FP4 weights with an FP8 scale per 16, the activation quantised to
+  NVFP4 on the fly; vLLM 0.24 ran FlashInfer's CuTe DSL kernel on the B200);
 - ``context_attention_perf``: ``batch_size`` prompts of ``isl`` tokens prefilled from scratch
   in one attention call of one layer; ``generation_attention_perf``: ``batch_size`` decodes
   with ``step`` tokens of history each;
@@ -52,7 +54,9 @@ SOURCE = ("NVIDIA AIConfigurator (ai-dynamo/aiconfigurator, Apache-2.0, Copyrigh
 AIC_GPUS = {"a100_sxm": "a100-sxm", "h100_sxm": "h100-sxm", "h200_sxm": "h200", "l40s": "l40s",
             "rtx_pro_6000_server": "rtx-pro-6000", "b200_sxm": "b200"}
 #: ``gemm_dtype`` values read, under the cost model's names.
-GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "nvfp4": "nvfp4"}
+#: ``moe_dtype`` values the regression sub-grid reads (the fits are bf16 and fp8).
+FIT_MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
 MIN_NK = 128
 
 
@@ -83,8 +87,8 @@ def gpu_folders(root: Path) -> dict[str, str]:
 # ---- GEMMs -------------------------------------------------------------------------------
 
 def read_gemm(root: Path) -> tuple[list[GemmPoint], dict[tuple[str, str], str]]:
-    """Every bf16 and fp8 GEMM timing of each GPU's newest version with that dtype (median of
-    duplicates), and the vLLM version each (GPU, dtype) came from."""
+    """Every bf16, fp8 and nvfp4 GEMM timing of each GPU's newest version with that dtype
+    (median of duplicates), and the vLLM version each (GPU, dtype) came from."""
     out: list[GemmPoint] = []
     versions: dict[tuple[str, str], str] = {}
     for gpu, folder in sorted(gpu_folders(root).items()):
@@ -240,13 +244,13 @@ def read_moe(root: Path) -> list[MoeRow]:
         done: set[str] = set()
         for path in _versions(root, folder, "moe_perf"):
             rows = [r for r in _rows(path) if r["moe_ep_size"] == "1"
-                    and GEMM_DTYPES.get(r["moe_dtype"]) not in (None, *done)]
+                    and FIT_MOE_DTYPES.get(r["moe_dtype"]) not in (None, *done)]
             dists = {r["distribution"] for r in rows}
             dist = "balanced" if "balanced" in dists else "power_law_1.01"
             acc: dict[tuple[str, int, int, int, int, int, int], list[float]] = defaultdict(list)
             for r in rows:
                 if r["distribution"] == dist:
-                    acc[(GEMM_DTYPES[r["moe_dtype"]], int(r["num_tokens"]),
+                    acc[(FIT_MOE_DTYPES[r["moe_dtype"]], int(r["num_tokens"]),
                          int(r["hidden_size"]), int(r["inter_size"]), int(r["topk"]),
                          int(r["num_experts"]), int(r["moe_tp_size"]))].append(
                         float(r["latency"]) * 1e3)
