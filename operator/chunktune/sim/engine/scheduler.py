@@ -249,7 +249,8 @@ class Scheduler:
         priority = self.priority
         # (hot loop: comparisons inline rather than min(), locals rather than attributes)
         i = 0
-        while i < len(running) and budget > slots:
+        n_running = len(running)  # changes only where a request is preempted
+        while i < n_running and budget > slots:
             req = running[i]
             if held and req.prefill_chunk:
                 i += 1
@@ -301,6 +302,7 @@ class Scheduler:
                     preempted.append(victim)
                     if victim is req:
                         break
+                n_running = len(running)
                 if victim is req:
                     if self.priority and self.self_preemption_continues:
                         continue  # vLLM 0.33: running[i] is the next request already
