@@ -17,8 +17,10 @@ from chunktune.sim.cost.collectives import VIDUR_TOPOLOGIES
 from chunktune.sim.cost.fit import aic_kernels, family_fit, kernel_data
 from chunktune.sim.cost.provenance import provenance
 from chunktune.sim.cost.step_time import (
+    Q_TILE,
     AttentionShape,
     StepCostModel,
+    all_ctas_time,
     attention_layer_time,
     gemm_form,
     gemm_time,
@@ -110,6 +112,71 @@ def test_decode_rereads_hit_l2_only_while_one_kv_head_fits():
     # a prefill alone re-reads no decode KV: the L2 size does not matter
     assert attention_layer_time(s, small_l2, c, [(2048, 4096)], 0, 0) == \
         attention_layer_time(s, gpu, c, [(2048, 4096)], 0, 0)
+
+
+def _mixed_attention_by_arrays(s: AttentionShape, gpu, c, chunks, decodes: int, ctx: int,
+                               window: int = 0) -> float:
+    """A mixed batch's attention as the step time computed it before its float path: the
+    array helpers (all_ctas_time, longest_cta_time, reread_hit_fraction) on 0-d arrays."""
+    F, B = gpu.bf16_tflops * 1e12, gpu.hbm_tb_s * 1e12
+    t = c.attn_overhead_s + c.attn_per_decode_s * decodes
+    tile_keys = tiles = 0.0
+    longest = float(ctx) / decodes if decodes else 0.0
+    for chunk, computed in chunks:
+        n = math.ceil(chunk / Q_TILE)
+        if window:
+            cap = window + Q_TILE
+            m = min(n, max(0, (cap - computed) // Q_TILE))
+            tile_keys += m * computed + Q_TILE * m * (m + 1) / 2 + (n - m) * cap
+            longest = max(longest, float(min(computed + chunk, cap)))
+        else:
+            tile_keys += n * computed + Q_TILE * (n - 1) * n / 2 + chunk
+            longest = max(longest, float(computed + chunk))
+        tiles += n
+    tiles += decodes
+    per_key = 4.0 * s.head_dim * Q_TILE
+    clock = gpu.boost_mhz * 1e6
+    comp = max(float(all_ctas_time(per_key * s.heads * tile_keys, per_key * s.heads * ctx,
+                                   F * c.attn_compute_eff, gpu.sm_count * clock,
+                                   c.attn_cta_cycles_per_flop, c.attn_smoothness,
+                                   gpu.flash_attention >= 3)),
+               float(longest_cta_time(per_key * longest, F / gpu.sm_count, clock,
+                                      c.attn_cta_cycles_per_flop, c.attn_smoothness)))
+    head_bytes = 2.0 * s.head_dim * s.dtype_bytes
+    group = s.heads / s.kv_heads
+    dec_bytes = s.heads * ctx * head_bytes
+    hit = float(reread_hit_fraction(gpu.l2_mib * 2**20, ctx * head_bytes, gpu.sm_count,
+                                    decodes, group))
+    reread = dec_bytes * (group - 1) / group
+    mem = (s.heads * tile_keys * head_bytes / (B * c.attn_tile_memory_eff)
+           + (dec_bytes / group + reread * (1.0 - hit)) / (B * c.attn_mixed_memory_eff)
+           + reread * hit / (gpu.sm_count * c.attn_reread_l2_bytes_per_sm_s))
+    p, top = c.attn_smoothness, max(comp, mem)
+    return t + (top * ((comp / top) ** p + (mem / top) ** p) ** (1.0 / p)
+                + c.attn_per_wave_s * math.ceil(s.heads * tiles / gpu.sm_count))
+
+
+def test_mixed_attention_in_floats_gives_the_array_helpers_bits():
+    """attention_layer_time prices a mixed batch in Python floats (the step loop's path, for
+    speed): the same bits as the array helpers it mirrors, on FlashAttention 2 and 3 GPUs,
+    grouped and ungrouped heads, sliding windows, batches with and without decodes."""
+    rng = np.random.default_rng(0)
+    shapes = [AttentionShape.of(resolve_model(m), tp)
+              for m, tp in (("llama-3.1-8b", 1), ("qwen3-32b", 2), ("llama-3.1-70b", 4))]
+    shapes.append(AttentionShape(32, 32, 128, 1.0))  # no grouping, FP8-sized KV
+    for name in ("rtx4090", "rtx-pro-6000", "h100-sxm", "h200", "b200", "l4"):
+        gpu = resolve_gpu(name)
+        c = coefficients(gpu)
+        for s in shapes:
+            for _ in range(40):
+                chunks = [(int(rng.integers(1, 8193)), int(rng.integers(0, 30000)))
+                          for _ in range(int(rng.integers(1, 4)))]
+                decodes = int(rng.choice([0, 1, 7, 64, 255]))
+                ctx = decodes * int(rng.integers(1, 20000))
+                window = int(rng.choice([0, 0, 128, 4096]))
+                got = attention_layer_time(s, gpu, c, chunks, decodes, ctx, window)
+                assert got == _mixed_attention_by_arrays(s, gpu, c, chunks, decodes, ctx,
+                                                         window)
 
 
 def test_fixed_cost_per_wave_of_ctas():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from bench.sim_speed import fingerprint
 
 from chunktune.core.engine_args import EngineArgs
 from chunktune.core.gpus import resolve_gpu
@@ -25,6 +28,20 @@ def test_deterministic_for_a_seed():
     assert s1 == s2
     s3 = summarize(e := engine(), e.replay(generate(p.with_overrides(seed=7))), p)
     assert s3 != s1
+
+
+def test_speed_bench_fingerprint_tells_replays_apart():
+    """bench/sim_speed.py --fingerprint: equal for the same replay, different where one step's
+    time moves by one ulp or one request's latency does (what a speed-up must not change)."""
+    p = load_profile("smoke")
+    a, b = engine().replay(generate(p)), engine().replay(generate(p))
+    assert fingerprint(a) == fingerprint(b)
+    b.steps.duration[len(b.steps) // 2] = math.nextafter(b.steps.duration[len(b.steps) // 2],
+                                                         math.inf)
+    assert fingerprint(a) != fingerprint(b)
+    c = engine().replay(generate(p))
+    c.requests[-1].itl[-1] = math.nextafter(c.requests[-1].itl[-1], 0.0)
+    assert fingerprint(a) != fingerprint(c)
 
 
 def test_every_request_finishes_with_its_tokens():

@@ -358,20 +358,29 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: KernelCoefficients,
                 longest = max(longest, float(computed + chunk))
             tiles += n
         tiles += num_decodes
+        # :func:`all_ctas_time`, :func:`longest_cta_time` and :func:`reread_hit_fraction` in
+        # Python floats, the same operations in the same order (numpy costs about a
+        # microsecond an operation on scalars, and this runs on every step with a prefill;
+        # tests/sim/cost/test_step_time.py checks both give the same bits)
         per_key = 4.0 * s.head_dim * Q_TILE
         clock = gpu.boost_mhz * 1e6
-        comp = max(float(all_ctas_time(per_key * s.heads * tile_keys,
-                                       per_key * s.heads * decode_context_tokens,
-                                       F * c.attn_compute_eff, gpu.sm_count * clock,
-                                       c.attn_cta_cycles_per_flop, c.attn_smoothness,
-                                       gpu.flash_attention >= 3)),
-                   float(longest_cta_time(per_key * longest, F / gpu.sm_count, clock,
-                                          c.attn_cta_cycles_per_flop, c.attn_smoothness)))
+        p = c.attn_smoothness
+        cpf = c.attn_cta_cycles_per_flop
+        tile_flops = per_key * s.heads * tile_keys
+        peak = F * c.attn_compute_eff
+        if gpu.flash_attention >= 3:
+            tiles_s = tile_flops / peak
+        else:
+            tiles_s = _longest_cta_s(tile_flops, peak, gpu.sm_count * clock, cpf, p)
+        comp = max(tiles_s + per_key * s.heads * decode_context_tokens / peak,
+                   _longest_cta_s(per_key * longest, F / gpu.sm_count, clock, cpf, p))
         head_bytes = 2.0 * s.head_dim * s.dtype_bytes
         group = s.heads / s.kv_heads
         dec_bytes = s.heads * decode_context_tokens * head_bytes
-        hit = float(reread_hit_fraction(gpu.l2_mib * 2**20, decode_context_tokens * head_bytes,
-                                        gpu.sm_count, num_decodes, group))
+        at_once = gpu.sm_count / max(float(num_decodes), 1.0)
+        share = min(max((at_once - 1.0) / max(group - 1.0, 1e-9), 0.0), 1.0)
+        hit = share + (1.0 - share) * min(
+            1.0, gpu.l2_mib * 2**20 / max(float(decode_context_tokens * head_bytes), 1.0))
         reread = dec_bytes * (group - 1) / group
         mem = (s.heads * tile_keys * head_bytes
                / (B * c.attn_tile_memory_eff)
@@ -384,6 +393,16 @@ def attention_layer_time(s: AttentionShape, gpu: GPU, c: KernelCoefficients,
         t += (c.attn_decode_alone_overhead_s
               + decode_context_tokens * kv_token / (B * c.attn_decode_memory_eff))
     return t
+
+
+def _longest_cta_s(flops: float, sm_peak: float, clock_hz: float, cycles_per_flop: float,
+                   p: float) -> float:
+    """:func:`longest_cta_time` of floats, in Python floats (the step loop's path)."""
+    mma = flops / sm_peak
+    other = flops * cycles_per_flop / clock_hz
+    top = max(mma, other, 1e-30)
+    out: float = top * ((mma / top) ** p + (other / top) ** p) ** (1.0 / p)
+    return out
 
 
 def l2_hit_fraction(l2_bytes: float | np.ndarray, working_set_bytes: float | np.ndarray

@@ -246,8 +246,11 @@ class Scheduler:
         #: under priority: what each scheduled running request took, to undo if preempted
         done: dict[Request, tuple[int, int, int]] = {}
 
+        priority = self.priority
+        # (hot loop: comparisons inline rather than min(), locals rather than attributes)
         i = 0
-        while i < len(running) and budget > slots:
+        n_running = len(running)  # changes only where a request is preempted
+        while i < n_running and budget > slots:
             req = running[i]
             if held and req.prefill_chunk:
                 i += 1
@@ -264,11 +267,14 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            need = -(-min(computed + n + ahead, max_len) // bs) - req.num_blocks
+            end = computed + n + ahead
+            if end > max_len:
+                end = max_len
+            need = -(-end // bs) - req.num_blocks
             if need > pool.free:
                 victim = None
                 while need > pool.free:
-                    if self.priority:
+                    if priority:
                         victim = max(running, key=_priority_key)
                         at = running.index(victim)
                         del running[at]
@@ -296,6 +302,7 @@ class Scheduler:
                     preempted.append(victim)
                     if victim is req:
                         break
+                n_running = len(running)
                 if victim is req:
                     if self.priority and self.self_preemption_continues:
                         continue  # vLLM 0.33: running[i] is the next request already
@@ -305,8 +312,9 @@ class Scheduler:
             if cache is not None:
                 cache.commit(req, min(computed + n, req.prompt_len + req.num_output))
             scheduled.append((req, n))
-            prefill_ran |= req.prefill_chunk
-            if self.priority:
+            if req.prefill_chunk:
+                prefill_ran = True
+            if priority:
                 done[req] = (n, computed, remaining)
             budget -= n + slots
             if req.spec_tokens:
@@ -474,26 +482,33 @@ class Scheduler:
         prompts_done = 0
         spec = plan.spec
         k = self.spec.num_speculative_tokens if self.spec else 0
+        running = RUNNING
+        # (hot loop: comparisons inline rather than min(), locals rather than globals)
         for req, n in plan.scheduled:
-            if req.status != RUNNING:
+            if req.status != running:
                 continue  # aborted while the step ran
-            req.num_computed += n
-            if req.num_computed < req.prompt_len + req.num_output:
+            computed = req.num_computed + n
+            req.num_computed = computed
+            output = req.num_output
+            if computed < req.prompt_len + output:
                 req.prefill_chunk = True
                 continue
             req.prefill_chunk = False
-            tokens = 1 + self.verify(req, spec[req]) if req in spec else 1
-            if req.num_output == 0:
+            tokens = 1 + self.verify(req, spec[req]) if spec and req in spec else 1
+            if output == 0:
                 req.first_token = end_time
                 prompts_done += 1
             else:
                 req.itl.append(end_time - req.last_token)
             req.last_token = end_time
-            tokens = min(tokens, req.max_tokens - req.num_output)
-            req.num_output += tokens
+            left = req.max_tokens - output
+            if tokens > left:
+                tokens = left
+            output += tokens
+            req.num_output = output
             generated += tokens
             produced.append(req)
-            if req.num_output >= req.max_tokens:
+            if output >= req.max_tokens:
                 finished.append(req)
             elif k:
                 req.spec_tokens = k  # the drafter proposes K for the next step
