@@ -50,10 +50,10 @@ THRESHOLDS: dict[tuple[str, str], tuple[float, float]] = {
     ("gemm-fp8", "loo-gpu"): (0.16, 0.35),
     ("gemm-fp8", "loo-table"): (0.18, 0.26),
     ("attention-prefill", "in-sample"): (0.10, 0.12),
-    # a borrowed prefill tile rate kept per SM clock cycle (coefficients.TILE_RATE_RULES,
-    # 2026-12-06: 12.1% -> 10.3% here, 11.2% -> 9.7% on the whole grids); the B200 from the
-    # H100's terms the worst (35% -> 39%: its FA4 tiles do scale with its HBM)
-    ("attention-prefill", "loo-gpu"): (0.105, 0.40),
+    # a borrowed prefill tile rate kept per SM clock cycle within a FlashAttention generation
+    # (coefficients.TILE_RATE_RULES, 2026-12-06: 12.1% -> 10.3% here, 11.2% -> 9.7% on the
+    # whole grids); the L40S from the RTX 4090 the worst (35% -> 23%)
+    ("attention-prefill", "loo-gpu"): (0.105, 0.25),
     ("attention-decode", "in-sample"): (0.07, 0.08),
     # held out, the decode terms come from the pool of the other GPUs running the same
     # FlashAttention generation (coefficients.POOLED; 2026-12-06: 0.105 here, 9.2% on the
@@ -279,7 +279,8 @@ def test_borrowing_rules_are_what_holding_out_chose():
 
 def test_borrowed_prefill_tile_rate_is_kept_per_sm_clock_cycle():
     """A GPU borrowing prefill attention keeps its lender's K/V tile rate per SM clock cycle
-    (re-read from L2 and shared memory), not its fraction of HBM, because holding out each
+    (re-read from L2 and shared memory) where both run the same FlashAttention generation,
+    not its fraction of HBM, because holding out each
     measured GPU chose it (``kernel_fit fit --data``, the whole raw grids: 11.2% with the
     fraction kept, 9.7% with the rate per SM cycle); measured GPUs keep their own."""
     doc = load_document()
@@ -293,6 +294,8 @@ def test_borrowed_prefill_tile_rate_is_kept_per_sm_clock_cycle():
     eff = lent_tile_memory_eff(2.0, h100, h200, "sm-clock")
     assert eff * h200.hbm_tb_s == pytest.approx(2.0 * h100.hbm_tb_s)
     assert lent_tile_memory_eff(2.0, h100, h200, "data-sheet") == 2.0
+    # across FlashAttention generations (another kernel) the fraction of HBM is kept
+    assert lent_tile_memory_eff(2.0, h100, resolve_gpu("b200"), "sm-clock") == 2.0
     # an unmeasured GPU: the B300 from the B200 (scaled by HBM and SMs x clock), the H100
     # PCIe from the H100 SXM; the measured ones and their other terms untouched
     for gpu, lender in (("b300", "b200"), ("h100-pcie", "h100-sxm")):

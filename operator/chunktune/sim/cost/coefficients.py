@@ -201,9 +201,11 @@ def _pools(gpu: str | GPU) -> dict[str, dict[str, Any]]:
 #: How a GPU that borrows the prefill attention group carries the lender's rate of reading
 #: K/V tiles (``attn_tile_memory_eff``, a fraction of HBM) over to its own data sheet:
 #: ``data-sheet`` keeps the fraction (the rate scales with HBM bandwidth), ``sm-clock`` keeps
-#: the bytes per SM clock cycle (FlashAttention re-reads each K/V tile once per query tile of
-#: the same head, from L2 and shared memory, whose bandwidth scales with SMs x clock: the
-#: H100 and H200, one chip with 3.35 and 4.8 TB/s of HBM, fit 12.1 and 12.3 TB/s).
+#: the bytes per SM clock cycle where the two run the same FlashAttention generation (it
+#: re-reads each K/V tile once per query tile of the same head, from L2 and shared memory,
+#: whose bandwidth scales with SMs x clock: the H100 and H200, one chip with 3.35 and 4.8
+#: TB/s of HBM, fit 12.1 and 12.3 TB/s) and the fraction across generations (another
+#: kernel: FA4 on the B200 reaches 106 bytes per SM cycle, FA3 on the H100 46).
 #: ``prefill_borrowing`` in the coefficients document says which (``kernel_fit`` holds out
 #: each measured GPU under both).
 TILE_RATE_RULES = ("data-sheet", "sm-clock")
@@ -218,7 +220,8 @@ def tile_rule() -> str:
 def lent_tile_memory_eff(eff: float, lender: GPU, gpu: GPU, rule: str) -> float:
     """``lender``'s fitted ``attn_tile_memory_eff`` as ``gpu`` borrows it under ``rule``
     (:data:`TILE_RATE_RULES`)."""
-    if rule == "data-sheet" or lender.name == gpu.name:
+    if (rule == "data-sheet" or lender.name == gpu.name
+            or lender.flash_attention != gpu.flash_attention):
         return eff
     assert rule == "sm-clock", rule
     return (eff * lender.hbm_tb_s / gpu.hbm_tb_s * (gpu.sm_count * gpu.boost_mhz)
