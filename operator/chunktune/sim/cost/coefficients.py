@@ -198,13 +198,48 @@ def _pools(gpu: str | GPU) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: How a GPU that borrows the prefill attention group carries the lender's rate of reading
+#: K/V tiles (``attn_tile_memory_eff``, a fraction of HBM) over to its own data sheet:
+#: ``data-sheet`` keeps the fraction (the rate scales with HBM bandwidth), ``sm-clock`` keeps
+#: the bytes per SM clock cycle where the two run the same FlashAttention generation (it
+#: re-reads each K/V tile once per query tile of the same head, from L2 and shared memory,
+#: whose bandwidth scales with SMs x clock: the H100 and H200, one chip with 3.35 and 4.8
+#: TB/s of HBM, fit 12.1 and 12.3 TB/s) and the fraction across generations (another
+#: kernel: FA4 on the B200 reaches 106 bytes per SM cycle, FA3 on the H100 46).
+#: ``prefill_borrowing`` in the coefficients document says which (``kernel_fit`` holds out
+#: each measured GPU under both).
+TILE_RATE_RULES = ("data-sheet", "sm-clock")
+
+
+def tile_rule() -> str:
+    """The committed rule of :data:`TILE_RATE_RULES` (``data-sheet`` without a decision)."""
+    rule: str = load_document().get("prefill_borrowing", {}).get("use", "data-sheet")
+    return rule
+
+
+def lent_tile_memory_eff(eff: float, lender: GPU, gpu: GPU, rule: str) -> float:
+    """``lender``'s fitted ``attn_tile_memory_eff`` as ``gpu`` borrows it under ``rule``
+    (:data:`TILE_RATE_RULES`)."""
+    if (rule == "data-sheet" or lender.name == gpu.name
+            or lender.flash_attention != gpu.flash_attention):
+        return eff
+    assert rule == "sm-clock", rule
+    return (eff * lender.hbm_tb_s / gpu.hbm_tb_s * (gpu.sm_count * gpu.boost_mhz)
+            / (lender.sm_count * lender.boost_mhz))
+
+
 def coefficients(gpu: str | GPU) -> KernelCoefficients:
     """The coefficients the step-time model uses for ``gpu`` (its own, or borrowed: from its
-    nearest measured GPU, the :data:`POOLED` families from their pools)."""
-    name = gpu if isinstance(gpu, str) else gpu.name
-    vals = dict(load_document()["gpus"][source_gpu(name)]["coefficients"])
-    for pool in _pools(gpu).values():
+    nearest measured GPU, the :data:`POOLED` families from their pools, the prefill tile
+    rate carried over by :func:`tile_rule`)."""
+    g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
+    src = source_gpu(g.name)
+    vals = dict(load_document()["gpus"][src]["coefficients"])
+    for pool in _pools(g).values():
         vals.update(pool["coefficients"])
+    if src != g.name:
+        vals["attn_tile_memory_eff"] = lent_tile_memory_eff(
+            float(vals["attn_tile_memory_eff"]), resolve_gpu(src), g, tile_rule())
     return KernelCoefficients.from_dict(vals)
 
 

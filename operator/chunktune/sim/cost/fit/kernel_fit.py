@@ -11,7 +11,8 @@ common case), decode attention from the pool of GPUs running its FlashAttention 
 the committed tables under ``sim/cost/data/`` (``aic_*.csv``, ``kernel_points.csv``,
 ``vidur_linear_ms.csv``, ``vidur_allreduce_ms.csv``) and coefficients
 (``step_time_coefficients.json``, with each GPU's sources, the leave-one-GPU-out error per
-family and the table-or-form decisions ``gemm_borrowing`` and ``moe_borrowing``;
+family, the table-or-form decisions ``gemm_borrowing`` and ``moe_borrowing`` and how a
+borrowed prefill tile rate carries over, ``prefill_borrowing``;
 ``allreduce_coefficients.json``, NCCL's curve).
 
 ``python -m chunktune.sim.cost.fit.kernel_fit report [--data ../shared/data]`` prints, per family
@@ -37,6 +38,7 @@ from chunktune.sim.cost.coefficients import (
     GROUPS,
     POOLED,
     KernelCoefficients,
+    lent_tile_memory_eff,
     pool_key,
     pool_members,
 )
@@ -161,7 +163,16 @@ def pools(meas: Measurements, coef: dict[str, KernelCoefficients]) -> dict[str, 
 def document(meas: Measurements) -> dict[str, Any]:
     """The committed ``data/step_time_coefficients.json``."""
     coef, sources = fit_gpus(meas)
-    loo = rep.loo_gpu_summary(meas, coef)
+    # the prefill tile rate a borrower carries over: the rule that predicts the measured GPUs
+    # held out better, applied to the measured GPUs that borrow the prefill group
+    prefill = rep.prefill_borrowing(meas, lambda g: coef[g])
+    for g, src in sources.items():
+        lender = src.get("attention-prefill", g)
+        if lender != g:
+            coef[g] = ff.with_values(coef[g], {"attn_tile_memory_eff": lent_tile_memory_eff(
+                coef[lender].attn_tile_memory_eff, resolve_gpu(lender), resolve_gpu(g),
+                prefill["use"])})
+    loo = rep.loo_gpu_summary(meas, coef, prefill["use"])
     versions = " ".join(f"{g}/{d}={v}" for (g, d), v in sorted(meas.gemm_versions.items()))
     return {
         "source": "per GPU, fitted on its own measured kernels "
@@ -175,6 +186,7 @@ def document(meas: Measurements) -> dict[str, Any]:
         "loo_gpu": loo,
         "gemm_borrowing": rep.gemm_borrowing(meas, lambda g: coef[g]),
         "moe_borrowing": rep.moe_borrowing(meas, lambda g: coef[g]),
+        "prefill_borrowing": prefill,
         "pooled": pools(meas, coef),
         "gpus": {g: {"sources": sources[g],
                      "coefficients": {k: float(f"{v:.6g}") for k, v in c.to_dict().items()}}

@@ -5,7 +5,8 @@ Holding a GPU out predicts its timings exactly as a GPU without data is predicte
 coefficients of its nearest other GPU whose data has the family
 (:func:`chunktune.sim.cost.fit.measurements.borrow_source`), the decode attention terms
 fitted on the pool of the other GPUs running its FlashAttention generation
-(``coefficients.POOLED``), and its own data sheet; GEMMs and MoE layers also from that GPU's
+(``coefficients.POOLED``), the prefill tile rate carried over by the committed rule
+(``coefficients.tile_rule``), and its own data sheet; GEMMs and MoE layers also from that GPU's
 measured table scaled by the data sheets (``loo-table``). A family a GPU
 has no data for is listed as such (``missing``), never filled in. Relative error is
 ``|predicted / measured - 1|``; each row gives its median and p90.
@@ -31,9 +32,12 @@ from chunktune.sim.cost.coefficients import (
     GROUPS,
     NEAREST,
     POOLED,
+    TILE_RATE_RULES,
     KernelCoefficients,
     coefficients,
+    lent_tile_memory_eff,
     pool_members,
+    tile_rule,
 )
 from chunktune.sim.cost.fit import aic_kernels, nccl_fit
 from chunktune.sim.cost.fit import family_fit as ff
@@ -134,14 +138,16 @@ def family_errors(family: str, gpu: str, c: KernelCoefficients, meas: Measuremen
     raise ValueError(f"unknown family {family!r}")
 
 
-def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients]
-                  ) -> list[ErrorRow]:
+def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients],
+                  rule: str | None = None) -> list[ErrorRow]:
     """Per family and GPU: in sample (its own coefficients), held out (``loo-gpu``: its
     nearest other measured GPU's, the attention groups of ``coefficients.POOLED`` fitted on
     their pool without it, :func:`held_out`; for a PCIe GPU's all-reduces, NCCL's curve, which the
     engine runs over PCIe; for GEMMs also ``loo-table``: that GPU's measured table scaled by
     the data sheets, :func:`lent_table_errors`), and ``missing`` rows for GPUs without
-    data."""
+    data. ``rule``: how a borrowed prefill tile rate carries over
+    (``coefficients.TILE_RATE_RULES``; default the committed one)."""
+    rule = tile_rule() if rule is None else rule
     have = families_with_data(meas)
     everyone = sorted(set().union(*have.values()))
     rows = []
@@ -161,8 +167,8 @@ def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients]
                 continue
             src = borrow_source(g, fam, have)
             if src is not None:
-                held = family_errors(fam, g, held_out(g, fam, src, coef, meas, have, cache),
-                                     meas)
+                held = family_errors(fam, g, held_out(g, fam, src, coef, meas, have, cache,
+                                                      rule), meas)
                 assert held is not None
                 frm = ("+".join(pool_members(resolve_gpu(g), fam, have[fam])) if fam in POOLED
                        else src)
@@ -191,14 +197,18 @@ def pooled_fit(fam: str, members: list[str], coef: Callable[[str], KernelCoeffic
 
 def held_out(gpu: str, fam: str, src: str, coef: Callable[[str], KernelCoefficients],
              meas: Measurements, have: dict[str, set[str]],
-             cache: dict[tuple[str, tuple[str, ...]], dict[str, float]]
-             ) -> KernelCoefficients:
+             cache: dict[tuple[str, tuple[str, ...]], dict[str, float]],
+             rule: str) -> KernelCoefficients:
     """What predicts ``gpu``'s ``fam`` with ``gpu`` held out, as a GPU without data is
     predicted: its nearest other measured GPU ``src``'s coefficients, and for the attention
-    families every pooled group (``coefficients.POOLED``) from its pool without ``gpu``."""
+    families every pooled group (``coefficients.POOLED``) from its pool without ``gpu`` and
+    ``src``'s prefill tile rate carried over by ``rule``
+    (``coefficients.lent_tile_memory_eff``)."""
     c = coef(src)
     if not fam.startswith("attention"):
         return c
+    c = ff.with_values(c, {"attn_tile_memory_eff": lent_tile_memory_eff(
+        c.attn_tile_memory_eff, resolve_gpu(src), resolve_gpu(gpu), rule)})
     for pf in POOLED:
         members = pool_members(resolve_gpu(gpu), pf, have[pf])
         if members:
@@ -216,10 +226,11 @@ def pcie_allreduce_errors(gpu: str, meas: Measurements) -> np.ndarray:
     return out
 
 
-def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients]
+def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients], rule: str
                     ) -> dict[str, float]:
-    """Per family, the median over GPUs of the held-out median error (stored with the fit)."""
-    rows = family_report(meas, lambda g: coef[g])
+    """Per family, the median over GPUs of the held-out median error (stored with the fit),
+    a borrowed prefill tile rate carried over by ``rule``."""
+    rows = family_report(meas, lambda g: coef[g], rule)
     return {k[0]: float(f"{v:.4g}") for k, v in summarize(rows).items() if k[1] == "loo-gpu"}
 
 
@@ -324,6 +335,34 @@ def gemm_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
             out[fam]["by_family"] = {a: decide(*map(list, zip(*ps, strict=True)))
                                      for a, ps in sorted(pairs.items())}
     return out
+
+
+def prefill_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
+                      ) -> dict[str, Any]:
+    """Over the measured GPUs with prefill attention: the held-out median error (median over
+    GPUs, as ``loo-gpu``) of borrowing the nearest other one's prefill group under each rule
+    of ``coefficients.TILE_RATE_RULES``, and the one to ``use`` (the lower; ties keep
+    ``data-sheet``)."""
+    have = families_with_data(meas)
+    fam = "attention-prefill"
+    cache: dict[tuple[str, tuple[str, ...]], dict[str, float]] = {}
+    med: dict[str, float] = {}
+    held = []
+    for rule in TILE_RATE_RULES:
+        errs = []
+        for g in sorted(have[fam]):
+            src = borrow_source(g, fam, have)
+            if src is None:
+                continue
+            e = family_errors(fam, g, held_out(g, fam, src, coef, meas, have, cache, rule),
+                              meas)
+            assert e is not None
+            errs.append(float(np.median(e)))
+            if rule == TILE_RATE_RULES[0]:
+                held.append(f"{g} from {src}")
+        med[rule] = float(f"{float(np.median(errs)):.4g}")
+    use = min(TILE_RATE_RULES, key=lambda r: (med[r], TILE_RATE_RULES.index(r)))
+    return {**med, "use": use, "held_out": ", ".join(held)}
 
 
 def mla_report(rows: list[aic_kernels.MlaRow]) -> list[ErrorRow]:
