@@ -184,6 +184,7 @@ def test_chat_prompts_are_raised_to_the_template_minimum(tmp_path):
     ("arrival,prompt_tokens,output_tokens\n0,1,1\n", "t.csv", {"start": "10s"},
      "t.csv: no request in the window [10s, end) (the trace's arrivals run 0s to 0s)"),
     ("", "t.csv", {}, "t.csv is empty"),
+    (",\n , ,\n", "t.csv", {}, "t.csv line 2: no header"),
 ])
 def test_malformed_traces_name_the_line(tmp_path, text, name, options, message):
     err = error_of(tmp_path, text, name, **options)

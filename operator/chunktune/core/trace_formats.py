@@ -117,7 +117,9 @@ class RowReader:
                 continue
             header = [h.strip() for h in record]
             break
-        assert header is not None
+        if header is None:  # every line was separators or blanks
+            raise self.fail(reader.line_num, "no header: a CSV trace's first row names its "
+                                             "columns (arrival, prompt_tokens, output_tokens)")
         at = {h: i for i, h in enumerate(header)}
         if len(at) < len(header):
             twice = next(h for i, h in enumerate(header) if h in header[:i])

@@ -44,10 +44,11 @@ def test_an_nvfp4_checkpoint_reads_as_vllm_stores_it(tmp_path: Path):
     # per layer: QKV 8192 x 10240, O 8192 x 8192, gate/up 8192 x 57344, down 28672 x 8192
     linear = 80 * (8192 * 10240 + 8192 * 8192 + 3 * 8192 * 28672)
     rest = 2 * 128256 * 8192 + (2 * 80 + 1) * 8192  # embeddings, lm_head, norms: bf16
+    rope = 131072 * 128 * 2  # get_rope's cos/sin cache: bf16, whole on every rank
     expected = linear * (0.5 + 1 / 16) + rest * 2
-    assert read.weight_bytes(1) == pytest.approx(expected)
-    assert catalog.weight_bytes(1) == pytest.approx(expected)
-    assert catalog.weight_bytes(4) == pytest.approx(expected / 4)
+    assert read.weight_bytes(1) == pytest.approx(expected + rope)
+    assert catalog.weight_bytes(1) == pytest.approx(expected + rope)
+    assert catalog.weight_bytes(4) == pytest.approx(expected / 4 + rope)
     assert catalog.weight_bytes(1) / 2**30 == pytest.approx(39.8, abs=0.1)  # 131 GiB in bf16
 
 
