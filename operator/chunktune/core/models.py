@@ -131,6 +131,10 @@ class ModelConfig:
     #: Parameters of the vision tower and its projection vLLM loads beside the language model
     #: (``Gemma4ForConditionalGeneration``), whole on every rank; 0 = none.
     vision_params: int = 0
+    #: The q and k RMSNorms normalise over all heads, so under tensor parallelism each layer
+    #: all-reduces every token's two variances across the ranks (MiniMax-M2: vLLM 0.17-0.19
+    #: ``minimax_m2.py``, ``MiniMaxText01RMSNormTP.forward_qk``).
+    qk_norm_allreduce: bool = False
 
     # ---- derived quantities -------------------------------------------------------------
 
@@ -440,6 +444,7 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
         dense_intermediate_size=dense_width,
         shared_expert_intermediate_size=shared_width,
         unquantized=quant.unquantized,
+        qk_norm_allreduce=family == "minimax_m2" and bool(cfg.get("use_qk_norm", True)),
         **gemma4,
     )
 
