@@ -139,6 +139,39 @@ def test_moe_groups_stay_within_their_thresholds(moe_figures):
         assert g.ttft_median_abs_err is not None and g.ttft_median_abs_err <= ttft, group
 
 
+def test_b200_moe_rows_run_the_flags_and_kernels_inferencex_set():
+    """The B200 rows run what InferenceX's scripts set when they ran: gpt-oss's MXFP4 experts
+    on MXFP8 activations (``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``); MiniMax-M2.5 FP8 under
+    vLLM 0.17 with Triton's block-FP8 kernel (FlashInfer and DeepGEMM off), expert parallel
+    whatever the row's split (the script tested ``EP_SIZE -ge 1``), 95% of the memory and the
+    model's KV cache; its NVFP4 rows an FP8 KV cache and a budget of 2 x ISL."""
+    silicon, _ = fidelity_e2e.load(None)
+    moe = [r for r in silicon if r.is_moe and r.system == "b200_sxm"]
+    oss = next(r for r in moe if r.model == "openai/gpt-oss-120b" and r.tp == 1)
+    assert e2e.silicon_env(oss) == {"VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": "1"}
+    old = next(r for r in moe if r.model == "MiniMaxAI/MiniMax-M2.5" and r.precision == "fp8"
+               and r.image.startswith("v0.17"))
+    assert (old.moe_ep, old.vllm_version) == (1, "0.17.0")
+    args, _, _, _ = e2e.silicon_engine(old)
+    assert (args.enable_expert_parallel, args.gpu_memory_utilization, args.block_size,
+            args.kv_cache_dtype, args.max_num_batched_tokens, args.max_num_seqs) == (
+        True, 0.95, 32, "auto", None, None)
+    assert e2e.silicon_env(old) == {"VLLM_USE_FLASHINFER_MOE_FP8": "0",
+                                    "VLLM_MOE_USE_DEEP_GEMM": "0"}
+    fp4 = next(r for r in moe if r.model == "MiniMaxAI/MiniMax-M2.5" and r.precision == "fp4"
+               and r.attention_dp == 1 and r.isl == 8192)
+    args, model, _, _ = e2e.silicon_engine(fp4)
+    assert (args.kv_cache_dtype, args.max_num_batched_tokens, args.enable_expert_parallel,
+            model.weight_dtype) == ("fp8", 16384, fp4.moe_ep > 1, "nvfp4")
+    assert e2e.silicon_env(fp4) == {}
+    # the H200's rows keep their own script's flags and no environment
+    h200 = next(r for r in silicon if r.is_moe and r.system == "h200_sxm"
+                and r.model == "MiniMaxAI/MiniMax-M2.5")
+    args, _, _, _ = e2e.silicon_engine(h200)
+    assert (args.kv_cache_dtype, args.max_num_seqs) == ("auto", h200.concurrency)
+    assert e2e.silicon_env(h200) == {}
+
+
 def test_moe_rows_run_the_checkpoint_and_split_they_record():
     """A MoE row runs its checkpoint's own config.json with InferenceX's flags, its experts
     split as recorded (``moe_ep`` = TP: ``--enable-expert-parallel``), the release it names
@@ -151,10 +184,12 @@ def test_moe_rows_run_the_checkpoint_and_split_they_record():
     assert (ep.group, ep.tp, ep.moe_tp, ep.vllm_version) == (
         "b200 fp8 MiniMax-M2.5", 2, 1, "0.19.0")
     args, model, gpu, _ = e2e.silicon_engine(ep)
+    # InferenceX's B200 MiniMax script under vLLM 0.19: FP8 KV cache, a budget of 2 x ISL
     assert (args.enable_expert_parallel, args.tensor_parallel_size, args.max_num_seqs,
-            args.kv_cache_dtype, args.async_scheduling) == (True, 2, ep.concurrency, "auto",
-                                                            True)
+            args.kv_cache_dtype, args.async_scheduling, args.max_num_batched_tokens,
+            args.block_size) == (True, 2, None, "fp8", True, 2 * ep.isl, 32)
     assert (model.num_experts, model.weight_dtype, gpu.name) == (256, "fp8", "b200")
+    assert model.qk_norm_allreduce and e2e.silicon_env(ep) == {}
     tp = dataclasses.replace(ep, moe_tp=2, moe_ep=1)
     assert not e2e.silicon_engine(tp)[0].enable_expert_parallel
     nightly = next(r for r in moe if r.image.startswith("nightly"))
