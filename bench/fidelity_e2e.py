@@ -1,6 +1,6 @@
 """Real vLLM serving runs replayed through the simulator: median |error| of TPOT and TTFT.
 
-Usage: ``python bench/fidelity_e2e.py [--quick] [--moe|--dense] [--rows]
+Usage: ``python bench/fidelity_e2e.py [--quick] [--moe|--dense] [--group TEXT] [--rows]
 [--data ../shared/data] [--write-tables]``.
 
 Replays AIConfigurator's 249 dense silicon runs (``silicon-e2e.csv``: H100/H200/B200, FP8 and
@@ -113,6 +113,9 @@ def main() -> int:
                     help="only the cheap silicon rows (the CI guard's set)")
     ap.add_argument("--moe", action="store_true", help="only the MoE rows (silicon-e2e-moe)")
     ap.add_argument("--dense", action="store_true", help="only the dense rows and RTX runs")
+    ap.add_argument("--group", action="append", default=[],
+                    help="only the rows whose group contains TEXT (e.g. \"b200 fp4 gpt-oss\"; "
+                         "repeat for several)")
     ap.add_argument("--rows", action="store_true", help="print every replayed row")
     ap.add_argument("--first-token", action="store_true",
                     help="print the light-load rows' TTFT left beside the simulated prefill "
@@ -137,6 +140,9 @@ def main() -> int:
         chosen, runs = [r for r in chosen if r.is_moe], []
     elif a.dense:
         chosen = [r for r in chosen if not r.is_moe]
+    if a.group:
+        chosen = [r for r in chosen if any(g in r.group for g in a.group)]
+        runs = [r for r in runs if any(g in f"{r.gpu} bf16" for g in a.group)]
     # the dense silicon rows, the RTX runs, then the MoE rows (by_harness and fidelity_table
     # take the dense rows and, after them, the RTX runs)
     dense = [r for r in chosen if not r.is_moe]
@@ -164,7 +170,7 @@ def main() -> int:
         print("\nsilicon rows by harness:")
         print_groups(e2e.by_harness(dense, replays[:len(dense)]), 38)
     if a.write_fidelity:
-        if not a.quick or a.moe or a.dense:
+        if not a.quick or a.moe or a.dense or a.group:
             ap.error("--write-fidelity takes the --quick set (what the CI test pins)")
         write_fidelity(e2e.fidelity_table(dense, replays[:len(dense) + len(runs)]))
     notes = [f"{p} rows model {what}" for p, what in e2e.MODELLED_PRECISIONS.items() if what]
@@ -174,8 +180,9 @@ def main() -> int:
           "LLMServingSim's open-loop runs, engine-side timestamps."
           + ("\n" + "; ".join(notes) if notes else "")
           + "\nMoE rows (model named): InferenceX's MoE engine flags (the checkpoint's KV cache, "
-          "async scheduling,\n--max-num-seqs N), the row's vLLM version (a nightly's: the "
-          "current one's defaults).")
+          "async scheduling,\n--max-num-seqs N; on the B200 its gpt-oss and MiniMax scripts' "
+          "flags and MoE kernels), the row's\nvLLM version (a nightly's: the current one's "
+          "defaults).")
     print(f"({len(chosen)} of {len(silicon)} silicon rows{' (--quick)' if a.quick else ''}, "
           f"{len(runs)} RTX runs; {time.perf_counter() - t0:.0f} s)")
     return 0

@@ -12,7 +12,12 @@ from chunktune.core.models import ModelConfig
 from chunktune.sim.cost import moe_table
 from chunktune.sim.cost.coefficients import coefficients
 from chunktune.sim.cost.fit import moe_derive
-from chunktune.sim.cost.step_time import moe_form, moe_time
+from chunktune.sim.cost.step_time import (
+    borrowed_moe_curve,
+    moe_form,
+    moe_time,
+    moe_weight_format,
+)
 
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"
 
@@ -100,3 +105,92 @@ def test_a_gpu_without_a_moe_table_borrows_its_neighbours_scaled_per_regime():
     c = coefficients(gb200)
     assert moe_time(odd, gb200, 4, t, c, "fp8") == pytest.approx(
         moe_form(t, 3072, 1000 / 4, 8, 256, 3, gb200, c, "fp8"))
+
+#: gpt-oss-120b's MoE layers (config.json: hidden 2880, 128 experts of width 2880, top 4).
+GPT_OSS = ModelConfig("gpt-oss-shape", 2880, 36, 64, 8, 64, 2880, 201088, 131072,
+                      num_experts=128, num_experts_per_tok=4, moe_intermediate_size=2880,
+                      weight_dtype="mxfp4", quantization="mxfp4")
+MXFP8 = {"VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": "1"}
+TRITON = {"VLLM_USE_FLASHINFER_MOE_FP8": "0", "VLLM_MOE_USE_DEEP_GEMM": "0"}
+
+
+def test_the_vllm_environment_picks_the_kernel_the_moe_table_is_read_for():
+    """vLLM's environment variables choose the MoE kernel: MXFP8 activations for MXFP4
+    experts on SM100 GPUs only, Triton's block-FP8 kernel once FlashInfer and DeepGEMM are
+    both off; otherwise the format's default."""
+    assert moe_weight_format("mxfp4") == "mxfp4"
+    assert moe_weight_format("mxfp4", "b200", MXFP8) == "mxfp4_mxfp8"
+    assert moe_weight_format("mxfp4", "h200", MXFP8) == "mxfp4"  # no SM100: bf16 activations
+    assert moe_weight_format("mxfp4", "b200", {"VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": "0"}) \
+        == "mxfp4"
+    assert moe_weight_format("fp8", "b200") == "fp8_block"
+    assert moe_weight_format("fp8", "b200", TRITON) == "fp8_block_triton"
+    # FlashInfer off alone leaves DeepGEMM first: not the Triton kernel
+    assert moe_weight_format("fp8", "b200", {"VLLM_USE_FLASHINFER_MOE_FP8": "0"}) == "fp8_block"
+    assert moe_weight_format("int4_g32", "b200", MXFP8) == "int4"
+
+
+def test_triton_block_fp8_is_its_own_curve_slower_than_flashinfers_on_the_b200():
+    """MiniMax-M2.5's block-FP8 experts under Triton's ``fused_moe`` (timed by the 0.19/0.22
+    collectors) against FlashInfer TRT-LLM's (0.24) at TP 2: slower at every token count."""
+    gpu = resolve_gpu("b200")
+    c = coefficients(gpu)
+    t = np.array([4.0, 16.0, 64.0, 1024.0])
+    triton = moe_table.curve("b200", "fp8_block_triton", 3072, 1536, 256, 8, 2, 1)
+    assert triton is not None
+    assert moe_time(MINIMAX, gpu, 2, t, c, "fp8", vllm_env=TRITON) == pytest.approx(
+        moe_table.seconds(triton, t))
+    assert (moe_time(MINIMAX, gpu, 2, t, c, "fp8", vllm_env=TRITON)
+            > moe_time(MINIMAX, gpu, 2, t, c, "fp8")).all()
+
+
+def test_mxfp8_activations_borrow_the_nearest_shapes_growth_onto_the_models_own_kernel():
+    """gpt-oss's shape is timed with bf16 activations only: under MXFP8 activations its
+    curve keeps its own kernel's cost at one token and grows as the MXFP8 kernel measured on
+    the nearest shape does, scaled by the fitted form; faster than bf16 activations past one
+    token, most where the experts are compute-bound."""
+    gpu = resolve_gpu("b200")
+    c = coefficients(gpu)
+    assert moe_table.curve("b200", "mxfp4_mxfp8", 2880, 2880, 128, 4, 1, 1) is None
+    shape, _ = moe_table.nearest("b200", "mxfp4_mxfp8", 2880, 2880, 1, 1) or ((0,), None)
+    assert shape == (4096, 2048, 256, 6)
+    t = np.array(moe_table.TOKENS, dtype=np.float64)
+    for tp in (1, 2, 4, 8):
+        bf16 = moe_table.curve("b200", "mxfp4", 2880, 2880, 128, 4, tp, 1)
+        mxfp8 = borrowed_moe_curve(gpu, c, "mxfp4_mxfp8", 2880, 2880, 128, 4, tp, 1)
+        assert bf16 is not None and mxfp8 is not None
+        assert mxfp8[0] == pytest.approx(bf16[0])
+        assert (mxfp8[1:] < bf16[1:]).all()
+        assert mxfp8[-1] < 0.5 * bf16[-1]
+        # the step time: the borrowed curve plus the kernel quantizing the activations
+        quant = moe_time(GPT_OSS, gpu, tp, t, c, "bf16", vllm_env=MXFP8) \
+            - moe_table.seconds(mxfp8, t)
+        assert (quant > c.elementwise_overhead_s).all() and (quant[:4] < 2e-5).all()
+    # on the H100 the environment variable changes nothing
+    h100 = resolve_gpu("h100-sxm")
+    ch = coefficients(h100)
+    assert moe_time(GPT_OSS, h100, 1, t, ch, "bf16", vllm_env=MXFP8) == pytest.approx(
+        moe_time(GPT_OSS, h100, 1, t, ch, "bf16"))
+
+
+def test_the_borrowed_growth_predicts_one_measured_mxfp8_shape_from_the_other():
+    """What the borrowing's error is stated from: each of the B200's two MXFP8-activation
+    shapes predicted from the other (its own one-token cost, the other's growth scaled by the
+    fitted form) over the splits both were timed at: within 10% at the median."""
+    gpu = resolve_gpu("b200")
+    c = coefficients(gpu)
+    t = np.array(moe_table.TOKENS, dtype=np.float64)
+    a, b = (4096, 2048, 256, 6), (7168, 3072, 384, 6)
+    errors = []
+    for tp, ep in ((1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (1, 4), (1, 8)):
+        ca = moe_table.curve("b200", "mxfp4_mxfp8", *a, tp, ep)
+        cb = moe_table.curve("b200", "mxfp4_mxfp8", *b, tp, ep)
+        assert ca is not None and cb is not None
+        for (own, o), (other, x) in (((a, ca), (b, cb)), ((b, cb), (a, ca))):
+            f_own = moe_form(t, own[0], own[1] / tp, own[3] / ep, own[2] / ep, 3, gpu, c,
+                             "mxfp4")
+            f_other = moe_form(t, other[0], other[1] / tp, other[3] / ep, other[2] / ep, 3,
+                               gpu, c, "mxfp4")
+            pred = o[0] + np.maximum(x - x[0], 0) * (f_own - f_own[0]) / (f_other - f_other[0])
+            errors += list(np.abs(pred[1:] / o[1:] - 1))
+    assert float(np.median(errors)) < 0.10

@@ -411,3 +411,41 @@ def layer_gemms_of(model, tp):
     from chunktune.sim.cost.step_time import layer_gemms
 
     return [(int(k), int(n)) for k, n in layer_gemms(model, tp)]
+
+
+def test_a_qk_norm_over_all_heads_all_reduces_its_variances_every_layer():
+    """MiniMax-M2's q/k RMSNorm spans the heads of every rank (vLLM's
+    ``MiniMaxText01RMSNormTP.forward_qk``): under tensor parallelism each layer all-reduces
+    two fp32 variances per token beside the two activation all-reduces; nothing at TP 1."""
+    from chunktune.core.models import from_hf_config
+    from chunktune.sim.cost.collectives import tp_allreduce_s
+    from chunktune.sim.cost.step_time import StepCostModel
+
+    cfg = {"model_type": "minimax_m2", "hidden_size": 3072, "num_hidden_layers": 62,
+           "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+           "intermediate_size": 1536, "vocab_size": 200064,
+           "max_position_embeddings": 196608, "num_local_experts": 256,
+           "num_experts_per_tok": 8, "use_qk_norm": True, "torch_dtype": "bfloat16"}
+    model = from_hf_config(cfg, "minimax-m2.5")
+    assert model.qk_norm_allreduce
+    plain = model.with_overrides(qk_norm_allreduce=False)
+    gpu = resolve_gpu("b200")
+    for tokens in (4, 512):
+        extra = 62 * float(tp_allreduce_s(tokens * 8.0, 2, gpu))
+        assert extra > 0
+        assert StepCostModel(model, gpu, 2, max_tokens=1024).allreduce_time(tokens) == \
+            pytest.approx(StepCostModel(plain, gpu, 2, max_tokens=1024).allreduce_time(tokens)
+                          + extra)
+        assert StepCostModel(model, gpu, 1, max_tokens=1024).allreduce_time(tokens) == 0.0
+    gpt = from_hf_config({**cfg, "model_type": "gpt_oss"}, "other")
+    assert not gpt.qk_norm_allreduce
+    # and the kernel reading q and k for their variances before the all-reduce (at TP 1 the
+    # norm fuses with the rotary embedding's kernel)
+    from chunktune.sim.cost.step_time import linear_op_times
+    c = coefficients(gpu)
+    t = np.array([4.0])
+    for tp, kernels in ((1, 0), (2, 1)):
+        extra = linear_op_times(model, gpu, tp, t, c, "fp8")["elementwise"] \
+            - linear_op_times(plain, gpu, tp, t, c, "fp8")["elementwise"]
+        assert extra[0] == pytest.approx(kernels * c.elementwise_overhead_s, rel=0.05,
+                                         abs=1e-9)

@@ -258,7 +258,9 @@ def _moe_engine(run: ServingRun, gpu_name: str
     --max-num-seqs CONC``, ``--max-model-len`` by :func:`_model_len`, no ``--kv-cache-dtype``:
     the checkpoint's KV cache), assumed for every MoE row (they record parallelism and
     precision only); on the B200, gpt-oss as ``gptoss_fp4_b200.sh`` runs it
-    (``--kv-cache-dtype fp8 --max-num-seqs 512``)."""
+    (``--kv-cache-dtype fp8 --max-num-seqs 512``) and MiniMax-M2.5 as its B200 scripts did
+    when the row ran (:func:`_b200_minimax_args`); the vLLM environment variables the scripts
+    export, where they choose a kernel, are :func:`silicon_env`'s."""
     short, configs = SILICON_MOE_MODELS[run.model]
     if gpu_name not in GPUS:
         raise SpecError(f"GPU {gpu_name} is not in the catalog")
@@ -271,15 +273,65 @@ def _moe_engine(run: ServingRun, gpu_name: str
                         "TP-sharded or expert-parallel over the TP ranks is modelled")
     model = resolve_model(config_path=MOE_CONFIGS / configs[run.precision])
     version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
-    # InferenceX's B200 gpt-oss script (gptoss_fp4_b200.sh): an FP8 KV cache, 512 sequences
-    b200_oss = run.system == "b200_sxm" and short == "gpt-oss-120b"
-    args = EngineArgs(tensor_parallel_size=run.tp, async_scheduling=True,
-                      max_num_batched_tokens=8192,
-                      max_num_seqs=512 if b200_oss else run.concurrency,
-                      kv_cache_dtype="fp8" if b200_oss else "auto",
-                      gpu_memory_utilization=0.9, max_model_len=_model_len(run),
-                      enable_expert_parallel=run.moe_ep > 1)
+    ep = run.moe_ep > 1
+    if run.system == "b200_sxm" and short == "MiniMax-M2.5":
+        args = _b200_minimax_args(run, ep)
+    else:
+        # InferenceX's B200 gpt-oss script (gptoss_fp4_b200.sh): an FP8 KV cache, 512 sequences
+        b200_oss = run.system == "b200_sxm" and short == "gpt-oss-120b"
+        args = EngineArgs(tensor_parallel_size=run.tp, async_scheduling=True,
+                          max_num_batched_tokens=8192,
+                          max_num_seqs=512 if b200_oss else run.concurrency,
+                          kv_cache_dtype="fp8" if b200_oss else "auto",
+                          gpu_memory_utilization=0.9, max_model_len=_model_len(run),
+                          enable_expert_parallel=ep)
     return args, model, resolve_gpu(gpu_name), version
+
+
+def _b200_minimax_args(run: ServingRun, expert_parallel: bool) -> EngineArgs:
+    """MiniMax-M2.5 on the B200 as InferenceX's scripts served it when the row ran (its
+    ``minimaxm2.5_fp8_b200.sh`` and ``minimaxm2.5_fp4_b200.sh``, by the row's image). Under
+    vLLM 0.17 (FP8, from 2026-03-11): ``--gpu-memory-utilization 0.95 --block-size 32``, the
+    model's KV cache, vLLM's default batch budget and sequences, and
+    ``--enable-expert-parallel`` whatever the row's expert split says (the script tests
+    ``EP_SIZE -ge 1``, true at 1). The FP4 rows of the nightly image (the script of
+    2026-04-02): ``--gpu-memory-utilization 0.95 --block-size 32 --kv-cache-dtype fp8``,
+    vLLM's default batch budget. From the vLLM 0.19 image on (FP8 from 2026-04-03, FP4 from
+    2026-04-08): ``--gpu-memory-utilization 0.90 --kv-cache-dtype fp8
+    --max-num-batched-tokens 2*ISL``, FP8 also ``--block-size 32``. Expert parallel where the
+    row's split is (``EP_SIZE -gt 1``) but under 0.17; async scheduling and no prefix cache
+    throughout (vLLM's default since 0.14; ``--no-enable-prefix-caching``: the random prompts
+    share nothing)."""
+    if run.image.startswith("v0.17"):
+        return EngineArgs(tensor_parallel_size=run.tp, async_scheduling=True,
+                          gpu_memory_utilization=0.95, block_size=32,
+                          max_model_len=_model_len(run), enable_expert_parallel=True)
+    if run.image.startswith("nightly"):
+        return EngineArgs(tensor_parallel_size=run.tp, async_scheduling=True,
+                          gpu_memory_utilization=0.95, block_size=32, kv_cache_dtype="fp8",
+                          max_model_len=_model_len(run), enable_expert_parallel=expert_parallel)
+    return EngineArgs(tensor_parallel_size=run.tp, async_scheduling=True,
+                      max_num_batched_tokens=2 * run.isl, kv_cache_dtype="fp8",
+                      gpu_memory_utilization=0.9, max_model_len=_model_len(run),
+                      block_size=32 if run.precision == "fp8" else 16,
+                      enable_expert_parallel=expert_parallel)
+
+
+def silicon_env(run: ServingRun) -> dict[str, str]:
+    """The vLLM environment variables a silicon row's server ran with, where they choose a
+    kernel the step time prices (:func:`chunktune.sim.cost.step_time.moe_weight_format`):
+    InferenceX's B200 gpt-oss script exports ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1`` (every
+    version since 2025-09; MXFP8 activations for the MXFP4 experts), its B200 MiniMax-M2.5 FP8
+    script under vLLM 0.17 ``VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0`` (Triton's
+    block-FP8 ``fused_moe``)."""
+    if run.system != "b200_sxm" or not run.is_moe:
+        return {}
+    short = SILICON_MOE_MODELS[run.model][0]
+    if short == "gpt-oss-120b":
+        return {"VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": "1"}
+    if short == "MiniMax-M2.5" and run.precision == "fp8" and run.image.startswith("v0.17"):
+        return {"VLLM_USE_FLASHINFER_MOE_FP8": "0", "VLLM_MOE_USE_DEEP_GEMM": "0"}
+    return {}
 
 
 def moe_config_files() -> list[str]:
@@ -321,7 +373,7 @@ def replay_silicon(run: ServingRun) -> Replay:
     base = Replay(run.name, group, run.ttft_s, run.tpot_s)
     try:
         args, model, gpu, version = silicon_engine(run)
-        engine = build_engine(args, model, gpu, version)
+        engine = build_engine(args, model, gpu, version, silicon_env(run))
     except SpecError as e:
         return _skip(base, str(e))
     except EngineStartupError as e:

@@ -21,7 +21,11 @@ the Triton ``fused_moe`` kernel whatever vLLM would pick (on the B200 at 16 toke
 MiniMax-M2.5's block-FP8 experts: 191 us under 0.19's collector, 161 us under 0.24's; replayed
 with the 0.19 curve, the B200 MiniMax TP 2 rows of vLLM 0.19 come out 22% slow). Several
 backends timed for one format (B200: the TRT-LLM monolithic and modular kernels, CUTLASS)
-count as the fastest.
+count as the fastest; block FP8 is also kept as Triton's ``fused_moe`` alone
+(``fp8_block_triton``), which vLLM runs on the B200 when FlashInfer and DeepGEMM are turned
+off. A kernel timed on other shapes than the model's (the B200's MXFP8-activation MXFP4 kernel)
+is borrowed from the nearest shape (:func:`nearest`;
+:func:`chunktune.sim.cost.step_time.borrowed_moe_curve`).
 
 A GPU without a table of its own (the B300 and GB200, which borrow the B200's kernels)
 borrows the table of the GPU it takes its MoE coefficients from where holding out the measured
@@ -117,3 +121,17 @@ def lent(gpu: GPU) -> GPU | None:
     if src is None or src == gpu.name or not has_table(src):
         return None
     return resolve_gpu(src)
+
+
+def nearest(gpu: str, dtype: str, hidden: int, inter: int, tp: int, ep: int
+            ) -> tuple[tuple[int, int, int, int], np.ndarray] | None:
+    """The GPU's measured curve in ``dtype`` at the ``tp``/``ep`` split whose experts are
+    nearest in size to ``hidden`` x ``inter`` (in log of hidden x width; then the lower
+    hidden size), with its shape (hidden, width, experts, top-k); None where it has none."""
+    found = [(k[2:6], us) for k, us in _load().items()
+             if k[0] == gpu and k[1] == dtype and k[6] == tp and k[7] == ep]
+    if not found:
+        return None
+    size = np.log(hidden * inter)
+    shape, us = min(found, key=lambda f: (abs(np.log(f[0][0] * f[0][1]) - size), f[0]))
+    return (shape[0], shape[1], shape[2], shape[3]), us

@@ -36,6 +36,7 @@ plus a few multiplications.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,11 +141,13 @@ def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients
 def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
                     c: KernelCoefficients, weight_dtype: str = "bf16",
                     use_table: bool = True,
-                    expert_parallel: bool = False) -> dict[str, np.ndarray]:
+                    expert_parallel: bool = False,
+                    vllm_env: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
     """Seconds each linear operator of ONE layer takes on one rank, for each token count
     (keys: the ``LINEAR_OPS`` the model has). Measured per operator, these separate the GEMM
     efficiencies from the elementwise kernels, which a per-layer sum alone cannot.
-    ``expert_parallel``: how the routed experts are split (:func:`moe_time`)."""
+    ``expert_parallel``, ``vllm_env``: how the routed experts are split and which kernel runs
+    them (:func:`moe_time`)."""
     T = np.asarray(tokens, dtype=np.float64)
     B = gpu.hbm_tb_s * 1e12
     b = model.dtype_bytes
@@ -162,7 +165,7 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
     if model.is_moe:
         out["experts"] = moe_time(model, gpu, tp, T, c, weight_dtype, use_table,
-                                  expert_parallel) + gemm_time(
+                                  expert_parallel, vllm_env) + gemm_time(
             T, h, model.num_experts, gpu, c, "bf16", use_table)  # the router stays bf16
         if model.num_shared_experts or model.shared_expert_intermediate_size:
             si = (model.shared_expert_intermediate_size
@@ -178,7 +181,16 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
         inter = model.intermediate_size / tp
     # Elementwise: two RMSNorms, RoPE on q and k, activation (read 2i write i), residual add.
     ew_bytes = T * b * (2 * h + 2 * h + 2 * (q + kv) + 3 * inter + 3 * h)
-    out["elementwise"] = 5 * c.elementwise_overhead_s + ew_bytes / (B * c.elementwise_memory_eff)
+    kernels = 5
+    if model.qk_norm_allreduce and tp > 1:
+        # MiniMax-M2's q/k norm in fp32 (MiniMaxText01RMSNormTP.forward_qk, compiled): the
+        # all-reduce of the variances cuts it in two, a kernel of its own reading q and k for
+        # their variances, and the scaling, fused with the rotary embedding's kernel after it
+        # (at TP 1 the whole norm fuses there)
+        kernels += 1
+        ew_bytes = ew_bytes + T * b * (q + kv)
+    out["elementwise"] = kernels * c.elementwise_overhead_s + ew_bytes / (
+        B * c.elementwise_memory_eff)
     return out
 
 
@@ -190,43 +202,117 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
 FOUR_BIT = ("mxfp4", "nvfp4", "int4_g32", "int4_g64", "int4_g128")
 
 
-def moe_weight_format(weight_dtype: str) -> str:
+#: Data-centre Blackwell GPUs (SM100, vLLM's ``is_device_capability_family(100)``), where
+#: vLLM runs MoE layers with FlashInfer's TRT-LLM kernels.
+SM100_GPUS = frozenset({"b200", "b300", "gb200"})
+
+
+def _env_flag(env: Mapping[str, str], name: str) -> bool | None:
+    """A boolean vLLM environment variable as ``vllm/envs.py`` reads it (``bool(int(v))``);
+    None where unset."""
+    v = env.get(name)
+    return None if v is None else bool(int(v))
+
+
+def moe_weight_format(weight_dtype: str, gpu: str = "",
+                      vllm_env: Mapping[str, str] | None = None) -> str:
     """The routed experts' format in the measured MoE table (:mod:`chunktune.sim.cost.
-    moe_table`) for the checkpoint's weight dtype (:attr:`ModelConfig.weight_dtype`): FP8 MoE
+    moe_table`) for the checkpoint's weight dtype (:attr:`ModelConfig.weight_dtype`), on GPU
+    ``gpu`` under the vLLM environment variables the server ran with (``vllm_env``). FP8 MoE
     checkpoints ship 128x128 block scales (DeepSeek-V3/R1, Qwen3 MoE FP8, MiniMax-M2.5, GLM-5:
-    ``weight_block_size``), run by vLLM's block-FP8 MoE kernels; INT4 groups of any size are
-    the table's ``int4`` (W4A16, Marlin)."""
+    ``weight_block_size``), run by vLLM's block-FP8 MoE kernels: the fastest timed
+    (``fp8_block``), or Triton's ``fused_moe`` (``fp8_block_triton``) where FlashInfer's and
+    DeepGEMM's are turned off (``VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0``:
+    vLLM 0.17-0.19 ``fused_moe/oracle/fp8.py`` then has Triton left, its CUTLASS kernel being
+    disallowed for ``Fp8MoEMethod``). MXFP4 experts on an SM100 GPU with
+    ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1`` run FlashInfer's TRT-LLM kernel on MXFP8
+    activations (``mxfp4_mxfp8``; vLLM 0.15 ``quantization/mxfp4.py``:
+    ``SM100_FI_MXFP4_MXFP8_TRTLLM``), else on bf16 ones (``mxfp4``). INT4 groups of any size
+    are the table's ``int4`` (W4A16, Marlin)."""
+    env = vllm_env or {}
     if weight_dtype == "fp8":
+        if (_env_flag(env, "VLLM_USE_FLASHINFER_MOE_FP8") is False
+                and _env_flag(env, "VLLM_MOE_USE_DEEP_GEMM") is False):
+            return "fp8_block_triton"
         return "fp8_block"
     if weight_dtype.startswith("int4"):
         return "int4"
+    if (weight_dtype == "mxfp4" and gpu in SM100_GPUS
+            and _env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8")):
+        return "mxfp4_mxfp8"
     return weight_dtype or "bf16"
+
+
+#: Kernel formats timed on other shapes than the models': the format whose curve of the
+#: model's own shape gives the kernel's fixed cost (the same FlashInfer TRT-LLM kernel on bf16
+#: activations), see :func:`borrowed_moe_curve`.
+BORROWED_MOE_FORMATS = {"mxfp4_mxfp8": "mxfp4"}
+
+
+def borrowed_moe_curve(gpu: GPU, c: KernelCoefficients, fmt: str, hidden: int, inter: int,
+                       experts: int, topk: int, tp: int, ep: int,
+                       mats: float = 3) -> np.ndarray | None:
+    """The microseconds at :data:`moe_table.TOKENS` of a kernel format the GPU's table times
+    on other shapes only (:data:`BORROWED_MOE_FORMATS`), or None: the model's own curve in the
+    format it borrows from (same kernel, other activations) at one token, plus the growth past
+    one token of the measured ``fmt`` curve of the nearest shape (:func:`moe_table.nearest`,
+    same split) scaled by the ratio of the two shapes' growth in the fitted form
+    (:func:`moe_form`). Borrowed: on the B200 the MXFP8-activation curves of the two shapes
+    timed (4096/2048/256/6, 7168/3072/384/6) predict each other this way within 9% at the
+    median over token counts and splits (23% at the 90th percentile)."""
+    own = moe_table.curve(gpu.name, BORROWED_MOE_FORMATS[fmt], hidden, inter, experts, topk,
+                          tp, ep)
+    near = moe_table.nearest(gpu.name, fmt, hidden, inter, tp, ep)
+    if own is None or near is None:
+        return None
+    (h2, i2, e2, k2), us = near
+    t = np.array(moe_table.TOKENS, dtype=np.float64)
+    wb = BORROWED_MOE_FORMATS[fmt]
+    form = moe_form(t, hidden, inter / tp, topk / ep, experts / ep, mats, gpu, c, wb)
+    form2 = moe_form(t, h2, i2 / tp, k2 / ep, e2 / ep, mats, gpu, c, wb)
+    growth = np.maximum(us - us[0], 0.0) * (form - form[0]) / np.maximum(form2 - form2[0],
+                                                                         1e-12)
+    out: np.ndarray = own[0] + growth
+    return out
 
 
 def moe_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray, c: KernelCoefficients,
              weight_dtype: str = "bf16", use_table: bool = True,
-             expert_parallel: bool = False) -> np.ndarray:
+             expert_parallel: bool = False,
+             vllm_env: Mapping[str, str] | None = None) -> np.ndarray:
     """Seconds of a fused MoE layer's routed experts on one rank, for each token count: the
-    GPU's measured MoE layer where its table has the model's shape and split
-    (:mod:`chunktune.sim.cost.moe_table`; ``expert_parallel``: each of the ``tp`` ranks holds
-    ``1/tp`` of the experts whole, as ``--enable-expert-parallel`` splits them, else every
-    expert is sharded ``tp`` ways); where the GPU has no MoE table and borrows a neighbour's
+    GPU's measured MoE layer where its table has the model's shape and split in the kernel
+    format vLLM runs (:func:`moe_weight_format`, ``vllm_env``: the server's vLLM environment
+    variables) or borrows it from the format's nearest shape (:func:`borrowed_moe_curve`;
+    ``expert_parallel``: each of the ``tp`` ranks holds ``1/tp`` of the experts whole, as
+    ``--enable-expert-parallel`` splits them, else every expert is sharded ``tp`` ways); where
+    the GPU has no MoE table and borrows a neighbour's
     (:func:`chunktune.sim.cost.moe_table.lent`), that table scaled by the ratio of the fitted
     form on the two GPUs; else the fitted form (:func:`moe_form`, sharded experts)."""
     experts_dtype = model.weight_dtype if weight_dtype in ("fp8", "bf16") \
         and model.weight_dtype in FOUR_BIT else weight_dtype
     if use_table:
         ep = tp if expert_parallel else 1
-        us = moe_table.curve(gpu.name, moe_weight_format(experts_dtype), model.hidden_size,
-                             model.moe_intermediate_size, model.num_experts,
-                             model.num_experts_per_tok, tp // ep, ep)
+        fmt = moe_weight_format(experts_dtype, gpu.name, vllm_env)
+        shape = (model.hidden_size, model.moe_intermediate_size, model.num_experts,
+                 model.num_experts_per_tok, tp // ep, ep)
+        us = moe_table.curve(gpu.name, fmt, *shape)
+        if us is None and fmt in BORROWED_MOE_FORMATS:
+            us = borrowed_moe_curve(gpu, c, fmt, *shape, mats=3 if model.gated_mlp else 2)
         if us is not None:
-            return moe_table.seconds(us, tokens)
+            out: np.ndarray = moe_table.seconds(us, tokens)
+            if fmt == "mxfp4_mxfp8":
+                # the activations quantized to MXFP8 by a kernel of their own before the
+                # experts (vLLM 0.15 mxfp4.py: flashinfer.mxfp8_quantize): read bf16, write
+                # one byte an element and a scale per 32
+                t = np.asarray(tokens, dtype=np.float64)
+                out = out + np.where(t > 0, c.elementwise_overhead_s + t * model.hidden_size
+                                     * (2.0 + 1.0 + 1.0 / 32) / (gpu.hbm_tb_s * 1e12
+                                                                 * c.elementwise_memory_eff),
+                                     0.0)
+            return out
         src = moe_table.lent(gpu)
-        theirs = None if src is None else moe_table.curve(
-            src.name, moe_weight_format(experts_dtype), model.hidden_size,
-            model.moe_intermediate_size, model.num_experts, model.num_experts_per_tok,
-            tp // ep, ep)
+        theirs = None if src is None else moe_table.curve(src.name, fmt, *shape)
         if src is not None and theirs is not None:  # a neighbour's table, scaled per regime
             T = np.asarray(tokens, dtype=np.float64)
             args = (model.hidden_size, model.moe_intermediate_size / tp,
@@ -264,9 +350,11 @@ def moe_form(tokens: np.ndarray, hidden: float | np.ndarray, inter: float | np.n
 
 def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
                       c: KernelCoefficients, weight_dtype: str = "bf16",
-                      use_table: bool = True, expert_parallel: bool = False) -> np.ndarray:
+                      use_table: bool = True, expert_parallel: bool = False,
+                      vllm_env: Mapping[str, str] | None = None) -> np.ndarray:
     """Seconds the linear operators of ONE layer take on one rank, for each token count."""
-    ops = linear_op_times(model, gpu, tp, tokens, c, weight_dtype, use_table, expert_parallel)
+    ops = linear_op_times(model, gpu, tp, tokens, c, weight_dtype, use_table, expert_parallel,
+                          vllm_env)
     t: np.ndarray = np.zeros_like(np.asarray(tokens, dtype=np.float64))
     for name in LINEAR_OPS:
         if name in ops:
@@ -598,14 +686,16 @@ class StepCostModel:
     def __init__(self, model: ModelConfig, gpu: GPU, tp: int = 1, max_tokens: int = 16384,
                  enforce_eager: bool = False, interconnect: Interconnect | None = None,
                  weight_dtype: str | None = None, kv_dtype_bytes: float | None = None,
-                 async_scheduling: bool = False, expert_parallel: bool = False) -> None:
+                 async_scheduling: bool = False, expert_parallel: bool = False,
+                 vllm_env: Mapping[str, str] | None = None) -> None:
         """``weight_dtype``: what the linear layers run in (``WEIGHT_DTYPES``; None: the
         model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``, ``nvfp4`` for a dense
         NVFP4 checkpoint); ``kv_dtype_bytes``:
         bytes per KV-cache element (None: the model's dtype); ``async_scheduling``: the host's
         part of a step overlaps the GPU's (see the module docstring); ``expert_parallel``:
         ``--enable-expert-parallel`` (the experts split whole across the TP ranks,
-        :func:`moe_time`)."""
+        :func:`moe_time`); ``vllm_env``: the vLLM environment variables the server ran with,
+        where they choose the MoE kernel (:func:`moe_weight_format`)."""
         if weight_dtype is None:
             weight_dtype = model.weight_dtype if model.weight_dtype == "fp8" or (
                 model.weight_dtype == "nvfp4" and not model.is_moe) else "bf16"
@@ -627,7 +717,8 @@ class StepCostModel:
         # an MoE model's dense layers (first_k_dense_replace, moe_layer_freq) run a dense MLP
         dense = model.num_dense_layers if model.is_moe else 0
         lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype,
-                                expert_parallel=expert_parallel) * (layers - dense)
+                                expert_parallel=expert_parallel,
+                                vllm_env=vllm_env) * (layers - dense)
         if dense:
             # 4-bit dense MLPs of an MoE model: as FP8 GEMMs (borrowed: the nvfp4 grid is not
             # used for them yet)
@@ -659,6 +750,11 @@ class StepCostModel:
         # all-reduce: 2 per layer of T x hidden activations (after attention and after the MLP)
         ar = 2 * layers * tp_allreduce_s(tokens * model.hidden_size * b, tp, gpu,
                                          interconnect=interconnect)
+        if model.qk_norm_allreduce:
+            # a q/k RMSNorm over all heads (MiniMax-M2: vLLM's MiniMaxText01RMSNormTP
+            # .forward_qk): each layer all-reduces every token's two fp32 variances
+            ar = ar + layers * tp_allreduce_s(tokens * 2 * 4, tp, gpu,
+                                              interconnect=interconnect)
         ar[0] = 0.0
         self._allreduce: list[float] = ar.tolist()
         self._overhead = c.step_overhead_s

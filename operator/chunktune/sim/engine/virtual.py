@@ -12,7 +12,7 @@ the requests.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,7 +102,10 @@ class ReplayResult:
 class Engine:
     """A started engine: its resolved configuration, memory plan, scheduler and cost model."""
 
-    def __init__(self, cfg: ResolvedConfig, memory: MemoryPlan) -> None:
+    def __init__(self, cfg: ResolvedConfig, memory: MemoryPlan,
+                 vllm_env: Mapping[str, str] | None = None) -> None:
+        """``vllm_env``: the vLLM environment variables the server runs with, where they
+        choose a kernel the step time prices (:class:`StepCostModel`)."""
         self.cfg = cfg
         self.memory = memory
         self.cost = StepCostModel(cfg.model, cfg.gpu, cfg.tensor_parallel_size,
@@ -110,7 +113,8 @@ class Engine:
                                   enforce_eager=cfg.enforce_eager,
                                   kv_dtype_bytes=cfg.kv_cache_dtype_bytes,
                                   async_scheduling=cfg.async_scheduling,
-                                  expert_parallel=cfg.enable_expert_parallel)
+                                  expert_parallel=cfg.enable_expert_parallel,
+                                  vllm_env=vllm_env)
         self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
         #: the drafter's time per step, with speculative decoding
         self.draft = DraftCost.build(cfg.speculative, self.cost, drafter(cfg)) \
@@ -334,10 +338,12 @@ def iteration_records(engine: Engine, result: ReplayResult, gap_s: float = 0.0
 
 
 def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU,
-                 version: Version | None = None) -> Engine:
+                 version: Version | None = None,
+                 vllm_env: Mapping[str, str] | None = None) -> Engine:
     """Resolve, profile memory and start the engine (with vLLM ``version``'s start-up
-    defaults; None: the current); raises EngineStartupError on failure and SpecError for a
-    setting the simulator does not model."""
+    defaults; None: the current; ``vllm_env``: the server's vLLM environment variables,
+    :class:`Engine`); raises EngineStartupError on failure and SpecError for a setting the
+    simulator does not model."""
     args.check_simulated()
     cfg = resolve(args, model, gpu, version)
-    return Engine(cfg, plan_memory(cfg))
+    return Engine(cfg, plan_memory(cfg), vllm_env)

@@ -22,9 +22,24 @@ MOE_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200"}
 #: AIConfigurator's ``moe_dtype`` -> the weight format the table is keyed by: ``bf16``,
 #: ``fp8`` (per-tensor), ``fp8_block`` (128x128 blocks, as FP8 MoE checkpoints ship),
 #: ``int4`` (W4A16, group-quantised: Kimi-K2.x), ``nvfp4`` (W4A4), ``mxfp4`` (W4A16 MXFP4:
-#: gpt-oss on Hopper and, by default, on Blackwell).
+#: gpt-oss on Hopper and, by default, on Blackwell), ``mxfp4_mxfp8`` (MXFP4 weights, MXFP8
+#: activations: FlashInfer's TRT-LLM kernel on Blackwell, which vLLM runs for MXFP4 experts
+#: under ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``).
 MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "int4_wo": "int4",
-              "nvfp4": "nvfp4", "w4a16_mxfp4": "mxfp4"}
+              "nvfp4": "nvfp4", "w4a16_mxfp4": "mxfp4", "w4a8_mxfp4_mxfp8": "mxfp4_mxfp8"}
+#: Formats also kept per kernel: block-FP8 experts as vLLM's Triton ``fused_moe`` runs them
+#: (``fp8_block_triton``: the collector's ``vllm_fused_moe`` or ``..._triton_...`` rows), the
+#: kernel vLLM falls back to on Blackwell when FlashInfer and DeepGEMM are turned off
+#: (``VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0``), where ``fp8_block`` is the
+#: fastest backend timed (FlashInfer TRT-LLM on the B200 under vLLM 0.24).
+KERNEL_FORMATS = {"fp8_block": "fp8_block_triton"}
+
+
+def kernel_format(dtype: str, kernel_source: str) -> str | None:
+    """The per-kernel format (:data:`KERNEL_FORMATS`) a row also counts for, or None."""
+    triton = kernel_source == "vllm_fused_moe" or (
+        "triton" in kernel_source and "flashinfer" not in kernel_source)
+    return KERNEL_FORMATS.get(dtype) if triton else None
 #: How the timed tokens were routed: AIConfigurator's ``power_law_1.01`` (expert loads drawn
 #: from a power law, as real routers skew them) rather than ``balanced`` (every expert an
 #: even share: the most experts a step can touch; gpt-oss-120b on the B200 at 16 tokens:
@@ -52,12 +67,13 @@ def derive(root: Path) -> list[tuple[Key, str, list[float]]]:
                     t = int(r["num_tokens"])
                     if dtype is None or r["distribution"] != DISTRIBUTION or t not in TOKENS:
                         continue
-                    key = (gpu, dtype, int(r["hidden_size"]), int(r["inter_size"]),
-                           int(r["num_experts"]), int(r["topk"]), int(r["moe_tp_size"]),
-                           int(r["moe_ep_size"]))
+                    shape = (int(r["hidden_size"]), int(r["inter_size"]), int(r["num_experts"]),
+                             int(r["topk"]), int(r["moe_tp_size"]), int(r["moe_ep_size"]))
                     us = float(r["latency"]) * 1e3
-                    curve = best[key]
-                    curve[t] = min(us, curve.get(t, us))
+                    for fmt in (dtype, kernel_format(dtype, r.get("kernel_source") or "")):
+                        if fmt is not None:
+                            curve = best[(gpu, fmt, *shape)]
+                            curve[t] = min(us, curve.get(t, us))
             rank = tuple(int(x) for x in vdir.name.split(".") if x.isdigit())
             for key, curve in best.items():
                 if (key[6] * key[7] <= 8 and all(t in curve for t in TOKENS)
@@ -71,7 +87,8 @@ def write(rows: list[tuple[Key, str, list[float]]], path: Path = MOE_PATH) -> No
         fh.write(f"# Derived from {SOURCE}: per GPU, vLLM release, weight format, hidden size, "
                  "expert width, experts, top-k,\n# the experts' TP and EP sizes: the fastest "
                  "backend's microseconds at tokens "
-                 f"{' '.join(map(str, TOKENS))} ({DISTRIBUTION} routing).\n"
+                 f"{' '.join(map(str, TOKENS))} ({DISTRIBUTION} routing;\n"
+                 "# fp8_block_triton: Triton's fused_moe only).\n"
                  "# Rewrite: python -m chunktune.sim.cost.fit.moe_derive --data DIR\n")
         w = csv.writer(fh, lineterminator="\n")
         w.writerow(["gpu", "version", "dtype", "hidden", "inter", "experts", "topk", "tp", "ep",
