@@ -1,6 +1,6 @@
 """Real vLLM serving runs replayed through the simulator: median |error| of TPOT and TTFT.
 
-Usage: ``python bench/fidelity_e2e.py [--quick] [--moe|--dense] [--rows]
+Usage: ``python bench/fidelity_e2e.py [--quick] [--moe|--dense] [--only SUBSTRING] [--rows]
 [--data ../shared/data] [--write-tables]``.
 
 Replays AIConfigurator's 249 dense silicon runs (``silicon-e2e.csv``: H100/H200/B200, FP8 and
@@ -114,6 +114,9 @@ def main() -> int:
     ap.add_argument("--moe", action="store_true", help="only the MoE rows (silicon-e2e-moe)")
     ap.add_argument("--dense", action="store_true", help="only the dense rows and RTX runs")
     ap.add_argument("--rows", action="store_true", help="print every replayed row")
+    ap.add_argument("--only", metavar="SUBSTRING",
+                    help="only the groups whose printed label contains SUBSTRING "
+                         "(e.g. 'Kimi-K2.5'; the RTX runs are left out)")
     ap.add_argument("--first-token", action="store_true",
                     help="print the light-load rows' TTFT left beside the simulated prefill "
                          "and the cost before the first token fitted on them")
@@ -137,6 +140,8 @@ def main() -> int:
         chosen, runs = [r for r in chosen if r.is_moe], []
     elif a.dense:
         chosen = [r for r in chosen if not r.is_moe]
+    if a.only is not None:
+        chosen, runs = [r for r in chosen if a.only in r.group], []
     # the dense silicon rows, the RTX runs, then the MoE rows (by_harness and fidelity_table
     # take the dense rows and, after them, the RTX runs)
     dense = [r for r in chosen if not r.is_moe]
@@ -164,7 +169,7 @@ def main() -> int:
         print("\nsilicon rows by harness:")
         print_groups(e2e.by_harness(dense, replays[:len(dense)]), 38)
     if a.write_fidelity:
-        if not a.quick or a.moe or a.dense:
+        if not a.quick or a.moe or a.dense or a.only is not None:
             ap.error("--write-fidelity takes the --quick set (what the CI test pins)")
         write_fidelity(e2e.fidelity_table(dense, replays[:len(dense) + len(runs)]))
     notes = [f"{p} rows model {what}" for p, what in e2e.MODELLED_PRECISIONS.items() if what]
