@@ -54,6 +54,10 @@ def test_an_mla_model_steps_through_its_measured_module():
         kimi.num_hidden_layers * t.prefill_s(512, 1024))
     ops = linear_op_times(kimi, gpu, 8, np.array([16.0]), cost.c)
     assert set(ops) == {"experts", "elementwise"}
+    # nor a rotary-embedding kernel beside it: the module applies RoPE (two norms, the
+    # activation and the residual add are left; a dense layer's five kernels include RoPE)
+    assert 4 * cost.c.elementwise_overhead_s < ops["elementwise"][0] \
+        < 4.5 * cost.c.elementwise_overhead_s
     # an FP8 KV cache reads the FP8 rows
     fp8 = StepCostModel(kimi, gpu, tp=8, max_tokens=1024, kv_dtype_bytes=1)
     assert fp8.attention_time([], 16, 16 * 1024) != cost.attention_time([], 16, 16 * 1024)
