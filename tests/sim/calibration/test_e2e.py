@@ -99,20 +99,28 @@ MOE_THRESHOLDS: dict[str, tuple[float, float, int]] = {
     # its TP 1 rows run 27-54% slow: vLLM's MXFP8-activation kernel InferenceX turns on
     # (VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8) is not timed for gpt-oss's shape
     "b200 fp4 gpt-oss-120b": (0.09, 0.36, 30),
-    "b200 fp4 Kimi-K2.5": (0.14, 0.14, 24),
-    "b200 fp4 MiniMax-M2.5": (0.11, 0.26, 45),
+    # 8.0% / 12.9% since its FP8 KV cache (the checkpoint's kv_cache_scheme) and the Hopper
+    # MLA fix's companion, no rotary kernel beside the MLA module (the pin was 14% / 14%)
+    "b200 fp4 Kimi-K2.5": (0.085, 0.135, 24),
+    # TTFT 25.4% -> 29.7% since the checkpoint's kv_cache_scheme runs an FP8 KV cache: its
+    # prefills cost less and its TTFT was already short (TPOT unchanged, 10.3%)
+    "b200 fp4 MiniMax-M2.5": (0.11, 0.30, 45),
     "b200 fp8 MiniMax-M2.5": (0.10, 0.15, 68),
-    "b200 int4 Kimi-K2.5": (0.065, 0.08, 18),
+    # 6.8% / 8.3% (6.3% / 7.8% before): no rotary kernel beside the MLA module (it applies
+    # RoPE itself) takes ~0.2 ms off a step; its 4-in-flight rows were already 6-8% fast.
+    # All 45 rows: 5.7% / 10.9% (5.7% / 11.0% before)
+    "b200 int4 Kimi-K2.5": (0.07, 0.085, 18),
     "h100-sxm fp4 gpt-oss-120b": (0.04, 0.245, 24),
     # 4.0% since the H200 runs its own measured GEMM grid and all-reduce table (under the 3%
     # pin when it borrowed the H100's fitted GEMMs): its bf16 projections and router are slower
     "h200 fp4 gpt-oss-120b": (0.045, 0.22, 30),
     # 3.3% since the H200 runs its own measured GEMM grid and all-reduce table (the pin was 5.5%)
     "h200 fp8 MiniMax-M2.5": (0.04, 0.31, 30),
-    # 26% slow at every load: the H200's measured MLA module is launch-bound at small
-    # batches (83 us a layer flat, against the B200's 33 us; docs/simulator.md)
-    # (26.6% with the H200's own GEMM grid and all-reduce table; the pin was 26.5%)
-    "h200 int4 Kimi-K2.5": (0.27, 0.035, 18),
+    # 3.1% / 10.7% (26.6% / 3.1% before) since the H200's MLA module table runs without the
+    # native norm chain AIConfigurator's first collector timed (mla_table): its decodes
+    # 92 -> 48 us a layer, its prefills shorter too; its TTFT was right by the slow decodes
+    # it shared a step with (1024-token prompts under load now 10-20% fast)
+    "h200 int4 Kimi-K2.5": (0.035, 0.11, 18),
 }
 DP = "attention data parallelism (--data-parallel-size) is not modelled"
 MOE_NOT_RUN: dict[str, dict[str, int]] = {
