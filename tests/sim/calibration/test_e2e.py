@@ -320,3 +320,13 @@ def test_committed_tables_match_raw_data():
             assert x[0] == pytest.approx(y[0], abs=1e-4)
             assert x[3] == pytest.approx(y[3], abs=1e-4)
             assert x[4] == pytest.approx(y[4], abs=1e-4)
+
+
+def test_only_replays_the_groups_whose_label_contains_it(monkeypatch, capsys):
+    """``--only SUBSTRING``: the silicon groups whose printed label contains it, no RTX run."""
+    monkeypatch.setattr(sys, "argv", ["fidelity_e2e.py", "--quick", "--only", "h100-sxm fp8"])
+    assert fidelity_e2e.main() == 0
+    out = capsys.readouterr().out
+    table = out.split("\n\n")[0].splitlines()[1:]  # the per-group figures
+    assert [line.split()[:2] for line in table] == [["h100-sxm", "fp8"]], table
+    assert "(19 of 1025 silicon rows (--quick), 0 RTX runs;" in out
