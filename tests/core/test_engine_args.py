@@ -3,6 +3,9 @@ simulator refuses."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
@@ -11,6 +14,8 @@ from chunktune.core.flags import batch_defaults
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.sim.engine.virtual import build_engine
+
+ROOT = Path(__file__).resolve().parents[2]
 
 M = resolve_model("llama-3.1-8b")
 
@@ -175,6 +180,27 @@ def test_quantized_checkpoints_the_simulator_does_not_model_are_refused(qc, fiel
     with pytest.raises(SpecError) as e:
         from_hf_config({**CATALOG_HF["llama-3.1-8b"], "quantization_config": qc})
     assert any(field in p and text in m for p, m in e.value.problems), e.value.problems
+
+
+def test_a_modelopt_kv_cache_scheme_resolves_auto_to_fp8():
+    """vLLM (0.15-0.33 ``get_kv_cache_quant_algo_string``) reads a ModelOpt checkpoint's
+    ``kv_cache_scheme`` before ``kv_cache_quant_algo``: static 8-bit float is an FP8 cache
+    (NVIDIA's Kimi-K2.5-NVFP4 config.json writes only that form), anything else ``auto``."""
+    from chunktune.core.models import CATALOG_HF, from_hf_config
+
+    def kv(qc: dict[str, object]) -> str:
+        return from_hf_config({**CATALOG_HF["llama-3.1-8b"], "quantization_config": {
+            "quant_method": "modelopt", "quant_algo": "NVFP4", **qc}}).kv_cache_dtype
+
+    fp8 = {"dynamic": False, "num_bits": 8, "type": "float"}
+    assert kv({"kv_cache_scheme": fp8}) == "fp8_e4m3"
+    assert kv({"kv_cache_scheme": {**fp8, "dynamic": True}}) == "auto"
+    assert kv({"kv_cache_quant_algo": "FP8"}) == "fp8_e4m3"
+    assert kv({}) == "auto"
+    kimi = from_hf_config(json.loads((ROOT / "bench" / "data" / "e2e" / "model-configs" /
+                                      "nvidia--Kimi-K2.5-NVFP4_config.json").read_text()),
+                          "kimi")
+    assert (kimi.weight_dtype, kimi.kv_cache_dtype) == ("nvfp4", "fp8_e4m3")
 
 
 def test_fp8_checkpoints_read_from_their_config():

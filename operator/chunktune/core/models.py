@@ -92,7 +92,8 @@ class ModelConfig:
     #: Storage type of the quantized linear layers' weights ("" = :attr:`dtype`).
     weight_dtype: str = ""
     #: What ``--kv-cache-dtype auto`` resolves to for this checkpoint (``auto``: the model's
-    #: dtype; ``fp8_e4m3`` for a ModelOpt checkpoint with ``kv_cache_quant_algo`` FP8).
+    #: dtype; ``fp8_e4m3`` for a ModelOpt checkpoint with an FP8 ``kv_cache_scheme`` or
+    #: ``kv_cache_quant_algo``).
     kv_cache_dtype: str = "auto"
     #: Attention kind of each layer (:data:`LAYER_KINDS`); () = every layer full attention.
     layer_types: tuple[str, ...] = ()
@@ -618,6 +619,19 @@ class Quantization:
     unquantized: tuple[tuple[str, float], ...] = ()
 
 
+def _modelopt_kv_fp8(inner: dict[str, Any], qc: dict[str, Any]) -> bool:
+    """Whether a ModelOpt checkpoint quantizes its KV cache to FP8, as vLLM (0.15-0.33,
+    ``get_kv_cache_quant_algo_string``) reads it: ``kv_cache_scheme`` first (a mapping:
+    static 8-bit float, as NVIDIA's Kimi-K2.5-NVFP4 config.json writes it), then
+    ``kv_cache_quant_algo`` (``"FP8"``, hf_quant_config.json's form)."""
+    algo = inner.get("kv_cache_scheme") or qc.get("kv_cache_scheme") \
+        or inner.get("kv_cache_quant_algo") or qc.get("kv_cache_quant_algo")
+    if isinstance(algo, dict):
+        return algo.get("dynamic") is False and algo.get("num_bits") == 8 \
+            and algo.get("type") == "float"
+    return str(algo or "").upper() == "FP8"
+
+
 def read_quantization(qc: Any, problems: list[tuple[str, str]],
                       num_layers: int = 1) -> Quantization:
     """A checkpoint's ``quantization_config`` as vLLM 0.33 reads it (no quantization
@@ -647,10 +661,9 @@ def read_quantization(qc: Any, problems: list[tuple[str, str]],
             problems.append((f"{field}.quant_algo", f"ModelOpt {algo or 'without quant_algo'} "
                              "is not modelled (FP8 and NVFP4 are)"))
             return Quantization()
-        kv_algo = str(inner.get("kv_cache_quant_algo") or qc.get("kv_cache_quant_algo") or "")
         method, wd, excluded = "modelopt", algo.lower(), inner.get("exclude_modules") \
             or qc.get("exclude_modules") or qc.get("ignore")
-        kv = "fp8_e4m3" if kv_algo.upper() == "FP8" else "auto"
+        kv = "fp8_e4m3" if _modelopt_kv_fp8(inner, qc) else "auto"
     elif method == "compressed-tensors":
         groups = qc.get("config_groups")
         weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)] \

@@ -54,6 +54,10 @@ def test_an_mla_model_steps_through_its_measured_module():
         kimi.num_hidden_layers * t.prefill_s(512, 1024))
     ops = linear_op_times(kimi, gpu, 8, np.array([16.0]), cost.c)
     assert set(ops) == {"experts", "elementwise"}
+    # nor a rotary-embedding kernel beside it: the module applies RoPE (two norms, the
+    # activation and the residual add are left; a dense layer's five kernels include RoPE)
+    assert 4 * cost.c.elementwise_overhead_s < ops["elementwise"][0] \
+        < 4.5 * cost.c.elementwise_overhead_s
     # an FP8 KV cache reads the FP8 rows
     fp8 = StepCostModel(kimi, gpu, tp=8, max_tokens=1024, kv_dtype_bytes=1)
     assert fp8.attention_time([], 16, 16 * 1024) != cost.attention_time([], 16, 16 * 1024)
@@ -111,3 +115,37 @@ def test_a_dense_4bit_checkpoint_is_refused_by_name():
     int4 = llama.with_overrides(quantization="compressed-tensors", weight_dtype="int4_g128")
     with pytest.raises(SpecError, match="int4_g128 attention linear layers"):
         StepCostModel(int4, resolve_gpu("b200"), tp=1, max_tokens=64)
+
+
+def test_the_hopper_tables_run_without_the_native_norm_chain():
+    """The H100's and H200's module tables timed RMSNorm and rotary through their native
+    PyTorch chains (AIConfigurator re-collected only the B200's with vLLM's fused ops): the
+    chain, as the B200 measured it, is taken off theirs. At 8 heads and 4 decodes the H200
+    then runs about 48 us a layer (92 us as committed; the B200 38 us); at 128 heads and one
+    decode it stays above the B200 by about what its slower HBM takes to stream the module's
+    bf16 weights."""
+    h200 = mla_table.MlaTable.find("h200", "bf16", "bf16", 8)
+    b200 = mla_table.MlaTable.find("b200", "bf16", "bf16", 8)
+    assert h200 is not None and b200 is not None
+    assert 40e-6 < h200.decode_s(4, 1024) < 55e-6
+    assert b200.decode_s(4, 1024) < h200.decode_s(4, 1024)
+    chain = mla_table.norm_chain()
+    assert chain[("gen", "bf16", "bf16", 8, 4)][0] == pytest.approx(44.4)
+    # the committed curve less the chain on a Hopper GPU, unchanged on the B200
+    key = ("h200", "gen", "bf16", "bf16", 8, 4)
+    assert mla_table.measured_us(key, [92.3, 99.0]) == pytest.approx([47.9, 54.6])
+    assert mla_table.measured_us(("b200", *key[1:]), [37.5]) == [37.5]
+    # every Hopper curve has its chain, and stays positive without it
+    for r in mla_table._rows(mla_table.MLA_PATH):
+        k = (r["gpu"], r["kind"], r["gemm"], r["kv"], int(r["heads"]), int(r["batch"]))
+        if k[0] in mla_table.NATIVE_NORM_CHAIN_GPUS:
+            assert k[1:] in chain, k
+            assert min(mla_table.measured_us(k, [float(u) for u in r["us"].split()])) > 0, k
+    # 128 heads, one decode: 374 MB of bf16 weights take 78 us from the H200's HBM, 47 us
+    # from the B200's
+    big = {g: mla_table.MlaTable.find(g, "bf16", "bf16", 128) for g in ("h200", "b200")}
+    gap = big["h200"].decode_s(1, 128) - big["b200"].decode_s(1, 128)  # type: ignore[union-attr]
+    assert 15e-6 < gap < 45e-6
+    # a prefill's chain grows with the prompt: taken off per prompt
+    ctx = chain[("ctx", "bf16", "bf16", 8, 0)]
+    assert len(ctx) == len(mla_table.PROMPTS) and ctx[-1] > ctx[0]

@@ -20,8 +20,25 @@ prefill chunk of ``c`` tokens after ``p`` computed ones as ``ctx(p + c) - ctx(p)
 bilinear in log time over the tables' log grids (proportional past the largest measured count).
 The newest release's tables are read (vLLM's own backend selection, as for the MoE table).
 
-Committed derivative: ``data/aic_mla_us.csv`` (``python -m chunktune.sim.cost.fit.mla_derive
---data ../shared/data`` rewrites it).
+The H100's and H200's tables ran the module's RMSNorms and rotary embedding through their
+native PyTorch chains (mean, pow, rsqrt, mul: a dozen small kernels a call), which a served
+engine never runs (torch.compile fuses them; eager regions call vLLM's CUDA kernels).
+AIConfigurator re-collected the B200's tables with vLLM's fused ops (its commits bb300a327 and
+6c72579ef, ai-dynamo/aiconfigurator#1423: 8 heads, 4 decodes: 77 -> 34 us) and not the
+Hopper ones, which still time the chain: 83-92 us a layer at a few decodes on both the H100
+and the H200, where the B200's first collection timed 70-77 us. The chain's cost, the B200's
+first collection less its re-collection (:data:`NORM_CHAIN_PATH`: 37-62 us for 1-64 decodes,
+flat over context; growing with the prompt for a prefill), is taken off the Hopper tables
+(:func:`measured_us`): small launch-bound kernels, their time carried over unscaled (a
+prefill's long chains read more bytes, which the H200's slower HBM would take longer over:
+the correction is then the smaller). What is left at 128 heads, one decode, is 122 us on the
+H200 against 94 us on the B200: 28 us apart where streaming the module's 374 MB of bf16
+weights takes 78 us against 47 us.
+
+Committed derivatives: ``data/aic_mla_us.csv`` (``python -m chunktune.sim.cost.fit.mla_derive
+--data ../shared/data`` rewrites it) and ``data/aic_mla_norm_chain_us.csv`` (``... mla_derive
+--norm-chain PRE --data ../shared/data``: :mod:`chunktune.sim.cost.fit.mla_derive` says what
+``PRE`` holds).
 """
 
 from __future__ import annotations
@@ -34,6 +51,12 @@ from pathlib import Path
 
 DATA = Path(__file__).with_name("data")
 MLA_PATH = DATA / "aic_mla_us.csv"
+#: The native norm chain's cost per module call (see the module docstring), measured on the
+#: B200: the first collection less the re-collection with vLLM's fused ops.
+NORM_CHAIN_PATH = DATA / "aic_mla_norm_chain_us.csv"
+#: The GPUs whose committed module tables ran the native norm chain (AIConfigurator's
+#: ``collection_meta.yaml`` names no ``norm_dispatch`` for them): their tables less the chain.
+NATIVE_NORM_CHAIN_GPUS = frozenset({"h100-sxm", "h200"})
 #: The dimensions the tables were timed at (DeepSeek-V3's): a model's MLA must have them.
 MLA_SHAPE = {"hidden_size": 7168, "q_lora_rank": 1536, "kv_lora_rank": 512,
              "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}
@@ -48,13 +71,36 @@ PROMPTS = (1, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 819
 Key = tuple[str, str, str, str, int, int]
 
 
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as fh:
+        return list(csv.DictReader(line for line in fh if not line.startswith("#")))
+
+
+@lru_cache(maxsize=1)
+def norm_chain() -> dict[tuple[str, str, str, int, int], list[float]]:
+    """The native norm chain's microseconds (:data:`NORM_CHAIN_PATH`) per kind, projections'
+    and KV format, heads and decode batch (0: a prefill): one figure for decodes, one per
+    prompt of :data:`PROMPTS` for a prefill."""
+    return {(r["kind"], r["gemm"], r["kv"], int(r["heads"]), int(r["batch"])):
+            [float(u) for u in r["us"].split()] for r in _rows(NORM_CHAIN_PATH)}
+
+
+def measured_us(key: Key, us: list[float]) -> list[float]:
+    """A committed curve as the served module runs it: on a GPU whose table ran the native
+    norm chain (:data:`NATIVE_NORM_CHAIN_GPUS`), less that chain as the B200 measured it
+    (small, launch-bound kernels: their time carried over unscaled); else as committed."""
+    if key[0] not in NATIVE_NORM_CHAIN_GPUS:
+        return us
+    chain = norm_chain()[key[1:]]
+    return [u - chain[0 if len(chain) == 1 else i] for i, u in enumerate(us)]
+
+
 @lru_cache(maxsize=1)
 def _load() -> dict[Key, list[float]]:
     out: dict[Key, list[float]] = {}
-    with MLA_PATH.open() as fh:
-        for r in csv.DictReader(line for line in fh if not line.startswith("#")):
-            key = (r["gpu"], r["kind"], r["gemm"], r["kv"], int(r["heads"]), int(r["batch"]))
-            out[key] = [math.log(float(u)) for u in r["us"].split()]
+    for r in _rows(MLA_PATH):
+        key = (r["gpu"], r["kind"], r["gemm"], r["kv"], int(r["heads"]), int(r["batch"]))
+        out[key] = [math.log(u) for u in measured_us(key, [float(u) for u in r["us"].split()])]
     return out
 
 

@@ -179,9 +179,12 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
         inter = model.moe_intermediate_size * model.num_experts_per_tok / tp
     else:
         inter = model.intermediate_size / tp
-    # Elementwise: two RMSNorms, RoPE on q and k, activation (read 2i write i), residual add.
-    ew_bytes = T * b * (2 * h + 2 * h + 2 * (q + kv) + 3 * inter + 3 * h)
-    kernels = 5
+    # Elementwise: two RMSNorms, RoPE on q and k, activation (read 2i write i), residual add;
+    # an MLA layer's rotary embedding runs inside its measured module (vLLM's
+    # DeepseekV2MLAAttention applies it in forward: mla_table times it with the projections)
+    rope = 0 if model.is_mla else 1
+    ew_bytes = T * b * (2 * h + 2 * h + rope * 2 * (q + kv) + 3 * inter + 3 * h)
+    kernels = 4 + rope
     if model.qk_norm_allreduce and tp > 1:
         # MiniMax-M2's q/k norm in fp32 (MiniMaxText01RMSNormTP.forward_qk, compiled): the
         # all-reduce of the variances cuts it in two, a kernel of its own reading q and k for
