@@ -17,6 +17,8 @@ from chunktune.sim.cost.collectives import VIDUR_TOPOLOGIES
 from chunktune.sim.cost.fit import aic_kernels, family_fit, kernel_data
 from chunktune.sim.cost.provenance import provenance
 from chunktune.sim.cost.step_time import (
+    EXECUTOR_IPC_PER_REQUEST_S,
+    EXECUTOR_IPC_S,
     Q_TILE,
     AttentionShape,
     StepCostModel,
@@ -402,9 +404,30 @@ def test_bf16_dense_decode_at_high_tp_runs_on_the_measured_kernels(gpu, tp):
         fastest = min(us for b, us in ar if b >= below)
         each = cm.allreduce_time(batch) / (2 * layers) * 1e6
         assert fastest * 0.999 <= each <= slowest * 1.001, (batch, each)
-        step = cm.step_time(batch, batch, batch, [], batch, batch * 1000) - cm.c.step_overhead_s
+        step = cm.forward_time(batch, batch, [], batch, batch * 1000)
         measured_share = (gemm_us * layers + each * 2 * layers) * 1e-6 / step
         assert measured_share > (0.6 if batch <= 32 else 0.45), (batch, measured_share)
+
+
+def test_executor_messages_cost_host_time_above_tp_1():
+    """Issue 32: at TP > 1 vLLM's MultiprocExecutor pickles every step's SchedulerOutput to its
+    worker processes and rank 0's ModelRunnerOutput back (two RPCs a step); TP 1 calls its
+    worker in-process. That serialization is host time: added to the step without async
+    scheduling (vLLM < 0.14's default), hidden behind a GPU-bound step with it."""
+    from chunktune.core import vllm_release
+    assert 1e-5 < EXECUTOR_IPC_S < 1e-4 and 1e-7 < EXECUTOR_IPC_PER_REQUEST_S < 2e-6
+    g, model = resolve_gpu("h100-sxm"), resolve_model("qwen3-32b")
+    batch, kv = 24, 24 * 4500
+    for tp in (1, 2, 4, 8):
+        cm = StepCostModel(model, g, tp, max_tokens=2048,
+                           async_scheduling=vllm_release.async_scheduling((0, 12, 0)))
+        gpu = cm.forward_time(batch, batch, [], batch, kv)
+        host = cm.c.step_overhead_s + cm.c.per_request_overhead_s * batch
+        if tp > 1:
+            host += EXECUTOR_IPC_S + EXECUTOR_IPC_PER_REQUEST_S * batch
+        assert cm.step_time(batch, batch, batch, [], batch, kv) == pytest.approx(host + gpu)
+        cm.async_scheduling = vllm_release.async_scheduling((0, 14, 0))
+        assert cm.step_time(batch, batch, batch, [], batch, kv) == pytest.approx(gpu)
 
 
 def layer_gemms_of(model, tp):

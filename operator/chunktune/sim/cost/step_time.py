@@ -22,9 +22,10 @@ A step's time is the sum of
 - **tensor-parallel all-reduces**, two per layer of the step's activations
   (:func:`chunktune.sim.cost.collectives.tp_allreduce_s`);
 - a fixed **per-step overhead** (scheduling, input preparation, launch) plus a small cost per
-  scheduled request: the host's part of a step. Under async scheduling (vLLM's default since
-  0.14) the host prepares the next step while the GPU runs this one, so a step takes the
-  longer of the two parts, not their sum.
+  scheduled request: the host's part of a step; at TP > 1 also the executor's messages
+  (:data:`EXECUTOR_IPC_S`). Under async scheduling (vLLM's default since 0.14) the host
+  prepares the next step while the GPU runs this one, so a step takes the longer of the two
+  parts, not their sum.
 
 Every coefficient is the GPU's own, fitted on its measured kernels, or borrowed from the
 nearest measured GPU (:mod:`chunktune.sim.cost.coefficients`, fitted offline by
@@ -55,6 +56,19 @@ from chunktune.sim.cost.collectives import Interconnect, tp_allreduce_s
 #: W4A4, FP4 weights with an FP8 scale per 16, the activations quantised to NVFP4 on the fly;
 #: vLLM ``quantization/modelopt.py`` ``ModelOptNvFp4LinearMethod``).
 WEIGHT_DTYPES = ("bf16", "fp8", "nvfp4")
+
+#: At TP > 1 vLLM runs its workers in their own processes (``MultiprocExecutor``; TP 1 runs
+#: ``UniProcExecutor``, a call in the engine core's process): each step is two RPCs over a
+#: shared-memory ``MessageQueue`` (``vllm/v1/executor/multiproc_executor.py``:
+#: ``execute_model`` pickles the ``SchedulerOutput`` to every worker, ``sample_tokens`` then
+#: returns rank 0's ``ModelRunnerOutput``; ``EngineCore.step`` waits for both), each message
+#: pickled by its sender and unpickled by its reader in turn. Their serialization, timed with
+#: vLLM 0.12's own ``shm_broadcast`` and messages of its fields on a loaded 2-core Xeon (CPU
+#: time, least of 7 repeats, 1-512 decodes; not a GPU host's CPU): 18.7 us + 0.66 us per
+#: scheduled request. A lower bound: the readers' wake-up (they spin on their own cores on a
+#: GPU host) is not in it. Host time: overlapped like the rest under async scheduling.
+EXECUTOR_IPC_S = 1.87e-5
+EXECUTOR_IPC_PER_REQUEST_S = 6.6e-7
 
 
 def layer_gemms(model: ModelConfig, tp: int) -> list[tuple[float, float]]:
@@ -760,11 +774,12 @@ class StepCostModel:
                                               interconnect=interconnect)
         ar[0] = 0.0
         self._allreduce: list[float] = ar.tolist()
-        self._overhead = c.step_overhead_s
+        self._overhead = c.step_overhead_s + (EXECUTOR_IPC_S if tp > 1 else 0.0)
         # without CUDA graphs every kernel is launched from the host inside the forward: part
         # of the GPU's time, not overlapped by async scheduling
         self._eager = c.eager_launch_overhead_per_layer_s * layers if enforce_eager else 0.0
-        self._per_req = c.per_request_overhead_s
+        self._per_req = c.per_request_overhead_s + (EXECUTOR_IPC_PER_REQUEST_S if tp > 1
+                                                    else 0.0)
         self.async_scheduling = async_scheduling
         self.max_tokens = max_tokens
         self.calibration: tuple[float, ...] | None = None
@@ -870,7 +885,7 @@ class StepCostModel:
         if self.calibration is not None:
             s0, s1, s2, s3, per_tok, per_pair, per_kv, gap = self.calibration
             pairs = sum(c * (done + (c + 1) / 2) for c, done in prefill_chunks)
-            return (s0 * self.c.step_overhead_s + s1 * self._per_req * num_reqs
+            return (s0 * self.c.step_overhead_s + s1 * self.c.per_request_overhead_s * num_reqs
                     + s2 * self.linear_time(num_tokens)
                     + s3 * self.attention_time(prefill_chunks, num_decodes,
                                                decode_context_tokens)
