@@ -27,6 +27,7 @@ from chunktune.sim.cost.fit import (
     kernel_data,
     kernel_report,
     measurements,
+    mla_derive,
 )
 from chunktune.sim.cost.step_time import gemm_form
 
@@ -338,15 +339,22 @@ def test_a_pooled_fit_recovers_a_shared_efficiency():
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
 def test_mla_module_held_out_from_a_neighbours_table():
-    """The MLA module tables (DeepSeek-V3 attention, vLLM 0.24) of the five GPUs that have them,
-    each held out and predicted from its nearest other GPU's table scaled by the data sheets
-    (kernel_report.mla_report): the H100 and H200 from each other within 7% (decode and
-    prefill), and the median over GPUs (decode 12.5%, prefill 15.5%) pinned."""
-    rows = kernel_report.mla_report(aic_kernels.read_mla(SHARED))
+    """The MLA module curves (DeepSeek-V3 attention, vLLM 0.24) of the five GPUs that have them,
+    as the engine reads them (the H100's and H200's less the native norm chain), each held out
+    and predicted from its nearest other GPU's scaled by the data sheets
+    (kernel_report.mla_report): the H100 and H200 from each other within 9%, the B200 from the
+    H100 within 17% (72% against the H100's raw table, norm chain included), prefill within
+    10% at the median over GPUs (the launch floor kept, the rest by peak: 15.5% scaling the
+    whole curve), decode 13.1% pinned."""
+    curves = mla_derive.served_curves(SHARED)
+    rows = kernel_report.mla_report(curves)
     by = {(r.dataset, r.slice.split(" from ")[0]): r.median_rel_err for r in rows}
     assert {g for _, g in by} == {"h100-sxm", "h200", "b200", "l40s", "rtx-pro-6000"}
     for kind in ("mla-decode", "mla-prefill"):
-        assert by[(kind, "h100-sxm")] < 0.07 and by[(kind, "h200")] < 0.07
+        assert by[(kind, "h100-sxm")] < 0.09 and by[(kind, "h200")] < 0.09
+        assert by[(kind, "b200")] < 0.17
+    # the engine's reading: the H200's 8-head, 4-decode layer at 92 us raw is 48 us served
+    assert curves[("h200", "gen", "bf16", "bf16", 8, 4)][0] < 60
     summary = kernel_report.summarize(rows)
     assert summary[("mla-decode", "loo-table")] <= 0.135
-    assert summary[("mla-prefill", "loo-table")] <= 0.165
+    assert summary[("mla-prefill", "loo-table")] <= 0.10

@@ -261,46 +261,6 @@ def read_moe(root: Path) -> list[MoeRow]:
 
 # ---- multi-head latent attention (DeepSeek-V3) --------------------------------------------
 
-@dataclass(frozen=True)
-class MlaRow:
-    """vLLM's whole MLA attention module of one DeepSeek-V3 layer on one rank (projections
-    included; ``mla_{context,generation}_module_perf``, vLLM 0.19+): ``kind`` ``prefill``
-    (``batch`` prompts of ``isl`` tokens) or ``decode`` (``batch`` decodes over ``step``
-    tokens of latent KV); ``heads`` query heads on the rank, and the weight (``gemm``) and
-    KV-cache dtypes as the collector names them."""
-
-    gpu: str
-    kind: str
-    gemm: str
-    kv: str
-    heads: int
-    batch: int
-    isl: int
-    step: int
-    us: float
-
-
-MLA_TABLES = {"prefill": "mla_context_module_perf", "decode": "mla_generation_module_perf"}
-
-
-def read_mla(root: Path) -> list[MlaRow]:
-    """Every GPU's MLA module rows from its newest vLLM version with the table (median of
-    duplicates)."""
-    out = []
-    for gpu, folder in sorted(gpu_folders(root).items()):
-        for kind, table in MLA_TABLES.items():
-            files = _versions(root, folder, table)
-            if not files:
-                continue
-            acc: dict[tuple[str, str, int, int, int, int], list[float]] = defaultdict(list)
-            for r in _rows(files[0]):
-                acc[(r["gemm_type"], r["kv_cache_dtype"], int(r["num_heads"]),
-                     int(r["batch_size"]), int(r["isl"]), int(r["step"]))].append(
-                    float(r["latency"]) * 1e3)
-            out += [MlaRow(gpu, kind, *k, statistics.median(v)) for k, v in sorted(acc.items())]
-    return out
-
-
 # ---- the committed sub-grid of attention and MoE rows ------------------------------------
 
 #: What the regression test keeps of the attention and MoE rows (a small sub-grid).

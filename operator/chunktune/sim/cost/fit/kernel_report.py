@@ -15,6 +15,7 @@ has no data for is listed as such (``missing``), never filled in. Relative error
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -39,7 +40,7 @@ from chunktune.sim.cost.coefficients import (
     pool_members,
     tile_rule,
 )
-from chunktune.sim.cost.fit import aic_kernels, nccl_fit
+from chunktune.sim.cost.fit import aic_kernels, mla_derive, nccl_fit
 from chunktune.sim.cost.fit import family_fit as ff
 from chunktune.sim.cost.fit import kernel_data as kd
 from chunktune.sim.cost.fit.measurements import (
@@ -55,6 +56,7 @@ from chunktune.sim.cost.fit.measurements import (
     op_gemms,
 )
 from chunktune.sim.cost.gemm_table import GemmTable
+from chunktune.sim.cost.mla_table import Key
 from chunktune.sim.cost.step_time import gemm_form, linear_layer_time
 
 
@@ -365,44 +367,45 @@ def prefill_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficien
     return {**med, "use": use, "held_out": ", ".join(held)}
 
 
-def mla_report(rows: list[aic_kernels.MlaRow]) -> list[ErrorRow]:
-    """The MLA module (DeepSeek-V3 attention) held out per GPU: each GPU's timings predicted
-    from its nearest other GPU with the table (``coefficients.NEAREST``), the same rows scaled
-    by the two data sheets: a decode's time above the neighbour's fastest of that shape (one
-    request, the shortest history: launch-bound, kept as it is) by HBM bandwidth (latent KV
-    and weights streamed), a prefill's by the dense peak of the weights' dtype. No fitted
-    form: the step-time terms are the MLA work of issue 32; this is what borrowing a
-    neighbour's table makes."""
-    by: dict[tuple[str, str], dict[tuple[str, str, int, int, int, int], float]] = \
-        defaultdict(dict)
-    for r in rows:
-        by[(r.gpu, r.kind)][(r.gemm, r.kv, r.heads, r.batch, r.isl, r.step)] = r.us
+def mla_report(curves: dict[Key, list[float]]) -> list[ErrorRow]:
+    """The MLA module (DeepSeek-V3 attention) held out per GPU, on the curves the engine reads
+    (:func:`chunktune.sim.cost.fit.mla_derive.served_curves`: the committed grids, the fastest
+    backend, the H100's and H200's less the native norm chain): each GPU's curves predicted
+    from its nearest other GPU with them (``coefficients.NEAREST``), scaled by the two data
+    sheets. The neighbour's fastest curve point of the same formats and heads (one decode at
+    the shortest context, a one-token prefill: launch-bound) is kept as it is; what a curve
+    point takes beyond it is scaled by HBM bandwidth for decodes (the weights and the latent
+    KV cache streamed) and by the dense peak of the weights' dtype for prefills (compute-bound).
+    No fitted form and no borrowing in the engine (a GPU without its own table is refused):
+    this is what borrowing a neighbour's table would make."""
     out = []
-    for kind in ("decode", "prefill"):
-        have = {g for g, k in by if k == kind}
+    for kind, name in (("gen", "decode"), ("ctx", "prefill")):
+        have = {k[0] for k in curves if k[1] == kind}
         for g in sorted(have):
             src = next((o for o in NEAREST.get(g, ()) if o in have), None)
             if src is None:
                 continue
             G, S = resolve_gpu(g), resolve_gpu(src)
             floor: dict[tuple[str, str, int], float] = {}
-            for key, us in by[(src, kind)].items():
-                floor[key[:3]] = min(us, floor.get(key[:3], us))
+            for key, us in curves.items():
+                if key[:2] == (src, kind):
+                    floor[key[2:5]] = min(min(us), floor.get(key[2:5], math.inf))
             err = []
-            for key, us in by[(g, kind)].items():
-                other = by[(src, kind)].get(key)
-                if other is None:
+            for key, us in curves.items():
+                other = curves.get((src, *key[1:]))
+                if key[:2] != (g, kind) or other is None:
                     continue
-                if kind == "decode":
-                    f = floor[key[:3]]
-                    pred = f + (other - f) * S.hbm_tb_s / G.hbm_tb_s
+                f = floor[key[2:5]]
+                if kind == "gen":
+                    ratio = S.hbm_tb_s / G.hbm_tb_s
                 else:
-                    fp8 = key[0].startswith("fp8") and G.fp8_tflops > 0 and S.fp8_tflops > 0
-                    pred = other * (S.fp8_tflops / G.fp8_tflops if fp8
-                                    else S.bf16_tflops / G.bf16_tflops)
-                err.append(abs(pred / us - 1.0))
+                    fp8 = key[2].startswith("fp8") and G.fp8_tflops > 0 and S.fp8_tflops > 0
+                    ratio = (S.fp8_tflops / G.fp8_tflops if fp8
+                             else S.bf16_tflops / G.bf16_tflops)
+                err += [abs((f + (o - f) * ratio) / u - 1.0)
+                        for o, u in zip(other, us, strict=True)]
             if err:
-                out.append(ErrorRow.of(f"mla-{kind}", f"{g} from {src}'s table", "loo-table",
+                out.append(ErrorRow.of(f"mla-{name}", f"{g} from {src}'s table", "loo-table",
                                        np.array(err)))
     return out
 
@@ -579,7 +582,7 @@ def full_report(data_root: Path | None, held_out: bool = True
     rows += nccl_report(kd.read_allreduce(data_root) if data_root is not None
                         else kd.read_committed_vidur_allreduce())
     if data_root is not None:
-        rows += mla_report(aic_kernels.read_mla(data_root))
+        rows += mla_report(mla_derive.served_curves(data_root))
     if data_root is not None and held_out:
         rows += unseen_report(data_root / "vidur-profiling")
         rows += splitwise_report(kd.read_splitwise(data_root))

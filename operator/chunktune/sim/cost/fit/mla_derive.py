@@ -21,8 +21,16 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from chunktune.sim.cost.fit.aic_kernels import AIC_GPUS
 from chunktune.sim.cost.fit.moe_derive import rewrite_main
-from chunktune.sim.cost.mla_table import MLA_PATH, NORM_CHAIN_PATH, PROMPTS, STEPS, Key
+from chunktune.sim.cost.mla_table import (
+    MLA_PATH,
+    NORM_CHAIN_PATH,
+    PROMPTS,
+    STEPS,
+    Key,
+    measured_us,
+)
 
 SOURCE = ("NVIDIA AIConfigurator (ai-dynamo/aiconfigurator, Apache-2.0, Copyright NVIDIA "
           "CORPORATION & AFFILIATES) systems/data/<gpu>/vllm/<version>/mla_{generation,context}"
@@ -41,12 +49,12 @@ def _newest(base: Path, table: str) -> Path | None:
     return found[-1] / f"{table}.csv.gz" if found else None
 
 
-def derive(root: Path) -> list[tuple[Key, str, list[float]]]:
-    """Per GPU (newest release with the table): the generation curves over :data:`STEPS` per
-    batch, and the context curves (batch 1) over :data:`PROMPTS`, microseconds, fastest
-    backend; curves missing a point are left out."""
+def derive(root: Path, gpus: dict[str, str] = MLA_GPUS) -> list[tuple[Key, str, list[float]]]:
+    """Per GPU of ``gpus`` (AIConfigurator folder -> our name; newest release with the table):
+    the generation curves over :data:`STEPS` per batch, and the context curves (batch 1) over
+    :data:`PROMPTS`, microseconds, fastest backend; curves missing a point are left out."""
     out = []
-    for folder, gpu in MLA_GPUS.items():
+    for folder, gpu in gpus.items():
         base = root / "aiconfigurator-vllm" / folder
         if not base.is_dir():
             continue
@@ -60,6 +68,15 @@ def derive(root: Path) -> list[tuple[Key, str, list[float]]]:
                 if all(x in curve for x in grid):
                     out.append((key, path.parent.name, [curve[x] for x in grid]))
     return out
+
+
+def served_curves(root: Path) -> dict[Key, list[float]]:
+    """Every GPU's module curves with an MLA table in the shared data (not only the committed
+    ones: :data:`MLA_GPUS`), on the committed grids, as the engine reads a committed curve
+    (:func:`chunktune.sim.cost.mla_table.measured_us`: the H100's and H200's less the native
+    norm chain), microseconds. What the held-out comparison
+    (:func:`chunktune.sim.cost.fit.kernel_report.mla_report`) predicts and is predicted from."""
+    return {key: measured_us(key, us) for key, _, us in derive(root, AIC_GPUS)}
 
 
 def _fastest(path: Path, gpu: str, kind: str, col: str) -> dict[Key, dict[int, float]]:
