@@ -337,24 +337,41 @@ def test_a_pooled_fit_recovers_a_shared_efficiency():
         assert got[k] == pytest.approx(v, rel=0.02), k
 
 
+def test_mla_module_reads_its_weights_and_latent_cache_from_hbm_beyond_l2():
+    """What an MLA module call reads (DeepSeek-V3's dimensions): 374 MB of bf16 weights at 128
+    heads, half in block FP8, plus 1,152 B a token of bf16 latent cache; from HBM only where
+    that exceeds the GPU's L2 (the tables replay one layer)."""
+    w = kernel_report.mla_stream_bytes("bf16", "bf16", 128, 1, 0)
+    assert w == pytest.approx(374.2e6, rel=1e-3)
+    assert kernel_report.mla_stream_bytes("fp8_block", "bf16", 128, 1, 0) == w / 2
+    assert kernel_report.mla_stream_bytes("bf16", "bf16", 128, 4, 1000) == w + 4 * 1000 * 1152
+    assert kernel_report.mla_stream_bytes("bf16", "fp8", 128, 4, 1000) == w + 4 * 1000 * 576
+    h100, l40s = resolve_gpu("h100-sxm"), resolve_gpu("l40s")
+    sixteen = kernel_report.mla_stream_bytes("bf16", "bf16", 16, 1, 2)  # 73 MB
+    assert kernel_report.mla_hbm_us(l40s, sixteen) == 0.0  # 96 MiB of L2
+    assert kernel_report.mla_hbm_us(h100, sixteen) == pytest.approx(sixteen / 3.35e6)  # 50
+    assert kernel_report.mla_hbm_us(h100, w) == pytest.approx(111.7, rel=1e-3)
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
 def test_mla_module_held_out_from_a_neighbours_table():
     """The MLA module curves (DeepSeek-V3 attention, vLLM 0.24) of the five GPUs that have them,
     as the engine reads them (the H100's and H200's less the native norm chain), each held out
     and predicted from its nearest other GPU's scaled by the data sheets
-    (kernel_report.mla_report): the H100 and H200 from each other within 9%, the B200 from the
-    H100 within 17% (72% against the H100's raw table, norm chain included), prefill within
-    10% at the median over GPUs (the launch floor kept, the rest by peak: 15.5% scaling the
-    whole curve), decode 13.1% pinned."""
+    (kernel_report.mla_report): the H100 and H200 from each other within 11%, the B200 from
+    the H100 within 19% (72% against the H100's raw table, norm chain included); at the median
+    over GPUs prefill 7.7% (the launch floor kept, the rest by peak: 15.5% scaling the whole
+    curve) and decode 10.3% (weights and latent cache read from HBM beyond L2: 13.1% scaling
+    all above the floor by HBM)."""
     curves = mla_derive.served_curves(SHARED)
     rows = kernel_report.mla_report(curves)
     by = {(r.dataset, r.slice.split(" from ")[0]): r.median_rel_err for r in rows}
     assert {g for _, g in by} == {"h100-sxm", "h200", "b200", "l40s", "rtx-pro-6000"}
     for kind in ("mla-decode", "mla-prefill"):
-        assert by[(kind, "h100-sxm")] < 0.09 and by[(kind, "h200")] < 0.09
-        assert by[(kind, "b200")] < 0.17
-    # the engine's reading: the H200's 8-head, 4-decode layer at 92 us raw is 48 us served
+        assert by[(kind, "h100-sxm")] < 0.11 and by[(kind, "h200")] < 0.11
+        assert by[(kind, "b200")] < 0.19
+    # the engine's reading: the H200's 8-head, 4-decode layer at 89 us raw is 44 us served
     assert curves[("h200", "gen", "bf16", "bf16", 8, 4)][0] < 60
     summary = kernel_report.summarize(rows)
-    assert summary[("mla-decode", "loo-table")] <= 0.135
-    assert summary[("mla-prefill", "loo-table")] <= 0.10
+    assert summary[("mla-decode", "loo-table")] <= 0.105
+    assert summary[("mla-prefill", "loo-table")] <= 0.08

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from chunktune.core.gpus import resolve_gpu
+from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
 from chunktune.sim.cost import aic_data
 from chunktune.sim.cost import collectives as col
@@ -56,7 +56,7 @@ from chunktune.sim.cost.fit.measurements import (
     op_gemms,
 )
 from chunktune.sim.cost.gemm_table import GemmTable
-from chunktune.sim.cost.mla_table import Key
+from chunktune.sim.cost.mla_table import MLA_SHAPE, STEPS, Key
 from chunktune.sim.cost.step_time import gemm_form, linear_layer_time
 
 
@@ -367,17 +367,47 @@ def prefill_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficien
     return {**med, "use": use, "held_out": ", ".join(held)}
 
 
+#: Bytes a weight of the MLA module's projections takes, per format (block FP8's and NVFP4's
+#: scales: one per 128 x 128 block, negligible; one e4m3 byte per 16 weights).
+MLA_WEIGHT_BYTES = {"bf16": 2.0, "fp8_block": 1.0, "nvfp4": 0.5 + 1 / 16}
+
+
+def mla_stream_bytes(gemm: str, kv: str, heads: int, batch: int, context: int) -> float:
+    """What one call of the MLA module (:data:`chunktune.sim.cost.mla_table.MLA_SHAPE`) reads:
+    its projections' weights at ``heads`` query heads (q_a and the fused kv_a whole, q_b,
+    the absorbed kv_b and o_proj per head) and the latent cache of ``batch`` decodes of
+    ``context`` tokens (kv_lora_rank + qk_rope_head_dim elements a token)."""
+    d = MLA_SHAPE
+    latent = d["kv_lora_rank"] + d["qk_rope_head_dim"]
+    weights = (d["hidden_size"] * (d["q_lora_rank"] + latent)
+               + heads * (d["q_lora_rank"] * (d["qk_nope_head_dim"] + d["qk_rope_head_dim"])
+                          + d["kv_lora_rank"] * (d["qk_nope_head_dim"] + d["v_head_dim"])
+                          + d["v_head_dim"] * d["hidden_size"]))
+    return weights * MLA_WEIGHT_BYTES[gemm] + batch * context * latent * (1 if kv == "fp8" else 2)
+
+
+def mla_hbm_us(gpu: GPU, nbytes: float) -> float:
+    """Microseconds ``gpu`` streams ``nbytes`` from HBM at its data-sheet bandwidth in a table
+    that replays one module call: none where they fit in its L2 (they stay there from one
+    replay to the next), all of them where they do not (a cyclic read larger than the cache
+    evicts what the next pass needs)."""
+    return 0.0 if nbytes <= gpu.l2_mib * 2**20 else nbytes / (gpu.hbm_tb_s * 1e6)
+
+
 def mla_report(curves: dict[Key, list[float]]) -> list[ErrorRow]:
     """The MLA module (DeepSeek-V3 attention) held out per GPU, on the curves the engine reads
     (:func:`chunktune.sim.cost.fit.mla_derive.served_curves`: the committed grids, the fastest
     backend, the H100's and H200's less the native norm chain): each GPU's curves predicted
     from its nearest other GPU with them (``coefficients.NEAREST``), scaled by the two data
     sheets. The neighbour's fastest curve point of the same formats and heads (one decode at
-    the shortest context, a one-token prefill: launch-bound) is kept as it is; what a curve
-    point takes beyond it is scaled by HBM bandwidth for decodes (the weights and the latent
-    KV cache streamed) and by the dense peak of the weights' dtype for prefills (compute-bound).
-    No fitted form and no borrowing in the engine (a GPU without its own table is refused):
-    this is what borrowing a neighbour's table would make."""
+    the shortest context, a one-token prefill: launch-bound) is kept as it is. A decode's
+    weights and latent cache (:func:`mla_stream_bytes`) are read from HBM only where they
+    exceed the GPU's L2 (:func:`mla_hbm_us`: the tables replay one layer): the neighbour's
+    reading is taken off, the held-out GPU's put on, and the rest above the floor scaled by
+    HBM bandwidth. A prefill's time above the floor is scaled by the dense peak of the
+    weights' dtype (compute-bound). No fitted form and no borrowing in the engine (a GPU
+    without its own table is refused): this is what borrowing a neighbour's table would
+    make."""
     out = []
     for kind, name in (("gen", "decode"), ("ctx", "prefill")):
         have = {k[0] for k in curves if k[1] == kind}
@@ -396,14 +426,17 @@ def mla_report(curves: dict[Key, list[float]]) -> list[ErrorRow]:
                 if key[:2] != (g, kind) or other is None:
                     continue
                 f = floor[key[2:5]]
-                if kind == "gen":
-                    ratio = S.hbm_tb_s / G.hbm_tb_s
-                else:
+                if kind == "ctx":
                     fp8 = key[2].startswith("fp8") and G.fp8_tflops > 0 and S.fp8_tflops > 0
                     ratio = (S.fp8_tflops / G.fp8_tflops if fp8
                              else S.bf16_tflops / G.bf16_tflops)
-                err += [abs((f + (o - f) * ratio) / u - 1.0)
-                        for o, u in zip(other, us, strict=True)]
+                    err += [abs((f + (o - f) * ratio) / u - 1.0)
+                            for o, u in zip(other, us, strict=True)]
+                    continue
+                for step, o, u in zip(STEPS, other, us, strict=True):
+                    b = mla_stream_bytes(key[2], key[3], key[4], key[5], step)
+                    rest = max(o - f - mla_hbm_us(S, b), 0.0) * S.hbm_tb_s / G.hbm_tb_s
+                    err.append(abs((f + rest + mla_hbm_us(G, b)) / u - 1.0))
             if err:
                 out.append(ErrorRow.of(f"mla-{name}", f"{g} from {src}'s table", "loo-table",
                                        np.array(err)))
