@@ -166,12 +166,14 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     B = gpu.hbm_tb_s * 1e12
     b = model.dtype_bytes
 
-    def gemm(m: np.ndarray, k: float, n: float) -> np.ndarray:
-        return gemm_time(m, k, n, gpu, c, weight_dtype, use_table)
-
     # a mixture-of-experts layer has only the attention's two: zip stops there; an MLA
-    # layer's projections are timed with its attention (mla_table: the whole module)
-    out = {name: gemm(T, k, n) for name, (k, n)
+    # layer's projections are timed with its attention (mla_table: the whole module). A
+    # 4-bit MoE checkpoint's attention projections and dense MLPs run what
+    # four_bit_linear_dtype says (NVFP4 W4A4 where quantized, else weight_dtype)
+    dtypes = {name: four_bit_linear_dtype(model, gpu, module) or weight_dtype
+              for name, module in (("qkv", "attention"), ("o", "attention"),
+                                   ("up", "dense_mlp"), ("down", "dense_mlp"))}
+    out = {name: gemm_time(T, k, n, gpu, c, dtypes[name], use_table) for name, (k, n)
            in zip(("qkv", "o", "up", "down"), layer_gemms(model, tp), strict=False)
            if not (model.is_mla and name in ("qkv", "o"))}
     h = model.hidden_size
@@ -184,10 +186,8 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
         if model.num_shared_experts or model.shared_expert_intermediate_size:
             si = (model.shared_expert_intermediate_size
                   or model.num_shared_experts * model.moe_intermediate_size) / tp
-            # shared experts the checkpoint quantizes to 4 bits: priced as FP8 GEMMs (one
-            # byte a weight, the FP8 peak; borrowed: the nvfp4 grid is not used for them yet)
-            shared = weight_dtype if model.module_weight_bytes("shared_experts") >= \
-                model.dtype_bytes or model.weight_dtype not in FOUR_BIT else "fp8"
+            # shared experts the checkpoint quantizes to 4 bits: four_bit_linear_dtype
+            shared = four_bit_linear_dtype(model, gpu, "shared_experts") or weight_dtype
             out["experts"] = out["experts"] + gemm_time(T, h, 2 * si, gpu, c, shared, use_table) \
                 + gemm_time(T, si, h, gpu, c, shared, use_table)
         inter = model.moe_intermediate_size * model.num_experts_per_tok / tp
@@ -638,12 +638,36 @@ def check_modelled(model: ModelConfig, gpu: GPU) -> None:
         if why is not None:
             raise SpecError(f"model {model.name}: {why}")
     elif model.weight_dtype in FOUR_BIT:
-        # an MoE model's few dense MLPs in 4 bits are priced as FP8 (borrowed); a dense
-        # model's, or attention projections, are refused
+        # an MoE model's 4-bit dense MLPs and shared experts are priced (four_bit_linear_dtype);
+        # its 4-bit attention projections only from a measured nvfp4 grid; a dense model's
+        # other than NVFP4 are refused
         for module in ("attention",) if model.is_moe else ("attention", "dense_mlp"):
-            if model.module_weight_bytes(module) < model.dtype_bytes:
+            if model.module_weight_bytes(module) < model.dtype_bytes and not (
+                    model.is_moe and four_bit_linear_dtype(model, gpu, module) == "nvfp4"):
                 raise SpecError(f"model {model.name}: {model.weight_dtype} {module} linear "
                                 "layers (4-bit dense GEMMs) are not modelled")
+
+
+def four_bit_linear_dtype(model: ModelConfig, gpu: GPU, module: str) -> str | None:
+    """What the linear layers of ``module`` (a module class outside the routed experts:
+    ``attention``, ``dense_mlp``, ``shared_experts``) of a 4-bit MoE checkpoint (or one of its
+    dense layers, :func:`dense_layer`) run in on ``gpu``, or None where the checkpoint leaves
+    them at the model's dtype (its ``ignore`` / ``exclude_modules``), is not 4-bit or is a
+    dense model (whose layers run the caller's ``weight_dtype``: :func:`fp4_dense_refusal`).
+
+    ``nvfp4``: a ModelOpt NVFP4 checkpoint's quantized layers on a GPU with a measured nvfp4
+    GEMM grid (vLLM 0.15-0.33 ``modelopt.py`` ``ModelOptNvFp4LinearMethod`` on SM100: W4A4,
+    FlashInfer CuTe DSL / CUTLASS FP4 GEMMs, the grid AIConfigurator timed). ``fp8``
+    elsewhere (borrowed: one byte a weight at the FP8 peak; NVFP4 on a GPU without the grid,
+    where vLLM on Hopper runs Marlin weight-only, and INT4 W4A16 groups, no table times
+    either; :func:`check_modelled` refuses such attention projections)."""
+    if model.weight_dtype not in FOUR_BIT or not (model.is_moe or model.num_dense_layers) \
+            or model.module_weight_bytes(module) >= model.dtype_bytes:
+        return None
+    if model.weight_dtype == "nvfp4" and gpu.family == "blackwell" \
+            and gemm_table.table(gpu.name, "nvfp4") is not None:
+        return "nvfp4"
+    return "fp8"
 
 
 def fp4_dense_refusal(model: ModelConfig, gpu: GPU) -> str | None:
@@ -737,12 +761,9 @@ class StepCostModel:
                                 expert_parallel=expert_parallel,
                                 vllm_env=vllm_env) * (layers - dense)
         if dense:
-            # 4-bit dense MLPs of an MoE model: as FP8 GEMMs (borrowed: the nvfp4 grid is not
-            # used for them yet)
-            dense_dtype = "fp8" if model.weight_dtype in FOUR_BIT and \
-                model.module_weight_bytes("dense_mlp") < model.dtype_bytes else weight_dtype
+            # 4-bit dense MLPs of an MoE model: what four_bit_linear_dtype says
             lin = lin + linear_layer_time(dense_layer(model), gpu, tp, tokens, c,
-                                          dense_dtype) * dense
+                                          weight_dtype) * dense
         lin[0] = 0.0
         self._linear: list[float] = lin.tolist()
         b = model.dtype_bytes
