@@ -131,12 +131,7 @@ MOE_THRESHOLDS: dict[str, tuple[float, float, int]] = {
     # it shared a step with (1024-token prompts under load now 10-20% fast)
     "h200 int4 Kimi-K2.5": (0.035, 0.11, 18),
 }
-DP = "attention data parallelism (--data-parallel-size) is not modelled"
-MOE_NOT_RUN: dict[str, dict[str, int]] = {
-    "b200 fp4 Kimi-K2.5": {DP: 24},
-    "b200 fp4 MiniMax-M2.5": {DP: 2},
-    "b200 fp8 MiniMax-M2.5": {DP: 14},
-}
+MOE_NOT_RUN: dict[str, dict[str, int]] = {}
 
 
 @pytest.mark.slow
@@ -230,9 +225,24 @@ def test_moe_rows_run_the_checkpoint_and_split_they_record():
     assert not e2e.silicon_engine(tp)[0].enable_expert_parallel
     nightly = next(r for r in moe if r.image.startswith("nightly"))
     assert nightly.vllm_version is None
-    dp = dataclasses.replace(ep, attention_dp=2, moe_ep=4)
-    assert e2e.replay_silicon(dp).skipped == (
-        "attention data parallelism (--data-parallel-size) is not modelled")
+
+
+def test_attention_data_parallel_rows_run_tp_ranks_of_tp_1():
+    """A row with attention data parallelism ran InferenceX's ``DP_ATTENTION=true`` flags:
+    ``--tensor-parallel-size=1 --data-parallel-size=$TP --enable-expert-parallel`` (its
+    ``moe_ep`` of TP x DP counts the GPUs twice); it replays on the data-parallel engine."""
+    silicon, _ = fidelity_e2e.load(None)
+    dp = next(r for r in silicon if r.is_moe and r.attention_dp > 1
+              and r.model == "MiniMaxAI/MiniMax-M2.5" and r.precision == "fp8")
+    assert (dp.tp, dp.attention_dp, dp.moe_ep) in ((2, 2, 4), (4, 4, 16))
+    args = e2e.silicon_engine(dp)[0]
+    assert (args.tensor_parallel_size, args.data_parallel_size, args.enable_expert_parallel,
+            args.kv_cache_dtype, args.max_num_batched_tokens) == (
+        1, dp.tp, True, "fp8", 2 * dp.isl)
+    rep = e2e.replay_silicon(dataclasses.replace(dp, concurrency=2))
+    assert rep.skipped is None and rep.ttft_s and rep.tpot_s
+    odd = dataclasses.replace(dp, attention_dp=2, tp=4)
+    assert "DP = TP ranks of TP 1" in (e2e.replay_silicon(odd).skipped or "")
 
 
 @pytest.mark.slow
