@@ -152,9 +152,14 @@ class ServingRun:
     @property
     def group(self) -> str:
         """What the row is reported under: GPU and precision (``"h200 fp8"``), and for an MoE
-        row its model too (``"h200 fp8 MiniMax-M2.5"``)."""
+        row its model too (``"h200 fp8 MiniMax-M2.5"``); a row with attention data
+        parallelism apart from the model's others (``"b200 fp8 MiniMax-M2.5 attention-DP"``:
+        another engine, :mod:`chunktune.sim.engine.data_parallel`)."""
         group = f"{SILICON_GPUS.get(self.system, self.system)} {self.precision}"
-        return f"{group} {SILICON_MOE_MODELS[self.model][0]}" if self.is_moe else group
+        if not self.is_moe:
+            return group
+        dp = " attention-DP" if self.attention_dp > 1 else ""
+        return f"{group} {SILICON_MOE_MODELS[self.model][0]}{dp}"
 
     @property
     def request_steps(self) -> int:
