@@ -115,6 +115,9 @@ class EngineArgs:
     num_speculative_tokens: int | None = None
     """K inside ``speculative_config`` where searched (0: no speculative decoding)."""
     enable_expert_parallel: bool = _default("enable-expert-parallel")
+    data_parallel_size: int = _default("data-parallel-size")
+    """Attention data parallelism: the simulator runs it for an MoE model with
+    ``--enable-expert-parallel`` (:mod:`chunktune.sim.engine.data_parallel`)."""
     enable_logging_iteration_details: bool = _default("enable-logging-iteration-details")
     """Only ``sim serve`` reads it: its step log (:mod:`chunktune.core.steps`)."""
 
@@ -255,6 +258,9 @@ class ResolvedConfig:
         return self.speculative.num_speculative_tokens if self.speculative else None
     #: ``--enable-expert-parallel``: an MoE model's experts split whole across the ranks
     enable_expert_parallel: bool = False
+    #: ``--data-parallel-size``: ranks, each this configuration's attention, KV cache and
+    #: scheduler; the routed experts split over ``data_parallel_size x tensor_parallel_size``
+    data_parallel_size: int = 1
 
     def flags(self) -> dict[str, Any]:
         """The engine flags as the engine runs with them, as a point
@@ -414,6 +420,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
         draft_model=draft,
         max_num_queued_reqs=args.max_num_queued_reqs,
         enable_expert_parallel=args.enable_expert_parallel,
+        data_parallel_size=args.data_parallel_size,
     )
 
 

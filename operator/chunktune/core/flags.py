@@ -371,6 +371,11 @@ _ENTRIES: tuple[Flag, ...] = (
     Flag("enable-expert-parallel", "bool", VLLM_ENGINES,
          "split a mixture-of-experts model's experts whole across the ranks (expert "
          "parallelism) instead of sharding every expert", default=False),
+    Flag("data-parallel-size", "int", VLLM_ENGINES,
+         "data-parallel ranks: each a copy of the model's attention (tensor-parallel within "
+         "the rank) with its own scheduler and KV cache; an MoE model's experts split over "
+         "all the ranks with --enable-expert-parallel, the ranks stepping together",
+         int, _INT, minimum=1, default=1, aliases=("-dp",)),
     Flag("enable-logging-iteration-details", "bool", VLLM_ENGINES,
          "log one Iteration(N) line per engine step (the step log chunktune keeps of every "
          "trial); changes nothing else", default=False),

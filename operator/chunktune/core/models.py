@@ -307,7 +307,8 @@ class ModelConfig:
                    for n, width, dtype in self.rope_caches() - held)
 
     def weight_bytes(self, tp: int = 1,
-                     ropes_held: frozenset[tuple[int, int, str]] = frozenset()) -> float:
+                     ropes_held: frozenset[tuple[int, int, str]] = frozenset(),
+                     data_parallel: int = 1) -> float:
         """Weight bytes one tensor-parallel rank holds: what vLLM 0.33's model classes
         allocate, parameters and buffers (``bench/vllm_weights_reference.py`` builds them).
         Sharded across ranks: the attention projections, the MLPs and experts (split by
@@ -316,7 +317,10 @@ class ModelConfig:
         but under 0.01% of the weights). Whole on every rank: an MoE router, MLA's
         down-projections, a vision tower (:attr:`vision_params`) and the rotary embeddings'
         cos/sin caches (:meth:`rope_cache_bytes`, but ``ropes_held``). Each module class's
-        linear layers at :meth:`module_weight_bytes`, the rest at :attr:`dtype`."""
+        linear layers at :meth:`module_weight_bytes`, the rest at :attr:`dtype`.
+        ``data_parallel``: attention data-parallel ranks (``--data-parallel-size``); the routed
+        experts split over all ``data_parallel x tp`` ranks (expert parallel), the rest as at
+        ``tp`` (each rank a copy)."""
         L, b = self.num_hidden_layers, self.dtype_bytes
         mla_rep = self.mla_replicated_params_per_layer()
         attn = self.module_weight_bytes("attention")
@@ -325,7 +329,7 @@ class ModelConfig:
             + (self.embedding_params() + norms) * b
         if self.is_moe:
             sharded += self.num_moe_layers * (
-                self.expert_params() * self.module_weight_bytes("experts")
+                self.expert_params() * self.module_weight_bytes("experts") / data_parallel
                 + self.shared_expert_params() * self.module_weight_bytes("shared_experts"))
             dense = self.num_dense_layers + (self.num_moe_layers if self.dense_mlp_beside_moe
                                              else 0)

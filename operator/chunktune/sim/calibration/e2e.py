@@ -70,6 +70,7 @@ from chunktune.core.vllm_release import Version, parse_version
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.calibration.fidelity import measured_latencies, simulate_run
 from chunktune.sim.cost.fit.kernel_data import EngineRun
+from chunktune.sim.engine.data_parallel import DataParallelEngine, build_data_parallel_engine
 from chunktune.sim.engine.virtual import API_SERVER, Engine, ServerCost, build_engine
 
 #: silicon-e2e's ``system`` -> our GPU name.
@@ -151,9 +152,14 @@ class ServingRun:
     @property
     def group(self) -> str:
         """What the row is reported under: GPU and precision (``"h200 fp8"``), and for an MoE
-        row its model too (``"h200 fp8 MiniMax-M2.5"``)."""
+        row its model too (``"h200 fp8 MiniMax-M2.5"``); a row with attention data
+        parallelism apart from the model's others (``"b200 fp8 MiniMax-M2.5 attention-DP"``:
+        another engine, :mod:`chunktune.sim.engine.data_parallel`)."""
         group = f"{SILICON_GPUS.get(self.system, self.system)} {self.precision}"
-        return f"{group} {SILICON_MOE_MODELS[self.model][0]}" if self.is_moe else group
+        if not self.is_moe:
+            return group
+        dp = " attention-DP" if self.attention_dp > 1 else ""
+        return f"{group} {SILICON_MOE_MODELS[self.model][0]}{dp}"
 
     @property
     def request_steps(self) -> int:
@@ -267,7 +273,9 @@ def _moe_engine(run: ServingRun, gpu_name: str
     if run.precision not in configs:
         raise SpecError(f"{short} in {run.precision} is not a checkpoint the replay knows")
     if run.attention_dp > 1:
-        raise SpecError("attention data parallelism (--data-parallel-size) is not modelled")
+        return _dp_args(run), resolve_model(config_path=MOE_CONFIGS / configs[run.precision]), \
+            resolve_gpu(gpu_name), \
+            parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
     if run.moe_ep not in (1, run.tp):
         raise SpecError(f"experts split {run.moe_tp} x {run.moe_ep} over TP {run.tp}: only "
                         "TP-sharded or expert-parallel over the TP ranks is modelled")
@@ -286,6 +294,26 @@ def _moe_engine(run: ServingRun, gpu_name: str
                           gpu_memory_utilization=0.9, max_model_len=_model_len(run),
                           enable_expert_parallel=ep)
     return args, model, resolve_gpu(gpu_name), version
+
+
+def _dp_args(run: ServingRun) -> EngineArgs:
+    """A row with attention data parallelism: InferenceX's scripts with ``DP_ATTENTION=true``
+    serve ``--tensor-parallel-size=1 --data-parallel-size=$TP --enable-expert-parallel`` (its
+    B200 MoE scripts), so the row's ``tp`` GPUs are ``tp`` ranks of TP 1 (the row's
+    ``moe_ep`` of ``tp x attention_dp`` counts them twice); the script's other flags as for
+    the row's image (:func:`_b200_minimax_args`; Kimi-K2.5 as :func:`_moe_engine`'s)."""
+    if run.attention_dp != run.tp:
+        raise SpecError(f"attention data parallelism {run.attention_dp} over TP {run.tp}: "
+                        "InferenceX's scripts run DP = TP ranks of TP 1")
+    short = SILICON_MOE_MODELS[run.model][0]
+    if short == "MiniMax-M2.5":
+        base = _b200_minimax_args(run, True)
+    else:
+        base = EngineArgs(async_scheduling=True, max_num_batched_tokens=8192,
+                          max_num_seqs=run.concurrency, gpu_memory_utilization=0.9,
+                          max_model_len=_model_len(run))
+    return replace(base, tensor_parallel_size=1, data_parallel_size=run.tp,
+                   enable_expert_parallel=True)
 
 
 def _b200_minimax_args(run: ServingRun, expert_parallel: bool) -> EngineArgs:
@@ -342,7 +370,7 @@ def moe_config_files() -> list[str]:
                     if (MOE_CONFIGS / n.replace("_config.json", "_hf_quant_config.json")).exists()]
 
 
-def replay_client(engine: Engine, run: ServingRun, server: ServerCost,
+def replay_client(engine: Engine | DataParallelEngine, run: ServingRun, server: ServerCost,
                   seed: int = CLIENT_SEED) -> tuple[float, float]:
     """(mean TTFT, mean TPOT) of ``run`` replayed as InferenceX's client sent it (see the
     module docstring): ``PROMPTS_PER_SLOT`` x ``run.concurrency`` requests of drawn lengths,
@@ -373,7 +401,10 @@ def replay_silicon(run: ServingRun) -> Replay:
     base = Replay(run.name, group, run.ttft_s, run.tpot_s)
     try:
         args, model, gpu, version = silicon_engine(run)
-        engine = build_engine(args, model, gpu, version, silicon_env(run))
+        engine: Engine | DataParallelEngine = (
+            build_data_parallel_engine(args, model, gpu, version, silicon_env(run))
+            if args.data_parallel_size > 1 else
+            build_engine(args, model, gpu, version, silicon_env(run)))
     except SpecError as e:
         return _skip(base, str(e))
     except EngineStartupError as e:

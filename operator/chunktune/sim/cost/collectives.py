@@ -253,3 +253,21 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
         return nccl
     custom = CUSTOM_AR_LATENCY_S + ring_factor(tp) * s / (link * eff)
     return np.where(s <= CUSTOM_AR_MAX_BYTES, custom, nccl)
+
+
+def nccl_gather_scatter_s(nbytes: float | np.ndarray, n: int, gpu: GPU,
+                          c: CollectiveCoefficients | None = None,
+                          interconnect: Interconnect | None = None) -> Any:
+    """Seconds of an NCCL all-gather that builds a tensor of ``nbytes`` on each of ``n`` ranks
+    and the reduce-scatter that returns it (0 at one rank): the dispatch and combine of
+    vLLM's ``allgather_reducescatter`` all2all backend (``AgRsAll2AllManager``, the default
+    of vLLM 0.17-0.19, pynccl's ``all_gatherv`` and ``reduce_scatterv`` over the data-parallel
+    group). Each is a ring of ``n - 1`` steps, half an all-reduce's: the NCCL curve fitted on
+    Vidur's all-reduces (:func:`nccl_allreduce_s`) with its latency paid twice."""
+    s = np.asarray(nbytes, dtype=np.float64)
+    if n <= 1:
+        return np.zeros_like(s)
+    c = c or collective_coefficients()
+    ic = interconnect or gpu_interconnect(gpu)
+    link, kind = ic.bottleneck(n)
+    return c.latency_s + nccl_allreduce_s(s, n, link, c.link_eff[kind], c)

@@ -48,7 +48,7 @@ from chunktune.core.gpus import GPU
 from chunktune.core.models import DTYPE_BYTES, SLIDING, ModelConfig
 from chunktune.sim.cost import gemm_table, mla_table, moe_table
 from chunktune.sim.cost.coefficients import KernelCoefficients, coefficients
-from chunktune.sim.cost.collectives import Interconnect, tp_allreduce_s
+from chunktune.sim.cost.collectives import Interconnect, nccl_gather_scatter_s, tp_allreduce_s
 
 #: Weight dtypes the linear operators run in: ``bf16`` (also fp16), ``fp8`` (an FP8
 #: checkpoint or ``--quantization fp8``: FP8 weights and per-tensor scaled FP8 activations) and
@@ -728,7 +728,8 @@ class StepCostModel:
                  enforce_eager: bool = False, interconnect: Interconnect | None = None,
                  weight_dtype: str | None = None, kv_dtype_bytes: float | None = None,
                  async_scheduling: bool = False, expert_parallel: bool = False,
-                 vllm_env: Mapping[str, str] | None = None) -> None:
+                 vllm_env: Mapping[str, str] | None = None,
+                 data_parallel_size: int = 1) -> None:
         """``weight_dtype``: what the linear layers run in (``WEIGHT_DTYPES``; None: the
         model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``, ``nvfp4`` for a dense
         NVFP4 checkpoint); ``kv_dtype_bytes``:
@@ -736,7 +737,10 @@ class StepCostModel:
         part of a step overlaps the GPU's (see the module docstring); ``expert_parallel``:
         ``--enable-expert-parallel`` (the experts split whole across the TP ranks,
         :func:`moe_time`); ``vllm_env``: the vLLM environment variables the server ran with,
-        where they choose the MoE kernel (:func:`moe_weight_format`)."""
+        where they choose the MoE kernel (:func:`moe_weight_format`); ``data_parallel_size``:
+        attention data-parallel ranks of an expert-parallel MoE model: the step of one rank
+        leaves out the routed experts, which :meth:`dp_experts_time` prices on the tokens of
+        all ranks."""
         if weight_dtype is None:
             weight_dtype = model.weight_dtype if model.weight_dtype == "fp8" or (
                 model.weight_dtype == "nvfp4" and not model.is_moe) else "bf16"
@@ -755,6 +759,7 @@ class StepCostModel:
         self.c = c = coefficients(gpu)
         layers = model.num_hidden_layers
         tokens = np.arange(max_tokens + 1, dtype=np.float64)
+        b = model.dtype_bytes
         # an MoE model's dense layers (first_k_dense_replace, moe_layer_freq) run a dense MLP
         dense = model.num_dense_layers if model.is_moe else 0
         lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype,
@@ -764,9 +769,32 @@ class StepCostModel:
             # 4-bit dense MLPs of an MoE model: what four_bit_linear_dtype says
             lin = lin + linear_layer_time(dense_layer(model), gpu, tp, tokens, c,
                                           weight_dtype) * dense
+        self.data_parallel_size = dp = data_parallel_size
+        self._dp_experts: list[float] = []
+        if dp > 1:
+            if not (model.is_moe and expert_parallel):
+                raise SpecError("--data-parallel-size is modelled for a mixture-of-experts "
+                                "model with --enable-expert-parallel only",
+                                field="--data-parallel-size")
+            moe_layers = layers - dense
+            # the routed experts leave the rank's own step: they run on every rank's tokens
+            lin = lin - moe_time(model, gpu, tp, tokens, c, weight_dtype, True,
+                                 expert_parallel, vllm_env) * moe_layers
+            gathered = np.arange(dp * max_tokens + 1, dtype=np.float64)
+            # each of the dp x tp ranks holds 1/(dp x tp) of the experts whole (vLLM: EP size
+            # = DP x TP); the measured layer's time at the tokens of all ranks
+            ex = moe_time(model, gpu, tp * dp, gathered, c, weight_dtype, True, True,
+                          vllm_env) * moe_layers
+            # vLLM's default all2all backend (allgather_reducescatter): every MoE layer
+            # gathers the ranks' hidden states (and their top-k ids and weights, 4 bytes
+            # each) and reduce-scatters the experts' outputs, over NCCL
+            per_token = model.hidden_size * b + 8 * model.num_experts_per_tok
+            ex = ex + moe_layers * nccl_gather_scatter_s(gathered * per_token, dp, gpu,
+                                                         interconnect=interconnect)
+            ex[0] = 0.0
+            self._dp_experts = ex.tolist()
         lin[0] = 0.0
         self._linear: list[float] = lin.tolist()
-        b = model.dtype_bytes
         self._B = gpu.hbm_tb_s * 1e12 * c.gemm_memory_eff
         # an FP8 cache (1 byte an element) costs what its kernels were measured to take
         fp8_kv = kv_dtype_bytes == 1
@@ -864,6 +892,18 @@ class StepCostModel:
         per = (lin[self.max_tokens] - lin[self.max_tokens // 2]) / (self.max_tokens // 2)
         return lin[self.max_tokens] + per * (tokens - self.max_tokens)
 
+    def dp_experts_time(self, gathered_tokens: int) -> float:
+        """The routed experts of a data-parallel step (``data_parallel_size > 1``): every MoE
+        layer on the ``gathered_tokens`` of all ranks (each rank's tokens padded to the
+        largest rank's, as vLLM's DPMetadata pads them), the experts split over the ranks,
+        with the dispatch and combine between the ranks."""
+        ex = self._dp_experts
+        top = len(ex) - 1
+        if gathered_tokens <= top:
+            return ex[gathered_tokens]
+        per = (ex[top] - ex[top // 2]) / (top - top // 2)
+        return ex[top] + per * (gathered_tokens - top)
+
     def allreduce_time(self, tokens: int) -> float:
         """All layers' tensor-parallel all-reduces for a step of ``tokens`` tokens."""
         if tokens <= self.max_tokens:
@@ -895,11 +935,13 @@ class StepCostModel:
 
     def step_time(self, num_tokens: int, num_reqs: int, num_logits: int,
                   prefill_chunks: list[tuple[int, int]], num_decodes: int,
-                  decode_context_tokens: int) -> float:
+                  decode_context_tokens: int, gathered_tokens: int = 0) -> float:
         """Seconds for one step.
 
         ``prefill_chunks``: ``(chunk_tokens, already_computed_tokens)`` per prefilling request;
-        ``decode_context_tokens``: the summed context length of the decodes.
+        ``decode_context_tokens``: the summed context length of the decodes;
+        ``gathered_tokens``: with data parallelism, the tokens of all ranks the routed experts
+        run on (:meth:`dp_experts_time`, part of the GPU's time).
         """
         if num_tokens == 0:
             return 0.0
@@ -915,6 +957,8 @@ class StepCostModel:
         host = self._overhead + self._per_req * num_reqs
         t = self.forward_time(num_tokens, num_logits, prefill_chunks, num_decodes,
                               decode_context_tokens)
+        if self._dp_experts:
+            t += self.dp_experts_time(gathered_tokens)
         return max(host, t) if self.async_scheduling else host + t
 
     def forward_time(self, num_tokens: int, num_logits: int,

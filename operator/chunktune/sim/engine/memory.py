@@ -248,9 +248,11 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
     total = cfg.gpu.memory_bytes
     tp = cfg.tensor_parallel_size
     draft = drafter(cfg)
-    weights = cfg.model.weight_bytes(tp) + (
+    dp = cfg.data_parallel_size
+    weights = cfg.model.weight_bytes(tp, data_parallel=dp) + (
         draft.weight_bytes(tp, ropes_held=cfg.model.rope_caches()) if draft else 0.0)
-    non_torch = (NON_TORCH_TP1_GIB if tp == 1 else NON_TORCH_TP_GIB) * GiB
+    # the NCCL buffers of a rank in a group: the TP group's, or the experts' across DP ranks
+    non_torch = (NON_TORCH_TP1_GIB if tp * dp == 1 else NON_TORCH_TP_GIB) * GiB
     fwd = forward_activation_bytes(cfg)
     smp = sampler_activation_bytes(cfg)
     act = max(fwd, smp)

@@ -114,7 +114,8 @@ class Engine:
                                   kv_dtype_bytes=cfg.kv_cache_dtype_bytes,
                                   async_scheduling=cfg.async_scheduling,
                                   expert_parallel=cfg.enable_expert_parallel,
-                                  vllm_env=vllm_env)
+                                  vllm_env=vllm_env,
+                                  data_parallel_size=cfg.data_parallel_size)
         self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
         #: the drafter's time per step, with speculative decoding
         self.draft = DraftCost.build(cfg.speculative, self.cost, drafter(cfg)) \
@@ -345,5 +346,10 @@ def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU,
     :class:`Engine`); raises EngineStartupError on failure and SpecError for a setting the
     simulator does not model."""
     args.check_simulated()
+    if args.data_parallel_size > 1:
+        raise SpecError([("--data-parallel-size", "data parallelism above 1 is not simulated "
+                          "here yet: the simulator runs it (an MoE model's ranks stepping "
+                          "together, chunktune.sim.engine.data_parallel) only in its fidelity "
+                          "replay (bench/fidelity_e2e.py)")])
     cfg = resolve(args, model, gpu, version)
     return Engine(cfg, plan_memory(cfg), vllm_env)
