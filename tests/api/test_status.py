@@ -58,6 +58,16 @@ def test_shape() -> None:
         "metrics": {"long-context.ttft_p99": 1.0, "chat.itl_p99": 0.04}}
 
 
+def test_a_baseline_that_stays_best_reads_no_change() -> None:
+    """When no trial beats the defaults, the best is the baseline and its Improvement column
+    reads 0% (as the results file's improvement does), not an empty cell."""
+    trials = [trial(0, ttft=1.0), trial(1, ttft=2.0)]
+    status = render_status(StudySummary(
+        phase="Succeeded", trials=trials, objectives=[("ttft_p99", "minimize")], baseline=0,
+        best=0))
+    assert status["best"]["trial"] == 0 and status["best"]["improvement"] == "0%"
+
+
 def test_trials_are_bounded_but_counted() -> None:
     trials = [trial(n) for n in reversed(range(120))]
     status = render_status(StudySummary(phase="Succeeded", trials=trials, max_trials=120,

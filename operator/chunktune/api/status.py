@@ -360,8 +360,8 @@ def improvement(value: float, baseline: float) -> str | None:
 
 def _point(t: TrialRecord, baseline: TrialRecord | None = None,
            objectives: Sequence[tuple[str, str]] = ()) -> TrialPoint:
-    change = None
-    if baseline is not None and objectives and t.number != baseline.number:
+    change = None  # the baseline's own point reads 0% (results.improvement says the same)
+    if baseline is not None and objectives:
         key = objectives[0][0]
         if key in t.metrics and key in baseline.metrics:
             change = improvement(t.metrics[key], baseline.metrics[key])
