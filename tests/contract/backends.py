@@ -62,7 +62,10 @@ class BackendContract:
 
         def report(index: int, metrics: dict[str, float]) -> bool:
             seen.append(index)
-            assert "ttft_p99" in metrics
+            # a window's latencies are those of the requests it saw finish: a window in which
+            # none finished (a slow engine on a busy machine) carries its counters only
+            assert "request_rate" in metrics
+            assert "ttft_p99" in metrics or metrics["request_rate"] == 0, metrics
             return len(seen) >= 2
 
         p = plan(4, **{"max-num-batched-tokens": 2048})
