@@ -33,7 +33,7 @@ from chunktune.core.workload import RequestSpec
 from chunktune.sim.engine.memory import MemoryPlan, plan_memory
 from chunktune.sim.engine.request import REJECTED, Request
 from chunktune.sim.engine.scheduler import Scheduler, StepPlan
-from chunktune.sim.engine.virtual import Engine, ReplayResult, StepColumns
+from chunktune.sim.engine.virtual import Engine, ReplayResult, StepColumns, next_event
 
 
 class DataParallelEngine:
@@ -125,10 +125,7 @@ class DataParallelEngine:
                 r = heapq.heappop(deferred)[2]
                 scheds[self.route(scheds)].add_request(r)
             if not any(s.has_work for s in scheds):
-                nxt = deferred[0][0] if deferred else float("inf")
-                arrival = specs[idx].arrival if not closed and idx < len(specs) else None
-                if arrival is not None:
-                    nxt = min(nxt, arrival)
+                nxt = next_event(deferred, specs, idx, closed)
                 if nxt == float("inf"):
                     break
                 now = nxt

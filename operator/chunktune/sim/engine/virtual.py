@@ -99,6 +99,16 @@ class ReplayResult:
     rejected: list[tuple[Request, str]]
 
 
+def next_event(deferred: list[tuple[float, int, Request]], specs: list[RequestSpec],
+               idx: int, closed: bool) -> float:
+    """When an engine with nothing to schedule next has work: the first request handed to
+    the scheduler after the server's cost (``deferred``, a heap) or, open loop, the next
+    arrival (``specs[idx]``); infinity when neither is left."""
+    nxt = deferred[0][0] if deferred else float("inf")
+    arrival = specs[idx].arrival if not closed and idx < len(specs) else None
+    return nxt if arrival is None else min(nxt, arrival)
+
+
 class Engine:
     """A started engine: its resolved configuration, memory plan, scheduler and cost model."""
 
@@ -277,10 +287,7 @@ class Engine:
             while deferred and deferred[0][0] <= now:
                 sched.add_request(heapq.heappop(deferred)[2])
             if not sched.has_work:
-                nxt = deferred[0][0] if deferred else float("inf")
-                arrival = specs[idx].arrival if not closed and idx < n_specs else None
-                if arrival is not None:
-                    nxt = min(nxt, arrival)
+                nxt = next_event(deferred, specs, idx, closed)
                 if nxt == float("inf"):
                     break
                 now = nxt
