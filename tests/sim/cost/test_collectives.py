@@ -177,3 +177,23 @@ def test_committed_vllm_allreduce_table_matches_raw_data():
         assert a.us == pytest.approx(b.us, rel=1e-3)
     # message_size counts bf16 elements: bytes are twice it
     assert min(r.nbytes for r in raw) == 2 * 128
+
+
+def test_a_gpu_held_out_borrows_the_table_of_its_interconnect():
+    """Which measured table or fitted form a GPU's all-reduce comes from, given the GPUs
+    measured (the kernel report holds each out this way): the H200 without its own table
+    reads the H100's (the same NVLink 4 board), the B200 without its own has no NVLink 5
+    neighbour and takes the H100's fitted form, a PCIe GPU no NVLink table (the engine runs
+    NCCL's curve over PCIe)."""
+    h100, h200, b200 = (resolve_gpu(g) for g in ("h100-sxm", "h200", "b200"))
+    assert col.same_interconnect(h100, h200) and not col.same_interconnect(h100, b200)
+    measured = {"a100-sxm", "b200", "h100-sxm", "l40s", "rtx-pro-6000"}
+    assert col.measured_allreduce_source(h200, measured) == "h100-sxm"
+    assert col.measured_allreduce_source(b200, measured - {"b200"}) is None
+    assert col.vllm_allreduce_source(b200, measured - {"b200"}) == "h100-sxm"
+    assert col.measured_allreduce_source(resolve_gpu("l40s"), measured - {"l40s"}) is None
+    # a table read as the engine reads it: the measured point at a measured size
+    table = col.allreduce_tables(r for r in aic_data.read_committed_allreduce()
+                                 if r.gpu == "h100-sxm")[("h100-sxm", 2)]
+    assert float(col.table_allreduce_s(table, np.array(2.0**20))) == pytest.approx(
+        float(col.tp_allreduce_s(2.0**20, 2, h100)), rel=1e-9)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from chunktune.core.gpus import resolve_gpu
-from chunktune.sim.cost import aic_data, moe_table
+from chunktune.sim.cost import aic_data, collectives, moe_table
 from chunktune.sim.cost.coefficients import (
     GROUPS,
     POOLED,
@@ -67,8 +67,10 @@ THRESHOLDS: dict[tuple[str, str], tuple[float, float]] = {
     ("attention-kv-fp8", "in-sample"): (0.05, 0.10),
     ("attention-kv-fp8", "loo-gpu"): (0.135, 0.40),
     ("all-reduce", "in-sample"): (0.19, 0.56),
-    # 52.7% before the H200 was measured (the H100 was held out from the B200's)
-    ("all-reduce", "loo-gpu"): (0.22, 0.99),
+    # 52.7% before the H200 was measured (the H100 was held out from the B200's); 21.0% ->
+    # 20.7% when the H100 and H200 were held out from each other's table, as the engine
+    # borrows it, not from the other's fitted form (2026-12-06)
+    ("all-reduce", "loo-gpu"): (0.21, 0.99),
     ("moe", "in-sample"): (0.145, 0.165),
     ("moe", "loo-gpu"): (0.20, 0.21),
     # the neighbour's measured MoE layers scaled per regime (moe_table.lent): 15.3% here, the
@@ -375,3 +377,27 @@ def test_mla_module_held_out_from_a_neighbours_table():
     summary = kernel_report.summarize(rows)
     assert summary[("mla-decode", "loo-table")] <= 0.105
     assert summary[("mla-prefill", "loo-table")] <= 0.08
+
+
+def test_held_out_allreduce_is_borrowed_as_the_engine_borrows_it():
+    """A GPU held out of the all-reduce family is predicted by the engine's own path with its
+    table and coefficients removed (collectives.tp_allreduce_s): the H100 and H200 (the same
+    NVLink 4 board) from each other's measured table, 3% off (11.8% / 10.3% from the other's
+    fitted form, which the report used before); the A100 and B200 (no other GPU of their NVLink
+    generation measured) from the H100's fitted form at their own data sheets; the PCIe GPUs
+    from NCCL's curve."""
+    meas = measurements.load(None)
+    lender = {}
+    for g in ("a100-sxm", "b200", "h100-sxm", "h200", "l40s", "rtx-pro-6000"):
+        lender[g], err = kernel_report.held_out_allreduce_errors(g, coefficients, meas)
+        if g in ("h100-sxm", "h200"):
+            assert float(np.median(err)) < 0.05, g
+    assert lender == {"a100-sxm": "h100-sxm", "b200": "h100-sxm", "h100-sxm": "h200's table",
+                      "h200": "h100-sxm's table", "l40s": "vidur-nccl",
+                      "rtx-pro-6000": "vidur-nccl"}
+    # the H200 held out reads exactly what the engine runs on the H100
+    rows = [r for r in meas.allreduce if r.gpu == "h200"]
+    _, err = kernel_report.held_out_allreduce_errors("h200", coefficients, meas)
+    h100 = np.array([float(collectives.tp_allreduce_s(float(r.nbytes), r.ranks,
+                                                      resolve_gpu("h100-sxm"))) for r in rows])
+    assert np.allclose(err, np.abs(h100 * 1e6 / np.array([r.us for r in rows]) - 1))

@@ -31,6 +31,7 @@ custom all-reduce up to ``CUSTOM_AR_MAX_BYTES`` on a given NVLink.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -162,27 +163,51 @@ def gpu_interconnect(gpu: GPU) -> Interconnect:
     return Interconnect(0.0, 1, "nvlink-bridge", gpu.link_gb_s)
 
 
-@lru_cache(maxsize=1)
-def _measured() -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
-    """(GPU, ranks) -> (log bytes, log seconds) of vLLM's measured all-reduce, made
+def allreduce_tables(rows: Iterable[aic_data.AllReduceRow]
+                     ) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
+    """(GPU, ranks) -> (log bytes, log seconds) of vLLM's measured all-reduce ``rows``, made
     non-decreasing (:func:`chunktune.sim.cost.aic_data.envelope`)."""
     acc: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for r in aic_data.read_committed_allreduce():
+    for r in rows:
         acc.setdefault((r.gpu, r.ranks), []).append((float(r.nbytes), r.us * 1e-6))
     return {k: (np.log([b for b, _ in sorted(v)]),
                 aic_data.envelope(np.log([t for _, t in sorted(v)])))
             for k, v in acc.items()}
 
 
-def measured_allreduce_source(gpu: GPU) -> str | None:
+@lru_cache(maxsize=1)
+def _measured() -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
+    """:func:`allreduce_tables` of the committed measurements."""
+    return allreduce_tables(aic_data.read_committed_allreduce())
+
+
+def table_allreduce_s(table: tuple[np.ndarray, np.ndarray], nbytes: np.ndarray) -> np.ndarray:
+    """Seconds of an all-reduce of ``nbytes`` read off a measured ``table`` (log bytes, log
+    seconds): interpolated in log bytes and log time, proportional to the bytes beyond the
+    largest measured message."""
+    lb, lt = table
+    ls = np.log(np.maximum(nbytes, 1.0))
+    t = np.interp(ls, lb, lt)
+    out: np.ndarray = np.exp(np.where(ls > lb[-1], lt[-1] + ls - lb[-1], t))
+    return out
+
+
+def same_interconnect(a: GPU, b: GPU) -> bool:
+    """Whether two GPUs' all-reduces run over the same interconnect: the same link bandwidth
+    and the same family (its NVLink generation), e.g. the H100 SXM and H200 on NVLink 4."""
+    return a.link_gb_s == b.link_gb_s and a.family == b.family
+
+
+def measured_allreduce_source(gpu: GPU, measured: Collection[str] | None = None
+                              ) -> str | None:
     """The measured GPU whose vLLM all-reduce tables ``gpu`` uses: itself, or its nearest
-    measured GPU (``coefficients.NEAREST``) on the same interconnect (the same NVLink
-    generation and bandwidth: the H200 on the H100's NVSwitch board); None where none is."""
-    measured = {g for g, _ in _measured()}
+    measured GPU (``coefficients.NEAREST``) on the same interconnect
+    (:func:`same_interconnect`: the H200 on the H100's NVSwitch board); None where none is.
+    ``measured``: the GPUs with tables (default: the committed ones; the kernel report passes
+    them less the GPU it holds out)."""
+    have = {g for g, _ in _measured()} if measured is None else set(measured)
     for name in (gpu.name, *NEAREST.get(gpu.name, ())):
-        if name in measured and (name == gpu.name or (
-                resolve_gpu(name).link_gb_s == gpu.link_gb_s
-                and resolve_gpu(name).family == gpu.family)):
+        if name in have and (name == gpu.name or same_interconnect(resolve_gpu(name), gpu)):
             return name
     return None
 
@@ -194,13 +219,14 @@ def measured_allreduce_table(gpu: GPU, ranks: int) -> tuple[np.ndarray, np.ndarr
     return None if src is None else _measured().get((src, ranks))
 
 
-def vllm_allreduce_source(gpu: GPU) -> str | None:
+def vllm_allreduce_source(gpu: GPU, measured: Collection[str] | None = None) -> str | None:
     """The measured GPU whose fitted vLLM all-reduce ``gpu`` uses: itself, else the first of
     ``coefficients.NEAREST`` with a measured table on the same kind of link (NVLink or PCIe);
-    None where there is none (then NCCL's curve, :func:`nccl_allreduce_s`)."""
-    measured = {g for g, _ in _measured()}
+    None where there is none (then NCCL's curve, :func:`nccl_allreduce_s`). ``measured``: as
+    :func:`measured_allreduce_source`."""
+    have = {g for g, _ in _measured()} if measured is None else set(measured)
     for name in (gpu.name, *NEAREST.get(gpu.name, ())):
-        if name in measured and resolve_gpu(name).nvlink == gpu.nvlink:
+        if name in have and resolve_gpu(name).nvlink == gpu.nvlink:
             return name
     return None
 
@@ -236,10 +262,7 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
     if interconnect is None and gpu.nvlink:
         table = measured_allreduce_table(gpu, tp)
         if table is not None:
-            lb, lt = table
-            ls = np.log(np.maximum(s, 1.0))
-            t = np.interp(ls, lb, lt)
-            return np.exp(np.where(ls > lb[-1], lt[-1] + ls - lb[-1], t))
+            return table_allreduce_s(table, s)
         src = vllm_allreduce_source(gpu)
         if src is not None:
             k = kernel_coefficients(src)

@@ -6,10 +6,12 @@ coefficients of its nearest other GPU whose data has the family
 (:func:`chunktune.sim.cost.fit.measurements.borrow_source`), the decode attention terms
 fitted on the pool of the other GPUs running its FlashAttention generation
 (``coefficients.POOLED``), the prefill tile rate carried over by the committed rule
-(``coefficients.tile_rule``), and its own data sheet; GEMMs and MoE layers also from that GPU's
-measured table scaled by the data sheets (``loo-table``). A family a GPU
-has no data for is listed as such (``missing``), never filled in. Relative error is
-``|predicted / measured - 1|``; each row gives its median and p90.
+(``coefficients.tile_rule``), vLLM's all-reduce from the measured table of another GPU on the
+same interconnect where there is one (``collectives.measured_allreduce_source``, as the engine
+borrows it), and its own data sheet; GEMMs and MoE layers also from that GPU's measured table
+scaled by the data sheets (``loo-table``). A family a GPU has no data for is listed as such
+(``missing``), never filled in. Relative error is ``|predicted / measured - 1|``; each row
+gives its median and p90.
 """
 
 from __future__ import annotations
@@ -144,10 +146,10 @@ def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients],
                   rule: str | None = None) -> list[ErrorRow]:
     """Per family and GPU: in sample (its own coefficients), held out (``loo-gpu``: its
     nearest other measured GPU's, the attention groups of ``coefficients.POOLED`` fitted on
-    their pool without it, :func:`held_out`; for a PCIe GPU's all-reduces, NCCL's curve, which the
-    engine runs over PCIe; for GEMMs also ``loo-table``: that GPU's measured table scaled by
-    the data sheets, :func:`lent_table_errors`), and ``missing`` rows for GPUs without
-    data. ``rule``: how a borrowed prefill tile rate carries over
+    their pool without it, :func:`held_out`; all-reduces as the engine borrows them,
+    :func:`held_out_allreduce_errors`; for GEMMs also ``loo-table``: that GPU's measured
+    table scaled by the data sheets, :func:`lent_table_errors`), and ``missing`` rows for GPUs
+    without data. ``rule``: how a borrowed prefill tile rate carries over
     (``coefficients.TILE_RATE_RULES``; default the committed one)."""
     rule = tile_rule() if rule is None else rule
     have = families_with_data(meas)
@@ -163,9 +165,9 @@ def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients],
             own = family_errors(fam, g, coef(g), meas)
             assert own is not None
             rows.append(ErrorRow.of(fam, g, "in-sample", own))
-            if fam == "all-reduce" and not resolve_gpu(g).nvlink:
-                rows.append(ErrorRow.of(fam, f"{g} from vidur-nccl", "loo-gpu",
-                                        pcie_allreduce_errors(g, meas)))
+            if fam == "all-reduce":
+                lender, held_ar = held_out_allreduce_errors(g, coef, meas)
+                rows.append(ErrorRow.of(fam, f"{g} from {lender}", "loo-gpu", held_ar))
                 continue
             src = borrow_source(g, fam, have)
             if src is not None:
@@ -216,6 +218,33 @@ def held_out(gpu: str, fam: str, src: str, coef: Callable[[str], KernelCoefficie
         if members:
             c = ff.with_values(c, pooled_fit(pf, members, coef, meas, cache))
     return c
+
+
+def held_out_allreduce_errors(gpu: str, coef: Callable[[str], KernelCoefficients],
+                              meas: Measurements) -> tuple[str, np.ndarray]:
+    """(what predicts it, |relative error|) on ``gpu``'s measured vLLM all-reduces with its
+    own table and coefficients removed, the engine's path (:func:`collectives.tp_allreduce_s`)
+    on the other GPUs' measurements: on NVLink the table of the nearest measured GPU on the
+    same interconnect (:func:`collectives.measured_allreduce_source`), else the fitted form
+    of the nearest measured NVLink GPU (:func:`collectives.vllm_allreduce_source`) at
+    ``gpu``'s data sheet; over PCIe NCCL's curve (:func:`pcie_allreduce_errors`)."""
+    g = resolve_gpu(gpu)
+    others = {r.gpu for r in meas.allreduce} - {gpu}
+    mine = [r for r in meas.allreduce if r.gpu == gpu]
+    us = np.array([r.us for r in mine])
+    src = col.measured_allreduce_source(g, others) if g.nvlink else None
+    if src is not None:
+        tables = col.allreduce_tables(r for r in meas.allreduce if r.gpu == src)
+        pred = np.array([float(col.table_allreduce_s(tables[(src, r.ranks)],
+                                                     np.array(float(r.nbytes))))
+                         for r in mine]) * 1e6
+        tab: np.ndarray = np.abs(pred / us - 1)
+        return f"{src}'s table", tab
+    src = col.vllm_allreduce_source(g, others) if g.nvlink else None
+    if src is not None:
+        form: np.ndarray = np.abs(ff.allreduce_pred_us(coef(src), g, mine) / us - 1)
+        return src, form
+    return "vidur-nccl", pcie_allreduce_errors(gpu, meas)
 
 
 def pcie_allreduce_errors(gpu: str, meas: Measurements) -> np.ndarray:
