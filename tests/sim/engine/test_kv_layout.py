@@ -8,10 +8,11 @@ for the same available KV memory, budget 8192 tokens and async scheduling on.
 
 The available bytes are given (``kv_cache_memory_bytes``), so these tests check the KV layout
 alone; they are the simulator's KV memory for each engine, with the weights vLLM 0.33's model
-classes allocate (``test_weights.py``, rotary caches included). The rest of start-up memory is
-the dense models' calibration, not measured on these models: activation peak, non-torch
-memory and CUDA graphs as ``sim/engine/memory.py`` states them (docs/simulator.md, "Model
-families", says what an error there does to the KV tokens).
+classes allocate (``test_weights.py``, rotary caches included) and the fused-MoE workspace
+their profile run keeps (``test_activation.py``), at the time each row was computed. The rest
+of start-up memory is the dense models' calibration, not measured on these models: activation
+peak, non-torch memory and CUDA graphs as ``sim/engine/memory.py`` states them
+(docs/simulator.md, "Model families", says what an error there does to the KV tokens).
 """
 
 from __future__ import annotations

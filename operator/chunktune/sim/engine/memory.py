@@ -17,6 +17,10 @@ Calibration (each figure from a published vLLM start-up log; see ``docs/simulato
 - non-torch memory: 0.25 GiB at TP1, ~2.1 GiB with TP >= 2 (NCCL buffers), same logs;
 - CUDA graphs: 0.9 GiB for an 8B model, 1.7 GiB for a 70B model at the default 67 capture
   sizes, same logs.
+
+Derived from vLLM 0.33's code instead (:mod:`.activation`; not measured): the fused-MoE
+workspace the profile run leaves allocated (added under both passes' peak) and MLA's and the
+MXFP4 experts' transients of the forward pass.
 """
 
 from __future__ import annotations
