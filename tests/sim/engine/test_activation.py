@@ -98,12 +98,13 @@ def test_the_moe_workspace_stays_allocated_under_the_sampler_warm_up(
 
 
 def test_deepseek_v3_kv_cache_gives_up_the_moe_workspace():
-    """8 x H200, budget 8192: TritonExperts' 2 x 8192 x 8 x 7168 bf16 (1.75 GiB) come off
-    the KV cache (42,291 -> 40,645 blocks of 16 tokens would be 676,656 -> 650,320 tokens;
-    the simulator's plan says which)."""
+    """8 x H200, budget 8192, 1024 sequences: TritonExperts' 2 x 8192 x 8 x 7168 bf16
+    (1.75 GiB) come off the KV cache: 676,656 -> 649,920 tokens (-3.95%; the blocks vLLM 0.33's
+    planning cuts from these bytes, ``test_kv_layout.py``)."""
     plan = plan_memory(config("deepseek-ai--DeepSeek-V3", "h200", 8))
     assert plan.moe_workspace == 2 * 8192 * 8 * 7168 * 2
     assert plan.activation_peak == pytest.approx(plan.moe_workspace + plan.sampler_activation)
+    assert plan.kv_cache_tokens == 649_920
 
 
 def test_mla_chunked_prefill_rows_follow_vllm_0_33():
