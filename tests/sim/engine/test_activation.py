@@ -136,8 +136,13 @@ def test_dense_models_and_other_gpu_families_take_no_derived_buffer():
 def test_data_parallel_experts_see_every_rank_batch():
     """vLLM 0.33's default all-to-all (``allgather_reducescatter``) hands each rank's experts
     the batch of every DP rank, and EP keeps each local expert whole (N = 2 x intermediate)."""
-    tp8 = config("deepseek-ai--DeepSeek-V3", "h200", 8)
-    dep = config("deepseek-ai--DeepSeek-V3", "h200", 1, data_parallel_size=8,
+    tp8 = config("moonshotai--Kimi-K2.5", "h200", 8)
+    dep = config("moonshotai--Kimi-K2.5", "h200", 1, data_parallel_size=8,
                  enable_expert_parallel=True)
-    # TritonExperts: max(N, K) is K = 7168 either way; M x 8 ranks
+    # MarlinExperts: max(2N, K) is K = 7168 either way (N 256 or 2048); M x 8 ranks
     assert moe_workspace_bytes(dep) == 8 * moe_workspace_bytes(tp8)
+    # block FP8 under EP: _get_priority_backends puts FlashInfer CUTLASS first on SM90, whose
+    # buffers are not derived
+    fp8 = config("deepseek-ai--DeepSeek-V3", "h200", 1, data_parallel_size=8,
+                 enable_expert_parallel=True)
+    assert moe_experts_class(fp8) == "" and moe_workspace_bytes(fp8) == 0

@@ -21,7 +21,8 @@ torch_allocated``). Two terms follow from the MoE and MLA code:
 
 The experts class is the one vLLM 0.33's MoE oracles pick on Hopper (SM90) for tensor-parallel
 experts: ``TritonExperts`` for block-FP8 (``_get_priority_backends`` moves TRITON to the front
-on SM90 without EP) and unquantized experts (FlashInfer moved behind Triton on SM90),
+on SM90 without EP; with EP it moves FlashInfer CUTLASS there, not derived) and unquantized
+experts (FlashInfer moved behind Triton on SM90),
 ``MarlinExperts`` for INT4 weight-only (compressed-tensors WNA16), the monolithic
 ``OAITritonMxfp4ExpertsMonolithic`` for MXFP4 (no workspace: its intermediate is allocated
 inside the call, :func:`moe_transient_bytes`). Other GPU families pick other kernels (FlashInfer
@@ -53,7 +54,10 @@ def moe_experts_class(cfg: ResolvedConfig) -> str:
         return OAI_TRITON
     if m.quantization == "compressed-tensors" and m.weight_dtype.startswith("int4"):
         return MARLIN
-    if m.quantization in ("", "fp8") and dict(m.unquantized).get("experts", 0.0) == 0.0:
+    ep = cfg.enable_expert_parallel or cfg.data_parallel_size > 1
+    if m.quantization == "" or dict(m.unquantized).get("experts", 0.0) == 1.0:
+        return TRITON  # UnquantizedFusedMoEMethod: FlashInfer behind Triton on SM90
+    if m.quantization == "fp8" and not ep:  # block FP8 under EP: FlashInfer CUTLASS first
         return TRITON
     return ""
 
