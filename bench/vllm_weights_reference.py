@@ -197,10 +197,9 @@ def fake_tp(tp: int) -> None:
     ps._PP = ps._DP = ps._DCP = ps._PCP = ps._EPLB = group(1)
 
 
-def vllm_weights(name: str, tp: int) -> tuple[int, Counter[tuple[str, str]], str, int]:
-    """(bytes of rank 0's parameters and buffers, those bytes by module path and dtype, the
-    model class and quantization config, what :func:`triton_mxfp4_after_loading` adds) as
-    vLLM builds ``name`` at TP ``tp``."""
+def build_model(name: str, tp: int, **engine_args: Any) -> tuple[Any, Any]:
+    """(the ``VllmConfig``, the model class built on the meta device) of rank 0 of ``name`` at
+    TP ``tp``, as vLLM resolves ``vllm serve`` with ``engine_args`` (after :func:`fake_hopper`)."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
@@ -213,11 +212,20 @@ def vllm_weights(name: str, tp: int) -> tuple[int, Counter[tuple[str, str]], str
         if quant.is_file():
             shutil.copy(quant, Path(d) / "hf_quant_config.json")
         vc = EngineArgs(model=d, tensor_parallel_size=tp, skip_tokenizer_init=True,
-                        load_format="dummy", enforce_eager=True).create_engine_config()
+                        load_format="dummy", enforce_eager=True,
+                        **engine_args).create_engine_config()
         fake_tp(tp)
         with set_current_vllm_config(vc), set_default_torch_dtype(vc.model_config.dtype), \
                 torch.device("meta"):
             model = initialize_model(vllm_config=vc, model_config=vc.model_config)
+    return vc, model
+
+
+def vllm_weights(name: str, tp: int) -> tuple[int, Counter[tuple[str, str]], str, int]:
+    """(bytes of rank 0's parameters and buffers, those bytes by module path and dtype, the
+    model class and quantization config, what :func:`triton_mxfp4_after_loading` adds) as
+    vLLM builds ``name`` at TP ``tp``."""
+    vc, model = build_model(name, tp)
     total, by = 0, Counter[tuple[str, str]]()
     tensors: list[tuple[str, Any]] = [*model.named_parameters(), *model.named_buffers()]
     for path, t in tensors:

@@ -28,7 +28,8 @@ after the load) is not modelled; the bench follows it for gpt-oss's OAI Triton M
 on Hopper (the last test), not MLA's bf16 ``W_UK_T`` / ``W_UV`` copies of ``kv_b_proj``.
 Not measured on these models: the rest of start-up memory (activation peak, non-torch
 memory, CUDA graphs), which ``sim/engine/memory.py`` takes from the dense models'
-calibration (docs/simulator.md, "Model families").
+calibration, but for the MoE workspace and MLA profiling tensor derived from vLLM's code
+(``test_activation.py``; docs/simulator.md, "Model families").
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ Calibration (each figure from a published vLLM start-up log; see ``docs/simulato
 - non-torch memory: 0.25 GiB at TP1, ~2.1 GiB with TP >= 2 (NCCL buffers), same logs;
 - CUDA graphs: 0.9 GiB for an 8B model, 1.7 GiB for a 70B model at the default 67 capture
   sizes, same logs.
+
+Derived from vLLM 0.33's code instead (:mod:`.activation`; not measured): the fused-MoE
+workspace the profile run leaves allocated (added under both passes' peak) and MLA's and the
+MXFP4 experts' transients of the forward pass.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ from chunktune.core.engine_args import EngineStartupError, ResolvedConfig
 from chunktune.core.errors import SpecError
 from chunktune.core.models import CHUNKED, SLIDING, ModelConfig
 from chunktune.core.vllm_release import cudagraphs_profiled
+from chunktune.sim.engine.activation import (
+    mla_profile_bytes,
+    moe_transient_bytes,
+    moe_workspace_bytes,
+)
 
 GiB = float(2**30)
 
@@ -69,6 +78,9 @@ class MemoryPlan:
     reported_tokens: int = 0
     #: blocks one max-length request takes from the pool (0: ceil(max_model_len/block_size))
     pool_blocks_per_request: int = 0
+    #: of :attr:`activation_peak`, the fused-MoE workspace the profiling pass leaves allocated
+    #: (:func:`.activation.moe_workspace_bytes`)
+    moe_workspace: float = 0.0
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -210,6 +222,17 @@ def kv_cache_layout(cfg: ResolvedConfig) -> KVLayout:
 
 
 def forward_activation_bytes(cfg: ResolvedConfig) -> float:
+    """The transient peak of the profiling forward pass: the per-token live set calibrated on
+    Llama-3.1-8B (:data:`ACTIVATION_FUDGE`), plus the MoE and MLA buffers vLLM 0.33's code
+    allocates on top of it in that pass (:mod:`.activation`: the monolithic MXFP4 experts'
+    intermediate, MLA's ``kv_b_proj`` worst-case tensor). The fused-MoE workspace, which
+    stays allocated, is :func:`.activation.moe_workspace_bytes`, charged in
+    :func:`plan_memory`."""
+    return per_token_activation_bytes(cfg) + max(moe_transient_bytes(cfg),
+                                                 mla_profile_bytes(cfg))
+
+
+def per_token_activation_bytes(cfg: ResolvedConfig) -> float:
     m, tp = cfg.model, cfg.tensor_parallel_size
     kv = (m.kv_lora_rank + m.qk_rope_head_dim if m.is_mla  # the latent, on every rank
           else max(1, math.ceil(m.num_key_value_heads / tp)) * m.head_dim)
@@ -255,7 +278,9 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
     non_torch = (NON_TORCH_TP1_GIB if tp * dp == 1 else NON_TORCH_TP_GIB) * GiB
     fwd = forward_activation_bytes(cfg)
     smp = sampler_activation_bytes(cfg)
-    act = max(fwd, smp)
+    # the fused-MoE workspace stays allocated from the first MoE layer through the sampler
+    workspace = moe_workspace_bytes(cfg)
+    act = workspace + max(fwd, smp)
     graphs = cudagraph_bytes(cfg)
     requested = total * cfg.gpu_memory_utilization
     if weights + non_torch > total:
@@ -292,7 +317,8 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
                 "pool_blocks_per_request": layout.blocks_per_request}
         blocks = tokens // cfg.block_size
     plan = MemoryPlan(total, requested, weights, act, fwd, smp, non_torch, graphs, kv,
-                      per_block, blocks, cfg.max_model_len, cfg.block_size, **pool)
+                      per_block, blocks, cfg.max_model_len, cfg.block_size,
+                      moe_workspace=workspace, **pool)
     if kv <= 0 and cfg.num_gpu_blocks_override is None:
         raise EngineStartupError(
             "KVCacheTooSmall",

@@ -1,0 +1,130 @@
+"""The buffers of vLLM 0.33's memory-profiling pass that MoE and MLA layers add, derived from its
+code (``bench/vllm_activation_reference.py`` computes them with vLLM's own functions; nothing
+here is measured on a GPU).
+
+``Worker.determine_available_memory`` runs ``GPUModelRunner.profile_run`` (``_dummy_run`` of
+``max_num_batched_tokens`` tokens without attention metadata, then ``_dummy_sampler_run`` of
+``max_num_seqs`` rows) and charges the KV cache with the torch allocator's peak, everything still
+allocated afterwards included (``memory_profiling``: ``total_consumed`` + ``torch_peak -
+torch_allocated``). Two terms follow from the MoE and MLA code:
+
+- :func:`moe_workspace_bytes`: the fused-MoE workspace. ``FusedMoEKernel._allocate_buffers``
+  takes ``workspace13`` (which also holds the output) and ``workspace2`` from the process-wide
+  ``WorkspaceManager.get_simultaneous`` (one buffer, each part rounded up to 256 bytes) with the
+  shapes of the experts class's ``workspace_shapes`` for the whole batch (0.33 no longer chunks
+  it). The manager keeps the buffer: it is allocated through the sampler pass as well, so it
+  adds to the peak whichever pass sets it.
+- :func:`mla_profile_bytes`: without attention metadata ``MLAAttention.forward`` allocates
+  ``(chunked_prefill_workspace_size, heads a rank, qk_nope_head_dim + v_head_dim)`` in the model's
+  dtype, the worst case of ``kv_b_proj`` over a context chunk, freed at once (a transient of the
+  forward pass).
+
+The experts class is the one vLLM 0.33's MoE oracles pick on Hopper (SM90) for tensor-parallel
+experts: ``TritonExperts`` for block-FP8 (``_get_priority_backends`` moves TRITON to the front
+on SM90 without EP; with EP it moves FlashInfer CUTLASS there, not derived) and unquantized
+experts (FlashInfer moved behind Triton on SM90),
+``MarlinExperts`` for INT4 weight-only (compressed-tensors WNA16), the monolithic
+``OAITritonMxfp4ExpertsMonolithic`` for MXFP4 (no workspace: its intermediate is allocated
+inside the call, :func:`moe_transient_bytes`). Other GPU families pick other kernels (FlashInfer
+TRT-LLM on Blackwell) whose buffers are not derived: no workspace is charged there.
+"""
+
+from __future__ import annotations
+
+import math
+
+from chunktune.core.engine_args import ResolvedConfig
+from chunktune.core.models import MLA
+
+#: ``WorkspaceManager.get_simultaneous`` rounds each part up to this many bytes
+WORKSPACE_ALIGN = 256
+#: ``MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size``'s cap (rows)
+MLA_CHUNKED_PREFILL_CAP = 64 * 1024
+
+TRITON, MARLIN, OAI_TRITON = "TritonExperts", "MarlinExperts", "OAITritonMxfp4ExpertsMonolithic"
+
+
+def moe_experts_class(cfg: ResolvedConfig) -> str:
+    """The fused-MoE experts class vLLM 0.33 runs this engine's routed experts with on Hopper,
+    "" where that is not derived (not an MoE model, another GPU family, another format)."""
+    m = cfg.model
+    if not m.is_moe or cfg.gpu.family != "hopper":
+        return ""
+    if m.quantization == "mxfp4":
+        return OAI_TRITON
+    if m.quantization == "compressed-tensors" and m.weight_dtype.startswith("int4"):
+        return MARLIN
+    ep = cfg.enable_expert_parallel or cfg.data_parallel_size > 1
+    if m.quantization == "" or dict(m.unquantized).get("experts", 0.0) == 1.0:
+        return TRITON  # UnquantizedFusedMoEMethod: FlashInfer behind Triton on SM90
+    if m.quantization == "fp8" and not ep:  # block FP8 under EP: FlashInfer CUTLASS first
+        return TRITON
+    return ""
+
+
+def _moe_problem(cfg: ResolvedConfig) -> tuple[int, int, int, int]:
+    """(M, N, K, topk) of ``moe_problem_size`` in the profiling pass: M the batch (with data
+    parallelism, vLLM 0.33's default ``allgather_reducescatter`` all-to-all hands every rank's
+    experts the batch of every DP rank), N the w13 rows of one local expert (2 x the
+    intermediate size, split by TP unless the experts are split whole, EP), K the hidden size."""
+    m, tp, dp = cfg.model, cfg.tensor_parallel_size, cfg.data_parallel_size
+    ep = cfg.enable_expert_parallel or dp > 1
+    inter = m.moe_intermediate_size if ep else m.moe_intermediate_size // tp
+    return cfg.max_num_batched_tokens * dp, 2 * inter, m.hidden_size, m.num_experts_per_tok
+
+
+def _aligned(nbytes: float) -> float:
+    return math.ceil(nbytes / WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+
+def moe_workspace_bytes(cfg: ResolvedConfig) -> float:
+    """Bytes of the fused-MoE workspace the profiling pass leaves allocated (``FusedMoEKernel.
+    _allocate_buffers`` / ``WorkspaceManager.get_simultaneous``) on one rank, in the model's
+    dtype (``workspace_dtype``): for ``TritonExperts.workspace_shapes`` workspace13 (M, topk,
+    max(N/2, K)) and workspace2 (M, topk, max(N, K)); for ``MarlinExperts.workspace_shapes``
+    (whose N is the intermediate size, half the w13 rows) (M x topk, max(N, K)) and
+    (M x topk x max(2N, K),); the output (M, K) shares workspace13's storage."""
+    kind = moe_experts_class(cfg)
+    if kind not in (TRITON, MARLIN):
+        return 0.0
+    M, N, K, k = _moe_problem(cfg)
+    if kind == TRITON:
+        ws13, ws2 = M * k * max(N // 2, K), M * k * max(N, K)
+    else:
+        n = N // 2
+        ws13, ws2 = M * k * max(n, K), M * k * max(2 * n, K)
+    b = cfg.model.dtype_bytes
+    return _aligned(max(ws13, M * K) * b) + _aligned(ws2 * b)
+
+
+def moe_transient_bytes(cfg: ResolvedConfig) -> float:
+    """Bytes the monolithic OAI Triton MXFP4 experts allocate inside one call
+    (``triton_kernel_fused_experts`` with no intermediate cache: (M x topk, N/2) in the
+    model's dtype, freed when the layer returns); 0 for the other classes. The Triton
+    ``matmul_ogs`` kernels' own scratch is not followed."""
+    if moe_experts_class(cfg) != OAI_TRITON:
+        return 0.0
+    M, N, _, k = _moe_problem(cfg)
+    return M * k * (N // 2) * cfg.model.dtype_bytes
+
+
+def mla_chunked_prefill_rows(cfg: ResolvedConfig) -> int:
+    """``MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size``: 8 max-length
+    requests or 4 blocks a sequence, at most 64k rows, rounded up to the block size
+    (``align_mla_chunked_context_workspace_size``, no decode context parallelism)."""
+    rows = min(max(8 * cfg.max_model_len, 4 * cfg.max_num_seqs * cfg.block_size),
+               MLA_CHUNKED_PREFILL_CAP)
+    bs = cfg.block_size
+    return math.ceil(max(rows, bs) / bs) * bs
+
+
+def mla_profile_bytes(cfg: ResolvedConfig) -> float:
+    """The tensor ``MLAAttention.forward`` allocates in the profiling pass (no attention
+    metadata): (chunked_prefill_workspace_size, heads a rank, qk_nope_head_dim + v_head_dim)
+    in the model's dtype; 0 without MLA layers."""
+    m = cfg.model
+    if MLA not in m.layer_kinds():
+        return 0.0
+    heads = m.num_attention_heads // cfg.tensor_parallel_size
+    return (mla_chunked_prefill_rows(cfg) * heads * (m.qk_nope_head_dim + m.v_head_dim)
+            * m.dtype_bytes)
