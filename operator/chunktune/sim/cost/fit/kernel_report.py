@@ -5,9 +5,12 @@ Holding a GPU out predicts its timings exactly as a GPU without data is predicte
 coefficients of its nearest other GPU whose data has the family
 (:func:`chunktune.sim.cost.fit.measurements.borrow_source`), the decode attention terms
 fitted on the pool of the other GPUs running its FlashAttention generation
-(``coefficients.POOLED``), the prefill tile rate carried over by the committed rule
-(``coefficients.tile_rule``), and its own data sheet; GEMMs and MoE layers also from that GPU's
-measured table scaled by the data sheets (``loo-table``). A family a GPU
+(``coefficients.POOLED``), the prefill tile rate and the FP8 activations' quantization rate
+carried over by the committed rules (``coefficients.tile_rule``, ``coefficients.quant_rule``),
+and its own data sheet; GEMMs and MoE layers from that GPU's measured table scaled by the
+data sheets where the engine would borrow it (``loo-gpu``: a same-architecture neighbour's
+GEMM grid, any neighbour's MoE layers, as the fit decided), and that table alone on every
+GPU (``loo-table``). A family a GPU
 has no data for is listed as such (``missing``), never filled in. Relative error is
 ``|predicted / measured - 1|``; each row gives its median and p90.
 """
@@ -186,7 +189,7 @@ def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients],
                 if borrows_table(g, src, fam, decisions, meas):
                     held = lent_or_form_errors(g, src, fam, coef(src),
                                                borrowed(g, src, fam, coef(src), quant), meas)
-                    frm += " (its table where it has the shape)"
+                    frm += " (engine: table)"
                 rows.append(ErrorRow.of(fam, f"{g} from {frm}", "loo-gpu", held))
                 lent = (lent_table_errors(g, src, "fp8" if fam == "gemm-fp8" else "bf16",
                                           coef(src), meas, borrowed(g, src, fam, coef(src), quant))
