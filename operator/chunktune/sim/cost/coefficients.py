@@ -228,10 +228,41 @@ def lent_tile_memory_eff(eff: float, lender: GPU, gpu: GPU, rule: str) -> float:
             / (lender.sm_count * lender.boost_mhz))
 
 
+#: How a GPU that borrows the FP8 GEMM group carries the lender's rate of quantizing the
+#: activations (``fp8_quant_memory_eff``, a fraction of HBM: read bf16, write fp8, one pass
+#: before each FP8 GEMM) over to its own data sheet: ``data-sheet`` keeps the fraction,
+#: ``sm-clock`` keeps the bytes per SM clock cycle. The quantization is one elementwise
+#: kernel, the same code on every architecture (no tensor cores), and the rates fitted on
+#: the measured GPUs follow their SMs x clock, not their HBM: 0.76-1.3 TB/s on GPUs of
+#: 0.86-8 TB/s (L40S 0.76, RTX PRO 6000 0.78, H200 0.95, H100 1.03, B200 1.30).
+#: ``fp8_quant_borrowing`` in the coefficients document says which (``kernel_fit`` holds out
+#: each measured GPU under both).
+QUANT_RATE_RULES = ("data-sheet", "sm-clock")
+
+
+def quant_rule() -> str:
+    """The committed rule of :data:`QUANT_RATE_RULES` (``data-sheet`` without a decision)."""
+    rule: str = load_document().get("fp8_quant_borrowing", {}).get("use", "data-sheet")
+    return rule
+
+
+def lent_quant_memory_eff(eff: float, lender: GPU, gpu: GPU, rule: str) -> float:
+    """``lender``'s fitted ``fp8_quant_memory_eff`` as ``gpu`` borrows it under ``rule``
+    (:data:`QUANT_RATE_RULES`); a GPU without FP8 tensor cores (which runs FP8 weight-only,
+    without the term) keeps it as it is."""
+    if (rule == "data-sheet" or lender.name == gpu.name or gpu.fp8_tflops <= 0
+            or lender.fp8_tflops <= 0):
+        return eff
+    assert rule == "sm-clock", rule
+    return (eff * lender.hbm_tb_s / gpu.hbm_tb_s * (gpu.sm_count * gpu.boost_mhz)
+            / (lender.sm_count * lender.boost_mhz))
+
+
 def coefficients(gpu: str | GPU) -> KernelCoefficients:
     """The coefficients the step-time model uses for ``gpu`` (its own, or borrowed: from its
     nearest measured GPU, the :data:`POOLED` families from their pools, the prefill tile
-    rate carried over by :func:`tile_rule`)."""
+    rate carried over by :func:`tile_rule`, the FP8 activations' quantization rate by
+    :func:`quant_rule`)."""
     g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
     src = source_gpu(g.name)
     vals = dict(load_document()["gpus"][src]["coefficients"])
@@ -240,6 +271,8 @@ def coefficients(gpu: str | GPU) -> KernelCoefficients:
     if src != g.name:
         vals["attn_tile_memory_eff"] = lent_tile_memory_eff(
             float(vals["attn_tile_memory_eff"]), resolve_gpu(src), g, tile_rule())
+        vals["fp8_quant_memory_eff"] = lent_quant_memory_eff(
+            float(vals["fp8_quant_memory_eff"]), resolve_gpu(src), g, quant_rule())
     return KernelCoefficients.from_dict(vals)
 
 

@@ -105,33 +105,44 @@ FAMILY = {"bf16": "gemm", "fp8": "gemm-fp8"}
 DTYPE = {f: d for d, f in FAMILY.items()}
 
 
-def borrowing(gpu: GPU, family: str) -> dict[str, Any] | None:
+def borrowing(gpu: GPU, family: str, decisions: dict[str, Any] | None = None
+              ) -> dict[str, Any] | None:
     """The fit's decision for borrowing ``family`` on ``gpu``'s architecture
-    (``gemm_borrowing`` in the coefficients document: that architecture's measured pairs, or
-    all pairs where it has none): ``table``, ``form`` (held-out errors) and ``use``."""
-    doc = load_document().get("gemm_borrowing", {}).get(family)
+    (``gemm_borrowing`` in the coefficients document, or ``decisions`` in its form: that
+    architecture's measured pairs, or all pairs where it has none): ``table``, ``form``
+    (held-out errors) and ``use``."""
+    if decisions is None:
+        decisions = load_document().get("gemm_borrowing", {})
+    doc = decisions.get(family)
     if doc is None:
         return None
     rule: dict[str, Any] = doc.get("by_family", {}).get(gpu.family, doc)
     return rule
 
 
+def lends_table(gpu: GPU, src: GPU, family: str, decisions: dict[str, Any] | None = None
+                ) -> bool:
+    """Whether ``gpu``, without a table of its own, runs ``src``'s measured ``family`` table
+    (scaled) rather than ``src``'s fitted form: ``src`` is of its architecture and the fit chose
+    the table there (:func:`borrowing`). The engine's rule (:func:`lent`) and the one
+    ``kernel_report`` holds each measured GPU out by."""
+    rule = borrowing(gpu, family, decisions)
+    return rule is not None and rule["use"] == "table" and src.family == gpu.family
+
+
 def lent(gpu: GPU, dtype: str) -> tuple[GPU, GemmTable] | None:
     """The measured GPU and its ``dtype`` table that ``gpu`` (without a table of its own)
     borrows, where the GPU it borrows from is of its own architecture and the fit chose the
-    neighbour's table over the fitted form for that family there (:func:`borrowing`); else
+    neighbour's table over the fitted form for that family there (:func:`lends_table`); else
     None. The caller scales the table by the ratio of the two GPUs' fitted forms."""
     if table(gpu.name, dtype) is not None:
         return None
     fam = FAMILY[dtype]
-    rule = borrowing(gpu, fam)
-    if rule is None or rule["use"] != "table":
-        return None
     src = group_sources(gpu.name).get(fam)
     if src is None or src == gpu.name:
         return None
     other = resolve_gpu(src)
     t = table(src, dtype)
-    if t is None or other.family != gpu.family:
+    if t is None or not lends_table(gpu, other, fam):
         return None
     return other, t

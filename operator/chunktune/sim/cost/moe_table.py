@@ -107,15 +107,21 @@ def borrowing() -> dict[str, Any] | None:
     return rule
 
 
+def lends_table(decision: dict[str, Any] | None = None) -> bool:
+    """Whether a GPU without an MoE table runs its lender's measured curves (scaled) rather
+    than the lender's fitted form, where the lender has the shape: the fit chose the table
+    (``decision``: ``moe_borrowing``'s form; default the committed one). The engine's rule
+    (:func:`lent`) and the one ``kernel_report`` holds each measured GPU out by."""
+    rule = borrowing() if decision is None else decision
+    return rule is not None and rule["use"] == "table"
+
+
 def lent(gpu: GPU) -> GPU | None:
     """The measured GPU whose MoE table ``gpu`` borrows: where ``gpu`` has no table of its
     own, the GPU it takes its MoE coefficients from (``coefficients.NEAREST``) has one, and
-    the fit chose the table over the form (:func:`borrowing`); else None. The caller scales
+    the fit chose the table over the form (:func:`lends_table`); else None. The caller scales
     the curve by the ratio of the fitted form on the two GPUs."""
-    if has_table(gpu.name):
-        return None
-    rule = borrowing()
-    if rule is None or rule["use"] != "table":
+    if has_table(gpu.name) or not lends_table():
         return None
     src = group_sources(gpu.name).get("moe")
     if src is None or src == gpu.name or not has_table(src):

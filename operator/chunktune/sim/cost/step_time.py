@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,12 @@ from chunktune.core.errors import SpecError
 from chunktune.core.gpus import GPU
 from chunktune.core.models import DTYPE_BYTES, SLIDING, ModelConfig
 from chunktune.sim.cost import gemm_table, mla_table, moe_table
-from chunktune.sim.cost.coefficients import KernelCoefficients, coefficients
+from chunktune.sim.cost.coefficients import (
+    KernelCoefficients,
+    coefficients,
+    lent_quant_memory_eff,
+    quant_rule,
+)
 from chunktune.sim.cost.collectives import Interconnect, nccl_gather_scatter_s, tp_allreduce_s
 
 #: Weight dtypes the linear operators run in: ``bf16`` (also fp16), ``fp8`` (an FP8
@@ -117,6 +122,14 @@ def gemm_form(m: np.ndarray, k: float | np.ndarray, n: float | np.ndarray, gpu: 
     return t
 
 
+def lender_coefficients(c: KernelCoefficients, gpu: GPU, lender: GPU) -> KernelCoefficients:
+    """``c`` as borrowed by ``gpu`` from ``lender``, with the terms carried over to ``gpu``'s
+    data sheet (:func:`chunktune.sim.cost.coefficients.lent_quant_memory_eff`) taken back to
+    ``lender``'s: the form on the lender's sheet that its measured table is scaled by."""
+    eff = lent_quant_memory_eff(c.fp8_quant_memory_eff, gpu, lender, quant_rule())
+    return replace(c, fp8_quant_memory_eff=eff)
+
+
 def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients,
               weight_dtype: str = "bf16", use_table: bool = True) -> np.ndarray:
     """Seconds of one GEMM, an ``m x k`` activation times a ``k x n`` weight, for each ``m``.
@@ -144,8 +157,8 @@ def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients
         return out
     lent = gemm_table.lent(gpu, own) if use_table and (own == "fp8") == fp8 else None
     if lent is not None and lent[1].covers(n, k):  # a neighbour's table, scaled
-        scale = gemm_form(m, k, n, gpu, c, weight_dtype) / gemm_form(m, k, n, lent[0], c,
-                                                                      weight_dtype)
+        scale = gemm_form(m, k, n, gpu, c, weight_dtype) / gemm_form(
+            m, k, n, lent[0], lender_coefficients(c, gpu, lent[0]), weight_dtype)
         borrowed: np.ndarray = np.maximum(lent[1].seconds(m, n, k) * scale,
                                           k * n * wb / (gpu.hbm_tb_s * 1e12))
         return borrowed

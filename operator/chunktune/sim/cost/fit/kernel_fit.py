@@ -38,6 +38,7 @@ from chunktune.sim.cost.coefficients import (
     GROUPS,
     POOLED,
     KernelCoefficients,
+    lent_quant_memory_eff,
     lent_tile_memory_eff,
     pool_key,
     pool_members,
@@ -172,7 +173,15 @@ def document(meas: Measurements) -> dict[str, Any]:
             coef[g] = ff.with_values(coef[g], {"attn_tile_memory_eff": lent_tile_memory_eff(
                 coef[lender].attn_tile_memory_eff, resolve_gpu(lender), resolve_gpu(g),
                 prefill["use"])})
-    loo = rep.loo_gpu_summary(meas, coef, prefill["use"])
+    # the FP8 activations' quantization rate likewise (coefficients.QUANT_RATE_RULES)
+    quant = rep.fp8_quant_borrowing(meas, lambda g: coef[g])
+    for g, src in sources.items():
+        lender = src.get("gemm-fp8", g)
+        if lender != g:
+            coef[g] = ff.with_values(coef[g], {"fp8_quant_memory_eff": lent_quant_memory_eff(
+                coef[lender].fp8_quant_memory_eff, resolve_gpu(lender), resolve_gpu(g),
+                quant["use"])})
+    loo = rep.loo_gpu_summary(meas, coef, prefill["use"], quant["use"])
     versions = " ".join(f"{g}/{d}={v}" for (g, d), v in sorted(meas.gemm_versions.items()))
     return {
         "source": "per GPU, fitted on its own measured kernels "
@@ -184,9 +193,10 @@ def document(meas: Measurements) -> dict[str, Any]:
                    "chunktune.sim.cost.fit.measurements.TRUSTED",
         "fixed_sources": "see chunktune.sim.cost.fit.family_fit.FIXED",
         "loo_gpu": loo,
-        "gemm_borrowing": rep.gemm_borrowing(meas, lambda g: coef[g]),
+        "gemm_borrowing": rep.gemm_borrowing(meas, lambda g: coef[g], quant["use"]),
         "moe_borrowing": rep.moe_borrowing(meas, lambda g: coef[g]),
         "prefill_borrowing": prefill,
+        "fp8_quant_borrowing": quant,
         "pooled": pools(meas, coef),
         "gpus": {g: {"sources": sources[g],
                      "coefficients": {k: float(f"{v:.6g}") for k, v in c.to_dict().items()}}

@@ -5,13 +5,15 @@ Holding a GPU out predicts its timings exactly as a GPU without data is predicte
 coefficients of its nearest other GPU whose data has the family
 (:func:`chunktune.sim.cost.fit.measurements.borrow_source`), the decode attention terms
 fitted on the pool of the other GPUs running its FlashAttention generation
-(``coefficients.POOLED``), the prefill tile rate carried over by the committed rule
-(``coefficients.tile_rule``), vLLM's all-reduce from the measured table of another GPU on the
-same interconnect where there is one (``collectives.measured_allreduce_source``, as the engine
-borrows it), and its own data sheet; GEMMs and MoE layers also from that GPU's measured table
-scaled by the data sheets (``loo-table``). A family a GPU has no data for is listed as such
-(``missing``), never filled in. Relative error is ``|predicted / measured - 1|``; each row
-gives its median and p90.
+(``coefficients.POOLED``), the prefill tile rate and the FP8 activations' quantization rate
+carried over by the committed rules (``coefficients.tile_rule``, ``coefficients.quant_rule``),
+vLLM's all-reduce from the measured table of another GPU on the same interconnect where there
+is one (``collectives.measured_allreduce_source``, as the engine borrows it), and its own data
+sheet; GEMMs and MoE layers from that GPU's measured table scaled by the data sheets where the
+engine would borrow it (``loo-gpu``: a same-architecture neighbour's GEMM grid, any
+neighbour's MoE layers, as the fit decided), and that table alone on every GPU
+(``loo-table``). A family a GPU has no data for is listed as such (``missing``), never filled
+in. Relative error is ``|predicted / measured - 1|``; each row gives its median and p90.
 """
 
 from __future__ import annotations
@@ -29,17 +31,20 @@ import numpy as np
 
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
-from chunktune.sim.cost import aic_data
+from chunktune.sim.cost import aic_data, gemm_table, moe_table
 from chunktune.sim.cost import collectives as col
 from chunktune.sim.cost.coefficients import (
     GROUPS,
     NEAREST,
     POOLED,
+    QUANT_RATE_RULES,
     TILE_RATE_RULES,
     KernelCoefficients,
     coefficients,
+    lent_quant_memory_eff,
     lent_tile_memory_eff,
     pool_members,
+    quant_rule,
     tile_rule,
 )
 from chunktune.sim.cost.fit import aic_kernels, mla_derive, nccl_fit
@@ -57,7 +62,7 @@ from chunktune.sim.cost.fit.measurements import (
     load,
     op_gemms,
 )
-from chunktune.sim.cost.gemm_table import GemmTable
+from chunktune.sim.cost.gemm_table import DTYPE, GemmTable
 from chunktune.sim.cost.mla_table import MLA_SHAPE, STEPS, Key
 from chunktune.sim.cost.step_time import gemm_form, linear_layer_time
 
@@ -143,19 +148,25 @@ def family_errors(family: str, gpu: str, c: KernelCoefficients, meas: Measuremen
 
 
 def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients],
-                  rule: str | None = None) -> list[ErrorRow]:
+                  rule: str | None = None, quant: str | None = None) -> list[ErrorRow]:
     """Per family and GPU: in sample (its own coefficients), held out (``loo-gpu``: its
     nearest other measured GPU's, the attention groups of ``coefficients.POOLED`` fitted on
     their pool without it, :func:`held_out`; all-reduces as the engine borrows them,
     :func:`held_out_allreduce_errors`; for GEMMs also ``loo-table``: that GPU's measured
     table scaled by the data sheets, :func:`lent_table_errors`), and ``missing`` rows for GPUs
-    without data. ``rule``: how a borrowed prefill tile rate carries over
-    (``coefficients.TILE_RATE_RULES``; default the committed one)."""
+    without data. Where the engine would run the neighbour's measured GEMM or MoE table scaled
+    (:func:`borrows_table`), the ``loo-gpu`` row is that table on the shapes it has and the
+    fitted form on the rest (:func:`lent_or_form_errors`). ``rule``: how a borrowed prefill
+    tile rate carries over (``coefficients.TILE_RATE_RULES``; default the committed one);
+    ``quant``: how a borrowed FP8 activation quantization rate does
+    (``coefficients.QUANT_RATE_RULES``)."""
     rule = tile_rule() if rule is None else rule
+    quant = quant_rule() if quant is None else quant
     have = families_with_data(meas)
     everyone = sorted(set().union(*have.values()))
     rows = []
     cache: dict[tuple[str, tuple[str, ...]], dict[str, float]] = {}
+    decisions = {"gemm": gemm_borrowing(meas, coef, quant), "moe": moe_borrowing(meas, coef)}
     for fam in FAMILIES:
         for g in everyone:
             if g not in have[fam]:
@@ -172,13 +183,18 @@ def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients],
             src = borrow_source(g, fam, have)
             if src is not None:
                 held = family_errors(fam, g, held_out(g, fam, src, coef, meas, have, cache,
-                                                      rule), meas)
+                                                      rule, quant), meas)
                 assert held is not None
                 frm = ("+".join(pool_members(resolve_gpu(g), fam, have[fam])) if fam in POOLED
                        else src)
+                if borrows_table(g, src, fam, decisions, meas):
+                    held = lent_or_form_errors(g, src, fam, coef(src),
+                                               borrowed(g, src, fam, coef(src), quant), meas)
+                    frm += " (engine: table)"
                 rows.append(ErrorRow.of(fam, f"{g} from {frm}", "loo-gpu", held))
                 lent = (lent_table_errors(g, src, "fp8" if fam == "gemm-fp8" else "bf16",
-                                          coef(src), meas) if fam in ("gemm", "gemm-fp8")
+                                          coef(src), meas, borrowed(g, src, fam, coef(src), quant))
+                        if fam in ("gemm", "gemm-fp8")
                         else lent_moe_errors(g, src, coef(src), meas) if fam == "moe"
                         else None)
                 if lent is not None:
@@ -202,15 +218,16 @@ def pooled_fit(fam: str, members: list[str], coef: Callable[[str], KernelCoeffic
 def held_out(gpu: str, fam: str, src: str, coef: Callable[[str], KernelCoefficients],
              meas: Measurements, have: dict[str, set[str]],
              cache: dict[tuple[str, tuple[str, ...]], dict[str, float]],
-             rule: str) -> KernelCoefficients:
+             rule: str, quant: str) -> KernelCoefficients:
     """What predicts ``gpu``'s ``fam`` with ``gpu`` held out, as a GPU without data is
     predicted: its nearest other measured GPU ``src``'s coefficients, and for the attention
     families every pooled group (``coefficients.POOLED``) from its pool without ``gpu`` and
     ``src``'s prefill tile rate carried over by ``rule``
-    (``coefficients.lent_tile_memory_eff``)."""
+    (``coefficients.lent_tile_memory_eff``), its FP8 quantization rate by ``quant``
+    (:func:`borrowed`)."""
     c = coef(src)
     if not fam.startswith("attention"):
-        return c
+        return borrowed(gpu, src, fam, c, quant)
     c = ff.with_values(c, {"attn_tile_memory_eff": lent_tile_memory_eff(
         c.attn_tile_memory_eff, resolve_gpu(src), resolve_gpu(gpu), rule)})
     for pf in POOLED:
@@ -247,6 +264,47 @@ def held_out_allreduce_errors(gpu: str, coef: Callable[[str], KernelCoefficients
     return "vidur-nccl", pcie_allreduce_errors(gpu, meas)
 
 
+def borrowed(gpu: str, src: str, fam: str, c: KernelCoefficients, quant: str
+             ) -> KernelCoefficients:
+    """``src``'s coefficients ``c`` as ``gpu`` borrows ``fam`` from it: for FP8 GEMMs the
+    activations' quantization rate carried over by ``quant``
+    (``coefficients.lent_quant_memory_eff``), else as they are."""
+    if fam != "gemm-fp8":
+        return c
+    return ff.with_values(c, {"fp8_quant_memory_eff": lent_quant_memory_eff(
+        c.fp8_quant_memory_eff, resolve_gpu(src), resolve_gpu(gpu), quant)})
+
+
+def borrows_table(gpu: str, src: str, fam: str, decisions: dict[str, Any],
+                  meas: Measurements) -> bool:
+    """Whether ``gpu``, held out, runs ``src``'s measured ``fam`` table (``src`` has one) as
+    the engine would a GPU without data (:func:`chunktune.sim.cost.gemm_table.lends_table`,
+    :func:`chunktune.sim.cost.moe_table.lends_table`, under the fit's ``decisions``:
+    ``gemm_borrowing`` and ``moe_borrowing`` as :func:`gemm_borrowing` and
+    :func:`moe_borrowing` make them)."""
+    if fam in ("gemm", "gemm-fp8"):
+        if not any(p.gpu == src and p.dtype == DTYPE[fam] for p in meas.gemm):
+            return False
+        return gemm_table.lends_table(resolve_gpu(gpu), resolve_gpu(src), fam,
+                                      decisions["gemm"])
+    return fam == "moe" and moe_table.lends_table(decisions["moe"])
+
+
+def lent_or_form_errors(gpu: str, src: str, fam: str, c: KernelCoefficients,
+                        held: KernelCoefficients, meas: Measurements) -> np.ndarray:
+    """|relative error| on ``gpu``'s ``fam`` timings (those :func:`family_errors` scores) of
+    what the engine runs borrowing ``src``'s table: the table scaled
+    (:func:`lent_table_errors`, :func:`lent_moe_errors`: ``src``'s form under ``c`` on its
+    sheet, ``gpu``'s under ``held``, ``c`` as borrowed) where it has the shape, the fitted
+    form (``held``) where it does not."""
+    form = family_errors(fam, gpu, held, meas)
+    assert form is not None
+    lent = (_lent_table(gpu, src, DTYPE[fam], c, meas, held) if fam in ("gemm", "gemm-fp8")
+            else _lent_moe(gpu, src, c, meas))
+    out: np.ndarray = np.where(np.isnan(lent), form, np.abs(lent))
+    return out
+
+
 def pcie_allreduce_errors(gpu: str, meas: Measurements) -> np.ndarray:
     """|relative error| of what the engine runs over PCIe (NCCL's curve fitted on Vidur's
     collectives) on a PCIe GPU's measured vLLM all-reduces."""
@@ -257,33 +315,64 @@ def pcie_allreduce_errors(gpu: str, meas: Measurements) -> np.ndarray:
     return out
 
 
-def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients], rule: str
-                    ) -> dict[str, float]:
+def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients], rule: str,
+                    quant: str) -> dict[str, float]:
     """Per family, the median over GPUs of the held-out median error (stored with the fit),
-    a borrowed prefill tile rate carried over by ``rule``."""
-    rows = family_report(meas, lambda g: coef[g], rule)
+    a borrowed prefill tile rate carried over by ``rule``, an FP8 quantization rate by
+    ``quant``."""
+    rows = family_report(meas, lambda g: coef[g], rule, quant)
     return {k[0]: float(f"{v:.4g}") for k, v in summarize(rows).items() if k[1] == "loo-gpu"}
 
 
-def lent_table_errors(gpu: str, src: str, dtype: str, c: KernelCoefficients,
-                      meas: Measurements) -> np.ndarray | None:
-    """Signed relative error on ``gpu``'s GEMMs (the shapes the fit uses) of ``src``'s
-    measured table scaled by the two data sheets under ``c`` (``src``'s fitted form): what
-    ``gpu`` would run borrowing ``src``'s table (:func:`chunktune.sim.cost.gemm_table.lent`).
-    None where either has no grid in ``dtype``."""
+def _lent_table(gpu: str, src: str, dtype: str, c: KernelCoefficients, meas: Measurements,
+                held: KernelCoefficients | None = None) -> np.ndarray:
+    """Signed relative error of ``src``'s table scaled (:func:`lent_table_errors`) on each of
+    ``gpu``'s fitted GEMMs, NaN where the table does not cover the shape."""
+    held = c if held is None else held
     g, s = resolve_gpu(gpu), resolve_gpu(src)
     pts = ff.gemm_fit_points(gemm_points(meas, dtype).get(gpu, []), g, dtype)
     table = [p for p in meas.gemm if p.gpu == src and p.dtype == dtype]
-    if not pts or not table:
-        return None
+    out = np.full(len(pts), np.nan)
+    if not table:
+        return out
     t = GemmTable(table)
-    out = []
-    for p in pts:
+    for i, p in enumerate(pts):
         if t.covers(p.n, p.k):
             m = np.array([float(p.m)])
-            scale = gemm_form(m, p.k, p.n, g, c, dtype) / gemm_form(m, p.k, p.n, s, c, dtype)
-            out.append(float(t.seconds(m, p.n, p.k)[0] * scale[0]) * 1e6 / p.us - 1.0)
-    return np.array(out) if out else None
+            scale = (gemm_form(m, p.k, p.n, g, held, dtype)
+                     / gemm_form(m, p.k, p.n, s, c, dtype))
+            out[i] = float(t.seconds(m, p.n, p.k)[0] * scale[0]) * 1e6 / p.us - 1.0
+    return out
+
+
+def lent_table_errors(gpu: str, src: str, dtype: str, c: KernelCoefficients,
+                      meas: Measurements, held: KernelCoefficients | None = None
+                      ) -> np.ndarray | None:
+    """Signed relative error on ``gpu``'s GEMMs (the shapes the fit uses) of ``src``'s
+    measured table scaled by the ratio of the fitted form on the two data sheets (``c``,
+    ``src``'s coefficients, on its own; ``held``, as ``gpu`` borrows them, default ``c``, on
+    ``gpu``'s): what ``gpu`` would run borrowing ``src``'s table
+    (:func:`chunktune.sim.cost.gemm_table.lent`). None where either has no grid in
+    ``dtype``."""
+    out = _lent_table(gpu, src, dtype, c, meas, held)
+    out = out[~np.isnan(out)]
+    return out if len(out) else None
+
+
+def _lent_moe(gpu: str, src: str, c: KernelCoefficients, meas: Measurements) -> np.ndarray:
+    """Signed relative error of ``src``'s MoE layers scaled (:func:`lent_moe_errors`) on each
+    of ``gpu``'s bf16 MoE layers, NaN where ``src`` did not time the shape."""
+    g, s = resolve_gpu(gpu), resolve_gpu(src)
+    theirs = {r.key: r for r in meas.moe if r.gpu == src and r.dtype == "bf16"}
+    mine = [r for r in meas.moe if r.gpu == gpu and r.dtype == "bf16"]
+    out = np.full(len(mine), np.nan)
+    idx = [i for i, r in enumerate(mine) if r.key in theirs]
+    if idx:
+        other = [theirs[mine[i].key] for i in idx]
+        pred = (np.array([r.us for r in other]) * ff.moe_pred_us(c, g, other)
+                / ff.moe_pred_us(c, s, other))
+        out[idx] = pred / np.array([mine[i].us for i in idx]) - 1.0
+    return out
 
 
 def lent_moe_errors(gpu: str, src: str, c: KernelCoefficients, meas: Measurements
@@ -295,17 +384,9 @@ def lent_moe_errors(gpu: str, src: str, c: KernelCoefficients, meas: Measurement
     by the HBM bandwidths and one bound by their FLOPs by the peaks. What a GPU without an
     MoE table runs borrowing ``src``'s (:func:`chunktune.sim.cost.moe_table.lent`); None where
     the two share no shape."""
-    g, s = resolve_gpu(gpu), resolve_gpu(src)
-    theirs = {r.key: r for r in meas.moe if r.gpu == src and r.dtype == "bf16"}
-    pairs = [(r, theirs[r.key]) for r in meas.moe
-             if r.gpu == gpu and r.dtype == "bf16" and r.key in theirs]
-    if not pairs:
-        return None
-    mine, other = [p[0] for p in pairs], [p[1] for p in pairs]
-    pred = (np.array([r.us for r in other]) * ff.moe_pred_us(c, g, other)
-            / ff.moe_pred_us(c, s, other))
-    out: np.ndarray = pred / np.array([r.us for r in mine]) - 1.0
-    return out
+    out = _lent_moe(gpu, src, c, meas)
+    out = out[~np.isnan(out)]
+    return out if len(out) else None
 
 
 def moe_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
@@ -331,13 +412,15 @@ def moe_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
             "use": "table" if t < f else "form", "held_out": ", ".join(held)}
 
 
-def gemm_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
-                   ) -> dict[str, dict[str, Any]]:
+def gemm_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients],
+                   quant: str | None = None) -> dict[str, dict[str, Any]]:
     """Per GEMM family, over the measured GPUs whose nearest other measured GPU is of the same
     architecture and has a grid: the held-out median error of borrowing that GPU's table
     scaled by the data sheets (``table``) against borrowing its fitted form (``form``), and
     the one to ``use`` (:func:`chunktune.sim.cost.gemm_table.lent`); per architecture where
-    one has such pairs (``by_family``), else over all of them."""
+    one has such pairs (``by_family``), else over all of them. The coefficients as the
+    held-out GPU borrows them (:func:`borrowed`, ``quant``: default the committed rule)."""
+    quant = quant_rule() if quant is None else quant
     have = families_with_data(meas)
     out: dict[str, dict[str, Any]] = {}
 
@@ -353,10 +436,11 @@ def gemm_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
             arch = resolve_gpu(g).family
             if src is None or resolve_gpu(src).family != arch:
                 continue
-            lent = lent_table_errors(g, src, dtype, coef(src), meas)
+            held = borrowed(g, src, fam, coef(src), quant)
+            lent = lent_table_errors(g, src, dtype, coef(src), meas, held)
             if lent is None:
                 continue
-            fitted = family_errors(fam, g, coef(src), meas)
+            fitted = family_errors(fam, g, held, meas)
             assert fitted is not None
             pairs[arch].append((float(np.median(np.abs(lent))), float(np.median(fitted)),
                                 f"{g} from {src}"))
@@ -385,7 +469,8 @@ def prefill_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficien
             src = borrow_source(g, fam, have)
             if src is None:
                 continue
-            e = family_errors(fam, g, held_out(g, fam, src, coef, meas, have, cache, rule),
+            e = family_errors(fam, g, held_out(g, fam, src, coef, meas, have, cache, rule,
+                                               QUANT_RATE_RULES[0]),
                               meas)
             assert e is not None
             errs.append(float(np.median(e)))
@@ -393,6 +478,37 @@ def prefill_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficien
                 held.append(f"{g} from {src}")
         med[rule] = float(f"{float(np.median(errs)):.4g}")
     use = min(TILE_RATE_RULES, key=lambda r: (med[r], TILE_RATE_RULES.index(r)))
+    return {**med, "use": use, "held_out": ", ".join(held)}
+
+
+def fp8_quant_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
+                        ) -> dict[str, Any]:
+    """Over the measured GPUs with FP8 GEMMs: the held-out median error (median over GPUs, as
+    ``loo-gpu``: the neighbour's table where the engine borrows it, else its form) with the
+    activations' quantization rate carried over under each rule of
+    ``coefficients.QUANT_RATE_RULES``, and the one to ``use`` (the lower; ties keep
+    ``data-sheet``)."""
+    fam = "gemm-fp8"
+    have = families_with_data(meas)
+    med: dict[str, float] = {}
+    held = []
+    for rule in QUANT_RATE_RULES:
+        decisions = {"gemm": gemm_borrowing(meas, coef, rule)}
+        errs = []
+        for g in sorted(have[fam]):
+            src = borrow_source(g, fam, have)
+            if src is None:
+                continue
+            c = borrowed(g, src, fam, coef(src), rule)
+            e = (lent_or_form_errors(g, src, fam, coef(src), c, meas)
+                 if borrows_table(g, src, fam, decisions, meas)
+                 else family_errors(fam, g, c, meas))
+            assert e is not None
+            errs.append(float(np.median(e)))
+            if rule == QUANT_RATE_RULES[0]:
+                held.append(f"{g} from {src}")
+        med[rule] = float(f"{float(np.median(errs)):.4g}")
+    use = min(QUANT_RATE_RULES, key=lambda r: (med[r], QUANT_RATE_RULES.index(r)))
     return {**med, "use": use, "held_out": ", ".join(held)}
 
 
