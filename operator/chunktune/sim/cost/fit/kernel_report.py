@@ -204,13 +204,20 @@ def held_out(gpu: str, fam: str, src: str, coef: Callable[[str], KernelCoefficie
     """What predicts ``gpu``'s ``fam`` with ``gpu`` held out, as a GPU without data is
     predicted: its nearest other measured GPU ``src``'s coefficients, and for the attention
     families every pooled group (``coefficients.POOLED``) from its pool without ``gpu`` and
-    ``src``'s prefill tile rate carried over by ``rule``
-    (``coefficients.lent_tile_memory_eff``)."""
-    c = coef(src)
+    the lender's prefill tile rate carried over by ``rule``
+    (``coefficients.lent_tile_memory_eff``). An FP8 KV cache's group comes from ``src``, the
+    nearest GPU running the same FP8-cache kernel (:func:`borrow_source`), the rest from the
+    nearest GPU with FP8-cache data whatever its kernel (what a GPU without data takes whole,
+    ``coefficients.coefficients``)."""
+    lender = (src if fam != "attention-kv-fp8"
+              else next(o for o in NEAREST.get(gpu, ()) if o in have[fam]))
+    c = coef(lender)
     if not fam.startswith("attention"):
         return c
     c = ff.with_values(c, {"attn_tile_memory_eff": lent_tile_memory_eff(
-        c.attn_tile_memory_eff, resolve_gpu(src), resolve_gpu(gpu), rule)})
+        c.attn_tile_memory_eff, resolve_gpu(lender), resolve_gpu(gpu), rule)})
+    if lender != src:
+        c = ff.with_values(c, {k: getattr(coef(src), k) for k in GROUPS[fam]})
     for pf in POOLED:
         members = pool_members(resolve_gpu(gpu), pf, have[pf])
         if members:
