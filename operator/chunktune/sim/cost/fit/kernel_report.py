@@ -3,7 +3,8 @@ with the GPU held out, the cross-checks between sources, and the held-out datase
 
 Holding a GPU out predicts its timings exactly as a GPU without data is predicted: with the
 coefficients of its nearest other GPU whose data has the family
-(:func:`chunktune.sim.cost.fit.measurements.borrow_source`), the decode attention terms
+(:func:`chunktune.sim.cost.fit.measurements.borrow_source`; an FP8 KV cache's terms from the
+nearest running the same kernel, ``coefficients.kv_fp8_kernel``), the decode attention terms
 fitted on the pool of the other GPUs running its FlashAttention generation
 (``coefficients.POOLED``), the prefill tile rate carried over by the committed rule
 (``coefficients.tile_rule``), and its own data sheet; GEMMs and MoE layers also from that GPU's
