@@ -75,6 +75,20 @@ NEAREST: dict[str, tuple[str, ...]] = {
 POOLED: dict[str, str] = {"attention-decode": "flash-attention"}
 
 
+def kv_fp8_kernel(gpu: GPU) -> str:
+    """The kernel vLLM decodes from an FP8 KV cache with on ``gpu`` (``--kv-cache-dtype fp8``),
+    whose cost the ``attention-kv-fp8`` group measures: ``flash-attention-3`` on Hopper, the
+    only GPUs where vLLM's FLASH_ATTN backend reads an FP8 cache
+    (``fa_utils.flash_attn_supports_kv_cache_dtype``: FA3 on SM 9.0, FA4 on SM 10.x, where
+    FLASHINFER comes first in ``platforms/cuda.py``'s priorities), else ``flashinfer``, the
+    next backend vLLM tries (AIConfigurator's FP8-cache decodes: ``vllm_flash_attn_fa3`` on
+    the H100 and H200, FlashInfer on the B200, L40S and RTX PRO 6000, whose bf16 decodes
+    run FlashAttention 2). A GPU without FP8-cache data borrows the group from the nearest
+    GPU running the same kernel
+    (:func:`chunktune.sim.cost.fit.measurements.borrow_source`)."""
+    return "flash-attention-3" if gpu.flash_attention == 3 else "flashinfer"
+
+
 def pool_key(gpu: GPU, family: str) -> str:
     """Which pool of ``family`` (:data:`POOLED`) ``gpu`` borrows from."""
     assert POOLED[family] == "flash-attention"
@@ -258,14 +272,29 @@ def lent_quant_memory_eff(eff: float, lender: GPU, gpu: GPU, rule: str) -> float
             / (lender.sm_count * lender.boost_mhz))
 
 
+def _kv_fp8_source(gpu: GPU, src: str) -> str:
+    """Where a GPU without measured kernels takes its FP8 KV cache's group
+    (``attention-kv-fp8``) from: the first of ``NEAREST`` whose own data has it and that runs
+    the same kernel (:func:`kv_fp8_kernel`), else ``src``, the GPU it takes the rest from."""
+    gpus = load_document()["gpus"]
+    fam = "attention-kv-fp8"
+    return next((o for o in NEAREST.get(gpu.name, ()) if o in gpus
+                 and gpus[o]["sources"].get(fam) == o
+                 and kv_fp8_kernel(resolve_gpu(o)) == kv_fp8_kernel(gpu)), src)
+
+
 def coefficients(gpu: str | GPU) -> KernelCoefficients:
     """The coefficients the step-time model uses for ``gpu`` (its own, or borrowed: from its
-    nearest measured GPU, the :data:`POOLED` families from their pools, the prefill tile
-    rate carried over by :func:`tile_rule`, the FP8 activations' quantization rate by
-    :func:`quant_rule`)."""
+    nearest measured GPU, an FP8 KV cache's group from the nearest running the same kernel,
+    the :data:`POOLED` families from their pools, the prefill tile rate carried over by
+    :func:`tile_rule`, the FP8 activations' quantization rate by :func:`quant_rule`)."""
     g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
     src = source_gpu(g.name)
-    vals = dict(load_document()["gpus"][src]["coefficients"])
+    doc = load_document()["gpus"]
+    vals = dict(doc[src]["coefficients"])
+    if src != g.name:
+        fp8 = doc[_kv_fp8_source(g, src)]["coefficients"]
+        vals.update({k: fp8[k] for k in GROUPS["attention-kv-fp8"]})
     for pool in _pools(g).values():
         vals.update(pool["coefficients"])
     if src != g.name:
@@ -281,5 +310,9 @@ def group_sources(gpu: str) -> dict[str, str]:
     data has the family; a pool's GPUs joined by ``+``)."""
     src = source_gpu(gpu)
     out = dict(load_document()["gpus"][src]["sources"])
+    if src != gpu:
+        fp8 = _kv_fp8_source(resolve_gpu(gpu), src)
+        if fp8 != src:
+            out["attention-kv-fp8"] = fp8
     out.update({f: "+".join(p["gpus"]) for f, p in _pools(gpu).items()})
     return out

@@ -3,7 +3,8 @@ with the GPU held out, the cross-checks between sources, and the held-out datase
 
 Holding a GPU out predicts its timings exactly as a GPU without data is predicted: with the
 coefficients of its nearest other GPU whose data has the family
-(:func:`chunktune.sim.cost.fit.measurements.borrow_source`), the decode attention terms
+(:func:`chunktune.sim.cost.fit.measurements.borrow_source`; an FP8 KV cache's terms from the
+nearest running the same kernel, ``coefficients.kv_fp8_kernel``), the decode attention terms
 fitted on the pool of the other GPUs running its FlashAttention generation
 (``coefficients.POOLED``), the prefill tile rate and the FP8 activations' quantization rate
 carried over by the committed rules (``coefficients.tile_rule``, ``coefficients.quant_rule``),
@@ -222,14 +223,21 @@ def held_out(gpu: str, fam: str, src: str, coef: Callable[[str], KernelCoefficie
     """What predicts ``gpu``'s ``fam`` with ``gpu`` held out, as a GPU without data is
     predicted: its nearest other measured GPU ``src``'s coefficients, and for the attention
     families every pooled group (``coefficients.POOLED``) from its pool without ``gpu`` and
-    ``src``'s prefill tile rate carried over by ``rule``
+    the lender's prefill tile rate carried over by ``rule``
     (``coefficients.lent_tile_memory_eff``), its FP8 quantization rate by ``quant``
-    (:func:`borrowed`)."""
-    c = coef(src)
+    (:func:`borrowed`). An FP8 KV cache's group comes from ``src``, the nearest GPU running
+    the same FP8-cache kernel (:func:`borrow_source`), the rest from the nearest GPU with
+    FP8-cache data whatever its kernel (what a GPU without data takes whole,
+    ``coefficients.coefficients``)."""
+    lender = (src if fam != "attention-kv-fp8"
+              else next(o for o in NEAREST.get(gpu, ()) if o in have[fam]))
+    c = coef(lender)
     if not fam.startswith("attention"):
         return borrowed(gpu, src, fam, c, quant)
     c = ff.with_values(c, {"attn_tile_memory_eff": lent_tile_memory_eff(
-        c.attn_tile_memory_eff, resolve_gpu(src), resolve_gpu(gpu), rule)})
+        c.attn_tile_memory_eff, resolve_gpu(lender), resolve_gpu(gpu), rule)})
+    if lender != src:
+        c = ff.with_values(c, {k: getattr(coef(src), k) for k in GROUPS[fam]})
     for pf in POOLED:
         members = pool_members(resolve_gpu(gpu), pf, have[pf])
         if members:
@@ -539,17 +547,33 @@ def mla_hbm_us(gpu: GPU, nbytes: float) -> float:
     return 0.0 if nbytes <= gpu.l2_mib * 2**20 else nbytes / (gpu.hbm_tb_s * 1e6)
 
 
+def mla_lent_decode_us(us: float, floor_us: float, floor_bytes: float, nbytes: float,
+                       lender: GPU, gpu: GPU) -> float:
+    """One MLA decode call's microseconds on ``gpu`` from ``lender``'s table: ``us`` the
+    lender's time for the call, which reads ``nbytes`` (:func:`mla_stream_bytes`);
+    ``floor_us`` the lender's fastest call of the same formats and heads, which reads
+    ``floor_bytes``. Both calls' reading from HBM (:func:`mla_hbm_us`, at the lender's
+    bandwidth and L2) is taken off and put back at ``gpu``'s: the floor's rest (the launch
+    floor) kept, the call's time above the floor beyond what it reads scaled by HBM
+    bandwidth. The floor's own reading is the floor's: a call whose weights stream from HBM
+    has that reading in its floor too, and taking it off only the call would count it
+    twice."""
+    above = max(us - floor_us - (mla_hbm_us(lender, nbytes) - mla_hbm_us(lender, floor_bytes)),
+                0.0)
+    return (floor_us - mla_hbm_us(lender, floor_bytes) + above * lender.hbm_tb_s / gpu.hbm_tb_s
+            + mla_hbm_us(gpu, nbytes))
+
+
 def mla_report(curves: dict[Key, list[float]]) -> list[ErrorRow]:
     """The MLA module (DeepSeek-V3 attention) held out per GPU, on the curves the engine reads
     (:func:`chunktune.sim.cost.fit.mla_derive.served_curves`: the committed grids, the fastest
     backend, the H100's and H200's less the native norm chain): each GPU's curves predicted
     from its nearest other GPU with them (``coefficients.NEAREST``), scaled by the two data
     sheets. The neighbour's fastest curve point of the same formats and heads (one decode at
-    the shortest context, a one-token prefill: launch-bound) is kept as it is. A decode's
-    weights and latent cache (:func:`mla_stream_bytes`) are read from HBM only where they
-    exceed the GPU's L2 (:func:`mla_hbm_us`: the tables replay one layer): the neighbour's
-    reading is taken off, the held-out GPU's put on, and the rest above the floor scaled by
-    HBM bandwidth. A prefill's time above the floor is scaled by the dense peak of the
+    the shortest context, a one-token prefill: launch-bound) is its floor. A decode is
+    :func:`mla_lent_decode_us`: what it and its floor read from HBM beyond L2 at each GPU's
+    bandwidth, the rest of the floor kept and the rest above it scaled by HBM bandwidth. A
+    prefill's floor is kept and its time above the floor scaled by the dense peak of the
     weights' dtype (compute-bound). No fitted form and no borrowing in the engine (a GPU
     without its own table is refused): this is what borrowing a neighbour's table would
     make."""
@@ -561,16 +585,21 @@ def mla_report(curves: dict[Key, list[float]]) -> list[ErrorRow]:
             if src is None:
                 continue
             G, S = resolve_gpu(g), resolve_gpu(src)
-            floor: dict[tuple[str, str, int], float] = {}
+            # per formats and heads: the lender's fastest point and what that call reads
+            floor: dict[tuple[str, str, int], tuple[float, float]] = {}
             for key, us in curves.items():
-                if key[:2] == (src, kind):
-                    floor[key[2:5]] = min(min(us), floor.get(key[2:5], math.inf))
+                if key[:2] != (src, kind):
+                    continue
+                i = int(np.argmin(us))
+                if us[i] < floor.get(key[2:5], (math.inf, 0.0))[0]:
+                    floor[key[2:5]] = (us[i], mla_stream_bytes(
+                        key[2], key[3], key[4], key[5], STEPS[i]) if kind == "gen" else 0.0)
             err = []
             for key, us in curves.items():
                 other = curves.get((src, *key[1:]))
                 if key[:2] != (g, kind) or other is None:
                     continue
-                f = floor[key[2:5]]
+                f, fb = floor[key[2:5]]
                 if kind == "ctx":
                     fp8 = key[2].startswith("fp8") and G.fp8_tflops > 0 and S.fp8_tflops > 0
                     ratio = (S.fp8_tflops / G.fp8_tflops if fp8
@@ -580,8 +609,7 @@ def mla_report(curves: dict[Key, list[float]]) -> list[ErrorRow]:
                     continue
                 for step, o, u in zip(STEPS, other, us, strict=True):
                     b = mla_stream_bytes(key[2], key[3], key[4], key[5], step)
-                    rest = max(o - f - mla_hbm_us(S, b), 0.0) * S.hbm_tb_s / G.hbm_tb_s
-                    err.append(abs((f + rest + mla_hbm_us(G, b)) / u - 1.0))
+                    err.append(abs(mla_lent_decode_us(o, f, fb, b, S, G) / u - 1.0))
             if err:
                 out.append(ErrorRow.of(f"mla-{name}", f"{g} from {src}'s table", "loo-table",
                                        np.array(err)))
