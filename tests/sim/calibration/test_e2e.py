@@ -238,6 +238,31 @@ def test_moe_rows_run_the_checkpoint_and_split_they_record():
     assert nightly.vllm_version is None
 
 
+def test_the_b200_kimi_nvfp4_rows_run_tensor_parallel_alone_as_their_script_served_them():
+    """InferenceX's kimik2.5_fp4_b200.sh passes --tensor-parallel-size alone (no
+    --enable-expert-parallel, no --data-parallel-size; its config's ``ep: 4`` was set to 1 by
+    InferenceX #1019): rows recorded with expert parallelism run the experts sharded, those
+    recorded with attention data parallelism run TP 4 with concurrency x DP in flight (the
+    same measurements recorded a second time as TP 4 rows of that concurrency)."""
+    silicon, _ = fidelity_e2e.load(None)
+    kimi = [r for r in silicon if r.model == "moonshotai/Kimi-K2.5" and r.precision == "fp4"
+            and r.system == "b200_sxm"]
+    assert len(kimi) == 75
+    assert {(r.attention_dp, r.moe_ep, r.moe_tp == r.tp) for r in kimi} == {(1, 1, True)}
+    assert {r.group for r in kimi} == {"b200 fp4 Kimi-K2.5"}
+    assert sorted({r.concurrency for r in kimi}) == [4, 8, 16, 32, 64]
+    args = e2e.silicon_engine(next(r for r in kimi if r.tp == 4))[0]
+    assert (args.tensor_parallel_size, args.data_parallel_size,
+            args.enable_expert_parallel) == (4, 1, False)
+    raw = e2e.ServingRun("moonshotai/Kimi-K2.5", "b200_sxm", "0.17.0", "fp4", 1024, 1024, 2, 4,
+                         0.18, 0.0105, attention_dp=4, moe_tp=1, moe_ep=16)
+    assert (e2e.served(raw).concurrency, e2e.served(raw).attention_dp,
+            e2e.served(raw).moe_ep, e2e.served(raw).moe_tp) == (8, 1, 1, 4)
+    # the other scripts' rows as recorded: MiniMax's B200 script passes both flags
+    other = dataclasses.replace(raw, model="MiniMaxAI/MiniMax-M2.5")
+    assert e2e.served(other) == other
+
+
 def test_attention_data_parallel_rows_run_tp_ranks_of_tp_1():
     """A row with attention data parallelism ran InferenceX's ``DP_ATTENTION=true`` flags:
     ``--tensor-parallel-size=1 --data-parallel-size=$TP --enable-expert-parallel`` (its
