@@ -129,10 +129,11 @@ MOE_THRESHOLDS: dict[str, tuple[float, float, int]] = {
     # --enable-expert-parallel (EP_SIZE -ge 1), not modelled here
     "h200 fp8 MiniMax-M2.5": (0.06, 0.31, 30),
     # 2.5% / 9.8% with the shared expert on vLLM's side stream (3.1% / 10.7% before; all 45
-    # rows 2.1% -> 3.0% / 12.2%). 3.1% / 10.7% (26.6% / 3.1% before) since the H200's MLA module table runs without the
-    # native norm chain AIConfigurator's first collector timed (mla_table): its decodes
-    # 92 -> 48 us a layer, its prefills shorter too; its TTFT was right by the slow decodes
-    # it shared a step with (1024-token prompts under load now 10-20% fast)
+    # rows 2.1% -> 3.0% / 12.2%). 3.1% / 10.7% (26.6% / 3.1% before) since the H200's MLA
+    # module table runs without the native norm chain AIConfigurator's first collector
+    # timed (mla_table): its decodes 92 -> 48 us a layer, its prefills shorter too; its
+    # TTFT was right by the slow decodes it shared a step with (1024-token prompts under
+    # load now 10-20% fast)
     "h200 int4 Kimi-K2.5": (0.035, 0.11, 18),
     # attention data parallelism (DP = TP ranks of TP 1, sim.engine.data_parallel), replayed
     # since 2026-12-06 and not fitted: MiniMax FP8 5.2% / 13.1%, its FP4 pair 3.6% / 39.7%;

@@ -197,7 +197,8 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
             # stream's lengthened by the SMs the shared GEMMs hold meanwhile
             busy = up * side_stream_sm_share(T, 2 * si, gpu) \
                 + down * side_stream_sm_share(T, h, gpu)
-            out["experts"] = np.where(T <= side, np.maximum(out["experts"] + busy, up + down),
+            alongside = np.less_equal(T, side)
+            out["experts"] = np.where(alongside, np.maximum(out["experts"] + busy, up + down),
                                       out["experts"] + up + down)
         inter = model.moe_intermediate_size * model.num_experts_per_tok / tp
     else:
