@@ -50,7 +50,8 @@ def test_kimi_nvfp4_shared_expert_and_dense_layer_run_the_b200_nvfp4_grid():
             + gemm_time(t, si, h, gpu, c, dtype)
         return out
 
-    ops = linear_op_times(model, gpu, tp, t, c, "bf16")
+    serial = {"VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1"}  # no side stream: one after another
+    ops = linear_op_times(model, gpu, tp, t, c, "bf16", vllm_env=serial)
     routed = linear_op_times(model.with_overrides(num_shared_experts=0), gpu, tp, t, c, "bf16")
     assert ops["experts"] - routed["experts"] == pytest.approx(shared("nvfp4"))
     assert not np.allclose(shared("nvfp4"), shared("fp8"))
@@ -98,3 +99,42 @@ def test_without_a_measured_nvfp4_grid_the_shared_expert_stays_borrowed():
     model = _checkpoint("nvidia--Kimi-K2.5-NVFP4")
     for gpu in ("h200", "b300"):
         assert four_bit_linear_dtype(model, resolve_gpu(gpu), "shared_experts") == "fp8"
+
+
+def test_the_shared_expert_runs_on_a_side_stream_in_steps_of_up_to_256_tokens():
+    """vLLM 0.15-0.33's SharedFusedMoE runs an MoE layer's shared experts on a side CUDA
+    stream beside the router and the routed experts in steps of at most
+    VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (256) tokens: the layer takes the longer of
+    the two, the routed side lengthened by the share of the SMs the shared GEMMs hold (one
+    CTA a 128 x 128 output tile); longer steps, or VLLM_DISABLE_SHARED_EXPERTS_STREAM=1, run
+    them one after the other."""
+    model = _checkpoint("nvidia--Kimi-K2.5-NVFP4")
+    gpu = resolve_gpu("b200")
+    c, tp = coefficients(gpu), 4
+    t = np.array([4.0, 64.0, 256.0, 257.0, 2048.0])
+    si = model.num_shared_experts * model.moe_intermediate_size / tp
+    h = model.hidden_size
+    up, down = (gemm_time(t, h, 2 * si, gpu, c, "nvfp4"), gemm_time(t, si, h, gpu, c, "nvfp4"))
+    main = linear_op_times(model.with_overrides(num_shared_experts=0), gpu, tp, t, c,
+                           "bf16")["experts"]
+    side = linear_op_times(model, gpu, tp, t, c, "bf16")["experts"]
+    serial = linear_op_times(model, gpu, tp, t, c, "bf16",
+                             vllm_env={"VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1"})["experts"]
+    assert serial == pytest.approx(main + up + down)
+    # 4-256 tokens: beside the routed experts, which take longer; 8 and 56 tiles (twice as
+    # many at 256 tokens: two rows of tiles) of the B200's 148 SMs
+    rows = np.array([1, 1, 2])
+    assert np.all(main[:3] > (up + down)[:3])
+    assert side[:3] == pytest.approx(main[:3] + up[:3] * rows * 8 / 148
+                                     + down[:3] * rows * 56 / 148)
+    assert np.all(side[:3] < serial[:3])
+    assert side[3:] == pytest.approx(serial[3:])
+    # a lower threshold moves the switch
+    env = {"VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD": "32"}
+    assert linear_op_times(model, gpu, tp, t, c, "bf16", vllm_env=env)["experts"][1:] \
+        == pytest.approx(serial[1:])
+    # a model without shared experts is unchanged
+    minimax = _checkpoint("nvidia--MiniMax-M2.5-NVFP4")
+    assert linear_op_times(minimax, gpu, tp, t, c, "bf16")["experts"] == pytest.approx(
+        linear_op_times(minimax, gpu, tp, t, c, "bf16", vllm_env={
+            "VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1"})["experts"])

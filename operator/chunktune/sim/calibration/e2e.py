@@ -99,6 +99,17 @@ SILICON_MOE_MODELS: dict[str, tuple[str, dict[str, str]]] = {
         "fp4": "nvidia--Kimi-K2.5-NVFP4_config.json"}),
     "openai/gpt-oss-120b": ("gpt-oss-120b", {"fp4": "openai--gpt-oss-120b_config.json"}),
 }
+#: silicon-e2e-moe's (``model_path``, ``system``, ``precision``) rows whose InferenceX script
+#: serves ``--tensor-parallel-size=$TP`` alone, whatever split the row records: Kimi-K2.5's
+#: NVFP4 export on the B200 (``benchmarks/single_node/kimik2.5_fp4_b200.sh``, every version
+#: from its first, 2026-03-11, to the rows' last, 2026-04-20, has neither
+#: ``--enable-expert-parallel`` nor ``--data-parallel-size``; InferenceX #1019 set the config's
+#: ``ep: 4`` to 1 on 2026-04-14: "script has no EP support"). Its rows labelled ``ep 4`` ran
+#: the experts sharded over the TP ranks, and those labelled ``attention_dp 4`` (``moe_ep``
+#: 16) TP 4 too, with ``concurrency x attention_dp`` in flight (their ``silicon_concurrency``,
+#: the script's ``--max-concurrency``; the same measurements appear in the data a second time
+#: as ``tp 4, ep 4`` rows of that concurrency): :func:`served`.
+TP_ONLY_SCRIPTS = frozenset({("moonshotai/Kimi-K2.5", "b200_sxm", "fp4")})
 #: Where the replay reads the MoE checkpoints' ``config.json`` (the committed copies of the
 #: shared data's ``model-configs``; :func:`set_moe_configs` points it elsewhere).
 MOE_CONFIGS = Path(__file__).resolve().parents[4] / "bench" / "data" / "e2e" / "model-configs"
@@ -182,14 +193,25 @@ def read_silicon(path: Path) -> list[ServingRun]:
                     image = part.rsplit(":", 1)[1].strip()
             if version and version.startswith("nightly"):
                 version = None
-            out.append(ServingRun(
+            out.append(served(ServingRun(
                 r["model_path"], r["system"], version, r["precision"],
                 int(r["isl"]), int(r["osl"]), int(float(r["concurrency"])), tp,
                 float(r["silicon_ttft_ms"]) / 1e3, float(r["silicon_tpot_ms"]) / 1e3,
                 int(float(r.get("attention_dp_size") or 1)),
                 int(float(r.get("moe_tp_size") or 0)), int(float(r.get("moe_ep_size") or 1)),
-                image))
+                image)))
     return out
+
+
+def served(run: ServingRun) -> ServingRun:
+    """``run`` with the parallelism its server ran: as recorded, but for the rows of a script
+    that serves tensor parallelism alone (:data:`TP_ONLY_SCRIPTS`), whose recorded expert and
+    data-parallel split it never passed to vLLM: their experts sharded over the TP ranks and
+    all ``concurrency x attention_dp`` requests in flight on the one engine."""
+    if (run.model, run.system, run.precision) not in TP_ONLY_SCRIPTS:
+        return run
+    return replace(run, concurrency=run.concurrency * run.attention_dp, attention_dp=1,
+                   moe_tp=run.tp, moe_ep=1)
 
 
 @dataclass(frozen=True)

@@ -193,16 +193,26 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     q = model.q_dim / tp
     kv = max(1, math.ceil(model.num_key_value_heads / tp)) * model.head_dim
     if model.is_moe:
-        out["experts"] = moe_time(model, gpu, tp, T, c, weight_dtype, use_table,
-                                  expert_parallel, vllm_env) + gemm_time(
-            T, h, model.num_experts, gpu, c, "bf16", use_table)  # the router stays bf16
+        routed = moe_time(model, gpu, tp, T, c, weight_dtype, use_table, expert_parallel,
+                          vllm_env)
+        router = gemm_time(T, h, model.num_experts, gpu, c, "bf16", use_table)  # bf16
+        out["experts"] = routed + router
         if model.num_shared_experts or model.shared_expert_intermediate_size:
             si = (model.shared_expert_intermediate_size
                   or model.num_shared_experts * model.moe_intermediate_size) / tp
             # shared experts the checkpoint quantizes to 4 bits: four_bit_linear_dtype
             shared = four_bit_linear_dtype(model, gpu, "shared_experts") or weight_dtype
-            out["experts"] = out["experts"] + gemm_time(T, h, 2 * si, gpu, c, shared, use_table) \
-                + gemm_time(T, si, h, gpu, c, shared, use_table)
+            up = gemm_time(T, h, 2 * si, gpu, c, shared, use_table)
+            down = gemm_time(T, si, h, gpu, c, shared, use_table)
+            side = shared_experts_side_stream(vllm_env) if gpu.name != "cpu" else 0
+            # on the side stream the shared experts run beside the router and the routed
+            # experts (SharedFusedMoE): the layer takes the longer of the two, the main
+            # stream's lengthened by the SMs the shared GEMMs hold meanwhile
+            busy = up * side_stream_sm_share(T, 2 * si, gpu) \
+                + down * side_stream_sm_share(T, h, gpu)
+            alongside = np.less_equal(T, side)
+            out["experts"] = np.where(alongside, np.maximum(out["experts"] + busy, up + down),
+                                      out["experts"] + up + down)
         inter = model.moe_intermediate_size * model.num_experts_per_tok / tp
     else:
         inter = model.intermediate_size / tp
@@ -221,6 +231,42 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
         ew_bytes = ew_bytes + T * b * (q + kv)
     out["elementwise"] = kernels * c.elementwise_overhead_s + ew_bytes / (
         B * c.elementwise_memory_eff)
+    return out
+
+
+#: vLLM's ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` default (0.15.1, 0.17, 0.19, 0.33
+#: ``envs.py``): steps of at most this many tokens run an MoE layer's shared experts on a
+#: side CUDA stream.
+SHARED_EXPERTS_STREAM_TOKENS = 256
+
+
+def shared_experts_side_stream(vllm_env: Mapping[str, str] | None = None) -> int:
+    """The most tokens a step may have for vLLM to run the shared experts of an MoE layer on a
+    side CUDA stream (``aux_stream()``), beside the router GEMM and the routed experts
+    (``SharedFusedMoE``; vLLM 0.17 ``fused_moe/runner/default_moe_runner.py``
+    ``_maybe_setup_shared_experts_stream``); 0 with
+    ``VLLM_DISABLE_SHARED_EXPERTS_STREAM=1``. Not for the data-parallel chunked path, which
+    the data-parallel step prices apart."""
+    env = vllm_env or {}
+    if _env_flag(env, "VLLM_DISABLE_SHARED_EXPERTS_STREAM"):
+        return 0
+    return int(env.get("VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD",
+                       SHARED_EXPERTS_STREAM_TOKENS))
+
+
+#: Output rows and columns of one CTA's tile in the GEMMs a decode step runs (128 x 128,
+#: the CUTLASS / FlashInfer tile of Hopper's and Blackwell's FP8 and FP4 GEMMs at small M).
+GEMM_TILE = 128
+
+
+def side_stream_sm_share(tokens: np.ndarray, n: float, gpu: GPU) -> np.ndarray:
+    """The share of ``gpu``'s SMs a GEMM of ``tokens`` rows and ``n`` output columns holds
+    while it runs on a side stream, one CTA a 128 x 128 output tile (:data:`GEMM_TILE`), at
+    most all of them: the routed experts' kernel beside it, which fills the GPU, waits that
+    share of the GEMM's time for its SMs. Derived from the tile and the SM count; not
+    measured (no concurrent-kernel timing here)."""
+    ctas = np.ceil(np.maximum(tokens, 1) / GEMM_TILE) * math.ceil(n / GEMM_TILE)
+    out: np.ndarray = np.minimum(1.0, ctas / gpu.sm_count)
     return out
 
 
@@ -775,9 +821,14 @@ class StepCostModel:
         b = model.dtype_bytes
         # an MoE model's dense layers (first_k_dense_replace, moe_layer_freq) run a dense MLP
         dense = model.num_dense_layers if model.is_moe else 0
+        # with data parallelism the routed experts leave the rank's step (below) and the
+        # shared experts run in it, one after the other (vLLM's chunked DP path, or the
+        # all2all kernel owning them, runs no side stream)
+        lin_env = {**(vllm_env or {}), "VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1"} \
+            if data_parallel_size > 1 else vllm_env
         lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype,
                                 expert_parallel=expert_parallel,
-                                vllm_env=vllm_env) * (layers - dense)
+                                vllm_env=lin_env) * (layers - dense)
         if dense:
             # 4-bit dense MLPs of an MoE model: what four_bit_linear_dtype says
             lin = lin + linear_layer_time(dense_layer(model), gpu, tp, tokens, c,
