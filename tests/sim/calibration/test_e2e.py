@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import csv
+
 import dataclasses
 import statistics
 import sys
@@ -254,6 +256,25 @@ def test_attention_data_parallel_rows_run_tp_ranks_of_tp_1():
     assert rep.skipped is None and rep.ttft_s and rep.tpot_s
     odd = dataclasses.replace(dp, attention_dp=2, tp=4)
     assert "DP = TP ranks of TP 1" in (e2e.replay_silicon(odd).skipped or "")
+
+
+def test_attention_data_parallel_rows_replay_the_benchmarks_concurrency():
+    """AIConfigurator counts an attention-DP row's ``concurrency`` per DP rank: each such row
+    records the benchmark's ``silicon_concurrency`` as DP times it (the others: equal), and
+    InferenceX's client kept that many in flight over all the ranks, which the replay runs."""
+    silicon, _ = fidelity_e2e.load(None)
+    raw = {}
+    with fidelity_e2e.SILICON_MOE.open() as fh:
+        for r in csv.DictReader(line for line in fh if not line.startswith("#")):
+            raw.setdefault(int(float(r["attention_dp_size"] or 1)), []).append(r)
+    assert all(f"silicon_concurrency={int(float(r['concurrency'])) * dp}" in
+               r["silicon_data_source"] for dp, rows in raw.items() if dp > 1 for r in rows)
+    dp_rows = [r for r in silicon if r.is_moe and r.attention_dp > 1]
+    assert len(dp_rows) == sum(len(v) for k, v in raw.items() if k > 1)
+    kimi = [r for r in dp_rows if r.model == "moonshotai/Kimi-K2.5"]
+    # the client's counts: 4 x the per-rank 1, 2, 4, 8 and 16
+    assert sorted({r.concurrency for r in kimi}) == [4, 8, 16, 32, 64]
+    assert all(r.concurrency % r.attention_dp == 0 for r in dp_rows)
 
 
 @pytest.mark.slow
