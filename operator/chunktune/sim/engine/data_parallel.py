@@ -6,8 +6,9 @@ N engine cores, each a copy of the model's attention (tensor-parallel within the
 own scheduler and KV cache; the API server sends each request to the engine with the lowest
 ``4 x waiting + running``. The routed experts are split whole over all ``N x TP`` ranks
 (``--enable-expert-parallel``), so every MoE layer needs every rank: the ranks step together,
-a rank without requests running a dummy forward, and with CUDA graphs each rank's tokens are
-padded to the largest rank's (``_post_process_dp_padding``).
+a rank without requests running a dummy forward, and where every rank's batch runs as a CUDA
+graph each rank's tokens are padded to the largest rank's graph size
+(``_post_process_dp_padding``; :meth:`DataParallelEngine.step_time`).
 
 The simulated step: every rank schedules its own requests; the step takes the slowest rank's
 time, each rank's own forward (attention, dense parts, all-reduces, sampler) plus the routed
@@ -15,8 +16,8 @@ experts on the gathered tokens of all ranks with the dispatch and combine betwee
 (:meth:`chunktune.sim.cost.step_time.StepCostModel.dp_experts_time`).
 
 Assumed: the router sees the engines' counts at once (vLLM's coordinator publishes them every
-100 ms; the client counts its own choices between); a dummy forward is one token with no
-attention and no sampling.
+100 ms; the client counts its own choices between); a dummy forward is one token (or the
+padded graph size) with no attention and no sampling.
 """
 
 from __future__ import annotations
