@@ -44,19 +44,57 @@ def test_a_rank_holds_its_attention_whole_and_its_share_of_the_experts(dp2):
 
 
 def test_an_idle_rank_runs_a_dummy_step_and_the_experts_see_every_rank(dp2):
-    """With one request on two ranks, the other rank runs a one-token dummy forward; the
-    experts run on both ranks' tokens, each padded to the larger (CUDA graphs)."""
+    """With one request on two ranks, the other rank runs a one-token dummy forward; a
+    300-token prefill exceeds the capture sizes (max_num_seqs 64: up to 128), so no rank is
+    padded (vLLM pads only when every rank runs a graph): the experts see 300 + 1 tokens and
+    the dummy runs without its graph."""
+    assert dp2.cfg.cudagraph_capture_sizes[-1] == 128
     sched = Scheduler(dp2.cfg, dp2.memory.num_gpu_blocks)
     sched.add_request(Request(0, 0.0, 300, 10))
     plan = sched.schedule(0.0)
     assert plan.num_tokens == 300
     cost = dp2.cost
-    busy = cost.step_time(300, 1, plan.num_logits, plan.prefill_chunks, 0, 0, 600)
-    dummy = cost.step_time(1, 0, 0, [], 0, 0, 600)
+    busy = cost.step_time(300, 1, plan.num_logits, plan.prefill_chunks, 0, 0, 301)
+    dummy = cost.step_time(1, 0, 0, [], 0, 0, 301, without_graphs=True)
     assert dp2.step_time([plan, None]) == pytest.approx(max(busy, dummy))
     # the experts of the gathered 600 tokens cost more than those of the rank's 300 alone
     assert cost.dp_experts_time(600) > cost.dp_experts_time(300) > 0.0
     assert busy > cost.step_time(300, 1, plan.num_logits, plan.prefill_chunks, 0, 0, 300)
+    # a graph-less forward of one token costs the host's kernel launches
+    assert dummy > cost.step_time(1, 0, 0, [], 0, 0, 301)
+
+
+def test_graphed_ranks_run_the_largest_ranks_padded_graph(dp2):
+    """Decodes that fit a graph on every rank: each rank (the idle one's dummy too) runs the
+    largest rank's capture size, and the experts see DP x that many tokens
+    (``dp_utils._post_process_dp_padding``)."""
+    sched = Scheduler(dp2.cfg, dp2.memory.num_gpu_blocks)
+    for i in range(3):
+        sched.add_request(Request(i, 0.0, 8, 10))
+    plan = sched.schedule(0.0)
+    assert plan.num_tokens == 24  # a capture size
+    sched.apply(plan, 0.01)
+    plan = sched.schedule(0.01)
+    assert plan.num_decodes == 3 and plan.num_tokens == 3
+    cost = dp2.cost
+    busy = cost.step_time(4, 3, plan.num_logits, [], 3, plan.decode_context_tokens, 8)
+    dummy = cost.step_time(4, 0, 0, [], 0, 0, 8)
+    assert dp2.step_time([plan, None]) == pytest.approx(max(busy, dummy))
+    # with a peer past the capture sizes, the same decodes run unpadded and without graphs
+    big = Scheduler(dp2.cfg, dp2.memory.num_gpu_blocks)
+    big.add_request(Request(9, 0.0, 1000, 10))
+    prefill = big.schedule(0.0)
+    assert prefill.num_tokens > dp2.cfg.cudagraph_capture_sizes[-1]
+    gathered = prefill.num_tokens + 3
+    eager = cost.step_time(3, 3, plan.num_logits, [], 3, plan.decode_context_tokens, gathered,
+                           without_graphs=True)
+    assert eager == pytest.approx(cost.step_time(3, 3, plan.num_logits, [], 3,
+                                                 plan.decode_context_tokens, gathered)
+                                  + cost.c.eager_launch_overhead_per_layer_s
+                                  * dp2.cfg.model.num_hidden_layers)
+    first = cost.step_time(prefill.num_tokens, 1, prefill.num_logits, prefill.prefill_chunks,
+                           0, 0, gathered)
+    assert dp2.step_time([plan, prefill]) == pytest.approx(max(eager, first))
 
 
 def test_requests_are_spread_over_the_ranks_and_each_has_its_own_kv_cache(dp2):

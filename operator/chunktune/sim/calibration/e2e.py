@@ -181,21 +181,30 @@ class ServingRun:
 def read_silicon(path: Path) -> list[ServingRun]:
     """The rows of ``silicon-e2e.csv`` or ``silicon-e2e-moe.csv`` (the shared data's or the
     committed copy). A MoE row's vLLM version is its ``backend_version`` (None for a nightly
-    build: the current release's defaults apply)."""
+    build: the current release's defaults apply). A row's concurrency is the client's requests
+    in flight, the benchmark's ``silicon_concurrency`` where the row's source records it: a row
+    with attention data parallelism counts ``concurrency`` per DP rank (AIConfigurator's
+    convention; every such row records ``silicon_concurrency`` = ``concurrency`` x
+    ``attention_dp_size``, every other row the two equal), and InferenceX's client kept the
+    benchmark's in flight over all the ranks."""
     out = []
     with path.open() as fh:
         for r in csv.DictReader(line for line in fh if not line.startswith("#")):
             tp = int(float(r["tp_size"]))
             version = r["backend_version"] or None
             image = ""
+            concurrency = int(float(r["concurrency"]))
             for part in (r.get("silicon_data_source") or "").split(";"):
                 if "vllm-openai:" in part:
                     image = part.rsplit(":", 1)[1].strip()
+                key, _, value = part.strip().partition("=")
+                if key == "silicon_concurrency":
+                    concurrency = int(value)
             if version and version.startswith("nightly"):
                 version = None
             out.append(served(ServingRun(
                 r["model_path"], r["system"], version, r["precision"],
-                int(r["isl"]), int(r["osl"]), int(float(r["concurrency"])), tp,
+                int(r["isl"]), int(r["osl"]), concurrency, tp,
                 float(r["silicon_ttft_ms"]) / 1e3, float(r["silicon_tpot_ms"]) / 1e3,
                 int(float(r.get("attention_dp_size") or 1)),
                 int(float(r.get("moe_tp_size") or 0)), int(float(r.get("moe_ep_size") or 1)),
@@ -207,11 +216,12 @@ def served(run: ServingRun) -> ServingRun:
     """``run`` with the parallelism its server ran: as recorded, but for the rows of a script
     that serves tensor parallelism alone (:data:`TP_ONLY_SCRIPTS`), whose recorded expert and
     data-parallel split it never passed to vLLM: their experts sharded over the TP ranks and
-    all ``concurrency x attention_dp`` requests in flight on the one engine."""
+    the client's requests (``run.concurrency``: :func:`read_silicon` reads the benchmark's
+    ``silicon_concurrency``, ``concurrency x attention_dp`` on such a row) in flight on the one
+    engine."""
     if (run.model, run.system, run.precision) not in TP_ONLY_SCRIPTS:
         return run
-    return replace(run, concurrency=run.concurrency * run.attention_dp, attention_dp=1,
-                   moe_tp=run.tp, moe_ep=1)
+    return replace(run, attention_dp=1, moe_tp=run.tp, moe_ep=1)
 
 
 @dataclass(frozen=True)

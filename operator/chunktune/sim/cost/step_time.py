@@ -999,13 +999,17 @@ class StepCostModel:
 
     def step_time(self, num_tokens: int, num_reqs: int, num_logits: int,
                   prefill_chunks: list[tuple[int, int]], num_decodes: int,
-                  decode_context_tokens: int, gathered_tokens: int = 0) -> float:
+                  decode_context_tokens: int, gathered_tokens: int = 0,
+                  without_graphs: bool = False) -> float:
         """Seconds for one step.
 
         ``prefill_chunks``: ``(chunk_tokens, already_computed_tokens)`` per prefilling request;
         ``decode_context_tokens``: the summed context length of the decodes;
         ``gathered_tokens``: with data parallelism, the tokens of all ranks the routed experts
-        run on (:meth:`dp_experts_time`, part of the GPU's time).
+        run on (:meth:`dp_experts_time`, part of the GPU's time); ``without_graphs``: a batch
+        that would run as a CUDA graph runs without one (a data-parallel rank whose peer's
+        batch exceeds the capture sizes): the host launches its kernels, as under
+        ``--enforce-eager``.
         """
         if num_tokens == 0:
             return 0.0
@@ -1021,6 +1025,8 @@ class StepCostModel:
         host = self._overhead + self._per_req * num_reqs
         t = self.forward_time(num_tokens, num_logits, prefill_chunks, num_decodes,
                               decode_context_tokens)
+        if without_graphs and not self._eager:
+            t += self.c.eager_launch_overhead_per_layer_s * self._layers
         if self._dp_experts:
             t += self.dp_experts_time(gathered_tokens)
         return max(host, t) if self.async_scheduling else host + t

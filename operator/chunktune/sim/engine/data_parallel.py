@@ -6,8 +6,9 @@ N engine cores, each a copy of the model's attention (tensor-parallel within the
 own scheduler and KV cache; the API server sends each request to the engine with the lowest
 ``4 x waiting + running``. The routed experts are split whole over all ``N x TP`` ranks
 (``--enable-expert-parallel``), so every MoE layer needs every rank: the ranks step together,
-a rank without requests running a dummy forward, and with CUDA graphs each rank's tokens are
-padded to the largest rank's (``_post_process_dp_padding``).
+a rank without requests running a dummy forward, and where every rank's batch runs as a CUDA
+graph each rank's tokens are padded to the largest rank's graph size
+(``_post_process_dp_padding``; :meth:`DataParallelEngine.step_time`).
 
 The simulated step: every rank schedules its own requests; the step takes the slowest rank's
 time, each rank's own forward (attention, dense parts, all-reduces, sampler) plus the routed
@@ -15,12 +16,13 @@ experts on the gathered tokens of all ranks with the dispatch and combine betwee
 (:meth:`chunktune.sim.cost.step_time.StepCostModel.dp_experts_time`).
 
 Assumed: the router sees the engines' counts at once (vLLM's coordinator publishes them every
-100 ms; the client counts its own choices between); a dummy forward is one token with no
-attention and no sampling.
+100 ms; the client counts its own choices between); a dummy forward is one token (or the
+padded graph size) with no attention and no sampling.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Mapping
 
@@ -60,21 +62,38 @@ class DataParallelEngine:
         return scores.index(min(scores))
 
     def step_time(self, plans: list[StepPlan | None]) -> float:
-        """One lockstep step: the slowest rank (a rank with nothing scheduled runs a dummy
-        forward of one token), the experts on the gathered tokens (each rank padded to the
-        largest under CUDA graphs)."""
+        """One lockstep step: the slowest rank, the routed experts on the gathered tokens.
+
+        vLLM (0.15-0.19 ``dp_utils.coordinate_batch_across_dp``) all-reduces each rank's
+        token count and CUDA-graph mode every step and takes the lowest mode: where every
+        rank's batch fits a captured graph (at most the largest capture size), each rank
+        runs the largest rank's graph size (``_post_process_dp_padding``: its dense layers on
+        the padded rows, an idle rank's one-token dummy forward too) and the experts see
+        ``DP x`` that many tokens; where one rank's batch exceeds the capture sizes (a long
+        prefill chunk), no rank pads, the experts see the ranks' own tokens (an idle rank's
+        one) and every rank runs without graphs, those whose own batch would have had one
+        launching its kernels from the host (``StepCostModel.step_time(without_graphs=)``)."""
+        sizes = self.cfg.cudagraph_capture_sizes
         tokens = [p.num_tokens if p is not None else 1 for p in plans]
-        gathered = (len(tokens) * max(tokens) if not self.cfg.enforce_eager
-                    else sum(tokens))
+        graphed = bool(sizes) and max(tokens) <= sizes[-1]
+        if graphed:
+            padded = sizes[bisect.bisect_left(sizes, max(tokens))]
+            run = [padded] * len(tokens)
+            gathered = padded * len(tokens)
+        else:
+            run = tokens
+            gathered = sum(tokens)
         cost = self.cost
         worst = 0.0
-        for p in plans:
+        for p, n in zip(plans, run, strict=True):
+            # a batch that would have had a graph but runs without one (a peer's is too big)
+            forced = not graphed and bool(sizes) and n <= sizes[-1]
             if p is None:
-                t = cost.step_time(1, 0, 0, [], 0, 0, gathered)
+                t = cost.step_time(n, 0, 0, [], 0, 0, gathered, without_graphs=forced)
             else:
-                t = cost.step_time(p.num_tokens, len(p.scheduled), p.num_logits,
-                                   p.prefill_chunks, p.num_decodes, p.decode_context_tokens,
-                                   gathered)
+                t = cost.step_time(n, len(p.scheduled), p.num_logits, p.prefill_chunks,
+                                   p.num_decodes, p.decode_context_tokens, gathered,
+                                   without_graphs=forced)
             worst = max(worst, t)
         return worst
 
