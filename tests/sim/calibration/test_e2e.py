@@ -224,7 +224,7 @@ def test_moe_rows_run_the_checkpoint_and_split_they_record():
     (a nightly's: the current one), and is reported under its GPU, precision and model."""
     silicon, _ = fidelity_e2e.load(None)
     moe = [r for r in silicon if r.is_moe]
-    assert len(moe) == 776
+    assert len(moe) == 531  # 776 rows, each measurement once (e2e.distinct)
     ep = next(r for r in moe if r.model == "MiniMaxAI/MiniMax-M2.5" and r.precision == "fp8"
               and r.moe_ep == 2 and r.attention_dp == 1)
     assert (ep.group, ep.tp, ep.moe_tp, ep.vllm_version) == (
@@ -242,6 +242,33 @@ def test_moe_rows_run_the_checkpoint_and_split_they_record():
     assert nightly.vllm_version is None
 
 
+def test_a_measurement_recorded_more_than_once_is_replayed_once(tmp_path):
+    """silicon-e2e-moe.csv holds most runs two or three times (the database dump, the per-day
+    files, the gap analysis, which rounds the means to 0.01 ms): each is read once
+    (``e2e.distinct``), keeping an image tag a copy records, so a group's median weighs every
+    run alike; runs that differ in load, split or means stay apart."""
+    head = ("model_path,system,backend,backend_version,precision,gemm_quant_mode,moe_quant_mode,"
+            "isl,osl,concurrency,tp_size,attention_dp_size,moe_tp_size,moe_ep_size,"
+            "silicon_ttft_ms,silicon_tpot_ms,silicon_data_source\n")
+    row = ("moonshotai/Kimi-K2.5,b200_sxm,vllm,0.17.0,int4,int4,int4,1024,1024,{c},8,1,8,1,"
+           "{ttft},{tpot},{src}\n")
+    path = tmp_path / "moe.csv"
+    path.write_text(head + "".join([
+        row.format(c=4, ttft=74.14093125, tpot=7.06156491, src="source_file=a.csv"),
+        row.format(c=4, ttft=74.14, tpot=7.06, src="source_file=gap.csv"),
+        row.format(c=4, ttft=74.14093125, tpot=7.06156491,
+                   src="db-dump; silicon_concurrency=4; vllm/vllm-openai:v0.17.0"),
+        row.format(c=8, ttft=74.14093125, tpot=7.06156491, src="source_file=a.csv"),
+        row.format(c=4, ttft=74.14093125, tpot=7.2, src="source_file=a.csv"),
+    ]))
+    runs = e2e.read_silicon(path)
+    assert [(r.concurrency, round(r.tpot_s * 1e3, 2), r.image) for r in runs] == [
+        (4, 7.06, "v0.17.0"), (8, 7.06, ""), (4, 7.2, "")]
+    silicon, _ = fidelity_e2e.load(None)
+    int4 = [r for r in silicon if r.group == "b200 int4 Kimi-K2.5"]
+    assert len(int4) == 15  # 45 rows in the file
+
+
 def test_the_b200_kimi_nvfp4_rows_run_tensor_parallel_alone_as_their_script_served_them():
     """InferenceX's kimik2.5_fp4_b200.sh passes --tensor-parallel-size alone (no
     --enable-expert-parallel, no --data-parallel-size; its config's ``ep: 4`` was set to 1 by
@@ -251,7 +278,7 @@ def test_the_b200_kimi_nvfp4_rows_run_tensor_parallel_alone_as_their_script_serv
     silicon, _ = fidelity_e2e.load(None)
     kimi = [r for r in silicon if r.model == "moonshotai/Kimi-K2.5" and r.precision == "fp4"
             and r.system == "b200_sxm"]
-    assert len(kimi) == 75
+    assert len(kimi) == 43  # 75 rows: 15 measurements three times, 2 twice
     assert {(r.attention_dp, r.moe_ep, r.moe_tp == r.tp) for r in kimi} == {(1, 1, True)}
     assert {r.group for r in kimi} == {"b200 fp4 Kimi-K2.5"}
     assert sorted({r.concurrency for r in kimi}) == [4, 8, 16, 32, 64]
@@ -444,8 +471,8 @@ def test_rows_name_why_they_do_not_run():
 def test_committed_tables_match_raw_data():
     silicon, runs = fidelity_e2e.load(None)
     raw_silicon, raw_runs = fidelity_e2e.load(SHARED)
-    assert silicon == raw_silicon and len(silicon) == 249 + 776
-    assert sum(r.is_moe for r in silicon) == 776
+    assert silicon == raw_silicon and len(silicon) == 249 + 531
+    assert sum(r.is_moe for r in silicon) == 531
     for name in e2e.moe_config_files():
         assert (e2e.MOE_CONFIGS / name).read_bytes() == (
             SHARED / "aiconfigurator-vllm" / "model-configs" / name).read_bytes()

@@ -186,7 +186,8 @@ def read_silicon(path: Path) -> list[ServingRun]:
     with attention data parallelism counts ``concurrency`` per DP rank (AIConfigurator's
     convention; every such row records ``silicon_concurrency`` = ``concurrency`` x
     ``attention_dp_size``, every other row the two equal), and InferenceX's client kept the
-    benchmark's in flight over all the ranks."""
+    benchmark's in flight over all the ranks. A measurement the file holds more than once is
+    read once (:func:`distinct`)."""
     out = []
     with path.open() as fh:
         for r in csv.DictReader(line for line in fh if not line.startswith("#")):
@@ -209,7 +210,26 @@ def read_silicon(path: Path) -> list[ServingRun]:
                 int(float(r.get("attention_dp_size") or 1)),
                 int(float(r.get("moe_tp_size") or 0)), int(float(r.get("moe_ep_size") or 1)),
                 image)))
-    return out
+    return distinct(out)
+
+
+def distinct(runs: list[ServingRun]) -> list[ServingRun]:
+    """``runs`` with each measurement once: silicon-e2e-moe.csv records many runs two or three
+    times, from the database dump and from the per-day and gap-analysis files (776 rows, 531
+    measurements; the B200 INT4 Kimi-K2.5's 45 rows are 15), with the same engine, load and
+    means to 0.01 ms (the gap-analysis file rounds them), so a group's median would weigh a
+    run by how many files kept it. Rows are the same measurement when they agree in
+    everything :func:`served` makes of them but the image tag, and their means to 0.01 ms;
+    the first is kept, with an image tag where a later copy records one (the flags of some
+    scripts follow the image)."""
+    kept: dict[tuple[object, ...], ServingRun] = {}
+    for run in runs:
+        key = (replace(run, image="", ttft_s=0.0, tpot_s=0.0),
+               round(run.ttft_s * 1e3, 2), round(run.tpot_s * 1e3, 2))
+        first = kept.setdefault(key, run)
+        if not first.image and run.image:
+            kept[key] = replace(first, image=run.image)
+    return list(kept.values())
 
 
 def served(run: ServingRun) -> ServingRun:
