@@ -9,6 +9,7 @@ default on CUDA in 0.31-0.33) are read from ``v1/worker/gpu/model_runner.py`` an
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -132,10 +133,12 @@ def test_model_runner_v2_warmup_pass_of_0_33():
 
 def test_releases_not_read_keep_the_0_19_calibration():
     """0.25 (Model Runner V2's default and sampler in between not read), 0.15 (no Triton
-    top-k/top-p: the sort path), the V1 runner with speculative decoding (its rejection
-    sampler's dummy run) or under 8 rows (the sort path): 15.3 B a logit, no state."""
+    top-k/top-p: the sort path), speculative decoding (the V1 runner's rejection-sampler dummy
+    run, Model Runner V2's draft rows), the V1 runner under 8 rows (the sort path): 15.3 B a
+    logit, no state."""
+    ngram = {"speculative_config": json.dumps({"method": "ngram", "num_speculative_tokens": 3})}
     for c in (cfg(version=(0, 25, 0)), cfg(version=(0, 15, 1)),
-              cfg(version=(0, 19, 0), max_num_seqs=4)):
+              cfg(version=(0, 19, 0), max_num_seqs=4), cfg(version=(0, 33, 0), **ngram)):
         assert sampler_path(c) == "" and sampler_warmup_bytes(c) is None
         plan = plan_memory(c)
         assert plan.sampler_activation == SAMPLER_BYTES_PER_LOGIT * c.max_num_seqs \

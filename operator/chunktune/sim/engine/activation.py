@@ -170,13 +170,14 @@ def padded_vocab(vocab: int) -> int:
 
 def sampler_path(cfg: ResolvedConfig) -> str:
     """How this engine's vLLM warms its sampler up (:data:`SAMPLER_PATHS`), "" where not
-    derived: a release whose code was not read; the V1 runner with speculative decoding (its
-    rejection sampler's dummy run follows the sampler's, not followed) or under 8 sequences
-    (``apply_top_k_top_p``'s PyTorch sort path, not followed). Every modelled GPU is an NVIDIA
-    one of more than 16 SMs, where ``flashinfer_sampler_supported`` holds."""
+    derived: a release whose code was not read; speculative decoding (the V1 runner's
+    rejection-sampler dummy run, Model Runner V2's draft rows: not followed); the V1 runner
+    under 8 sequences (``apply_top_k_top_p``'s PyTorch sort path, not followed). Every
+    modelled GPU is an NVIDIA one of more than 16 SMs, where ``flashinfer_sampler_supported``
+    holds."""
     v = cfg.vllm_version or CURRENT
     path = SAMPLER_PATHS.get((v[0], v[1]), "")
-    if path == V1_NATIVE and (cfg.speculative is not None or cfg.max_num_seqs < 8):
+    if cfg.speculative is not None or (path == V1_NATIVE and cfg.max_num_seqs < 8):
         return ""
     return path
 
