@@ -61,11 +61,11 @@ VLLM_0_33 = [
 ]
 
 
-def config(name, gpu, tp, **kw):
+def config(name, gpu, tp, version=None, **kw):
     model = resolve_model(config_path=CONFIGS / f"{name}_config.json", name=name)
     args = EngineArgs(**{"tensor_parallel_size": tp, "max_num_batched_tokens": 8192,
                          "max_num_seqs": 1024, **kw})
-    return resolve(args, model, resolve_gpu(gpu))
+    return resolve(args, model, resolve_gpu(gpu), version=version)
 
 
 @pytest.mark.parametrize(("name", "gpu", "tp", "experts", "workspace", "transient", "mla"),
@@ -85,26 +85,30 @@ def test_the_moe_workspace_stays_allocated_under_the_sampler_warm_up(
         name, gpu, tp, experts, workspace, transient, mla):
     """``WorkspaceManager`` keeps its buffer after ``_dummy_run``: ``_dummy_sampler_run`` runs
     with it allocated, and ``memory_profiling`` counts it (``total_consumed``) with the peak of
-    whichever pass is larger; MoE/MLA transients add to the forward pass's peak only."""
+    whichever pass is larger, as it counts Model Runner V2's penalty state (allocated when
+    the model is loaded, ``test_sampler_memory.py``); MoE/MLA transients add to the forward
+    pass's peak only."""
     # Llama-4 Scout's own 10M-token context does not fit four H100s: 131,072 as in the KV tests
     mml = 131072 if "Scout" in name else None
-    plan = plan_memory(config(name, gpu, tp, max_model_len=mml))
+    plan = plan_memory(config(name, gpu, tp, version=(0, 33, 0), max_model_len=mml))
     assert plan.moe_workspace == workspace
-    assert plan.activation_peak == workspace + max(plan.forward_activation,
-                                                   plan.sampler_activation)
-    # the acceptance set's sampler warm-up (1024 rows x a 129k-262k vocabulary) is larger than
-    # the forward pass, so the workspace is what moves their KV cache
+    assert plan.activation_peak == workspace + plan.sampler_state + max(
+        plan.forward_activation, plan.sampler_activation)
+    # vLLM 0.33's sampler warm-up (1024 rows x a 129k-262k vocabulary, 14 B a logit) is larger
+    # than the forward pass
     assert plan.sampler_activation > plan.forward_activation
 
 
 def test_deepseek_v3_kv_cache_gives_up_the_moe_workspace():
-    """8 x H200, budget 8192, 1024 sequences: TritonExperts' 2 x 8192 x 8 x 7168 bf16
-    (1.75 GiB) come off the KV cache: 676,656 -> 649,920 tokens (-3.95%; the blocks vLLM 0.33's
-    planning cuts from these bytes, ``test_kv_layout.py``)."""
-    plan = plan_memory(config("deepseek-ai--DeepSeek-V3", "h200", 8))
+    """8 x H200, budget 8192, 1024 sequences, vLLM 0.33: TritonExperts' 2 x 8192 x 8 x 7168
+    bf16 (1.75 GiB) come off the KV cache with the sampler warm-up and penalty state
+    (``test_sampler_memory.py``): 642,688 tokens (649,920 with the 0.19-calibrated sampler
+    warm-up; the blocks vLLM 0.33's planning cuts from these bytes, ``test_kv_layout.py``)."""
+    plan = plan_memory(config("deepseek-ai--DeepSeek-V3", "h200", 8, version=(0, 33, 0)))
     assert plan.moe_workspace == 2 * 8192 * 8 * 7168 * 2
-    assert plan.activation_peak == pytest.approx(plan.moe_workspace + plan.sampler_activation)
-    assert plan.kv_cache_tokens == 649_920
+    assert plan.activation_peak == pytest.approx(plan.moe_workspace + plan.sampler_state
+                                                 + plan.sampler_activation)
+    assert plan.kv_cache_tokens == 642_688
 
 
 def test_mla_chunked_prefill_rows_follow_vllm_0_33():

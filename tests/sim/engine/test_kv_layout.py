@@ -7,11 +7,12 @@ Every pinned figure is vLLM 0.33.0's own, computed by ``bench/vllm_kv_reference.
 for the same available KV memory, budget 8192 tokens and async scheduling on.
 
 The available bytes are given (``kv_cache_memory_bytes``), so these tests check the KV layout
-alone; they are the simulator's KV memory for each engine, with the weights vLLM 0.33's model
-classes allocate (``test_weights.py``, rotary caches included) and the fused-MoE workspace
-their profile run keeps (``test_activation.py``). The rest
-of start-up memory is the dense models' calibration, not measured on these models: activation
-peak, non-torch memory and CUDA graphs as ``sim/engine/memory.py`` states them
+alone; they are the simulator's KV memory for each engine at its default release (0.32),
+with the weights vLLM 0.33's model classes allocate (``test_weights.py``, rotary caches
+included), the fused-MoE workspace their profile run keeps (``test_activation.py``) and the
+sampler warm-up and penalty state of Model Runner V2 (``test_sampler_memory.py``). The rest
+of start-up memory is the dense models' calibration, not measured on these models: the
+forward pass's live set, non-torch memory and CUDA graphs as ``sim/engine/memory.py`` states them
 (docs/simulator.md, "Model families", says what an error there does to the KV tokens).
 """
 
@@ -44,22 +45,22 @@ def config(name, gpu, tp, max_model_len=None, kv_dtype="auto", **kw):
     ("name", "gpu", "tp", "max_model_len", "kv_dtype", "available", "blocks", "tokens"),
     [
         # (vLLM 0.33.0 get_kv_cache_config_from_groups num_blocks, get_kv_cache_capacity tokens)
-        ("deepseek-ai--DeepSeek-V3", "h200", 8, None, "auto", 45671191282, 40620, 649_920),
-        ("deepseek-ai--DeepSeek-V3", "h200", 8, None, "fp8", 45671191282, 81240, 1_299_840),
-        ("moonshotai--Kimi-K2.5", "h200", 8, None, "auto", 54053972722, 48075, 769_200),
-        ("openai--gpt-oss-120b", "h100-sxm", 1, None, "auto", 8815718166, 14946, 212_357),
-        ("openai--gpt-oss-20b", "h100-sxm", 1, 8192, "auto", 60400210592, 153605, 1_227_641),
-        ("Qwen--Qwen3-235B-A22B-FP8", "h200", 4, None, "auto", 71629182979, 93019,
-         1_488_304),
+        ("deepseek-ai--DeepSeek-V3", "h200", 8, None, "auto", 46136091870, 41033, 656_528),
+        ("deepseek-ai--DeepSeek-V3", "h200", 8, None, "fp8", 46136091870, 82066, 1_313_056),
+        ("moonshotai--Kimi-K2.5", "h200", 8, None, "auto", 55212481430, 49106, 785_696),
+        ("openai--gpt-oss-120b", "h100-sxm", 1, None, "auto", 10049567714, 17038, 242_081),
+        ("openai--gpt-oss-20b", "h100-sxm", 1, 8192, "auto", 61634060141, 156743, 1_252_720),
+        ("Qwen--Qwen3-235B-A22B-FP8", "h200", 4, None, "auto", 72981154614, 94774,
+         1_516_384),
         ("meta-llama--Llama-4-Scout-17B-16E-Instruct", "h100-sxm", 4, 131072, "auto",
-         15109956005, 76853, 786_974),
+         16913865534, 86028, 880_926),
         ("meta-llama--Llama-4-Maverick-17B-128E-Instruct", "h200", 8, 65536, "auto",
-         31084349145, 316206, 2_380_845),
+         32888258675, 334556, 2_519_009),
         # Gemma-4: full layers 2 KV heads of 512, sliding 8 of 256; vLLM's
         # unify_kv_cache_spec_page_size gives the full layers 32-token blocks
-        ("google--gemma-4-26B-A4B", "h100-sxm", 1, None, "auto", 20362555431, 31070, 597_258),
-        ("google--gemma-4-26B-A4B", "h100-sxm", 1, 32768, "auto", 20362555431, 31070,
-         157_381),
+        ("google--gemma-4-26B-A4B", "h100-sxm", 1, None, "auto", 22768408206, 34741, 667_826),
+        ("google--gemma-4-26B-A4B", "h100-sxm", 1, 32768, "auto", 22768408206, 34741,
+         175_976),
     ],
 )
 def test_kv_tokens_are_what_vllm_0_33_computes(name, gpu, tp, max_model_len, kv_dtype,

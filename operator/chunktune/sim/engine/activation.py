@@ -35,6 +35,7 @@ import math
 
 from chunktune.core.engine_args import ResolvedConfig
 from chunktune.core.models import MLA
+from chunktune.core.vllm_release import CURRENT
 
 #: ``WorkspaceManager.get_simultaneous`` rounds each part up to this many bytes
 WORKSPACE_ALIGN = 256
@@ -128,3 +129,111 @@ def mla_profile_bytes(cfg: ResolvedConfig) -> float:
     heads = m.num_attention_heads // cfg.tensor_parallel_size
     return (mla_chunked_prefill_rows(cfg) * heads * (m.qk_nope_head_dim + m.v_head_dim)
             * m.dtype_bytes)
+
+
+# --- the sampler warm-up (``_dummy_sampler_run``) ----------------------------------------------
+
+#: ``DEFAULT_VOCAB_PADDING_SIZE``: the lm-head's rows are the vocabulary rounded up to this
+VOCAB_PADDING = 64
+#: FlashInfer 0.7's cached row-state buffer of ``top_k_mask_logits`` (``_get_cache_buf``)
+FLASHINFER_ROW_STATES_BYTES = 2**20
+#: bytes of the float32 tensors the sampler makes (cast, probabilities, noise, masked copy)
+FP32 = 4
+
+#: How each derived release's profile run samples (its ``_dummy_sampler_run``):
+#: V1_NATIVE: ``GPUModelRunner`` (the default runner before Model Runner V2): ``rand_like`` of
+#: the rows, the ``Sampler`` on temperature 0.5 / top-k vocab-1 / top-p 0.9 with FlashInfer's
+#: sampler off by default, i.e. the float32 cast, ``apply_top_k_top_p_triton`` in place (its
+#: cached (programs, vocab) float32 buffer), ``softmax``'s probabilities and ``random_sample``'s
+#: exponential noise; MRV2_DEFAULT: Model Runner V2 (the default on CUDA) samples once with the
+#: dummy batch's default parameters: nothing processed, the model-dtype logits sampled by the
+#: Gumbel kernel, no vocabulary-wide copy; MRV2_WARMUP: then again with
+#: ``SamplingParams.for_sampler_warmup()`` (penalties, logit bias, min-p, top-k 50, top-p 0.9,
+#: 5 logprobs): the float32 copy of ``apply_sampling_params``, then FlashInfer's
+#: ``top_k_top_p_sampling_from_logits`` (``VLLM_USE_FLASHINFER_SAMPLER`` on by default since
+#: 0.31): ``top_k_mask_logits``' masked copy and ``torch.softmax``'s probabilities.
+V1_NATIVE, MRV2_DEFAULT, MRV2_WARMUP = "v1-native", "mrv2-default", "mrv2-warmup"
+#: The releases whose code was read (``bench/vllm_sampler_reference.py`` runs the V1 path's);
+#: other releases keep the vLLM 0.19 start-up-log calibration (``memory.py``).
+SAMPLER_PATHS: dict[tuple[int, int], str] = {
+    (0, 17): V1_NATIVE, (0, 19): V1_NATIVE,
+    (0, 31): MRV2_DEFAULT, (0, 32): MRV2_DEFAULT,
+    (0, 33): MRV2_WARMUP,
+}
+
+
+def padded_vocab(vocab: int) -> int:
+    """``pad_vocab_size(vocab, 64)``: the lm-head's rows, the width of the logits it returns
+    before ``LogitsProcessor._get_logits`` slices the padding off (a view)."""
+    return math.ceil(vocab / VOCAB_PADDING) * VOCAB_PADDING
+
+
+def sampler_path(cfg: ResolvedConfig) -> str:
+    """How this engine's vLLM warms its sampler up (:data:`SAMPLER_PATHS`), "" where not
+    derived: a release whose code was not read; speculative decoding (the V1 runner's
+    rejection-sampler dummy run, Model Runner V2's draft rows: not followed); the V1 runner
+    under 8 sequences (``apply_top_k_top_p``'s PyTorch sort path, not followed). Every
+    modelled GPU is an NVIDIA one of more than 16 SMs, where ``flashinfer_sampler_supported``
+    holds."""
+    v = cfg.vllm_version or CURRENT
+    path = SAMPLER_PATHS.get((v[0], v[1]), "")
+    if cfg.speculative is not None or (path == V1_NATIVE and cfg.max_num_seqs < 8):
+        return ""
+    return path
+
+
+def triton_buffer_rows(requests: int, num_sms: int) -> int:
+    """Rows of ``apply_top_k_top_p_triton``'s cached float32 buffer: ``min(next_power_of_2(
+    programs), SMs)`` with ``programs = min(SMs, rows)``."""
+    programs = min(num_sms, requests)
+    return min(1 << max(programs - 1, 0).bit_length(), num_sms)
+
+
+def sampler_warmup_live_bytes(path: str, requests: int, vocab: int, hidden: int,
+                              dtype_bytes: float, num_sms: int, tokens: int = 0) -> float:
+    """The live bytes at the sampler warm-up's peak on one rank, for ``path``: the forward
+    pass's hidden states ``profile_run`` still holds (``tokens`` x hidden) and the rows
+    gathered from them (``hidden_states[logits_indices]``), the logits (requests x padded
+    vocabulary in the model's dtype: ``LogitsProcessor``'s all-gathered output, held by
+    ``_dummy_sampler_run`` throughout) and what the path adds at its peak (see
+    :data:`SAMPLER_PATHS`), each float32 (requests x vocab). ``compute_logits``' all-gather
+    (tensor parallelism: (1/TP + 2) x the logits) and the small per-request tensors stay
+    below this peak and are not counted."""
+    logits = requests * padded_vocab(vocab) * dtype_bytes
+    held = (tokens + requests) * hidden * dtype_bytes + logits
+    plane = requests * vocab * FP32
+    cast = plane if dtype_bytes != FP32 else 0.0  # ``logits.to(torch.float32)``
+    if path == V1_NATIVE:
+        rand = requests * hidden * dtype_bytes  # ``torch.rand_like`` of the rows
+        buffer = triton_buffer_rows(requests, num_sms) * vocab * FP32
+        return held + rand + cast + 2 * plane + buffer
+    if path == MRV2_DEFAULT:
+        return held
+    if path == MRV2_WARMUP:
+        return held + cast + 2 * plane + FLASHINFER_ROW_STATES_BYTES
+    raise ValueError(f"no sampler path {path!r}")
+
+
+def sampler_warmup_bytes(cfg: ResolvedConfig) -> float | None:
+    """The sampler warm-up's peak on one rank as this engine's vLLM computes it
+    (:func:`sampler_warmup_live_bytes` at ``max_num_seqs`` rows after a forward pass of
+    ``max_num_batched_tokens``), None where :func:`sampler_path` is not derived."""
+    path = sampler_path(cfg)
+    if not path:
+        return None
+    m = cfg.model
+    return sampler_warmup_live_bytes(path, cfg.max_num_seqs, m.vocab_size, m.hidden_size,
+                                     m.dtype_bytes, cfg.gpu.sm_count,
+                                     tokens=cfg.max_num_batched_tokens)
+
+
+def sampler_state_bytes(cfg: ResolvedConfig) -> float:
+    """The vocabulary-wide per-request state Model Runner V2's ``Sampler`` allocates when the
+    model is loaded (``PenaltiesState``: ``output_bin_counts`` (max_num_seqs, vocab) int32 and
+    ``prompt_bin_mask`` (max_num_seqs, ceil(vocab / 32)) int32); it stays allocated, so
+    ``memory_profiling``'s ``total_consumed`` counts it under both passes. 0 for the V1 runner
+    (its penalties are built per step) and where not derived."""
+    if sampler_path(cfg) not in (MRV2_DEFAULT, MRV2_WARMUP):
+        return 0.0
+    reqs, vocab = cfg.max_num_seqs, cfg.model.vocab_size
+    return reqs * vocab * 4 + reqs * math.ceil(vocab / 32) * 4

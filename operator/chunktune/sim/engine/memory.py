@@ -20,7 +20,12 @@ Calibration (each figure from a published vLLM start-up log; see ``docs/simulato
 
 Derived from vLLM 0.33's code instead (:mod:`.activation`; not measured): the fused-MoE
 workspace the profile run leaves allocated (added under both passes' peak) and MLA's and the
-MXFP4 experts' transients of the forward pass.
+MXFP4 experts' transients of the forward pass. The sampler warm-up is derived from each read
+release's ``_dummy_sampler_run`` (0.17 / 0.19: the V1 runner, 14 B a logit plus the Triton
+top-k/top-p buffer, which reproduces the calibration above within 2%; 0.31 / 0.32: Model Runner
+V2's single default pass, the model-dtype logits; 0.33: its second pass with
+``for_sampler_warmup`` parameters, 14 B a logit), plus Model Runner V2's per-request penalty
+state (4.125 B a logit, allocated at load); other releases keep the calibration.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from chunktune.sim.engine.activation import (
     mla_profile_bytes,
     moe_transient_bytes,
     moe_workspace_bytes,
+    sampler_state_bytes,
+    sampler_warmup_bytes,
 )
 
 GiB = float(2**30)
@@ -44,7 +51,9 @@ GiB = float(2**30)
 #: Forward-pass activation bytes per token = this x dtype bytes x (2*hidden + qkv + 3*inter).
 #: 1.18 reproduces ~135 KB/token for Llama-3.1-8B (the allocator's rounding and temporaries).
 ACTIVATION_FUDGE = 1.18
-#: Sampler warm-up bytes per (sequence x vocab entry): fp32 logits plus the sampler's copies.
+#: Sampler warm-up bytes per (sequence x vocab entry), calibrated on vLLM 0.19 start-up logs:
+#: the figure for releases whose sampler warm-up is not derived
+#: (:func:`.activation.sampler_warmup_bytes` is None).
 SAMPLER_BYTES_PER_LOGIT = 15.3
 NON_TORCH_TP1_GIB = 0.25
 NON_TORCH_TP_GIB = 2.1
@@ -81,6 +90,9 @@ class MemoryPlan:
     #: of :attr:`activation_peak`, the fused-MoE workspace the profiling pass leaves allocated
     #: (:func:`.activation.moe_workspace_bytes`)
     moe_workspace: float = 0.0
+    #: of :attr:`activation_peak`, Model Runner V2's sampler state allocated at load
+    #: (:func:`.activation.sampler_state_bytes`)
+    sampler_state: float = 0.0
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -243,6 +255,12 @@ def per_token_activation_bytes(cfg: ResolvedConfig) -> float:
 
 
 def sampler_activation_bytes(cfg: ResolvedConfig) -> float:
+    """The sampler warm-up's peak: derived from the release's ``_dummy_sampler_run``
+    (:func:`.activation.sampler_warmup_bytes`) where its code was read, else the vLLM 0.19
+    calibration (:data:`SAMPLER_BYTES_PER_LOGIT`)."""
+    derived = sampler_warmup_bytes(cfg)
+    if derived is not None:
+        return derived
     return SAMPLER_BYTES_PER_LOGIT * cfg.max_num_seqs * cfg.model.vocab_size
 
 
@@ -278,9 +296,11 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
     non_torch = (NON_TORCH_TP1_GIB if tp * dp == 1 else NON_TORCH_TP_GIB) * GiB
     fwd = forward_activation_bytes(cfg)
     smp = sampler_activation_bytes(cfg)
-    # the fused-MoE workspace stays allocated from the first MoE layer through the sampler
+    # the fused-MoE workspace stays allocated from the first MoE layer through the sampler;
+    # Model Runner V2's sampler state from the model's loading on
     workspace = moe_workspace_bytes(cfg)
-    act = workspace + max(fwd, smp)
+    state = sampler_state_bytes(cfg)
+    act = workspace + state + max(fwd, smp)
     graphs = cudagraph_bytes(cfg)
     requested = total * cfg.gpu_memory_utilization
     if weights + non_torch > total:
@@ -318,7 +338,7 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
         blocks = tokens // cfg.block_size
     plan = MemoryPlan(total, requested, weights, act, fwd, smp, non_torch, graphs, kv,
                       per_block, blocks, cfg.max_model_len, cfg.block_size,
-                      moe_workspace=workspace, **pool)
+                      moe_workspace=workspace, sampler_state=state, **pool)
     if kv <= 0 and cfg.num_gpu_blocks_override is None:
         raise EngineStartupError(
             "KVCacheTooSmall",
