@@ -54,7 +54,8 @@ def test_vectorized_attention_matches_the_engine_path():
                                    c.attn_kv_fp8_bytes if fp8 else 2.0)
                 chunks = [(p.prompt, 0)] * p.batch if p.kind == "prefill" else []
                 dec = 0 if p.kind == "prefill" else p.batch
-                one = (attention_layer_time(s, resolve_gpu(p.gpu), c, chunks, dec,
+                one = (attention_layer_time(s, resolve_gpu(p.gpu),
+                                            c.for_kv_fp8() if fp8 else c, chunks, dec,
                                             dec * (p.history + 1))
                        + (c.attn_kv_fp8_overhead_s if fp8 else 0.0)) * 1e6
             else:

@@ -12,7 +12,7 @@ fit): a borrowed figure is never presented as a measured one.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "attention-decode": ("attn_per_decode_s", "attn_decode_alone_overhead_s",
                          "attn_decode_memory_eff"),
     "attention-mixed": ("attn_mixed_memory_eff", "attn_reread_l2_bytes_per_sm_s"),
-    "attention-kv-fp8": ("attn_kv_fp8_bytes", "attn_kv_fp8_overhead_s"),
+    "attention-kv-fp8": ("attn_kv_fp8_bytes", "attn_kv_fp8_overhead_s",
+                         "attn_kv_fp8_per_decode_s"),
     "all-reduce": ("allreduce_latency_s", "allreduce_link_eff"),
     "moe": ("moe_compute_eff", "moe_memory_eff", "moe_overhead_s", "moe_smoothness"),
 }
@@ -87,6 +88,26 @@ def kv_fp8_kernel(gpu: GPU) -> str:
     GPU running the same kernel
     (:func:`chunktune.sim.cost.fit.measurements.borrow_source`)."""
     return "flash-attention-3" if gpu.flash_attention == 3 else "flashinfer"
+
+
+def bf16_decode_kernel(gpu: GPU) -> str:
+    """The kernel vLLM 0.33 decodes from a bf16 KV cache with on ``gpu``: FlashInfer on SM 10.x
+    (``platforms/cuda.py`` puts FLASHINFER first there), else FLASH_ATTN in the GPU's
+    FlashAttention generation (AIConfigurator's bf16 decodes: ``vllm_flash_attn_fa3`` on the
+    H100 and H200, ``vllm_flash_attn_fa2`` on the L40S and RTX PRO 6000,
+    ``vllm_flashinfer_trtllmdecode`` on the B200, as its FP8-cache decodes)."""
+    return "flashinfer" if gpu.flash_attention >= 4 else f"flash-attention-{gpu.flash_attention}"
+
+
+def kv_fp8_own_decode_cost(gpu: GPU) -> bool:
+    """Whether an FP8 cache's decodes on ``gpu`` run another kernel than a bf16 cache's
+    (:func:`kv_fp8_kernel` against :func:`bf16_decode_kernel`: FlashInfer beside FlashAttention
+    2 on the Ampere, Ada and SM 12.0 GPUs), so that the ``attention-kv-fp8`` group has a cost
+    per decode of its own (``attn_kv_fp8_per_decode_s``, fitted on the FP8 rows and borrowed
+    with them from a GPU running the same kernel: the L40S's and RTX PRO 6000's FlashInfer
+    decodes cost 11.9k and 12.0k SM cycles each, their FlashAttention 2 decodes 15.0k and
+    14.8k) rather than the bf16 cache's (Hopper's FA3 and SM 10.x's FlashInfer read both)."""
+    return kv_fp8_kernel(gpu) != bf16_decode_kernel(gpu)
 
 
 def pool_key(gpu: GPU, family: str) -> str:
@@ -150,6 +171,11 @@ class KernelCoefficients:
     #: not 0.5x), and the fixed seconds per layer it adds (the query's quantisation)
     attn_kv_fp8_bytes: float
     attn_kv_fp8_overhead_s: float
+    #: the seconds per decode of an FP8 cache's kernel, in place of ``attn_per_decode_s``
+    #: (:meth:`for_kv_fp8`): fitted on the FP8 rows where vLLM reads the FP8 cache with
+    #: another kernel than the bf16 one (FlashInfer beside FlashAttention 2,
+    #: :func:`kv_fp8_own_decode_cost`), the bf16 cache's own where one kernel reads both
+    attn_kv_fp8_per_decode_s: float
     #: routed experts of a fused MoE layer: fractions of the data sheet's peak and HBM, a fixed
     #: cost per layer and the exponent of the soft maximum of compute and memory
     moe_compute_eff: float
@@ -170,6 +196,11 @@ class KernelCoefficients:
 
     def to_dict(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in self.__dataclass_fields__}
+
+    def for_kv_fp8(self) -> KernelCoefficients:
+        """These coefficients as an FP8 KV cache's attention runs them: its kernel's cost per
+        decode (``attn_kv_fp8_per_decode_s``) in place of the bf16 cache's."""
+        return replace(self, attn_per_decode_s=self.attn_kv_fp8_per_decode_s)
 
 
 @lru_cache(maxsize=1)
@@ -302,6 +333,8 @@ def coefficients(gpu: str | GPU) -> KernelCoefficients:
             float(vals["attn_tile_memory_eff"]), resolve_gpu(src), g, tile_rule())
         vals["fp8_quant_memory_eff"] = lent_quant_memory_eff(
             float(vals["fp8_quant_memory_eff"]), resolve_gpu(src), g, quant_rule())
+    if not kv_fp8_own_decode_cost(g):
+        vals["attn_kv_fp8_per_decode_s"] = vals["attn_per_decode_s"]
     return KernelCoefficients.from_dict(vals)
 
 

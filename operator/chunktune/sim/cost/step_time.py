@@ -865,6 +865,8 @@ class StepCostModel:
         self._attn_shape = AttentionShape.of(
             model, tp, c.attn_kv_fp8_bytes if fp8_kv else kv_dtype_bytes)
         self._attn_fixed = c.attn_kv_fp8_overhead_s if fp8_kv else 0.0
+        # ... and its kernel's cost per decode
+        self._attn_c = c.for_kv_fp8() if fp8_kv else c
         self._layers = layers
         # windowed layers (gpt-oss, Gemma: sliding_attention) attend to their window only
         kinds = model.layer_kinds()
@@ -988,11 +990,11 @@ class StepCostModel:
                                              for c, done in prefill_chunks))
         full = self._layers - self._windowed
         t = full * (attention_layer_time(
-            self._attn_shape, self.gpu, self.c, prefill_chunks, num_decodes,
+            self._attn_shape, self.gpu, self._attn_c, prefill_chunks, num_decodes,
             decode_context_tokens) + self._attn_fixed) if full else 0.0
         if self._windowed:
             t += self._windowed * (attention_layer_time(
-                self._attn_shape, self.gpu, self.c, prefill_chunks, num_decodes,
+                self._attn_shape, self.gpu, self._attn_c, prefill_chunks, num_decodes,
                 min(decode_context_tokens, num_decodes * self._window), self._window)
                 + self._attn_fixed)
         return t

@@ -55,7 +55,7 @@ START: dict[str, tuple[float, float]] = {
     "attn_reread_l2_bytes_per_sm_s": (1e10, 3e9), "attn_smoothness": (4.0, 1.0),
     "attn_per_wave_s": (1e-6, 1e-6), "attn_decode_alone_overhead_s": (4e-6, 1e-6),
     "attn_decode_memory_eff": (0.85, 0.1), "attn_kv_fp8_bytes": (1.0, 0.1),
-    "attn_kv_fp8_overhead_s": (1e-6, 1e-6),
+    "attn_kv_fp8_overhead_s": (1e-6, 1e-6), "attn_kv_fp8_per_decode_s": (1e-7, 1e-7),
     "allreduce_latency_s": (1e-5, 1e-5), "allreduce_link_eff": (0.5, 0.1),
     "moe_compute_eff": (0.5, 0.1), "moe_memory_eff": (0.6, 0.1), "moe_overhead_s": (2e-5, 1e-5),
     "moe_smoothness": (2.0, 0.5),
@@ -194,10 +194,12 @@ def attention_arrays(points: Sequence[AttentionMeasurement]) -> dict[str, np.nda
 def attention_pred_us(c: KernelCoefficients, a: dict[str, np.ndarray]) -> np.ndarray:
     """The model's microseconds for :func:`attention_arrays`' batches: a bf16 KV cache at 2
     bytes per element, an FP8 one at ``attn_kv_fp8_bytes`` plus ``attn_kv_fp8_overhead_s``
-    (as :class:`chunktune.sim.cost.step_time.StepCostModel` costs it)."""
-    coef = {k: getattr(c, k) for f in ("attention-prefill", "attention-decode",
-                                       "attention-mixed") for k in GROUPS[f]}
+    and ``attn_kv_fp8_per_decode_s`` for each decode (as
+    :class:`chunktune.sim.cost.step_time.StepCostModel` costs it)."""
+    coef: dict[str, Any] = {k: getattr(c, k) for f in ("attention-prefill", "attention-decode",
+                                                       "attention-mixed") for k in GROUPS[f]}
     fp8 = a["kv_fp8"] > 0
+    coef["attn_per_decode_s"] = np.where(fp8, c.attn_kv_fp8_per_decode_s, c.attn_per_decode_s)
     out: np.ndarray = (attention_grid_time(
         a["heads"], a["kv_heads"], a["head_dim"], np.where(fp8, c.attn_kv_fp8_bytes, 2.0),
         a["sm"], a["peak"], a["hbm"], a["l2"], a["clock"], coef, a["chunk"], a["computed"],
@@ -213,9 +215,10 @@ def _set_key(p: AttentionMeasurement) -> tuple[Any, ...]:
 
 
 def fit_attention(base: KernelCoefficients, points: Sequence[AttentionMeasurement],
-                  families: Sequence[str]) -> dict[str, float]:
+                  families: Sequence[str], held: Sequence[str] = ()) -> dict[str, float]:
     """The attention groups ``families`` on one GPU's measured batches, the other attention
-    groups held at ``base`` (borrowed where the GPU has no such batches)."""
+    groups (and the fields ``held``) held at ``base`` (borrowed where the GPU has no such
+    batches)."""
     a = attention_arrays(points)
     keys = [_set_key(p) for p in points]
     ids = {k: i for i, k in enumerate(sorted(set(keys), key=str))}
@@ -227,7 +230,7 @@ def fit_attention(base: KernelCoefficients, points: Sequence[AttentionMeasuremen
         out: np.ndarray = (np.log(attention_pred_us(with_values(base, v), a)) - log_us) * w
         return out
 
-    return _fit([f for fam in families for f in GROUPS[fam]], resid)
+    return _fit([f for fam in families for f in GROUPS[fam] if f not in held], resid)
 
 
 def attention_families(points: Sequence[AttentionMeasurement]) -> list[str]:

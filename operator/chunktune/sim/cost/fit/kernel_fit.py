@@ -38,6 +38,7 @@ from chunktune.sim.cost.coefficients import (
     GROUPS,
     POOLED,
     KernelCoefficients,
+    kv_fp8_own_decode_cost,
     lent_quant_memory_eff,
     lent_tile_memory_eff,
     pool_key,
@@ -116,7 +117,15 @@ def fit_gpus(meas: Measurements) -> tuple[dict[str, KernelCoefficients],
             c = ff.with_values(c, ff.fit_attention(
                 c, bf16, [f for f in fams if f != "attention-kv-fp8"]))
         if fp8:
-            c = ff.with_values(c, ff.fit_attention(c, fp8, ["attention-kv-fp8"]))
+            # where one kernel reads both caches (FA3 on Hopper, FlashInfer on SM 10.x) the
+            # FP8 decodes cost the bf16 ones' per decode; their own where FlashInfer reads
+            # the FP8 cache beside FlashAttention 2 (coefficients.kv_fp8_own_decode_cost)
+            own_cost = kv_fp8_own_decode_cost(resolve_gpu(g))
+            if not own_cost:
+                c = ff.with_values(c, {"attn_kv_fp8_per_decode_s": c.attn_per_decode_s})
+            c = ff.with_values(c, ff.fit_attention(
+                c, fp8, ["attention-kv-fp8"],
+                () if own_cost else ("attn_kv_fp8_per_decode_s",)))
         coef[g] = c
         own[g].update({f: g for f in fams})
     sources: dict[str, dict[str, str]] = {}
@@ -140,6 +149,10 @@ def fit_gpus(meas: Measurements) -> tuple[dict[str, KernelCoefficients],
             coef[g] = ff.with_values(coef[g], rep.pooled_fit(fam, members, lambda d: coef[d],
                                                              meas, cache))
             sources[g][fam] = "+".join(members)
+    for g in gpus:
+        if not kv_fp8_own_decode_cost(resolve_gpu(g)):
+            coef[g] = ff.with_values(coef[g], {"attn_kv_fp8_per_decode_s":
+                                               coef[g].attn_per_decode_s})
     return coef, sources
 
 

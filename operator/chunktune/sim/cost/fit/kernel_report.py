@@ -42,6 +42,7 @@ from chunktune.sim.cost.coefficients import (
     TILE_RATE_RULES,
     KernelCoefficients,
     coefficients,
+    kv_fp8_own_decode_cost,
     lent_quant_memory_eff,
     lent_tile_memory_eff,
     pool_members,
@@ -242,6 +243,8 @@ def held_out(gpu: str, fam: str, src: str, coef: Callable[[str], KernelCoefficie
         members = pool_members(resolve_gpu(gpu), pf, have[pf])
         if members:
             c = ff.with_values(c, pooled_fit(pf, members, coef, meas, cache))
+    if not kv_fp8_own_decode_cost(resolve_gpu(gpu)):
+        c = ff.with_values(c, {"attn_kv_fp8_per_decode_s": c.attn_per_decode_s})
     return c
 
 
