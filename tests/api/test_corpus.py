@@ -67,6 +67,33 @@ def test_deeply_nested_yaml_is_a_clear_error(tmp_path: Path, depth: int) -> None
                                           or str(path) in result.stderr)
 
 
+def test_yaml_nesting_is_bounded_before_the_scanner_spends_time_on_it() -> None:
+    """A run of opening brackets is refused before PyYAML scans it (its scanner's time grows
+    with the square of the open levels: about a second of CPU for one such line, a flaky
+    hostile-file test on a busy machine); nesting interleaved with values is refused while
+    composing past MAX_DEPTH; nesting below it loads."""
+    import time
+
+    from chunktune.core import yamlsafe
+    from chunktune.core.errors import SpecError
+
+    start = time.process_time()
+    for text in ("x: " + "[" * 20_000 + "]" * 20_000 + "\n",
+                 "x: " + "{a: " * 5_000 + "1" + "}" * 5_000 + "\n",
+                 "x: " + "[ \n" * 150 + "]" * 150 + "\n"):
+        with pytest.raises(SpecError, match="nested too deeply to read"):
+            yamlsafe.load(text, "deep.yaml")
+    assert time.process_time() - start < 0.5
+    interleaved = "x: " + "[1, " * (yamlsafe.MAX_DEPTH + 1) + "]" * (yamlsafe.MAX_DEPTH + 1)
+    with pytest.raises(SpecError, match="nested too deeply to read"):
+        yamlsafe.load_all(interleaved, "deep.yaml")
+    ok = yamlsafe.load("x: " + "[" * 90 + "1" + "]" * 90 + "\n", "ok.yaml")
+    ok = ok["x"]
+    for _ in range(90):
+        ok = ok[0]
+    assert ok == 1
+
+
 def test_deeply_nested_mapping_is_refused_without_recursion() -> None:
     deep: dict[str, object] = {}
     node = deep

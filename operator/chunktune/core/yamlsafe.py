@@ -37,11 +37,31 @@ MAX_NODES = 10_000
 #: The largest YAML file (manifest, profile) chunktune reads; the API server stores objects of
 #: at most about 1.5 MiB.
 MAX_YAML_BYTES = 2 * 2**20
+#: The deepest nesting of collections a document may have (a manifest nests about six deep);
+#: deeper is refused while composing, before Python's recursion gives out (~340 levels).
+MAX_DEPTH = 100
+#: More than :data:`MAX_DEPTH` flow collections opened in a row (``[[[[...``), found before
+#: PyYAML scans them: its scanner keeps a possible key per open flow level within 1024
+#: characters and walks them all at every token, about a second of CPU for such a line.
+_FLOW_RUN = re.compile(r"[\[{](?:[ \t\r\n]*[\[{])*")
+
+
+def _opens_too_deep(text: str) -> bool:
+    """Whether ``text`` opens more than :data:`MAX_DEPTH` flow collections in a row (one
+    linear pass: each run is matched whole, once)."""
+    return any(len(m.group()) > MAX_DEPTH
+               and m.group().count("[") + m.group().count("{") > MAX_DEPTH
+               for m in _FLOW_RUN.finditer(text))
 
 
 class AliasBomb(ChunktuneError, yaml.YAMLError):
     """The aliases of a document expand past :data:`MAX_ALIAS_NODES` (a :class:`yaml.YAMLError`
     too, raised while composing; :func:`load` turns it into a :class:`SpecError`)."""
+
+
+class TooDeep(ChunktuneError, yaml.YAMLError):
+    """The document nests collections deeper than :data:`MAX_DEPTH` (raised while composing;
+    :func:`load` turns it into a :class:`SpecError`)."""
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -53,14 +73,25 @@ class _BoundedLoader(yaml.SafeLoader):
         self._sizes: dict[int, int] = {}
         self._aliased = 0
         self._nodes = 0
+        self._depth = 0
 
     def compose_document(self) -> Node | None:
         self._sizes.clear()
         self._aliased = 0
         self._nodes = 0
+        self._depth = 0
         return super().compose_document()
 
     def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise TooDeep(f"nests deeper than {MAX_DEPTH} levels")
+            return self._compose_bounded(parent, index)
+        finally:
+            self._depth -= 1
+
+    def _compose_bounded(self, parent: Node | None, index: int) -> Node | None:
         if self.check_event(AliasEvent):
             mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
             node = super().compose_node(parent, index)
@@ -128,6 +159,8 @@ _QUOTED = re.compile(r"'[^'\s]{2,}'|\"[^\"\s]{2,}\"")
 
 
 def _refusal(e: yaml.YAMLError, source: str) -> SpecError:
+    if isinstance(e, TooDeep):
+        return _too_deep(source)
     if isinstance(e, AliasBomb):
         return SpecError(str(e), field=source)
     if isinstance(e, yaml.MarkedYAMLError):
@@ -148,6 +181,8 @@ def _too_deep(source: str) -> SpecError:
 def load(text: str, source: str) -> Any:
     """The one document in ``text``; ``source`` (a file, a field) is named in a
     :class:`SpecError` for YAML that is invalid, nested too deeply or an alias bomb."""
+    if _opens_too_deep(text):
+        raise _too_deep(source)
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader
     except yaml.YAMLError as e:
@@ -158,6 +193,8 @@ def load(text: str, source: str) -> Any:
 
 def load_all(text: str, source: str) -> list[Any]:
     """Every document in ``text`` (empty ones left out), as :func:`load` reads one."""
+    if _opens_too_deep(text):
+        raise _too_deep(source)
     try:
         return [d for d in yaml.load_all(text, Loader=_BoundedLoader) if d is not None]
     except yaml.YAMLError as e:
