@@ -66,7 +66,7 @@ from chunktune.sim.cost.fit.measurements import (
 )
 from chunktune.sim.cost.gemm_table import DTYPE, GemmTable
 from chunktune.sim.cost.mla_table import MLA_SHAPE, STEPS, Key
-from chunktune.sim.cost.step_time import gemm_form, linear_layer_time
+from chunktune.sim.cost.step_time import gemm_form, lent_moe_seconds, linear_layer_time
 
 
 @dataclass(frozen=True)
@@ -298,7 +298,8 @@ def borrows_table(gpu: str, src: str, fam: str, decisions: dict[str, Any],
             return False
         return gemm_table.lends_table(resolve_gpu(gpu), resolve_gpu(src), fam,
                                       decisions["gemm"])
-    return fam == "moe" and moe_table.lends_table(decisions["moe"])
+    return (fam == "moe" and moe_table.has_table(src)
+            and moe_table.lends_table(decisions["moe"]))
 
 
 def lent_or_form_errors(gpu: str, src: str, fam: str, c: KernelCoefficients,
@@ -371,30 +372,31 @@ def lent_table_errors(gpu: str, src: str, dtype: str, c: KernelCoefficients,
 
 
 def _lent_moe(gpu: str, src: str, c: KernelCoefficients, meas: Measurements) -> np.ndarray:
-    """Signed relative error of ``src``'s MoE layers scaled (:func:`lent_moe_errors`) on each
-    of ``gpu``'s bf16 MoE layers, NaN where ``src`` did not time the shape."""
+    """Signed relative error of ``src``'s committed MoE table scaled (:func:`lent_moe_errors`)
+    on each of ``gpu``'s bf16 MoE layers, NaN where that table lacks the shape."""
     g, s = resolve_gpu(gpu), resolve_gpu(src)
-    theirs = {r.key: r for r in meas.moe if r.gpu == src and r.dtype == "bf16"}
     mine = [r for r in meas.moe if r.gpu == gpu and r.dtype == "bf16"]
     out = np.full(len(mine), np.nan)
-    idx = [i for i, r in enumerate(mine) if r.key in theirs]
-    if idx:
-        other = [theirs[mine[i].key] for i in idx]
-        pred = (np.array([r.us for r in other]) * ff.moe_pred_us(c, g, other)
-                / ff.moe_pred_us(c, s, other))
-        out[idx] = pred / np.array([mine[i].us for i in idx]) - 1.0
+    shapes: dict[tuple[int, int, int, int, int], list[int]] = defaultdict(list)
+    for i, r in enumerate(mine):
+        shapes[(r.hidden, r.inter, r.experts, r.topk, r.tp)].append(i)
+    for (hidden, inter, experts, topk, tp), idx in shapes.items():
+        tokens = np.array([mine[i].tokens for i in idx], dtype=np.float64)
+        pred = lent_moe_seconds(g, s, c, "bf16", "bf16", hidden, inter, experts, topk, tp, 1,
+                                tokens)
+        if pred is not None:
+            out[idx] = pred * 1e6 / np.array([mine[i].us for i in idx]) - 1.0
     return out
 
 
 def lent_moe_errors(gpu: str, src: str, c: KernelCoefficients, meas: Measurements
                     ) -> np.ndarray | None:
-    """Signed relative error on ``gpu``'s bf16 MoE layers of ``src``'s measured MoE layers of
-    the same shapes, each scaled by the ratio of the fitted form (:func:`step_time.moe_form`
-    under ``c``, ``src``'s coefficients) on the two data sheets: per regime, so a layer bound
-    by its fixed cost keeps ``src``'s time, one bound by streaming the experts' weights scales
-    by the HBM bandwidths and one bound by their FLOPs by the peaks. What a GPU without an
-    MoE table runs borrowing ``src``'s (:func:`chunktune.sim.cost.moe_table.lent`); None where
-    the two share no shape."""
+    """Signed relative error on ``gpu``'s bf16 MoE layers of ``src``'s committed MoE table
+    (:mod:`chunktune.sim.cost.moe_table`: power-law routing, the fastest backend, the newest
+    release with the curve) of the same shapes, scaled by the ratio of the fitted form under
+    ``c``, ``src``'s coefficients, on the two data sheets: what a GPU without an MoE table
+    runs borrowing ``src``'s (:func:`chunktune.sim.cost.step_time.lent_moe_seconds`, the
+    engine's code); None where the table has none of ``gpu``'s shapes."""
     out = _lent_moe(gpu, src, c, meas)
     out = out[~np.isnan(out)]
     return out if len(out) else None
