@@ -77,6 +77,13 @@ def curve(gpu: str, dtype: str, hidden: int, inter: int, experts: int, topk: int
     return _load().get((gpu, dtype, hidden, inter, experts, topk, tp, ep))
 
 
+def curves(gpu: str, dtype: str) -> dict[tuple[int, int, int, int, int, int], np.ndarray]:
+    """Every measured curve of ``gpu`` in ``dtype`` (:func:`curve`), by shape and split
+    (hidden, width, experts, top-k, TP, EP)."""
+    return {(k[2], k[3], k[4], k[5], k[6], k[7]): us for k, us in _load().items()
+            if k[0] == gpu and k[1] == dtype}
+
+
 def seconds(us: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """A measured curve (:func:`curve`) at ``tokens``: linear in log time over log tokens,
     proportional to tokens past the largest measured count; 0 at 0 tokens."""

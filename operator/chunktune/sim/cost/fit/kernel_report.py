@@ -66,7 +66,12 @@ from chunktune.sim.cost.fit.measurements import (
 )
 from chunktune.sim.cost.gemm_table import DTYPE, GemmTable
 from chunktune.sim.cost.mla_table import MLA_SHAPE, STEPS, Key
-from chunktune.sim.cost.step_time import gemm_form, lent_moe_seconds, linear_layer_time
+from chunktune.sim.cost.step_time import (
+    gemm_form,
+    lent_moe_seconds,
+    linear_layer_time,
+    moe_form,
+)
 
 
 @dataclass(frozen=True)
@@ -193,11 +198,15 @@ def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients],
                     held = lent_or_form_errors(g, src, fam, coef(src),
                                                borrowed(g, src, fam, coef(src), quant), meas)
                     frm += " (engine: table)"
+                elif fam == "moe" and moe_table.has_table(g):
+                    form_err = moe_form_errors(g, coef(src))
+                    assert form_err is not None
+                    held = np.abs(form_err)
                 rows.append(ErrorRow.of(fam, f"{g} from {frm}", "loo-gpu", held))
                 lent = (lent_table_errors(g, src, "fp8" if fam == "gemm-fp8" else "bf16",
                                           coef(src), meas, borrowed(g, src, fam, coef(src), quant))
                         if fam in ("gemm", "gemm-fp8")
-                        else lent_moe_errors(g, src, coef(src), meas) if fam == "moe"
+                        else lent_moe_errors(g, src, coef(src)) if fam == "moe"
                         else None)
                 if lent is not None:
                     rows.append(ErrorRow.of(fam, f"{g} from {src}'s table", "loo-table",
@@ -309,10 +318,11 @@ def lent_or_form_errors(gpu: str, src: str, fam: str, c: KernelCoefficients,
     (:func:`lent_table_errors`, :func:`lent_moe_errors`: ``src``'s form under ``c`` on its
     sheet, ``gpu``'s under ``held``, ``c`` as borrowed) where it has the shape, the fitted
     form (``held``) where it does not."""
-    form = family_errors(fam, gpu, held, meas)
+    form = family_errors(fam, gpu, held, meas) if fam != "moe" else moe_form_errors(gpu, held)
     assert form is not None
     lent = (_lent_table(gpu, src, DTYPE[fam], c, meas, held) if fam in ("gemm", "gemm-fp8")
-            else _lent_moe(gpu, src, c, meas))
+            else _lent_moe(gpu, src, c))
+    form = np.abs(form)
     out: np.ndarray = np.where(np.isnan(lent), form, np.abs(lent))
     return out
 
@@ -371,33 +381,49 @@ def lent_table_errors(gpu: str, src: str, dtype: str, c: KernelCoefficients,
     return out if len(out) else None
 
 
-def _lent_moe(gpu: str, src: str, c: KernelCoefficients, meas: Measurements) -> np.ndarray:
+def moe_targets(gpu: str) -> list[tuple[tuple[int, int, int, int, int], np.ndarray]]:
+    """What the engine runs for ``gpu``'s bf16 MoE layers from its own data, which a held-out
+    GPU's MoE prediction is scored against: its committed table's curves
+    (:mod:`chunktune.sim.cost.moe_table`: power-law routing, as the engine assumes real routers
+    skew tokens, the fastest backend, the newest release with the curve), per shape (hidden,
+    width, experts, top-k, TP; no expert parallelism), microseconds at ``moe_table.TOKENS``.
+    The balanced rows the form is fitted on (``family_errors``) route every expert an even
+    share and run slower: scored on them, a lender's power-law table looks worse than the
+    form fitted to them for routing alone."""
+    return sorted((k[:5], us) for k, us in moe_table.curves(gpu, "bf16").items() if k[5] == 1)
+
+
+def moe_form_errors(gpu: str, c: KernelCoefficients) -> np.ndarray | None:
+    """Signed relative error of the fitted form (:func:`step_time.moe_form` under ``c``) on
+    :func:`moe_targets`; None where ``gpu`` has no committed table."""
+    g = resolve_gpu(gpu)
+    t = np.array(moe_table.TOKENS, dtype=np.float64)
+    errs = [moe_form(t, h, i / tp, k, e, 3, g, c) * 1e6 / us - 1.0
+            for (h, i, e, k, tp), us in moe_targets(gpu)]
+    return np.concatenate(errs) if errs else None
+
+
+def _lent_moe(gpu: str, src: str, c: KernelCoefficients) -> np.ndarray:
     """Signed relative error of ``src``'s committed MoE table scaled (:func:`lent_moe_errors`)
-    on each of ``gpu``'s bf16 MoE layers, NaN where that table lacks the shape."""
+    on :func:`moe_targets` of ``gpu``, NaN where that table lacks the shape."""
     g, s = resolve_gpu(gpu), resolve_gpu(src)
-    mine = [r for r in meas.moe if r.gpu == gpu and r.dtype == "bf16"]
-    out = np.full(len(mine), np.nan)
-    shapes: dict[tuple[int, int, int, int, int], list[int]] = defaultdict(list)
-    for i, r in enumerate(mine):
-        shapes[(r.hidden, r.inter, r.experts, r.topk, r.tp)].append(i)
-    for (hidden, inter, experts, topk, tp), idx in shapes.items():
-        tokens = np.array([mine[i].tokens for i in idx], dtype=np.float64)
-        pred = lent_moe_seconds(g, s, c, "bf16", "bf16", hidden, inter, experts, topk, tp, 1,
-                                tokens)
-        if pred is not None:
-            out[idx] = pred * 1e6 / np.array([mine[i].us for i in idx]) - 1.0
-    return out
+    t = np.array(moe_table.TOKENS, dtype=np.float64)
+    out = []
+    for (h, i, e, k, tp), us in moe_targets(gpu):
+        pred = lent_moe_seconds(g, s, c, "bf16", "bf16", h, i, e, k, tp, 1, t)
+        out.append(np.full(len(t), np.nan) if pred is None else pred * 1e6 / us - 1.0)
+    return np.concatenate(out) if out else np.array([])
 
 
-def lent_moe_errors(gpu: str, src: str, c: KernelCoefficients, meas: Measurements
-                    ) -> np.ndarray | None:
+def lent_moe_errors(gpu: str, src: str, c: KernelCoefficients) -> np.ndarray | None:
     """Signed relative error on ``gpu``'s bf16 MoE layers of ``src``'s committed MoE table
     (:mod:`chunktune.sim.cost.moe_table`: power-law routing, the fastest backend, the newest
     release with the curve) of the same shapes, scaled by the ratio of the fitted form under
     ``c``, ``src``'s coefficients, on the two data sheets: what a GPU without an MoE table
     runs borrowing ``src``'s (:func:`chunktune.sim.cost.step_time.lent_moe_seconds`, the
-    engine's code); None where the table has none of ``gpu``'s shapes."""
-    out = _lent_moe(gpu, src, c, meas)
+    engine's code), scored on what ``gpu``'s own table makes the engine run
+    (:func:`moe_targets`); None where the table has none of ``gpu``'s shapes."""
+    out = _lent_moe(gpu, src, c)
     out = out[~np.isnan(out)]
     return out if len(out) else None
 
@@ -405,20 +431,21 @@ def lent_moe_errors(gpu: str, src: str, c: KernelCoefficients, meas: Measurement
 def moe_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
                   ) -> dict[str, Any]:
     """Over the measured GPUs with MoE layers: the held-out median error of borrowing the
-    nearest other one's measured MoE table scaled per regime (``table``,
-    :func:`lent_moe_errors`) against borrowing its fitted form (``form``), and the one to
-    ``use`` (:func:`chunktune.sim.cost.moe_table.lent`)."""
+    nearest other one running the same MoE kernel (``coefficients.moe_kernel``)'s committed
+    MoE table scaled per regime (``table``, :func:`lent_moe_errors`) against borrowing its
+    fitted form (``form``), both on what the GPU's own table makes the engine run
+    (:func:`moe_targets`), and the one to ``use`` (:func:`chunktune.sim.cost.moe_table.lent`)."""
     have = families_with_data(meas)
     tab, form, held = [], [], []
     for g in sorted(have["moe"]):
         src = borrow_source(g, "moe", have)
-        lent = None if src is None else lent_moe_errors(g, src, coef(src), meas)
+        lent = None if src is None else lent_moe_errors(g, src, coef(src))
         if src is None or lent is None:
             continue
-        fitted = family_errors("moe", g, coef(src), meas)
+        fitted = moe_form_errors(g, coef(src))
         assert fitted is not None
         tab.append(float(np.median(np.abs(lent))))
-        form.append(float(np.median(fitted)))
+        form.append(float(np.median(np.abs(fitted))))
         held.append(f"{g} from {src}")
     t, f = float(np.median(tab)), float(np.median(form))
     return {"table": float(f"{t:.4g}"), "form": float(f"{f:.4g}"),
