@@ -3,18 +3,21 @@ with the GPU held out, the cross-checks between sources, and the held-out datase
 
 Holding a GPU out predicts its timings exactly as a GPU without data is predicted: with the
 coefficients of its nearest other GPU whose data has the family
-(:func:`chunktune.sim.cost.fit.measurements.borrow_source`; an FP8 KV cache's terms from the
-nearest running the same kernel, ``coefficients.kv_fp8_kernel``), the decode attention terms
+(:func:`chunktune.sim.cost.fit.measurements.borrow_source`; an FP8 KV cache's terms and MoE
+layers from the nearest running the same kernel, ``coefficients.KERNEL_MATCHED``), the decode
+attention terms
 fitted on the pool of the other GPUs running its FlashAttention generation
 (``coefficients.POOLED``), the prefill tile rate and the FP8 activations' quantization rate
 carried over by the committed rules (``coefficients.tile_rule``, ``coefficients.quant_rule``),
 vLLM's all-reduce from the measured table of another GPU on the same interconnect where there
 is one (``collectives.measured_allreduce_source``, as the engine borrows it), and its own data
 sheet; GEMMs and MoE layers from that GPU's measured table scaled by the data sheets where the
-engine would borrow it (``loo-gpu``: a same-architecture neighbour's GEMM grid, any
-neighbour's MoE layers, as the fit decided), and that table alone on every GPU
-(``loo-table``). A family a GPU has no data for is listed as such (``missing``), never filled
-in. Relative error is ``|predicted / measured - 1|``; each row gives its median and p90.
+engine would borrow it (``loo-gpu``: a same-architecture neighbour's GEMM grid, the
+committed MoE table of the nearest GPU on the same MoE kernel, as the fit decided; MoE layers
+scored on what the GPU's own committed table makes the engine run, :func:`moe_targets`), and
+that table alone on every GPU (``loo-table``). A family a GPU has no data for is listed as
+such (``missing``), never filled in. Relative error is ``|predicted / measured - 1|``; each
+row gives its median and p90.
 """
 
 from __future__ import annotations
