@@ -10,10 +10,11 @@ import pytest
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import ModelConfig
 from chunktune.sim.cost import moe_table
-from chunktune.sim.cost.coefficients import coefficients
-from chunktune.sim.cost.fit import moe_derive
+from chunktune.sim.cost.coefficients import coefficients, group_sources, moe_kernel
+from chunktune.sim.cost.fit import aic_kernels, measurements, moe_derive
 from chunktune.sim.cost.step_time import (
     borrowed_moe_curve,
+    lent_moe_seconds,
     moe_form,
     moe_time,
     moe_weight_format,
@@ -62,7 +63,7 @@ def test_the_step_time_takes_the_gpus_measured_moe_layer_where_it_has_the_shape(
     assert moe_table.curve("b200", "fp8_block", 3072, 1000, 256, 8, 4, 1) is None
     assert moe_time(odd, gpu, 4, t, c, "fp8") == pytest.approx(
         moe_form(t, 3072, 1000 / 4, 8, 256, 3, gpu, c, "fp8"))
-    # the GPU without measured MoE rows in the committed table: the fitted form
+    # a format the GPU's table lacks (the A100 timed bf16 experts only): the fitted form
     a100 = resolve_gpu("a100-sxm")
     ca = coefficients(a100)
     assert moe_time(MINIMAX, a100, 4, t, ca, "fp8") == pytest.approx(
@@ -194,3 +195,61 @@ def test_the_borrowed_growth_predicts_one_measured_mxfp8_shape_from_the_other():
             pred = o[0] + np.maximum(x - x[0], 0) * (f_own - f_own[0]) / (f_other - f_other[0])
             errors += list(np.abs(pred[1:] / o[1:] - 1))
     assert float(np.median(errors)) < 0.10
+
+
+#: Qwen3-30B-A3B's MoE layers (config.json: hidden 2048, 128 experts of width 768, top 8).
+QWEN3_30B = ModelConfig("qwen3-30b-shape", 2048, 48, 32, 4, 128, 6144, 151936, 40960,
+                        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768)
+
+
+def test_every_gpu_with_measured_moe_layers_runs_its_own_table():
+    """Every GPU AIConfigurator timed vLLM's MoE layer on has its curves committed (issue
+    #32: the A100, L40S and RTX PRO 6000 ran their fitted form before; the A100's rows are
+    vLLM 0.14's only, power-law routing) and runs them, borrowing nobody's."""
+    assert set(moe_derive.MOE_GPUS.values()) == set(aic_kernels.AIC_GPUS.values())
+    t = np.array([1.0, 16.0, 512.0, 4096.0])
+    for name in aic_kernels.AIC_GPUS.values():
+        gpu = resolve_gpu(name)
+        assert moe_table.has_table(name) and moe_table.lent(gpu) is None, name
+    for name, tp in (("a100-sxm", 1), ("l40s", 2), ("rtx-pro-6000", 1)):
+        gpu = resolve_gpu(name)
+        c = coefficients(gpu)
+        us = moe_table.curve(name, "bf16", 2048, 768, 128, 8, tp, 1)
+        assert us is not None, name
+        got = moe_time(QWEN3_30B, gpu, tp, t, c)
+        assert got == pytest.approx(moe_table.seconds(us, t)), name
+        assert not np.allclose(got, moe_time(QWEN3_30B, gpu, tp, t, c, use_table=False))
+
+
+def test_a_gpu_without_moe_data_borrows_the_table_of_the_nearest_gpu_on_its_moe_kernel():
+    """vLLM 0.33 runs a bf16 MoE layer with FlashInfer on Blackwell (SM 10.x TRT-LLM or
+    CUTLASS, SM 12.0 CUTLASS) and Triton's ``fused_moe`` elsewhere (Ampere and Ada have no
+    FlashInfer MoE kernel; SM 9.0 puts it behind Triton): a GPU without MoE data borrows the
+    group and the table of its nearest measured GPU running the same kernel, as the fit holds
+    each measured GPU out (the B200 from the RTX PRO 6000, not the H100; the L40S from the
+    A100, not the RTX PRO 6000), and the L4, RTX 4090, A40 and A10G now run a measured table
+    scaled rather than a form."""
+    kernels = {g: moe_kernel(resolve_gpu(g)) for g in (
+        "b200", "b300", "gb200", "rtx-pro-6000", "h100-sxm", "h100-pcie", "h200", "l40s",
+        "l4", "rtx4090", "a100-sxm", "a40", "a10g")}
+    assert {g for g, k in kernels.items() if k == "flashinfer"} == {
+        "b200", "b300", "gb200", "rtx-pro-6000"}
+    lenders = {"b300": "b200", "gb200": "b200", "h100-pcie": "h100-sxm", "l4": "l40s",
+               "rtx4090": "l40s", "a40": "a100-sxm", "a10g": "a100-sxm"}
+    for g, src in lenders.items():
+        assert group_sources(g)["moe"] == src, g
+        lent = moe_table.lent(resolve_gpu(g))
+        assert lent is not None and lent.name == src, g
+        assert kernels[g] == kernels[src]
+    have = measurements.families_with_data(measurements.load(None))
+    held = {g: measurements.borrow_source(g, "moe", have) for g in sorted(have["moe"])}
+    assert held == {"a100-sxm": "h100-sxm", "b200": "rtx-pro-6000", "h100-sxm": "h200",
+                    "h200": "h100-sxm", "l40s": "a100-sxm", "rtx-pro-6000": "b200"}
+    # the L4 at TP 4: the L40S's measured curve scaled per regime by the two data sheets
+    l4, l40s = resolve_gpu("l4"), resolve_gpu("l40s")
+    c = coefficients(l4)
+    t = np.array([1.0, 16.0, 512.0, 4096.0])
+    want = lent_moe_seconds(l4, l40s, c, "bf16", "bf16", 2048, 768, 128, 8, 4, 1, t)
+    assert want is not None
+    assert moe_time(QWEN3_30B, l4, 4, t, c) == pytest.approx(want)
+    assert not np.allclose(want, moe_time(QWEN3_30B, l4, 4, t, c, use_table=False))

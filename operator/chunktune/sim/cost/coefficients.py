@@ -12,6 +12,7 @@ fit): a borrowed figure is never presented as a measured one.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -88,6 +89,27 @@ def kv_fp8_kernel(gpu: GPU) -> str:
     GPU running the same kernel
     (:func:`chunktune.sim.cost.fit.measurements.borrow_source`)."""
     return "flash-attention-3" if gpu.flash_attention == 3 else "flashinfer"
+
+
+def moe_kernel(gpu: GPU) -> str:
+    """The kernel vLLM 0.33 runs a bf16 MoE layer's routed experts with on ``gpu``, whose cost
+    the ``moe`` group and the GPU's MoE table measure: ``flashinfer`` on Blackwell (SM 10.x and
+    12.x: ``fused_moe/oracle/unquantized.py`` tries FlashInfer's TRT-LLM kernel, SM 10.x only,
+    then its CUTLASS kernel, which runs on SM 9.0, 10.x and 12.x, then Triton), else
+    ``triton`` (Triton's ``fused_moe``: Ampere and Ada have no FlashInfer MoE kernel, and on
+    SM 9.0 the oracle moves FlashInfer behind Triton). AIConfigurator's bf16 MoE rows agree
+    (``kernel_source``): FlashInfer TRT-LLM and CUTLASS on the B200, CUTLASS on the RTX PRO
+    6000, Triton on the H100, H200, L40S and A100. A GPU without MoE data borrows the group
+    and the table from the nearest GPU running the same kernel (:data:`KERNEL_MATCHED`)."""
+    return "flashinfer" if gpu.family == "blackwell" else "triton"
+
+
+#: Families whose cost is one kernel's that vLLM picks per GPU: a GPU without data for one
+#: borrows it from the first of ``NEAREST`` whose own data has it and that runs the same
+#: kernel (where none does, from where it takes the rest), and holding out each measured GPU
+#: predicts it the same way (:func:`chunktune.sim.cost.fit.measurements.borrow_source`).
+KERNEL_MATCHED: dict[str, Callable[[GPU], str]] = {"attention-kv-fp8": kv_fp8_kernel,
+                                                    "moe": moe_kernel}
 
 
 def bf16_decode_kernel(gpu: GPU) -> str:
@@ -303,20 +325,22 @@ def lent_quant_memory_eff(eff: float, lender: GPU, gpu: GPU, rule: str) -> float
             / (lender.sm_count * lender.boost_mhz))
 
 
-def _kv_fp8_source(gpu: GPU, src: str) -> str:
-    """Where a GPU without measured kernels takes its FP8 KV cache's group
-    (``attention-kv-fp8``) from: the first of ``NEAREST`` whose own data has it and that runs
-    the same kernel (:func:`kv_fp8_kernel`), else ``src``, the GPU it takes the rest from."""
+def kernel_source(gpu: GPU, fam: str, src: str) -> str:
+    """Where a GPU without measured kernels takes a family of :data:`KERNEL_MATCHED` from
+    (an FP8 KV cache's group, ``attention-kv-fp8``; the MoE group and table, ``moe``): the
+    first of ``NEAREST`` whose own data has it and that runs the same kernel, else ``src``,
+    the GPU it takes the rest from."""
     gpus = load_document()["gpus"]
-    fam = "attention-kv-fp8"
+    kernel = KERNEL_MATCHED[fam]
     return next((o for o in NEAREST.get(gpu.name, ()) if o in gpus
                  and gpus[o]["sources"].get(fam) == o
-                 and kv_fp8_kernel(resolve_gpu(o)) == kv_fp8_kernel(gpu)), src)
+                 and kernel(resolve_gpu(o)) == kernel(gpu)), src)
 
 
 def coefficients(gpu: str | GPU) -> KernelCoefficients:
     """The coefficients the step-time model uses for ``gpu`` (its own, or borrowed: from its
-    nearest measured GPU, an FP8 KV cache's group from the nearest running the same kernel,
+    nearest measured GPU, an FP8 KV cache's group and the MoE group from the nearest running
+    the same kernel (:data:`KERNEL_MATCHED`),
     the :data:`POOLED` families from their pools, the prefill tile rate carried over by
     :func:`tile_rule`, the FP8 activations' quantization rate by :func:`quant_rule`)."""
     g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -324,8 +348,9 @@ def coefficients(gpu: str | GPU) -> KernelCoefficients:
     doc = load_document()["gpus"]
     vals = dict(doc[src]["coefficients"])
     if src != g.name:
-        fp8 = doc[_kv_fp8_source(g, src)]["coefficients"]
-        vals.update({k: fp8[k] for k in GROUPS["attention-kv-fp8"]})
+        for fam in KERNEL_MATCHED:
+            lender = doc[kernel_source(g, fam, src)]["coefficients"]
+            vals.update({k: lender[k] for k in GROUPS[fam]})
     for pool in _pools(g).values():
         vals.update(pool["coefficients"])
     if src != g.name:
@@ -344,8 +369,9 @@ def group_sources(gpu: str) -> dict[str, str]:
     src = source_gpu(gpu)
     out = dict(load_document()["gpus"][src]["sources"])
     if src != gpu:
-        fp8 = _kv_fp8_source(resolve_gpu(gpu), src)
-        if fp8 != src:
-            out["attention-kv-fp8"] = fp8
+        for fam in KERNEL_MATCHED:
+            lender = kernel_source(resolve_gpu(gpu), fam, src)
+            if lender != src:
+                out[fam] = lender
     out.update({f: "+".join(p["gpus"]) for f, p in _pools(gpu).items()})
     return out

@@ -27,12 +27,16 @@ off. A kernel timed on other shapes than the model's (the B200's MXFP8-activatio
 is borrowed from the nearest shape (:func:`nearest`;
 :func:`chunktune.sim.cost.step_time.borrowed_moe_curve`).
 
-A GPU without a table of its own (the B300 and GB200, which borrow the B200's kernels)
-borrows the table of the GPU it takes its MoE coefficients from where holding out the measured
-GPUs says that beats borrowing the fitted form (``moe_borrowing`` in the coefficients
-document, :func:`lent`): each curve scaled by the ratio of the fitted form on the two data
-sheets, so a layer bound by its fixed cost keeps the measured time, one bound by streaming
-the experts' weights scales by HBM bandwidth and one bound by their FLOPs by the peak.
+Every GPU AIConfigurator timed has its table (H100, H200, B200, L40S, RTX PRO 6000 and A100;
+the A100's are vLLM 0.14's only, Triton's ``fused_moe`` under power-law routing). A GPU
+without one (B300 and GB200; H100 PCIe; L4 and RTX 4090; A40 and A10G) borrows the table of
+the GPU it takes its MoE coefficients from, the nearest measured GPU running the same MoE
+kernel (``coefficients.moe_kernel``: FlashInfer on Blackwell, Triton elsewhere), where
+holding out the measured GPUs says that beats borrowing the fitted form (``moe_borrowing``
+in the coefficients document, :func:`lent`): each curve scaled by the ratio of the fitted
+form on the two data sheets (:func:`chunktune.sim.cost.step_time.lent_moe_seconds`), so a
+layer bound by its fixed cost keeps the measured time, one bound by streaming the experts'
+weights scales by HBM bandwidth and one bound by their FLOPs by the peak.
 
 Committed derivative: ``data/aic_moe_us.csv``, one line per measured curve (``python -m
 chunktune.sim.cost.fit.moe_derive --data ../shared/data`` rewrites it).
@@ -77,6 +81,13 @@ def curve(gpu: str, dtype: str, hidden: int, inter: int, experts: int, topk: int
     return _load().get((gpu, dtype, hidden, inter, experts, topk, tp, ep))
 
 
+def curves(gpu: str, dtype: str) -> dict[tuple[int, int, int, int, int, int], np.ndarray]:
+    """Every measured curve of ``gpu`` in ``dtype`` (:func:`curve`), by shape and split
+    (hidden, width, experts, top-k, TP, EP)."""
+    return {(k[2], k[3], k[4], k[5], k[6], k[7]): us for k, us in _load().items()
+            if k[0] == gpu and k[1] == dtype}
+
+
 def seconds(us: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """A measured curve (:func:`curve`) at ``tokens``: linear in log time over log tokens,
     proportional to tokens past the largest measured count; 0 at 0 tokens."""
@@ -118,7 +129,8 @@ def lends_table(decision: dict[str, Any] | None = None) -> bool:
 
 def lent(gpu: GPU) -> GPU | None:
     """The measured GPU whose MoE table ``gpu`` borrows: where ``gpu`` has no table of its
-    own, the GPU it takes its MoE coefficients from (``coefficients.NEAREST``) has one, and
+    own, the GPU it takes its MoE coefficients from (the nearest in ``coefficients.NEAREST``
+    running the same MoE kernel, ``coefficients.KERNEL_MATCHED``) has one, and
     the fit chose the table over the form (:func:`lends_table`); else None. The caller scales
     the curve by the ratio of the fitted form on the two GPUs."""
     if has_table(gpu.name) or not lends_table():

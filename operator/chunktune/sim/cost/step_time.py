@@ -388,18 +388,35 @@ def moe_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray, c: Kerne
                                      0.0)
             return out
         src = moe_table.lent(gpu)
-        theirs = None if src is None else moe_table.curve(src.name, fmt, *shape)
-        if src is not None and theirs is not None:  # a neighbour's table, scaled per regime
-            T = np.asarray(tokens, dtype=np.float64)
-            args = (model.hidden_size, model.moe_intermediate_size / tp,
-                    model.num_experts_per_tok, model.num_experts, 3 if model.gated_mlp else 2)
-            scale = (moe_form(T, *args, gpu, c, experts_dtype)
-                     / moe_form(T, *args, src, c, experts_dtype))
-            lent: np.ndarray = moe_table.seconds(theirs, tokens) * scale
+        lent = None if src is None else lent_moe_seconds(
+            gpu, src, c, fmt, experts_dtype, *shape, tokens, 3 if model.gated_mlp else 2)
+        if lent is not None:
             return lent
     return moe_form(np.asarray(tokens, dtype=np.float64), model.hidden_size,
                     model.moe_intermediate_size / tp, model.num_experts_per_tok,
                     model.num_experts, 3 if model.gated_mlp else 2, gpu, c, experts_dtype)
+
+
+def lent_moe_seconds(gpu: GPU, src: GPU, c: KernelCoefficients, fmt: str, weight_dtype: str,
+                     hidden: int, inter: int, experts: int, topk: int, tp: int, ep: int,
+                     tokens: np.ndarray, mats: float = 3) -> np.ndarray | None:
+    """Seconds on ``gpu`` of an MoE layer's routed experts at ``tokens`` borrowed from
+    ``src``'s measured table (:func:`chunktune.sim.cost.moe_table.lent`): ``src``'s curve of
+    the shape and split (``tp``/``ep``, as :func:`moe_table.curve` keys it) in format ``fmt``,
+    scaled by the ratio of the fitted form (:func:`moe_form` under ``c``, experts sharded
+    ``tp x ep`` ways, weights in ``weight_dtype``) on the two data sheets: per regime, so a
+    layer bound by its fixed cost keeps ``src``'s time, one bound by streaming the experts'
+    weights scales by HBM bandwidth and one bound by their FLOPs by the peak. None where
+    ``src``'s table lacks the shape. What the engine runs for a GPU without a table and what
+    ``kernel_report`` holds each measured GPU out by."""
+    theirs = moe_table.curve(src.name, fmt, hidden, inter, experts, topk, tp, ep)
+    if theirs is None:
+        return None
+    T = np.asarray(tokens, dtype=np.float64)
+    args = (hidden, inter / (tp * ep), topk, experts, mats)
+    scale = moe_form(T, *args, gpu, c, weight_dtype) / moe_form(T, *args, src, c, weight_dtype)
+    out: np.ndarray = moe_table.seconds(theirs, tokens) * scale
+    return out
 
 
 def moe_form(tokens: np.ndarray, hidden: float | np.ndarray, inter: float | np.ndarray,

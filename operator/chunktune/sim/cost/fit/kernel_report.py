@@ -3,18 +3,21 @@ with the GPU held out, the cross-checks between sources, and the held-out datase
 
 Holding a GPU out predicts its timings exactly as a GPU without data is predicted: with the
 coefficients of its nearest other GPU whose data has the family
-(:func:`chunktune.sim.cost.fit.measurements.borrow_source`; an FP8 KV cache's terms from the
-nearest running the same kernel, ``coefficients.kv_fp8_kernel``), the decode attention terms
+(:func:`chunktune.sim.cost.fit.measurements.borrow_source`; an FP8 KV cache's terms and MoE
+layers from the nearest running the same kernel, ``coefficients.KERNEL_MATCHED``), the decode
+attention terms
 fitted on the pool of the other GPUs running its FlashAttention generation
 (``coefficients.POOLED``), the prefill tile rate and the FP8 activations' quantization rate
 carried over by the committed rules (``coefficients.tile_rule``, ``coefficients.quant_rule``),
 vLLM's all-reduce from the measured table of another GPU on the same interconnect where there
 is one (``collectives.measured_allreduce_source``, as the engine borrows it), and its own data
 sheet; GEMMs and MoE layers from that GPU's measured table scaled by the data sheets where the
-engine would borrow it (``loo-gpu``: a same-architecture neighbour's GEMM grid, any
-neighbour's MoE layers, as the fit decided), and that table alone on every GPU
-(``loo-table``). A family a GPU has no data for is listed as such (``missing``), never filled
-in. Relative error is ``|predicted / measured - 1|``; each row gives its median and p90.
+engine would borrow it (``loo-gpu``: a same-architecture neighbour's GEMM grid, the
+committed MoE table of the nearest GPU on the same MoE kernel, as the fit decided; MoE layers
+scored on what the GPU's own committed table makes the engine run, :func:`moe_targets`), and
+that table alone on every GPU (``loo-table``). A family a GPU has no data for is listed as
+such (``missing``), never filled in. Relative error is ``|predicted / measured - 1|``; each
+row gives its median and p90.
 """
 
 from __future__ import annotations
@@ -66,7 +69,12 @@ from chunktune.sim.cost.fit.measurements import (
 )
 from chunktune.sim.cost.gemm_table import DTYPE, GemmTable
 from chunktune.sim.cost.mla_table import MLA_SHAPE, STEPS, Key
-from chunktune.sim.cost.step_time import gemm_form, linear_layer_time
+from chunktune.sim.cost.step_time import (
+    gemm_form,
+    lent_moe_seconds,
+    linear_layer_time,
+    moe_form,
+)
 
 
 @dataclass(frozen=True)
@@ -193,11 +201,15 @@ def family_report(meas: Measurements, coef: Callable[[str], KernelCoefficients],
                     held = lent_or_form_errors(g, src, fam, coef(src),
                                                borrowed(g, src, fam, coef(src), quant), meas)
                     frm += " (engine: table)"
+                elif fam == "moe" and moe_table.has_table(g):
+                    form_err = moe_form_errors(g, coef(src))
+                    assert form_err is not None
+                    held = np.abs(form_err)
                 rows.append(ErrorRow.of(fam, f"{g} from {frm}", "loo-gpu", held))
                 lent = (lent_table_errors(g, src, "fp8" if fam == "gemm-fp8" else "bf16",
                                           coef(src), meas, borrowed(g, src, fam, coef(src), quant))
                         if fam in ("gemm", "gemm-fp8")
-                        else lent_moe_errors(g, src, coef(src), meas) if fam == "moe"
+                        else lent_moe_errors(g, src, coef(src)) if fam == "moe"
                         else None)
                 if lent is not None:
                     rows.append(ErrorRow.of(fam, f"{g} from {src}'s table", "loo-table",
@@ -298,7 +310,8 @@ def borrows_table(gpu: str, src: str, fam: str, decisions: dict[str, Any],
             return False
         return gemm_table.lends_table(resolve_gpu(gpu), resolve_gpu(src), fam,
                                       decisions["gemm"])
-    return fam == "moe" and moe_table.lends_table(decisions["moe"])
+    return (fam == "moe" and moe_table.has_table(src)
+            and moe_table.lends_table(decisions["moe"]))
 
 
 def lent_or_form_errors(gpu: str, src: str, fam: str, c: KernelCoefficients,
@@ -308,10 +321,11 @@ def lent_or_form_errors(gpu: str, src: str, fam: str, c: KernelCoefficients,
     (:func:`lent_table_errors`, :func:`lent_moe_errors`: ``src``'s form under ``c`` on its
     sheet, ``gpu``'s under ``held``, ``c`` as borrowed) where it has the shape, the fitted
     form (``held``) where it does not."""
-    form = family_errors(fam, gpu, held, meas)
+    form = family_errors(fam, gpu, held, meas) if fam != "moe" else moe_form_errors(gpu, held)
     assert form is not None
     lent = (_lent_table(gpu, src, DTYPE[fam], c, meas, held) if fam in ("gemm", "gemm-fp8")
-            else _lent_moe(gpu, src, c, meas))
+            else _lent_moe(gpu, src, c))
+    form = np.abs(form)
     out: np.ndarray = np.where(np.isnan(lent), form, np.abs(lent))
     return out
 
@@ -370,32 +384,49 @@ def lent_table_errors(gpu: str, src: str, dtype: str, c: KernelCoefficients,
     return out if len(out) else None
 
 
-def _lent_moe(gpu: str, src: str, c: KernelCoefficients, meas: Measurements) -> np.ndarray:
-    """Signed relative error of ``src``'s MoE layers scaled (:func:`lent_moe_errors`) on each
-    of ``gpu``'s bf16 MoE layers, NaN where ``src`` did not time the shape."""
+def moe_targets(gpu: str) -> list[tuple[tuple[int, int, int, int, int], np.ndarray]]:
+    """What the engine runs for ``gpu``'s bf16 MoE layers from its own data, which a held-out
+    GPU's MoE prediction is scored against: its committed table's curves
+    (:mod:`chunktune.sim.cost.moe_table`: power-law routing, as the engine assumes real routers
+    skew tokens, the fastest backend, the newest release with the curve), per shape (hidden,
+    width, experts, top-k, TP; no expert parallelism), microseconds at ``moe_table.TOKENS``.
+    The balanced rows the form is fitted on (``family_errors``) route every expert an even
+    share and run slower: scored on them, a lender's power-law table looks worse than the
+    form fitted to them for routing alone."""
+    return sorted((k[:5], us) for k, us in moe_table.curves(gpu, "bf16").items() if k[5] == 1)
+
+
+def moe_form_errors(gpu: str, c: KernelCoefficients) -> np.ndarray | None:
+    """Signed relative error of the fitted form (:func:`step_time.moe_form` under ``c``) on
+    :func:`moe_targets`; None where ``gpu`` has no committed table."""
+    g = resolve_gpu(gpu)
+    t = np.array(moe_table.TOKENS, dtype=np.float64)
+    errs = [moe_form(t, h, i / tp, k, e, 3, g, c) * 1e6 / us - 1.0
+            for (h, i, e, k, tp), us in moe_targets(gpu)]
+    return np.concatenate(errs) if errs else None
+
+
+def _lent_moe(gpu: str, src: str, c: KernelCoefficients) -> np.ndarray:
+    """Signed relative error of ``src``'s committed MoE table scaled (:func:`lent_moe_errors`)
+    on :func:`moe_targets` of ``gpu``, NaN where that table lacks the shape."""
     g, s = resolve_gpu(gpu), resolve_gpu(src)
-    theirs = {r.key: r for r in meas.moe if r.gpu == src and r.dtype == "bf16"}
-    mine = [r for r in meas.moe if r.gpu == gpu and r.dtype == "bf16"]
-    out = np.full(len(mine), np.nan)
-    idx = [i for i, r in enumerate(mine) if r.key in theirs]
-    if idx:
-        other = [theirs[mine[i].key] for i in idx]
-        pred = (np.array([r.us for r in other]) * ff.moe_pred_us(c, g, other)
-                / ff.moe_pred_us(c, s, other))
-        out[idx] = pred / np.array([mine[i].us for i in idx]) - 1.0
-    return out
+    t = np.array(moe_table.TOKENS, dtype=np.float64)
+    out = []
+    for (h, i, e, k, tp), us in moe_targets(gpu):
+        pred = lent_moe_seconds(g, s, c, "bf16", "bf16", h, i, e, k, tp, 1, t)
+        out.append(np.full(len(t), np.nan) if pred is None else pred * 1e6 / us - 1.0)
+    return np.concatenate(out) if out else np.array([])
 
 
-def lent_moe_errors(gpu: str, src: str, c: KernelCoefficients, meas: Measurements
-                    ) -> np.ndarray | None:
-    """Signed relative error on ``gpu``'s bf16 MoE layers of ``src``'s measured MoE layers of
-    the same shapes, each scaled by the ratio of the fitted form (:func:`step_time.moe_form`
-    under ``c``, ``src``'s coefficients) on the two data sheets: per regime, so a layer bound
-    by its fixed cost keeps ``src``'s time, one bound by streaming the experts' weights scales
-    by the HBM bandwidths and one bound by their FLOPs by the peaks. What a GPU without an
-    MoE table runs borrowing ``src``'s (:func:`chunktune.sim.cost.moe_table.lent`); None where
-    the two share no shape."""
-    out = _lent_moe(gpu, src, c, meas)
+def lent_moe_errors(gpu: str, src: str, c: KernelCoefficients) -> np.ndarray | None:
+    """Signed relative error on ``gpu``'s bf16 MoE layers of ``src``'s committed MoE table
+    (:mod:`chunktune.sim.cost.moe_table`: power-law routing, the fastest backend, the newest
+    release with the curve) of the same shapes, scaled by the ratio of the fitted form under
+    ``c``, ``src``'s coefficients, on the two data sheets: what a GPU without an MoE table
+    runs borrowing ``src``'s (:func:`chunktune.sim.cost.step_time.lent_moe_seconds`, the
+    engine's code), scored on what ``gpu``'s own table makes the engine run
+    (:func:`moe_targets`); None where the table has none of ``gpu``'s shapes."""
+    out = _lent_moe(gpu, src, c)
     out = out[~np.isnan(out)]
     return out if len(out) else None
 
@@ -403,20 +434,21 @@ def lent_moe_errors(gpu: str, src: str, c: KernelCoefficients, meas: Measurement
 def moe_borrowing(meas: Measurements, coef: Callable[[str], KernelCoefficients]
                   ) -> dict[str, Any]:
     """Over the measured GPUs with MoE layers: the held-out median error of borrowing the
-    nearest other one's measured MoE table scaled per regime (``table``,
-    :func:`lent_moe_errors`) against borrowing its fitted form (``form``), and the one to
-    ``use`` (:func:`chunktune.sim.cost.moe_table.lent`)."""
+    nearest other one running the same MoE kernel (``coefficients.moe_kernel``)'s committed
+    MoE table scaled per regime (``table``, :func:`lent_moe_errors`) against borrowing its
+    fitted form (``form``), both on what the GPU's own table makes the engine run
+    (:func:`moe_targets`), and the one to ``use`` (:func:`chunktune.sim.cost.moe_table.lent`)."""
     have = families_with_data(meas)
     tab, form, held = [], [], []
     for g in sorted(have["moe"]):
         src = borrow_source(g, "moe", have)
-        lent = None if src is None else lent_moe_errors(g, src, coef(src), meas)
+        lent = None if src is None else lent_moe_errors(g, src, coef(src))
         if src is None or lent is None:
             continue
-        fitted = family_errors("moe", g, coef(src), meas)
+        fitted = moe_form_errors(g, coef(src))
         assert fitted is not None
         tab.append(float(np.median(np.abs(lent))))
-        form.append(float(np.median(fitted)))
+        form.append(float(np.median(np.abs(fitted))))
         held.append(f"{g} from {src}")
     t, f = float(np.median(tab)), float(np.median(form))
     return {"table": float(f"{t:.4g}"), "form": float(f"{f:.4g}"),

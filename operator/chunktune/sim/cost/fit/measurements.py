@@ -24,7 +24,7 @@ from pathlib import Path
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.sim.cost import aic_data
-from chunktune.sim.cost.coefficients import NEAREST, kv_fp8_kernel
+from chunktune.sim.cost.coefficients import KERNEL_MATCHED, NEAREST
 from chunktune.sim.cost.fit import aic_kernels
 from chunktune.sim.cost.fit import kernel_data as kd
 from chunktune.sim.cost.step_time import layer_gemms
@@ -163,13 +163,13 @@ def families_with_data(meas: Measurements) -> dict[str, set[str]]:
 
 def borrow_source(gpu: str, family: str, have: dict[str, set[str]]) -> str | None:
     """The nearest other GPU (``coefficients.NEAREST``) whose own data has ``family`` (for
-    all-reduces, on the same kind of link; for an FP8 KV cache's terms, running the same
-    kernel, ``coefficients.kv_fp8_kernel``, where one does): where a GPU without such data
-    takes that family from, and what holding ``gpu`` out predicts it from."""
+    all-reduces, on the same kind of link; for a family of ``coefficients.KERNEL_MATCHED``, an
+    FP8 KV cache's terms or MoE layers, running the same kernel where one does): where a GPU
+    without such data takes that family from, and what holding ``gpu`` out predicts it from."""
     g = resolve_gpu(gpu)
     found = [o for o in NEAREST.get(gpu, ()) if o in have[family]
              and (family != "all-reduce" or resolve_gpu(o).nvlink == g.nvlink)]
-    if family == "attention-kv-fp8":
-        found = [o for o in found
-                 if kv_fp8_kernel(resolve_gpu(o)) == kv_fp8_kernel(g)] or found
+    kernel = KERNEL_MATCHED.get(family)
+    if kernel is not None:
+        found = [o for o in found if kernel(resolve_gpu(o)) == kernel(g)] or found
     return found[0] if found else None

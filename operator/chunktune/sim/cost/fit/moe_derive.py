@@ -17,8 +17,13 @@ from chunktune.sim.cost.moe_table import MOE_PATH, TOKENS, Key
 
 SOURCE = ("NVIDIA AIConfigurator (ai-dynamo/aiconfigurator, Apache-2.0, Copyright NVIDIA "
           "CORPORATION & AFFILIATES) systems/data/<gpu>/vllm/<version>/moe_perf")
-#: AIConfigurator's system folders read -> our GPU names (the GPUs with MoE serving runs).
-MOE_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200"}
+#: AIConfigurator's system folders read -> our GPU names: every GPU it timed vLLM's MoE layer
+#: on (those of ``aic_kernels.AIC_GPUS``), so each runs its own measured layer and a GPU
+#: without one borrows the table of the nearest that runs the same MoE kernel
+#: (``coefficients.moe_kernel``). The A100's only rows are vLLM 0.14's, power-law routing,
+#: Triton's ``fused_moe``.
+MOE_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "l40s": "l40s",
+            "rtx_pro_6000_server": "rtx-pro-6000", "a100_sxm": "a100-sxm"}
 #: AIConfigurator's ``moe_dtype`` -> the weight format the table is keyed by: ``bf16``,
 #: ``fp8`` (per-tensor), ``fp8_block`` (128x128 blocks, as FP8 MoE checkpoints ship),
 #: ``int4`` (W4A16, group-quantised: Kimi-K2.x), ``nvfp4`` (W4A4), ``mxfp4`` (W4A16 MXFP4:
