@@ -125,3 +125,28 @@ async def test_the_operator_runs_kopf_only_while_it_leads(kube: KubeEmulator,
         kube.clear_faults()
         if not task.done():
             await asyncio.wait_for(task, 60)
+
+
+async def test_a_release_that_conflicts_with_a_late_renewal_reads_the_lease_again(
+        kube: KubeEmulator, api: KubeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clean stop cancels the renewal loop, but a renewal already sent can land between the
+    release's read and its write: the write then conflicts (409, the Lease's version moved)
+    and the release reads again and gives the Lease up (it used to log a warning and leave
+    the standby to wait out the duration)."""
+    a = elector(api, "a")
+    assert await a.try_acquire_or_renew()
+    a.leading = True
+    real_get = api.get_lease
+    renewed: list[str] = []
+
+    async def read_then_renewed(*args: object) -> object:
+        lease = await real_get(*args)  # type: ignore[arg-type]
+        if not renewed:  # the late renewal, as the API server applies it after this read
+            renewed.append(kube.patch("leases", "default", "op", {"spec": {
+                "leaseDurationSeconds": 4}})["metadata"]["resourceVersion"])
+        return lease
+
+    monkeypatch.setattr(api, "get_lease", read_then_renewed)
+    await a.release()
+    assert len(renewed) == 1 and holder(kube) is None
+    assert kube.get("leases", "default", "op")["spec"]["leaseDurationSeconds"] == 1

@@ -40,6 +40,8 @@ from chunktune.k8s.settings import LeaderSettings
 
 log = logging.getLogger(__name__)
 Body = dict[str, Any]
+#: Tries at giving the Lease up on a clean stop when a write conflicts (409).
+RELEASE_ATTEMPTS = 3
 #: Where a pod finds its own namespace.
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -198,23 +200,32 @@ class LeaderElector:
                 return False
 
     async def release(self) -> None:
-        """Give the Lease up (a clean stop): no holder, a one-second duration."""
+        """Give the Lease up (a clean stop): no holder, a one-second duration. A write that
+        conflicts (409: a renewal this replica sent before it stopped landed after the read,
+        changing the Lease's version) is read again and retried, :data:`RELEASE_ATTEMPTS`
+        times in all."""
         if not self.leading:
             return
         self._set_leading(False)
-        try:
-            lease = await self.api.get_lease(self.namespace, self.name, self._timeout)
-            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != \
-                    self.identity:
+        for attempt in range(1, RELEASE_ATTEMPTS + 1):
+            try:
+                lease = await self.api.get_lease(self.namespace, self.name, self._timeout)
+                if lease is None or (lease.get("spec") or {}).get("holderIdentity") != \
+                        self.identity:
+                    return
+                now = _micro_time(datetime.now(tz=UTC))
+                lease["spec"] = {**lease["spec"], "holderIdentity": None,
+                                 "leaseDurationSeconds": 1, "renewTime": now}
+                await self.api.replace_lease(self.namespace, self.name, lease, self._timeout)
+                log.info("%s released the lease %s/%s", self.identity, self.namespace,
+                         self.name)
                 return
-            now = _micro_time(datetime.now(tz=UTC))
-            lease["spec"] = {**lease["spec"], "holderIdentity": None,
-                             "leaseDurationSeconds": 1, "renewTime": now}
-            await self.api.replace_lease(self.namespace, self.name, lease, self._timeout)
-            log.info("%s released the lease %s/%s", self.identity, self.namespace, self.name)
-        except ClusterApiError as e:
-            log.warning("could not release the lease %s/%s (%s); a standby takes over "
-                        "after its duration", self.namespace, self.name, e)
+            except ClusterApiError as e:
+                if e.status == 409 and attempt < RELEASE_ATTEMPTS:
+                    continue
+                log.warning("could not release the lease %s/%s (%s); a standby takes over "
+                            "after its duration", self.namespace, self.name, e)
+                return
 
 
 async def _stopped(stop: asyncio.Event, seconds: float) -> bool:
