@@ -31,7 +31,10 @@ CUDA, SM90, 132 SMs), and what cannot run on a CPU:
 
     python bench/vllm_sampler_reference.py --vllm DIR [--vllm DIR2 ...]
 
-``DIR`` holds the ``vllm/`` package of one release (0.17.0, 0.19.0, 0.31.0, 0.32.0, 0.33.0 read).
+``DIR`` holds the ``vllm/`` package of one release (0.17.0, 0.19.0, 0.31.0, 0.32.0, 0.33.0 read;
+0.11.0 run for ``bench/startup_logs.py``'s logs: it has no Triton top-k/top-p kernel, samples
+with FlashInfer when the package is installed, else on ``apply_top_k_top_p``'s sort path;
+``--no-flashinfer`` runs the latter, as ``pip install vllm`` without its ``flashinfer`` extra).
 Nothing here is measured on a GPU: the caching allocator's rounding (512 B blocks, 2 MiB
 segments for large tensors) and fragmentation are not counted.
 """
@@ -142,7 +145,9 @@ def _flashinfer_stand_in() -> None:
     fi.cache = cache  # type: ignore[attr-defined]
     fi.sampling = SimpleNamespace(  # type: ignore[attr-defined]
         top_k_top_p_sampling_from_logits=top_k_top_p_sampling_from_logits)
+    fi.__version__ = "0.7.2"  # type: ignore[attr-defined]  # 0.9-0.11 check >= 0.2.3
     sys.modules["flashinfer"] = fi
+    sys.modules["flashinfer.sampling"] = fi.sampling  # type: ignore[assignment]
 
 
 def runner_method(vllm_dir: str, name: str) -> Any:
@@ -189,8 +194,10 @@ def _stand_in_attr(attr: str) -> Any:
     return type(attr, (), {})
 
 
-def run_release(vllm_dir: str) -> list[dict[str, Any]]:
-    """Each case's peak live bytes of ``_dummy_sampler_run`` under this release's code."""
+def run_release(vllm_dir: str, flashinfer: bool = True) -> list[dict[str, Any]]:
+    """Each case's peak live bytes of ``_dummy_sampler_run`` under this release's code;
+    ``flashinfer``: whether the (stand-in) ``flashinfer`` package is installed (0.9-0.11
+    sample with it by default when it is, and ship it as an optional extra)."""
     os.environ.pop("VLLM_USE_FLASHINFER_SAMPLER", None)  # the release's default
     from vllm_weights_reference import fake_hopper, fake_tp
 
@@ -204,12 +211,18 @@ def run_release(vllm_dir: str) -> list[dict[str, Any]]:
             sys.modules[name] = mod
     fake_hopper(vllm_dir)
     fake_tp(1)  # 0.19's LogitsProcessor all-gathers at TP 1 too (a no-op there)
-    _flashinfer_stand_in()
+    if flashinfer:
+        _flashinfer_stand_in()
+    import importlib
+
     import torch
     import vllm
     import vllm.distributed.parallel_state as ps
     import vllm.v1.sample.ops.topk_topp_sampler as tks
-    import vllm.v1.sample.ops.topk_topp_triton as tkt
+    try:  # 0.17+: the Triton top-k/top-p kernel; before, the PyTorch sort path
+        tkt: Any = importlib.import_module("vllm.v1.sample.ops.topk_topp_triton")
+    except ImportError:
+        tkt = SimpleNamespace(_TRITON_BUFFER_CACHE={}, apply_top_k_top_p_triton=None)
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
     from vllm.model_executor.layers.vocab_parallel_embedding import pad_vocab_size
@@ -225,7 +238,8 @@ def run_release(vllm_dir: str) -> list[dict[str, Any]]:
     ps.get_tp_group().all_gather = lambda t, dim=-1: t  # one rank
     if hasattr(tks, "register_top_k_top_p_warmups"):  # JIT warm-up registry (after profiling)
         tks.register_top_k_top_p_warmups = lambda: None
-    tks.apply_top_k_top_p_triton = tkt.apply_top_k_top_p_triton
+    if tkt.apply_top_k_top_p_triton is not None:
+        tks.apply_top_k_top_p_triton = tkt.apply_top_k_top_p_triton
     if hasattr(tks, "flashinfer_sampler_supported"):  # 0.31+: the SM90 answer (no JIT here)
         tks.flashinfer_sampler_supported = lambda: bool(tks.envs.VLLM_USE_FLASHINFER_SAMPLER)
     elif tks.envs.VLLM_USE_FLASHINFER_SAMPLER:  # 0.19 and before: off unless asked for
@@ -233,7 +247,8 @@ def run_release(vllm_dir: str) -> list[dict[str, Any]]:
     rows = []
     for reqs, vocab, hidden in CASES:
         tkt._TRITON_BUFFER_CACHE.clear()  # each case as a fresh process: no cached buffer
-        sys.modules["flashinfer"].cache.clear()  # type: ignore[attr-defined]
+        if flashinfer:
+            sys.modules["flashinfer"].cache.clear()  # type: ignore[attr-defined]
         sampler = Sampler()
         padded = pad_vocab_size(vocab, 64)
         weight = torch.randn(padded, hidden, dtype=torch.bfloat16)
@@ -257,7 +272,8 @@ def run_release(vllm_dir: str) -> list[dict[str, Any]]:
                "requests": reqs, "vocab": vocab, "padded": padded,
                "hidden": hidden, "peak_bytes": int(peak),
                "triton_buffer_rows": 0 if buffer is None else int(buffer.shape[0]),
-               "flashinfer_first": tks.TopKTopPSampler().forward.__name__ == "forward_cuda"}
+               "flashinfer_first": tks.TopKTopPSampler().forward.__name__ == "forward_cuda",
+               "flashinfer_installed": flashinfer}
         rows.append(row)
     return rows
 
@@ -281,13 +297,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vllm", action="append", required=True, metavar="DIR",
                     help="directory holding an unzipped vLLM release's vllm/ (repeatable)")
+    ap.add_argument("--no-flashinfer", action="store_true",
+                    help="run without the flashinfer package (0.9-0.11: `pip install vllm` "
+                         "without its flashinfer extra samples on the PyTorch sort path)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     if ns.one:  # one release a process: each imports its own vllm
-        print(json.dumps(run_release(ns.one)))
+        print(json.dumps(run_release(ns.one, flashinfer=not ns.no_flashinfer)))
         return 0
     for d in ns.vllm:
-        out = subprocess.run([sys.executable, __file__, "--vllm", d, "--one", d],
+        cmd = [sys.executable, __file__, "--vllm", d, "--one", d]
+        out = subprocess.run(cmd + (["--no-flashinfer"] if ns.no_flashinfer else []),
                              capture_output=True, text=True, check=False)
         if out.returncode:
             print(out.stderr[-3000:], file=sys.stderr)
