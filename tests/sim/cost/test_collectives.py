@@ -3,6 +3,7 @@ all-reduce on NVLink, and NCCL's curve fitted to Vidur's collectives."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.sim.cost import aic_data
+from chunktune.sim.cost import allreduce_backends as ab
 from chunktune.sim.cost import collectives as col
 from chunktune.sim.cost.fit import aic_kernels, kernel_data, nccl_fit
 from chunktune.sim.cost.step_time import StepCostModel
@@ -183,17 +185,65 @@ def test_a_gpu_held_out_borrows_the_table_of_its_interconnect():
     """Which measured table or fitted form a GPU's all-reduce comes from, given the GPUs
     measured (the kernel report holds each out this way): the H200 without its own table
     reads the H100's (the same NVLink 4 board), the B200 without its own has no NVLink 5
-    neighbour and takes the H100's fitted form, a PCIe GPU no NVLink table (the engine runs
-    NCCL's curve over PCIe)."""
+    neighbour (then it is priced per vLLM backend), a PCIe GPU no NVLink table (the engine
+    runs NCCL's curve over PCIe)."""
     h100, h200, b200 = (resolve_gpu(g) for g in ("h100-sxm", "h200", "b200"))
     assert col.same_interconnect(h100, h200) and not col.same_interconnect(h100, b200)
     measured = {"a100-sxm", "b200", "h100-sxm", "l40s", "rtx-pro-6000"}
     assert col.measured_allreduce_source(h200, measured) == "h100-sxm"
     assert col.measured_allreduce_source(b200, measured - {"b200"}) is None
-    assert col.vllm_allreduce_source(b200, measured - {"b200"}) == "h100-sxm"
     assert col.measured_allreduce_source(resolve_gpu("l40s"), measured - {"l40s"}) is None
     # a table read as the engine reads it: the measured point at a measured size
     table = col.allreduce_tables(r for r in aic_data.read_committed_allreduce()
                                  if r.gpu == "h100-sxm")[("h100-sxm", 2)]
     assert float(col.table_allreduce_s(table, np.array(2.0**20))) == pytest.approx(
         float(col.tp_allreduce_s(2.0**20, 2, h100)), rel=1e-9)
+
+
+def test_vllm_runs_the_backend_its_code_selects():
+    """vLLM 0.24's ``CudaCommunicator.all_reduce`` per compute capability, world size and
+    message size: custom all-reduce (one shot at 2 ranks and below 512 / 256 KiB at up to 4 /
+    8 ranks, else two shot) below its maximum (8 MiB, lowered by
+    ``CUSTOM_ALL_REDUCE_MAX_SIZES`` where symmetric memory is on: SM 9.0 and 10.0), then
+    torch symmetric memory (multimem at 4-8 ranks on 9.0, 6-8 on 10.0) up to its maximum,
+    then NCCL; over PCIe custom all-reduce only at 2 ranks."""
+    a100, h100, b200, b300, l40s = (resolve_gpu(g) for g in
+                                    ("a100-sxm", "h100-sxm", "b200", "b300", "l40s"))
+    be = ab.vllm_allreduce_backend
+    mib = 1024 * 1024
+    assert be(h100, 8, 128 * 1024) == ab.CUSTOM_ONE_SHOT
+    assert be(h100, 8, 256 * 1024) == ab.SYMM_MULTIMEM
+    assert be(h100, 8, 128 * mib) == ab.NCCL
+    assert be(h100, 4, 512 * 1024) == ab.CUSTOM_TWO_SHOT
+    assert be(h100, 2, 8 * mib) == ab.SYMM_TWO_SHOT      # custom stops below 8 MiB
+    assert be(b200, 2, 1 * mib) == ab.CUSTOM_ONE_SHOT
+    assert be(b200, 2, 2 * mib) == ab.SYMM_TWO_SHOT
+    assert be(b200, 2, 16 * mib) == ab.NCCL
+    assert be(b200, 8, 256 * 1024) == ab.CUSTOM_TWO_SHOT
+    assert be(b200, 8, 1 * mib) == ab.SYMM_MULTIMEM
+    assert be(b300, 2, 4 * mib) == ab.SYMM_TWO_SHOT      # 10.3: custom below 4 MiB
+    assert be(a100, 2, 4 * mib) == ab.CUSTOM_ONE_SHOT    # 8.0: no symmetric memory
+    assert be(a100, 2, 8 * mib) == ab.NCCL
+    assert be(l40s, 2, 1 * mib) == ab.CUSTOM_ONE_SHOT
+    assert be(l40s, 2, 1 * mib, p2p=False) == ab.NCCL
+    assert be(l40s, 4, 1024) == ab.NCCL
+
+
+def test_a_nvlink_gpu_without_a_table_is_priced_per_backend():
+    """The A100 held out, priced per backend from the other NVLink GPUs' tables (B200, H100,
+    H200): within 10% median (its own table's shape from no A100 point; the H100's whole
+    fitted form was 11% off); the engine prices a NVLink GPU without a table the same way."""
+    rows = aic_data.read_committed_allreduce()
+    others = ab.fit_backends(col.nvlink_timings(r for r in rows if r.gpu != "a100-sxm"))
+    a100 = resolve_gpu("a100-sxm")
+    mine = [r for r in rows if r.gpu == "a100-sxm"]
+    pred = [ab.backend_allreduce_s([float(r.nbytes)], r.ranks, a100, others) for r in mine]
+    assert all(p is not None for p in pred)
+    err = np.abs(np.array([float(p[0]) for p in pred if p is not None]) * 1e6
+                 / np.array([r.us for r in mine]) - 1)
+    assert float(np.median(err)) < 0.10
+    fresh = dataclasses.replace(resolve_gpu("b200"), name="nvlink5-unmeasured")
+    assert col.measured_allreduce_source(fresh) is None
+    want = ab.backend_allreduce_s([2.0**20], 8, fresh, col.backend_coefficients())
+    assert want is not None
+    assert float(col.tp_allreduce_s(2.0**20, 8, fresh)) == pytest.approx(float(want[0]))

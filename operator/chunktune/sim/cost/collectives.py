@@ -4,7 +4,9 @@ vLLM's all-reduce as it runs it (custom all-reduce inside CUDA graphs for small 
 above): AIConfigurator's ``custom_allreduce_perf`` (Apache-2.0, NVIDIA), timed on A100, H100,
 B200, L40S and RTX PRO 6000 nodes over 2, 4 and 8 GPUs (``data/aic_allreduce_us.csv``). On NVLink
 :func:`tp_allreduce_s` interpolates the table of the GPU or of one on the same interconnect, and
-else the fitted form :func:`vllm_allreduce_s` of its nearest measured NVLink GPU.
+else prices each message by the backend vLLM runs for it (custom all-reduce one or two shot,
+torch symmetric memory, NCCL: :mod:`chunktune.sim.cost.allreduce_backends`) with latencies and
+efficiencies fitted per backend on every measured NVLink GPU (:func:`backend_coefficients`).
 
 NCCL's curve: microsoft/vidur ``data/profiling/network/<topology>/all_reduce.csv`` (MIT licence,
 Copyright (c) Microsoft Corporation): NCCL all-reduce kernel times (``torch.distributed``, eager,
@@ -41,8 +43,8 @@ import numpy as np
 
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.sim.cost import aic_data
+from chunktune.sim.cost import allreduce_backends as ab
 from chunktune.sim.cost.coefficients import NEAREST
-from chunktune.sim.cost.coefficients import coefficients as kernel_coefficients
 
 COLLECTIVE_COEFFICIENTS_PATH = Path(__file__).with_name("data") / "allreduce_coefficients.json"
 
@@ -219,22 +221,28 @@ def measured_allreduce_table(gpu: GPU, ranks: int) -> tuple[np.ndarray, np.ndarr
     return None if src is None else _measured().get((src, ranks))
 
 
-def vllm_allreduce_source(gpu: GPU, measured: Collection[str] | None = None) -> str | None:
-    """The measured GPU whose fitted vLLM all-reduce ``gpu`` uses: itself, else the first of
-    ``coefficients.NEAREST`` with a measured table on the same kind of link (NVLink or PCIe);
-    None where there is none (then NCCL's curve, :func:`nccl_allreduce_s`). ``measured``: as
-    :func:`measured_allreduce_source`."""
-    have = {g for g, _ in _measured()} if measured is None else set(measured)
-    for name in (gpu.name, *NEAREST.get(gpu.name, ())):
-        if name in have and resolve_gpu(name).nvlink == gpu.nvlink:
-            return name
-    return None
+def nvlink_timings(rows: Iterable[aic_data.AllReduceRow]) -> list[ab.Timing]:
+    """The NVLink GPUs' measured vLLM all-reduces among ``rows``, as
+    :func:`chunktune.sim.cost.allreduce_backends.fit_backends` takes them."""
+    out = []
+    for r in rows:
+        g = resolve_gpu(r.gpu)
+        if g.nvlink:
+            out.append(ab.Timing(g, r.ranks, r.nbytes, r.us * 1e-6))
+    return out
+
+
+@lru_cache(maxsize=1)
+def backend_coefficients() -> ab.BackendCoefficients:
+    """vLLM's all-reduce backends fitted on every committed NVLink table."""
+    return ab.fit_backends(nvlink_timings(aic_data.read_committed_allreduce()))
 
 
 def vllm_allreduce_s(nbytes: np.ndarray, tp: int, gpu: GPU, latency_s: float,
                      link_eff: float) -> np.ndarray:
-    """The fitted form of vLLM's all-reduce: ``latency + ring(n) x S / (link x eff)`` with
-    the per-direction data-sheet bandwidth of the GPU's link."""
+    """The per-GPU fitted form of vLLM's all-reduce: ``latency + ring(n) x S / (link x eff)``
+    with the per-direction data-sheet bandwidth of the GPU's link (the kernel report's
+    in-sample line; the engine prices a GPU without a table per backend instead)."""
     out: np.ndarray = latency_s + ring_factor(tp) * nbytes / (gpu.link_gb_s * 1e9 / 2 * link_eff)
     return out
 
@@ -247,8 +255,9 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
     On NVLink, in order: vLLM's all-reduce at ``tp`` ranks measured on the GPU or on one of
     the same interconnect (AIConfigurator's CUDA-graph timings,
     :func:`measured_allreduce_table`, interpolated in log bytes and log time, proportional to
-    the bytes beyond the largest); else the fitted form (:func:`vllm_allreduce_s`) with the
-    coefficients of its nearest measured NVLink GPU (:func:`vllm_allreduce_source`). Over
+    the bytes beyond the largest); else each message priced by the backend vLLM runs for it
+    on this GPU's compute capability (:func:`chunktune.sim.cost.allreduce_backends.
+    backend_allreduce_s`, fitted per backend on the measured NVLink GPUs). Over
     PCIe, whenever ``interconnect`` says how the GPUs are linked (PCIe cards with NVLink
     bridges), and where no NVLink GPU was measured: the NCCL curve fitted on Vidur's
     collectives (:func:`nccl_allreduce_s`) with vLLM's custom all-reduce on NVLink up to
@@ -263,10 +272,10 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
         table = measured_allreduce_table(gpu, tp)
         if table is not None:
             return table_allreduce_s(table, s)
-        src = vllm_allreduce_source(gpu)
-        if src is not None:
-            k = kernel_coefficients(src)
-            return vllm_allreduce_s(s, tp, gpu, k.allreduce_latency_s, k.allreduce_link_eff)
+        priced = ab.backend_allreduce_s(np.atleast_1d(s).ravel(), tp, gpu,
+                                        backend_coefficients())
+        if priced is not None:
+            return priced.reshape(s.shape)
     c = c or collective_coefficients()
     ic = interconnect or gpu_interconnect(gpu)
     link, kind = ic.bottleneck(tp)

@@ -13,7 +13,7 @@ from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig
 from chunktune.sim.cost import gemm_table, moe_table
 from chunktune.sim.cost.coefficients import POOLED, group_sources, load_document, source_gpu
-from chunktune.sim.cost.collectives import measured_allreduce_source, vllm_allreduce_source
+from chunktune.sim.cost.collectives import measured_allreduce_source
 
 #: Per GPU, the end-to-end error of the simulator against real vLLM serving runs (written by
 #: ``python bench/fidelity_e2e.py --quick --write-fidelity``; ``tests/sim/calibration/
@@ -108,8 +108,8 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
     elif ar is not None:
         text += f"; all-reduce: {ar}'s measured vLLM all-reduce (same interconnect)"
     else:
-        text += (f"; all-reduce: the fitted form of {vllm_allreduce_source(g)}"
-                 f"{err(['all-reduce'])}")
+        text += ("; all-reduce: priced per vLLM backend (custom, symmetric memory, NCCL) "
+                 f"fitted on the measured NVLink GPUs{err(['all-reduce'])}")
     if g.fp8_tflops <= 0:
         text += "; FP8 weights run weight-only (no FP8 tensor cores)"
     e2e = e2e_fidelity().get(name)

@@ -36,6 +36,7 @@ import numpy as np
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
 from chunktune.sim.cost import aic_data, gemm_table, moe_table
+from chunktune.sim.cost import allreduce_backends as ab
 from chunktune.sim.cost import collectives as col
 from chunktune.sim.cost.coefficients import (
     GROUPS,
@@ -263,11 +264,12 @@ def held_out(gpu: str, fam: str, src: str, coef: Callable[[str], KernelCoefficie
 def held_out_allreduce_errors(gpu: str, coef: Callable[[str], KernelCoefficients],
                               meas: Measurements) -> tuple[str, np.ndarray]:
     """(what predicts it, |relative error|) on ``gpu``'s measured vLLM all-reduces with its
-    own table and coefficients removed, the engine's path (:func:`collectives.tp_allreduce_s`)
-    on the other GPUs' measurements: on NVLink the table of the nearest measured GPU on the
-    same interconnect (:func:`collectives.measured_allreduce_source`), else the fitted form
-    of the nearest measured NVLink GPU (:func:`collectives.vllm_allreduce_source`) at
-    ``gpu``'s data sheet; over PCIe NCCL's curve (:func:`pcie_allreduce_errors`)."""
+    own table removed, the engine's path (:func:`collectives.tp_allreduce_s`) on the other
+    GPUs' measurements: on NVLink the table of the nearest measured GPU on the same
+    interconnect (:func:`collectives.measured_allreduce_source`), else each message priced by
+    the backend vLLM runs for it with the backends fitted on the other NVLink GPUs' tables
+    (:func:`allreduce_backends.fit_backends`); over PCIe NCCL's curve
+    (:func:`pcie_allreduce_errors`). ``coef`` is not used: no per-GPU coefficient enters."""
     g = resolve_gpu(gpu)
     others = {r.gpu for r in meas.allreduce} - {gpu}
     mine = [r for r in meas.allreduce if r.gpu == gpu]
@@ -280,10 +282,15 @@ def held_out_allreduce_errors(gpu: str, coef: Callable[[str], KernelCoefficients
                          for r in mine]) * 1e6
         tab: np.ndarray = np.abs(pred / us - 1)
         return f"{src}'s table", tab
-    src = col.vllm_allreduce_source(g, others) if g.nvlink else None
-    if src is not None:
-        form: np.ndarray = np.abs(ff.allreduce_pred_us(coef(src), g, mine) / us - 1)
-        return src, form
+    train = col.nvlink_timings(r for r in meas.allreduce if r.gpu != gpu)
+    if g.nvlink and train:
+        fitted = ab.fit_backends(train)
+        by_n = [ab.backend_allreduce_s([float(r.nbytes)], r.ranks, g, fitted) for r in mine]
+        if all(p is not None for p in by_n):
+            pred_us = np.array([float(p[0]) for p in by_n if p is not None]) * 1e6
+            lenders = "+".join(sorted({t.gpu.name for t in train}))
+            form: np.ndarray = np.abs(pred_us / us - 1)
+            return f"backends of {lenders}", form
     return "vidur-nccl", pcie_allreduce_errors(gpu, meas)
 
 
@@ -840,6 +847,18 @@ def summarize(rows: list[ErrorRow]) -> dict[tuple[str, str], float]:
     return {k: float(np.median(v)) for k, v in sorted(acc.items())}
 
 
+def allreduce_link_split(rows: list[ErrorRow]) -> dict[str, float]:
+    """The all-reduce ``loo-gpu`` figure over the NVLink GPUs alone and the PCIe GPUs alone
+    (median over GPUs of the held-out median error; shown beside the family's figure, which
+    stays the median over every GPU)."""
+    acc: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r.dataset == "all-reduce" and r.mode == "loo-gpu":
+            acc["NVLink" if resolve_gpu(r.slice.split()[0]).nvlink else "PCIe"].append(
+                r.median_rel_err)
+    return {k: float(np.median(v)) for k, v in sorted(acc.items())}
+
+
 def format_rows(rows: list[ErrorRow]) -> str:
     out = [f"{'dataset':20} {'slice':40} {'mode':10} {'n':>6} {'median':>7} {'p90':>7}"]
     for r in rows:
@@ -867,4 +886,8 @@ def format_report(rows: list[ErrorRow], checks: list[CrossCheck]) -> str:
              "running its FlashAttention generation; loo-table: the nearest GPU's measured "
              "table scaled by the data sheets):"]
     parts += [f"  {ds:20} {mode:10} {v:6.1%}" for (ds, mode), v in summarize(rows).items()]
+    split = allreduce_link_split(rows)
+    if split:
+        parts.append("  all-reduce loo-gpu by link (not the family's figure): " + ", ".join(
+            f"{k} only {v:.1%}" for k, v in split.items()))
     return "\n".join(parts)

@@ -1,0 +1,194 @@
+"""Which all-reduce vLLM runs for a message, and its time priced per backend.
+
+vLLM's ``CudaCommunicator.all_reduce`` (vLLM 0.14-0.24, ``vllm/distributed/device_communicators``;
+the releases AIConfigurator's all-reduce tables were timed with) tries, in order: its custom
+all-reduce (``CustomAllreduce.should_custom_ar``: NVLink-connected ranks, or two ranks over
+PCIe with peer-to-peer access; messages below ``max_size``: 8 MiB, lowered to
+``CUSTOM_ALL_REDUCE_MAX_SIZES`` where torch's symmetric memory is on), then torch's symmetric
+memory (``SymmMemCommunicator``, on by default: ``VLLM_ALLREDUCE_USE_SYMM_MEM=1``; only on the
+compute capabilities of ``SYMM_MEM_ALL_REDUCE_MAX_SIZES`` and where NVSwitch multicast exists,
+so never over PCIe; messages up to that size; multimem on ``_WORLD_SIZES_MULTIMEM``, else two
+shot), then NCCL. The custom kernel (``csrc/custom_all_reduce.cuh``, ``REDUCE_CASE``) is one
+shot at two ranks and on fully connected ranks below 512 KiB (up to 4 ranks) or 256 KiB (up to
+8), else two shot.
+
+Each backend moves a known number of bytes over each GPU's link (:func:`backend_bytes`): one
+shot reads every peer's whole message (``(n - 1) S``), two shot (custom or symmetric memory) and
+NCCL's ring reduce-scatter then gather (``2 (n - 1) / n x S``), multimem has the NVSwitch reduce
+(``S``). Its time is ``latency(backend, n) + bytes / (per-direction link x eff(backend))``,
+with the latencies and efficiencies fitted per backend on the measured GPUs' tables
+(:func:`fit_backends`), so a GPU without a table is priced from the others per backend, not from
+one GPU's whole curve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from chunktune.core.gpus import GPU
+
+MiB = 1024 * 1024
+KiB = 1024
+
+CUSTOM_ONE_SHOT = "custom-1shot"
+CUSTOM_TWO_SHOT = "custom-2shot"
+SYMM_TWO_SHOT = "symm-2shot"
+SYMM_MULTIMEM = "symm-multimem"
+NCCL = "nccl"
+BACKENDS = (CUSTOM_ONE_SHOT, CUSTOM_TWO_SHOT, SYMM_TWO_SHOT, SYMM_MULTIMEM, NCCL)
+
+#: ``CustomAllreduce``'s default ``max_size`` (8192 x 1024 bytes).
+CUSTOM_AR_DEFAULT_MAX = 8 * MiB
+#: vLLM 0.24 ``all_reduce_utils.CUSTOM_ALL_REDUCE_MAX_SIZES`` (0.14-0.19: the same for 9.0 and
+#: 10.0), per compute capability and world size; applied only where symmetric memory is on.
+CUSTOM_ALL_REDUCE_MAX_SIZES = {
+    "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: MiB // 2, 8: MiB // 4},
+    "10.0": {2: 2 * MiB, 4: 2 * MiB, 6: 1 * MiB, 8: 1 * MiB},
+    "10.3": {2: 4 * MiB, 4: 4 * MiB, 6: 8 * MiB, 8: 4 * MiB},
+}
+#: vLLM 0.24 ``all_reduce_utils.SYMM_MEM_ALL_REDUCE_MAX_SIZES``.
+SYMM_MEM_ALL_REDUCE_MAX_SIZES = {
+    "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
+    "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB},
+    "10.3": {2: 4 * MiB, 4: 32 * MiB, 6: 32 * MiB, 8: 64 * MiB},
+}
+#: vLLM 0.24 ``SymmMemCommunicator._WORLD_SIZES_MULTIMEM``.
+SYMM_MEM_MULTIMEM_WORLD_SIZES = {"9.0": (4, 6, 8), "10.0": (6, 8), "10.3": (6, 8)}
+#: ``CustomAllreduce._SUPPORTED_WORLD_SIZES``.
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
+
+#: CUDA compute capability by architecture family (the SXM / datacenter parts), and the cards
+#: whose capability differs from their family's (B300: Blackwell Ultra 10.3; RTX PRO 6000:
+#: GB202, 12.0; A10G / A40: GA102, 8.6).
+_FAMILY_CAPABILITY = {"ampere": "8.0", "ada": "8.9", "hopper": "9.0", "blackwell": "10.0"}
+_CAPABILITY = {"b300": "10.3", "rtx-pro-6000": "12.0", "a10g": "8.6", "a40": "8.6"}
+
+
+def compute_capability(gpu: GPU) -> str:
+    """The GPU's CUDA compute capability as vLLM writes it (``"9.0"``)."""
+    return _CAPABILITY.get(gpu.name, _FAMILY_CAPABILITY.get(gpu.family, "8.0"))
+
+
+def vllm_allreduce_backend(gpu: GPU, n: int, nbytes: float, p2p: bool = True) -> str:
+    """The backend vLLM runs for an all-reduce of ``nbytes`` per rank over ``n`` ranks of
+    ``gpu`` (one of ``BACKENDS``). NVLink GPUs are taken as fully connected (one NVSwitch
+    board, multicast available); PCIe GPUs run the custom kernel only at two ranks with
+    peer-to-peer access (``p2p``), NCCL otherwise."""
+    cap = compute_capability(gpu)
+    if not gpu.nvlink:
+        return CUSTOM_ONE_SHOT if n == 2 and p2p and nbytes < CUSTOM_AR_DEFAULT_MAX else NCCL
+    symm = n in SYMM_MEM_ALL_REDUCE_MAX_SIZES.get(cap, {})
+    ca_max = CUSTOM_AR_DEFAULT_MAX
+    if symm and cap in CUSTOM_ALL_REDUCE_MAX_SIZES:
+        ca_max = min(CUSTOM_ALL_REDUCE_MAX_SIZES[cap][n], ca_max)
+    if n in CUSTOM_AR_WORLD_SIZES and nbytes < ca_max:
+        one = n == 2 or (n <= 4 and nbytes < 512 * KiB) or (n <= 8 and nbytes < 256 * KiB)
+        return CUSTOM_ONE_SHOT if one else CUSTOM_TWO_SHOT
+    if symm and nbytes <= SYMM_MEM_ALL_REDUCE_MAX_SIZES[cap][n]:
+        return SYMM_MULTIMEM if n in SYMM_MEM_MULTIMEM_WORLD_SIZES[cap] else SYMM_TWO_SHOT
+    return NCCL
+
+
+def backend_bytes(backend: str, n: int, nbytes: float) -> float:
+    """Bytes each GPU moves in one direction over its link for ``backend`` (a sum of ``n``
+    messages of ``nbytes``)."""
+    if backend == CUSTOM_ONE_SHOT:
+        return (n - 1) * nbytes
+    if backend == SYMM_MULTIMEM:
+        return float(nbytes)
+    return 2.0 * (n - 1) / n * nbytes
+
+
+def link_bytes_s(gpu: GPU) -> float:
+    """Per-direction bytes/s of the GPU's link (half the data sheet's bidirectional figure)."""
+    return gpu.link_gb_s * 1e9 / 2
+
+
+@dataclass(frozen=True)
+class BackendCoefficients:
+    """Per backend: latency (seconds) per world size measured, and the fraction of the
+    per-direction link bandwidth reached."""
+
+    latency_s: dict[tuple[str, int], float]
+    link_eff: dict[str, float]
+
+    def latency(self, backend: str, n: int) -> float | None:
+        """The backend's latency at ``n`` ranks, else at the nearest world size fitted."""
+        ns = [m for b, m in self.latency_s if b == backend]
+        if not ns:
+            return None
+        return self.latency_s[(backend, min(ns, key=lambda m: (abs(m - n), m)))]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One measured all-reduce: ``nbytes`` per rank over ``ranks`` ranks of ``gpu``."""
+
+    gpu: GPU
+    ranks: int
+    nbytes: int
+    seconds: float
+
+
+#: Gauss-Newton steps of :func:`fit_backends` in log time after its linear start.
+GAUSS_NEWTON_STEPS = 20
+
+
+def fit_backends(points: Iterable[Timing]) -> BackendCoefficients:
+    """Latency per (backend, ranks) and efficiency per backend, least squares in log time
+    over ``points`` (each backend alone; the model is linear in the latencies and in 1 / eff:
+    a least-squares start in relative error, then Gauss-Newton steps in log time)."""
+    groups: dict[str, list[Timing]] = {}
+    for p in points:
+        groups.setdefault(vllm_allreduce_backend(p.gpu, p.ranks, p.nbytes), []).append(p)
+    lat: dict[tuple[str, int], float] = {}
+    eff: dict[str, float] = {}
+    for b, pts in groups.items():
+        ns = sorted({p.ranks for p in pts})
+        a = np.zeros((len(pts), len(ns) + 1))
+        t = np.array([p.seconds for p in pts])
+        for i, p in enumerate(pts):
+            a[i, ns.index(p.ranks)] = 1.0
+            a[i, -1] = backend_bytes(b, p.ranks, p.nbytes) / link_bytes_s(p.gpu)
+        x = _nonneg_lstsq(a / t[:, None], np.ones(len(pts)))
+        for _ in range(GAUSS_NEWTON_STEPS):
+            pred = np.maximum(a @ x, 1e-12)
+            step, *_ = np.linalg.lstsq(a / pred[:, None], -np.log(pred / t), rcond=None)
+            x = np.maximum(x + step, 0.0)
+        for j, n in enumerate(ns):
+            lat[(b, n)] = float(x[j])
+        eff[b] = 1.0 / float(x[-1]) if x[-1] > 0 else 1.0
+    return BackendCoefficients(lat, eff)
+
+
+def _nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient kept at zero or above (refit without the ones a
+    plain solve makes negative)."""
+    free = np.ones(a.shape[1], dtype=bool)
+    x = np.zeros(a.shape[1])
+    while free.any():
+        sol, *_ = np.linalg.lstsq(a[:, free], y, rcond=None)
+        if (sol >= 0).all():
+            x[free] = sol
+            break
+        idx = np.flatnonzero(free)
+        free[idx[sol < 0]] = False
+    return x
+
+
+def backend_allreduce_s(nbytes: Sequence[float] | np.ndarray, n: int, gpu: GPU,
+                        coef: BackendCoefficients) -> np.ndarray | None:
+    """Seconds of vLLM's all-reduce of each of ``nbytes`` over ``n`` ranks of ``gpu``, each
+    priced by the backend vLLM runs for it (:func:`vllm_allreduce_backend`) under ``coef``;
+    None where a backend it runs was not fitted."""
+    out = np.empty(len(nbytes))
+    for i, s in enumerate(nbytes):
+        b = vllm_allreduce_backend(gpu, n, float(s))
+        lat = coef.latency(b, n)
+        if lat is None or b not in coef.link_eff:
+            return None
+        out[i] = lat + backend_bytes(b, n, float(s)) / (link_bytes_s(gpu) * coef.link_eff[b])
+    return out
