@@ -253,3 +253,37 @@ def test_a_gpu_without_moe_data_borrows_the_table_of_the_nearest_gpu_on_its_moe_
     assert want is not None
     assert moe_time(QWEN3_30B, l4, 4, t, c) == pytest.approx(want)
     assert not np.allclose(want, moe_time(QWEN3_30B, l4, 4, t, c, use_table=False))
+
+
+#: DeepSeek-V3's MoE layers (config.json: hidden 7168, 256 experts of width 2048, top 8).
+DEEPSEEK_V3 = ModelConfig("deepseek-v3-shape", 7168, 61, 128, 128, 128, 18432, 129280, 163840,
+                          num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048)
+
+
+def test_a_blackwell_bf16_table_holds_only_the_flashinfer_kernel_vllm_runs_there():
+    """vLLM 0.33 runs bf16 experts with FlashInfer on the B200 and the RTX PRO 6000: the older
+    collectors' Triton ``fused_moe`` curves (vLLM 0.19, 0.22) of shapes vLLM 0.24's collector
+    did not time are not what it runs (on the B200 Triton takes 1.1-1.7x the TRT-LLM kernel on
+    the shapes both timed), so those shapes run the GPU's fitted form, which is fitted on its
+    FlashInfer rows. Hopper, Ada and Ampere keep their Triton curves of every release."""
+    assert moe_derive.row_kernel("vllm_fused_moe") == "triton"
+    assert moe_derive.row_kernel("vllm_unquantizedfusedmoe_triton_tritonexperts") == "triton"
+    assert moe_derive.row_kernel(
+        "vllm_unquantizedfusedmoe_flashinfer_trtllm_trtllmbf16experts") == "flashinfer"
+    assert not moe_derive.runs_kernel("b200", "bf16", "vllm_fused_moe")
+    assert not moe_derive.runs_kernel("rtx-pro-6000", "bf16", "vllm_fused_moe")
+    assert moe_derive.runs_kernel("b200", "fp8_block", "vllm_fused_moe")
+    assert moe_derive.runs_kernel("h100-sxm", "bf16", "vllm_fused_moe")
+    assert not moe_derive.runs_kernel("h100-sxm", "bf16",
+                                      "vllm_unquantizedfusedmoe_flashinfer_cutlass_"
+                                      "flashinferexperts")
+    for gpu in ("b200", "rtx-pro-6000"):
+        assert moe_table.curve(gpu, "bf16", 7168, 2048, 256, 8, 1, 1) is None, gpu
+        assert moe_table.curve(gpu, "bf16", 2048, 768, 128, 8, 1, 1) is not None, gpu
+    for gpu in ("h100-sxm", "h200"):
+        assert moe_table.curve(gpu, "bf16", 7168, 2048, 256, 8, 1, 1) is not None, gpu
+    b200 = resolve_gpu("b200")
+    c = coefficients(b200)
+    t = np.array([1.0, 16.0, 512.0, 4096.0])
+    assert moe_time(DEEPSEEK_V3, b200, 8, t, c) == pytest.approx(
+        moe_time(DEEPSEEK_V3, b200, 8, t, c, use_table=False))
