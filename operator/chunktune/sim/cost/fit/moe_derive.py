@@ -13,9 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chunktune.core.gpus import resolve_gpu
-from chunktune.sim.cost.coefficients import moe_kernel
-from chunktune.sim.cost.moe_table import MOE_PATH, TOKENS, Key
+from chunktune.sim.cost.moe_table import MOE_PATH, TOKENS, Key, counts
 
 SOURCE = ("NVIDIA AIConfigurator (ai-dynamo/aiconfigurator, Apache-2.0, Copyright NVIDIA "
           "CORPORATION & AFFILIATES) systems/data/<gpu>/vllm/<version>/moe_perf")
@@ -47,34 +45,6 @@ def kernel_format(dtype: str, kernel_source: str) -> str | None:
     triton = kernel_source == "vllm_fused_moe" or (
         "triton" in kernel_source and "flashinfer" not in kernel_source)
     return KERNEL_FORMATS.get(dtype) if triton else None
-
-
-def row_kernel(kernel_source: str) -> str | None:
-    """The MoE kernel a row timed, as :func:`chunktune.sim.cost.coefficients.moe_kernel` names
-    them, from its ``kernel_source``: ``flashinfer`` (vLLM 0.24's collector timing vLLM's
-    own backend selection: FlashInfer's TRT-LLM or CUTLASS kernel), ``triton`` (``triton`` in
-    the name, or the older collectors' ``vllm_fused_moe``: Triton's ``fused_moe`` whatever
-    vLLM would pick), None where unnamed or another kernel."""
-    if "flashinfer" in kernel_source:
-        return "flashinfer"
-    if kernel_source == "vllm_fused_moe" or "triton" in kernel_source:
-        return "triton"
-    return None
-
-
-def runs_kernel(gpu: str, dtype: str, kernel_source: str) -> bool:
-    """Whether a row of ``gpu``'s in weight format ``dtype`` timed the kernel vLLM runs there:
-    for bf16 experts the one :func:`chunktune.sim.cost.coefficients.moe_kernel` names (vLLM
-    0.33 ``fused_moe/oracle/unquantized.py``). On Blackwell vLLM runs FlashInfer's bf16 MoE
-    kernels, so the older collectors' Triton ``fused_moe`` rows there (the B200's and RTX PRO
-    6000's vLLM 0.19 and 0.22 curves of shapes 0.24's collector did not time) are not what it
-    runs: on the shapes both timed, Triton is 1.1-1.7x the TRT-LLM kernel on the B200 and
-    0.6-1.8x the CUTLASS kernel on the RTX PRO 6000. Other formats: every row counts (their
-    kernels are named per format, :data:`KERNEL_FORMATS`)."""
-    if dtype != "bf16":
-        return True
-    kernel = row_kernel(kernel_source)
-    return kernel is None or kernel == moe_kernel(resolve_gpu(gpu))
 #: How the timed tokens were routed: AIConfigurator's ``power_law_1.01`` (expert loads drawn
 #: from a power law, as real routers skew them) rather than ``balanced`` (every expert an
 #: even share: the most experts a step can touch; gpt-oss-120b on the B200 at 16 tokens:
@@ -85,8 +55,8 @@ DISTRIBUTION = "power_law_1.01"
 def derive(root: Path) -> list[tuple[Key, str, list[float]]]:
     """Per (GPU, format, shape, split), from the newest vLLM release that has it: the fastest
     backend's microseconds at each of :data:`TOKENS` (:data:`DISTRIBUTION` routing; curves
-    missing a count are left out; bf16 rows only of the kernel vLLM runs on the GPU,
-    :func:`runs_kernel`)."""
+    missing a count are left out; only rows of the kernel and tiles vLLM runs on the GPU,
+    :func:`counts`)."""
     out: dict[Key, tuple[tuple[int, ...], str, list[float]]] = {}
     for folder, gpu in MOE_GPUS.items():
         base = root / "aiconfigurator-vllm" / folder
@@ -102,7 +72,7 @@ def derive(root: Path) -> list[tuple[Key, str, list[float]]]:
                     dtype = MOE_DTYPES.get(r["moe_dtype"])
                     t = int(r["num_tokens"])
                     if (dtype is None or r["distribution"] != DISTRIBUTION or t not in TOKENS
-                            or not runs_kernel(gpu, dtype, r.get("kernel_source") or "")):
+                            or not counts(gpu, dtype, vdir.name, r)):
                         continue
                     shape = (int(r["hidden_size"]), int(r["inter_size"]), int(r["num_experts"]),
                              int(r["topk"]), int(r["moe_tp_size"]), int(r["moe_ep_size"]))
