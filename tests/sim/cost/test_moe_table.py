@@ -263,9 +263,10 @@ DEEPSEEK_V3 = ModelConfig("deepseek-v3-shape", 7168, 61, 128, 128, 128, 18432, 1
 def test_a_blackwell_bf16_table_holds_only_the_flashinfer_kernel_vllm_runs_there():
     """vLLM 0.33 runs bf16 experts with FlashInfer on the B200 and the RTX PRO 6000: the older
     collectors' Triton ``fused_moe`` curves (vLLM 0.19, 0.22) of shapes vLLM 0.24's collector
-    did not time are not what it runs (on the B200 Triton takes 1.1-1.7x the TRT-LLM kernel on
-    the shapes both timed), so those shapes run the GPU's fitted form, which is fitted on its
-    FlashInfer rows. Hopper, Ada and Ampere keep their Triton curves of every release."""
+    did not time are not what it runs (on the B200 Triton takes mostly 1.1-1.7x the TRT-LLM
+    kernel on the shapes both timed), so those shapes run the GPU's fitted form, which is
+    fitted on its FlashInfer rows. Hopper, Ada and Ampere keep their Triton curves (those
+    with the tiles vLLM runs today, the next test)."""
     assert moe_table.row_kernel("vllm_fused_moe") == "triton"
     assert moe_table.row_kernel("vllm_unquantizedfusedmoe_triton_tritonexperts") == "triton"
     assert moe_table.row_kernel(

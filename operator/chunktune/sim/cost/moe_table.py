@@ -85,7 +85,7 @@ def runs_kernel(gpu: str, dtype: str, kernel_source: str) -> bool:
     0.33 ``fused_moe/oracle/unquantized.py``). On Blackwell vLLM runs FlashInfer's bf16 MoE
     kernels, so the older collectors' Triton ``fused_moe`` rows there (the B200's and RTX PRO
     6000's vLLM 0.19 and 0.22 curves of shapes 0.24's collector did not time) are not what it
-    runs: on the shapes both timed, Triton is 1.1-1.7x the TRT-LLM kernel on the B200 and
+    runs: on the shapes both timed, Triton is mostly 1.1-1.7x the TRT-LLM kernel on the B200 and
     0.4-2.5x the CUTLASS kernel on the RTX PRO 6000. Other formats: every row counts (their
     kernels are named per format, ``moe_derive.KERNEL_FORMATS``)."""
     if dtype != "bf16":
