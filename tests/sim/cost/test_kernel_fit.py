@@ -273,13 +273,16 @@ def test_borrowing_rules_are_what_holding_out_chose():
     # 10.2% -> 9.1% (2026-12-06): FlashInfer's FP8 decodes with their own cost per decode
     # beside FlashAttention 2's bf16 ones (test_fp8_decodes_on_flashinfer_cost_their_own...)
     assert loo["attention-kv-fp8"] == pytest.approx(0.091, abs=0.004)
-    # 14.5% -> 14.4% (issue #32): lent by MoE kernel, scored on the engine's own tables
-    assert loo["moe"] == pytest.approx(0.144, abs=0.004)
+    # 14.5% -> 14.4% (issue #32): lent by MoE kernel, scored on the engine's own tables;
+    # -> 8.8%: the tables and the fit hold only what vLLM 0.33 runs (Blackwell bf16: FlashInfer,
+    # not the older collectors' Triton curves; the A100's vLLM 0.14 Triton rows only with a
+    # tuned config, test_moe_table.test_a_triton_curve_counts_only_with_the_tiles_vllm_runs_today)
+    assert loo["moe"] == pytest.approx(0.088, abs=0.004)
     assert loo["gemm-fp8"] == pytest.approx(0.098, abs=0.004)
     assert loo["gemm"] == pytest.approx(0.099, abs=0.004)
     moe = doc["moe_borrowing"]
     assert moe["use"] == "table"
-    assert moe["table"] == pytest.approx(0.135, abs=0.004)
+    assert moe["table"] == pytest.approx(0.093, abs=0.004)
     assert moe["form"] == pytest.approx(0.173, abs=0.004)
     assert "b200 from rtx-pro-6000" in moe["held_out"]
     assert "l40s from a100-sxm" in moe["held_out"]
@@ -304,7 +307,7 @@ def test_borrowing_rules_are_what_holding_out_chose():
     assert "(attention-decode fitted on h100-sxm, h200 together)" in provenance("h100-pcie")
     b300 = provenance("b300")
     assert "attention-decode 9%" in b300 and "fitted on" not in b300
-    assert "moe 14% (its measured MoE table scaled per regime)" in b300
+    assert "moe 9% (its measured MoE table scaled per regime)" in b300
     # measured GPUs keep their own tables and terms: nothing of theirs is pooled
     for g in ("h100-sxm", "h200", "b200", "rtx-pro-6000", "rtx4090"):
         assert group_sources(g)["attention-decode"] == g
@@ -329,7 +332,7 @@ def test_held_out_gpu_runs_what_the_engine_borrows(report):
             assert by[(fam, "loo-gpu", g)] == pytest.approx(by[(fam, "loo-table", g)])
     assert by[("gemm-fp8", "loo-gpu", "b200")] != pytest.approx(
         by[("gemm-fp8", "loo-table", "b200")])
-    for g in ("h100-sxm", "a100-sxm", "rtx-pro-6000"):  # the lender has every shape
+    for g in ("h100-sxm", "a100-sxm", "b200"):  # the lender has every shape
         assert by[("moe", "loo-gpu", g)] == pytest.approx(by[("moe", "loo-table", g)])
     # the lender runs the held-out GPU's MoE kernel (coefficients.moe_kernel), and the row
     # is the engine's code on its committed table (step_time.lent_moe_seconds) scored on

@@ -211,7 +211,7 @@ def test_every_gpu_with_measured_moe_layers_runs_its_own_table():
     for name in aic_kernels.AIC_GPUS.values():
         gpu = resolve_gpu(name)
         assert moe_table.has_table(name) and moe_table.lent(gpu) is None, name
-    for name, tp in (("a100-sxm", 1), ("l40s", 2), ("rtx-pro-6000", 1)):
+    for name, tp in (("a100-sxm", 4), ("l40s", 2), ("rtx-pro-6000", 1)):
         gpu = resolve_gpu(name)
         c = coefficients(gpu)
         us = moe_table.curve(name, "bf16", 2048, 768, 128, 8, tp, 1)
@@ -253,3 +253,59 @@ def test_a_gpu_without_moe_data_borrows_the_table_of_the_nearest_gpu_on_its_moe_
     assert want is not None
     assert moe_time(QWEN3_30B, l4, 4, t, c) == pytest.approx(want)
     assert not np.allclose(want, moe_time(QWEN3_30B, l4, 4, t, c, use_table=False))
+
+
+#: DeepSeek-V3's MoE layers (config.json: hidden 7168, 256 experts of width 2048, top 8).
+DEEPSEEK_V3 = ModelConfig("deepseek-v3-shape", 7168, 61, 128, 128, 128, 18432, 129280, 163840,
+                          num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048)
+
+
+def test_a_blackwell_bf16_table_holds_only_the_flashinfer_kernel_vllm_runs_there():
+    """vLLM 0.33 runs bf16 experts with FlashInfer on the B200 and the RTX PRO 6000: the older
+    collectors' Triton ``fused_moe`` curves (vLLM 0.19, 0.22) of shapes vLLM 0.24's collector
+    did not time are not what it runs (on the B200 Triton takes mostly 1.1-1.7x the TRT-LLM
+    kernel on the shapes both timed), so those shapes run the GPU's fitted form, which is
+    fitted on its FlashInfer rows. Hopper, Ada and Ampere keep their Triton curves (those
+    with the tiles vLLM runs today, the next test)."""
+    assert moe_table.row_kernel("vllm_fused_moe") == "triton"
+    assert moe_table.row_kernel("vllm_unquantizedfusedmoe_triton_tritonexperts") == "triton"
+    assert moe_table.row_kernel(
+        "vllm_unquantizedfusedmoe_flashinfer_trtllm_trtllmbf16experts") == "flashinfer"
+    assert not moe_table.runs_kernel("b200", "bf16", "vllm_fused_moe")
+    assert not moe_table.runs_kernel("rtx-pro-6000", "bf16", "vllm_fused_moe")
+    assert moe_table.runs_kernel("b200", "fp8_block", "vllm_fused_moe")
+    assert moe_table.runs_kernel("h100-sxm", "bf16", "vllm_fused_moe")
+    assert not moe_table.runs_kernel("h100-sxm", "bf16",
+                                      "vllm_unquantizedfusedmoe_flashinfer_cutlass_"
+                                      "flashinferexperts")
+    for gpu in ("b200", "rtx-pro-6000"):
+        assert moe_table.curve(gpu, "bf16", 7168, 2048, 256, 8, 1, 1) is None, gpu
+        assert moe_table.curve(gpu, "bf16", 2048, 768, 128, 8, 1, 1) is not None, gpu
+    for gpu in ("h100-sxm", "h200"):
+        assert moe_table.curve(gpu, "bf16", 7168, 2048, 256, 8, 1, 1) is not None, gpu
+    b200 = resolve_gpu("b200")
+    c = coefficients(b200)
+    t = np.array([1.0, 16.0, 512.0, 4096.0])
+    assert moe_time(DEEPSEEK_V3, b200, 8, t, c) == pytest.approx(
+        moe_time(DEEPSEEK_V3, b200, 8, t, c, use_table=False))
+
+
+def test_a_triton_curve_counts_only_with_the_tiles_vllm_runs_today():
+    """vLLM 0.17 made Triton ``fused_moe``'s default tiles grow with the tokens; the A100's only
+    rows are vLLM 0.14's, so only its shapes with a tuned config (shipped in 0.14 and 0.33
+    alike) time what vLLM runs there now: Qwen3-30B-A3B at TP 4 (128 experts of width 192 on a
+    rank) stays, at TP 1 (width 768: the old default tiles) it does not, and the A100's MoE
+    group is fitted on the rows that stay."""
+    assert not moe_table.current_tiles("a100-sxm", "0.14.0", 128, 768, 1, 1)
+    assert moe_table.current_tiles("a100-sxm", "0.14.0", 128, 768, 4, 1)
+    assert moe_table.current_tiles("a100-sxm", "0.14.0", 8, 14336, 2, 1)  # Mixtral, TP 2
+    assert moe_table.current_tiles("h100-sxm", "0.24.0", 128, 768, 1, 1)
+    assert moe_table.current_tiles("l40s", "0.22.0", 384, 2048, 1, 1)
+    assert moe_table.curve("a100-sxm", "bf16", 2048, 768, 128, 8, 1, 1) is None
+    assert moe_table.curve("a100-sxm", "bf16", 2048, 768, 128, 8, 4, 1) is not None
+    assert moe_table.curve("l40s", "bf16", 7168, 2048, 256, 8, 1, 1) is None  # vLLM 0.14's
+    assert moe_table.curve("h100-sxm", "bf16", 2048, 768, 128, 8, 1, 1) is not None
+    fit = {(r.experts, r.inter // r.tp) for r in aic_kernels.read_points()[1]
+           if r.gpu == "a100-sxm" and r.dtype == "bf16"}
+    assert fit and all(moe_table.current_tiles("a100-sxm", "0.14.0", e, n, 1, 1)
+                       for e, n in fit)

@@ -21,10 +21,14 @@ the Triton ``fused_moe`` kernel whatever vLLM would pick (on the B200 at 16 toke
 MiniMax-M2.5's block-FP8 experts: 191 us under 0.19's collector, 161 us under 0.24's; replayed
 with the 0.19 curve, the B200 MiniMax TP 2 rows of vLLM 0.19 come out 22% slow). Several
 backends timed for one format (B200: the TRT-LLM monolithic and modular kernels, CUTLASS)
-count as the fastest; block FP8 is also kept as Triton's ``fused_moe`` alone
-(``fp8_block_triton``), which vLLM runs on the B200 when FlashInfer and DeepGEMM are turned
-off. A kernel timed on other shapes than the model's (the B200's MXFP8-activation MXFP4 kernel)
-is borrowed from the nearest shape (:func:`nearest`;
+count as the fastest; only rows of what vLLM 0.33 runs on the GPU count (:func:`counts`):
+bf16 experts on Blackwell only FlashInfer's kernels (the older collectors' Triton curves of the
+B200 and RTX PRO 6000 left out), Triton's only with the tiles vLLM runs today (vLLM 0.14's rows,
+the A100's only ones, only on shapes with a tuned config: before 0.17 the default tiles were
+fixed and smaller, :data:`DEFAULT_TILES_SINCE`); block FP8 is also kept as Triton's
+``fused_moe`` alone (``fp8_block_triton``), which vLLM runs on the B200 when FlashInfer and
+DeepGEMM are turned off. A kernel timed on other shapes than the model's (the B200's
+MXFP8-activation MXFP4 kernel) is borrowed from the nearest shape (:func:`nearest`;
 :func:`chunktune.sim.cost.step_time.borrowed_moe_curve`).
 
 Every GPU AIConfigurator timed has its table (H100, H200, B200, L40S, RTX PRO 6000 and A100;
@@ -52,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from chunktune.core.gpus import GPU, resolve_gpu
-from chunktune.sim.cost.coefficients import group_sources, load_document
+from chunktune.sim.cost.coefficients import group_sources, load_document, moe_kernel
 
 DATA = Path(__file__).with_name("data")
 MOE_PATH = DATA / "aic_moe_us.csv"
@@ -60,6 +64,94 @@ MOE_PATH = DATA / "aic_moe_us.csv"
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 Key = tuple[str, str, int, int, int, int, int, int]  # gpu, dtype, hidden, inter, E, k, tp, ep
+
+
+def row_kernel(kernel_source: str) -> str | None:
+    """The MoE kernel a row timed, as :func:`chunktune.sim.cost.coefficients.moe_kernel` names
+    them, from its ``kernel_source``: ``flashinfer`` (vLLM 0.24's collector timing vLLM's
+    own backend selection: FlashInfer's TRT-LLM or CUTLASS kernel), ``triton`` (``triton`` in
+    the name, or the older collectors' ``vllm_fused_moe``: Triton's ``fused_moe`` whatever
+    vLLM would pick), None where unnamed or another kernel."""
+    if "flashinfer" in kernel_source:
+        return "flashinfer"
+    if kernel_source == "vllm_fused_moe" or "triton" in kernel_source:
+        return "triton"
+    return None
+
+
+def runs_kernel(gpu: str, dtype: str, kernel_source: str) -> bool:
+    """Whether a row of ``gpu``'s in weight format ``dtype`` timed the kernel vLLM runs there:
+    for bf16 experts the one :func:`chunktune.sim.cost.coefficients.moe_kernel` names (vLLM
+    0.33 ``fused_moe/oracle/unquantized.py``). On Blackwell vLLM runs FlashInfer's bf16 MoE
+    kernels, so the older collectors' Triton ``fused_moe`` rows there (the B200's and RTX PRO
+    6000's vLLM 0.19 and 0.22 curves of shapes 0.24's collector did not time) are not what it
+    runs: on the shapes both timed, Triton is mostly 1.1-1.7x the TRT-LLM kernel on the B200 and
+    0.4-2.5x the CUTLASS kernel on the RTX PRO 6000. Other formats: every row counts (their
+    kernels are named per format, ``moe_derive.KERNEL_FORMATS``)."""
+    if dtype != "bf16":
+        return True
+    kernel = row_kernel(kernel_source)
+    return kernel is None or kernel == moe_kernel(resolve_gpu(gpu))
+
+
+#: The release whose Triton ``fused_moe`` default tiles vLLM still runs: 0.17.0's
+#: ``fused_moe.get_default_config`` grows a bf16 layer's tiles with the tokens (BLOCK_SIZE_M 16
+#: to 128, N 64 or 128, K 128 or 64, 4 or 8 warps); up to 0.15 it ran 16x32x64 up to as many
+#: tokens as experts and 64x64x32 (4 warps) past that. On the H100, whose curves both
+#: releases timed, vLLM 0.14's are 1.5-2.5x vLLM 0.24's at 16,384 tokens on shapes without a
+#: tuned config (2048x768 E128 at TP 1: 1.84x) and 0.96-1.07x on shapes with one (TP 4: 0.98x).
+DEFAULT_TILES_SINCE = (0, 17)
+#: Per older release the collector timed, the tuned bf16 Triton configs vLLM shipped
+#: (``fused_moe/configs/E=<E>,N=<N>,device_name=<GPU>.json``, no dtype: E the experts on the
+#: rank, N one expert's width on it), which that release ran instead of its default tiles, as
+#: vLLM 0.33 does (every one of the A100's and L40S's below ships with 0.33 too). From the
+#: vllm-0.14.0 wheel (Apache-2.0).
+TUNED_TRITON: dict[str, dict[str, frozenset[tuple[int, int]]]] = {"0.14.0": {
+    "a100-sxm": frozenset({(1, 1792), (1, 3584), (1, 7168), (1, 14336), (8, 1792), (8, 2048),
+                           (8, 3584), (8, 4096), (8, 7168), (16, 1344), (16, 1792), (16, 2688),
+                           (16, 3584), (16, 7168), (16, 14336), (64, 640), (64, 1280),
+                           (128, 192), (512, 64), (512, 128)}),
+    "b200": frozenset({(16, 1024), (32, 1408), (64, 1408), (128, 768), (512, 64), (512, 128),
+                       (512, 256), (512, 512)}),
+    "h100-sxm": frozenset({(1, 3072), (8, 1792), (8, 2048), (8, 3584), (8, 4096), (8, 7168),
+                           (16, 1344), (16, 1792), (16, 2688), (62, 256), (62, 512), (64, 320),
+                           (64, 640), (64, 1280), (72, 384), (72, 768), (128, 192),
+                           (128, 512), (128, 928), (128, 1856), (256, 512), (512, 128),
+                           (512, 256), (512, 512)}),
+    "h200": frozenset({(8, 1792), (8, 2048), (8, 3584), (8, 4096), (8, 7168), (8, 14336),
+                       (16, 1024), (16, 2048), (64, 320), (64, 640), (64, 1280), (64, 2560),
+                       (128, 192), (128, 384), (128, 768), (128, 1024), (512, 64), (512, 128),
+                       (512, 256), (512, 512)}),
+    "l40s": frozenset({(8, 3584), (128, 928), (128, 1856)}),
+}}
+
+
+def current_tiles(gpu: str, version: str, experts: int, inter: int, tp: int, ep: int) -> bool:
+    """Whether a Triton ``fused_moe`` bf16 row of ``gpu`` timed under vLLM ``version`` ran the
+    tiles vLLM 0.33 runs: a release with today's default tiles (:data:`DEFAULT_TILES_SINCE`),
+    or a shape with a tuned config for the GPU in that release (:data:`TUNED_TRITON`; E the
+    ``experts / ep`` on the rank, N the width ``inter / tp``). The A100's only rows are vLLM
+    0.14's: those of its shapes without a tuned config ran the old default tiles and are
+    not what vLLM runs there now."""
+    rank = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
+    if rank >= DEFAULT_TILES_SINCE:
+        return True
+    return (experts // ep, inter // tp) in TUNED_TRITON[version].get(gpu, frozenset())
+
+
+def counts(gpu: str, dtype: str, version: str, r: dict[str, str]) -> bool:
+    """Whether a raw ``moe_perf`` row ``r`` of ``gpu`` under vLLM ``version`` in weight format
+    ``dtype`` times what vLLM 0.33 runs there: the kernel (:func:`runs_kernel`) and, for
+    Triton's bf16 kernel, its tiles (:func:`current_tiles`). The committed table
+    (``fit.moe_derive.derive``) and the MoE fit (``fit.aic_kernels.read_moe``) read only such
+    rows."""
+    source = r.get("kernel_source") or ""
+    if not runs_kernel(gpu, dtype, source):
+        return False
+    if dtype != "bf16" or row_kernel(source) != "triton":
+        return True
+    return current_tiles(gpu, version, int(r["num_experts"]), int(r["inter_size"]),
+                         int(r["moe_tp_size"]), int(r["moe_ep_size"]))
 
 
 @lru_cache(maxsize=1)

@@ -44,6 +44,7 @@ from chunktune.sim.cost.aic_data import (
     AllReduceRow,
     GemmPoint,
 )
+from chunktune.sim.cost.moe_table import counts
 
 AIC_DIR = "aiconfigurator-vllm"
 POINTS_PATH = DATA / "aic_kernel_points.csv"
@@ -238,13 +239,17 @@ class MoeRow:
 
 def read_moe(root: Path) -> list[MoeRow]:
     """bf16 and fp8 rows with balanced routing and no expert parallelism (the newest version
-    with such rows; ``power_law_1.01`` where a version has no balanced rows)."""
+    with such rows; ``power_law_1.01`` where a version has no balanced rows) that time what
+    vLLM 0.33 runs on the GPU (:func:`chunktune.sim.cost.moe_table.counts`: its kernel
+    and, for Triton's, its tiles; the A100's vLLM 0.14 rows only on shapes with a tuned
+    config)."""
     out = []
     for gpu, folder in sorted(gpu_folders(root).items()):
         done: set[str] = set()
         for path in _versions(root, folder, "moe_perf"):
             rows = [r for r in _rows(path) if r["moe_ep_size"] == "1"
-                    and FIT_MOE_DTYPES.get(r["moe_dtype"]) not in (None, *done)]
+                    and FIT_MOE_DTYPES.get(r["moe_dtype"]) not in (None, *done)
+                    and counts(gpu, FIT_MOE_DTYPES[r["moe_dtype"]], path.parent.name, r)]
             dists = {r["distribution"] for r in rows}
             dist = "balanced" if "balanced" in dists else "power_law_1.01"
             acc: dict[tuple[str, int, int, int, int, int, int], list[float]] = defaultdict(list)

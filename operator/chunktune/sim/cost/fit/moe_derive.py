@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chunktune.sim.cost.moe_table import MOE_PATH, TOKENS, Key
+from chunktune.sim.cost.moe_table import MOE_PATH, TOKENS, Key, counts
 
 SOURCE = ("NVIDIA AIConfigurator (ai-dynamo/aiconfigurator, Apache-2.0, Copyright NVIDIA "
           "CORPORATION & AFFILIATES) systems/data/<gpu>/vllm/<version>/moe_perf")
@@ -55,7 +55,8 @@ DISTRIBUTION = "power_law_1.01"
 def derive(root: Path) -> list[tuple[Key, str, list[float]]]:
     """Per (GPU, format, shape, split), from the newest vLLM release that has it: the fastest
     backend's microseconds at each of :data:`TOKENS` (:data:`DISTRIBUTION` routing; curves
-    missing a count are left out)."""
+    missing a count are left out; only rows of the kernel and tiles vLLM runs on the GPU,
+    :func:`counts`)."""
     out: dict[Key, tuple[tuple[int, ...], str, list[float]]] = {}
     for folder, gpu in MOE_GPUS.items():
         base = root / "aiconfigurator-vllm" / folder
@@ -70,7 +71,8 @@ def derive(root: Path) -> list[tuple[Key, str, list[float]]]:
                 for r in csv.DictReader(fh):
                     dtype = MOE_DTYPES.get(r["moe_dtype"])
                     t = int(r["num_tokens"])
-                    if dtype is None or r["distribution"] != DISTRIBUTION or t not in TOKENS:
+                    if (dtype is None or r["distribution"] != DISTRIBUTION or t not in TOKENS
+                            or not counts(gpu, dtype, vdir.name, r)):
                         continue
                     shape = (int(r["hidden_size"]), int(r["inter_size"]), int(r["num_experts"]),
                              int(r["topk"]), int(r["moe_tp_size"]), int(r["moe_ep_size"]))
