@@ -11,9 +11,9 @@ from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.engine.data_parallel import DataParallelEngine, build_data_parallel_engine
+from chunktune.sim.engine.mxfp4 import TRITON, mxfp4_layer_bytes
 from chunktune.sim.engine.request import Request
 from chunktune.sim.engine.scheduler import Scheduler
-from chunktune.sim.engine.mxfp4 import TRITON, mxfp4_layer_bytes
 from chunktune.sim.engine.virtual import build_engine
 
 MODEL = "gpt-oss-120b"
