@@ -13,6 +13,7 @@ import pytest
 from chunktune.core.engine_args import EngineArgs, resolve
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
+from chunktune.sim.engine.activation import OAI_TRITON, moe_experts_class
 from chunktune.sim.engine.memory import plan_memory
 from chunktune.sim.engine.mxfp4 import (
     MARLIN,
@@ -134,3 +135,17 @@ def test_other_formats_are_unchanged():
     cfg = resolve(EngineArgs(max_model_len=8192), resolve_model("qwen3-235b-a22b-fp8"),
                   resolve_gpu("h200"))
     assert mxfp4_layout_bytes(cfg) == 0.0
+
+
+def test_the_experts_class_follows_the_backend():
+    """``activation.moe_experts_class``: the OAI Triton kernels on Hopper from 0.12; on the
+    A100 ``MarlinExperts`` (the modular kernel's workspace) from 0.17, and before (0.14-0.15
+    call ``fused_marlin_moe`` directly; its per-call caches are not derived) nothing."""
+    def cls(model: str, gpu: str, version: tuple[int, int, int] | None) -> str:
+        return moe_experts_class(resolve(EngineArgs(max_model_len=8192), resolve_model(model),
+                                         resolve_gpu(gpu), version))
+    assert cls("gpt-oss-120b", "h100-sxm", None) == OAI_TRITON
+    assert cls("gpt-oss-120b", "h100-sxm", (0, 10, 1)) == ""
+    assert cls("gpt-oss-20b", "a100-sxm", (0, 19, 0)) == "MarlinExperts"
+    assert cls("gpt-oss-20b", "a100-sxm", (0, 15, 1)) == ""
+    assert cls("gpt-oss-120b", "b200", None) == ""

@@ -24,7 +24,8 @@ PINS = {
     "gpt-oss-120b-0.10.1": (2.159, 3.184, None, False),
     "gpt-oss-120b-0.11.0": (6.118, 3.184, 176_633, True),
     "gemma-4-26b-a4b-a100": (21.523, 1.244, 810_733, True),
-    "gpt-oss-20b-a100": (36.730, 1.016, 1_554_451, True),
+    # + MarlinExperts' workspace (0.13 GiB) of the A100's Marlin MXFP4 experts at 0.19
+    "gpt-oss-20b-a100": (36.598, 1.148, 1_548_872, True),
 }
 
 
@@ -45,12 +46,12 @@ def test_replayed_figures_are_pinned(log_id):
 @pytest.mark.parametrize("log_id", ["gemma-4-26b-a4b-a100", "gpt-oss-20b-a100"])
 def test_tp1_logs_of_a_derived_release_agree_within_one_percent(log_id):
     """vLLM 0.19 at TP 1 (sampler warm-up derived, non-torch 0.25 GiB): with the logged
-    weights the KV memory is within 1% of the log (Gemma-4 also without: its weights agree)."""
+    weights the KV memory is within 1% of the log, and with the simulator's own weights too."""
     r = replay(ROWS[log_id])
     assert abs(r["kv_at_w_err"]) < 0.01
     assert abs(r["logged_rest"] - r["rest"]) < 0.2
-    if log_id.startswith("gemma"):
-        assert abs(r["kv_err"]) < 0.01 and abs(r["weights_err"]) < 0.01
+    # Gemma-4's weights agree; gpt-oss-20b's with its MXFP4 experts as Marlin pads them
+    assert abs(r["kv_err"]) < 0.01 and abs(r["weights_err"]) < 0.01
 
 
 def test_older_releases_leave_more_outside_the_kv_cache_than_simulated():
