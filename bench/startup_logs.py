@@ -20,7 +20,9 @@ KV had it the logged weights (the error left by the terms that are not weights).
 The simulator models one vLLM release (``core/vllm_release.py``); these logs are older. What it
 reproduces of an older release is listed there (defaults, whether graphs are profiled) and in
 ``sim/engine/activation.py`` (the sampler warm-up of the releases whose code was read); the
-weights are vLLM 0.33's (``bench/vllm_weights_reference.py``). A figure from the simulator is
+weights are vLLM 0.33's model classes' (``bench/vllm_weights_reference.py``) but for gpt-oss's
+MXFP4 experts, stored as the log's release does on its GPU (``sim/engine/mxfp4.py``: Marlin,
+OAI Triton or FlashInfer TRT-LLM padding and copies). A figure from the simulator is
 simulated, not measured.
 """
 

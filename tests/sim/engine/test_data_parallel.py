@@ -11,6 +11,7 @@ from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.engine.data_parallel import DataParallelEngine, build_data_parallel_engine
+from chunktune.sim.engine.mxfp4 import TRITON, mxfp4_layer_bytes
 from chunktune.sim.engine.request import Request
 from chunktune.sim.engine.scheduler import Scheduler
 from chunktune.sim.engine.virtual import build_engine
@@ -31,11 +32,14 @@ def dp2() -> DataParallelEngine:
 
 def test_a_rank_holds_its_attention_whole_and_its_share_of_the_experts(dp2):
     """Each rank's weights: everything but the routed experts as at its TP (1), the routed
-    experts split over the DP x TP ranks; the memory they free goes to the rank's KV cache."""
+    experts split over the DP x TP ranks; the memory they free goes to the rank's KV cache
+    (gpt-oss's MXFP4 experts as the H200's Triton backend stores them, ``sim/engine/mxfp4.py``:
+    whole experts under EP, so half the layer's bytes on each of 2 ranks)."""
     model = resolve_model(MODEL)
     one = model.weight_bytes(1)
     experts = model.num_moe_layers * model.expert_params() * model.module_weight_bytes("experts")
-    assert dp2.memory.weights == pytest.approx(one - experts / 2)
+    held = model.num_moe_layers * mxfp4_layer_bytes(model, TRITON, None)
+    assert dp2.memory.weights == pytest.approx(one - experts + held / 2)
     assert model.weight_bytes(2, data_parallel=2) == pytest.approx(model.weight_bytes(2)
                                                                    - experts / 4)
     alone = build_engine(EngineArgs(**{**_args(1).__dict__, "data_parallel_size": 1}),

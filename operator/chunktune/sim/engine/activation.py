@@ -36,6 +36,9 @@ import math
 from chunktune.core.engine_args import ResolvedConfig
 from chunktune.core.models import MLA
 from chunktune.core.vllm_release import CURRENT
+from chunktune.sim.engine.mxfp4 import MARLIN as MXFP4_MARLIN
+from chunktune.sim.engine.mxfp4 import TRITON as MXFP4_TRITON
+from chunktune.sim.engine.mxfp4 import mxfp4_backend
 
 #: ``WorkspaceManager.get_simultaneous`` rounds each part up to this many bytes
 WORKSPACE_ALIGN = 256
@@ -45,14 +48,30 @@ MLA_CHUNKED_PREFILL_CAP = 64 * 1024
 TRITON, MARLIN, OAI_TRITON = "TritonExperts", "MarlinExperts", "OAITritonMxfp4ExpertsMonolithic"
 
 
+#: MXFP4 experts on Marlin run as a modular kernel (``MarlinExperts``, the workspace manager's
+#: buffer) from 0.17.0 (read: 0.17, 0.19, 0.33); 0.14-0.15 call ``fused_marlin_moe`` from
+#: ``Mxfp4MoEMethod.apply``, whose per-call caches are not derived (0.16 not read)
+MXFP4_MARLIN_MODULAR = (0, 17, 0)
+
+
 def moe_experts_class(cfg: ResolvedConfig) -> str:
     """The fused-MoE experts class vLLM 0.33 runs this engine's routed experts with on Hopper,
-    "" where that is not derived (not an MoE model, another GPU family, another format)."""
+    and gpt-oss's MXFP4 experts as the release's backend for the GPU runs them
+    (:func:`chunktune.sim.engine.mxfp4.mxfp4_backend`: the OAI Triton kernels on Hopper,
+    ``MarlinExperts`` on Ampere / Ada and on Hopper before 0.12); "" where that is not derived
+    (not an MoE model, another GPU family, another format or release)."""
     m = cfg.model
-    if not m.is_moe or cfg.gpu.family != "hopper":
+    if not m.is_moe:
         return ""
     if m.quantization == "mxfp4":
-        return OAI_TRITON
+        backend = mxfp4_backend(cfg.gpu.family, cfg.vllm_version, cfg.gpu.name)
+        if backend == MXFP4_TRITON and cfg.gpu.family == "hopper":
+            return OAI_TRITON
+        if backend == MXFP4_MARLIN and (cfg.vllm_version or CURRENT) >= MXFP4_MARLIN_MODULAR:
+            return MARLIN
+        return ""
+    if cfg.gpu.family != "hopper":
+        return ""
     if m.quantization == "compressed-tensors" and m.weight_dtype.startswith("int4"):
         return MARLIN
     ep = cfg.enable_expert_parallel or cfg.data_parallel_size > 1

@@ -45,6 +45,7 @@ from chunktune.sim.engine.activation import (
     sampler_state_bytes,
     sampler_warmup_bytes,
 )
+from chunktune.sim.engine.mxfp4 import mxfp4_layout_bytes
 
 GiB = float(2**30)
 
@@ -290,7 +291,8 @@ def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
     tp = cfg.tensor_parallel_size
     draft = drafter(cfg)
     dp = cfg.data_parallel_size
-    weights = cfg.model.weight_bytes(tp, data_parallel=dp) + (
+    # MXFP4 experts: as the release's backend for this GPU stores them (padded, swizzled, kept)
+    weights = cfg.model.weight_bytes(tp, data_parallel=dp) + mxfp4_layout_bytes(cfg) + (
         draft.weight_bytes(tp, ropes_held=cfg.model.rope_caches()) if draft else 0.0)
     # the NCCL buffers of a rank in a group: the TP group's, or the experts' across DP ranks
     non_torch = (NON_TORCH_TP1_GIB if tp * dp == 1 else NON_TORCH_TP_GIB) * GiB
