@@ -85,7 +85,8 @@ def describe_model(m: ModelConfig, tp: int, kv_dtype_bytes: float) -> list[str]:
                      f"({m.weight_dtype_bytes:.4g} bytes each with scales)"
                      + (f"; left at {m.dtype}: {left}" if left else ""))
     lines.append(f"weights: {m.weight_bytes(tp) / GiB:.2f} GiB a rank at TP {tp} "
-                 f"({m.weight_bytes() / GiB:.1f} GiB in all)"
+                 f"({m.weight_bytes() / GiB:.1f} GiB in all; the checkpoint's bytes: "
+                 "the start-up line holds them as the release's kernels lay them out)"
                  + (f"; the vision tower's {m.vision_params / 1e9:.2f} B parameters whole on "
                     "each rank" if m.vision_params else ""))
     per_kind = "; ".join(
