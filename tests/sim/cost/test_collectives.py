@@ -64,7 +64,8 @@ def test_measured_vllm_allreduce_on_nvlink():
         b200[2**20] * 1e-6, rel=1e-6)
     assert col.measured_allreduce_source(resolve_gpu("h200")) == "h200"
     assert col.measured_allreduce_source(resolve_gpu("b300")) == "b200"
-    for n in (2**14, 2**20):
+    # where vLLM runs the same backend on both (custom all-reduce below 1 MiB at 8 ranks)
+    for n in (2**14, 2**18):
         assert float(col.tp_allreduce_s(float(n), 8, resolve_gpu("b300"))) == float(
             col.tp_allreduce_s(float(n), 8, resolve_gpu("b200")))
     assert col.measured_allreduce_source(resolve_gpu("h100-pcie")) is None
@@ -247,3 +248,54 @@ def test_a_nvlink_gpu_without_a_table_is_priced_per_backend():
     want = ab.backend_allreduce_s([2.0**20], 8, fresh, col.backend_coefficients())
     assert want is not None
     assert float(col.tp_allreduce_s(2.0**20, 8, fresh)) == pytest.approx(float(want[0]))
+
+
+def test_a_borrowed_table_holds_only_where_vllm_runs_the_same_backend():
+    """The B300 (SM 10.3) borrows the B200's (SM 10.0) table: vLLM keeps custom all-reduce up
+    to 4 MiB on 10.3 where 10.0 hands over to symmetric memory at 2 MiB (2 / 4 ranks) or 1 MiB
+    (8), and takes NCCL above 4 MiB at 2 ranks and 64 MiB at 8 where 10.0 stays on symmetric
+    memory. There the B300 runs its own backend priced as on the B200 (fitted on the B200's
+    table alone, the B300's NVLink 5); elsewhere, and on the GB200 (SM 10.0) everywhere, the
+    B200's measured time as it is."""
+    b200, b300, gb200 = (resolve_gpu(g) for g in ("b200", "b300", "gb200"))
+    mib = 1024 * 1024
+    be = ab.vllm_allreduce_backend
+    lender = col.lender_backend_coefficients("b200")
+    differ = 0
+    for (gpu, n), (lb, _) in col.allreduce_tables(aic_data.read_committed_allreduce()).items():
+        if gpu != "b200":
+            continue
+        s = np.exp(lb)
+        own = col.tp_allreduce_s(s, n, b200)
+        assert np.array_equal(col.tp_allreduce_s(s, n, gb200), own)
+        got = col.tp_allreduce_s(s, n, b300)
+        for i, x in enumerate(s):
+            if be(b300, n, float(x)) == be(b200, n, float(x)):
+                assert got[i] == own[i]
+                continue
+            differ += 1
+            b = be(b300, n, float(x))
+            lat = lender.latency(b, n)
+            assert lat is not None
+            assert got[i] == pytest.approx(lat + ab.backend_bytes(b, n, float(x))
+                                           / (ab.link_bytes_s(b300) * lender.link_eff[b]))
+    assert differ >= 4
+    # 2 ranks, 2 MiB: custom one shot on the B300, symmetric memory two shot on the B200
+    assert be(b300, 2, 2 * mib) == ab.CUSTOM_ONE_SHOT != be(b200, 2, 2 * mib)
+    assert be(b300, 8, 1 * mib) == ab.CUSTOM_TWO_SHOT != be(b200, 8, 1 * mib)
+    assert be(b300, 8, 128 * mib) == ab.NCCL != be(b200, 8, 128 * mib)
+    assert float(col.tp_allreduce_s(2.0 * mib, 2, b300)) < 0.8 * float(
+        col.tp_allreduce_s(2.0 * mib, 2, b200))
+    assert float(col.tp_allreduce_s(1.0 * mib, 8, b300)) != float(
+        col.tp_allreduce_s(1.0 * mib, 8, b200))
+    # array in, array out of the same shape
+    assert col.tp_allreduce_s(np.full((2, 3), 2.0 * mib), 2, b300).shape == (2, 3)
+
+
+def test_no_backend_is_fitted_faster_than_its_link():
+    """The B200 runs custom two shot only at 256 KiB-2 MiB, where its latency dominates: fitted
+    alone, its efficiency is held at the link's data sheet (1), never above."""
+    lender = col.lender_backend_coefficients("b200")
+    assert lender.link_eff[ab.CUSTOM_TWO_SHOT] == 1.0
+    assert all(0 < e <= 1.0 for e in lender.link_eff.values())
+    assert all(0 < e < 1.0 for e in col.backend_coefficients().link_eff.values())

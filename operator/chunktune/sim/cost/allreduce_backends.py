@@ -140,7 +140,8 @@ GAUSS_NEWTON_STEPS = 20
 def fit_backends(points: Iterable[Timing]) -> BackendCoefficients:
     """Latency per (backend, ranks) and efficiency per backend, least squares in log time
     over ``points`` (each backend alone; the model is linear in the latencies and in 1 / eff:
-    a least-squares start in relative error, then Gauss-Newton steps in log time)."""
+    a least-squares start in relative error, then Gauss-Newton steps in log time; eff at most
+    1)."""
     groups: dict[str, list[Timing]] = {}
     for p in points:
         groups.setdefault(vllm_allreduce_backend(p.gpu, p.ranks, p.nbytes), []).append(p)
@@ -153,15 +154,23 @@ def fit_backends(points: Iterable[Timing]) -> BackendCoefficients:
         for i, p in enumerate(pts):
             a[i, ns.index(p.ranks)] = 1.0
             a[i, -1] = backend_bytes(b, p.ranks, p.nbytes) / link_bytes_s(p.gpu)
-        x = _nonneg_lstsq(a / t[:, None], np.ones(len(pts)))
+        x = _at_most_the_link(_nonneg_lstsq(a / t[:, None], np.ones(len(pts))))
         for _ in range(GAUSS_NEWTON_STEPS):
             pred = np.maximum(a @ x, 1e-12)
             step, *_ = np.linalg.lstsq(a / pred[:, None], -np.log(pred / t), rcond=None)
-            x = np.maximum(x + step, 0.0)
+            x = _at_most_the_link(np.maximum(x + step, 0.0))
         for j, n in enumerate(ns):
             lat[(b, n)] = float(x[j])
         eff[b] = 1.0 / float(x[-1]) if x[-1] > 0 else 1.0
     return BackendCoefficients(lat, eff)
+
+
+def _at_most_the_link(x: np.ndarray) -> np.ndarray:
+    """``x`` with its last coefficient (1 / eff) at least 1: no backend moves its bytes faster
+    than the link's data-sheet bandwidth (a backend measured only where its latency dominates,
+    the B200's two shot, leaves eff otherwise unbounded)."""
+    x[-1] = max(float(x[-1]), 1.0)
+    return x
 
 
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -191,4 +200,26 @@ def backend_allreduce_s(nbytes: Sequence[float] | np.ndarray, n: int, gpu: GPU,
         if lat is None or b not in coef.link_eff:
             return None
         out[i] = lat + backend_bytes(b, n, float(s)) / (link_bytes_s(gpu) * coef.link_eff[b])
+    return out
+
+
+def borrowed_allreduce_s(table_s: np.ndarray, nbytes: Sequence[float] | np.ndarray, n: int,
+                         gpu: GPU, lender: GPU, lender_coef: BackendCoefficients,
+                         coef: BackendCoefficients) -> np.ndarray:
+    """Seconds of vLLM's all-reduce of each of ``nbytes`` over ``n`` ranks of ``gpu``, which
+    borrows the measured table of ``lender`` (the same interconnect; ``table_s``: that table's
+    times at ``nbytes``): the lender's time where vLLM runs the same backend on both (its
+    thresholds are per compute capability), else the backend ``gpu`` runs priced as on the
+    lender (``lender_coef``: fitted on the lender's table alone; ``coef``: on every measured
+    GPU, for a backend the lender never ran) over ``gpu``'s own link."""
+    out = np.array(table_s, dtype=np.float64)
+    for i, s in enumerate(nbytes):
+        b = vllm_allreduce_backend(gpu, n, float(s))
+        if b == vllm_allreduce_backend(lender, n, float(s)):
+            continue
+        for c in (lender_coef, coef):
+            lat = c.latency(b, n)
+            if lat is not None and b in c.link_eff:
+                out[i] = lat + backend_bytes(b, n, float(s)) / (link_bytes_s(gpu) * c.link_eff[b])
+                break
     return out

@@ -221,6 +221,25 @@ def measured_allreduce_table(gpu: GPU, ranks: int) -> tuple[np.ndarray, np.ndarr
     return None if src is None else _measured().get((src, ranks))
 
 
+def table_timings(tables: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]], gpu: str
+                  ) -> list[ab.Timing]:
+    """``gpu``'s all-reduces as the engine reads them off its ``tables``
+    (:func:`allreduce_tables`: non-decreasing), as
+    :func:`chunktune.sim.cost.allreduce_backends.fit_backends` takes them."""
+    g = resolve_gpu(gpu)
+    return [ab.Timing(g, n, round(float(np.exp(b))), float(np.exp(t)))
+            for (name, n), (lb, lt) in sorted(tables.items()) if name == gpu
+            for b, t in zip(lb, lt, strict=True)]
+
+
+@lru_cache(maxsize=8)
+def lender_backend_coefficients(gpu: str) -> ab.BackendCoefficients:
+    """vLLM's all-reduce backends fitted on the committed table of ``gpu`` alone, as the
+    engine reads it: how another GPU that borrows it prices a backend vLLM runs on it and not
+    on ``gpu`` (:func:`chunktune.sim.cost.allreduce_backends.borrowed_allreduce_s`)."""
+    return ab.fit_backends(table_timings(_measured(), gpu))
+
+
 def nvlink_timings(rows: Iterable[aic_data.AllReduceRow]) -> list[ab.Timing]:
     """The NVLink GPUs' measured vLLM all-reduces among ``rows``, as
     :func:`chunktune.sim.cost.allreduce_backends.fit_backends` takes them."""
@@ -255,7 +274,11 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
     On NVLink, in order: vLLM's all-reduce at ``tp`` ranks measured on the GPU or on one of
     the same interconnect (AIConfigurator's CUDA-graph timings,
     :func:`measured_allreduce_table`, interpolated in log bytes and log time, proportional to
-    the bytes beyond the largest); else each message priced by the backend vLLM runs for it
+    the bytes beyond the largest; a borrowed table only where vLLM runs the same backend on
+    both GPUs, elsewhere the backend this GPU runs priced as on the lender:
+    :func:`chunktune.sim.cost.allreduce_backends.borrowed_allreduce_s`, the B300's SM 10.3
+    keeping custom all-reduce up to 4 MiB where the B200 hands over at 1-2 MiB); else each
+    message priced by the backend vLLM runs for it
     on this GPU's compute capability (:func:`chunktune.sim.cost.allreduce_backends.
     backend_allreduce_s`, fitted per backend on the measured NVLink GPUs). Over
     PCIe, whenever ``interconnect`` says how the GPUs are linked (PCIe cards with NVLink
@@ -269,9 +292,16 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
     if tp <= 1:
         return np.zeros_like(s)
     if interconnect is None and gpu.nvlink:
-        table = measured_allreduce_table(gpu, tp)
-        if table is not None:
-            return table_allreduce_s(table, s)
+        src = measured_allreduce_source(gpu)
+        table = None if src is None else _measured().get((src, tp))
+        if src is not None and table is not None:
+            t = table_allreduce_s(table, s)
+            if src == gpu.name:
+                return t
+            flat = np.atleast_1d(s).ravel()
+            return ab.borrowed_allreduce_s(
+                np.atleast_1d(t).ravel(), flat, tp, gpu, resolve_gpu(src),
+                lender_backend_coefficients(src), backend_coefficients()).reshape(s.shape)
         priced = ab.backend_allreduce_s(np.atleast_1d(s).ravel(), tp, gpu,
                                         backend_coefficients())
         if priced is not None:

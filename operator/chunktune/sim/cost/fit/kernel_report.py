@@ -266,7 +266,9 @@ def held_out_allreduce_errors(gpu: str, coef: Callable[[str], KernelCoefficients
     """(what predicts it, |relative error|) on ``gpu``'s measured vLLM all-reduces with its
     own table removed, the engine's path (:func:`collectives.tp_allreduce_s`) on the other
     GPUs' measurements: on NVLink the table of the nearest measured GPU on the same
-    interconnect (:func:`collectives.measured_allreduce_source`), else each message priced by
+    interconnect (:func:`collectives.measured_allreduce_source`; where vLLM runs another
+    backend on it, that backend priced as on the lender:
+    :func:`allreduce_backends.borrowed_allreduce_s`), else each message priced by
     the backend vLLM runs for it with the backends fitted on the other NVLink GPUs' tables
     (:func:`allreduce_backends.fit_backends`); over PCIe NCCL's curve
     (:func:`pcie_allreduce_errors`). ``coef`` is not used: no per-GPU coefficient enters."""
@@ -275,14 +277,16 @@ def held_out_allreduce_errors(gpu: str, coef: Callable[[str], KernelCoefficients
     mine = [r for r in meas.allreduce if r.gpu == gpu]
     us = np.array([r.us for r in mine])
     src = col.measured_allreduce_source(g, others) if g.nvlink else None
+    train = col.nvlink_timings(r for r in meas.allreduce if r.gpu != gpu)
     if src is not None:
         tables = col.allreduce_tables(r for r in meas.allreduce if r.gpu == src)
-        pred = np.array([float(col.table_allreduce_s(tables[(src, r.ranks)],
-                                                     np.array(float(r.nbytes))))
-                         for r in mine]) * 1e6
+        lender, lent = ab.fit_backends(col.table_timings(tables, src)), ab.fit_backends(train)
+        pred = np.array([float(ab.borrowed_allreduce_s(
+            col.table_allreduce_s(tables[(src, r.ranks)], np.array([float(r.nbytes)])),
+            [float(r.nbytes)], r.ranks, g, resolve_gpu(src), lender, lent)[0])
+            for r in mine]) * 1e6
         tab: np.ndarray = np.abs(pred / us - 1)
         return f"{src}'s table", tab
-    train = col.nvlink_timings(r for r in meas.allreduce if r.gpu != gpu)
     if g.nvlink and train:
         fitted = ab.fit_backends(train)
         by_n = [ab.backend_allreduce_s([float(r.nbytes)], r.ranks, g, fitted) for r in mine]
