@@ -356,6 +356,10 @@ def test_every_catalog_gpu_says_what_its_cost_model_was_fitted_on():
     assert "all-reduce: h200's measured vLLM all-reduce" in provenance("h200")
     assert "all-reduce: b200's measured vLLM all-reduce (same interconnect)" in provenance(
         "b300")
+    # vLLM picks its all-reduce backend per compute capability: the B300 (10.3) borrows the
+    # B200's (10.0) table only where the backends agree; the GB200 (10.0) everywhere
+    assert "same backend on SM 10.3 as on 10.0" in provenance("b300")
+    assert "same backend on SM" not in provenance("gb200")
     assert provenance("gb200").startswith("gb200: no measured kernels; borrowed from b200")
     assert "all-reduce over PCIe" in provenance("l40s")
     assert "weight-only" in provenance("a100-sxm") and "weight-only" not in provenance("h100-sxm")

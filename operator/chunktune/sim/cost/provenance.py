@@ -12,6 +12,7 @@ from typing import Any
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig
 from chunktune.sim.cost import gemm_table, moe_table
+from chunktune.sim.cost.allreduce_backends import compute_capability
 from chunktune.sim.cost.coefficients import POOLED, group_sources, load_document, source_gpu
 from chunktune.sim.cost.collectives import measured_allreduce_source
 
@@ -107,6 +108,10 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
         text += f"; all-reduce: {name}'s measured vLLM all-reduce"
     elif ar is not None:
         text += f"; all-reduce: {ar}'s measured vLLM all-reduce (same interconnect)"
+        cap, lender_cap = compute_capability(g), compute_capability(resolve_gpu(ar))
+        if cap != lender_cap:
+            text += (f" where vLLM runs the same backend on SM {cap} as on {lender_cap}, "
+                     f"else that backend fitted on {ar}'s table (unmeasured error)")
     else:
         text += ("; all-reduce: priced per vLLM backend (custom, symmetric memory, NCCL) "
                  f"fitted on the measured NVLink GPUs{err(['all-reduce'])}")
