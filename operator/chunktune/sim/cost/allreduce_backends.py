@@ -18,7 +18,11 @@ NCCL's ring reduce-scatter then gather (``2 (n - 1) / n x S``), multimem has the
 (``S``). Its time is ``latency(backend, n) + bytes / (per-direction link x eff(backend))``,
 with the latencies and efficiencies fitted per backend on the measured GPUs' tables
 (:func:`fit_backends`), so a GPU without a table is priced from the others per backend, not from
-one GPU's whole curve.
+one GPU's whole curve. A GPU that borrows another's measured table (the same interconnect: the
+B300, SM 10.3, the B200's, SM 10.0) keeps it only where vLLM runs the same backend on both, and
+elsewhere runs its own backend as fitted on the lender's table (:func:`borrowed_allreduce_s`).
+vLLM 0.32's thresholds for 9.0 / 10.0 / 10.3 are 0.24's; its default FlashInfer all-reduce
+(``VLLM_ALLREDUCE_USE_FLASHINFER=1`` from 0.31, tried first) is not modelled: no timing of it.
 """
 
 from __future__ import annotations
