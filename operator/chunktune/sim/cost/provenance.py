@@ -111,7 +111,7 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
         cap, lender_cap = compute_capability(g), compute_capability(resolve_gpu(ar))
         if cap != lender_cap:
             text += (f" where vLLM runs the same backend on SM {cap} as on {lender_cap}, "
-                     f"else that backend fitted on {ar}'s table (unmeasured error)")
+                     f"else that backend as priced from {ar}'s table (unmeasured error)")
     else:
         text += ("; all-reduce: priced per vLLM backend (custom, symmetric memory, NCCL) "
                  f"fitted on the measured NVLink GPUs{err(['all-reduce'])}")
