@@ -231,6 +231,19 @@ def test_b200_moe_rows_run_the_flags_and_kernels_inferencex_set():
     assert e2e.silicon_env(h200) == {}
 
 
+def test_hopper_gpt_oss_rows_run_marlin_experts_from_the_release_their_script_set_it():
+    """InferenceX's H100/H200 gpt-oss scripts export ``VLLM_MXFP4_USE_MARLIN=1`` from
+    2026-01-02 (image v0.13.0) on: the vLLM 0.18 rows run Marlin's MXFP4 experts, the 0.11.2
+    rows and those naming no release (2025-11/12) OpenAI's Triton kernel."""
+    silicon, _ = fidelity_e2e.load(None)
+    oss = [r for r in silicon if r.model == "openai/gpt-oss-120b"
+           and r.system in ("h100_sxm", "h200_sxm")]
+    assert {r.vllm_version for r in oss} == {None, "0.11.2", "0.18.0"}
+    for r in oss:
+        want = {"VLLM_MXFP4_USE_MARLIN": "1"} if r.vllm_version == "0.18.0" else {}
+        assert e2e.silicon_env(r) == want, r.name
+
+
 def test_moe_rows_run_the_checkpoint_and_split_they_record():
     """A MoE row runs its checkpoint's own config.json with InferenceX's flags, its experts
     split as recorded (``moe_ep`` = TP: ``--enable-expert-parallel``), the release it names
