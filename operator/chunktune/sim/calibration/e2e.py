@@ -328,8 +328,9 @@ def _moe_engine(run: ServingRun, gpu_name: str
     precision only); the H200's MiniMax-M2.5 rows of vLLM 0.18 expert parallel, as their
     script forced it (:data:`H200_MINIMAX_EP_SINCE`); on the B200, gpt-oss as
     ``gptoss_fp4_b200.sh`` runs it (``--kv-cache-dtype fp8 --max-num-seqs 512``) and
-    MiniMax-M2.5 as its B200 scripts did when the row ran (:func:`_b200_minimax_args`); the vLLM environment variables the scripts
-    export, where they choose a kernel, are :func:`silicon_env`'s."""
+    MiniMax-M2.5 as its B200 scripts did when the row ran (:func:`_b200_minimax_args`); the
+    vLLM environment variables the scripts export, where they choose a kernel, are
+    :func:`silicon_env`'s."""
     short, configs = SILICON_MOE_MODELS[run.model]
     if gpu_name not in GPUS:
         raise SpecError(f"GPU {gpu_name} is not in the catalog")
