@@ -129,17 +129,23 @@ MOE_THRESHOLDS: dict[str, tuple[float, float, int]] = {
     # fast (the quick set holds mostly those); all 45 rows 5.7% -> 4.6% / 10.2%
     # distinct runs: the same 7.6% / 8.8% over 6
     "b200 int4 Kimi-K2.5": (0.08, 0.09, 6),
-    # distinct runs: 3.5% / 21.0% over 18 (23.9% TTFT over 24 before)
-    "h100-sxm fp4 gpt-oss-120b": (0.04, 0.215, 18),
+    # distinct runs: 3.5% / 21.0% over 18 (23.9% TTFT over 24 before); 6.5% / 6.9% since
+    # its vLLM 0.18 rows run Marlin's MXFP4 experts as the script set them
+    # (VLLM_MXFP4_USE_MARLIN=1): their prefills ~1.8x longer at 8k tokens; the steps that
+    # mix a prefill chunk with decodes too, so TPOT moves from a few % fast to a few % slow
+    "h100-sxm fp4 gpt-oss-120b": (0.07, 0.075, 18),
     # 4.0% since the H200 runs its own measured GEMM grid and all-reduce table (under the 3%
     # pin when it borrowed the H100's fitted GEMMs): its bf16 projections and router are slower
-    # distinct runs: the same 4.0% / 20.1% over 24
-    "h200 fp4 gpt-oss-120b": (0.045, 0.22, 24),
+    # distinct runs: the same 4.0% / 20.1% over 24; 7.2% / 7.1% with Marlin's MXFP4
+    # experts (as the H100's rows, above)
+    "h200 fp4 gpt-oss-120b": (0.075, 0.075, 24),
     # 5.6% (was 3.3%) since the all-head QK norm's all-reduce is priced (vLLM minimax_m2.py):
     # these vLLM 0.18 TP 8 rows now run 5-7% slow at 4 in flight; their script also forced
-    # --enable-expert-parallel (EP_SIZE -ge 1), not modelled here
-    # distinct runs: 5.4% / 30.6% over 18
-    "h200 fp8 MiniMax-M2.5": (0.06, 0.31, 18),
+    # --enable-expert-parallel (EP_SIZE -ge 1), modelled since (below)
+    # distinct runs: 5.4% / 30.6% over 18; 3.4% / 24.0% since the vLLM 0.18 rows run expert
+    # parallel as the script forced it (FlashInfer CUTLASS's block-FP8 experts, vLLM's pick
+    # on Hopper with EP: the H200's measured EP 8 curve instead of the fitted form at TP 8)
+    "h200 fp8 MiniMax-M2.5": (0.035, 0.245, 18),
     # 2.5% / 9.8% with the shared expert on vLLM's side stream (3.1% / 10.7% before; all 45
     # rows 2.1% -> 3.0% / 12.2%). 3.1% / 10.7% (26.6% / 3.1% before) since the H200's MLA
     # module table runs without the native norm chain AIConfigurator's first collector
@@ -229,6 +235,25 @@ def test_b200_moe_rows_run_the_flags_and_kernels_inferencex_set():
     args, _, _, _ = e2e.silicon_engine(h200)
     assert (args.kv_cache_dtype, args.max_num_seqs) == ("auto", h200.concurrency)
     assert e2e.silicon_env(h200) == {}
+    # its script forced --enable-expert-parallel from 2026-03-13: the vLLM 0.18 rows
+    for r in (r for r in silicon if r.is_moe and r.system == "h200_sxm"
+              and r.model == "MiniMaxAI/MiniMax-M2.5"):
+        assert r.moe_ep == 1 and r.vllm_version in ("0.16.0", "0.18.0")
+        args, _, _, _ = e2e.silicon_engine(r)
+        assert args.enable_expert_parallel == (r.vllm_version == "0.18.0"), r.name
+
+
+def test_hopper_gpt_oss_rows_run_marlin_experts_from_the_release_their_script_set_it():
+    """InferenceX's H100/H200 gpt-oss scripts export ``VLLM_MXFP4_USE_MARLIN=1`` from
+    2026-01-02 (image v0.13.0) on: the vLLM 0.18 rows run Marlin's MXFP4 experts, the 0.11.2
+    rows and those naming no release (2025-11/12) OpenAI's Triton kernel."""
+    silicon, _ = fidelity_e2e.load(None)
+    oss = [r for r in silicon if r.model == "openai/gpt-oss-120b"
+           and r.system in ("h100_sxm", "h200_sxm")]
+    assert {r.vllm_version for r in oss} == {None, "0.11.2", "0.18.0"}
+    for r in oss:
+        want = {"VLLM_MXFP4_USE_MARLIN": "1"} if r.vllm_version == "0.18.0" else {}
+        assert e2e.silicon_env(r) == want, r.name
 
 
 def test_moe_rows_run_the_checkpoint_and_split_they_record():

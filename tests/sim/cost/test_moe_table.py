@@ -113,6 +113,7 @@ GPT_OSS = ModelConfig("gpt-oss-shape", 2880, 36, 64, 8, 64, 2880, 201088, 131072
                       weight_dtype="mxfp4", quantization="mxfp4")
 MXFP8 = {"VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": "1"}
 TRITON = {"VLLM_USE_FLASHINFER_MOE_FP8": "0", "VLLM_MOE_USE_DEEP_GEMM": "0"}
+MARLIN = {"VLLM_MXFP4_USE_MARLIN": "1"}
 
 
 def test_the_vllm_environment_picks_the_kernel_the_moe_table_is_read_for():
@@ -129,6 +130,29 @@ def test_the_vllm_environment_picks_the_kernel_the_moe_table_is_read_for():
     # FlashInfer off alone leaves DeepGEMM first: not the Triton kernel
     assert moe_weight_format("fp8", "b200", {"VLLM_USE_FLASHINFER_MOE_FP8": "0"}) == "fp8_block"
     assert moe_weight_format("int4_g32", "b200", MXFP8) == "int4"
+    # Marlin's MXFP4 kernel on Hopper when asked for, OpenAI's Triton kernel otherwise
+    assert moe_weight_format("mxfp4", "h100-sxm", MARLIN) == "mxfp4_marlin"
+    assert moe_weight_format("mxfp4", "h200", {"VLLM_MXFP4_USE_MARLIN": "0"}) == "mxfp4"
+    assert moe_weight_format("fp8", "h200", MARLIN) == "fp8_block"
+
+
+def test_marlin_mxfp4_on_hopper_borrows_its_growth_from_the_shape_marlin_was_timed_on():
+    """gpt-oss's MXFP4 experts under ``VLLM_MXFP4_USE_MARLIN=1`` on the H200: the Marlin
+    kernel is timed on another shape only (vLLM 0.24's collector, 3584 x 3072, 896 experts,
+    top 16); the borrowed curve keeps the Triton kernel's one-token cost and, past a few
+    hundred tokens, costs more than Triton's (Marlin's W4A16 tiles run about half the FLOP
+    rate of OpenAI's kernel on that shape at 8,192 tokens)."""
+    gpu = resolve_gpu("h200")
+    c = coefficients(gpu)
+    assert moe_table.curve("h200", "mxfp4_marlin", 2880, 2880, 128, 4, 1, 1) is None
+    shape, _ = moe_table.nearest("h200", "mxfp4_marlin", 2880, 2880, 1, 1) or ((0,), None)
+    assert shape == (3584, 3072, 896, 16)
+    t = np.array([1.0, 8192.0])
+    for tp in (1, 2, 4, 8):
+        triton = moe_time(GPT_OSS, gpu, tp, t, c, "bf16")
+        marlin = moe_time(GPT_OSS, gpu, tp, t, c, "bf16", vllm_env=MARLIN)
+        assert marlin[0] == pytest.approx(triton[0])
+        assert 1.5 * triton[1] < marlin[1] < 2.5 * triton[1]
 
 
 def test_triton_block_fp8_is_its_own_curve_slower_than_flashinfers_on_the_b200():

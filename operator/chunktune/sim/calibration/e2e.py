@@ -122,6 +122,16 @@ MODELLED_PRECISIONS = {"bf16": "", "fp8": "", "fp4": ""}
 #: InferenceX's client (see the module docstring): requests per concurrency slot, the
 #: lengths' range ratio, and the seed of the replay's draw.
 PROMPTS_PER_SLOT = 10
+#: The first vLLM release of the H200 MiniMax-M2.5 rows served expert parallel whatever their
+#: recorded split: InferenceX's ``minimaxm2.5_fp8_h200.sh`` passes ``--enable-expert-parallel``
+#: when ``EP_SIZE -ge 1`` (always) from 2026-03-13 on; its vLLM 0.16 rows (2026-03-01) ran
+#: the script's first version, tensor parallel alone, its vLLM 0.18 rows (2026-03-27/28) EP.
+H200_MINIMAX_EP_SINCE: Version = (0, 18, 0)
+#: The first vLLM release InferenceX's H100/H200 gpt-oss scripts served with
+#: ``VLLM_MXFP4_USE_MARLIN=1`` (``benchmarks/gptoss_fp4_h{100,200}_*.sh`` export it from
+#: 2026-01-02, image v0.13.0, to the v0.18.0 rows of 2026-03-27; the rows of vLLM 0.11.2 and
+#: those naming no version, 2025-11/12, ran without it).
+HOPPER_MXFP4_MARLIN_SINCE: Version = (0, 13, 0)
 RANGE_RATIO = 0.8
 CLIENT_SEED = 0
 
@@ -315,10 +325,12 @@ def _moe_engine(run: ServingRun, gpu_name: str
     --no-enable-prefix-caching --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9
     --max-num-seqs CONC``, ``--max-model-len`` by :func:`_model_len`, no ``--kv-cache-dtype``:
     the checkpoint's KV cache), assumed for every MoE row (they record parallelism and
-    precision only); on the B200, gpt-oss as ``gptoss_fp4_b200.sh`` runs it
-    (``--kv-cache-dtype fp8 --max-num-seqs 512``) and MiniMax-M2.5 as its B200 scripts did
-    when the row ran (:func:`_b200_minimax_args`); the vLLM environment variables the scripts
-    export, where they choose a kernel, are :func:`silicon_env`'s."""
+    precision only); the H200's MiniMax-M2.5 rows of vLLM 0.18 expert parallel, as their
+    script forced it (:data:`H200_MINIMAX_EP_SINCE`); on the B200, gpt-oss as
+    ``gptoss_fp4_b200.sh`` runs it (``--kv-cache-dtype fp8 --max-num-seqs 512``) and
+    MiniMax-M2.5 as its B200 scripts did when the row ran (:func:`_b200_minimax_args`); the
+    vLLM environment variables the scripts export, where they choose a kernel, are
+    :func:`silicon_env`'s."""
     short, configs = SILICON_MOE_MODELS[run.model]
     if gpu_name not in GPUS:
         raise SpecError(f"GPU {gpu_name} is not in the catalog")
@@ -333,7 +345,9 @@ def _moe_engine(run: ServingRun, gpu_name: str
                         "TP-sharded or expert-parallel over the TP ranks is modelled")
     model = resolve_model(config_path=MOE_CONFIGS / configs[run.precision])
     version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
-    ep = run.moe_ep > 1
+    ep = run.moe_ep > 1 or (
+        run.system == "h200_sxm" and short == "MiniMax-M2.5" and version is not None
+        and version >= H200_MINIMAX_EP_SINCE)
     if run.system == "b200_sxm" and short == "MiniMax-M2.5":
         args = _b200_minimax_args(run, ep)
     else:
@@ -403,10 +417,18 @@ def silicon_env(run: ServingRun) -> dict[str, str]:
     InferenceX's B200 gpt-oss script exports ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1`` (every
     version since 2025-09; MXFP8 activations for the MXFP4 experts), its B200 MiniMax-M2.5 FP8
     script under vLLM 0.17 ``VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0`` (Triton's
-    block-FP8 ``fused_moe``)."""
-    if run.system != "b200_sxm" or not run.is_moe:
+    block-FP8 ``fused_moe``); its H100 and H200 gpt-oss scripts ``VLLM_MXFP4_USE_MARLIN=1``
+    (Marlin's MXFP4 experts, not OpenAI's Triton kernel) from 2026-01-02 on, the rows of the
+    images since (vLLM 0.13 and later: :data:`HOPPER_MXFP4_MARLIN_SINCE`)."""
+    if not run.is_moe:
         return {}
     short = SILICON_MOE_MODELS[run.model][0]
+    if run.system in ("h100_sxm", "h200_sxm"):
+        marlin = short == "gpt-oss-120b" and run.vllm_version is not None and parse_version(
+            run.vllm_version, "backend_version") >= HOPPER_MXFP4_MARLIN_SINCE
+        return {"VLLM_MXFP4_USE_MARLIN": "1"} if marlin else {}
+    if run.system != "b200_sxm":
+        return {}
     if short == "gpt-oss-120b":
         return {"VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": "1"}
     if short == "MiniMax-M2.5" and run.precision == "fp8" and run.image.startswith("v0.17"):

@@ -281,6 +281,9 @@ FOUR_BIT = ("mxfp4", "nvfp4", "int4_g32", "int4_g64", "int4_g128")
 #: Data-centre Blackwell GPUs (SM100, vLLM's ``is_device_capability_family(100)``), where
 #: vLLM runs MoE layers with FlashInfer's TRT-LLM kernels.
 SM100_GPUS = frozenset({"b200", "b300", "gb200"})
+#: Hopper GPUs (SM90, vLLM's ``is_device_capability(90)``), where vLLM runs MXFP4 experts with
+#: OpenAI's Triton kernels (``triton_kernels``) unless ``VLLM_MXFP4_USE_MARLIN=1``.
+SM90_GPUS = frozenset({"h100-sxm", "h100-pcie", "h200"})
 
 
 def _env_flag(env: Mapping[str, str], name: str) -> bool | None:
@@ -303,8 +306,12 @@ def moe_weight_format(weight_dtype: str, gpu: str = "",
     disallowed for ``Fp8MoEMethod``). MXFP4 experts on an SM100 GPU with
     ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1`` run FlashInfer's TRT-LLM kernel on MXFP8
     activations (``mxfp4_mxfp8``; vLLM 0.15 ``quantization/mxfp4.py``:
-    ``SM100_FI_MXFP4_MXFP8_TRTLLM``), else on bf16 ones (``mxfp4``). INT4 groups of any size
-    are the table's ``int4`` (W4A16, Marlin)."""
+    ``SM100_FI_MXFP4_MXFP8_TRTLLM``), else on bf16 ones (``mxfp4``). MXFP4 experts on Hopper
+    with ``VLLM_MXFP4_USE_MARLIN=1`` run Marlin's W4A16 kernel (``mxfp4_marlin``; vLLM
+    0.13-0.19 ``get_mxfp4_backend``: ``if envs.VLLM_MXFP4_USE_MARLIN or not
+    triton_kernels_supported: return Mxfp4Backend.MARLIN``, reached on SM90 when FlashInfer's
+    SM90 BF16 kernel is not asked for), else OpenAI's Triton kernel (``mxfp4``). INT4 groups of
+    any size are the table's ``int4`` (W4A16, Marlin)."""
     env = vllm_env or {}
     if weight_dtype == "fp8":
         if (_env_flag(env, "VLLM_USE_FLASHINFER_MOE_FP8") is False
@@ -316,13 +323,18 @@ def moe_weight_format(weight_dtype: str, gpu: str = "",
     if (weight_dtype == "mxfp4" and gpu in SM100_GPUS
             and _env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8")):
         return "mxfp4_mxfp8"
+    if (weight_dtype == "mxfp4" and gpu in SM90_GPUS
+            and _env_flag(env, "VLLM_MXFP4_USE_MARLIN")
+            and not _env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16")):
+        return "mxfp4_marlin"
     return weight_dtype or "bf16"
 
 
 #: Kernel formats timed on other shapes than the models': the format whose curve of the
 #: model's own shape gives the kernel's fixed cost (the same FlashInfer TRT-LLM kernel on bf16
-#: activations), see :func:`borrowed_moe_curve`.
-BORROWED_MOE_FORMATS = {"mxfp4_mxfp8": "mxfp4"}
+#: activations; for Marlin's MXFP4 kernel on Hopper, timed there on one other shape only,
+#: the Triton kernel vLLM runs otherwise), see :func:`borrowed_moe_curve`.
+BORROWED_MOE_FORMATS = {"mxfp4_mxfp8": "mxfp4", "mxfp4_marlin": "mxfp4"}
 
 
 def borrowed_moe_curve(gpu: GPU, c: KernelCoefficients, fmt: str, hidden: int, inter: int,

@@ -32,19 +32,27 @@ MOE_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "l40
 #: under ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``).
 MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "int4_wo": "int4",
               "nvfp4": "nvfp4", "w4a16_mxfp4": "mxfp4", "w4a8_mxfp4_mxfp8": "mxfp4_mxfp8"}
-#: Formats also kept per kernel: block-FP8 experts as vLLM's Triton ``fused_moe`` runs them
-#: (``fp8_block_triton``: the collector's ``vllm_fused_moe`` or ``..._triton_...`` rows), the
-#: kernel vLLM falls back to on Blackwell when FlashInfer and DeepGEMM are turned off
-#: (``VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0``), where ``fp8_block`` is the
-#: fastest backend timed (FlashInfer TRT-LLM on the B200 under vLLM 0.24).
-KERNEL_FORMATS = {"fp8_block": "fp8_block_triton"}
+#: Formats also kept per kernel, by (format, kernel): block-FP8 experts as vLLM's Triton
+#: ``fused_moe`` runs them (``fp8_block_triton``: the collector's ``vllm_fused_moe`` or
+#: ``..._triton_...`` rows), the kernel vLLM falls back to on Blackwell when FlashInfer and
+#: DeepGEMM are turned off (``VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0``), where
+#: ``fp8_block`` is the fastest backend timed (FlashInfer TRT-LLM on the B200 under vLLM
+#: 0.24); MXFP4 experts as Marlin runs them (``mxfp4_marlin``: the ``..._marlin_...`` rows),
+#: which vLLM runs on Hopper under ``VLLM_MXFP4_USE_MARLIN=1`` where ``mxfp4`` is the fastest
+#: timed (OpenAI's Triton kernel for gpt-oss's shapes).
+KERNEL_FORMATS = {("fp8_block", "triton"): "fp8_block_triton", ("mxfp4", "marlin"): "mxfp4_marlin"}
 
 
 def kernel_format(dtype: str, kernel_source: str) -> str | None:
     """The per-kernel format (:data:`KERNEL_FORMATS`) a row also counts for, or None."""
-    triton = kernel_source == "vllm_fused_moe" or (
-        "triton" in kernel_source and "flashinfer" not in kernel_source)
-    return KERNEL_FORMATS.get(dtype) if triton else None
+    if kernel_source == "vllm_fused_moe" or (
+            "triton" in kernel_source and "flashinfer" not in kernel_source):
+        kernel = "triton"
+    elif "marlin" in kernel_source:
+        kernel = "marlin"
+    else:
+        return None
+    return KERNEL_FORMATS.get((dtype, kernel))
 #: How the timed tokens were routed: AIConfigurator's ``power_law_1.01`` (expert loads drawn
 #: from a power law, as real routers skew them) rather than ``balanced`` (every expert an
 #: even share: the most experts a step can touch; gpt-oss-120b on the B200 at 16 tokens:
@@ -95,7 +103,7 @@ def write(rows: list[tuple[Key, str, list[float]]], path: Path = MOE_PATH) -> No
                  "expert width, experts, top-k,\n# the experts' TP and EP sizes: the fastest "
                  "backend's microseconds at tokens "
                  f"{' '.join(map(str, TOKENS))} ({DISTRIBUTION} routing;\n"
-                 "# fp8_block_triton: Triton's fused_moe only).\n"
+                 "# fp8_block_triton: Triton's fused_moe only; mxfp4_marlin: Marlin only).\n"
                  "# Rewrite: python -m chunktune.sim.cost.fit.moe_derive --data DIR\n")
         w = csv.writer(fh, lineterminator="\n")
         w.writerow(["gpu", "version", "dtype", "hidden", "inter", "experts", "topk", "tp", "ep",
