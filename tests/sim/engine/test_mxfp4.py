@@ -113,6 +113,24 @@ def test_gpt_oss_120b_h100_modelled_release_matches_vllm_0_33_after_loading():
     assert weights("gpt-oss-120b", "h100-sxm", None) == pytest.approx(after, rel=1e-4)
 
 
+def test_marlin_asked_for_on_hopper_holds_marlins_layout_where_the_release_reads_the_flag():
+    """``VLLM_MXFP4_USE_MARLIN=1`` (InferenceX's Hopper gpt-oss scripts, 0.13-0.18 images):
+    0.13-0.19 ``get_mxfp4_backend`` returns Marlin, so the experts are padded as Marlin pads
+    them (0.10.1's layout, 65.93 GiB); the flag is gone from 0.31 (``vllm/envs.py``)."""
+    marlin = {"VLLM_MXFP4_USE_MARLIN": "1"}
+    assert mxfp4_backend("hopper", (0, 18, 0), "h200", marlin) == MARLIN
+    assert mxfp4_backend("hopper", (0, 18, 0), "h200",
+                         {**marlin, "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16": "1"}) == TRITON
+    assert mxfp4_backend("hopper", (0, 32, 0), "h200", marlin) == TRITON
+    cfg = resolve(EngineArgs(max_num_batched_tokens=8192, max_model_len=8192,
+                             kv_cache_memory_bytes=8 * GiB),
+                  resolve_model("gpt-oss-120b"), resolve_gpu("h100-sxm"), (0, 14, 1))
+    triton, asked = plan_memory(cfg).weights, plan_memory(cfg, marlin).weights
+    assert triton / GiB == pytest.approx(64.333, abs=0.001)
+    assert asked == pytest.approx(weights("gpt-oss-120b", "h100-sxm", (0, 10, 1)), rel=1e-9)
+    assert moe_experts_class(cfg, marlin) != OAI_TRITON
+
+
 def test_blackwell_trtllm_padding_and_its_change_in_0_27():
     before = weights("gpt-oss-120b", "b200", (0, 26, 0))
     after = weights("gpt-oss-120b", "b200", (0, 27, 0))

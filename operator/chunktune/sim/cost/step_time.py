@@ -248,7 +248,7 @@ def shared_experts_side_stream(vllm_env: Mapping[str, str] | None = None) -> int
     ``VLLM_DISABLE_SHARED_EXPERTS_STREAM=1``. Not for the data-parallel chunked path, which
     the data-parallel step prices apart."""
     env = vllm_env or {}
-    if _env_flag(env, "VLLM_DISABLE_SHARED_EXPERTS_STREAM"):
+    if env_flag(env, "VLLM_DISABLE_SHARED_EXPERTS_STREAM"):
         return 0
     return int(env.get("VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD",
                        SHARED_EXPERTS_STREAM_TOKENS))
@@ -286,7 +286,7 @@ SM100_GPUS = frozenset({"b200", "b300", "gb200"})
 SM90_GPUS = frozenset({"h100-sxm", "h100-pcie", "h200"})
 
 
-def _env_flag(env: Mapping[str, str], name: str) -> bool | None:
+def env_flag(env: Mapping[str, str], name: str) -> bool | None:
     """A boolean vLLM environment variable as ``vllm/envs.py`` reads it (``bool(int(v))``);
     None where unset."""
     v = env.get(name)
@@ -314,18 +314,18 @@ def moe_weight_format(weight_dtype: str, gpu: str = "",
     any size are the table's ``int4`` (W4A16, Marlin)."""
     env = vllm_env or {}
     if weight_dtype == "fp8":
-        if (_env_flag(env, "VLLM_USE_FLASHINFER_MOE_FP8") is False
-                and _env_flag(env, "VLLM_MOE_USE_DEEP_GEMM") is False):
+        if (env_flag(env, "VLLM_USE_FLASHINFER_MOE_FP8") is False
+                and env_flag(env, "VLLM_MOE_USE_DEEP_GEMM") is False):
             return "fp8_block_triton"
         return "fp8_block"
     if weight_dtype.startswith("int4"):
         return "int4"
     if (weight_dtype == "mxfp4" and gpu in SM100_GPUS
-            and _env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8")):
+            and env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8")):
         return "mxfp4_mxfp8"
     if (weight_dtype == "mxfp4" and gpu in SM90_GPUS
-            and _env_flag(env, "VLLM_MXFP4_USE_MARLIN")
-            and not _env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16")):
+            and env_flag(env, "VLLM_MXFP4_USE_MARLIN")
+            and not env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16")):
         return "mxfp4_marlin"
     return weight_dtype or "bf16"
 

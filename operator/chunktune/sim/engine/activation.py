@@ -32,6 +32,7 @@ TRT-LLM on Blackwell) whose buffers are not derived: no workspace is charged the
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from chunktune.core.engine_args import ResolvedConfig
 from chunktune.core.models import MLA
@@ -54,7 +55,7 @@ TRITON, MARLIN, OAI_TRITON = "TritonExperts", "MarlinExperts", "OAITritonMxfp4Ex
 MXFP4_MARLIN_MODULAR = (0, 17, 0)
 
 
-def moe_experts_class(cfg: ResolvedConfig) -> str:
+def moe_experts_class(cfg: ResolvedConfig, vllm_env: Mapping[str, str] | None = None) -> str:
     """The fused-MoE experts class vLLM 0.33 runs this engine's routed experts with on Hopper,
     and gpt-oss's MXFP4 experts as the release's backend for the GPU runs them
     (:func:`chunktune.sim.engine.mxfp4.mxfp4_backend`: the OAI Triton kernels on Hopper,
@@ -64,7 +65,7 @@ def moe_experts_class(cfg: ResolvedConfig) -> str:
     if not m.is_moe:
         return ""
     if m.quantization == "mxfp4":
-        backend = mxfp4_backend(cfg.gpu.family, cfg.vllm_version, cfg.gpu.name)
+        backend = mxfp4_backend(cfg.gpu.family, cfg.vllm_version, cfg.gpu.name, vllm_env)
         if backend == MXFP4_TRITON and cfg.gpu.family == "hopper":
             return OAI_TRITON
         if backend == MXFP4_MARLIN and (cfg.vllm_version or CURRENT) >= MXFP4_MARLIN_MODULAR:
@@ -97,14 +98,15 @@ def _aligned(nbytes: float) -> float:
     return math.ceil(nbytes / WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
 
-def moe_workspace_bytes(cfg: ResolvedConfig) -> float:
+def moe_workspace_bytes(cfg: ResolvedConfig, vllm_env: Mapping[str, str] | None = None
+                        ) -> float:
     """Bytes of the fused-MoE workspace the profiling pass leaves allocated (``FusedMoEKernel.
     _allocate_buffers`` / ``WorkspaceManager.get_simultaneous``) on one rank, in the model's
     dtype (``workspace_dtype``): for ``TritonExperts.workspace_shapes`` workspace13 (M, topk,
     max(N/2, K)) and workspace2 (M, topk, max(N, K)); for ``MarlinExperts.workspace_shapes``
     (whose N is the intermediate size, half the w13 rows) (M x topk, max(N, K)) and
     (M x topk x max(2N, K),); the output (M, K) shares workspace13's storage."""
-    kind = moe_experts_class(cfg)
+    kind = moe_experts_class(cfg, vllm_env)
     if kind not in (TRITON, MARLIN):
         return 0.0
     M, N, K, k = _moe_problem(cfg)
@@ -117,12 +119,13 @@ def moe_workspace_bytes(cfg: ResolvedConfig) -> float:
     return _aligned(max(ws13, M * K) * b) + _aligned(ws2 * b)
 
 
-def moe_transient_bytes(cfg: ResolvedConfig) -> float:
+def moe_transient_bytes(cfg: ResolvedConfig, vllm_env: Mapping[str, str] | None = None
+                        ) -> float:
     """Bytes the monolithic OAI Triton MXFP4 experts allocate inside one call
     (``triton_kernel_fused_experts`` with no intermediate cache: (M x topk, N/2) in the
     model's dtype, freed when the layer returns); 0 for the other classes. The Triton
     ``matmul_ogs`` kernels' own scratch is not followed."""
-    if moe_experts_class(cfg) != OAI_TRITON:
+    if moe_experts_class(cfg, vllm_env) != OAI_TRITON:
         return 0.0
     M, N, _, k = _moe_problem(cfg)
     return M * k * (N // 2) * cfg.model.dtype_bytes

@@ -201,4 +201,4 @@ def build_data_parallel_engine(args: EngineArgs, model: ModelConfig, gpu: GPU,
                         "--enable-expert-parallel only (dense ranks run apart: serve them as "
                         "replicas)", field="--data-parallel-size")
     cfg = resolve(args, model, gpu, version)
-    return DataParallelEngine(cfg, plan_memory(cfg), vllm_env)
+    return DataParallelEngine(cfg, plan_memory(cfg, vllm_env), vllm_env)

@@ -31,6 +31,7 @@ state (4.125 B a logit, allocated at load); other releases keep the calibration.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -234,14 +235,15 @@ def kv_cache_layout(cfg: ResolvedConfig) -> KVLayout:
     return KVLayout(tuple(groups), per_block, bs, cfg.max_model_len)
 
 
-def forward_activation_bytes(cfg: ResolvedConfig) -> float:
+def forward_activation_bytes(cfg: ResolvedConfig, vllm_env: Mapping[str, str] | None = None
+                             ) -> float:
     """The transient peak of the profiling forward pass: the per-token live set calibrated on
     Llama-3.1-8B (:data:`ACTIVATION_FUDGE`), plus the MoE and MLA buffers vLLM 0.33's code
     allocates on top of it in that pass (:mod:`.activation`: the monolithic MXFP4 experts'
     intermediate, MLA's ``kv_b_proj`` worst-case tensor). The fused-MoE workspace, which
     stays allocated, is :func:`.activation.moe_workspace_bytes`, charged in
-    :func:`plan_memory`."""
-    return per_token_activation_bytes(cfg) + max(moe_transient_bytes(cfg),
+    :func:`plan_memory`. ``vllm_env``: the server's vLLM environment variables."""
+    return per_token_activation_bytes(cfg) + max(moe_transient_bytes(cfg, vllm_env),
                                                  mla_profile_bytes(cfg))
 
 
@@ -284,23 +286,26 @@ def drafter(cfg: ResolvedConfig) -> ModelConfig | None:
     return cfg.model.with_overrides(num_hidden_layers=1)
 
 
-def plan_memory(cfg: ResolvedConfig) -> MemoryPlan:
-    """Reproduce start-up profiling. Raises :class:`EngineStartupError` with vLLM's message
-    when the engine would not start (``EngineOOM``, ``KVCacheTooSmall``)."""
+def plan_memory(cfg: ResolvedConfig, vllm_env: Mapping[str, str] | None = None) -> MemoryPlan:
+    """Reproduce start-up profiling under the server's vLLM environment variables
+    ``vllm_env`` (those that choose a kernel, and so a weight layout: gpt-oss's MXFP4
+    experts on Marlin under ``VLLM_MXFP4_USE_MARLIN=1``). Raises
+    :class:`EngineStartupError` with vLLM's message when the engine would not start
+    (``EngineOOM``, ``KVCacheTooSmall``)."""
     total = cfg.gpu.memory_bytes
     tp = cfg.tensor_parallel_size
     draft = drafter(cfg)
     dp = cfg.data_parallel_size
     # MXFP4 experts: as the release's backend for this GPU stores them (padded, swizzled, kept)
-    weights = cfg.model.weight_bytes(tp, data_parallel=dp) + mxfp4_layout_bytes(cfg) + (
-        draft.weight_bytes(tp, ropes_held=cfg.model.rope_caches()) if draft else 0.0)
+    weights = (cfg.model.weight_bytes(tp, data_parallel=dp) + mxfp4_layout_bytes(cfg, vllm_env)
+               + (draft.weight_bytes(tp, ropes_held=cfg.model.rope_caches()) if draft else 0.0))
     # the NCCL buffers of a rank in a group: the TP group's, or the experts' across DP ranks
     non_torch = (NON_TORCH_TP1_GIB if tp * dp == 1 else NON_TORCH_TP_GIB) * GiB
-    fwd = forward_activation_bytes(cfg)
+    fwd = forward_activation_bytes(cfg, vllm_env)
     smp = sampler_activation_bytes(cfg)
     # the fused-MoE workspace stays allocated from the first MoE layer through the sampler;
     # Model Runner V2's sampler state from the model's loading on
-    workspace = moe_workspace_bytes(cfg)
+    workspace = moe_workspace_bytes(cfg, vllm_env)
     state = sampler_state_bytes(cfg)
     act = workspace + state + max(fwd, smp)
     graphs = cudagraph_bytes(cfg)

@@ -45,10 +45,12 @@ partition (``I`` split over the MoE's tensor-parallel ranks, ``tp x dp`` without
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from chunktune.core.engine_args import ResolvedConfig
 from chunktune.core.models import ModelConfig
 from chunktune.core.vllm_release import CURRENT, Version
+from chunktune.sim.cost.step_time import env_flag
 
 MARLIN, TRITON, TRTLLM = "MARLIN", "TRITON", "FLASHINFER_TRTLLM"
 
@@ -74,15 +76,28 @@ def _up(x: int, m: int) -> int:
 SM120 = frozenset({"rtx-pro-6000"})
 
 
-def mxfp4_backend(family: str, version: Version | None, gpu: str = "") -> str:
+#: vLLM 0.31.0: ``VLLM_MXFP4_USE_MARLIN`` no longer read (0.13-0.19 read here)
+MARLIN_FLAG_GONE = (0, 31, 0)
+
+
+def mxfp4_backend(family: str, version: Version | None, gpu: str = "",
+                  vllm_env: Mapping[str, str] | None = None) -> str:
     """The MXFP4 MoE backend vLLM ``version`` (None: :data:`CURRENT`) picks on the GPU
-    ``gpu`` of ``family`` (``chunktune.core.gpus.GPU``); "" where not derived (the CPU)."""
+    ``gpu`` of ``family`` (``chunktune.core.gpus.GPU``) under the server's vLLM environment
+    variables ``vllm_env``; "" where not derived (the CPU). On Hopper
+    ``VLLM_MXFP4_USE_MARLIN=1`` asks for Marlin (0.13-0.19 ``get_mxfp4_backend``, unless
+    FlashInfer's SM90 BF16 kernel is asked for; the kernel the step time then runs too,
+    :func:`chunktune.sim.cost.step_time.moe_weight_format`)."""
     v = version or CURRENT
+    env = vllm_env or {}
     if gpu == "cpu":
         return ""
     if family in ("ampere", "ada") or gpu in SM120:
         return MARLIN
     if family == "hopper":
+        if (v < MARLIN_FLAG_GONE and env_flag(env, "VLLM_MXFP4_USE_MARLIN")
+                and not env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16")):
+            return MARLIN
         return TRITON if v >= HOPPER_TRITON else MARLIN
     if family == "blackwell":
         return TRTLLM
@@ -139,14 +154,16 @@ def counted_expert_bytes(m: ModelConfig, tp: int = 1, dp: int = 1) -> float:
     return m.expert_params() * m.module_weight_bytes("experts") / (tp * dp)
 
 
-def mxfp4_layout_bytes(cfg: ResolvedConfig) -> float:
+def mxfp4_layout_bytes(cfg: ResolvedConfig, vllm_env: Mapping[str, str] | None = None
+                       ) -> float:
     """Bytes a rank's MXFP4 experts hold beyond what ``ModelConfig.weight_bytes`` counts:
-    the backend's padding, biases, swizzled and kept copies (module docstring); 0 for
-    other formats, or where the backend is not derived."""
+    the backend's padding, biases, swizzled and kept copies (module docstring) under the
+    server's vLLM environment variables ``vllm_env``; 0 for other formats, or where the
+    backend is not derived."""
     m = cfg.model
     if m.quantization != "mxfp4" or not m.is_moe:
         return 0.0
-    backend = mxfp4_backend(cfg.gpu.family, cfg.vllm_version, cfg.gpu.name)
+    backend = mxfp4_backend(cfg.gpu.family, cfg.vllm_version, cfg.gpu.name, vllm_env)
     if not backend:
         return 0.0
     tp, dp = cfg.tensor_parallel_size, cfg.data_parallel_size

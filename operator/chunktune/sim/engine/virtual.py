@@ -359,4 +359,4 @@ def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU,
                           "together, chunktune.sim.engine.data_parallel) only in its fidelity "
                           "replay (bench/fidelity_e2e.py)")])
     cfg = resolve(args, model, gpu, version)
-    return Engine(cfg, plan_memory(cfg), vllm_env)
+    return Engine(cfg, plan_memory(cfg, vllm_env), vllm_env)
