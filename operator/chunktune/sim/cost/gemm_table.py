@@ -130,7 +130,8 @@ def hbm_stream_fraction(points: list[aic_data.GemmPoint], gpu: GPU) -> dict[str,
     best: dict[tuple[str, int, int], float] = {}
     for p in points:
         w = p.n * p.k * WEIGHT_BYTES[p.dtype]
-        if p.gpu == gpu.name and p.m <= STREAM_MAX_M and w >= STREAM_L2_MULTIPLE * gpu.l2_mib * 2**20:
+        beyond_l2 = w >= STREAM_L2_MULTIPLE * gpu.l2_mib * 2**20
+        if p.gpu == gpu.name and p.m <= STREAM_MAX_M and beyond_l2:
             best[(p.dtype, p.n, p.k)] = max(best.get((p.dtype, p.n, p.k), 0.0),
                                             w / (p.us * 1e-6) / (gpu.hbm_tb_s * 1e12))
     if not best:
