@@ -12,7 +12,7 @@ import pytest
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.sim.cost import aic_data, gemm_table
-from chunktune.sim.cost.coefficients import coefficients
+from chunktune.sim.cost.coefficients import coefficients, load_document
 from chunktune.sim.cost.collectives import VIDUR_TOPOLOGIES
 from chunktune.sim.cost.fit import aic_kernels, family_fit, kernel_data
 from chunktune.sim.cost.provenance import provenance
@@ -318,10 +318,11 @@ def test_a_measured_gpu_interpolates_its_own_gemm_grid():
     mid = float(t.seconds(np.array([1500.0]), 4096, 4096)[0])
     assert lo < mid < hi
     # L40S, one token through 8192 x 768 weights (12 MiB, inside its 96 MiB L2): measured
-    # 9.3 us, faster than the 14.6 us its HBM streams them in
+    # 9.3 us, faster than the 14.6 us its HBM streams them in at the data sheet's bandwidth,
+    # floored where the L40S's large weights stream (test_gemm_floor_is_the_gpus_own_hbm_rate)
     l40s = resolve_gpu("l40s")
     small = gemm_time(np.array([1.0]), 8192, 768, l40s, coefficients(l40s))[0]
-    assert small == pytest.approx(8192 * 768 * 2 / (l40s.hbm_tb_s * 1e12))
+    assert small == pytest.approx(gemm_table.weight_stream_s(8192, 768, "bf16", l40s, "l40s"))
     # a borrowing GPU: the fitted form (Ampere: the A100 PCIe), or where the fit found its
     # architecture's neighbour's grid better held out, that grid scaled by the data sheets
     # (Hopper: the H100 PCIe from the H100 SXM)
@@ -342,6 +343,42 @@ def test_a_measured_gpu_interpolates_its_own_gemm_grid():
     assert np.all(scaled > gemm_table.table("h100-sxm", "bf16").seconds(m, 8192, 8192))
     for g in ("b300", "gb200"):
         assert gemm_table.lent(resolve_gpu(g), "fp8")[0].name == "b200"
+
+
+def test_gemm_floor_is_the_gpus_own_hbm_rate():
+    """An interpolated GEMM is never faster than its weights stream from HBM at the fraction of
+    the data sheet the GPU's own grids reach with weights of several times its L2 (the
+    benchmark kept smaller weights in L2 between its calls), not at the whole data sheet."""
+    l40s = resolve_gpu("l40s")
+    big, small = (8192, 28672), (768, 8192)  # 448 MiB and 12 MiB of bf16 weights; L2 96 MiB
+    pts = [aic_data.GemmPoint("l40s", "bf16", 1, n, k, n * k * 2 / (l40s.hbm_tb_s * 1e6 * f))
+           for (n, k), f in ((big, 0.85), (small, 2.0))]
+    assert gemm_table.hbm_stream_fraction(pts, l40s) == {"fraction": 0.85, "median": 0.85,
+                                                          "shapes": 1}
+    assert gemm_table.hbm_stream_fraction(pts[1:], l40s) is None  # inside L2: no evidence
+    doc = load_document()["gemm_hbm_stream"]
+    assert {g for g, _ in gemm_table.table_gpus()} == set(doc)
+    assert all(0.8 < d["fraction"] < 1.0 for d in doc.values()), doc
+    # the L40S's measured 9.3 us for one token through the 12 MiB weight (read from L2 at 1.4x
+    # its 864 GB/s) is floored at its own HBM rate: slower than the data sheet's 14.6 us
+    frac = doc["l40s"]["fraction"]
+    sheet = 768 * 8192 * 2 / (l40s.hbm_tb_s * 1e12)
+    got = gemm_time(np.array([1.0]), 8192, 768, l40s, coefficients(l40s))[0]
+    assert gemm_table.table("l40s", "bf16").seconds(np.array([1.0]), 768, 8192)[0] < sheet
+    assert got == pytest.approx(sheet / frac) and got > 1.1 * sheet
+    # a GPU borrowing a neighbour's grid: the lender's fraction on its own data sheet
+    pcie = resolve_gpu("h100-pcie")
+    assert gemm_table.weight_stream_s(8192, 8192, "fp8", pcie, "h100-sxm") == pytest.approx(
+        8192 * 8192 / (pcie.hbm_tb_s * 1e12 * doc["h100-sxm"]["fraction"]))
+    # an HBM GPU: the B200 reads no weight inside its L2 faster than its large ones stream,
+    # so Llama-3.1-70B's NVFP4 attention projections at TP 1 (47 and 38 MB) run the grid's
+    # own time, well above the floor (37-45% of the data sheet's bandwidth)
+    b200 = resolve_gpu("b200")
+    grid = gemm_table.table("b200", "nvfp4")
+    for k, n in ((8192, 10240), (8192, 8192)):
+        t = gemm_time(np.array([1.0, 16.0]), k, n, b200, coefficients(b200), "nvfp4")
+        assert np.all(t == grid.seconds(np.array([1.0, 16.0]), n, k))
+        assert np.all(t > 1.5 * gemm_table.weight_stream_s(k, n, "nvfp4", b200, "b200"))
 
 
 def test_every_catalog_gpu_says_what_its_cost_model_was_fitted_on():

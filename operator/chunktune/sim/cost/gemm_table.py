@@ -17,6 +17,17 @@ sheets under the fitted form, instead of the fitted form alone (:func:`lent`). W
 it uses is decided per family and architecture by the fit (``kernel_fit``: leave-one-GPU-out
 over the measured pairs of the same architecture, all such pairs where an architecture has
 none; ``gemm_borrowing`` in the coefficients document).
+
+The grid's benchmark repeats one GEMM, so a weight that fits the GPU's L2 stays there between
+its calls; in a served engine each layer's weights stream from HBM. The engine therefore never
+runs a GEMM faster than its weights stream from HBM at the rate this GPU's own grids reach
+where the weights cannot stay in L2 (:func:`hbm_stream_fraction`, committed by the fit as
+``gemm_hbm_stream``; a GPU borrowing a neighbour's grid uses the lender's fraction on its own
+data sheet): on the L40S and RTX PRO 6000 (GDDR) one-token GEMMs of weights inside the L2
+read them at up to 2.9x and 1.9x the data sheet's bandwidth, where their weights of several
+times the L2 reach 87% and 96% of it; on the HBM GPUs no weight inside the L2 is read faster
+than the large weights stream (A100 87%, H100 93%, H200 90%, B200 89%), so the floor binds
+only between, or beyond, their measured points.
 """
 
 from __future__ import annotations
@@ -28,8 +39,17 @@ from typing import Any
 import numpy as np
 
 from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.core.models import DTYPE_BYTES
 from chunktune.sim.cost import aic_data
 from chunktune.sim.cost.coefficients import group_sources, load_document
+
+#: Bytes per weight of each grid dtype (NVFP4: 4-bit values and an FP8 scale per 16).
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": DTYPE_BYTES["nvfp4"]}
+#: A grid shape streams its weights from HBM on every call when they are at least this many
+#: times the GPU's L2 (an LRU cache keeps nothing of a stream twice its size) ...
+STREAM_L2_MULTIPLE = 2.0
+#: ... and it is bound by reading them at up to this many rows.
+STREAM_MAX_M = 16
 
 
 class GemmTable:
@@ -98,6 +118,49 @@ def table(gpu: str, dtype: str) -> GemmTable | None:
 
 def table_gpus() -> list[tuple[str, str]]:
     return sorted(_tables())
+
+
+def hbm_stream_fraction(points: list[aic_data.GemmPoint], gpu: GPU) -> dict[str, float] | None:
+    """The fraction of ``gpu``'s data-sheet HBM bandwidth its measured GEMMs (``points``: its
+    grids, every dtype) reach reading weights that cannot stay in its L2 (at least
+    :data:`STREAM_L2_MULTIPLE` times it) at :data:`STREAM_MAX_M` rows or fewer: per shape the
+    weight bytes over its fastest such call; ``fraction`` the highest over the shapes (what
+    the GPU reaches from HBM: a floor below it would slow measured calls), ``median`` and
+    ``shapes`` beside it. None where no shape qualifies."""
+    best: dict[tuple[str, int, int], float] = {}
+    for p in points:
+        w = p.n * p.k * WEIGHT_BYTES[p.dtype]
+        beyond_l2 = w >= STREAM_L2_MULTIPLE * gpu.l2_mib * 2**20
+        if p.gpu == gpu.name and p.m <= STREAM_MAX_M and beyond_l2:
+            best[(p.dtype, p.n, p.k)] = max(best.get((p.dtype, p.n, p.k), 0.0),
+                                            w / (p.us * 1e-6) / (gpu.hbm_tb_s * 1e12))
+    if not best:
+        return None
+    v = np.array(list(best.values()))
+    return {"fraction": float(f"{v.max():.4g}"), "median": float(f"{np.median(v):.4g}"),
+            "shapes": len(v)}
+
+
+def hbm_stream_document(points: list[aic_data.GemmPoint]) -> dict[str, dict[str, float]]:
+    """The committed ``gemm_hbm_stream``: :func:`hbm_stream_fraction` of each GPU with a
+    grid."""
+    out = {}
+    for name in sorted({p.gpu for p in points}):
+        f = hbm_stream_fraction(points, resolve_gpu(name))
+        if f is not None:
+            out[name] = f
+    return out
+
+
+def weight_stream_s(k: float, n: float, weight_dtype: str, gpu: GPU, grid_gpu: str) -> float:
+    """Seconds ``gpu`` takes to stream a ``k x n`` weight in ``weight_dtype`` from HBM at the
+    fraction of its data sheet that ``grid_gpu`` (the GPU whose grid is interpolated: ``gpu``
+    itself, or the neighbour it borrows from) reaches (``gemm_hbm_stream`` in the coefficients
+    document; the whole data sheet where that has none): the least a GEMM interpolated in a
+    grid takes in an engine."""
+    doc = load_document().get("gemm_hbm_stream", {}).get(grid_gpu)
+    eff = 1.0 if doc is None else float(doc["fraction"])
+    return k * n * WEIGHT_BYTES[weight_dtype] / (gpu.hbm_tb_s * 1e12 * eff)
 
 
 #: The operator family of a GEMM table's dtype, and the reverse.

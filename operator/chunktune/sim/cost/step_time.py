@@ -136,31 +136,33 @@ def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients
 
     Where the GPU's own measured grid in that dtype covers (``n``, ``k``) (``use_table``), its
     interpolation (:mod:`chunktune.sim.cost.gemm_table`), never faster than the weights take
-    to stream from HBM at the data sheet's bandwidth (the grid's small weights stayed in L2
-    between its repeated calls; in an engine each layer's weights come from HBM); where it
+    to stream from HBM at the fraction of the data sheet the grid's GPU reaches
+    (:func:`chunktune.sim.cost.gemm_table.weight_stream_s`: the grid's small weights stayed in
+    L2 between its repeated calls; in an engine each layer's weights come from HBM); where it
     borrows a same-architecture neighbour's grid (:func:`chunktune.sim.cost.gemm_table.lent`),
     that grid scaled by the ratio of the two GPUs' fitted forms; else the fitted form
     (:func:`gemm_form`). NVFP4 only from the GPU's own measured nvfp4 grid (else the form)."""
     if weight_dtype == "nvfp4":
         fp4 = gemm_table.table(gpu.name, "nvfp4") if use_table else None
         if fp4 is not None and fp4.covers(n, k):
-            floor = k * n * DTYPE_BYTES["nvfp4"] / (gpu.hbm_tb_s * 1e12)
+            floor = gemm_table.weight_stream_s(k, n, "nvfp4", gpu, gpu.name)
             measured: np.ndarray = np.maximum(fp4.seconds(m, n, k), floor)
             return measured
         return gemm_form(m, k, n, gpu, c, weight_dtype)
     fp8 = weight_dtype == "fp8"
     own = "fp8" if fp8 and gpu.fp8_tflops > 0 else "bf16"
     table = gemm_table.table(gpu.name, own) if use_table and (own == "fp8") == fp8 else None
-    wb = 1.0 if fp8 else 2.0
     if table is not None and table.covers(n, k):
-        out: np.ndarray = np.maximum(table.seconds(m, n, k), k * n * wb / (gpu.hbm_tb_s * 1e12))
+        out: np.ndarray = np.maximum(table.seconds(m, n, k),
+                                     gemm_table.weight_stream_s(k, n, own, gpu, gpu.name))
         return out
     lent = gemm_table.lent(gpu, own) if use_table and (own == "fp8") == fp8 else None
     if lent is not None and lent[1].covers(n, k):  # a neighbour's table, scaled
         scale = gemm_form(m, k, n, gpu, c, weight_dtype) / gemm_form(
             m, k, n, lent[0], lender_coefficients(c, gpu, lent[0]), weight_dtype)
         borrowed: np.ndarray = np.maximum(lent[1].seconds(m, n, k) * scale,
-                                          k * n * wb / (gpu.hbm_tb_s * 1e12))
+                                          gemm_table.weight_stream_s(k, n, own, gpu,
+                                                                     lent[0].name))
         return borrowed
     return gemm_form(m, k, n, gpu, c, weight_dtype)
 

@@ -11,7 +11,9 @@ common case), decode attention from the pool of GPUs running its FlashAttention 
 the committed tables under ``sim/cost/data/`` (``aic_*.csv``, ``kernel_points.csv``,
 ``vidur_linear_ms.csv``, ``vidur_allreduce_ms.csv``) and coefficients
 (``step_time_coefficients.json``, with each GPU's sources, the leave-one-GPU-out error per
-family, the table-or-form decisions ``gemm_borrowing`` and ``moe_borrowing`` and how a
+family, the table-or-form decisions ``gemm_borrowing`` and ``moe_borrowing``, the HBM
+fraction each GPU's GEMM grids reach streaming weights beyond its L2 (``gemm_hbm_stream``,
+the floor of an interpolated GEMM) and how a
 borrowed prefill tile rate carries over, ``prefill_borrowing``;
 ``allreduce_coefficients.json``, NCCL's curve).
 
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.core.gpus import GPUS, resolve_gpu
-from chunktune.sim.cost import aic_data
+from chunktune.sim.cost import aic_data, gemm_table
 from chunktune.sim.cost import coefficients as coef_mod
 from chunktune.sim.cost import collectives as col
 from chunktune.sim.cost.coefficients import (
@@ -208,6 +210,7 @@ def document(meas: Measurements) -> dict[str, Any]:
         "loo_gpu": loo,
         "gemm_borrowing": rep.gemm_borrowing(meas, lambda g: coef[g], quant["use"]),
         "moe_borrowing": rep.moe_borrowing(meas, lambda g: coef[g]),
+        "gemm_hbm_stream": gemm_table.hbm_stream_document(meas.gemm),
         "prefill_borrowing": prefill,
         "fp8_quant_borrowing": quant,
         "pooled": pools(meas, coef),
@@ -231,8 +234,6 @@ def write_tables(root: Path, meas: Measurements) -> None:
 
 
 def _clear_caches() -> None:
-    from chunktune.sim.cost import gemm_table
-
     coef_mod.load_document.cache_clear()
     gemm_table._tables.cache_clear()
     col._load.cache_clear()
