@@ -325,11 +325,19 @@ def moe_weight_format(weight_dtype: str, gpu: str = "",
     if (weight_dtype == "mxfp4" and gpu in SM100_GPUS
             and env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8")):
         return "mxfp4_mxfp8"
-    if (weight_dtype == "mxfp4" and gpu in SM90_GPUS
-            and env_flag(env, "VLLM_MXFP4_USE_MARLIN")
-            and not env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16")):
+    if weight_dtype == "mxfp4" and mxfp4_marlin_asked(gpu, env):
         return "mxfp4_marlin"
     return weight_dtype or "bf16"
+
+
+def mxfp4_marlin_asked(gpu: str, vllm_env: Mapping[str, str] | None) -> bool:
+    """Whether the server's environment asks a Hopper GPU for Marlin's MXFP4 experts
+    (``VLLM_MXFP4_USE_MARLIN=1`` without ``VLLM_USE_FLASHINFER_MOE_MXFP4_BF16``; read by vLLM
+    0.13-0.19 ``get_mxfp4_backend``): the kernel the step time prices and the layout the
+    memory plan holds (:func:`chunktune.sim.engine.mxfp4.mxfp4_backend`)."""
+    env = vllm_env or {}
+    return (gpu in SM90_GPUS and bool(env_flag(env, "VLLM_MXFP4_USE_MARLIN"))
+            and not env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16"))
 
 
 #: Kernel formats timed on other shapes than the models': the format whose curve of the

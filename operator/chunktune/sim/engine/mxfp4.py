@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from chunktune.core.engine_args import ResolvedConfig
 from chunktune.core.models import ModelConfig
 from chunktune.core.vllm_release import CURRENT, Version
-from chunktune.sim.cost.step_time import env_flag
+from chunktune.sim.cost.step_time import mxfp4_marlin_asked
 
 MARLIN, TRITON, TRTLLM = "MARLIN", "TRITON", "FLASHINFER_TRTLLM"
 
@@ -89,14 +89,12 @@ def mxfp4_backend(family: str, version: Version | None, gpu: str = "",
     FlashInfer's SM90 BF16 kernel is asked for; the kernel the step time then runs too,
     :func:`chunktune.sim.cost.step_time.moe_weight_format`)."""
     v = version or CURRENT
-    env = vllm_env or {}
     if gpu == "cpu":
         return ""
     if family in ("ampere", "ada") or gpu in SM120:
         return MARLIN
     if family == "hopper":
-        if (v < MARLIN_FLAG_GONE and env_flag(env, "VLLM_MXFP4_USE_MARLIN")
-                and not env_flag(env, "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16")):
+        if v < MARLIN_FLAG_GONE and mxfp4_marlin_asked(gpu, vllm_env):
             return MARLIN
         return TRITON if v >= HOPPER_TRITON else MARLIN
     if family == "blackwell":
