@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.core.vllm_release import parse_version
 from chunktune.sim.cost.coefficients import group_sources, load_document, moe_kernel
 
 DATA = Path(__file__).with_name("data")
@@ -133,8 +134,7 @@ def current_tiles(gpu: str, version: str, experts: int, inter: int, tp: int, ep:
     ``experts / ep`` on the rank, N the width ``inter / tp``). The A100's only rows are vLLM
     0.14's: those of its shapes without a tuned config ran the old default tiles and are
     not what vLLM runs there now."""
-    rank = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
-    if rank >= DEFAULT_TILES_SINCE:
+    if parse_version(version, "version")[:2] >= DEFAULT_TILES_SINCE:
         return True
     return (experts // ep, inter // tp) in TUNED_TRITON[version].get(gpu, frozenset())
 
