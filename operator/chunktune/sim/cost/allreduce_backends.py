@@ -23,6 +23,12 @@ B300, SM 10.3, the B200's, SM 10.0) keeps it only where vLLM runs the same backe
 elsewhere runs its own backend as fitted on the lender's table (:func:`borrowed_allreduce_s`).
 vLLM 0.32's thresholds for 9.0 / 10.0 / 10.3 are 0.24's; its default FlashInfer all-reduce
 (``VLLM_ALLREDUCE_USE_FLASHINFER=1`` from 0.31, tried first) is not modelled: no timing of it.
+
+The custom and symmetric-memory backends' latencies are fitted in units of the NVLink
+generation's small-message latency (:func:`latency_scale`): the same custom one-shot kernel
+(one 512-thread block below 8 KiB, no per-architecture code path in ``custom_all_reduce.cuh``)
+takes 6.6-7.4 us on the B200 against 4.3-4.7 on Hopper, and NCCL's own smallest all-reduce is
+slower there too, a figure of the link generation that a GPU without a table can take.
 """
 
 from __future__ import annotations
@@ -71,6 +77,26 @@ _FAMILY_CAPABILITY = {"ampere": "8.0", "ada": "8.9", "hopper": "9.0", "blackwell
 _CAPABILITY = {"b300": "10.3", "rtx-pro-6000": "12.0", "a10g": "8.6", "a40": "8.6"}
 
 
+#: NCCL's smallest all-reduce per NVLink generation (keyed by the link's data-sheet GB/s, both
+#: directions), us: nccl-tests ``all_reduce_perf`` at 8 bytes over 8 GPUs, NCCL 2.27 symmetric
+#: memory in CUDA graphs, 8 x B200 about 3.0, 8 x H200 / H800 about 2.3 (NVIDIA/nccl issue
+#: 1940, 2025-12). No published figure for NVLink 3 (A100): it counts as Hopper's.
+NVLINK_SMALL_MESSAGE_LATENCY_US = {900.0: 2.3, 1800.0: 3.0}
+#: The generation the other figures are relative to (NVLink 4, Hopper).
+REFERENCE_LINK_GB_S = 900.0
+
+
+def latency_scale(gpu: GPU, backend: str) -> float:
+    """The factor ``backend``'s latency takes on ``gpu``: its NVLink small-message latency
+    over Hopper's (:data:`NVLINK_SMALL_MESSAGE_LATENCY_US`; 1 where no figure is published).
+    1 for NCCL, which vLLM runs on NVLink only above the custom and symmetric-memory sizes
+    (MiB), where its fitted latency (40-60 us) is no small-message latency."""
+    own = NVLINK_SMALL_MESSAGE_LATENCY_US.get(gpu.link_gb_s)
+    if backend == NCCL:
+        return 1.0
+    return 1.0 if own is None else own / NVLINK_SMALL_MESSAGE_LATENCY_US[REFERENCE_LINK_GB_S]
+
+
 def compute_capability(gpu: GPU) -> str:
     """The GPU's CUDA compute capability as vLLM writes it (``"9.0"``)."""
     return _CAPABILITY.get(gpu.name, _FAMILY_CAPABILITY.get(gpu.family, "8.0"))
@@ -113,8 +139,8 @@ def link_bytes_s(gpu: GPU) -> float:
 
 @dataclass(frozen=True)
 class BackendCoefficients:
-    """Per backend: latency (seconds) per world size measured, and the fraction of the
-    per-direction link bandwidth reached."""
+    """Per backend: latency (seconds, on an NVLink 4 GPU: :func:`latency_scale`) per world
+    size measured, and the fraction of the per-direction link bandwidth reached."""
 
     latency_s: dict[tuple[str, int], float]
     link_eff: dict[str, float]
@@ -143,7 +169,8 @@ GAUSS_NEWTON_STEPS = 20
 
 def fit_backends(points: Iterable[Timing]) -> BackendCoefficients:
     """Latency per (backend, ranks) and efficiency per backend, least squares in log time
-    over ``points`` (each backend alone; the model is linear in the latencies and in 1 / eff:
+    over ``points`` (each backend alone; each point's latency in units of its GPU's
+    :func:`latency_scale`; the model is linear in the latencies and in 1 / eff:
     a least-squares start in relative error, then Gauss-Newton steps in log time; eff at most
     1)."""
     groups: dict[str, list[Timing]] = {}
@@ -156,7 +183,7 @@ def fit_backends(points: Iterable[Timing]) -> BackendCoefficients:
         a = np.zeros((len(pts), len(ns) + 1))
         t = np.array([p.seconds for p in pts])
         for i, p in enumerate(pts):
-            a[i, ns.index(p.ranks)] = 1.0
+            a[i, ns.index(p.ranks)] = latency_scale(p.gpu, b)
             a[i, -1] = backend_bytes(b, p.ranks, p.nbytes) / link_bytes_s(p.gpu)
         x = _at_most_the_link(_nonneg_lstsq(a / t[:, None], np.ones(len(pts))))
         for _ in range(GAUSS_NEWTON_STEPS):
@@ -203,7 +230,8 @@ def backend_allreduce_s(nbytes: Sequence[float] | np.ndarray, n: int, gpu: GPU,
         lat = coef.latency(b, n)
         if lat is None or b not in coef.link_eff:
             return None
-        out[i] = lat + backend_bytes(b, n, float(s)) / (link_bytes_s(gpu) * coef.link_eff[b])
+        out[i] = (lat * latency_scale(gpu, b)
+                  + backend_bytes(b, n, float(s)) / (link_bytes_s(gpu) * coef.link_eff[b]))
     return out
 
 
@@ -224,6 +252,7 @@ def borrowed_allreduce_s(table_s: np.ndarray, nbytes: Sequence[float] | np.ndarr
         for c in (lender_coef, coef):
             lat = c.latency(b, n)
             if lat is not None and b in c.link_eff:
-                out[i] = lat + backend_bytes(b, n, float(s)) / (link_bytes_s(gpu) * c.link_eff[b])
+                out[i] = (lat * latency_scale(gpu, b)
+                          + backend_bytes(b, n, float(s)) / (link_bytes_s(gpu) * c.link_eff[b]))
                 break
     return out
