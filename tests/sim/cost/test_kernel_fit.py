@@ -81,8 +81,11 @@ THRESHOLDS: dict[tuple[str, str], tuple[float, float]] = {
     # 52.7% before the H200 was measured (the H100 was held out from the B200's); 21.0% ->
     # 20.7% when the H100 and H200 were held out from each other's table, as the engine
     # borrows it, not from the other's fitted form (2026-12-06); 20.7% -> 18.2% with the A100
-    # and B200 priced per vLLM backend from the other NVLink GPUs (allreduce_backends)
-    ("all-reduce", "loo-gpu"): (0.19, 0.99),
+    # and B200 priced per vLLM backend from the other NVLink GPUs (allreduce_backends);
+    # 18.2% -> 11.5% with the custom and symmetric-memory latencies scaled by the NVLink
+    # generation's small-message latency (allreduce_backends.latency_scale: B200 30.6% ->
+    # 13.6%, A100 5.8% -> 9.3%)
+    ("all-reduce", "loo-gpu"): (0.125, 0.99),
     ("moe", "in-sample"): (0.145, 0.165),
     # held out as the engine borrows (issue #32): the committed table of the nearest GPU
     # running the same MoE kernel (coefficients.moe_kernel) scaled where it has the shape,
@@ -594,8 +597,10 @@ def test_held_out_allreduce_is_borrowed_as_the_engine_borrows_it():
     table and coefficients removed (collectives.tp_allreduce_s): the H100 and H200 (the same
     NVLink 4 board) from each other's measured table, 3% off (11.8% / 10.3% from the other's
     fitted form, which the report used before); the A100 and B200 (no other GPU of their NVLink
-    generation measured) priced per vLLM backend from the other NVLink GPUs' tables (the A100
-    11.1% -> 5.8% against the H100's whole fitted form); the PCIe GPUs from NCCL's curve."""
+    generation measured) priced per vLLM backend from the other NVLink GPUs' tables, the
+    custom and symmetric-memory latencies scaled by the NVLink generation's (the A100 11.1%
+    against the H100's whole fitted form -> 5.8% -> 9.3% once the B200's latencies no longer
+    stand in for its own; the B200 30.6% -> 13.6%); the PCIe GPUs from NCCL's curve."""
     meas = measurements.load(None)
     lender = {}
     for g in ("a100-sxm", "b200", "h100-sxm", "h200", "l40s", "rtx-pro-6000"):
@@ -603,7 +608,9 @@ def test_held_out_allreduce_is_borrowed_as_the_engine_borrows_it():
         if g in ("h100-sxm", "h200"):
             assert float(np.median(err)) < 0.05, g
         if g == "a100-sxm":
-            assert float(np.median(err)) < 0.08, g
+            assert float(np.median(err)) < 0.10, g
+        if g == "b200":
+            assert float(np.median(err)) < 0.15, g
     assert lender == {"a100-sxm": "backends of b200+h100-sxm+h200",
                       "b200": "backends of a100-sxm+h100-sxm+h200", "h100-sxm": "h200's table",
                       "h200": "h100-sxm's table", "l40s": "vidur-nccl",

@@ -102,19 +102,31 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
         for s, fams in lent.items():
             text += f"; {', '.join(fams)} borrowed from {s}{err(fams)}"
     ar = measured_allreduce_source(g)
+    ar_loo = load_document().get("allreduce_loo_by_path", {})
+
+    def ar_err(path: str) -> str:
+        return (f" (leave-one-GPU-out error of borrowing: all-reduce {ar_loo[path]:.0%})"
+                if path in ar_loo else "")
+
     if not g.nvlink:
-        text += "; all-reduce over PCIe: NCCL's curve fitted on Vidur's collectives"
+        text += ("; all-reduce over PCIe: NCCL's curve fitted on Vidur's collectives (vLLM "
+                 "runs NCCL at TP > 2 over PCIe and without peer-to-peer access, its custom "
+                 "all-reduce at TP 2 with it; against the PCIe GPUs' measured vLLM "
+                 "all-reduces, which follow their hosts' peer-to-peer paths")
+        text += (f": {ar_loo['pcie']:.0%} median error)" if "pcie" in ar_loo
+                 else ": unmeasured error)")
     elif ar == name:
         text += f"; all-reduce: {name}'s measured vLLM all-reduce"
     elif ar is not None:
-        text += f"; all-reduce: {ar}'s measured vLLM all-reduce (same interconnect)"
+        text += (f"; all-reduce: {ar}'s measured vLLM all-reduce (same interconnect)"
+                 f"{ar_err('table')}")
         cap, lender_cap = compute_capability(g), compute_capability(resolve_gpu(ar))
         if cap != lender_cap:
             text += (f" where vLLM runs the same backend on SM {cap} as on {lender_cap}, "
                      f"else that backend as priced from {ar}'s table (unmeasured error)")
     else:
         text += ("; all-reduce: priced per vLLM backend (custom, symmetric memory, NCCL) "
-                 f"fitted on the measured NVLink GPUs{err(['all-reduce'])}")
+                 f"fitted on the measured NVLink GPUs{ar_err('backends')}")
     if g.fp8_tflops <= 0:
         text += "; FP8 weights run weight-only (no FP8 tensor cores)"
     e2e = e2e_fidelity().get(name)

@@ -196,7 +196,7 @@ def document(meas: Measurements) -> dict[str, Any]:
             coef[g] = ff.with_values(coef[g], {"fp8_quant_memory_eff": lent_quant_memory_eff(
                 coef[lender].fp8_quant_memory_eff, resolve_gpu(lender), resolve_gpu(g),
                 quant["use"])})
-    loo = rep.loo_gpu_summary(meas, coef, prefill["use"], quant["use"])
+    loo, loo_by_path = rep.loo_gpu_summary(meas, coef, prefill["use"], quant["use"])
     versions = " ".join(f"{g}/{d}={v}" for (g, d), v in sorted(meas.gemm_versions.items()))
     return {
         "source": "per GPU, fitted on its own measured kernels "
@@ -208,6 +208,7 @@ def document(meas: Measurements) -> dict[str, Any]:
                    "chunktune.sim.cost.fit.measurements.TRUSTED",
         "fixed_sources": "see chunktune.sim.cost.fit.family_fit.FIXED",
         "loo_gpu": loo,
+        "allreduce_loo_by_path": loo_by_path,
         "gemm_borrowing": rep.gemm_borrowing(meas, lambda g: coef[g], quant["use"]),
         "moe_borrowing": rep.moe_borrowing(meas, lambda g: coef[g]),
         "gemm_hbm_stream": gemm_table.hbm_stream_document(meas.gemm),

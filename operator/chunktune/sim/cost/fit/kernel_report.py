@@ -352,12 +352,14 @@ def pcie_allreduce_errors(gpu: str, meas: Measurements) -> np.ndarray:
 
 
 def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients], rule: str,
-                    quant: str) -> dict[str, float]:
+                    quant: str) -> tuple[dict[str, float], dict[str, float]]:
     """Per family, the median over GPUs of the held-out median error (stored with the fit),
     a borrowed prefill tile rate carried over by ``rule``, an FP8 quantization rate by
-    ``quant``."""
+    ``quant``; and the all-reduce's per way the engine prices a GPU without a table
+    (:func:`allreduce_loo_by_path`)."""
     rows = family_report(meas, lambda g: coef[g], rule, quant)
-    return {k[0]: float(f"{v:.4g}") for k, v in summarize(rows).items() if k[1] == "loo-gpu"}
+    fams = {k[0]: float(f"{v:.4g}") for k, v in summarize(rows).items() if k[1] == "loo-gpu"}
+    return fams, {k: float(f"{v:.4g}") for k, v in allreduce_loo_by_path(rows).items()}
 
 
 def _lent_table(gpu: str, src: str, dtype: str, c: KernelCoefficients, meas: Measurements,
@@ -860,6 +862,25 @@ def allreduce_link_split(rows: list[ErrorRow]) -> dict[str, float]:
         if r.dataset == "all-reduce" and r.mode == "loo-gpu":
             acc["NVLink" if resolve_gpu(r.slice.split()[0]).nvlink else "PCIe"].append(
                 r.median_rel_err)
+    return {k: float(np.median(v)) for k, v in sorted(acc.items())}
+
+
+#: How the engine prices the all-reduce of a GPU without a table of its own
+#: (:func:`held_out_allreduce_errors`), as the report's held-out slices name it.
+ALLREDUCE_PATHS = {"table": "'s table", "backends": "from backends of ", "pcie": "vidur-nccl"}
+
+
+def allreduce_loo_by_path(rows: list[ErrorRow]) -> dict[str, float]:
+    """The all-reduce ``loo-gpu`` figure per way the engine prices a GPU without a table
+    (``ALLREDUCE_PATHS``: another measured GPU's table on the same interconnect, per vLLM
+    backend from the NVLink GPUs' tables, NCCL's curve over PCIe), median over the GPUs held
+    out that way of their held-out median error: what ``provenance`` quotes for a GPU
+    priced that way (the family's figure mixes the three)."""
+    acc: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r.dataset == "all-reduce" and r.mode == "loo-gpu":
+            path = next(k for k, tag in ALLREDUCE_PATHS.items() if tag in r.slice)
+            acc[path].append(r.median_rel_err)
     return {k: float(np.median(v)) for k, v in sorted(acc.items())}
 
 
