@@ -600,7 +600,10 @@ def test_held_out_allreduce_is_borrowed_as_the_engine_borrows_it():
     generation measured) priced per vLLM backend from the other NVLink GPUs' tables, the
     custom and symmetric-memory latencies scaled by the NVLink generation's (the A100 11.1%
     against the H100's whole fitted form -> 5.8% -> 9.3% once the B200's latencies no longer
-    stand in for its own; the B200 30.6% -> 13.6%); the PCIe GPUs from NCCL's curve."""
+    stand in for its own; the B200 30.6% -> 13.6%); the PCIe GPUs above TP 2 from NCCL's
+    graphed latency measured on the other PCIe box (the RTX PRO 6000 from the L40S: 27% ->
+    5% median; the L40S from the RTX PRO 6000 stays ~80% off: its host has no peer-to-peer
+    path at 4-8 ranks), at TP 2 from NCCL's curve."""
     meas = measurements.load(None)
     lender = {}
     for g in ("a100-sxm", "b200", "h100-sxm", "h200", "l40s", "rtx-pro-6000"):
@@ -613,8 +616,13 @@ def test_held_out_allreduce_is_borrowed_as_the_engine_borrows_it():
             assert float(np.median(err)) < 0.15, g
     assert lender == {"a100-sxm": "backends of b200+h100-sxm+h200",
                       "b200": "backends of a100-sxm+h100-sxm+h200", "h100-sxm": "h200's table",
-                      "h200": "h100-sxm's table", "l40s": "vidur-nccl",
-                      "rtx-pro-6000": "vidur-nccl"}
+                      "h200": "h100-sxm's table", "l40s": "pcie-nccl of rtx-pro-6000",
+                      "rtx-pro-6000": "pcie-nccl of l40s"}
+    rtx = kernel_report.pcie_allreduce_ranges("rtx-pro-6000", meas)
+    assert float(np.median(rtx["TP > 2"])) < 0.08
+    assert float(np.median(rtx["TP > 2, <= 4 MiB"])) < 0.08
+    assert float(np.median(rtx["TP > 2, > 4 MiB"])) < 0.15
+    assert float(np.median(kernel_report.pcie_allreduce_ranges("l40s", meas)["TP > 2"])) > 0.5
     # the H200 held out reads exactly what the engine runs on the H100
     rows = [r for r in meas.allreduce if r.gpu == "h200"]
     _, err = kernel_report.held_out_allreduce_errors("h200", coefficients, meas)

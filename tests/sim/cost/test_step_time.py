@@ -399,13 +399,17 @@ def test_every_catalog_gpu_says_what_its_cost_model_was_fitted_on():
     assert "same backend on SM" not in provenance("gb200")
     assert provenance("gb200").startswith("gb200: no measured kernels; borrowed from b200")
     assert "all-reduce over PCIe" in provenance("l40s")
-    # a borrowed all-reduce says its held-out error, per way it is borrowed: over PCIe NCCL's
-    # curve against the L40S and RTX PRO 6000 boxes' measured all-reduces (what `model check`
-    # and `sim run` print for a PCIe GPU at TP 4/8), a same-interconnect table as the H100 and
-    # H200 from each other's
+    # a borrowed all-reduce says its held-out error, per way it is borrowed: over PCIe (NCCL's
+    # curve at TP 2, NCCL's graphed latency above) against the L40S and RTX PRO 6000 boxes'
+    # measured all-reduces, each held out from the other (what `model check` and `sim run`
+    # print for a PCIe GPU at TP 4/8), a same-interconnect table as the H100 and H200 from
+    # each other's
     by_path = load_document()["allreduce_loo_by_path"]
     for pcie in ("l40s", "rtx-pro-6000", "rtx4090"):
-        assert f"peer-to-peer paths: {by_path['pcie']:.0%} median error)" in provenance(pcie)
+        line = provenance(pcie)
+        assert "measured on the l40s and rtx-pro-6000 boxes" in line
+        assert (f"all-reduces: {by_path['pcie']:.0%} median; above TP 2: "
+                f"{by_path['pcie-tp>2']:.0%})") in line
     assert f"(same interconnect) (leave-one-GPU-out error of borrowing: all-reduce " \
            f"{by_path['table']:.0%})" in provenance("gb200")
     assert "weight-only" in provenance("a100-sxm") and "weight-only" not in provenance("h100-sxm")

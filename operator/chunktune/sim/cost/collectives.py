@@ -26,8 +26,10 @@ kind of link, :mod:`chunktune.sim.cost.fit.nccl_fit`), ``chunk`` the bytes that 
 the ring's ``2 (n - 1)`` steps before it streams. What Vidur's eager loop records is a soft
 maximum of that device time and a host floor (the rate at which ``torch.distributed`` issues
 calls and the ranks' skew, 20-60 us on these machines), which is fitted but not simulated. The
-engine runs it over PCIe and on nodes whose links are given (``interconnect``), with vLLM's
-custom all-reduce up to ``CUSTOM_AR_MAX_BYTES`` on a given NVLink.
+engine runs it over PCIe at TP 2 and on nodes whose links are given (``interconnect``), with
+vLLM's custom all-reduce up to ``CUSTOM_AR_MAX_BYTES`` on a given NVLink. Over PCIe above TP 2
+vLLM runs NCCL in CUDA graphs: :func:`pcie_allreduce_s` prices it at the graphed latency the
+measured PCIe tables give and the ring's bytes at the PCIe efficiency fitted here.
 """
 
 from __future__ import annotations
@@ -266,6 +268,77 @@ def vllm_allreduce_s(nbytes: np.ndarray, tp: int, gpu: GPU, latency_s: float,
     return out
 
 
+def pcie_nccl_latencies(tables: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]
+                        ) -> dict[int, float]:
+    """NCCL's latency in a CUDA graph over PCIe, seconds per rank count: over the PCIe GPUs'
+    measured ``tables`` (:func:`allreduce_tables`) at the rank counts where vLLM runs NCCL
+    there (more than two: :func:`chunktune.sim.cost.allreduce_backends.
+    vllm_allreduce_backend`), the geometric mean of each table's smallest all-reduce (256 B a
+    rank, where the bytes take nanoseconds). AIConfigurator's L40S and RTX PRO 6000 boxes
+    agree on it (4 ranks 13.3 / 12.7 us, 8 ranks 25.0 / 23.6) though their hosts' bandwidths
+    differ tenfold."""
+    acc: dict[int, list[float]] = {}
+    for (name, n), (lb, lt) in tables.items():
+        g = resolve_gpu(name)
+        if not g.nvlink and ab.vllm_allreduce_backend(g, n, float(np.exp(lb[0]))) == ab.NCCL:
+            acc.setdefault(n, []).append(float(lt[0]))
+    return {n: float(np.exp(np.mean(v))) for n, v in sorted(acc.items())}
+
+
+def measured_pcie_gpus() -> list[str]:
+    """The PCIe GPUs with committed all-reduce tables (whose NCCL latencies
+    :func:`pcie_allreduce_s` prices above TP 2)."""
+    return sorted({g for g, _ in _measured() if not resolve_gpu(g).nvlink})
+
+
+@lru_cache(maxsize=1)
+def _pcie_latencies() -> dict[int, float]:
+    """:func:`pcie_nccl_latencies` of the committed measurements."""
+    return pcie_nccl_latencies(_measured())
+
+
+def graphed_nccl_latency_s(n: int, latencies: dict[int, float]) -> float:
+    """NCCL's latency over ``n`` PCIe ranks from ``latencies`` (:func:`pcie_nccl_latencies`):
+    the measured rank count's, else linear in the ring's ``n - 1`` hops through the measured
+    ones (least squares; 4 and 8 ranks: 4.5 us + 2.8 us a hop), the one measured where there
+    is one."""
+    if n in latencies:
+        return latencies[n]
+    ns = np.array(sorted(latencies), dtype=np.float64)
+    lat = np.array([latencies[int(m)] for m in ns])
+    if len(ns) == 1:
+        return float(lat[0])
+    slope, intercept = np.polyfit(ns - 1.0, lat, 1)
+    return max(float(intercept + slope * (n - 1)), 0.0)
+
+
+def pcie_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
+                     c: CollectiveCoefficients | None = None,
+                     latencies: dict[int, float] | None = None) -> Any:
+    """Seconds of vLLM's all-reduce of ``nbytes`` per rank over ``tp`` ranks of a PCIe GPU
+    (0 at TP 1). At TP 2 vLLM runs its custom all-reduce where the pair has peer-to-peer
+    access: priced by NCCL's curve fitted on Vidur's collectives (:func:`nccl_allreduce_s`),
+    which replays LLMServingSim's RTX PRO 6000 TP 2 serving runs better than that box's own
+    measured custom all-reduce. Above TP 2 vLLM runs NCCL (custom all-reduce needs NVLink
+    beyond two ranks), captured in CUDA graphs for decode steps: the graphed latency per rank
+    count measured on the PCIe boxes (``latencies``, default :func:`pcie_nccl_latencies` of the
+    committed tables; :func:`graphed_nccl_latency_s`) plus the ring's ``2 (n - 1) / n`` bytes
+    over the per-direction PCIe link at Vidur's PCIe ring efficiency (``c.link_eff["pcie"]``:
+    rings with peer-to-peer access over PCIe Gen4 and Gen5, 0.74 / 0.76 of the link on both).
+    The host's peer-to-peer path is not known to the engine: the L40S box's NCCL goes through
+    host memory at 4-8 ranks (3.7 / 2.0 GB/s); the engine prices a host with it. Without any
+    PCIe table, NCCL's curve at every TP."""
+    s = np.asarray(nbytes, dtype=np.float64)
+    if tp <= 1:
+        return np.zeros_like(s)
+    c = c or collective_coefficients()
+    link, kind = gpu_interconnect(gpu).bottleneck(tp)
+    lat = _pcie_latencies() if latencies is None else latencies
+    if tp == 2 or not lat:
+        return nccl_allreduce_s(s, tp, link, c.link_eff[kind], c)
+    return graphed_nccl_latency_s(tp, lat) + ring_factor(tp) * s / (link * c.link_eff[kind])
+
+
 def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
                    c: CollectiveCoefficients | None = None,
                    interconnect: Interconnect | None = None) -> Any:
@@ -281,13 +354,11 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
     message priced by the backend vLLM runs for it
     on this GPU's compute capability (:func:`chunktune.sim.cost.allreduce_backends.
     backend_allreduce_s`, fitted per backend on the measured NVLink GPUs). Over
-    PCIe, whenever ``interconnect`` says how the GPUs are linked (PCIe cards with NVLink
-    bridges), and where no NVLink GPU was measured: the NCCL curve fitted on Vidur's
-    collectives (:func:`nccl_allreduce_s`) with vLLM's custom all-reduce on NVLink up to
-    ``CUSTOM_AR_MAX_BYTES``. PCIe all-reduces depend on the host's peer-to-peer path more than
-    on the GPU: AIConfigurator's RTX PRO 6000 pair reduces 1 MiB in 30 us (custom all-reduce
-    over P2P), which replays LLMServingSim's RTX PRO 6000 TP 2 run 22% fast in TPOT where
-    NCCL's PCIe curve replays it 7% fast; the measured PCIe tables stay in the kernel report."""
+    PCIe: :func:`pcie_allreduce_s` (NCCL's curve at TP 2, NCCL's measured graphed latency and
+    the ring's bytes above). Whenever ``interconnect`` says how the GPUs are linked (PCIe
+    cards with NVLink bridges), and where no NVLink GPU was measured: the NCCL curve fitted on
+    Vidur's collectives (:func:`nccl_allreduce_s`) with vLLM's custom all-reduce on NVLink up
+    to ``CUSTOM_AR_MAX_BYTES``."""
     s = np.asarray(nbytes, dtype=np.float64)
     if tp <= 1:
         return np.zeros_like(s)
@@ -306,6 +377,8 @@ def tp_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
                                         backend_coefficients())
         if priced is not None:
             return priced.reshape(s.shape)
+    if interconnect is None and not gpu.nvlink:
+        return pcie_allreduce_s(s, tp, gpu, c)
     c = c or collective_coefficients()
     ic = interconnect or gpu_interconnect(gpu)
     link, kind = ic.bottleneck(tp)

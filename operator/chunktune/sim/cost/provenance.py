@@ -14,7 +14,7 @@ from chunktune.core.models import ModelConfig
 from chunktune.sim.cost import gemm_table, moe_table
 from chunktune.sim.cost.allreduce_backends import compute_capability
 from chunktune.sim.cost.coefficients import POOLED, group_sources, load_document, source_gpu
-from chunktune.sim.cost.collectives import measured_allreduce_source
+from chunktune.sim.cost.collectives import measured_allreduce_source, measured_pcie_gpus
 
 #: Per GPU, the end-to-end error of the simulator against real vLLM serving runs (written by
 #: ``python bench/fidelity_e2e.py --quick --write-fidelity``; ``tests/sim/calibration/
@@ -58,8 +58,8 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
     (``coefficients.POOLED``) names them; for GEMMs borrowed as a same-architecture GPU's
     measured table scaled by the data sheets, that rule's error; likewise for an MoE table,
     scaled per regime by the ratio of the fitted form). All-reduces say what they
-    run on: a measured table (the GPU's own or one on the same interconnect) or NCCL's curve
-    over PCIe; FP8
+    run on: a measured table (the GPU's own or one on the same interconnect), or over PCIe
+    NCCL's curve at TP 2 and NCCL's measured graphed latency above; FP8
     GEMMs on a GPU without FP8 tensor cores run weight-only at the bf16 rate. Last, the
     end-to-end error against real serving runs of that GPU, where there are any
     (:func:`e2e_fidelity`). With ``model``, what the step time approximates of it
@@ -109,12 +109,20 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
                 if path in ar_loo else "")
 
     if not g.nvlink:
-        text += ("; all-reduce over PCIe: NCCL's curve fitted on Vidur's collectives (vLLM "
-                 "runs NCCL at TP > 2 over PCIe and without peer-to-peer access, its custom "
-                 "all-reduce at TP 2 with it; against the PCIe GPUs' measured vLLM "
-                 "all-reduces, which follow their hosts' peer-to-peer paths")
-        text += (f": {ar_loo['pcie']:.0%} median error)" if "pcie" in ar_loo
-                 else ": unmeasured error)")
+        boxes = " and ".join(measured_pcie_gpus()) or "no"
+        text += ("; all-reduce over PCIe: at TP 2 NCCL's curve fitted on Vidur's collectives "
+                 "(vLLM runs its custom all-reduce there with peer-to-peer access), above TP 2 "
+                 "NCCL as vLLM runs it: its latency in a CUDA graph measured on the "
+                 f"{boxes} boxes and the ring's bytes at Vidur's PCIe ring efficiency, "
+                 "assuming peer-to-peer access (the host's path is not known; without it NCCL "
+                 "goes through host memory, several times slower)")
+        if "pcie" in ar_loo:
+            above = (f"; above TP 2: {ar_loo['pcie-tp>2']:.0%}" if "pcie-tp>2" in ar_loo
+                     else "")
+            text += (" (leave-one-GPU-out error against the PCIe GPUs' measured vLLM "
+                     f"all-reduces: {ar_loo['pcie']:.0%} median{above})")
+        else:
+            text += " (unmeasured error)"
     elif ar == name:
         text += f"; all-reduce: {name}'s measured vLLM all-reduce"
     elif ar is not None:

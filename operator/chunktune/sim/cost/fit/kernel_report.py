@@ -270,7 +270,8 @@ def held_out_allreduce_errors(gpu: str, coef: Callable[[str], KernelCoefficients
     backend on it, that backend priced as on the lender:
     :func:`allreduce_backends.borrowed_allreduce_s`), else each message priced by
     the backend vLLM runs for it with the backends fitted on the other NVLink GPUs' tables
-    (:func:`allreduce_backends.fit_backends`); over PCIe NCCL's curve
+    (:func:`allreduce_backends.fit_backends`); over PCIe NCCL's curve at 2 ranks and above
+    them NCCL's graphed latency measured on the other PCIe GPUs
     (:func:`pcie_allreduce_errors`). ``coef`` is not used: no per-GPU coefficient enters."""
     g = resolve_gpu(gpu)
     others = {r.gpu for r in meas.allreduce} - {gpu}
@@ -295,7 +296,8 @@ def held_out_allreduce_errors(gpu: str, coef: Callable[[str], KernelCoefficients
             lenders = "+".join(sorted({t.gpu.name for t in train}))
             form: np.ndarray = np.abs(pred_us / us - 1)
             return f"backends of {lenders}", form
-    return "vidur-nccl", pcie_allreduce_errors(gpu, meas)
+    pcie = pcie_lenders(gpu, meas)
+    return f"pcie-nccl of {'+'.join(pcie) or 'none'}", pcie_allreduce_errors(gpu, meas)
 
 
 def borrowed(gpu: str, src: str, fam: str, c: KernelCoefficients, quant: str
@@ -341,14 +343,53 @@ def lent_or_form_errors(gpu: str, src: str, fam: str, c: KernelCoefficients,
     return out
 
 
+def pcie_lenders(gpu: str, meas: Measurements) -> list[str]:
+    """The PCIe GPUs other than ``gpu`` with measured all-reduces in ``meas``: whose graphed
+    NCCL latencies price ``gpu`` held out (:func:`pcie_allreduce_errors`)."""
+    return sorted({r.gpu for r in meas.allreduce
+                   if r.gpu != gpu and not resolve_gpu(r.gpu).nvlink})
+
+
 def pcie_allreduce_errors(gpu: str, meas: Measurements) -> np.ndarray:
-    """|relative error| of what the engine runs over PCIe (NCCL's curve fitted on Vidur's
-    collectives) on a PCIe GPU's measured vLLM all-reduces."""
+    """|relative error| of what the engine runs over PCIe (:func:`collectives.
+    pcie_allreduce_s`: NCCL's curve fitted on Vidur's collectives at 2 ranks, above them
+    NCCL's graphed latency per rank count from the other PCIe GPUs' measured tables and the
+    ring's bytes at Vidur's PCIe efficiency) on a PCIe GPU's measured vLLM all-reduces, one
+    per row of ``meas.allreduce`` of ``gpu``."""
     g = resolve_gpu(gpu)
     ar = [r for r in meas.allreduce if r.gpu == gpu]
-    pred = np.array([float(col.tp_allreduce_s(float(r.nbytes), r.ranks, g)) for r in ar])
+    lat = col.pcie_nccl_latencies(col.allreduce_tables(
+        r for r in meas.allreduce if r.gpu in pcie_lenders(gpu, meas)))
+    pred = np.array([float(col.pcie_allreduce_s(float(r.nbytes), r.ranks, g, latencies=lat))
+                     for r in ar])
     out: np.ndarray = np.abs(pred * 1e6 / np.array([r.us for r in ar]) - 1)
     return out
+
+
+#: The message ranges the PCIe all-reduce's held-out error is split by
+#: (:func:`pcie_allreduce_report`): decode steps' messages (a few tokens to a few hundred of
+#: hidden states) and prefill chunks'.
+DECODE_MESSAGE_MAX_BYTES = 4 * 1024 * 1024
+
+
+def pcie_allreduce_ranges(gpu: str, meas: Measurements) -> dict[str, np.ndarray]:
+    """:func:`pcie_allreduce_errors` of ``gpu`` split where the engine prices it differently:
+    TP 2 (NCCL's curve) and above (graphed NCCL), there at most and above
+    ``DECODE_MESSAGE_MAX_BYTES``."""
+    ar = [r for r in meas.allreduce if r.gpu == gpu]
+    err = pcie_allreduce_errors(gpu, meas)
+    tp2 = np.array([r.ranks == 2 for r in ar])
+    small = np.array([r.nbytes <= DECODE_MESSAGE_MAX_BYTES for r in ar])
+    return {"TP 2": err[tp2], "TP > 2": err[~tp2],
+            "TP > 2, <= 4 MiB": err[~tp2 & small], "TP > 2, > 4 MiB": err[~tp2 & ~small]}
+
+
+def pcie_allreduce_report(meas: Measurements) -> list[ErrorRow]:
+    """Each PCIe GPU's held-out all-reduce (:func:`pcie_allreduce_ranges`) per rank range and
+    message range: dataset ``all-reduce-pcie``."""
+    return [ErrorRow.of("all-reduce-pcie", f"{g} {rng}", "loo-gpu", err)
+            for g in sorted({r.gpu for r in meas.allreduce if not resolve_gpu(r.gpu).nvlink})
+            for rng, err in pcie_allreduce_ranges(g, meas).items() if len(err)]
 
 
 def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients], rule: str,
@@ -359,7 +400,12 @@ def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients], rul
     (:func:`allreduce_loo_by_path`)."""
     rows = family_report(meas, lambda g: coef[g], rule, quant)
     fams = {k[0]: float(f"{v:.4g}") for k, v in summarize(rows).items() if k[1] == "loo-gpu"}
-    return fams, {k: float(f"{v:.4g}") for k, v in allreduce_loo_by_path(rows).items()}
+    by_path = allreduce_loo_by_path(rows)
+    above = [float(np.median(pcie_allreduce_ranges(g, meas)["TP > 2"]))
+             for g in sorted({r.gpu for r in meas.allreduce if not resolve_gpu(r.gpu).nvlink})]
+    if above:
+        by_path["pcie-tp>2"] = float(np.median(above))
+    return fams, {k: float(f"{v:.4g}") for k, v in by_path.items()}
 
 
 def _lent_table(gpu: str, src: str, dtype: str, c: KernelCoefficients, meas: Measurements,
@@ -833,6 +879,7 @@ def full_report(data_root: Path | None, held_out: bool = True
     meas = load(data_root)
     rows = family_report(meas, coefficients)
     rows += linear_layer_report(meas)
+    rows += pcie_allreduce_report(meas)
     rows += nccl_report(kd.read_allreduce(data_root) if data_root is not None
                         else kd.read_committed_vidur_allreduce())
     if data_root is not None:
@@ -867,7 +914,7 @@ def allreduce_link_split(rows: list[ErrorRow]) -> dict[str, float]:
 
 #: How the engine prices the all-reduce of a GPU without a table of its own
 #: (:func:`held_out_allreduce_errors`), as the report's held-out slices name it.
-ALLREDUCE_PATHS = {"table": "'s table", "backends": "from backends of ", "pcie": "vidur-nccl"}
+ALLREDUCE_PATHS = {"table": "'s table", "backends": "from backends of ", "pcie": "pcie-nccl"}
 
 
 def allreduce_loo_by_path(rows: list[ErrorRow]) -> dict[str, float]:
