@@ -24,9 +24,12 @@ Qwen3-32B on H100) record no harness and are replayed the same way, an assumptio
 engine (:func:`silicon_engine`): ``--kv-cache-dtype fp8 --async-scheduling
 --no-enable-prefix-caching --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9
 --max-num-seqs CONC`` (512 on B200), ``--max-model-len`` 10240 on H100 (its script), else
-ISL+OSL+20 at 1k/1k, +200 with an 8k side, else 10240 (the H200 script's rule). (B200's
-fused all-reduce + RMSNorm and FP8-quant kernels and its decode-only CUDA graphs are not
-modelled.) The B200's FP4 rows are InferenceX's ``70b-fp4-b200-vllm`` (its ``master.json``:
+ISL+OSL+20 at 1k/1k, +200 with an 8k side, else 10240 (the H200 script's rule). The B200's
+script also turns on vLLM's FlashInfer all-reduce fusion (all-reduce, residual add, RMSNorm
+and the next GEMM's quantization in one kernel), which the replay runs
+(:data:`FI_ALLREDUCE_FUSION_SYSTEMS`); its attention + output-quant fusion and its decode-only
+CUDA graphs (mixed steps without graphs) are not modelled. The B200's FP4 rows are
+InferenceX's ``70b-fp4-b200-vllm`` (its ``master.json``:
 ``nvidia/Llama-3.3-70B-Instruct-FP4``, image ``vllm/vllm-openai:v0.10.2``;
 ``benchmarks/70b_fp4_b200_docker.sh``: the FP8 script's flags): NVIDIA's ModelOpt NVFP4
 export, replayed as that checkpoint (:data:`SILICON_CHECKPOINTS`) with the same flags; the
@@ -69,6 +72,7 @@ from chunktune.core.models import ModelConfig, resolve_model
 from chunktune.core.vllm_release import Version, parse_version
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.calibration.fidelity import measured_latencies, simulate_run
+from chunktune.sim.cost.collectives import fi_allreduce_fusion_tokens
 from chunktune.sim.cost.fit.kernel_data import EngineRun
 from chunktune.sim.engine.data_parallel import DataParallelEngine, build_data_parallel_engine
 from chunktune.sim.engine.virtual import API_SERVER, Engine, ServerCost, build_engine
@@ -116,6 +120,15 @@ MOE_CONFIGS = Path(__file__).resolve().parents[4] / "bench" / "data" / "e2e" / "
 #: silicon-e2e systems whose InferenceX rows ran with vLLM's default KV cache (the model's
 #: bf16) rather than ``--kv-cache-dtype fp8``: the module docstring gives the evidence.
 BF16_KV_SYSTEMS = frozenset({"h100_sxm"})
+#: The dense silicon rows whose script turned on vLLM's FlashInfer all-reduce fusion, with
+#: the thresholds it exported: InferenceX's B200 Llama-3.1-70B scripts
+#: (``benchmarks/70b_fp8_b200_docker.sh``; ``70b_fp4_b200_docker.sh`` has its flags; image
+#: ``vllm/vllm-openai:v0.10.2``) pass ``--compilation-config`` with ``pass_config``
+#: ``enable_fi_allreduce_fusion`` (and ``enable_attn_fusion``, custom ops ``+quant_fp8``,
+#: ``+rms_norm``, ``cudagraph_mode`` ``FULL_DECODE_ONLY``) and export
+#: ``VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB='{"2":32,"4":32,"8":8}'``; the H100 and
+#: H200 scripts of the same image pass neither.
+FI_ALLREDUCE_FUSION_SYSTEMS = {"b200_sxm": {2: 32.0, 4: 32.0, 8: 8.0}}
 #: Precisions the replay runs (``precision`` column), with what it leaves out where it leaves
 #: something out; the rest are reported, not run.
 MODELLED_PRECISIONS = {"bf16": "", "fp8": "", "fp4": ""}
@@ -309,6 +322,17 @@ def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Versi
     return args, model, gpu, version
 
 
+def silicon_fused_allreduce_tokens(run: ServingRun, model: ModelConfig, gpu: GPU) -> int:
+    """The largest step whose all-reduces a dense silicon row's server ran fused with the
+    RMSNorm after them (:data:`FI_ALLREDUCE_FUSION_SYSTEMS`; 0: none); the MoE rows' scripts
+    are replayed with vLLM's all-reduce."""
+    thresholds = FI_ALLREDUCE_FUSION_SYSTEMS.get(run.system)
+    if run.is_moe or thresholds is None:
+        return 0
+    return fi_allreduce_fusion_tokens(model.hidden_size, model.dtype_bytes, run.tp, gpu,
+                                      thresholds)
+
+
 def _model_len(run: ServingRun) -> int:
     """``--max-model-len`` by InferenceX's rule (its H200 and MoE scripts)."""
     if (run.isl, run.osl) == (1024, 1024):
@@ -478,7 +502,8 @@ def replay_silicon(run: ServingRun) -> Replay:
         engine: Engine | DataParallelEngine = (
             build_data_parallel_engine(args, model, gpu, version, silicon_env(run))
             if args.data_parallel_size > 1 else
-            build_engine(args, model, gpu, version, silicon_env(run)))
+            build_engine(args, model, gpu, version, silicon_env(run),
+                         silicon_fused_allreduce_tokens(run, model, gpu)))
     except SpecError as e:
         return _skip(base, str(e))
     except EngineStartupError as e:

@@ -73,6 +73,12 @@ WEIGHT_DTYPES = ("bf16", "fp8", "nvfp4")
 #: scheduled request. A lower bound: the readers' wake-up (they spin on their own cores on a
 #: GPU host) is not in it. Host time: overlapped like the rest under async scheduling.
 EXECUTOR_IPC_S = 1.87e-5
+#: Of the elementwise kernels a layer launches (:func:`linear_op_times`: two RMSNorms, the
+#: residual add, the rotary embedding, the activation), those FlashInfer's fused all-reduce
+#: runs inside its own kernel where vLLM fuses them (``AllReduceFusedAddRMSNorm*Pattern``,
+#: vLLM 0.10.2 ``compilation/collective_fusion.py``: all-reduce, residual add, RMSNorm and
+#: the next GEMM's FP8 or NVFP4 quantization in one kernel): the two norms and the add.
+FUSED_ALLREDUCE_KERNELS = 3
 EXECUTOR_IPC_PER_REQUEST_S = 6.6e-7
 
 
@@ -827,7 +833,7 @@ class StepCostModel:
                  weight_dtype: str | None = None, kv_dtype_bytes: float | None = None,
                  async_scheduling: bool = False, expert_parallel: bool = False,
                  vllm_env: Mapping[str, str] | None = None,
-                 data_parallel_size: int = 1) -> None:
+                 data_parallel_size: int = 1, fused_allreduce_tokens: int = 0) -> None:
         """``weight_dtype``: what the linear layers run in (``WEIGHT_DTYPES``; None: the
         model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``, ``nvfp4`` for a dense
         NVFP4 checkpoint); ``kv_dtype_bytes``:
@@ -838,7 +844,11 @@ class StepCostModel:
         where they choose the MoE kernel (:func:`moe_weight_format`); ``data_parallel_size``:
         attention data-parallel ranks of an expert-parallel MoE model: the step of one rank
         leaves out the routed experts, which :meth:`dp_experts_time` prices on the tokens of
-        all ranks."""
+        all ranks; ``fused_allreduce_tokens``: steps of up to this many tokens run each
+        tensor-parallel all-reduce fused with the residual add and RMSNorm after it
+        (FlashInfer's ``trtllm_allreduce_fusion``, where the server enables vLLM's all-reduce
+        fusion pass: :func:`chunktune.sim.cost.collectives.fi_allreduce_fusion_tokens`; 0:
+        none)."""
         if weight_dtype is None:
             weight_dtype = model.weight_dtype if model.weight_dtype == "fp8" or (
                 model.weight_dtype == "nvfp4" and not model.is_moe) else "bf16"
@@ -896,6 +906,13 @@ class StepCostModel:
                                                          interconnect=interconnect)
             ex[0] = 0.0
             self._dp_experts = ex.tolist()
+        if tp > 1 and fused_allreduce_tokens > 0:
+            # the fused kernel (one per all-reduce, two a layer) adds the residual and
+            # normalizes in the all-reduce's own kernel: the layer's two RMSNorms and its
+            # residual add launch no kernels of their own (their bytes stay, read and written
+            # by the fused kernel); its all-reduce is priced as vLLM's (tp_allreduce_s)
+            top = min(fused_allreduce_tokens, max_tokens)
+            lin[1:top + 1] -= FUSED_ALLREDUCE_KERNELS * c.elementwise_overhead_s * layers
         lin[0] = 0.0
         self._linear: list[float] = lin.tolist()
         self._B = gpu.hbm_tb_s * 1e12 * c.gemm_memory_eff
