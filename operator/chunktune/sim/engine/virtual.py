@@ -130,7 +130,8 @@ class Engine:
                                   expert_parallel=cfg.enable_expert_parallel,
                                   vllm_env=vllm_env,
                                   data_parallel_size=cfg.data_parallel_size,
-                                  fused_allreduce_tokens=fused_allreduce_tokens)
+                                  fused_allreduce_tokens=fused_allreduce_tokens,
+                                  vllm_version=cfg.vllm_version)
         self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
         #: the drafter's time per step, with speculative decoding
         self.draft = DraftCost.build(cfg.speculative, self.cost, drafter(cfg)) \
