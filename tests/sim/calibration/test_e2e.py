@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chunktune.sim.calibration import e2e
-from chunktune.sim.cost import provenance
+from chunktune.sim.cost import gemm_table, provenance
 from chunktune.sim.engine.virtual import API_SERVER, ServerCost, build_engine
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -37,11 +37,11 @@ THRESHOLDS: dict[str, tuple[float | None, float | None, int]] = {
     # fusion was replayed (e2e.FI_ALLREDUCE_FUSION_SYSTEMS)
     "b200 fp8": (0.025, 0.16, 24),
     # nvidia/Llama-3.3-70B-Instruct-FP4 (ModelOpt NVFP4), its GEMMs from the B200's measured
-    # nvfp4 grid: 11.3% / 17.1% on the quick set (all 60 rows: 10.4% / 19.1%). Its TP 1 rows,
-    # which no all-reduce touches, replay 10-13% fast; before the script's all-reduce fusion
-    # was replayed (the same flags as the FP8 script's), the ~0.8 ms a step it takes off at
-    # TP 2-8 hid that there: 7.8% / 19.2% (all rows 6.2% / 19.6%)
-    "b200 fp4": (0.12, 0.18, 24),
+    # grid of the kernel vLLM 0.10.2 (InferenceX's image, e2e.INFERENCEX_VLLM) runs, FlashInfer
+    # CUTLASS: 6.2% / 17.2% on the quick set (all 60 rows: 6.2% / 18.8%). On vLLM 0.24's CuTe
+    # DSL grid (the current release's kernel) 11.3% / 17.1% (all rows 10.4% / 19.1%), its TP 1
+    # rows 10-13% fast; before the script's all-reduce fusion was replayed, 7.8% / 19.2%
+    "b200 fp4": (0.065, 0.18, 24),
     # its Qwen3-32B TP 2 run is 11% fast in TPOT (-9% before async scheduling was modelled)
     "rtx-pro-6000 bf16": (0.085, 0.145, 2),
     "rtx4090 bf16": (0.02, 0.03, 1),
@@ -193,7 +193,9 @@ def test_the_b200_fp4_rows_run_nvidias_nvfp4_checkpoint_with_inferencex_flags():
     """The dense FP4 rows are InferenceX's ``70b-fp4-b200-vllm``: NVIDIA's NVFP4 export of
     Llama-3.3-70B (Llama-3.1-70B's shape), every linear layer but the lm_head in NVFP4 (no
     ``--quantization``: the checkpoint's own), an FP8 KV cache and 512 sequences as its
-    script passes them; the KV cache gets the memory the 4-bit weights leave."""
+    script passes them; the KV cache gets the memory the 4-bit weights leave. The rows record
+    no version: they replay as the release of the image InferenceX's master.json names,
+    vLLM 0.10.2, whose NVFP4 GEMM is FlashInfer's CUTLASS one (0.24 on: its CuTe DSL one)."""
     silicon, _ = fidelity_e2e.load(None)
     fp4 = [r for r in silicon if r.precision == "fp4" and not r.is_moe]
     assert len(fp4) == 60 and {r.system for r in fp4} == {"b200_sxm"}
@@ -202,7 +204,14 @@ def test_the_b200_fp4_rows_run_nvidias_nvfp4_checkpoint_with_inferencex_flags():
     assert (model.hf_name, model.quantization, model.weight_dtype) == (
         "nvidia/Llama-3.3-70B-Instruct-FP4", "modelopt", "nvfp4")
     assert (args.quantization, args.kv_cache_dtype, args.max_num_seqs, gpu.name, version) == (
-        None, "fp8", 512, "b200", None)
+        None, "fp8", 512, "b200", (0, 10, 2))
+    assert version == e2e.INFERENCEX_VLLM
+    engine = build_engine(args, model, gpu, version)
+    assert engine.cfg.vllm_version == (0, 10, 2)
+    cutlass = gemm_table.table("b200", "nvfp4", gemm_table.NVFP4_CUTLASS)
+    assert gemm_table.nvfp4_table(gpu, version) is cutlass is not None
+    now = build_engine(args, model, gpu, None)
+    assert engine.cost.linear_time(8) > 1.05 * now.cost.linear_time(8)
     tp1 = dataclasses.replace(fp4[0], tp=1)
     fp8 = dataclasses.replace(tp1, precision="fp8")
     blocks = [build_engine(*e2e.silicon_engine(r)).memory.num_gpu_blocks for r in (tp1, fp8)]

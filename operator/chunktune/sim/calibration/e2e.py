@@ -5,8 +5,8 @@ Two sets of measured runs, each replayed as its client ran it:
 - **AIConfigurator's silicon runs** (``silicon-e2e.csv``, Apache-2.0, NVIDIA): vLLM served on
   H100/H200/B200, closed loop: ``concurrency`` requests in flight, every request exactly ``isl``
   prompt and ``osl`` output tokens, the client's mean TTFT and TPOT. Engine flags beyond TP and
-  precision were not recorded: the replay takes the defaults of the row's vLLM version (of the
-  current one where the row names none).
+  precision were not recorded: the replay takes the defaults of the row's vLLM version (where
+  the row names none, InferenceX's: :data:`INFERENCEX_VLLM`).
 - **AIConfigurator's MoE serving runs** (``silicon-e2e-moe.csv``, same source): gpt-oss-120b,
   Kimi-K2.5 and MiniMax-M2.5 on H100/H200/B200, the same closed loop, with the TP, expert
   split and attention data parallelism they ran and the container image where recorded;
@@ -32,8 +32,11 @@ CUDA graphs (mixed steps without graphs) are not modelled. The B200's FP4 rows a
 InferenceX's ``70b-fp4-b200-vllm`` (its ``master.json``:
 ``nvidia/Llama-3.3-70B-Instruct-FP4``, image ``vllm/vllm-openai:v0.10.2``;
 ``benchmarks/70b_fp4_b200_docker.sh``: the FP8 script's flags): NVIDIA's ModelOpt NVFP4
-export, replayed as that checkpoint (:data:`SILICON_CHECKPOINTS`) with the same flags; the
-rows record no version, so the current release's defaults apply as for the FP8 rows.
+export, replayed as that checkpoint (:data:`SILICON_CHECKPOINTS`) with the same flags. The
+70B rows record no version; they replay as the release of the image their scripts name,
+vLLM 0.10.2 (:data:`INFERENCEX_VLLM`), which picks what the release decides: FlashInfer's
+CUTLASS NVFP4 GEMM for the FP4 rows (``gemm_table.nvfp4_kernel``; 0.24 and later run its
+CuTe DSL GEMM), the 0.31 scheduler (the oldest checked), the memory profile without graphs.
 
 The H100's 70B rows ran a bf16 KV cache (:data:`BF16_KV_SYSTEMS`), an inference from the rows
 themselves: the first H100 and H200 scripts (``benchmarks/70b_h100_slurm.sh`` from when the
@@ -129,6 +132,14 @@ BF16_KV_SYSTEMS = frozenset({"h100_sxm"})
 #: ``VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB='{"2":32,"4":32,"8":8}'``; the H100 and
 #: H200 scripts of the same image pass neither.
 FI_ALLREDUCE_FUSION_SYSTEMS = {"b200_sxm": {2: 32.0, 4: 32.0, 8: 8.0}}
+#: The vLLM release the dense silicon rows that record none (InferenceX's Llama-3.1-70B rows,
+#: :func:`by_harness`) replay as: the image InferenceX's ``.github/configs/master.json`` names
+#: for ``70b-fp8-h100-vllm``, ``70b-fp8-h200-vllm``, ``70b-fp8-b200-vllm`` and
+#: ``70b-fp4-b200-vllm``, ``vllm/vllm-openai:v0.10.2`` (the tag, not a recorded version: an
+#: inference). What it changes in the replay: the B200 FP4 rows' NVFP4 GEMM kernel
+#: (FlashInfer CUTLASS, ``gemm_table.nvfp4_kernel``), the scheduler (0.31's, the oldest checked)
+#: and the memory profile (CUDA graphs outside it).
+INFERENCEX_VLLM: Version = (0, 10, 2)
 #: Precisions the replay runs (``precision`` column), with what it leaves out where it leaves
 #: something out; the rest are reported, not run.
 MODELLED_PRECISIONS = {"bf16": "", "fp8": "", "fp4": ""}
@@ -293,8 +304,8 @@ class Replay:
 
 def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Version | None]:
     """The engine a silicon row ran (InferenceX's flags, the module docstring says which), as
-    the simulator takes it, and the vLLM version whose defaults apply (the row's; None where
-    it records none: the current one); raises
+    the simulator takes it, and the vLLM version whose defaults apply (the row's; where it
+    records none, InferenceX's image's, :data:`INFERENCEX_VLLM`); raises
     :class:`SpecError` naming what the simulator does not model."""
     gpu_name = SILICON_GPUS.get(run.system, run.system)
     if run.is_moe:
@@ -311,7 +322,8 @@ def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Versi
     gpu = resolve_gpu(gpu_name)
     model = resolve_model(checkpoint or SILICON_MODELS[run.model])
     online = "fp8" if run.precision == "fp8" and not model.quantization else None
-    version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
+    version = parse_version(run.vllm_version, "backend_version") if run.vllm_version \
+        else INFERENCEX_VLLM
     # the H100 script's config.yaml: 10240 whatever the lengths
     model_len = 10240 if run.system == "h100_sxm" else _model_len(run)
     kv_dtype = "auto" if run.system in BF16_KV_SYSTEMS and run.vllm_version is None else "fp8"
