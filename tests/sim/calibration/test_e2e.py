@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chunktune.sim.calibration import e2e
-from chunktune.sim.cost import provenance
+from chunktune.sim.cost import gemm_table, provenance
 from chunktune.sim.engine.virtual import API_SERVER, ServerCost, build_engine
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,7 +22,7 @@ import fidelity_e2e  # noqa: E402
 
 #: Per GPU and precision, the median |error| a refit may not exceed: (TPOT, TTFT), each a
 #: little above what the committed model measures on the quick set (H100 1.5% / 10.9%, H200
-#: 3.7% / 12.6%, B200 7.4% / 16.7%, RTX PRO 6000 7.7% / 13.5%, RTX 4090 0.1% / 1.4%); and the
+#: 3.7% / 12.6%, B200 1.7% / 15.1%, RTX PRO 6000 7.7% / 13.5%, RTX 4090 0.1% / 1.4%); and the
 #: rows that must run. None: no figure.
 THRESHOLDS: dict[str, tuple[float | None, float | None, int]] = {
     # 3.4% / 11.6% while its 70B rows were replayed with an FP8 KV cache (e2e.BF16_KV_SYSTEMS)
@@ -33,11 +33,15 @@ THRESHOLDS: dict[str, tuple[float | None, float | None, int]] = {
     # 6.3% -> 6.1% and their mean 8.1% -> 7.1% (bench/RESULTS.md)
     # (6.5% / 13.1% while the H200 borrowed the H100's kernels; fitted on its own, issue 32)
     "h200 fp8": (0.045, 0.135, 37),
-    "b200 fp8": (0.08, 0.17, 24),
+    # 7.4% / 16.7% (signed TPOT +8% at TP 2-8) before its script's FlashInfer all-reduce
+    # fusion was replayed (e2e.FI_ALLREDUCE_FUSION_SYSTEMS)
+    "b200 fp8": (0.025, 0.16, 24),
     # nvidia/Llama-3.3-70B-Instruct-FP4 (ModelOpt NVFP4), its GEMMs from the B200's measured
-    # nvfp4 grid: 7.8% / 19.2% on the quick set (all 60 rows: 6.2% / 19.6%; the simulated
-    # TTFT 13-64% under the measured at TP 4 and 8)
-    "b200 fp4": (0.085, 0.20, 24),
+    # grid of the kernel vLLM 0.10.2 (InferenceX's image, e2e.INFERENCEX_VLLM) runs, FlashInfer
+    # CUTLASS: 6.2% / 17.2% on the quick set (all 60 rows: 6.2% / 18.8%). On vLLM 0.24's CuTe
+    # DSL grid (the current release's kernel) 11.3% / 17.1% (all rows 10.4% / 19.1%), its TP 1
+    # rows 10-13% fast; before the script's all-reduce fusion was replayed, 7.8% / 19.2%
+    "b200 fp4": (0.065, 0.18, 24),
     # its Qwen3-32B TP 2 run is 11% fast in TPOT (-9% before async scheduling was modelled)
     "rtx-pro-6000 bf16": (0.085, 0.145, 2),
     "rtx4090 bf16": (0.02, 0.03, 1),
@@ -189,7 +193,9 @@ def test_the_b200_fp4_rows_run_nvidias_nvfp4_checkpoint_with_inferencex_flags():
     """The dense FP4 rows are InferenceX's ``70b-fp4-b200-vllm``: NVIDIA's NVFP4 export of
     Llama-3.3-70B (Llama-3.1-70B's shape), every linear layer but the lm_head in NVFP4 (no
     ``--quantization``: the checkpoint's own), an FP8 KV cache and 512 sequences as its
-    script passes them; the KV cache gets the memory the 4-bit weights leave."""
+    script passes them; the KV cache gets the memory the 4-bit weights leave. The rows record
+    no version: they replay as the release of the image InferenceX's master.json names,
+    vLLM 0.10.2, whose NVFP4 GEMM is FlashInfer's CUTLASS one (0.24 on: its CuTe DSL one)."""
     silicon, _ = fidelity_e2e.load(None)
     fp4 = [r for r in silicon if r.precision == "fp4" and not r.is_moe]
     assert len(fp4) == 60 and {r.system for r in fp4} == {"b200_sxm"}
@@ -198,7 +204,14 @@ def test_the_b200_fp4_rows_run_nvidias_nvfp4_checkpoint_with_inferencex_flags():
     assert (model.hf_name, model.quantization, model.weight_dtype) == (
         "nvidia/Llama-3.3-70B-Instruct-FP4", "modelopt", "nvfp4")
     assert (args.quantization, args.kv_cache_dtype, args.max_num_seqs, gpu.name, version) == (
-        None, "fp8", 512, "b200", None)
+        None, "fp8", 512, "b200", (0, 10, 2))
+    assert version == e2e.INFERENCEX_VLLM
+    engine = build_engine(args, model, gpu, version)
+    assert engine.cfg.vllm_version == (0, 10, 2)
+    cutlass = gemm_table.table("b200", "nvfp4", gemm_table.NVFP4_CUTLASS)
+    assert gemm_table.nvfp4_table(gpu, version) is cutlass is not None
+    now = build_engine(args, model, gpu, None)
+    assert engine.cost.linear_time(8) > 1.05 * now.cost.linear_time(8)
     tp1 = dataclasses.replace(fp4[0], tp=1)
     fp8 = dataclasses.replace(tp1, precision="fp8")
     blocks = [build_engine(*e2e.silicon_engine(r)).memory.num_gpu_blocks for r in (tp1, fp8)]
@@ -541,3 +554,21 @@ def test_group_replays_the_groups_whose_label_contains_it(monkeypatch, capsys):
     table = out.split("\n\n")[0].splitlines()[1:]  # the per-group figures
     assert [line.split()[:2] for line in table] == [["h100-sxm", "fp8"]], table
     assert "(19 of 780 silicon rows (--quick), 0 RTX runs;" in out
+
+
+def test_the_b200_70b_rows_run_the_fused_allreduce_their_scripts_turned_on():
+    """InferenceX's B200 70B scripts (FP8 and FP4, image v0.10.2) pass ``enable_fi_allreduce_
+    fusion`` and ``VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB={"2":32,"4":32,"8":8}``: the
+    replay's engine fuses all-reduces of up to 1024 / 512 / 64 tokens at TP 2 / 4 / 8. The
+    H100 and H200 scripts of that image pass neither, TP 1 has no all-reduce, and the MoE
+    rows keep vLLM's all-reduce."""
+    def reach(model: str, system: str, precision: str, tp: int) -> int:
+        run = e2e.ServingRun(model, system, None, precision, 1024, 1024, 8, tp, 0.1, 0.01)
+        _, m, gpu, _ = e2e.silicon_engine(run)
+        return e2e.silicon_fused_allreduce_tokens(run, m, gpu)
+
+    llama = "meta-llama/Llama-3.1-70B"
+    assert [reach(llama, "b200_sxm", "fp8", tp) for tp in (1, 2, 4, 8)] == [0, 1024, 512, 64]
+    assert reach(llama, "b200_sxm", "fp4", 8) == 64
+    assert reach(llama, "h100_sxm", "fp8", 8) == reach(llama, "h200_sxm", "fp8", 8) == 0
+    assert reach("openai/gpt-oss-120b", "b200_sxm", "fp4", 8) == 0

@@ -54,15 +54,13 @@ def test_an_nvfp4_checkpoint_reads_as_vllm_stores_it(tmp_path: Path):
 
 def test_a_b200_nvfp4_step_runs_its_measured_nvfp4_grid():
     """Every dense GEMM of the B200 NVFP4 70B comes from the B200's own nvfp4 grid
-    (AIConfigurator, vLLM 0.24's FlashInfer CuTe DSL W4A4 kernel), never under the weights'
-    HBM time; at decode sizes under the FP8 grid's time of the same GEMM (by a fifth over the
-    layer: the small ones are launch-bound)."""
+    (AIConfigurator, vLLM 0.24's FlashInfer CuTe DSL W4A4 kernel, which the current release
+    runs), never under the weights' HBM time; at decode sizes under the FP8 grid's time of the
+    same GEMM (by a fifth over the layer: the small ones are launch-bound)."""
     gpu = resolve_gpu("b200")
     model = resolve_model("llama-3.3-70b-fp4")
-    table = gemm_table.table("b200", "nvfp4")
-    assert table is not None
-    assert {(p.gpu, p.dtype) for p in aic_data.read_committed_gemm()
-            if p.dtype == "nvfp4"} == {("b200", "nvfp4"), ("rtx-pro-6000", "nvfp4")}
+    table = gemm_table.table("b200", "nvfp4", gemm_table.NVFP4_CUTEDSL)
+    assert table is not None and gemm_table.nvfp4_table(gpu, None) is table
     cost = StepCostModel(model, gpu, tp=2, max_tokens=256)
     assert cost.weight_dtype == "nvfp4"
     t = np.array([1.0, 64.0, 256.0])
@@ -80,6 +78,64 @@ def test_a_b200_nvfp4_step_runs_its_measured_nvfp4_grid():
     # the engine's step: the bf16 model's layers cost more than the NVFP4 one's
     bf16 = StepCostModel(resolve_model("llama-3.1-70b"), gpu, tp=2, max_tokens=256)
     assert cost.linear_time(64) < 0.7 * bf16.linear_time(64)
+
+
+def test_the_nvfp4_kernel_is_the_one_each_release_runs():
+    """vLLM's default NVFP4 linear kernel (checked in each release's code): FlashInfer CUTLASS
+    before 0.24 (0.10.2 and 0.15.1 ``ModelOptNvFp4LinearMethod``, 0.17/0.19
+    ``select_nvfp4_linear_backend``, 0.22/0.23 ``_POSSIBLE_NVFP4_KERNELS``); from 0.24 (to
+    0.34) FlashInfer's CuTe DSL GEMM heads the list where it runs, SM 10.x (B200, B300), and
+    FlashInfer CUTLASS is the first supported on SM 12.0 (RTX PRO 6000)."""
+    b200, b300, rtx = resolve_gpu("b200"), resolve_gpu("b300"), resolve_gpu("rtx-pro-6000")
+    cutlass, cutedsl = gemm_table.NVFP4_CUTLASS, gemm_table.NVFP4_CUTEDSL
+    for v in ((0, 10, 2), (0, 15, 1), (0, 17, 0), (0, 19, 0), (0, 22, 0), (0, 23, 0)):
+        assert gemm_table.nvfp4_kernel(b200, v) == gemm_table.nvfp4_kernel(b300, v) == cutlass
+    for v in ((0, 24, 0), (0, 31, 0), (0, 33, 0), None):  # None: the current release
+        assert gemm_table.nvfp4_kernel(b200, v) == gemm_table.nvfp4_kernel(b300, v) == cutedsl
+    for v in ((0, 10, 2), (0, 24, 0), None):
+        assert gemm_table.nvfp4_kernel(rtx, v) == cutlass
+    # AIConfigurator's rows: vllm_default is the release's choice, a named class is itself
+    assert gemm_table.row_nvfp4_kernel(b200, "0.22.0", "vllm_default") == cutlass
+    assert gemm_table.row_nvfp4_kernel(b200, "0.24.0", "vllm_default") == cutedsl
+    assert gemm_table.row_nvfp4_kernel(
+        b200, "0.24.0", "FlashInferCutlassNvFp4LinearKernel") == cutlass
+    assert gemm_table.row_nvfp4_kernel(b200, "0.24.0", "CutlassNvFp4LinearKernel") is None
+
+
+def test_the_committed_nvfp4_grids_are_the_kernels_vllm_runs():
+    """One grid per (GPU, kernel) that some release runs there: the B200's CuTe DSL one
+    (vLLM 0.24's rows) and its CUTLASS one (0.22's, the newest to time it), the RTX PRO 6000's
+    CUTLASS one; the same shapes in both B200 grids."""
+    pts = [p for p in aic_data.read_committed_gemm() if p.dtype == "nvfp4"]
+    kernels = {(p.gpu, p.kernel) for p in pts}
+    assert kernels == {("b200", gemm_table.NVFP4_CUTEDSL), ("b200", gemm_table.NVFP4_CUTLASS),
+                       ("rtx-pro-6000", gemm_table.NVFP4_CUTLASS)}
+    assert all(p.kernel == "" for p in aic_data.read_committed_gemm() if p.dtype != "nvfp4")
+    shapes = {k: {(p.n, p.k) for p in pts if (p.gpu, p.kernel) == k} for k in kernels}
+    assert shapes[("b200", gemm_table.NVFP4_CUTEDSL)] == shapes[("b200", gemm_table.NVFP4_CUTLASS)]
+
+
+def test_a_b200_nvfp4_step_runs_the_kernel_of_its_release():
+    """vLLM 0.10.2 (InferenceX's image) prices the 70B's GEMMs from the CUTLASS grid, the
+    current release from the CuTe DSL one; at decode sizes CUTLASS is the slower on the wide
+    GEMMs (qkv, gate-up) by more than a tenth."""
+    gpu = resolve_gpu("b200")
+    model = resolve_model("llama-3.3-70b-fp4")
+    c, t = coefficients(gpu), np.array([1.0, 8.0, 64.0, 1024.0])
+    old = linear_op_times(model, gpu, 2, t, c, "nvfp4", vllm_version=(0, 10, 2))
+    now = linear_op_times(model, gpu, 2, t, c, "nvfp4")
+    cutlass = gemm_table.table("b200", "nvfp4", gemm_table.NVFP4_CUTLASS)
+    assert cutlass is not None
+    for op, (k, n) in zip(("qkv", "o", "up", "down"), layer_gemms(model, 2), strict=True):
+        floor = gemm_table.weight_stream_s(k, n, "nvfp4", gpu, "b200")
+        assert old[op] == pytest.approx(np.maximum(cutlass.seconds(t, n, k), floor)), op
+    for op in ("qkv", "up"):
+        assert np.all(old[op][:2] > 1.1 * now[op][:2]), op
+    # and the engine's step through StepCostModel(vllm_version=)
+    a = StepCostModel(model, gpu, tp=2, max_tokens=64, vllm_version=(0, 10, 2))
+    b = StepCostModel(model, gpu, tp=2, max_tokens=64, vllm_version=(0, 24, 0))
+    assert a.linear_time(8) > b.linear_time(8)
+    assert StepCostModel(model, gpu, tp=2, max_tokens=64).linear_time(8) == b.linear_time(8)
 
 
 @pytest.mark.parametrize(("gpu", "why"), [

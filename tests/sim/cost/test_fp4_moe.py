@@ -42,7 +42,7 @@ def test_kimi_nvfp4_shared_expert_and_dense_layer_run_the_b200_nvfp4_grid():
     t = np.array([1.0, 16.0, 256.0])
     si = model.num_shared_experts * model.moe_intermediate_size / tp
     h = model.hidden_size
-    table = gemm_table.table("b200", "nvfp4")
+    table = gemm_table.nvfp4_table(gpu, None)
     assert table is not None and table.covers(2 * si, h) and table.covers(h, si)
 
     def shared(dtype: str) -> np.ndarray:

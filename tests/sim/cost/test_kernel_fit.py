@@ -242,16 +242,24 @@ def test_committed_tables_match_raw_data():
     assert len(att) == len(raw_att)
     assert len(lin) == len(kernel_data.read_llmss_linear(SHARED))
     gemm, versions = aic_kernels.read_gemm(SHARED)
-    grid = {(p.gpu, p.dtype, p.m, p.n, p.k): p.us for p in aic_kernels.gemm_grid(gemm)}
+    grid = {(p.gpu, p.dtype, p.kernel, p.m, p.n, p.k): p.us
+            for p in aic_kernels.gemm_grid(gemm)}
     committed = aic_data.read_committed_gemm()
     assert len(committed) == len(grid)
     for p in committed[::101]:
-        assert p.us == pytest.approx(grid[(p.gpu, p.dtype, p.m, p.n, p.k)], rel=1e-3)
+        assert p.us == pytest.approx(grid[(p.gpu, p.dtype, p.kernel, p.m, p.n, p.k)], rel=1e-3)
     # the newest vLLM version with each table: 0.24 where it exists, 0.14 on the A100
-    assert versions[("h100-sxm", "fp8")] == versions[("h200", "fp8")] == "0.24.0"
-    assert versions[("a100-sxm", "bf16")] == "0.14.0"
-    # NVFP4 W4A4 on the Blackwell GPUs (vLLM 0.24: FlashInfer's CuTe DSL kernel on the B200)
-    assert versions[("b200", "nvfp4")] == versions[("rtx-pro-6000", "nvfp4")] == "0.24.0"
+    assert versions[("h100-sxm", "fp8", "")] == versions[("h200", "fp8", "")] == "0.24.0"
+    assert versions[("a100-sxm", "bf16", "")] == "0.14.0"
+    # NVFP4 W4A4 on the Blackwell GPUs, per kernel: the B200's FlashInfer CuTe DSL kernel from
+    # vLLM 0.24 (named in kernel_source), its FlashInfer CUTLASS one from 0.22 (vllm_default:
+    # the release's choice; 0.19's rows time it too, older); the RTX PRO 6000's CUTLASS, 0.24
+    assert versions[("b200", "nvfp4", gemm_table.NVFP4_CUTEDSL)] == "0.24.0"
+    assert versions[("b200", "nvfp4", gemm_table.NVFP4_CUTLASS)] == "0.22.0"
+    assert versions[("rtx-pro-6000", "nvfp4", gemm_table.NVFP4_CUTLASS)] == "0.24.0"
+    assert {k for k in versions if k[1] == "nvfp4"} == {
+        ("b200", "nvfp4", gemm_table.NVFP4_CUTEDSL), ("b200", "nvfp4", gemm_table.NVFP4_CUTLASS),
+        ("rtx-pro-6000", "nvfp4", gemm_table.NVFP4_CUTLASS)}
     assert {p.dtype for p in committed if p.gpu == "b200"} == {"bf16", "fp8", "nvfp4"}
     a, moe = aic_kernels.read_points()
     ra, rm = aic_kernels.committed_subset(

@@ -374,7 +374,8 @@ def test_gemm_floor_is_the_gpus_own_hbm_rate():
     # so Llama-3.1-70B's NVFP4 attention projections at TP 1 (47 and 38 MB) run the grid's
     # own time, well above the floor (37-45% of the data sheet's bandwidth)
     b200 = resolve_gpu("b200")
-    grid = gemm_table.table("b200", "nvfp4")
+    grid = gemm_table.nvfp4_table(b200, None)  # the current release's kernel (CuTe DSL)
+    assert grid is not None
     for k, n in ((8192, 10240), (8192, 8192)):
         t = gemm_time(np.array([1.0, 16.0]), k, n, b200, coefficients(b200), "nvfp4")
         assert np.all(t == grid.seconds(np.array([1.0, 16.0]), n, k))
@@ -527,3 +528,46 @@ def test_a_qk_norm_over_all_heads_all_reduces_its_variances_every_layer():
             - linear_op_times(plain, gpu, tp, t, c, "fp8")["elementwise"]
         assert extra[0] == pytest.approx(kernels * c.elementwise_overhead_s, rel=0.05,
                                          abs=1e-9)
+
+
+def test_flashinfer_fused_allreduce_takes_the_norms_and_add_off_the_layer():
+    """vLLM's FlashInfer all-reduce fusion (``enable_fi_allreduce_fusion``, 0.10.2
+    ``compilation/collective_fusion.py``) runs each all-reduce, the residual add and the RMSNorm
+    after it in one kernel: up to its reach a step launches neither norm nor the add (three
+    elementwise kernels a layer), its all-reduces priced as before; larger steps, TP 1 and the
+    prefill's bytes are unchanged."""
+    from chunktune.sim.cost.step_time import FUSED_ALLREDUCE_KERNELS
+
+    g, model = resolve_gpu("b200"), resolve_model("llama-3.1-70b")
+    L = model.num_hidden_layers
+    for tp in (2, 8):
+        plain = StepCostModel(model, g, tp, max_tokens=2048, weight_dtype="fp8")
+        fused = StepCostModel(model, g, tp, max_tokens=2048, weight_dtype="fp8",
+                              fused_allreduce_tokens=64)
+        saved = FUSED_ALLREDUCE_KERNELS * plain.c.elementwise_overhead_s * L
+        assert saved == pytest.approx(3 * 3.4e-6 * 80, rel=0.2)  # ~0.8 ms a step
+        for n in (1, 16, 64):
+            assert fused.linear_time(n) == pytest.approx(plain.linear_time(n) - saved)
+            assert fused.allreduce_time(n) == plain.allreduce_time(n)
+        assert fused.linear_time(65) == plain.linear_time(65)
+        assert fused.linear_time(0) == plain.linear_time(0) == 0.0
+    one = StepCostModel(model, g, 1, max_tokens=2048, weight_dtype="fp8")
+    assert StepCostModel(model, g, 1, max_tokens=2048, weight_dtype="fp8",
+                         fused_allreduce_tokens=64).linear_time(16) == one.linear_time(16)
+
+
+def test_flashinfer_allreduce_fusion_reach_follows_vllm_0_10():
+    """The fused kernel's reach in tokens: vLLM 0.10.2 sizes the workspace for
+    ``max_size // (hidden x tp x 2)`` tokens (``_FI_MAX_SIZES`` by TP size, or the server's
+    ``VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB``); nothing at TP 1 or off SM 9.0/10.x."""
+    from chunktune.sim.cost.collectives import fi_allreduce_fusion_tokens
+
+    b200 = resolve_gpu("b200")
+    # InferenceX's B200 70B scripts: {"2":32,"4":32,"8":8} MiB, hidden 8192, bf16 activations
+    got = [fi_allreduce_fusion_tokens(8192, 2, tp, b200, {2: 32.0, 4: 32.0, 8: 8.0})
+           for tp in (1, 2, 4, 8)]
+    assert got == [0, 1024, 512, 64]
+    # the release's own table: 64 MiB at TP 2, 1 MiB at TP 4, 0.5 MiB at TP 8
+    assert [fi_allreduce_fusion_tokens(8192, 2, tp, b200) for tp in (2, 4, 8)] == [2048, 16, 4]
+    assert fi_allreduce_fusion_tokens(8192, 2, 8, resolve_gpu("h100-sxm")) == 4
+    assert fi_allreduce_fusion_tokens(8192, 2, 2, resolve_gpu("a100-sxm")) == 0

@@ -5,8 +5,8 @@ Two sets of measured runs, each replayed as its client ran it:
 - **AIConfigurator's silicon runs** (``silicon-e2e.csv``, Apache-2.0, NVIDIA): vLLM served on
   H100/H200/B200, closed loop: ``concurrency`` requests in flight, every request exactly ``isl``
   prompt and ``osl`` output tokens, the client's mean TTFT and TPOT. Engine flags beyond TP and
-  precision were not recorded: the replay takes the defaults of the row's vLLM version (of the
-  current one where the row names none).
+  precision were not recorded: the replay takes the defaults of the row's vLLM version (where
+  the row names none, InferenceX's: :data:`INFERENCEX_VLLM`).
 - **AIConfigurator's MoE serving runs** (``silicon-e2e-moe.csv``, same source): gpt-oss-120b,
   Kimi-K2.5 and MiniMax-M2.5 on H100/H200/B200, the same closed loop, with the TP, expert
   split and attention data parallelism they ran and the container image where recorded;
@@ -24,13 +24,19 @@ Qwen3-32B on H100) record no harness and are replayed the same way, an assumptio
 engine (:func:`silicon_engine`): ``--kv-cache-dtype fp8 --async-scheduling
 --no-enable-prefix-caching --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9
 --max-num-seqs CONC`` (512 on B200), ``--max-model-len`` 10240 on H100 (its script), else
-ISL+OSL+20 at 1k/1k, +200 with an 8k side, else 10240 (the H200 script's rule). (B200's
-fused all-reduce + RMSNorm and FP8-quant kernels and its decode-only CUDA graphs are not
-modelled.) The B200's FP4 rows are InferenceX's ``70b-fp4-b200-vllm`` (its ``master.json``:
+ISL+OSL+20 at 1k/1k, +200 with an 8k side, else 10240 (the H200 script's rule). The B200's
+script also turns on vLLM's FlashInfer all-reduce fusion (all-reduce, residual add, RMSNorm
+and the next GEMM's quantization in one kernel), which the replay runs
+(:data:`FI_ALLREDUCE_FUSION_SYSTEMS`); its attention + output-quant fusion and its decode-only
+CUDA graphs (mixed steps without graphs) are not modelled. The B200's FP4 rows are
+InferenceX's ``70b-fp4-b200-vllm`` (its ``master.json``:
 ``nvidia/Llama-3.3-70B-Instruct-FP4``, image ``vllm/vllm-openai:v0.10.2``;
 ``benchmarks/70b_fp4_b200_docker.sh``: the FP8 script's flags): NVIDIA's ModelOpt NVFP4
-export, replayed as that checkpoint (:data:`SILICON_CHECKPOINTS`) with the same flags; the
-rows record no version, so the current release's defaults apply as for the FP8 rows.
+export, replayed as that checkpoint (:data:`SILICON_CHECKPOINTS`) with the same flags. The
+70B rows record no version; they replay as the release of the image their scripts name,
+vLLM 0.10.2 (:data:`INFERENCEX_VLLM`), which picks what the release decides: FlashInfer's
+CUTLASS NVFP4 GEMM for the FP4 rows (``gemm_table.nvfp4_kernel``; 0.24 and later run its
+CuTe DSL GEMM), the 0.31 scheduler (the oldest checked), the memory profile without graphs.
 
 The H100's 70B rows ran a bf16 KV cache (:data:`BF16_KV_SYSTEMS`), an inference from the rows
 themselves: the first H100 and H200 scripts (``benchmarks/70b_h100_slurm.sh`` from when the
@@ -69,6 +75,7 @@ from chunktune.core.models import ModelConfig, resolve_model
 from chunktune.core.vllm_release import Version, parse_version
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.calibration.fidelity import measured_latencies, simulate_run
+from chunktune.sim.cost.collectives import fi_allreduce_fusion_tokens
 from chunktune.sim.cost.fit.kernel_data import EngineRun
 from chunktune.sim.engine.data_parallel import DataParallelEngine, build_data_parallel_engine
 from chunktune.sim.engine.virtual import API_SERVER, Engine, ServerCost, build_engine
@@ -116,6 +123,23 @@ MOE_CONFIGS = Path(__file__).resolve().parents[4] / "bench" / "data" / "e2e" / "
 #: silicon-e2e systems whose InferenceX rows ran with vLLM's default KV cache (the model's
 #: bf16) rather than ``--kv-cache-dtype fp8``: the module docstring gives the evidence.
 BF16_KV_SYSTEMS = frozenset({"h100_sxm"})
+#: The dense silicon rows whose script turned on vLLM's FlashInfer all-reduce fusion, with
+#: the thresholds it exported: InferenceX's B200 Llama-3.1-70B scripts
+#: (``benchmarks/70b_fp8_b200_docker.sh``; ``70b_fp4_b200_docker.sh`` has its flags; image
+#: ``vllm/vllm-openai:v0.10.2``) pass ``--compilation-config`` with ``pass_config``
+#: ``enable_fi_allreduce_fusion`` (and ``enable_attn_fusion``, custom ops ``+quant_fp8``,
+#: ``+rms_norm``, ``cudagraph_mode`` ``FULL_DECODE_ONLY``) and export
+#: ``VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB='{"2":32,"4":32,"8":8}'``; the H100 and
+#: H200 scripts of the same image pass neither.
+FI_ALLREDUCE_FUSION_SYSTEMS = {"b200_sxm": {2: 32.0, 4: 32.0, 8: 8.0}}
+#: The vLLM release the dense silicon rows that record none (InferenceX's Llama-3.1-70B rows,
+#: :func:`by_harness`) replay as: the image InferenceX's ``.github/configs/master.json`` names
+#: for ``70b-fp8-h100-vllm``, ``70b-fp8-h200-vllm``, ``70b-fp8-b200-vllm`` and
+#: ``70b-fp4-b200-vllm``, ``vllm/vllm-openai:v0.10.2`` (the tag, not a recorded version: an
+#: inference). What it changes in the replay: the B200 FP4 rows' NVFP4 GEMM kernel
+#: (FlashInfer CUTLASS, ``gemm_table.nvfp4_kernel``), the scheduler (0.31's, the oldest checked)
+#: and the memory profile (CUDA graphs outside it).
+INFERENCEX_VLLM: Version = (0, 10, 2)
 #: Precisions the replay runs (``precision`` column), with what it leaves out where it leaves
 #: something out; the rest are reported, not run.
 MODELLED_PRECISIONS = {"bf16": "", "fp8": "", "fp4": ""}
@@ -280,8 +304,8 @@ class Replay:
 
 def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Version | None]:
     """The engine a silicon row ran (InferenceX's flags, the module docstring says which), as
-    the simulator takes it, and the vLLM version whose defaults apply (the row's; None where
-    it records none: the current one); raises
+    the simulator takes it, and the vLLM version whose defaults apply (the row's; where it
+    records none, InferenceX's image's, :data:`INFERENCEX_VLLM`); raises
     :class:`SpecError` naming what the simulator does not model."""
     gpu_name = SILICON_GPUS.get(run.system, run.system)
     if run.is_moe:
@@ -298,7 +322,8 @@ def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Versi
     gpu = resolve_gpu(gpu_name)
     model = resolve_model(checkpoint or SILICON_MODELS[run.model])
     online = "fp8" if run.precision == "fp8" and not model.quantization else None
-    version = parse_version(run.vllm_version, "backend_version") if run.vllm_version else None
+    version = parse_version(run.vllm_version, "backend_version") if run.vllm_version \
+        else INFERENCEX_VLLM
     # the H100 script's config.yaml: 10240 whatever the lengths
     model_len = 10240 if run.system == "h100_sxm" else _model_len(run)
     kv_dtype = "auto" if run.system in BF16_KV_SYSTEMS and run.vllm_version is None else "fp8"
@@ -307,6 +332,17 @@ def silicon_engine(run: ServingRun) -> tuple[EngineArgs, ModelConfig, GPU, Versi
                       max_num_seqs=512 if run.system == "b200_sxm" else run.concurrency,
                       gpu_memory_utilization=0.9, max_model_len=model_len)
     return args, model, gpu, version
+
+
+def silicon_fused_allreduce_tokens(run: ServingRun, model: ModelConfig, gpu: GPU) -> int:
+    """The largest step whose all-reduces a dense silicon row's server ran fused with the
+    RMSNorm after them (:data:`FI_ALLREDUCE_FUSION_SYSTEMS`; 0: none); the MoE rows' scripts
+    are replayed with vLLM's all-reduce."""
+    thresholds = FI_ALLREDUCE_FUSION_SYSTEMS.get(run.system)
+    if run.is_moe or thresholds is None:
+        return 0
+    return fi_allreduce_fusion_tokens(model.hidden_size, model.dtype_bytes, run.tp, gpu,
+                                      thresholds)
 
 
 def _model_len(run: ServingRun) -> int:
@@ -478,7 +514,8 @@ def replay_silicon(run: ServingRun) -> Replay:
         engine: Engine | DataParallelEngine = (
             build_data_parallel_engine(args, model, gpu, version, silicon_env(run))
             if args.data_parallel_size > 1 else
-            build_engine(args, model, gpu, version, silicon_env(run)))
+            build_engine(args, model, gpu, version, silicon_env(run),
+                         silicon_fused_allreduce_tokens(run, model, gpu)))
     except SpecError as e:
         return _skip(base, str(e))
     except EngineStartupError as e:

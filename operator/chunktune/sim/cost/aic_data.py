@@ -35,6 +35,9 @@ class GemmPoint:
     n: int
     k: int
     us: float
+    #: The kernel timed where the grid holds several of one dtype (``nvfp4``: the NVFP4 linear
+    #: kernel, :func:`chunktune.sim.cost.gemm_table.nvfp4_kernel`); "" for the others.
+    kernel: str = ""
 
 
 def read_committed_gemm(path: Path = GEMM_PATH) -> list[GemmPoint]:
@@ -45,7 +48,7 @@ def read_committed_gemm(path: Path = GEMM_PATH) -> list[GemmPoint]:
                 v = r[f"m{m}"]
                 if v:
                     out.append(GemmPoint(r["gpu"], r["dtype"], m, int(r["n"]), int(r["k"]),
-                                         float(v)))
+                                         float(v), r["kernel"]))
     return out
 
 

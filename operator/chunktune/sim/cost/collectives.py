@@ -406,3 +406,36 @@ def nccl_gather_scatter_s(nbytes: float | np.ndarray, n: int, gpu: GPU,
     ic = interconnect or gpu_interconnect(gpu)
     link, kind = ic.bottleneck(n)
     return c.latency_s + nccl_allreduce_s(s, n, link, c.link_eff[kind], c)
+
+
+#: vLLM 0.10's FlashInfer all-reduce fusion (``--compilation-config`` ``pass_config``
+#: ``enable_fi_allreduce_fusion``; ``vllm/compilation/collective_fusion.py``, 0.10.2): the
+#: largest all-reduce input, MiB by TP size, that runs through FlashInfer's
+#: ``trtllm_allreduce_fusion`` (``_FI_MAX_SIZES``; other sizes ``_DEFAULT_FI_MAX_SIZE``, 0.5),
+#: which ``VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB`` overrides per TP size.
+FI_ALLREDUCE_FUSION_MAX_MB = {2: 64.0, 4: 1.0, 6: 0.5, 8: 0.5}
+FI_ALLREDUCE_FUSION_DEFAULT_MB = 0.5
+#: ``PassConfig.fi_allreduce_fusion_max_token_num`` (0.10.2 default)
+FI_ALLREDUCE_FUSION_MAX_TOKENS = 16384
+#: the architectures FlashInfer's fused all-reduce kernels run on (TensorRT-LLM's one-shot
+#: Lamport kernels: SM 9.0 and 10.x)
+FI_ALLREDUCE_FUSION_FAMILIES = ("hopper", "blackwell")
+
+
+def fi_allreduce_fusion_tokens(hidden_size: int, dtype_bytes: float, tp: int, gpu: GPU,
+                               thresholds_mb: dict[int, float] | None = None) -> int:
+    """The largest step, in tokens, whose tensor-parallel all-reduces vLLM 0.10 runs fused
+    with the residual add and RMSNorm after them (FlashInfer's ``trtllm_allreduce_fusion``,
+    one shot) when the server enables ``enable_fi_allreduce_fusion``; 0 where it runs none
+    (TP 1, a GPU without the kernel). ``thresholds_mb``: the server's
+    ``VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB`` (merged over the release's table).
+
+    ``AllReduceFusionPass`` sizes its workspace for ``max_size // (hidden x tp x 2)`` tokens
+    (bf16 activations) and each call takes the fused kernel only when its input is at most
+    ``min(max_size, that x hidden x 2)`` bytes, else vLLM's all-reduce and the separate norm
+    kernels: so the reach is ``max_size / (hidden x tp x 2)`` tokens."""
+    if tp <= 1 or gpu.family not in FI_ALLREDUCE_FUSION_FAMILIES:
+        return 0
+    sizes = {**FI_ALLREDUCE_FUSION_MAX_MB, **(thresholds_mb or {})}
+    max_bytes = int(sizes.get(tp, FI_ALLREDUCE_FUSION_DEFAULT_MB) * 1024 * 1024)
+    return min(max_bytes // int(hidden_size * tp * dtype_bytes), FI_ALLREDUCE_FUSION_MAX_TOKENS)

@@ -28,6 +28,10 @@ read them at up to 2.9x and 1.9x the data sheet's bandwidth, where their weights
 times the L2 reach 87% and 96% of it; on the HBM GPUs no weight inside the L2 is read faster
 than the large weights stream (A100 87%, H100 93%, H200 90%, B200 89%), so the floor binds
 only between, or beyond, their measured points.
+
+NVFP4 grids are kept per kernel, because the kernel vLLM runs for a ModelOpt NVFP4 linear
+layer changed between releases (:func:`nvfp4_kernel`): the engine reads the grid of the kernel
+its release runs (``--vllm-version``; the current release where none is named).
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ import numpy as np
 
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import DTYPE_BYTES
+from chunktune.core.vllm_release import CURRENT, Version, parse_version
 from chunktune.sim.cost import aic_data
+from chunktune.sim.cost.allreduce_backends import compute_capability
 from chunktune.sim.cost.coefficients import group_sources, load_document
 
 #: Bytes per weight of each grid dtype (NVFP4: 4-bit values and an FP8 scale per 16).
@@ -50,6 +56,48 @@ WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": DTYPE_BYTES["nvfp4"]}
 STREAM_L2_MULTIPLE = 2.0
 #: ... and it is bound by reading them at up to this many rows.
 STREAM_MAX_M = 16
+
+#: The NVFP4 (W4A4) linear kernels vLLM runs on FP4 tensor cores by default: FlashInfer's
+#: CUTLASS GEMM (``FlashInferCutlassNvFp4LinearKernel``; before 0.22 the ``flashinfer-cutlass``
+#: backend of ``ModelOptNvFp4LinearMethod`` / ``select_nvfp4_linear_backend``) and its CuTe DSL
+#: GEMM (``FlashInferCuteDslNvFp4LinearKernel``, SM 10.x only).
+NVFP4_CUTLASS = "flashinfer-cutlass"
+NVFP4_CUTEDSL = "flashinfer-cutedsl"
+#: AIConfigurator's ``kernel_source`` values that name one of them (``vllm_default``: the
+#: release's default, :func:`nvfp4_kernel`).
+NVFP4_KERNEL_SOURCES = {"FlashInferCutlassNvFp4LinearKernel": NVFP4_CUTLASS,
+                        "FlashInferCuteDslNvFp4LinearKernel": NVFP4_CUTEDSL}
+#: vLLM 0.24.0 puts ``FlashInferCuteDslNvFp4LinearKernel`` first in ``_POSSIBLE_NVFP4_KERNELS``
+#: (``kernels/linear/__init__.py``; 0.22 and 0.23 list FlashInfer CUTLASS first).
+NVFP4_CUTEDSL_SINCE: Version = (0, 24, 0)
+
+
+def nvfp4_kernel(gpu: GPU, version: Version | None) -> str:
+    """The NVFP4 linear kernel vLLM ``version`` (None: :data:`CURRENT`) runs by default on
+    ``gpu`` (one with FP4 tensor cores): from 0.24 the first of ``_POSSIBLE_NVFP4_KERNELS``
+    that supports the GPU, FlashInfer's CuTe DSL GEMM on compute capability 10.x (its
+    ``is_supported``: ``is_device_capability_family(100)``), else FlashInfer CUTLASS (0.24-0.34
+    list it second; on SM 12.0 it is the first supported). Before 0.24 FlashInfer CUTLASS
+    everywhere: 0.10.2 ``ModelOptNvFp4LinearMethod`` (``flashinfer-cutlass`` where FlashInfer
+    is installed, as in vLLM's images, unless ``VLLM_USE_TRTLLM_FP4_GEMM``), 0.15.1 the same
+    unless ``VLLM_NVFP4_GEMM_BACKEND``, 0.17 and 0.19 ``select_nvfp4_linear_backend``
+    (``FLASHINFER_CUTLASS`` on SM >= 10.0), 0.22 and 0.23 ``_POSSIBLE_NVFP4_KERNELS``. The
+    environment variables and ``--linear-backend`` that ask for another kernel are not read
+    here (no grid times the others)."""
+    v = version or CURRENT
+    if compute_capability(gpu).startswith("10.") and v >= NVFP4_CUTEDSL_SINCE:
+        return NVFP4_CUTEDSL
+    return NVFP4_CUTLASS
+
+
+def row_nvfp4_kernel(gpu: GPU, version: str, kernel_source: str) -> str | None:
+    """The NVFP4 kernel an AIConfigurator ``gemm_perf`` row of vLLM ``version`` on ``gpu``
+    timed: the one its ``kernel_source`` names, or for ``vllm_default`` (its collector builds
+    vLLM's own compressed-tensors W4A4 layer and lets the release choose) the release's
+    default (:func:`nvfp4_kernel`); None for a kernel vLLM does not run by default."""
+    if kernel_source == "vllm_default":
+        return nvfp4_kernel(gpu, parse_version(version, "version"))
+    return NVFP4_KERNEL_SOURCES.get(kernel_source)
 
 
 class GemmTable:
@@ -103,21 +151,32 @@ class GemmTable:
 
 
 @lru_cache(maxsize=1)
-def _tables() -> dict[tuple[str, str], GemmTable]:
-    by: dict[tuple[str, str], list[aic_data.GemmPoint]] = defaultdict(list)
+def _tables() -> dict[tuple[str, str, str], GemmTable]:
+    by: dict[tuple[str, str, str], list[aic_data.GemmPoint]] = defaultdict(list)
     for p in aic_data.read_committed_gemm():
-        by[(p.gpu, p.dtype)].append(p)
+        by[(p.gpu, p.dtype, p.kernel)].append(p)
     return {key: GemmTable(pts) for key, pts in by.items()}
 
 
-def table(gpu: str, dtype: str) -> GemmTable | None:
-    """The committed table of ``gpu``'s own measured GEMMs in ``dtype`` (``bf16``, ``fp8``),
-    or None where it was not measured."""
-    return _tables().get((gpu, dtype))
+def table(gpu: str, dtype: str, kernel: str = "") -> GemmTable | None:
+    """The committed table of ``gpu``'s own measured GEMMs in ``dtype`` (``bf16``, ``fp8``;
+    ``nvfp4`` with its ``kernel``, :func:`nvfp4_table`), or None where it was not measured."""
+    return _tables().get((gpu, dtype, kernel))
+
+
+def nvfp4_table(gpu: GPU, version: Version | None) -> GemmTable | None:
+    """``gpu``'s measured grid of the NVFP4 kernel vLLM ``version`` runs there
+    (:func:`nvfp4_kernel`), or None where no grid times it."""
+    return table(gpu.name, "nvfp4", nvfp4_kernel(gpu, version))
+
+
+def has_nvfp4(gpu: str) -> bool:
+    """Whether ``gpu`` has a measured NVFP4 grid of any kernel."""
+    return any(g == gpu and d == "nvfp4" for g, d, _ in _tables())
 
 
 def table_gpus() -> list[tuple[str, str]]:
-    return sorted(_tables())
+    return sorted({(g, d) for g, d, _ in _tables()})
 
 
 def hbm_stream_fraction(points: list[aic_data.GemmPoint], gpu: GPU) -> dict[str, float] | None:

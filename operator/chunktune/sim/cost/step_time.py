@@ -46,6 +46,7 @@ import numpy as np
 from chunktune.core.errors import SpecError
 from chunktune.core.gpus import GPU
 from chunktune.core.models import DTYPE_BYTES, SLIDING, ModelConfig
+from chunktune.core.vllm_release import Version
 from chunktune.sim.cost import gemm_table, mla_table, moe_table
 from chunktune.sim.cost.coefficients import (
     KernelCoefficients,
@@ -73,6 +74,12 @@ WEIGHT_DTYPES = ("bf16", "fp8", "nvfp4")
 #: scheduled request. A lower bound: the readers' wake-up (they spin on their own cores on a
 #: GPU host) is not in it. Host time: overlapped like the rest under async scheduling.
 EXECUTOR_IPC_S = 1.87e-5
+#: Of the elementwise kernels a layer launches (:func:`linear_op_times`: two RMSNorms, the
+#: residual add, the rotary embedding, the activation), those FlashInfer's fused all-reduce
+#: runs inside its own kernel where vLLM fuses them (``AllReduceFusedAddRMSNorm*Pattern``,
+#: vLLM 0.10.2 ``compilation/collective_fusion.py``: all-reduce, residual add, RMSNorm and
+#: the next GEMM's FP8 or NVFP4 quantization in one kernel): the two norms and the add.
+FUSED_ALLREDUCE_KERNELS = 3
 EXECUTOR_IPC_PER_REQUEST_S = 6.6e-7
 
 
@@ -131,7 +138,8 @@ def lender_coefficients(c: KernelCoefficients, gpu: GPU, lender: GPU) -> KernelC
 
 
 def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients,
-              weight_dtype: str = "bf16", use_table: bool = True) -> np.ndarray:
+              weight_dtype: str = "bf16", use_table: bool = True,
+              vllm_version: Version | None = None) -> np.ndarray:
     """Seconds of one GEMM, an ``m x k`` activation times a ``k x n`` weight, for each ``m``.
 
     Where the GPU's own measured grid in that dtype covers (``n``, ``k``) (``use_table``), its
@@ -141,9 +149,11 @@ def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients
     L2 between its repeated calls; in an engine each layer's weights come from HBM); where it
     borrows a same-architecture neighbour's grid (:func:`chunktune.sim.cost.gemm_table.lent`),
     that grid scaled by the ratio of the two GPUs' fitted forms; else the fitted form
-    (:func:`gemm_form`). NVFP4 only from the GPU's own measured nvfp4 grid (else the form)."""
+    (:func:`gemm_form`). NVFP4 only from the GPU's own measured grid of the kernel vLLM
+    ``vllm_version`` (None: the current release) runs there
+    (:func:`chunktune.sim.cost.gemm_table.nvfp4_table`; else the form)."""
     if weight_dtype == "nvfp4":
-        fp4 = gemm_table.table(gpu.name, "nvfp4") if use_table else None
+        fp4 = gemm_table.nvfp4_table(gpu, vllm_version) if use_table else None
         if fp4 is not None and fp4.covers(n, k):
             floor = gemm_table.weight_stream_s(k, n, "nvfp4", gpu, gpu.name)
             measured: np.ndarray = np.maximum(fp4.seconds(m, n, k), floor)
@@ -171,12 +181,14 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
                     c: KernelCoefficients, weight_dtype: str = "bf16",
                     use_table: bool = True,
                     expert_parallel: bool = False,
-                    vllm_env: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
+                    vllm_env: Mapping[str, str] | None = None,
+                    vllm_version: Version | None = None) -> dict[str, np.ndarray]:
     """Seconds each linear operator of ONE layer takes on one rank, for each token count
     (keys: the ``LINEAR_OPS`` the model has). Measured per operator, these separate the GEMM
     efficiencies from the elementwise kernels, which a per-layer sum alone cannot.
     ``expert_parallel``, ``vllm_env``: how the routed experts are split and which kernel runs
-    them (:func:`moe_time`)."""
+    them (:func:`moe_time`); ``vllm_version``: the release, which picks the NVFP4 GEMM kernel
+    (:func:`gemm_time`)."""
     T = np.asarray(tokens, dtype=np.float64)
     B = gpu.hbm_tb_s * 1e12
     b = model.dtype_bytes
@@ -188,7 +200,8 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
     dtypes = {name: four_bit_linear_dtype(model, gpu, module) or weight_dtype
               for name, module in (("qkv", "attention"), ("o", "attention"),
                                    ("up", "dense_mlp"), ("down", "dense_mlp"))}
-    out = {name: gemm_time(T, k, n, gpu, c, dtypes[name], use_table) for name, (k, n)
+    out = {name: gemm_time(T, k, n, gpu, c, dtypes[name], use_table, vllm_version)
+           for name, (k, n)
            in zip(("qkv", "o", "up", "down"), layer_gemms(model, tp), strict=False)
            if not (model.is_mla and name in ("qkv", "o"))}
     h = model.hidden_size
@@ -204,8 +217,8 @@ def linear_op_times(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
                   or model.num_shared_experts * model.moe_intermediate_size) / tp
             # shared experts the checkpoint quantizes to 4 bits: four_bit_linear_dtype
             shared = four_bit_linear_dtype(model, gpu, "shared_experts") or weight_dtype
-            up = gemm_time(T, h, 2 * si, gpu, c, shared, use_table)
-            down = gemm_time(T, si, h, gpu, c, shared, use_table)
+            up = gemm_time(T, h, 2 * si, gpu, c, shared, use_table, vllm_version)
+            down = gemm_time(T, si, h, gpu, c, shared, use_table, vllm_version)
             side = shared_experts_side_stream(vllm_env) if gpu.name != "cpu" else 0
             # on the side stream the shared experts run beside the router and the routed
             # experts (SharedFusedMoE): the layer takes the longer of the two, the main
@@ -466,10 +479,11 @@ def moe_form(tokens: np.ndarray, hidden: float | np.ndarray, inter: float | np.n
 def linear_layer_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray,
                       c: KernelCoefficients, weight_dtype: str = "bf16",
                       use_table: bool = True, expert_parallel: bool = False,
-                      vllm_env: Mapping[str, str] | None = None) -> np.ndarray:
+                      vllm_env: Mapping[str, str] | None = None,
+                      vllm_version: Version | None = None) -> np.ndarray:
     """Seconds the linear operators of ONE layer take on one rank, for each token count."""
     ops = linear_op_times(model, gpu, tp, tokens, c, weight_dtype, use_table, expert_parallel,
-                          vllm_env)
+                          vllm_env, vllm_version)
     t: np.ndarray = np.zeros_like(np.asarray(tokens, dtype=np.float64))
     for name in LINEAR_OPS:
         if name in ops:
@@ -763,7 +777,7 @@ def four_bit_linear_dtype(model: ModelConfig, gpu: GPU, module: str) -> str | No
             or model.module_weight_bytes(module) >= model.dtype_bytes:
         return None
     if model.weight_dtype == "nvfp4" and gpu.family == "blackwell" \
-            and gemm_table.table(gpu.name, "nvfp4") is not None:
+            and gemm_table.has_nvfp4(gpu.name):
         return "nvfp4"
     return "fp8"
 
@@ -783,7 +797,7 @@ def fp4_dense_refusal(model: ModelConfig, gpu: GPU) -> str | None:
         return (f"nvfp4 dense linear layers on {gpu.name} are not modelled: without FP4 "
                 "tensor cores vLLM runs them weight-only (Marlin FP4, bf16 activations), a "
                 "kernel not measured here")
-    if gemm_table.table(gpu.name, "nvfp4") is None:
+    if not gemm_table.has_nvfp4(gpu.name):
         return (f"nvfp4 dense linear layers on {gpu.name} are not modelled: no measured "
                 "nvfp4 GEMM grid for this GPU")
     return None
@@ -827,7 +841,8 @@ class StepCostModel:
                  weight_dtype: str | None = None, kv_dtype_bytes: float | None = None,
                  async_scheduling: bool = False, expert_parallel: bool = False,
                  vllm_env: Mapping[str, str] | None = None,
-                 data_parallel_size: int = 1) -> None:
+                 data_parallel_size: int = 1, fused_allreduce_tokens: int = 0,
+                 vllm_version: Version | None = None) -> None:
         """``weight_dtype``: what the linear layers run in (``WEIGHT_DTYPES``; None: the
         model's, ``fp8`` for an FP8 checkpoint or ``--quantization fp8``, ``nvfp4`` for a dense
         NVFP4 checkpoint); ``kv_dtype_bytes``:
@@ -838,7 +853,12 @@ class StepCostModel:
         where they choose the MoE kernel (:func:`moe_weight_format`); ``data_parallel_size``:
         attention data-parallel ranks of an expert-parallel MoE model: the step of one rank
         leaves out the routed experts, which :meth:`dp_experts_time` prices on the tokens of
-        all ranks."""
+        all ranks; ``fused_allreduce_tokens``: steps of up to this many tokens run each
+        tensor-parallel all-reduce fused with the residual add and RMSNorm after it
+        (FlashInfer's ``trtllm_allreduce_fusion``, where the server enables vLLM's all-reduce
+        fusion pass: :func:`chunktune.sim.cost.collectives.fi_allreduce_fusion_tokens`; 0:
+        none); ``vllm_version``: the release the server runs (None: the current), where it
+        picks a kernel (the NVFP4 GEMM's, :func:`gemm_time`)."""
         if weight_dtype is None:
             weight_dtype = model.weight_dtype if model.weight_dtype == "fp8" or (
                 model.weight_dtype == "nvfp4" and not model.is_moe) else "bf16"
@@ -867,11 +887,11 @@ class StepCostModel:
             if data_parallel_size > 1 else vllm_env
         lin = linear_layer_time(model, gpu, tp, tokens, c, weight_dtype,
                                 expert_parallel=expert_parallel,
-                                vllm_env=lin_env) * (layers - dense)
+                                vllm_env=lin_env, vllm_version=vllm_version) * (layers - dense)
         if dense:
             # 4-bit dense MLPs of an MoE model: what four_bit_linear_dtype says
             lin = lin + linear_layer_time(dense_layer(model), gpu, tp, tokens, c,
-                                          weight_dtype) * dense
+                                          weight_dtype, vllm_version=vllm_version) * dense
         self.data_parallel_size = dp = data_parallel_size
         self._dp_experts: list[float] = []
         if dp > 1:
@@ -896,6 +916,13 @@ class StepCostModel:
                                                          interconnect=interconnect)
             ex[0] = 0.0
             self._dp_experts = ex.tolist()
+        if tp > 1 and fused_allreduce_tokens > 0:
+            # the fused kernel (one per all-reduce, two a layer) adds the residual and
+            # normalizes in the all-reduce's own kernel: the layer's two RMSNorms and its
+            # residual add launch no kernels of their own (their bytes stay, read and written
+            # by the fused kernel); its all-reduce is priced as vLLM's (tp_allreduce_s)
+            top = min(fused_allreduce_tokens, max_tokens)
+            lin[1:top + 1] -= FUSED_ALLREDUCE_KERNELS * c.elementwise_overhead_s * layers
         lin[0] = 0.0
         self._linear: list[float] = lin.tolist()
         self._B = gpu.hbm_tb_s * 1e12 * c.gemm_memory_eff

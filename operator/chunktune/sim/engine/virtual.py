@@ -113,9 +113,13 @@ class Engine:
     """A started engine: its resolved configuration, memory plan, scheduler and cost model."""
 
     def __init__(self, cfg: ResolvedConfig, memory: MemoryPlan,
-                 vllm_env: Mapping[str, str] | None = None) -> None:
+                 vllm_env: Mapping[str, str] | None = None,
+                 fused_allreduce_tokens: int = 0) -> None:
         """``vllm_env``: the vLLM environment variables the server runs with, where they
-        choose a kernel the step time prices (:class:`StepCostModel`)."""
+        choose a kernel the step time prices (:class:`StepCostModel`);
+        ``fused_allreduce_tokens``: the largest step whose all-reduces run fused with the
+        RMSNorm after them, where the server's compilation config enables it
+        (:func:`chunktune.sim.cost.collectives.fi_allreduce_fusion_tokens`; 0: none)."""
         self.cfg = cfg
         self.memory = memory
         self.cost = StepCostModel(cfg.model, cfg.gpu, cfg.tensor_parallel_size,
@@ -125,7 +129,9 @@ class Engine:
                                   async_scheduling=cfg.async_scheduling,
                                   expert_parallel=cfg.enable_expert_parallel,
                                   vllm_env=vllm_env,
-                                  data_parallel_size=cfg.data_parallel_size)
+                                  data_parallel_size=cfg.data_parallel_size,
+                                  fused_allreduce_tokens=fused_allreduce_tokens,
+                                  vllm_version=cfg.vllm_version)
         self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
         #: the drafter's time per step, with speculative decoding
         self.draft = DraftCost.build(cfg.speculative, self.cost, drafter(cfg)) \
@@ -347,11 +353,12 @@ def iteration_records(engine: Engine, result: ReplayResult, gap_s: float = 0.0
 
 def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU,
                  version: Version | None = None,
-                 vllm_env: Mapping[str, str] | None = None) -> Engine:
+                 vllm_env: Mapping[str, str] | None = None,
+                 fused_allreduce_tokens: int = 0) -> Engine:
     """Resolve, profile memory and start the engine (with vLLM ``version``'s start-up
     defaults; None: the current; ``vllm_env``: the server's vLLM environment variables,
-    :class:`Engine`); raises EngineStartupError on failure and SpecError for a setting the
-    simulator does not model."""
+    ``fused_allreduce_tokens``: the reach of its fused all-reduce, :class:`Engine`); raises
+    EngineStartupError on failure and SpecError for a setting the simulator does not model."""
     args.check_simulated()
     if args.data_parallel_size > 1:
         raise SpecError([("--data-parallel-size", "data parallelism above 1 is not simulated "
@@ -359,4 +366,4 @@ def build_engine(args: EngineArgs, model: ModelConfig, gpu: GPU,
                           "together, chunktune.sim.engine.data_parallel) only in its fidelity "
                           "replay (bench/fidelity_e2e.py)")])
     cfg = resolve(args, model, gpu, version)
-    return Engine(cfg, plan_memory(cfg, vllm_env), vllm_env)
+    return Engine(cfg, plan_memory(cfg, vllm_env), vllm_env, fused_allreduce_tokens)

@@ -10,7 +10,8 @@ vLLM 0.14-0.24 (one call per row, ms). Tables read here:
 - ``gemm_perf``: vLLM's linear layer, an ``m x k`` input times a ``k x n`` weight, in bf16,
   fp8 (per-tensor scaled, the activation quantised on the fly) and, on the Blackwell GPUs,
   nvfp4 (ModelOpt W4A4: FP4 weights with an FP8 scale per 16, the activation quantised to
-  NVFP4 on the fly; vLLM 0.24 ran FlashInfer's CuTe DSL kernel on the B200);
+  NVFP4 on the fly), per kernel: on the B200 vLLM 0.19 and 0.22 timed FlashInfer's CUTLASS
+  GEMM (their default), 0.24 its CuTe DSL GEMM (named in ``kernel_source``);
 - ``context_attention_perf``: ``batch_size`` prompts of ``isl`` tokens prefilled from scratch
   in one attention call of one layer; ``generation_attention_perf``: ``batch_size`` decodes
   with ``step`` tokens of history each;
@@ -19,11 +20,11 @@ vLLM 0.14-0.24 (one call per row, ms). Tables read here:
 - ``moe_perf``: vLLM's fused MoE layer.
 
 Each GPU's table comes from the newest vLLM version that has it (for the GEMMs: that has rows
-of the dtype): the versions closest to the one users run. Committed derivatives under
-``sim/cost/data/`` (headers name source and licence): ``aic_gemm_us.csv`` (the GEMM grid at
-powers of two of ``m``, ``n`` and ``k`` of at least 128), ``aic_allreduce_us.csv`` (every
-CUDA-graph all-reduce row) and ``aic_kernel_points.csv`` (a sub-grid of the attention and MoE
-rows for the regression test).
+of the dtype, and for NVFP4 of the kernel): the versions closest to the one users run.
+Committed derivatives under ``sim/cost/data/`` (headers name source and licence):
+``aic_gemm_us.csv`` (the GEMM grid at powers of two of ``m``, ``n`` and ``k`` of at least
+128), ``aic_allreduce_us.csv`` (every CUDA-graph all-reduce row) and ``aic_kernel_points.csv``
+(a sub-grid of the attention and MoE rows for the regression test).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from chunktune.core.gpus import resolve_gpu
 from chunktune.sim.cost.aic_data import (
     ALLREDUCE_PATH,
     DATA,
@@ -44,6 +46,7 @@ from chunktune.sim.cost.aic_data import (
     AllReduceRow,
     GemmPoint,
 )
+from chunktune.sim.cost.gemm_table import row_nvfp4_kernel
 from chunktune.sim.cost.moe_table import counts
 
 AIC_DIR = "aiconfigurator-vllm"
@@ -87,24 +90,33 @@ def gpu_folders(root: Path) -> dict[str, str]:
 
 # ---- GEMMs -------------------------------------------------------------------------------
 
-def read_gemm(root: Path) -> tuple[list[GemmPoint], dict[tuple[str, str], str]]:
+def read_gemm(root: Path) -> tuple[list[GemmPoint], dict[tuple[str, str, str], str]]:
     """Every bf16, fp8 and nvfp4 GEMM timing of each GPU's newest version with that dtype
-    (median of duplicates), and the vLLM version each (GPU, dtype) came from."""
+    (median of duplicates), and the vLLM version each (GPU, dtype, kernel) came from. NVFP4
+    per kernel (:func:`chunktune.sim.cost.gemm_table.row_nvfp4_kernel`: the newest version
+    timing each kernel vLLM runs by default in some release; rows of other kernels are not
+    read), as ``moe_table.counts`` keeps the MoE rows: the engine reads the grid of the
+    kernel its release runs."""
     out: list[GemmPoint] = []
-    versions: dict[tuple[str, str], str] = {}
+    versions: dict[tuple[str, str, str], str] = {}
     for gpu, folder in sorted(gpu_folders(root).items()):
+        g = resolve_gpu(gpu)
         for path in _versions(root, folder, "gemm_perf"):
-            acc: dict[tuple[str, int, int, int], list[float]] = defaultdict(list)
+            acc: dict[tuple[str, str, int, int, int], list[float]] = defaultdict(list)
             for r in _rows(path):
                 dtype = GEMM_DTYPES.get(r["gemm_dtype"])
-                if dtype is None or (gpu, dtype) in versions:
+                if dtype is None:
                     continue
-                acc[(dtype, int(r["m"]), int(r["n"]), int(r["k"]))].append(
+                kernel = "" if dtype != "nvfp4" else row_nvfp4_kernel(
+                    g, path.parent.name, r["kernel_source"])
+                if kernel is None or (gpu, dtype, kernel) in versions:
+                    continue
+                acc[(dtype, kernel, int(r["m"]), int(r["n"]), int(r["k"]))].append(
                     float(r["latency"]) * 1e3)
-            for dtype in sorted({k[0] for k in acc}):
-                versions[(gpu, dtype)] = path.parent.name
-            out += [GemmPoint(gpu, d, m, n, k, statistics.median(v))
-                    for (d, m, n, k), v in sorted(acc.items())]
+            for dtype, kernel in sorted({k[:2] for k in acc}):
+                versions[(gpu, dtype, kernel)] = path.parent.name
+            out += [GemmPoint(gpu, d, m, n, k, statistics.median(v), kern)
+                    for (d, kern, m, n, k), v in sorted(acc.items())]
     return out, versions
 
 
@@ -114,22 +126,31 @@ def gemm_grid(points: Iterable[GemmPoint]) -> list[GemmPoint]:
     return [p for p in points if p.m in ms and p.n >= MIN_NK and p.k >= MIN_NK]
 
 
-def write_gemm(points: list[GemmPoint], versions: dict[tuple[str, str], str],
+def gemm_versions_text(versions: dict[tuple[str, str, str], str]) -> str:
+    """``b200/bf16=0.24.0 b200/nvfp4/flashinfer-cutlass=0.22.0 ...``: where each grid came
+    from."""
+    return " ".join(f"{g}/{d}{'/' + kn if kn else ''}={v}"
+                    for (g, d, kn), v in sorted(versions.items()))
+
+
+def write_gemm(points: list[GemmPoint], versions: dict[tuple[str, str, str], str],
                path: Path = GEMM_PATH) -> None:
-    """One row per (GPU, dtype, n, k): microseconds at each ``M_GRID`` m (empty: not
+    """One row per (GPU, dtype, kernel, n, k): microseconds at each ``M_GRID`` m (empty: not
     measured)."""
-    rows: dict[tuple[str, str, int, int], dict[int, float]] = defaultdict(dict)
+    rows: dict[tuple[str, str, str, int, int], dict[int, float]] = defaultdict(dict)
     for p in points:
-        rows[(p.gpu, p.dtype, p.n, p.k)][p.m] = p.us
+        rows[(p.gpu, p.dtype, p.kernel, p.n, p.k)][p.m] = p.us
     with path.open("w", newline="") as fh:
         fh.write(f"# Derived from {SOURCE}gemm_perf (vLLM's linear layer, one call):\n")
         fh.write("# microseconds for an m x k input times a k x n weight, at m = 1, 2, 4, ..."
-                 f" {M_GRID[-1]}; n, k >= {MIN_NK}; vLLM version per (gpu, dtype): "
-                 + " ".join(f"{g}/{d}={v}" for (g, d), v in sorted(versions.items())) + "\n")
+                 f" {M_GRID[-1]}; n, k >= {MIN_NK}; kernel: the NVFP4 linear kernel timed "
+                 "(gemm_table.nvfp4_kernel); vLLM version per (gpu, dtype[/kernel]): "
+                 + gemm_versions_text(versions) + "\n")
         w = csv.writer(fh)
-        w.writerow(["gpu", "dtype", "n", "k"] + [f"m{m}" for m in M_GRID])
-        for (g, d, n, k), by_m in sorted(rows.items()):
-            w.writerow([g, d, n, k] + [f"{by_m[m]:.4g}" if m in by_m else "" for m in M_GRID])
+        w.writerow(["gpu", "dtype", "kernel", "n", "k"] + [f"m{m}" for m in M_GRID])
+        for (g, d, kn, n, k), by_m in sorted(rows.items()):
+            w.writerow([g, d, kn, n, k]
+                       + [f"{by_m[m]:.4g}" if m in by_m else "" for m in M_GRID])
 
 
 # ---- attention ---------------------------------------------------------------------------

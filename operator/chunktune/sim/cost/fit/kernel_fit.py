@@ -197,7 +197,7 @@ def document(meas: Measurements) -> dict[str, Any]:
                 coef[lender].fp8_quant_memory_eff, resolve_gpu(lender), resolve_gpu(g),
                 quant["use"])})
     loo, loo_by_path = rep.loo_gpu_summary(meas, coef, prefill["use"], quant["use"])
-    versions = " ".join(f"{g}/{d}={v}" for (g, d), v in sorted(meas.gemm_versions.items()))
+    versions = aic_kernels.gemm_versions_text(meas.gemm_versions)
     return {
         "source": "per GPU, fitted on its own measured kernels "
                   "(chunktune.sim.cost.fit.kernel_fit): "

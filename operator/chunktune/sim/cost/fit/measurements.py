@@ -48,8 +48,8 @@ class Measurements:
     attention: list[aic_kernels.AttentionRow]
     allreduce: list[aic_data.AllReduceRow]
     moe: list[aic_kernels.MoeRow]
-    #: vLLM version per (GPU, dtype) of the GEMM grid (raw data only)
-    gemm_versions: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: vLLM version per (GPU, dtype, kernel) of the GEMM grid (raw data only)
+    gemm_versions: dict[tuple[str, str, str], str] = field(default_factory=dict)
     raw: bool = False
 
 
