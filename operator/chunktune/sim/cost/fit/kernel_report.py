@@ -343,11 +343,15 @@ def lent_or_form_errors(gpu: str, src: str, fam: str, c: KernelCoefficients,
     return out
 
 
+def pcie_gpus(meas: Measurements) -> list[str]:
+    """The PCIe GPUs with measured all-reduces in ``meas``."""
+    return sorted({g for g in {r.gpu for r in meas.allreduce} if not resolve_gpu(g).nvlink})
+
+
 def pcie_lenders(gpu: str, meas: Measurements) -> list[str]:
     """The PCIe GPUs other than ``gpu`` with measured all-reduces in ``meas``: whose graphed
     NCCL latencies price ``gpu`` held out (:func:`pcie_allreduce_errors`)."""
-    return sorted({r.gpu for r in meas.allreduce
-                   if r.gpu != gpu and not resolve_gpu(r.gpu).nvlink})
+    return [g for g in pcie_gpus(meas) if g != gpu]
 
 
 def pcie_allreduce_errors(gpu: str, meas: Measurements) -> np.ndarray:
@@ -358,8 +362,9 @@ def pcie_allreduce_errors(gpu: str, meas: Measurements) -> np.ndarray:
     per row of ``meas.allreduce`` of ``gpu``."""
     g = resolve_gpu(gpu)
     ar = [r for r in meas.allreduce if r.gpu == gpu]
+    lenders = set(pcie_lenders(gpu, meas))
     lat = col.pcie_nccl_latencies(col.allreduce_tables(
-        r for r in meas.allreduce if r.gpu in pcie_lenders(gpu, meas)))
+        r for r in meas.allreduce if r.gpu in lenders))
     pred = np.array([float(col.pcie_allreduce_s(float(r.nbytes), r.ranks, g, latencies=lat))
                      for r in ar])
     out: np.ndarray = np.abs(pred * 1e6 / np.array([r.us for r in ar]) - 1)
@@ -388,7 +393,7 @@ def pcie_allreduce_report(meas: Measurements) -> list[ErrorRow]:
     """Each PCIe GPU's held-out all-reduce (:func:`pcie_allreduce_ranges`) per rank range and
     message range: dataset ``all-reduce-pcie``."""
     return [ErrorRow.of("all-reduce-pcie", f"{g} {rng}", "loo-gpu", err)
-            for g in sorted({r.gpu for r in meas.allreduce if not resolve_gpu(r.gpu).nvlink})
+            for g in pcie_gpus(meas)
             for rng, err in pcie_allreduce_ranges(g, meas).items() if len(err)]
 
 
@@ -402,7 +407,7 @@ def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients], rul
     fams = {k[0]: float(f"{v:.4g}") for k, v in summarize(rows).items() if k[1] == "loo-gpu"}
     by_path = allreduce_loo_by_path(rows)
     above = [float(np.median(pcie_allreduce_ranges(g, meas)["TP > 2"]))
-             for g in sorted({r.gpu for r in meas.allreduce if not resolve_gpu(r.gpu).nvlink})]
+             for g in pcie_gpus(meas)]
     if above:
         by_path["pcie-tp>2"] = float(np.median(above))
     return fams, {k: float(f"{v:.4g}") for k, v in by_path.items()}
