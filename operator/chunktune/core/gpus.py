@@ -139,9 +139,10 @@ GPUS: dict[str, GPU] = {
         # Server Edition (the device LLMServingSim measured): 1597 GB/s GDDR7 (the Workstation
         # Edition's 1792 GB/s is another SKU); 503.8 TF dense bf16 with fp32 accumulate.
         # Link: 64 GB/s, PCIe Gen4 x16's figure, though the card is Gen5 x16 (128): the
-        # engine prices a PCIe ring at 0.75 of this figure, and the measured box's rings at 4
-        # and 8 ranks reach 30 / 24 GB/s each way (Gen5 would price them twice as fast;
-        # bench/RESULTS.md, 2026-12-06, "the RTX PRO 6000 on PCIe Gen5").
+        # engine prices a PCIe ring at 0.75 of the per-direction half (24 GB/s here), and the
+        # measured box's NCCL at 4 and 8 ranks reaches 30 / 24 GB/s of bus bandwidth (Gen5
+        # would price it twice as fast; bench/RESULTS.md, 2026-12-06, "the RTX PRO 6000 on
+        # PCIe Gen5").
         GPU("rtx-pro-6000", 94.97, 1.597, 483.6, 64.0, "blackwell", 188,
             "NVIDIA RTX PRO 6000 Blackwell Server Edition"),
         # vLLM's CPU engine: no data sheet applies. Nominal figures (DDR bandwidth, AVX-512
