@@ -18,6 +18,7 @@ from chunktune.sim.cost.step_time import (
     moe_form,
     moe_time,
     moe_weight_format,
+    other_shape_curve,
 )
 
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"
@@ -333,3 +334,79 @@ def test_a_triton_curve_counts_only_with_the_tiles_vllm_runs_today():
            if r.gpu == "a100-sxm" and r.dtype == "bf16"}
     assert fit and all(moe_table.current_tiles("a100-sxm", "0.14.0", e, n, 1, 1)
                        for e, n in fit)
+
+
+#: Qwen3-235B-A22B's MoE layers (config.json: hidden 4096, 128 experts of width 1536, top 8)
+#: in an INT4 W4A16 export (AWQ / GPTQ, groups of 128): a shape vLLM 0.24's collector did not
+#: time in INT4.
+QWEN3_235B_INT4 = ModelConfig("qwen3-235b-int4-shape", 4096, 94, 64, 4, 128, 1536, 151936,
+                              40960, num_experts=128, num_experts_per_tok=8,
+                              moe_intermediate_size=1536, weight_dtype="int4_g128",
+                              quantization="compressed-tensors")
+
+
+def test_int4_rows_count_only_from_the_collector_that_times_vllms_marlin_method():
+    """vLLM runs INT4 W4A16 experts with Marlin (``CompressedTensorsWNA16MarlinMoEMethod``);
+    AIConfigurator's 0.24 collector times that method, the older ones'
+    ``vllm_marlin_int4_moe`` rows take 2.4-2.8x as long at the one shape both timed, so the
+    committed table keeps 0.24's INT4 curves alone."""
+    row = {"kernel_source": "vllm_marlin_int4_moe", "num_experts": "384", "inter_size": "2048",
+           "moe_tp_size": "1", "moe_ep_size": "1"}
+    assert not moe_table.counts("h100-sxm", "int4", "0.19.0", row)
+    assert not moe_table.counts("l40s", "int4", "0.22.0", row)
+    new = dict(row, kernel_source="vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts")
+    assert moe_table.counts("h100-sxm", "int4", "0.24.0", new)
+    assert moe_table.counts("h100-sxm", "fp8_block", "0.19.0", dict(
+        row, kernel_source="vllm_fused_moe"))  # other formats keep their older rows
+    with moe_table.MOE_PATH.open() as fh:
+        versions = {line.split(",")[1] for line in fh
+                    if not line.startswith("#") and line.split(",")[2:3] == ["int4"]}
+    assert versions == {"0.24.0"}
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
+def test_the_older_collectors_int4_rows_are_slower_than_vllms_marlin_at_the_same_shape():
+    """The evidence for the rule above, from the raw tables: at Kimi-K2's shape (7168 x 2048,
+    384 experts, top 8, power-law routing) the H100's vLLM 0.19 INT4 rows take over 1.5x
+    vLLM 0.24's at nearly every token count and split, and 2.4x at the median."""
+    import csv
+    import gzip
+
+    def load(version: str) -> dict[tuple[str, str, str], float]:
+        path = SHARED / "aiconfigurator-vllm" / "h100_sxm" / version / "moe_perf.csv.gz"
+        with gzip.open(path, "rt", newline="") as fh:
+            return {(r["moe_tp_size"], r["moe_ep_size"], r["num_tokens"]): float(r["latency"])
+                    for r in csv.DictReader(fh)
+                    if r["moe_dtype"] == "int4_wo" and r["distribution"] == "power_law_1.01"
+                    and (r["hidden_size"], r["inter_size"], r["num_experts"], r["topk"])
+                    == ("7168", "2048", "384", "8")}
+
+    old, new = load("0.19.0"), load("0.24.0")
+    ratio = np.array([old[k] / new[k] for k in sorted(set(old) & set(new))])
+    assert len(ratio) >= 100
+    assert np.median(ratio) > 2.0 and np.percentile(ratio, 10) > 1.5
+
+
+def test_an_int4_moe_shape_the_table_lacks_borrows_the_timed_marlin_curve():
+    """Qwen3-235B's INT4 experts on the H100 at TP 4: the table times INT4 (Marlin, as vLLM
+    runs it) at Kimi-K2's shape only, so the layer is that curve at the same split scaled by
+    the fitted form's ratio of the two shapes. It streams the experts at 1.9 TB/s at 64 tokens
+    (every expert touched) as Marlin does at Kimi's shape; the older collector's curve of this
+    shape, which the engine ran before, streamed them at 0.5 TB/s."""
+    gpu = resolve_gpu("h100-sxm")
+    c = coefficients(gpu)
+    assert moe_table.curve("h100-sxm", "int4", 4096, 1536, 128, 8, 4, 1) is None
+    us = other_shape_curve(gpu, c, "int4", 4096, 1536, 128, 8, 4, 1, 3, "int4_g128")
+    kimi = moe_table.curve("h100-sxm", "int4", 7168, 2048, 384, 8, 4, 1)
+    assert us is not None and kimi is not None
+    t = np.array(moe_table.TOKENS, dtype=np.float64)
+    assert moe_time(QWEN3_235B_INT4, gpu, 4, t, c, "int4_g128") == pytest.approx(
+        moe_table.seconds(us, t))
+    ratio = (moe_form(t, 4096, 1536 / 4, 8, 128, 3, gpu, c, "int4_g128")
+             / moe_form(t, 7168, 2048 / 4, 8, 384, 3, gpu, c, "int4_g128"))
+    assert us == pytest.approx(kimi * ratio)
+    at64 = moe_time(QWEN3_235B_INT4, gpu, 4, np.array([64.0]), c, "int4_g128")[0]
+    weights = 128 * 4096 * 1536 / 4 * 3 * 0.515625  # bytes: every expert, INT4 + scales
+    assert weights / at64 > 1.2e12
+    # no INT4 curve at a split the table lacks: the fitted form
+    assert other_shape_curve(gpu, c, "int4", 4096, 1536, 128, 8, 16, 1) is None

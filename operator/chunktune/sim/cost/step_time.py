@@ -387,6 +387,37 @@ def borrowed_moe_curve(gpu: GPU, c: KernelCoefficients, fmt: str, hidden: int, i
     return out
 
 
+#: Kernel formats a GPU's table times on one shape only (INT4 W4A16: Marlin, as vLLM runs it
+#: timed on Kimi-K2's shape alone, ``moe_table.INT4_MARLIN_SINCE``): at another shape, the
+#: nearest timed shape's curve in the same format and split, scaled by the fitted form
+#: (:func:`other_shape_curve`).
+SHAPE_BORROWED_FORMATS = frozenset({"int4"})
+
+
+def other_shape_curve(gpu: GPU, c: KernelCoefficients, fmt: str, hidden: int, inter: int,
+                      experts: int, topk: int, tp: int, ep: int, mats: float = 3,
+                      weight_dtype: str = "int4_g128") -> np.ndarray | None:
+    """The microseconds at :data:`moe_table.TOKENS` of a model's MoE layer in kernel format
+    ``fmt`` where the GPU's table times that format on other shapes only: the curve of the
+    nearest shape at the same split (:func:`moe_table.nearest`) times the ratio of the fitted
+    form (:func:`moe_form`, weights in ``weight_dtype``) at the model's shape to that at the
+    timed one, token count by token count: the kernel's measured efficiency kept, the bytes and
+    FLOPs moved to the model's shape. None where the format has no curve at the split.
+    Borrowed: the H100's Marlin curves of its two formats (INT4 at 7168 x 2048, 384 experts,
+    top 8; MXFP4 at 3584 x 3072, 896 experts, top 16; each form in its own format's bytes)
+    predict each other this way within 12-13% at the median over 1-2048 tokens (H200, B200:
+    22-29%, part of it the formats' own difference: the sign is the same at every count)."""
+    near = moe_table.nearest(gpu.name, fmt, hidden, inter, tp, ep)
+    if near is None:
+        return None
+    (h2, i2, e2, k2), us = near
+    t = np.array(moe_table.TOKENS, dtype=np.float64)
+    form = moe_form(t, hidden, inter / tp, topk / ep, experts / ep, mats, gpu, c, weight_dtype)
+    form2 = moe_form(t, h2, i2 / tp, k2 / ep, e2 / ep, mats, gpu, c, weight_dtype)
+    out: np.ndarray = us * form / form2
+    return out
+
+
 def moe_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray, c: KernelCoefficients,
              weight_dtype: str = "bf16", use_table: bool = True,
              expert_parallel: bool = False,
@@ -394,9 +425,10 @@ def moe_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray, c: Kerne
     """Seconds of a fused MoE layer's routed experts on one rank, for each token count: the
     GPU's measured MoE layer where its table has the model's shape and split in the kernel
     format vLLM runs (:func:`moe_weight_format`, ``vllm_env``: the server's vLLM environment
-    variables) or borrows it from the format's nearest shape (:func:`borrowed_moe_curve`;
-    ``expert_parallel``: each of the ``tp`` ranks holds ``1/tp`` of the experts whole, as
-    ``--enable-expert-parallel`` splits them, else every expert is sharded ``tp`` ways); where
+    variables) or borrows it from the format's nearest shape (:func:`borrowed_moe_curve`,
+    :func:`other_shape_curve`; ``expert_parallel``: each of the ``tp`` ranks holds ``1/tp``
+    of the experts whole, as ``--enable-expert-parallel`` splits them, else every expert is
+    sharded ``tp`` ways); where
     the GPU has no MoE table and borrows a neighbour's
     (:func:`chunktune.sim.cost.moe_table.lent`), that table scaled by the ratio of the fitted
     form on the two GPUs; else the fitted form (:func:`moe_form`, sharded experts)."""
@@ -410,6 +442,9 @@ def moe_time(model: ModelConfig, gpu: GPU, tp: int, tokens: np.ndarray, c: Kerne
         us = moe_table.curve(gpu.name, fmt, *shape)
         if us is None and fmt in BORROWED_MOE_FORMATS:
             us = borrowed_moe_curve(gpu, c, fmt, *shape, mats=3 if model.gated_mlp else 2)
+        elif us is None and fmt in SHAPE_BORROWED_FORMATS:
+            us = other_shape_curve(gpu, c, fmt, *shape, mats=3 if model.gated_mlp else 2,
+                                   weight_dtype=experts_dtype)
         if us is not None:
             out: np.ndarray = moe_table.seconds(us, tokens)
             if fmt == "mxfp4_mxfp8":
