@@ -106,3 +106,29 @@ def test_bad_flags_are_refused(capsys):
     assert "unknown GPU 'nope'" in capsys.readouterr().err
     assert main(["model", "check", "llama-3.1-8b", "--tensor-parallel-size", "0"]) == 2
     assert "--tensor-parallel-size" in capsys.readouterr().err
+
+
+@needs_configs
+def test_an_int4_moe_says_its_experts_borrow_the_timed_marlin_shape(tmp_path, capsys):
+    """Qwen3-235B-A22B with its experts in INT4 groups of 128 (an AWQ / GPTQ-style
+    compressed-tensors export; attention left bf16): the H100's table times INT4 Marlin at
+    Kimi-K2's shape only, so ``model check`` says the routed experts' curve is that shape's,
+    scaled, with the borrowing's error; Kimi-K2.5's own experts say nothing of the kind."""
+    cfg = json.loads((CONFIGS / "Qwen--Qwen3-235B-A22B_config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
+            "symmetric": True}}},
+        "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["model", "check", str(path), "--tensor-parallel-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert ("routed experts (int4): h100-sxm's measured curve of 7168 x 2048, 384 experts, "
+            "top 8 at TP 4, scaled to this model's shape") in out
+    assert "12-29%" in out
+    kimi = CONFIGS / "moonshotai--Kimi-K2.5_config.json"
+    assert main(["model", "check", str(kimi), "--gpu", "h200",
+                 "--tensor-parallel-size", "8"]) == 0
+    assert "routed experts (int4)" not in capsys.readouterr().out

@@ -16,9 +16,11 @@ from collections import Counter
 
 from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
 from chunktune.core.errors import SpecError
-from chunktune.core.gpus import resolve_gpu
+from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import MODULE_CLASSES, ModelConfig, resolve_model
+from chunktune.sim.cost import moe_table
 from chunktune.sim.cost.provenance import provenance
+from chunktune.sim.cost.step_time import SHAPE_BORROWED_FORMATS, moe_weight_format
 from chunktune.sim.engine.memory import GiB, MemoryPlan, kv_cache_layout, plan_memory
 
 
@@ -104,6 +106,27 @@ def describe_memory(plan: MemoryPlan) -> list[str]:
             f"KV cache {plan.kv_cache / g:.2f} GiB", *plan.log_lines()[2:]]
 
 
+def borrowed_experts(gpu: GPU, m: ModelConfig, tp: int) -> str:
+    """What ``m``'s routed experts run on ``gpu`` at TP ``tp`` where its MoE table times their
+    kernel format on another shape only, so the step time scales that curve to the model's
+    shape by the fitted form (:func:`chunktune.sim.cost.step_time.other_shape_curve`); ""
+    otherwise."""
+    if not m.is_moe:
+        return ""
+    fmt = moe_weight_format(m.weight_dtype, gpu.name)
+    shape = (m.hidden_size, m.moe_intermediate_size)
+    if (fmt not in SHAPE_BORROWED_FORMATS or moe_table.curve(
+            gpu.name, fmt, *shape, m.num_experts, m.num_experts_per_tok, tp, 1) is not None):
+        return ""
+    near = moe_table.nearest(gpu.name, fmt, *shape, tp, 1)
+    if near is None:
+        return ""
+    h, i, e, k = near[0]
+    return (f"routed experts ({fmt}): {gpu.name}'s measured curve of {h} x {i}, {e} experts, "
+            f"top {k} at TP {tp}, scaled to this model's shape by the fitted form (borrowed: "
+            "Marlin's two timed formats predict each other so within 12-29% at the median)")
+
+
 def cmd_check(ns: argparse.Namespace) -> int:
     try:
         model = _model(ns.config)
@@ -146,4 +169,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
         for line in describe_memory(plan):
             print(f"  {line}")
     print(f"step time: {provenance(gpu, model)}")
+    experts = borrowed_experts(gpu, cfg.model, tp)
+    if experts:
+        print(f"  {experts}")
     return 0
