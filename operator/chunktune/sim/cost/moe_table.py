@@ -139,29 +139,29 @@ def current_tiles(gpu: str, version: str, experts: int, inter: int, tp: int, ep:
     return (experts // ep, inter // tp) in TUNED_TRITON[version].get(gpu, frozenset())
 
 
-#: The first collector release whose INT4 (W4A16) rows time Marlin's MoE kernel as vLLM runs
-#: it: 0.24's ``vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts`` (vLLM's own
-#: ``CompressedTensorsWNA16MarlinMoEMethod``). The older collectors' ``vllm_marlin_int4_moe``
-#: (0.18, 0.19, 0.22) and ``vllm_marlin_moe`` (0.14) rows take 2.4-2.8x as long as 0.24's at
-#: the one shape both timed (Kimi-K2's 7168 x 2048, 384 experts, top 8, power-law routing;
-#: median over 297-324 token counts and splits on each of the H100, H200, B200, RTX PRO 6000 and
-#: L40S, 10th-90th percentile 1.5x-4.2x): on the H100 at 256 tokens, TP 1, they stream the
-#: experts at 0.5 TB/s, 0.24's at 2.6. The Kimi-K2.5 INT4 serving runs replay within 3-5% on
-#: 0.24's curves.
-INT4_MARLIN_SINCE = (0, 24)
+#: The INT4 (W4A16) rows that do not time Marlin's MoE kernel as vLLM runs it: the 0.18, 0.19
+#: and 0.22 collectors' ``vllm_marlin_int4_moe`` op takes 2.2-2.6x as long as vLLM 0.24's
+#: collector (``vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts``: vLLM's own
+#: ``CompressedTensorsWNA16MarlinMoEMethod``) at the one shape both timed (Kimi-K2's 7168 x
+#: 2048, 384 experts, top 8, power-law routing; median over 165-180 token counts and splits on
+#: each of the H100, H200, B200, RTX PRO 6000 and L40S, 10th-90th percentile 1.5x-4.1x): on the
+#: H100 at 256 tokens, TP 1, they stream the experts at 0.5 TB/s, 0.24's at 2.6. The 0.14
+#: collector's ``vllm_marlin_moe`` rows agree with 0.24's there (H100, H200: 0.92-0.94x at the
+#: median) and stay. The Kimi-K2.5 INT4 serving runs replay within 3-5% on 0.24's curves.
+SLOW_INT4_SOURCE = "vllm_marlin_int4_moe"
 
 
 def counts(gpu: str, dtype: str, version: str, r: dict[str, str]) -> bool:
     """Whether a raw ``moe_perf`` row ``r`` of ``gpu`` under vLLM ``version`` in weight format
-    ``dtype`` times what vLLM 0.33 runs there: the kernel (:func:`runs_kernel`), for INT4
-    experts only the collectors that time vLLM's Marlin method (:data:`INT4_MARLIN_SINCE`)
+    ``dtype`` times what vLLM 0.33 runs there: the kernel (:func:`runs_kernel`; for INT4
+    experts not the op that times Marlin slower than vLLM runs it, :data:`SLOW_INT4_SOURCE`)
     and, for Triton's bf16 kernel, its tiles (:func:`current_tiles`). The committed table
     (``fit.moe_derive.derive``) and the MoE fit (``fit.aic_kernels.read_moe``) read only such
     rows."""
     source = r.get("kernel_source") or ""
     if not runs_kernel(gpu, dtype, source):
         return False
-    if dtype == "int4" and parse_version(version, "version")[:2] < INT4_MARLIN_SINCE:
+    if dtype == "int4" and source == SLOW_INT4_SOURCE:
         return False
     if dtype != "bf16" or row_kernel(source) != "triton":
         return True
