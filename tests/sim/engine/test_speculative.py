@@ -158,3 +158,32 @@ def test_num_speculative_tokens_replaces_k_and_zero_turns_it_off():
     assert resolve(base, model, gpu).speculative.num_speculative_tokens == 5
     base.num_speculative_tokens = 0
     assert resolve(base, model, gpu).speculative is None
+
+
+def test_the_drafter_runs_with_the_servers_kv_cache_graphs_and_release():
+    """An EAGLE-3 head beside Llama-3.1-8B with an FP8 KV cache under ``--enforce-eager``:
+    the drafter's passes are priced with the target's KV cache dtype (vLLM's drafter layers
+    share the engine's cache config), without CUDA graphs and under the target's release,
+    not as a bf16-cache graphed head of the current release."""
+    from chunktune.sim.cost.draft import DraftCost
+    from chunktune.sim.cost.step_time import StepCostModel
+    from chunktune.sim.engine.memory import drafter
+
+    cfg = resolve(EngineArgs(speculative_config=spec("eagle3", 3), kv_cache_dtype="fp8",
+                             enforce_eager=True),
+                  resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm"), (0, 19, 0))
+    net = drafter(cfg)
+    assert net is not None
+    target = StepCostModel(cfg.model, cfg.gpu, 1, max_tokens=cfg.max_num_batched_tokens,
+                           enforce_eager=True, kv_dtype_bytes=cfg.kv_cache_dtype_bytes,
+                           vllm_version=cfg.vllm_version)
+    head = DraftCost.build(cfg.speculative, target, net).net
+    assert head is not None
+    assert head.kv_dtype_bytes == 1 and head.enforce_eager
+    assert head.vllm_version == cfg.vllm_version == (0, 19, 0)
+    same = StepCostModel(net, cfg.gpu, 1, max_tokens=cfg.max_num_batched_tokens,
+                         enforce_eager=True, kv_dtype_bytes=1, vllm_version=cfg.vllm_version)
+    plain = StepCostModel(net, cfg.gpu, 1, max_tokens=cfg.max_num_batched_tokens)
+    args = (8, 8, [], 8, 8 * 2000)
+    assert head.forward_time(*args) == pytest.approx(same.forward_time(*args))
+    assert head.forward_time(*args) > plain.forward_time(*args)  # eager launches, FP8 cache

@@ -13,7 +13,14 @@ After the target model's forward the drafter proposes K tokens for every request
 - ``draft_model``: the same K passes through the draft model itself.
 
 Each pass is costed by the target's step-time model (:class:`StepCostModel`, GPU part only)
-built for the drafter's network.
+built for the drafter's network, with what the server runs it with: the target's KV cache
+dtype (vLLM's drafter layers share the engine's ``CacheConfig``), CUDA graphs or
+``--enforce-eager`` (vLLM 0.33 ``llm_base_proposer.initialize_cudagraph_keys``: piecewise graphs
+unless the engine runs without them),
+tensor and expert parallelism (its layers are built under the same ``ParallelConfig``), the
+vLLM environment and release (which pick its MoE and NVFP4 kernels). Not carried: the
+all-reduce + RMSNorm fusion of a compiled target (the drafter's all-reduces are priced
+unfused).
 """
 
 from __future__ import annotations
@@ -40,8 +47,12 @@ class DraftCost:
         # --quantization fp8 quantizes the drafter too; NVFP4 is a checkpoint's own format
         # (no online NVFP4): the drafter runs its own
         dtype = None if target.weight_dtype == "nvfp4" else target.weight_dtype
-        return cls(spec, StepCostModel(net, target.gpu, target.tp, max_tokens=target.max_tokens,
-                                       weight_dtype=dtype))
+        return cls(spec, StepCostModel(
+            net, target.gpu, target.tp, max_tokens=target.max_tokens,
+            enforce_eager=target.enforce_eager, interconnect=target.interconnect,
+            weight_dtype=dtype, kv_dtype_bytes=target.kv_dtype_bytes,
+            expert_parallel=target.expert_parallel and net.is_moe, vllm_env=target.vllm_env,
+            vllm_version=target.vllm_version))
 
     def time(self, num_tokens: int, num_sampling: int, prefill_chunks: list[tuple[int, int]],
              num_decodes: int, decode_context_tokens: int) -> float:

@@ -998,6 +998,15 @@ class StepCostModel:
                                                     else 0.0)
         self.async_scheduling = async_scheduling
         self.max_tokens = max_tokens
+        # what a drafter beside this model runs with too (chunktune.sim.cost.draft): the
+        # server's KV cache dtype, graphs or not, interconnect, expert split, environment and
+        # release
+        self.kv_dtype_bytes = kv_dtype_bytes
+        self.enforce_eager = enforce_eager
+        self.interconnect = interconnect
+        self.expert_parallel = expert_parallel
+        self.vllm_env = vllm_env
+        self.vllm_version = vllm_version
         self.calibration: tuple[float, ...] | None = None
         """A calibration profile's coefficients (see :mod:`chunktune.sim.calibration.profile`):
         scales of the (step overhead, per-request, linear, attention) terms, then seconds per
