@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -249,21 +250,26 @@ class SimulatedBackend(TrialBackend):
 
 
 def engine_args(plan: TrialPlan) -> EngineArgs:
-    """The trial's engine arguments, straight from its point: the fixed ``engine.args`` (the
-    manifest's strings, read once), the tensor-parallel size, then the searched values."""
-    fixed = parse_argv(list(plan.target.fixed_args), engine="sim")
+    """The trial's engine arguments (:func:`target_engine_args` of its target and point)."""
+    return target_engine_args(plan.target, plan.params)
+
+
+def target_engine_args(target: EngineTarget, params: Mapping[str, Any]) -> EngineArgs:
+    """The engine arguments of ``target`` at the point ``params``: the fixed ``engine.args``
+    (the manifest's strings, read once), the tensor-parallel size, then the searched values."""
+    fixed = parse_argv(list(target.fixed_args), engine="sim")
     problems = [("engine.args", msg) for _, msg in fixed.problems]
     problems += [("engine.args", f"the simulator does not model {name}")
                  for _, name in fixed.unknown]
-    for name in plan.params:
+    for name in params:
         if name not in FLAGS or "sim" not in FLAGS[name].engines:
             problems.append((name, "the simulator does not take this flag"))
     if problems:
         raise SpecError(problems)
     base = EngineArgs.from_point(fixed.values)
-    if plan.target.tensor_parallel_size > 1 and "tensor-parallel-size" not in fixed.values:
-        base.tensor_parallel_size = plan.target.tensor_parallel_size
-    return EngineArgs.from_point(plan.params, base=base)
+    if target.tensor_parallel_size > 1 and "tensor-parallel-size" not in fixed.values:
+        base.tensor_parallel_size = target.tensor_parallel_size
+    return EngineArgs.from_point(dict(params), base=base)
 
 
 def _server(engine: Engine, result: ReplayResult | None, now: float) -> dict[str, Any]:

@@ -511,3 +511,32 @@ def test_the_twin_of_a_vllm_engine_has_its_prefix_cache() -> None:
     assert cached("vllm") is True
     assert cached("vllm", "--no-enable-prefix-caching") is False
     assert cached("sim") is None
+
+
+def test_the_fit_prices_each_run_as_the_twin_runs_it() -> None:
+    """The step-log fit finds scales of the terms the calibrated twin then prices: each run's
+    step-time model is the one the simulated backend builds for the twin at that run's point
+    (here an FP8 KV cache from the engine's fixed flags, under --enforce-eager, the release
+    the step logs name), not a bf16-cache graphed model of the newest release; runs that
+    price alike share one model, and one whose point changes the cache has its own."""
+    from chunktune.core.gpus import resolve_gpu
+    from chunktune.core.steps import StepLogMeta
+    from chunktune.core.trials import EngineTarget
+    from chunktune.sim.calibration.step_fit import StepLog
+
+    target = EngineTarget(kind="vllm", model="llama-3.1-8b", served_model_name="m",
+                          gpu="h100-sxm", fixed_args=("--kv-cache-dtype", "fp8",
+                                                      "--enforce-eager"))
+    runs = [twin_fit.MeasuredRun(n, point, {}, f"steps-{n}.jsonl") for n, point in
+            enumerate([{"max-num-batched-tokens": 2048}, {"max-num-batched-tokens": 4096},
+                       {"max-num-batched-tokens": 2048, "kv-cache-dtype": "auto"}])]
+    logs = [StepLog([], None, StepLogMeta(vllm_version="0.19.0")) for _ in runs]
+    model = twin_fit.twin_model(target)
+    costs = twin_fit.run_costs(target, runs, logs, model, resolve_gpu("h100-sxm"), 4096)
+    assert costs[0] is costs[1] and costs[2] is not costs[0]
+    assert costs[0].kv_dtype_bytes == 1 and costs[0].enforce_eager
+    assert costs[0].vllm_version == (0, 19, 0) and costs[0].max_tokens == 4096
+    assert costs[2].kv_dtype_bytes == 2
+    # the terms differ where it matters: a decode step's attention over an FP8 cache
+    assert costs[0].attention_time([], 32, 32 * 4000) != costs[2].attention_time(
+        [], 32, 32 * 4000)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -221,9 +221,13 @@ def load_logs(paths: list[str], model: ModelConfig, declared: str) -> list[StepL
     return logs
 
 
-def fit_logs(logs: list[StepLog], cost: StepCostModel) -> TwinFit:
-    """One fit over every log's steps (each with its own KV capacity)."""
-    xs = [twin_features(log, cost) for log in logs]
+def fit_logs(logs: list[StepLog], cost: StepCostModel | Sequence[StepCostModel]) -> TwinFit:
+    """One fit over every log's steps (each with its own KV capacity), each log's features
+    from ``cost`` or, given one per log, from its own engine's step-time model."""
+    costs = [cost] * len(logs) if isinstance(cost, StepCostModel) else list(cost)
+    if len(costs) != len(logs):
+        raise ValueError(f"{len(costs)} step-time models for {len(logs)} logs")
+    xs = [twin_features(log, c) for log, c in zip(logs, costs, strict=True)]
     ys = [np.array([s.elapsed_ms / 1e3 for s in log.steps if s.tokens > 0]) for log in logs]
     return fit_twin(np.concatenate(xs), np.concatenate(ys))
 
@@ -344,6 +348,17 @@ def read_profile(path: str | Path, field_path: str = "--calibration") -> Calibra
                             name=f"calibration profile {p}")
     d = infile.json_value(text, where=str(p), field=field_path)
     return parse_profile(d, str(p), field_path)
+
+
+def logs_version(logs: Sequence[StepLog]) -> Version | None:
+    """The vLLM release the step logs name, where they name one and only one."""
+    texts = {log.meta.vllm_version for log in logs if log.meta.vllm_version}
+    if len(texts) != 1:
+        return None
+    try:
+        return parse_version(texts.pop())
+    except SpecError:
+        return None
 
 
 def fitted_version(profile: CalibrationProfile) -> Version | None:

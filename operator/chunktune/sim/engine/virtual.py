@@ -109,6 +109,26 @@ def next_event(deferred: list[tuple[float, int, Request]], specs: list[RequestSp
     return nxt if arrival is None else min(nxt, arrival)
 
 
+def engine_cost(cfg: ResolvedConfig, max_tokens: int | None = None,
+                vllm_env: Mapping[str, str] | None = None,
+                fused_allreduce_tokens: int = 0) -> StepCostModel:
+    """The step-time model of an engine started with ``cfg`` (its model, GPU, tensor and
+    expert parallelism, KV cache dtype, graphs or not, scheduling, data parallelism and
+    release), tabulated up to ``max_tokens`` a step (None: the engine's budget): what
+    :class:`Engine` prices its steps with, and what a step-log calibration of that engine
+    fits its scales on (``tuning.strategies.twin_fit``)."""
+    return StepCostModel(cfg.model, cfg.gpu, cfg.tensor_parallel_size,
+                         max_tokens=max_tokens or cfg.max_num_batched_tokens,
+                         enforce_eager=cfg.enforce_eager,
+                         kv_dtype_bytes=cfg.kv_cache_dtype_bytes,
+                         async_scheduling=cfg.async_scheduling,
+                         expert_parallel=cfg.enable_expert_parallel,
+                         vllm_env=vllm_env,
+                         data_parallel_size=cfg.data_parallel_size,
+                         fused_allreduce_tokens=fused_allreduce_tokens,
+                         vllm_version=cfg.vllm_version)
+
+
 class Engine:
     """A started engine: its resolved configuration, memory plan, scheduler and cost model."""
 
@@ -122,16 +142,8 @@ class Engine:
         (:func:`chunktune.sim.cost.collectives.fi_allreduce_fusion_tokens`; 0: none)."""
         self.cfg = cfg
         self.memory = memory
-        self.cost = StepCostModel(cfg.model, cfg.gpu, cfg.tensor_parallel_size,
-                                  max_tokens=cfg.max_num_batched_tokens,
-                                  enforce_eager=cfg.enforce_eager,
-                                  kv_dtype_bytes=cfg.kv_cache_dtype_bytes,
-                                  async_scheduling=cfg.async_scheduling,
-                                  expert_parallel=cfg.enable_expert_parallel,
-                                  vllm_env=vllm_env,
-                                  data_parallel_size=cfg.data_parallel_size,
-                                  fused_allreduce_tokens=fused_allreduce_tokens,
-                                  vllm_version=cfg.vllm_version)
+        self.cost = engine_cost(cfg, vllm_env=vllm_env,
+                                fused_allreduce_tokens=fused_allreduce_tokens)
         self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
         #: the drafter's time per step, with speculative decoding
         self.draft = DraftCost.build(cfg.speculative, self.cost, drafter(cfg)) \

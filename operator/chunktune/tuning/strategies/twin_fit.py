@@ -14,16 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chunktune.backends.simulated import SimulatedBackend
+from chunktune.backends.simulated import SimulatedBackend, target_engine_args
+from chunktune.core.engine_args import EngineStartupError, resolve
 from chunktune.core.errors import ChunktuneError, SpecError
 from chunktune.core.flags import FLAGS, argv, parse_argv
-from chunktune.core.gpus import resolve_gpu
+from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import CATALOG_HF, ModelConfig, catalog_key
 from chunktune.core.steps import outside_engine
 from chunktune.core.trials import EngineTarget, TrialState
+from chunktune.core.vllm_release import parse_version
 from chunktune.modelgen.tiny import TINY
 from chunktune.sim.calibration import profile as profiles
+from chunktune.sim.calibration.step_fit import StepLog
 from chunktune.sim.cost.step_time import StepCostModel
+from chunktune.sim.engine.virtual import engine_cost
 from chunktune.tuning import space
 from chunktune.tuning import study as st
 from chunktune.tuning.runner import TrialRunner
@@ -139,14 +143,41 @@ def fit_profile(target: EngineTarget, runs: Sequence[MeasuredRun], simulate: Sim
         logs = profiles.load_logs(paths, model, target.model if target.kind != "sim"
                                   else model.name)
         budget = max(max((s.tokens for s in log.steps), default=16) for log in logs)
-        cost = StepCostModel(model, gpu, target.tensor_parallel_size,
-                             max_tokens=max(budget, 16))
-        fit = profiles.fit_logs(logs, cost)
+        costs = run_costs(target, runs, logs, model, gpu, max(budget, 16))
+        fit = profiles.fit_logs(logs, costs)
     except SpecError as e:
         raise TwinError(f"the step logs cannot calibrate the twin: {e}") from e
-    base = profiles.build_profile(paths, logs, fit, cost, model, gpu.name,
+    base = profiles.build_profile(paths, logs, fit, costs[0], model, gpu.name,
                                   target.tensor_parallel_size, 0.0, 0.0)
     return fit_latency_terms(base, runs, simulate)
+
+
+def run_costs(target: EngineTarget, runs: Sequence[MeasuredRun], logs: Sequence[StepLog],
+              model: ModelConfig, gpu: GPU, max_tokens: int) -> list[StepCostModel]:
+    """Per run, the step-time model of the engine the twin runs at its point
+    (:func:`chunktune.sim.engine.virtual.engine_cost` of the configuration the simulated
+    backend resolves from the twin's fixed flags and the point: its KV cache dtype, graphs or
+    not, expert split, and the release the target names or else the one the logs name), so
+    the scales the fit finds are of the terms the calibrated twin prices. Runs whose
+    configurations price alike share one model."""
+    tgt = twin_target(target, None)
+    version = (parse_version(target.vllm_version, "spec.engine.vllmVersion")
+               if target.vllm_version else profiles.logs_version(logs))
+    built: dict[tuple[Any, ...], StepCostModel] = {}
+    out = []
+    for run in runs:
+        try:
+            cfg = resolve(target_engine_args(tgt, run.point), model, gpu, version)
+        except EngineStartupError as e:
+            raise SpecError(f"trial {run.number}'s configuration does not start in the "
+                            f"simulator ({e.reason}): {e.message}") from e
+        key = (cfg.model.name, cfg.model.weight_dtype, cfg.tensor_parallel_size,
+               cfg.kv_cache_dtype_bytes, cfg.enforce_eager, cfg.async_scheduling,
+               cfg.enable_expert_parallel, cfg.data_parallel_size, cfg.vllm_version)
+        if key not in built:
+            built[key] = engine_cost(cfg, max_tokens)
+        out.append(built[key])
+    return out
 
 
 def fit_latency_terms(base: profiles.CalibrationProfile, runs: Sequence[MeasuredRun],
