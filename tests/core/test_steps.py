@@ -160,3 +160,20 @@ def test_itl_band_finds_a_p99_on_a_cliff() -> None:
     assert on_cliff(itl_band(_decodes(10.0, 1000))) is None
     assert on_cliff(itl_band(_decodes(10.0, 950) + _decodes(150.0, 50))) is None
     assert itl_band(_decodes(10.0, 5, decodes=0)) is None and on_cliff(None) is None
+
+
+def test_a_record_of_another_kind_is_named_briefly(tmp_path) -> None:
+    """A model's config.json given as a steps file: the error names a few of its keys and how
+    many there were, not every one."""
+    import json
+
+    from chunktune.core.steps import read_step_log
+
+    keys = {f"field_{c}": 1 for c in "abcdefghijklmnopqrst"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(keys) + "\n")
+    with pytest.raises(ValueError) as e:
+        read_step_log(path)
+    msg = str(e.value)
+    assert "field_a, field_b, field_c, field_d, field_e (of 20)" in msg
+    assert "field_f" not in msg

@@ -36,14 +36,20 @@ MAX_STEP_LOG_BYTES = 512 * 2**20
 MAX_STEP_LOG_STEPS = 2_000_000
 
 
+#: How many of a record's unknown keys an error names (a file of another kind has dozens).
+SHOWN_KEYS = 5
+
+
 def _strict(d: Mapping[str, object], fields: Mapping[str, object],
             optional: Iterable[str] = ()) -> None:
     """Raise ValueError for a key ``d`` has that ``fields`` lacks, or a missing one."""
     extra = [k for k in d if k not in fields]
     if extra:
         known = [k for k in extra if len(k) <= 40 and re.fullmatch(r"[a-z_]+", k)]
-        raise ValueError(f"unknown key{'s' if len(extra) > 1 else ''} "
-                         f"{', '.join(known) or '(not a field name)'}; allowed: "
+        named = ", ".join(known[:SHOWN_KEYS]) or "(not a field name)"
+        if len(extra) > min(len(known), SHOWN_KEYS):
+            named += f" (of {len(extra)})"
+        raise ValueError(f"unknown key{'s' if len(extra) > 1 else ''} {named}; allowed: "
                          f"{', '.join(fields)}")
     missing = [k for k in fields if k not in d and k not in optional]
     if missing:

@@ -31,7 +31,7 @@ from chunktune.sim.args import (
 )
 from chunktune.sim.calibration import profile as profiles
 from chunktune.sim.cost.provenance import provenance
-from chunktune.sim.engine.virtual import build_engine, iteration_records, server_cost
+from chunktune.sim.engine.virtual import build_engine, engine_cost, iteration_records, server_cost
 from chunktune.sim.report import format_summary, summarize
 
 #: The model ``sim run`` simulates when none is given.
@@ -96,6 +96,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cal.add_argument("--gpu", required=True, help="device the engine ran on (cpu for vLLM's "
                                                   "CPU build)")
     cal.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    cal.add_argument("--kv-cache-dtype", default="auto",
+                     help="the engine's KV cache dtype (its attention terms are fitted as it "
+                          "ran them; give the same to `sim run --calibration`)")
+    cal.add_argument("--enforce-eager", action="store_true",
+                     help="the engine ran without CUDA graphs")
+    cal.add_argument("--vllm-version", metavar="VERSION",
+                     help="the engine's vLLM release (default: the one its logs name, else "
+                          "the newest checked)")
     cal.add_argument("--server-overhead", type=float, metavar="SECONDS",
                      help="measured per-request time before the first token beyond the "
                           "prefill steps (HTTP, tokenization), kept in the profile")
@@ -233,9 +241,9 @@ def _overrides(profile: Profile, duration: float | None, warmup: float | None,
 
 def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> int:
     """``chunktune calibrate``: fit the step-time model to step logs, write the profile."""
+    from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
     from chunktune.core.gpus import resolve_gpu
     from chunktune.core.models import resolve_model
-    from chunktune.sim.cost.step_time import StepCostModel
     try:
         bounded(ns.tensor_parallel_size, "--tensor-parallel-size", low=1, high=64)
         if ns.server_overhead is not None:
@@ -246,12 +254,23 @@ def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> i
         declared = ns.model or model.name
         logs = profiles.load_logs(ns.log, model, declared)
         budget = max(max(s.tokens for s in log.steps) for log in logs)
-        cost = StepCostModel(model, gpu, ns.tensor_parallel_size, max_tokens=max(budget, 16))
+        version = (parse_version(ns.vllm_version, "--vllm-version") if ns.vllm_version
+                   else profiles.logs_version(logs))
+        # the terms the profile's scales multiply are the engine's as it ran: its KV cache,
+        # graphs or not, release (what `sim run --calibration` with the same flags prices)
+        cfg = resolve(EngineArgs(tensor_parallel_size=ns.tensor_parallel_size,
+                                 kv_cache_dtype=ns.kv_cache_dtype,
+                                 enforce_eager=ns.enforce_eager), model, gpu, version)
+        cost = engine_cost(cfg, max_tokens=max(budget, 16))
         fit = profiles.fit_logs(logs, cost)
         prof = profiles.build_profile(ns.log, logs, fit, cost, model, gpu.name,
                                   ns.tensor_parallel_size, ns.server_overhead, ns.step_gap)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except EngineStartupError as e:
+        print(f"error: vLLM would refuse this configuration ({e.reason}): {e.message}",
+              file=sys.stderr)
         return 2
     profiles.write_profile(ns.out, prof)
     c = prof.coefficients

@@ -94,6 +94,32 @@ def test_profile_recovers_the_engine_and_records_its_fit(tmp_path, tiny, capsys)
     assert prof.to_dict() == d
 
 
+def test_the_fit_prices_the_engine_as_it_ran(tmp_path, tiny, monkeypatch):
+    """The scales a profile holds multiply the engine's own terms as ``sim run --calibration``
+    prices them with the same flags: ``--kv-cache-dtype fp8 --enforce-eager`` and the release
+    the logs name (0.32.0) reach the step-time model the fit uses."""
+    seen = []
+    fit = profiles.fit_logs
+
+    def spy(logs, cost):
+        seen.append(cost)
+        return fit(logs, cost)
+
+    monkeypatch.setattr(profiles, "fit_logs", spy)
+    assert _calibrate(tmp_path, tiny, [synthetic_log(300, 0)], "--kv-cache-dtype", "fp8",
+                      "--enforce-eager") == 0
+    assert _calibrate(tmp_path, tiny, [synthetic_log(300, 0)]) == 0
+    fp8, plain = seen
+    assert fp8.kv_dtype_bytes == 1 and fp8.enforce_eager and fp8.vllm_version == (0, 32, 0)
+    assert plain.kv_dtype_bytes != 1 and not plain.enforce_eager
+
+
+def test_calibrate_refuses_engine_flags_vllm_would_refuse(tmp_path, tiny, capsys):
+    assert _calibrate(tmp_path, tiny, [synthetic_log(300, 0)], "--kv-cache-dtype",
+                      "fp9") == 2
+    assert "kv-cache-dtype" in capsys.readouterr().err
+
+
 def test_noisy_steps_keep_their_total(tmp_path, tiny):
     """30% noise per step (a busy machine): single steps miss, their sum does not."""
     assert _calibrate(tmp_path, tiny, [synthetic_log(600, 3, noise=0.3)]) == 0
