@@ -112,3 +112,46 @@ def test_a_trial_reports_the_prefix_caches_hit_rate_and_may_be_held_to_it() -> N
     bound = ConstraintDef.from_spec(Constraint.model_validate("prefix_cache_hit_rate >= 40%"))
     assert bound.key == "prefix_cache_hit_rate" and bound.min == pytest.approx(0.4)
     assert bound.violation(res.metrics) <= 0 < bound.violation(plain.metrics)
+
+
+def test_the_engine_env_picks_the_kernels_a_simulated_trial_prices(monkeypatch) -> None:
+    """``spec.engine.env`` reaches the simulated engine as its vLLM release reads it:
+    gpt-oss-120b on the H100 under vLLM 0.19 with ``VLLM_MXFP4_USE_MARLIN=1`` runs Marlin's
+    MXFP4 experts (layout and kernel), so its decode steps cost what Marlin's do, not OpenAI's
+    Triton kernel's; the current release no longer reads the variable (gone by 0.31) and runs
+    Triton's; a value from a Secret is not known here and is left out; a value vLLM's
+    ``int()`` refuses is refused, named by its place in the manifest."""
+    from chunktune.backends import simulated
+    from chunktune.core.errors import SpecError
+
+    seen = []
+    build = simulated.build_engine
+
+    def spy(*args, **kw):
+        engine = build(*args, **kw)
+        seen.append(engine)
+        return engine
+
+    monkeypatch.setattr(simulated, "build_engine", spy)
+    profile = load_profile("chat").with_overrides(rate=2, duration=6, warmup=1)
+    oss = dataclasses.replace(TARGET, model="gpt-oss-120b", gpu="h100-sxm",
+                              vllm_version="0.19.0")
+    marlin = dataclasses.replace(oss, env=(
+        {"name": "VLLM_MXFP4_USE_MARLIN", "value": "1"},
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}))
+    now = dataclasses.replace(marlin, vllm_version=None)
+    assert simulated.target_vllm_env(marlin, (0, 19, 0)) == {"VLLM_MXFP4_USE_MARLIN": "1"}
+    assert simulated.target_vllm_env(now) == {}
+    for t in (oss, marlin, now):
+        assert SimulatedBackend().run_sync(TrialPlan(0, FLAGS, t, profile)).state \
+            == TrialState.COMPLETE
+    triton, marlin_engine, current = seen
+    assert marlin_engine.cost.vllm_env == {"VLLM_MXFP4_USE_MARLIN": "1"}
+    assert marlin_engine.cost.linear_time(8) != triton.cost.linear_time(8)
+    assert current.cost.vllm_env == {}
+    bad = dataclasses.replace(oss, env=({"name": "HF_HOME", "value": "/x"},
+                                        {"name": "VLLM_MXFP4_USE_MARLIN", "value": "true"}))
+    with pytest.raises(SpecError, match=r"spec\.engine\.env\[1\]\.value.*give 0 or 1"):
+        simulated.target_vllm_env(bad)
+    res = SimulatedBackend().run_sync(TrialPlan(0, FLAGS, bad, profile))
+    assert res.state == TrialState.INFEASIBLE and "VLLM_MXFP4_USE_MARLIN" in res.message

@@ -36,9 +36,10 @@ from chunktune.core.stats import hit_rate, weighted_percentile
 from chunktune.core.steps import StepLogMeta, write_steps
 from chunktune.core.summary import LoadSummary, Slo
 from chunktune.core.trials import EngineTarget, Reporter, TrialPlan, TrialResult, TrialState
-from chunktune.core.vllm_release import parse_version
+from chunktune.core.vllm_release import Version, parse_version
 from chunktune.core.workload import Profile, RequestSpec, generate
 from chunktune.sim.calibration import profile as profiles
+from chunktune.sim.cost.step_time import check_vllm_env, env_read_by
 from chunktune.sim.engine.request import FINISHED, REJECTED, Request
 from chunktune.sim.engine.virtual import (
     Engine,
@@ -142,7 +143,8 @@ class SimulatedBackend(TrialBackend):
                        else parse_version(target.vllm_version, "spec.engine.vllmVersion"))
             if version is None and calib is not None:
                 version = profiles.fitted_version(calib)
-            engine = build_engine(args, model, gpu, version)
+            engine = build_engine(args, model, gpu, version,
+                                  target_vllm_env(target, version))
             engine.use_acceptance(plan.profile)
             if calib is not None:
                 profiles.apply(engine, calib, "spec.engine.calibration")
@@ -252,6 +254,23 @@ class SimulatedBackend(TrialBackend):
 def engine_args(plan: TrialPlan) -> EngineArgs:
     """The trial's engine arguments (:func:`target_engine_args` of its target and point)."""
     return target_engine_args(plan.target, plan.params)
+
+
+def target_vllm_env(target: EngineTarget, version: Version | None = None) -> dict[str, str]:
+    """The vLLM environment variables ``target``'s engine runs with, where the manifest gives
+    their value (``spec.engine.env[].value``; a Secret's or ConfigMap's is not known here), as
+    vLLM ``version`` (None: the current) acts on them (:func:`env_read_by`): those that pick a
+    kernel the step time prices and the memory plan holds (gpt-oss's MXFP4 backend, the FP8
+    MoE kernel), checked as vLLM reads them."""
+    env: dict[str, str] = {}
+    where: dict[str, int] = {}
+    for i, var in enumerate(target.env):
+        name = var.get("name")
+        if isinstance(name, str) and "value" in var:
+            env[name] = str(var["value"])
+            where[name] = i
+    check_vllm_env(env, lambda name: f"spec.engine.env[{where[name]}].value")
+    return env_read_by(env, version)
 
 
 def target_engine_args(target: EngineTarget, params: Mapping[str, Any]) -> EngineArgs:

@@ -37,7 +37,7 @@ plus a few multiplications.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,8 +45,9 @@ import numpy as np
 
 from chunktune.core.errors import SpecError
 from chunktune.core.gpus import GPU
+from chunktune.core.infile import shown
 from chunktune.core.models import DTYPE_BYTES, SLIDING, ModelConfig
-from chunktune.core.vllm_release import Version
+from chunktune.core.vllm_release import CURRENT, Version
 from chunktune.sim.cost import gemm_table, mla_table, moe_table
 from chunktune.sim.cost.coefficients import (
     KernelCoefficients,
@@ -299,6 +300,51 @@ SM100_GPUS = frozenset({"b200", "b300", "gb200"})
 #: Hopper GPUs (SM90, vLLM's ``is_device_capability(90)``), where vLLM runs MXFP4 experts with
 #: OpenAI's Triton kernels (``triton_kernels``) unless ``VLLM_MXFP4_USE_MARLIN=1``.
 SM90_GPUS = frozenset({"h100-sxm", "h100-pcie", "h200"})
+
+
+#: The vLLM environment variables the step time and the memory plan read, as ``vllm/envs.py``
+#: reads them: ``flag`` ``bool(int(v))``, ``count`` ``int(v)``.
+VLLM_ENV_READ = {"VLLM_USE_FLASHINFER_MOE_FP8": "flag", "VLLM_MOE_USE_DEEP_GEMM": "flag",
+                 "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": "flag", "VLLM_MXFP4_USE_MARLIN": "flag",
+                 "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16": "flag",
+                 "VLLM_DISABLE_SHARED_EXPERTS_STREAM": "flag",
+                 "VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD": "count"}
+
+
+#: The first release checked that no longer reads a variable of :data:`VLLM_ENV_READ` (0.31.0:
+#: its ``envs.py`` has none of the four; vLLM picks those MoE kernels by its kernel oracle).
+VLLM_ENV_GONE = {"VLLM_USE_FLASHINFER_MOE_FP8": (0, 31, 0),
+                 "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": (0, 31, 0),
+                 "VLLM_MXFP4_USE_MARLIN": (0, 31, 0),
+                 "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16": (0, 31, 0)}
+
+
+def env_read_by(env: Mapping[str, str], version: Version | None) -> dict[str, str]:
+    """``env`` less the variables vLLM ``version`` (None: :data:`CURRENT`) no longer reads
+    (:data:`VLLM_ENV_GONE`): a server's environment as that release acts on it."""
+    v = version or CURRENT
+    return {k: val for k, val in env.items() if k not in VLLM_ENV_GONE or v < VLLM_ENV_GONE[k]}
+
+
+def check_vllm_env(env: Mapping[str, str], field: Callable[[str], str]) -> None:
+    """Raise :class:`SpecError` for a variable of :data:`VLLM_ENV_READ` whose value vLLM's
+    ``int()`` would not read (vLLM fails to start on it), naming ``field(name)``; the others
+    are not read here."""
+    problems = []
+    for name, kind in VLLM_ENV_READ.items():
+        value = env.get(name)
+        if value is None:
+            continue
+        try:
+            n = int(value)
+        except ValueError:
+            n = -1
+        if n < 0:
+            what = "0 or 1" if kind == "flag" else "a whole number of tokens"
+            problems.append((field(name), f"{name} is {shown(value)}: vLLM reads it with "
+                                          f"int(); give {what}"))
+    if problems:
+        raise SpecError(problems)
 
 
 def env_flag(env: Mapping[str, str], name: str) -> bool | None:

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chunktune.backends.simulated import SimulatedBackend, target_engine_args
+from chunktune.backends.simulated import (
+    SimulatedBackend,
+    target_engine_args,
+    target_vllm_env,
+)
 from chunktune.core.engine_args import EngineStartupError, resolve
 from chunktune.core.errors import ChunktuneError, SpecError
 from chunktune.core.flags import FLAGS, argv, parse_argv
@@ -157,12 +161,14 @@ def run_costs(target: EngineTarget, runs: Sequence[MeasuredRun], logs: Sequence[
     """Per run, the step-time model of the engine the twin runs at its point
     (:func:`chunktune.sim.engine.virtual.engine_cost` of the configuration the simulated
     backend resolves from the twin's fixed flags and the point: its KV cache dtype, graphs or
-    not, expert split, and the release the target names or else the one the logs name), so
+    not, expert split, the vLLM environment the manifest gives, and the release the target
+    names or else the one the logs name), so
     the scales the fit finds are of the terms the calibrated twin prices. Runs whose
     configurations price alike share one model."""
     tgt = twin_target(target, None)
     version = (parse_version(target.vllm_version, "spec.engine.vllmVersion")
                if target.vllm_version else profiles.logs_version(logs))
+    env = target_vllm_env(tgt, version)
     built: dict[tuple[Any, ...], StepCostModel] = {}
     out = []
     for run in runs:
@@ -175,7 +181,7 @@ def run_costs(target: EngineTarget, runs: Sequence[MeasuredRun], logs: Sequence[
                cfg.kv_cache_dtype_bytes, cfg.enforce_eager, cfg.async_scheduling,
                cfg.enable_expert_parallel, cfg.data_parallel_size, cfg.vllm_version)
         if key not in built:
-            built[key] = engine_cost(cfg, max_tokens)
+            built[key] = engine_cost(cfg, max_tokens, vllm_env=env)
         out.append(built[key])
     return out
 
