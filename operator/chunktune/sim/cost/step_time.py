@@ -336,10 +336,8 @@ def check_vllm_env(env: Mapping[str, str], field: Callable[[str], str]) -> None:
         if value is None:
             continue
         try:
-            n = int(value)
+            int(value)
         except ValueError:
-            n = -1
-        if n < 0:
             what = "0 or 1" if kind == "flag" else "a whole number of tokens"
             problems.append((field(name), f"{name} is {shown(value)}: vLLM reads it with "
                                           f"int(); give {what}"))
