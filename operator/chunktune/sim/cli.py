@@ -264,7 +264,8 @@ def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> i
         cost = engine_cost(cfg, max_tokens=max(budget, 16))
         fit = profiles.fit_logs(logs, cost)
         prof = profiles.build_profile(ns.log, logs, fit, cost, model, gpu.name,
-                                  ns.tensor_parallel_size, ns.server_overhead, ns.step_gap)
+                                      ns.tensor_parallel_size, ns.server_overhead,
+                                      ns.step_gap, engine=True)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -148,6 +149,36 @@ def test_calibrated_engine_costs_steps_as_the_log(tmp_path, tiny):
         profiles.apply(other, prof, field_path="spec.engine.calibration")
     assert e.value.problems[0][0] == "spec.engine.calibration"
     assert "fitted for tiny on cpu" in str(e.value)
+
+
+def test_a_profile_holds_an_engine_to_the_settings_it_was_fitted_on(tmp_path, tiny):
+    """``calibrate --kv-cache-dtype fp8`` records the engine it fitted (``fitted_on.engine``);
+    applying the profile to an engine with another KV cache dtype or ``--enforce-eager``
+    is refused, naming both flags' values, since its scales multiply that engine's terms; the
+    same settings are taken, and a profile without the record (an older one) is not held."""
+    assert _calibrate(tmp_path, tiny, [synthetic_log(300, 0)], "--kv-cache-dtype", "fp8") == 0
+    d = json.loads((tmp_path / "profile.json").read_text())
+    assert d["fitted_on"]["engine"] == {"kv_cache_dtype_bytes": 1, "enforce_eager": False}
+    prof = profiles.read_profile(tmp_path / "profile.json")
+    model = resolve_model(None, tiny)
+    cpu = resolve_gpu("cpu")
+
+    def engine(**kw):
+        return build_engine(profiles.engine_args(
+            EngineArgs(max_num_batched_tokens=512, max_model_len=8192, **kw), prof), model, cpu)
+
+    profiles.apply(engine(kv_cache_dtype="fp8"), prof)
+    with pytest.raises(SpecError) as e:
+        profiles.apply(engine(enforce_eager=True), prof)
+    assert "--kv-cache-dtype (1 bytes an element there, 2 here)" in str(e.value)
+    assert "--enforce-eager (off there, on here)" in str(e.value)
+    older = dataclasses.replace(prof, fitted_on={k: v for k, v in prof.fitted_on.items()
+                                                 if k != "engine"})
+    profiles.apply(engine(), older)
+    for bad in ({"kv_cache_dtype_bytes": 3, "enforce_eager": False},
+                {"kv_cache_dtype_bytes": 2}, "fp8"):
+        with pytest.raises(SpecError, match=r"fitted_on\.engine: must be"):
+            profiles.parse_profile(dict(d, fitted_on=dict(d["fitted_on"], engine=bad)), "p")
 
 
 def test_sim_run_takes_the_profile(tmp_path, tiny, capsys):

@@ -15,7 +15,12 @@ A profile is a JSON file (format :data:`PROFILE_KIND`, version :data:`PROFILE_VE
      "fit": {"num_steps": .., "median_rel_err": .., "p90_rel_err": .., "total_ratio": ..,
              "cross_validated_median_rel_err": .., "cross_validated_total_ratio": ..},
      "fitted_on": {"files": [{"path": .., "steps": .., "model": .., "vllm_version": ..}],
-                   "steps": .., "vllm_version": .., "device": ..}}
+                   "steps": .., "vllm_version": .., "device": ..,
+                   "engine": {"kv_cache_dtype_bytes": 2, "enforce_eager": false}}}
+
+``fitted_on.engine`` (written by ``chunktune calibrate``; absent in a study's twin profile,
+fitted over its trials' own settings): the engine settings whose terms the scales multiply;
+:func:`apply` refuses an engine with others.
 
 A step costs the sum of the four terms of :class:`~chunktune.sim.cost.step_time.StepCostModel` for
 that model and device, each scaled (see :mod:`chunktune.sim.calibration.step_fit`), plus three
@@ -232,10 +237,19 @@ def fit_logs(logs: list[StepLog], cost: StepCostModel | Sequence[StepCostModel])
     return fit_twin(np.concatenate(xs), np.concatenate(ys))
 
 
+def engine_settings(cost: StepCostModel) -> dict[str, Any]:
+    """What a profile fitted on ``cost``'s terms records of the engine (``fitted_on.engine``):
+    the KV cache's bytes an element and whether it ran without CUDA graphs."""
+    kv = cost.kv_dtype_bytes if cost.kv_dtype_bytes is not None else cost.model.dtype_bytes
+    return {"kv_cache_dtype_bytes": kv, "enforce_eager": cost.enforce_eager}
+
+
 def build_profile(paths: list[str], logs: list[StepLog], fit: TwinFit, cost: StepCostModel,
                   model: ModelConfig, gpu: str, tp: int = 1,
                   server_overhead_s: float | None = None,
-                  step_gap_s: float = 0.0) -> CalibrationProfile:
+                  step_gap_s: float = 0.0, engine: bool = False) -> CalibrationProfile:
+    """The profile of ``fit``; ``engine``: record the engine settings ``cost`` was built
+    with (:func:`engine_settings`), which :func:`apply` then holds an engine to."""
     metas = [log.meta for log in logs]
     versions = sorted({m.vllm_version for m in metas if m.vllm_version})
     kv = [m.kv_cache_tokens for m in metas if m.kv_cache_tokens]
@@ -255,7 +269,8 @@ def build_profile(paths: list[str], logs: list[StepLog], fit: TwinFit, cost: Ste
                       for p, log in zip(paths, logs, strict=True)],
             "steps": sum(len(log.steps) for log in logs),
             "vllm_version": ", ".join(versions) if versions else None,
-            "device": next((m.device for m in metas if m.device), None)})
+            "device": next((m.device for m in metas if m.device), None),
+            **({"engine": engine_settings(cost)} if engine else {})})
 
 
 #: The profile's terms that act after the engine (on what the clients receive): a replay
@@ -335,6 +350,14 @@ def parse_profile(d: Any, source: str, field_path: str = "--calibration") -> Cal
     for k in ("fit", "fitted_on"):
         if not isinstance(d.get(k, {}), dict):
             raise bad(f"{k}: must be a mapping (got {shown(d[k])})")
+    eng = d.get("fitted_on", {}).get("engine")
+    if eng is not None:
+        kv = eng.get("kv_cache_dtype_bytes") if isinstance(eng, dict) else None
+        if (not isinstance(eng, dict) or set(eng) != {"kv_cache_dtype_bytes", "enforce_eager"}
+                or not isinstance(eng["enforce_eager"], bool)
+                or not isinstance(kv, int | float) or isinstance(kv, bool) or kv not in (1, 2, 4)):
+            raise bad("fitted_on.engine: must be {\"kv_cache_dtype_bytes\": 1, 2 or 4, "
+                      "\"enforce_eager\": true or false} (as `chunktune calibrate` writes it)")
     known = set(CalibrationProfile.__dataclass_fields__)
     try:
         return CalibrationProfile(**{k: v for k, v in d.items() if k in known})
@@ -391,4 +414,18 @@ def apply(engine: Engine, profile: CalibrationProfile,
         raise SpecError(f"the profile was fitted for {profile.model} on {profile.gpu}, not "
                         f"{m} on {g}: simulate that model and device, or recalibrate",
                         field=field_path)
+    fitted = profile.fitted_on.get("engine")
+    if fitted is not None:
+        mine = engine_settings(engine.cost)
+        diff = [f"--kv-cache-dtype ({fitted['kv_cache_dtype_bytes']:g} bytes an element there, "
+                f"{mine['kv_cache_dtype_bytes']:g} here)"
+                if k == "kv_cache_dtype_bytes" else
+                f"--enforce-eager ({'on' if fitted[k] else 'off'} there, "
+                f"{'on' if mine[k] else 'off'} here)"
+                for k in ("kv_cache_dtype_bytes", "enforce_eager") if fitted[k] != mine[k]]
+        if diff:
+            raise SpecError(f"the profile was fitted on an engine run with another "
+                            f"{' and '.join(diff)}: its scales multiply that engine's terms; "
+                            "simulate with the engine's flags, or recalibrate with these",
+                            field=field_path)
     engine.cost.calibrate(profile.cost_coefficients)
