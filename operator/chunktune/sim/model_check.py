@@ -18,9 +18,8 @@ from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
 from chunktune.core.errors import SpecError
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import MODULE_CLASSES, ModelConfig, resolve_model
-from chunktune.sim.cost import moe_table
 from chunktune.sim.cost.provenance import provenance
-from chunktune.sim.cost.step_time import SHAPE_BORROWED_FORMATS, moe_weight_format
+from chunktune.sim.cost.step_time import borrowed_shape, moe_weight_format
 from chunktune.sim.engine.memory import GiB, MemoryPlan, kv_cache_layout, plan_memory
 
 
@@ -114,14 +113,11 @@ def borrowed_experts(gpu: GPU, m: ModelConfig, tp: int) -> str:
     if not m.is_moe:
         return ""
     fmt = moe_weight_format(m.weight_dtype, gpu.name)
-    shape = (m.hidden_size, m.moe_intermediate_size)
-    if (fmt not in SHAPE_BORROWED_FORMATS or moe_table.curve(
-            gpu.name, fmt, *shape, m.num_experts, m.num_experts_per_tok, tp, 1) is not None):
-        return ""
-    near = moe_table.nearest(gpu.name, fmt, *shape, tp, 1)
+    near = borrowed_shape(gpu.name, fmt, m.hidden_size, m.moe_intermediate_size, m.num_experts,
+                          m.num_experts_per_tok, tp, 1)
     if near is None:
         return ""
-    h, i, e, k = near[0]
+    h, i, e, k = near
     return (f"routed experts ({fmt}): {gpu.name}'s measured curve of {h} x {i}, {e} experts, "
             f"top {k} at TP {tp}, scaled to this model's shape by the fitted form (borrowed: "
             "other INT4 shapes predicted so within 14% at the median, 36% at the 90th "

@@ -438,6 +438,19 @@ def borrowed_moe_curve(gpu: GPU, c: KernelCoefficients, fmt: str, hidden: int, i
 SHAPE_BORROWED_FORMATS = frozenset({"int4"})
 
 
+def borrowed_shape(gpu: str, fmt: str, hidden: int, inter: int, experts: int, topk: int,
+                   tp: int, ep: int) -> tuple[int, int, int, int] | None:
+    """The timed shape (hidden, width, experts, top-k) whose curve a model's MoE layer in
+    kernel format ``fmt`` runs scaled (:func:`other_shape_curve`) where ``gpu``'s table lacks
+    the model's own; None where it has it, the format is not borrowed by shape
+    (:data:`SHAPE_BORROWED_FORMATS`) or no curve is timed at the split."""
+    if (fmt not in SHAPE_BORROWED_FORMATS
+            or moe_table.curve(gpu, fmt, hidden, inter, experts, topk, tp, ep) is not None):
+        return None
+    near = moe_table.nearest(gpu, fmt, hidden, inter, tp, ep)
+    return None if near is None else near[0]
+
+
 def other_shape_curve(gpu: GPU, c: KernelCoefficients, fmt: str, hidden: int, inter: int,
                       experts: int, topk: int, tp: int, ep: int, mats: float = 3,
                       weight_dtype: str = "int4_g128") -> np.ndarray | None:
