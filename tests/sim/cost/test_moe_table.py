@@ -298,7 +298,7 @@ def test_a_blackwell_bf16_table_holds_only_the_flashinfer_kernel_vllm_runs_there
         "vllm_unquantizedfusedmoe_flashinfer_trtllm_trtllmbf16experts") == "flashinfer"
     assert not moe_table.runs_kernel("b200", "bf16", "vllm_fused_moe")
     assert not moe_table.runs_kernel("rtx-pro-6000", "bf16", "vllm_fused_moe")
-    assert moe_table.runs_kernel("b200", "fp8_block", "vllm_fused_moe")
+    assert moe_table.runs_kernel("b200", "fp8_block_triton", "vllm_fused_moe")  # next test
     assert moe_table.runs_kernel("h100-sxm", "bf16", "vllm_fused_moe")
     assert not moe_table.runs_kernel("h100-sxm", "bf16",
                                       "vllm_unquantizedfusedmoe_flashinfer_cutlass_"
@@ -438,3 +438,20 @@ def test_the_borrowed_int4_curve_predicts_the_int4_shapes_the_hopper_tables_time
     assert len(borrowed) >= 60
     b, f = np.abs(np.concatenate(borrowed)), np.abs(np.concatenate(form))
     assert np.median(b) < 0.15 and np.median(f) > 2 * np.median(b)
+
+
+def test_block_fp8_on_sm100_counts_triton_rows_only_as_the_triton_fallback():
+    """vLLM runs block-FP8 experts with FlashInfer TRT-LLM on the B200 (0.24's collector times
+    that); the older collectors' Triton ``fused_moe`` rows there take 1.5-1.6x as long on the
+    shapes both timed, so they count only for ``fp8_block_triton`` (FlashInfer and DeepGEMM
+    turned off). A shape only they timed has no ``fp8_block`` curve; Hopper and the RTX PRO
+    6000 (no FlashInfer rows to say otherwise) keep their Triton rows."""
+    assert not moe_table.runs_kernel("b200", "fp8_block", "vllm_fused_moe")
+    assert moe_table.runs_kernel("b200", "fp8_block_triton", "vllm_fused_moe")
+    assert moe_table.runs_kernel(
+        "b200", "fp8_block", "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic")
+    assert moe_table.runs_kernel("h100-sxm", "fp8_block", "vllm_fused_moe")
+    assert moe_table.runs_kernel("rtx-pro-6000", "fp8_block", "vllm_fused_moe")
+    assert moe_table.curve("b200", "fp8_block", 4096, 2688, 512, 22, 1, 2) is None
+    assert moe_table.curve("b200", "fp8_block_triton", 4096, 2688, 512, 22, 1, 2) is not None
+    assert moe_table.curve("b200", "fp8_block", 3072, 1536, 256, 8, 4, 1) is not None

@@ -80,6 +80,11 @@ def row_kernel(kernel_source: str) -> str | None:
     return None
 
 
+#: Data-centre Blackwell GPUs (SM100, vLLM's ``is_device_capability_family(100)``), where
+#: vLLM runs MoE layers with FlashInfer's TRT-LLM kernels.
+SM100_GPUS = frozenset({"b200", "b300", "gb200"})
+
+
 def runs_kernel(gpu: str, dtype: str, kernel_source: str) -> bool:
     """Whether a row of ``gpu``'s in weight format ``dtype`` timed the kernel vLLM runs there:
     for bf16 experts the one :func:`chunktune.sim.cost.coefficients.moe_kernel` names (vLLM
@@ -87,11 +92,17 @@ def runs_kernel(gpu: str, dtype: str, kernel_source: str) -> bool:
     kernels, so the older collectors' Triton ``fused_moe`` rows there (the B200's and RTX PRO
     6000's vLLM 0.19 and 0.22 curves of shapes 0.24's collector did not time) are not what it
     runs: on the shapes both timed, Triton is mostly 1.1-1.7x the TRT-LLM kernel on the B200 and
-    0.4-2.5x the CUTLASS kernel on the RTX PRO 6000. Other formats: every row counts (their
-    kernels are named per format, ``moe_derive.KERNEL_FORMATS``)."""
+    0.4-2.5x the CUTLASS kernel on the RTX PRO 6000. Block-FP8 experts on an SM100 GPU likewise
+    (vLLM 0.24's collector times FlashInfer TRT-LLM there; the older collectors' Triton rows
+    take 1.5-1.6x as long at the median on the shapes both timed): those rows count only for
+    ``fp8_block_triton``, the kernel vLLM falls back to with FlashInfer and DeepGEMM turned off.
+    Other formats: every row counts (their kernels are named per format,
+    ``moe_derive.KERNEL_FORMATS``)."""
+    kernel = row_kernel(kernel_source)
+    if dtype == "fp8_block":
+        return not (gpu in SM100_GPUS and kernel == "triton")
     if dtype != "bf16":
         return True
-    kernel = row_kernel(kernel_source)
     return kernel is None or kernel == moe_kernel(resolve_gpu(gpu))
 
 

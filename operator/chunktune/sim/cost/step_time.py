@@ -56,6 +56,7 @@ from chunktune.sim.cost.coefficients import (
     quant_rule,
 )
 from chunktune.sim.cost.collectives import Interconnect, nccl_gather_scatter_s, tp_allreduce_s
+from chunktune.sim.cost.moe_table import SM100_GPUS
 
 #: Weight dtypes the linear operators run in: ``bf16`` (also fp16), ``fp8`` (an FP8
 #: checkpoint or ``--quantization fp8``: FP8 weights and per-tensor scaled FP8 activations) and
@@ -294,9 +295,6 @@ def side_stream_sm_share(tokens: np.ndarray, n: float, gpu: GPU) -> np.ndarray:
 FOUR_BIT = ("mxfp4", "nvfp4", "int4_g32", "int4_g64", "int4_g128")
 
 
-#: Data-centre Blackwell GPUs (SM100, vLLM's ``is_device_capability_family(100)``), where
-#: vLLM runs MoE layers with FlashInfer's TRT-LLM kernels.
-SM100_GPUS = frozenset({"b200", "b300", "gb200"})
 #: Hopper GPUs (SM90, vLLM's ``is_device_capability(90)``), where vLLM runs MXFP4 experts with
 #: OpenAI's Triton kernels (``triton_kernels``) unless ``VLLM_MXFP4_USE_MARLIN=1``.
 SM90_GPUS = frozenset({"h100-sxm", "h100-pcie", "h200"})

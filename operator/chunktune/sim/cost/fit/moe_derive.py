@@ -79,14 +79,13 @@ def derive(root: Path) -> list[tuple[Key, str, list[float]]]:
                 for r in csv.DictReader(fh):
                     dtype = MOE_DTYPES.get(r["moe_dtype"])
                     t = int(r["num_tokens"])
-                    if (dtype is None or r["distribution"] != DISTRIBUTION or t not in TOKENS
-                            or not counts(gpu, dtype, vdir.name, r)):
+                    if dtype is None or r["distribution"] != DISTRIBUTION or t not in TOKENS:
                         continue
                     shape = (int(r["hidden_size"]), int(r["inter_size"]), int(r["num_experts"]),
                              int(r["topk"]), int(r["moe_tp_size"]), int(r["moe_ep_size"]))
                     us = float(r["latency"]) * 1e3
                     for fmt in (dtype, kernel_format(dtype, r.get("kernel_source") or "")):
-                        if fmt is not None:
+                        if fmt is not None and counts(gpu, fmt, vdir.name, r):
                             curve = best[(gpu, fmt, *shape)]
                             curve[t] = min(us, curve.get(t, us))
             rank = tuple(int(x) for x in vdir.name.split(".") if x.isdigit())
