@@ -23,11 +23,12 @@ with the 0.19 curve, the B200 MiniMax TP 2 rows of vLLM 0.19 come out 22% slow).
 backends timed for one format (B200: the TRT-LLM monolithic and modular kernels, CUTLASS)
 count as the fastest; only rows of what vLLM 0.33 runs on the GPU count (:func:`counts`):
 bf16 experts on Blackwell only FlashInfer's kernels (the older collectors' Triton curves of the
-B200 and RTX PRO 6000 left out), Triton's only with the tiles vLLM runs today (vLLM 0.14's rows,
-the A100's only ones, only on shapes with a tuned config: before 0.17 the default tiles were
-fixed and smaller, :data:`DEFAULT_TILES_SINCE`); block FP8 is also kept as Triton's
-``fused_moe`` alone (``fp8_block_triton``), which vLLM runs on the B200 when FlashInfer and
-DeepGEMM are turned off. A kernel timed on other shapes than the model's (the B200's
+B200 and RTX PRO 6000 left out), block FP8 on the B200 likewise, Triton's only with the tiles
+vLLM runs today (vLLM 0.14's rows, the A100's only ones, only on shapes with a tuned config:
+before 0.17 the default tiles were fixed and smaller, :data:`DEFAULT_TILES_SINCE`), INT4 not
+the 0.18-0.22 collectors' slow Marlin op (:data:`SLOW_INT4_SOURCE`); block FP8 is also kept as
+Triton's ``fused_moe`` alone (``fp8_block_triton``), which vLLM runs on the B200 when
+FlashInfer and DeepGEMM are turned off. A kernel timed on other shapes than the model's (the B200's
 MXFP8-activation MXFP4 kernel) is borrowed from the nearest shape (:func:`nearest`;
 :func:`chunktune.sim.cost.step_time.borrowed_moe_curve`).
 
