@@ -173,11 +173,9 @@ class LocalBackend(TrialBackend):
                         env.pop(name, None)
                     else:
                         env[name] = value
-        for var in plan.target.env:
-            if "value" in var:
-                env[var["name"]] = str(var["value"])
-            # secretKeyRef/configMapKeyRef: a local run takes the variable from this
-            # environment, where the user has it (HF_TOKEN), since there is no Secret here.
+        # secretKeyRef/configMapKeyRef: a local run takes the variable from this
+        # environment, where the user has it (HF_TOKEN), since there is no Secret here.
+        env.update(plan.target.literal_env())
         return env
 
     # ---- a trial ---------------------------------------------------------------------------

@@ -262,13 +262,8 @@ def target_vllm_env(target: EngineTarget, version: Version | None = None) -> dic
     vLLM ``version`` (None: the current) acts on them (:func:`env_read_by`): those that pick a
     kernel the step time prices and the memory plan holds (gpt-oss's MXFP4 backend, the FP8
     MoE kernel), checked as vLLM reads them."""
-    env: dict[str, str] = {}
-    where: dict[str, int] = {}
-    for i, var in enumerate(target.env):
-        name = var.get("name")
-        if isinstance(name, str) and "value" in var:
-            env[name] = str(var["value"])
-            where[name] = i
+    env = target.literal_env()
+    where = {v.get("name"): i for i, v in enumerate(target.env)}
     check_vllm_env(env, lambda name: f"spec.engine.env[{where[name]}].value")
     return env_read_by(env, version)
 

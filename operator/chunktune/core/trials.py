@@ -75,6 +75,11 @@ class EngineTarget:
     """The vLLM whose start-up defaults apply (``spec.engine.vllmVersion`` or the image's tag;
     None: the current)."""
 
+    def literal_env(self) -> dict[str, str]:
+        """The engine's environment variables whose value the manifest writes
+        (``spec.engine.env[].value``); those from a Secret or ConfigMap are not known here."""
+        return {v["name"]: str(v["value"]) for v in self.env if "value" in v}
+
 
 @dataclass(frozen=True)
 class CpuTarget:

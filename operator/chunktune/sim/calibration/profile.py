@@ -373,9 +373,8 @@ def read_profile(path: str | Path, field_path: str = "--calibration") -> Calibra
     return parse_profile(d, str(p), field_path)
 
 
-def logs_version(logs: Sequence[StepLog]) -> Version | None:
-    """The vLLM release the step logs name, where they name one and only one."""
-    texts = {log.meta.vllm_version for log in logs if log.meta.vllm_version}
+def _one_version(texts: set[str]) -> Version | None:
+    """The release ``texts`` name, where they name one and only one that parses."""
     if len(texts) != 1:
         return None
     try:
@@ -384,17 +383,18 @@ def logs_version(logs: Sequence[StepLog]) -> Version | None:
         return None
 
 
+def logs_version(logs: Sequence[StepLog]) -> Version | None:
+    """The vLLM release the step logs name, where they name one and only one."""
+    return _one_version({log.meta.vllm_version for log in logs if log.meta.vllm_version})
+
+
 def fitted_version(profile: CalibrationProfile) -> Version | None:
     """The vLLM release whose step logs the profile was fitted on, where they name one: a
     calibrated simulation that names no release runs that release's scheduler, the one whose
     steps it was fitted to (the CPU build's 0.32, not the newest checked)."""
     text = profile.fitted_on.get("vllm_version")
-    if not isinstance(text, str) or "," in text:
-        return None
-    try:
-        return parse_version(text)
-    except SpecError:
-        return None
+    # build_profile joins the logs' releases with ", "
+    return _one_version(set(text.split(", "))) if isinstance(text, str) else None
 
 
 def engine_args(args: EngineArgs, profile: CalibrationProfile) -> EngineArgs:
