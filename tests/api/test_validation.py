@@ -311,6 +311,10 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
     ("fewer gpus than ranks",
      spec(lambda s: s["engine"].update(tensorParallelSize=2, gpu={"type": "h100", "count": 1})),
      [("spec.engine.gpu.count", "must be >= tensorParallelSize (got 1 < 2)")]),
+    ("no peer-to-peer path on NVLink GPUs",
+     spec(lambda s: s["engine"].update(gpu={"type": "h100-sxm", "peerToPeer": False})),
+     [("spec.engine.gpu.peerToPeer", "h100-sxm's GPUs reach each other over NVLink, always "
+       "peer to peer: only PCIe GPUs can lack a peer-to-peer path (leave it out)")]),
     ("managed flag in args",
      spec(lambda s: s["engine"].update(args=["--port", "9000"])),
      [("spec.engine.args[0]", "--port is set by spec.engine.port; remove it from args")]),

@@ -155,3 +155,57 @@ def test_the_engine_env_picks_the_kernels_a_simulated_trial_prices(monkeypatch) 
         simulated.target_vllm_env(bad)
     res = SimulatedBackend().run_sync(TrialPlan(0, FLAGS, bad, profile))
     assert res.state == TrialState.INFEASIBLE and "VLLM_MXFP4_USE_MARLIN" in res.message
+
+
+def test_the_nodes_peer_to_peer_path_reaches_the_simulated_engine(monkeypatch) -> None:
+    """``spec.engine.gpu.peerToPeer`` reaches the simulated engine's all-reduce: Qwen3-32B at
+    TP 4 on L40S nodes without a peer-to-peer path runs NCCL through host memory, whose
+    all-reduces cost a decode step more than on nodes with one; not stated, the engine prices
+    what it did before (``tests/sim/cost/test_collectives``); a path that NVLink GPUs cannot
+    lack is refused, the trial infeasible, the field named."""
+    from chunktune.backends import simulated
+
+    seen = []
+    build = simulated.build_engine
+
+    def spy(*args, **kw):
+        engine = build(*args, **kw)
+        seen.append(engine)
+        return engine
+
+    monkeypatch.setattr(simulated, "build_engine", spy)
+    profile = load_profile("chat").with_overrides(rate=1, duration=4, warmup=1)
+    base = dataclasses.replace(TARGET, model="qwen3-32b", gpu="l40s", gpu_count=4,
+                               tensor_parallel_size=4)
+    for p2p in (None, True, False):
+        t = dataclasses.replace(base, gpu_peer_to_peer=p2p)
+        assert SimulatedBackend().run_sync(TrialPlan(0, FLAGS, t, profile)).state \
+            == TrialState.COMPLETE
+    unstated, with_path, without = seen
+    assert [e.cfg.gpu.peer_to_peer for e in seen] == [None, True, False]
+    assert with_path.cost.allreduce_time(16) == pytest.approx(unstated.cost.allreduce_time(16))
+    assert without.cost.allreduce_time(16) > 2 * with_path.cost.allreduce_time(16)
+    nvlink = dataclasses.replace(TARGET, gpu_peer_to_peer=False)
+    res = SimulatedBackend().run_sync(TrialPlan(0, FLAGS, nvlink, profile))
+    assert res.state == TrialState.INFEASIBLE
+    assert "spec.engine.gpu.peerToPeer" in res.message and "NVLink" in res.message
+
+
+def test_sim_serve_and_sim_run_take_the_nodes_peer_to_peer_path(tmp_path, capsys) -> None:
+    """The command a simulated trial's process or Pod runs carries the stated path
+    (``--gpu-peer-to-peer`` / ``--no-gpu-peer-to-peer``), which ``sim run`` takes too;
+    ``--no-gpu-peer-to-peer`` on an NVLink GPU is refused, exit 2."""
+    assert TARGET.sim_gpu_args() == ["--gpu", "h100-sxm"]
+    assert dataclasses.replace(TARGET, gpu="l40s", gpu_peer_to_peer=False).sim_gpu_args() \
+        == ["--gpu", "l40s", "--no-gpu-peer-to-peer"]
+    assert dataclasses.replace(TARGET, gpu="l4", gpu_peer_to_peer=True).sim_gpu_args() \
+        == ["--gpu", "l4", "--gpu-peer-to-peer"]
+    out = tmp_path / "sim.json"
+    assert main(["sim", "run", "--model", "llama-3.1-8b", "--gpu", "l40s",
+                 "--tensor-parallel-size", "2", "--no-gpu-peer-to-peer", "--workload", "chat",
+                 "--duration", "3", "--warmup", "0", "--json", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["sim", "run", "--model", "llama-3.1-8b", "--no-gpu-peer-to-peer",
+                 "--workload", "chat", "--duration", "3", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu-peer-to-peer" in err and "NVLink" in err

@@ -381,3 +381,24 @@ def test_a_cache_variable_the_manifest_sets_wins() -> None:
     spec = mf.engine_pod(replace(p, target=target), OWNER, OPTIONS)["spec"]
     homes = [e for e in spec["containers"][0]["env"] if e["name"] == "HF_HOME"]
     assert homes == [{"name": "HF_HOME", "value": "/models"}]
+
+
+def test_a_simulated_trials_pod_runs_on_the_stated_peer_to_peer_path() -> None:
+    """``spec.engine.gpu.peerToPeer`` of a manifest reaches the trial's target and the
+    ``chunktune sim serve`` its Pod runs; left out, no flag (the engine's default)."""
+    from chunktune.api.reader import load_manifest
+    from chunktune.tuning.runner import target_from_spec
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "sim-cluster.yaml"
+    t = load_manifest(path)
+    assert target_from_spec(t).gpu_peer_to_peer is None
+    t.spec.engine.gpu.type = "l40s"
+    t.spec.engine.gpu.peer_to_peer = False
+    target = target_from_spec(t)
+    assert target.gpu_peer_to_peer is False
+    p = TrialPlan(number=0, params={"max-num-batched-tokens": 2048}, target=target,
+                  profile=t.spec.workload.resolve())
+    (c,) = valid(mf.engine_pod(p, OWNER, OPTIONS, None))["spec"]["containers"]
+    args = c["args"]
+    assert args[args.index("--gpu") + 1] == "l40s"
+    assert "--no-gpu-peer-to-peer" in args and "--gpu-peer-to-peer" not in args

@@ -136,3 +136,23 @@ def test_an_int4_moe_says_its_experts_borrow_the_timed_marlin_shape(tmp_path, ca
     assert main(["model", "check", str(kimi), "--gpu", "h200",
                  "--tensor-parallel-size", "8"]) == 0
     assert "routed experts (int4)" not in capsys.readouterr().out
+
+
+def test_the_nodes_peer_to_peer_path_says_which_allreduce_vllm_runs(capsys):
+    """A PCIe GPU's all-reduce line follows the stated path: with one, vLLM's custom kernel at
+    TP 2 from the GPU's own measured table; without, NCCL through host memory; not stated,
+    the engine's default named with how to state it. An NVLink GPU cannot lack one."""
+    lines = {}
+    for flag in ("--gpu-peer-to-peer", "--no-gpu-peer-to-peer", None):
+        args = ["model", "check", "qwen3-32b", "--gpu", "l40s", "--tensor-parallel-size", "2"]
+        assert main(args + ([flag] if flag else [])) == 0
+        lines[flag] = next(line for line in capsys.readouterr().out.splitlines()
+                           if line.startswith("step time:"))
+    assert "peer to peer (as stated): at TP 2 its measured vLLM custom all-reduce" \
+        in lines["--gpu-peer-to-peer"]
+    assert "without a peer-to-peer path (as stated): NCCL through host memory" \
+        in lines["--no-gpu-peer-to-peer"]
+    assert "the node's path not stated: spec.engine.gpu.peerToPeer or --gpu-peer-to-peer" \
+        in lines[None]
+    assert main(["model", "check", "llama-3.1-8b", "--no-gpu-peer-to-peer"]) == 2
+    assert "only PCIe GPUs can lack a peer-to-peer path" in capsys.readouterr().err

@@ -33,7 +33,7 @@ from chunktune.core.distributions import Constant
 from chunktune.core.engine_args import EngineArgs
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, parse_argv
-from chunktune.core.gpus import gpu_names, resolve_gpu
+from chunktune.core.gpus import gpu_names, resolve_gpu, with_peer_to_peer
 from chunktune.core.models import ModelConfig, catalog_names, from_hf_config, resolve_model
 from chunktune.core.suggest import closest
 from chunktune.core.validation import Problem
@@ -142,6 +142,11 @@ def _engine(p: Parts, e: EngineSpec) -> None:
             if e.gpu.type not in GPU_TYPES:  # an alias in another spelling: the CRD's enum
                 p.add("spec.engine.gpu.type", f"write the GPU as {gpu.name!r} (names are "
                       f"lower-case, as listed: {', '.join(gpu_names())}; got {e.gpu.type!r})")
+            try:
+                with_peer_to_peer(gpu, e.gpu.peer_to_peer)
+            except SpecError as err:
+                for _, msg in err.problems:
+                    p.add("spec.engine.gpu.peerToPeer", msg)
     sc = e.security_context
     if sc is not None:
         if e.kind == "sim":

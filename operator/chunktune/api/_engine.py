@@ -97,6 +97,12 @@ class GPUSpec(Model):
     for engine kind sim; for vLLM it enables the memory prescreen."""
     count: int | None = Field(default=None, ge=1, le=64)
     """GPUs per trial. Default: ``tensorParallelSize``."""
+    peer_to_peer: bool | None = None
+    """Whether the node's PCIe GPUs reach each other peer to peer (``nvidia-smi topo -p2p r``
+    shows ``OK`` between every two a trial uses; cloud VMs often show ``NS``). It decides
+    vLLM's all-reduce over PCIe (its own kernel at two GPUs, NCCL's peer-to-peer or
+    host-memory path) and so the simulator's step time. Unset: not known, priced as
+    docs/simulator.md says. GPUs on NVLink always have it: ``false`` is refused for them."""
 
 
 class ResourceList(Model):

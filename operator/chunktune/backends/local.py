@@ -98,7 +98,7 @@ class LocalBackend(TrialBackend):
         served = ["--served-model-name", t.served_model_name]
         if t.kind == "sim":
             cmd = [self.python, "-m", "chunktune", "sim", "serve", "--model", t.model,
-                   "--gpu", t.gpu or "h100-sxm", "--host", self.host, "--port", str(port),
+                   *t.sim_gpu_args(), "--host", self.host, "--port", str(port),
                    "--load-time", str(self.load_time), *served, *vllm.with_step_log(flags),
                    *vllm.sim_acceptance(flags, plan.profile)]
             if t.vllm_version:

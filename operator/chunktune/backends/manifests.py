@@ -334,7 +334,7 @@ def engine_command(plan: TrialPlan, options: TrialOptions) -> tuple[list[str], l
             extra += ["--calibration", f"{CALIBRATION_DIR}/{CALIBRATION_FILE}"]
         flags = plan.engine_flags()
         return (["chunktune", "sim", "serve"],
-                ["--model", t.model, "--gpu", t.gpu or "h100-sxm", *where, *served, *extra,
+                ["--model", t.model, *t.sim_gpu_args(), *where, *served, *extra,
                  *vllm.with_step_log(flags), *vllm.sim_acceptance(flags, plan.profile)])
     flags = vllm.with_step_log(plan.engine_flags())
     if t.cpu is not None:

@@ -30,7 +30,6 @@ from chunktune.core.engine_args import EngineArgs, EngineStartupError
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, parse_argv
 from chunktune.core.flatten import flatten
-from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import from_hf_config, resolve_model
 from chunktune.core.stats import hit_rate, weighted_percentile
 from chunktune.core.steps import StepLogMeta, write_steps
@@ -135,7 +134,7 @@ class SimulatedBackend(TrialBackend):
             args = engine_args(plan)
             model = (from_hf_config(target.hf_config, name=target.model) if target.hf_config
                      else resolve_model(target.model, field="spec.engine.model"))
-            gpu = resolve_gpu(target.gpu or "h100-sxm", field="spec.engine.gpu.type")
+            gpu = target.node_gpu()
             calib = calibration(target)
             if calib is not None:
                 args = profiles.engine_args(args, calib)

@@ -46,6 +46,12 @@ class GPU:
     #: Dense FP8 tensor FLOP/s (data sheet, TFLOP/s, FP32 accumulate; see ``_FP8_TFLOPS``). 0:
     #: no FP8 tensor cores (Ampere), where vLLM runs FP8 checkpoints weight-only (Marlin).
     fp8_tflops: float = 0.0
+    #: Whether the node's GPUs reach each other peer to peer over PCIe (``nvidia-smi topo -p2p
+    #: r`` says OK between every two a server uses), as its operator states it
+    #: (``spec.engine.gpu.peerToPeer``); None: not stated. A property of the host, not the
+    #: card: it decides which all-reduce vLLM runs over PCIe
+    #: (:func:`chunktune.sim.cost.collectives.pcie_allreduce_s`). NVLink GPUs always have it.
+    peer_to_peer: bool | None = None
 
     @property
     def memory_bytes(self) -> float:
@@ -172,6 +178,22 @@ _ALIASES = {
 
 def gpu_names() -> list[str]:
     return sorted(GPUS)
+
+
+def with_peer_to_peer(gpu: GPU, peer_to_peer: bool | None,
+                      field: str = "spec.engine.gpu.peerToPeer") -> GPU:
+    """``gpu`` on a node whose GPUs do (True) or do not (False) reach each other peer to peer
+    (:attr:`GPU.peer_to_peer`); None: not stated, ``gpu`` as it is. NVLink GPUs always do: for
+    them False is refused and True changes nothing."""
+    if peer_to_peer is None:
+        return gpu
+    if gpu.nvlink:
+        if not peer_to_peer:
+            raise SpecError(f"{gpu.name}'s GPUs reach each other over NVLink, always peer "
+                            f"to peer: only PCIe GPUs can lack a peer-to-peer path (leave it "
+                            f"out)", field=field)
+        return gpu
+    return replace(gpu, peer_to_peer=peer_to_peer)
 
 
 def resolve_gpu(name: str, field: str = "--gpu") -> GPU:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunktune.core.flags import argv
+from chunktune.core.gpus import GPU, resolve_gpu, with_peer_to_peer
 from chunktune.core.steps import StepRecord
 from chunktune.core.summary import LoadSummary
 from chunktune.core.workload import Profile
@@ -58,6 +59,9 @@ class EngineTarget:
     served_model_name: str
     gpu: str | None = None
     gpu_count: int = 1
+    gpu_peer_to_peer: bool | None = None
+    """Whether the node's PCIe GPUs reach each other peer to peer (``spec.engine.gpu.
+    peerToPeer``; None: not stated)."""
     tensor_parallel_size: int = 1
     image: str | None = None
     fixed_args: tuple[str, ...] = ()
@@ -74,6 +78,21 @@ class EngineTarget:
     vllm_version: str | None = None
     """The vLLM whose start-up defaults apply (``spec.engine.vllmVersion`` or the image's tag;
     None: the current)."""
+
+    def node_gpu(self, default: str = "h100-sxm") -> GPU:
+        """The GPU each trial runs on (``default`` where none is given), on its node: its
+        peer-to-peer path as stated (:func:`chunktune.core.gpus.with_peer_to_peer`)."""
+        gpu = resolve_gpu(self.gpu or default, field="spec.engine.gpu.type")
+        return with_peer_to_peer(gpu, self.gpu_peer_to_peer)
+
+    def sim_gpu_args(self) -> list[str]:
+        """The GPU as ``chunktune sim serve`` takes it: ``--gpu`` and, where stated, the node's
+        peer-to-peer path."""
+        out = ["--gpu", self.gpu or "h100-sxm"]
+        if self.gpu_peer_to_peer is not None:
+            out.append("--gpu-peer-to-peer" if self.gpu_peer_to_peer
+                       else "--no-gpu-peer-to-peer")
+        return out
 
     def literal_env(self) -> dict[str, str]:
         """The engine's environment variables whose value the manifest writes

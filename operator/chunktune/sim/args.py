@@ -26,7 +26,7 @@ from pathlib import Path
 from chunktune.core import flags
 from chunktune.core.engine_args import EngineArgs
 from chunktune.core.errors import Problems, SpecError
-from chunktune.core.gpus import GPU, gpu_names, resolve_gpu
+from chunktune.core.gpus import GPU, gpu_names, resolve_gpu, with_peer_to_peer
 from chunktune.core.models import ModelConfig, catalog_names, resolve_model
 from chunktune.core.vllm_release import VLLM_VERSION
 
@@ -64,6 +64,10 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = False) 
                 p._option_string_actions.pop(o, None)
     s = p.add_argument_group("simulator only")
     s.add_argument("--gpu", default="h100-sxm", help=f"GPU type ({', '.join(gpu_names())})")
+    s.add_argument("--gpu-peer-to-peer", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the node's PCIe GPUs reach each other peer to peer "
+                        "(nvidia-smi topo -p2p r): vLLM's all-reduce over PCIe depends on it "
+                        "(default: not stated)")
     s.add_argument("--model-config", help="a Hugging Face config.json for a model not in the "
                                           "catalog")
 
@@ -86,6 +90,9 @@ def model_and_gpu(ns: argparse.Namespace) -> tuple[ModelConfig, GPU]:
     problems = Problems()
     model = problems.attempt(resolve_model, name, config_path)
     gpu = problems.attempt(resolve_gpu, ns.gpu)
+    if gpu is not None:
+        gpu = problems.attempt(with_peer_to_peer, gpu, getattr(ns, "gpu_peer_to_peer", None),
+                               "--gpu-peer-to-peer")
     problems.check()
     assert model is not None and gpu is not None
     return model, gpu

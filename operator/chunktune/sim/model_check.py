@@ -16,7 +16,7 @@ from collections import Counter
 
 from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
 from chunktune.core.errors import SpecError
-from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.core.gpus import GPU, resolve_gpu, with_peer_to_peer
 from chunktune.core.models import MODULE_CLASSES, ModelConfig, resolve_model
 from chunktune.sim.cost.provenance import provenance
 from chunktune.sim.cost.step_time import borrowed_shape, moe_weight_format
@@ -38,6 +38,9 @@ def register(msub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     check.add_argument("config", metavar="CONFIG",
                        help="config.json, a model directory holding one, or a catalog name")
     check.add_argument("--gpu", default="h100-sxm", help="GPU (default: h100-sxm)")
+    check.add_argument("--gpu-peer-to-peer", action=argparse.BooleanOptionalAction,
+                       default=None, help="whether the node's PCIe GPUs reach each other peer "
+                                          "to peer (default: not stated)")
     check.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N")
     check.add_argument("--kv-cache-dtype", default="auto")
     check.add_argument("--max-model-len", type=int, metavar="TOKENS",
@@ -127,7 +130,7 @@ def borrowed_experts(gpu: GPU, m: ModelConfig, tp: int) -> str:
 def cmd_check(ns: argparse.Namespace) -> int:
     try:
         model = _model(ns.config)
-        gpu = resolve_gpu(ns.gpu)
+        gpu = with_peer_to_peer(resolve_gpu(ns.gpu), ns.gpu_peer_to_peer, "--gpu-peer-to-peer")
         if ns.tensor_parallel_size < 1:
             raise SpecError(f"must be >= 1 (got {ns.tensor_parallel_size})",
                             field="--tensor-parallel-size")

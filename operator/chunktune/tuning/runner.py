@@ -54,7 +54,7 @@ from chunktune.api.v1alpha1 import ChunkedPrefillTuning
 from chunktune.backends.base import TrialBackend, within
 from chunktune.core import vllm_release
 from chunktune.core.errors import InfrastructureFault, SpecError
-from chunktune.core.gpus import resolve_gpu
+from chunktune.core.gpus import resolve_gpu, with_peer_to_peer
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent, TwinPhase
 from chunktune.core.trials import (
     RESULT_STATES,
@@ -104,7 +104,7 @@ def cost_model(tuning: ChunkedPrefillTuning) -> str | None:
     gpu = spec.engine.gpu.type
     if gpu is None or (spec.engine.kind != "sim" and spec.strategy.name != "twin"):
         return None
-    return provenance(resolve_gpu(gpu))
+    return provenance(with_peer_to_peer(resolve_gpu(gpu), spec.engine.gpu.peer_to_peer))
 
 
 def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
@@ -113,6 +113,7 @@ def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
     return EngineTarget(
         kind=e.kind, model=e.model, served_model_name=e.served_model_name or e.model,
         gpu=e.gpu.type, gpu_count=e.gpu.count or e.tensor_parallel_size,
+        gpu_peer_to_peer=e.gpu.peer_to_peer,
         tensor_parallel_size=e.tensor_parallel_size, image=e.image,
         fixed_args=tuple(tuning.spec.engine_fixed_args()),
         env=tuple(v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in e.env),

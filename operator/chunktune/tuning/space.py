@@ -33,7 +33,7 @@ from chunktune.core.engine_args import (
 )
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, engine_defaults, parse_argv
-from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig, from_hf_config, resolve_model
 from chunktune.core.trials import EngineTarget
 from chunktune.sim.engine.memory import plan_memory
@@ -148,7 +148,7 @@ class EngineContext:
         except (SpecError, OSError):  # a config that does not parse or cannot be read
             model = None
         try:
-            gpu = resolve_gpu(target.gpu) if target.gpu else None
+            gpu = target.node_gpu() if target.gpu else None
         except SpecError:
             gpu = None
         return cls(target, fixed, model, gpu)

@@ -385,3 +385,110 @@ def test_no_backend_is_fitted_faster_than_its_link():
     assert lender.link_eff[ab.CUSTOM_TWO_SHOT] == 1.0
     assert all(0 < e <= 1.0 for e in lender.link_eff.values())
     assert all(0 < e < 1.0 for e in col.backend_coefficients().link_eff.values())
+
+
+# ---- the node's peer-to-peer path over PCIe ------------------------------------------------
+
+def _node(name: str, p2p: bool | None):
+    from chunktune.core.gpus import with_peer_to_peer
+    return with_peer_to_peer(resolve_gpu(name), p2p)
+
+
+def _table_us(rows, gpu: str, ranks: int) -> dict[int, float]:
+    """A measured table as the engine reads it: no message slower than a larger one
+    (``aic_data.envelope``)."""
+    mine = sorted((r.nbytes, r.us) for r in rows if r.gpu == gpu and r.ranks == ranks)
+    return {b: min(us for b2, us in mine if b2 >= b) for b, _ in mine}
+
+
+def test_a_stated_peer_to_peer_path_prices_the_allreduce_vllm_runs_there():
+    """vLLM's ``CustomAllreduce`` runs over PCIe only at two ranks whose GPUs reach each other
+    peer to peer (``_can_p2p``; above two it stays off: "not supported on more than two
+    PCIe-only GPUs"), else NCCL, through host memory where the GPUs have no peer-to-peer path.
+    Stated (``spec.engine.gpu.peerToPeer``), each is read off the boxes AIConfigurator timed
+    alike: with a path, the GPU's own table (the L40S's two ranks, the RTX PRO 6000's two to
+    eight); without, NCCL through host memory (an RTX PRO 6000 box of vLLM 0.19 at two ranks,
+    the L40S box at four and eight)."""
+    rows = aic_data.read_committed_allreduce()
+    host = aic_data.read_committed_allreduce(aic_data.NO_P2P_ALLREDUCE_PATH)
+    for gpu, ranks in (("l40s", 2), ("rtx-pro-6000", 2), ("rtx-pro-6000", 4),
+                       ("rtx-pro-6000", 8)):
+        g = _node(gpu, True)
+        for nbytes, us in _table_us(rows, gpu, ranks).items():
+            assert float(col.tp_allreduce_s(float(nbytes), ranks, g)) * 1e6 \
+                == pytest.approx(us, rel=0.02)
+    for ranks, box in ((2, "rtx-pro-6000"), (4, "l40s"), (8, "l40s")):
+        for gpu in ("l40s", "a10g", "rtx-pro-6000"):
+            g = _node(gpu, False)
+            for nbytes, us in _table_us(host, box, ranks).items():
+                assert float(col.tp_allreduce_s(float(nbytes), ranks, g)) * 1e6 \
+                    == pytest.approx(us, rel=0.02)
+    # at 8 ranks and 64 MiB a rank: the L40S without a path against the same GPU priced with
+    # one (NCCL's graphed latency, the ring at Vidur's PCIe efficiency)
+    s = 64.0 * 2**20
+    slow = float(col.tp_allreduce_s(s, 8, _node("l40s", False)))
+    fast = float(col.tp_allreduce_s(s, 8, _node("l40s", True)))
+    assert slow > 8 * fast
+    # not stated: as before (NCCL's curve at TP 2, the graphed NCCL above)
+    c = col.collective_coefficients()
+    for gpu in ("l40s", "rtx-pro-6000", "a10g"):
+        g = resolve_gpu(gpu)
+        assert g.peer_to_peer is None
+        link, _ = col.gpu_interconnect(g).bottleneck(2)
+        assert float(col.tp_allreduce_s(1e4, 2, g)) == pytest.approx(
+            float(col.nccl_allreduce_s(1e4, 2, link, c.link_eff["pcie"], c)))
+
+
+def test_the_host_memory_path_is_no_faster_than_the_gpus_own_link():
+    """NCCL through host memory still crosses each GPU's own PCIe link: on a card whose link
+    carries less than the measured hosts moved (15 GB/s each way at two ranks; a PCIe Gen3 x8
+    card's 8), the ring's bytes at that link bound it."""
+    g = dataclasses.replace(_node("rtx4090", False), link_gb_s=16.0)
+    s = 1024.0 * 2**20
+    t = float(col.tp_allreduce_s(s, 2, g))
+    assert t >= s / ab.link_bytes_s(g)
+    assert t == pytest.approx(s / ab.link_bytes_s(g), rel=1e-9)
+
+
+def test_a_pcie_gpu_without_a_table_prices_the_custom_allreduce_from_the_l40s_box():
+    """A PCIe GPU with a stated peer-to-peer path and no table of its own (A10G, A40, RTX
+    4090, the PCIe A100 / H100) runs vLLM's custom kernel at two ranks priced per backend as
+    fitted on the boxes timed with a path, at the same fraction of its own link: the L40S
+    box's (its kernel moves 0.6 of PCIe Gen4 each way; the RTX PRO 6000's table moves more
+    than the Gen4 figure the catalog keeps for it, so it prices nobody by its link). The
+    A10G's link is the L40S's: within 10% of the L40S box's table; at small messages 5 us,
+    against 36 us on NCCL's curve, which is what a node not stated gets."""
+    timings = col.p2p_timings(aic_data.read_committed_allreduce())
+    assert {t.gpu.name for t in timings} == {"l40s"}
+    assert {t.ranks for t in timings} == {2}
+    coef = col.pcie_p2p_backend_coefficients()
+    assert coef.link_eff[ab.CUSTOM_ONE_SHOT] == pytest.approx(0.6, abs=0.05)
+    rows = aic_data.read_committed_allreduce()
+    g = _node("a10g", True)
+    err = [float(col.tp_allreduce_s(float(b), 2, g)) * 1e6 / us - 1
+           for b, us in _table_us(rows, "l40s", 2).items()]
+    assert float(np.median(np.abs(err))) < 0.10
+    assert float(col.tp_allreduce_s(256.0, 2, g)) < 6e-6
+    assert float(col.tp_allreduce_s(256.0, 2, resolve_gpu("a10g"))) > 30e-6
+    # above two ranks with a path and no table: NCCL as before
+    assert float(col.tp_allreduce_s(1e6, 4, g)) == pytest.approx(
+        float(col.tp_allreduce_s(1e6, 4, resolve_gpu("a10g"))))
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
+def test_committed_host_memory_table_matches_raw_data():
+    raw = aic_kernels.read_no_p2p_allreduce(SHARED)
+    committed = aic_data.read_committed_allreduce(aic_data.NO_P2P_ALLREDUCE_PATH)
+    assert [(r.gpu, r.ranks, r.nbytes) for r in raw] == [
+        (r.gpu, r.ranks, r.nbytes) for r in committed]
+    for a, b in zip(raw, committed, strict=True):
+        assert a.us == pytest.approx(b.us, rel=1e-3)
+    assert {(r.gpu, r.ranks) for r in raw} == {("rtx-pro-6000", 2), ("l40s", 4),
+                                               ("l40s", 8)}
+    # what tells these boxes apart (aic_kernels.NO_P2P_TABLES): the smallest message at two
+    # ranks and the bytes each way at the largest, against the boxes with a path
+    host = {(r.gpu, r.ranks, r.nbytes): r.us for r in raw}
+    p2p = {(r.gpu, r.ranks, r.nbytes): r.us for r in aic_data.read_committed_allreduce()}
+    assert host[("rtx-pro-6000", 2, 256)] > 1.8 * p2p[("rtx-pro-6000", 2, 256)]
+    big = max(r.nbytes for r in raw)
+    assert big / host[("l40s", 4, big)] < 0.2 * big / p2p[("l40s", 2, big)]

@@ -21,6 +21,8 @@ import numpy as np
 DATA = Path(__file__).with_name("data")
 GEMM_PATH = DATA / "aic_gemm_us.csv"
 ALLREDUCE_PATH = DATA / "aic_allreduce_us.csv"
+#: The same on PCIe GPUs without a peer-to-peer path (NCCL through host memory)
+NO_P2P_ALLREDUCE_PATH = DATA / "aic_allreduce_no_p2p_us.csv"
 #: The ``m`` (tokens) of the committed GEMM grid; ``n`` and ``k`` are the measured ones >= 128.
 M_GRID = tuple(2**i for i in range(15))
 

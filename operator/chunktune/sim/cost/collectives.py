@@ -291,6 +291,72 @@ def measured_pcie_gpus() -> list[str]:
     return sorted({g for g, _ in _measured() if not resolve_gpu(g).nvlink})
 
 
+#: The committed PCIe tables (``data/aic_allreduce_us.csv``, each GPU's newest) timed on a
+#: box whose GPUs had no peer-to-peer path at that rank count, so that vLLM ran NCCL through
+#: host memory (:data:`chunktune.sim.cost.fit.aic_kernels.NO_P2P_TABLES` says why): the
+#: L40S box above two ranks. Every other PCIe table was timed with one.
+HOST_MEMORY_TABLES = frozenset({("l40s", 4), ("l40s", 8)})
+
+
+@lru_cache(maxsize=1)
+def _host_memory() -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Ranks -> (log bytes, log seconds) of vLLM's all-reduce through host memory
+    (``data/aic_allreduce_no_p2p_us.csv``: two ranks timed on an RTX PRO 6000 box, four and
+    eight on the L40S box)."""
+    tables = allreduce_tables(aic_data.read_committed_allreduce(
+        aic_data.NO_P2P_ALLREDUCE_PATH))
+    return {n: t for (_, n), t in sorted(tables.items())}
+
+
+def host_memory_allreduce_s(nbytes: np.ndarray, tp: int, gpu: GPU) -> np.ndarray:
+    """Seconds of vLLM's all-reduce over ``tp`` PCIe GPUs of ``gpu`` without a peer-to-peer
+    path: NCCL through host memory, read off the measured table of the smallest rank count at
+    or above ``tp`` (the largest beyond them), whatever the card (the host's memory and
+    sockets set the pace), and no faster than the ring's bytes cross the GPU's own link."""
+    tables = _host_memory()
+    n = next((m for m in sorted(tables) if m >= tp), max(tables))
+    out: np.ndarray = np.maximum(table_allreduce_s(tables[n], nbytes),
+                                 ring_factor(tp) * nbytes / ab.link_bytes_s(gpu))
+    return out
+
+
+def p2p_table(gpu: GPU, ranks: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The measured PCIe all-reduce over ``ranks`` of ``gpu`` or of a GPU on the same
+    interconnect (:func:`measured_allreduce_source`: the L4 runs the L40S's) timed with a
+    peer-to-peer path (not :data:`HOST_MEMORY_TABLES`); None where none is."""
+    src = measured_allreduce_source(gpu)
+    if src is None or (src, ranks) in HOST_MEMORY_TABLES:
+        return None
+    return _measured().get((src, ranks))
+
+
+def p2p_timings(rows: Iterable[aic_data.AllReduceRow]) -> list[ab.Timing]:
+    """The PCIe all-reduces at two ranks timed with a peer-to-peer path among ``rows``, of the
+    GPUs whose catalog link carries what they measured: a table that moves more bytes a
+    second each way than its GPU's link figure (the RTX PRO 6000's, kept at PCIe Gen4's on
+    purpose: :mod:`chunktune.core.gpus`) cannot price another GPU by its link."""
+    by: dict[str, list[aic_data.AllReduceRow]] = {}
+    for r in rows:
+        if r.ranks == 2 and not resolve_gpu(r.gpu).nvlink \
+                and (r.gpu, r.ranks) not in HOST_MEMORY_TABLES:
+            by.setdefault(r.gpu, []).append(r)
+    out = []
+    for name, rs in sorted(by.items()):
+        g = resolve_gpu(name)
+        if max(r.nbytes / (r.us * 1e-6) for r in rs) <= ab.link_bytes_s(g):
+            out += [ab.Timing(g, r.ranks, r.nbytes, r.us * 1e-6) for r in rs]
+    return out
+
+
+@lru_cache(maxsize=1)
+def pcie_p2p_backend_coefficients() -> ab.BackendCoefficients:
+    """vLLM's all-reduce at two PCIe ranks with a peer-to-peer path (its custom kernel up to
+    8 MiB, NCCL above) fitted per backend on the committed tables timed with one
+    (:func:`p2p_timings`: the L40S box's): how a PCIe GPU without such a table prices it, at
+    the same fraction of its own link."""
+    return ab.fit_backends(p2p_timings(aic_data.read_committed_allreduce()))
+
+
 @lru_cache(maxsize=1)
 def _pcie_latencies() -> dict[int, float]:
     """:func:`pcie_nccl_latencies` of the committed measurements."""
@@ -325,12 +391,28 @@ def pcie_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
     committed tables; :func:`graphed_nccl_latency_s`) plus the ring's ``2 (n - 1) / n`` bytes
     over the per-direction PCIe link at Vidur's PCIe ring efficiency (``c.link_eff["pcie"]``:
     rings with peer-to-peer access over PCIe Gen4 and Gen5, 0.74 / 0.76 of the link on both).
-    The host's peer-to-peer path is not known to the engine: the L40S box's NCCL goes through
-    host memory at 4-8 ranks (3.7 / 2.0 GB/s); the engine prices a host with it. Without any
-    PCIe table, NCCL's curve at every TP."""
+    Without any PCIe table, NCCL's curve at every TP. That is where the node's peer-to-peer
+    path is not stated (``gpu.peer_to_peer`` None); where it is (:func:`chunktune.core.gpus.
+    with_peer_to_peer`), vLLM's own choice priced on the boxes timed alike: with one, the
+    GPU's (or its interconnect's) table timed with one, else at two ranks vLLM's custom
+    all-reduce fitted on those tables (:func:`pcie_p2p_backend_coefficients`) and above
+    NCCL as said; without one, NCCL through host memory at every TP
+    (:func:`host_memory_allreduce_s`: the L40S box moves 1.9 / 1.0 GB/s each way at 4 / 8
+    ranks, a tenth of what its link carries peer to peer)."""
     s = np.asarray(nbytes, dtype=np.float64)
     if tp <= 1:
         return np.zeros_like(s)
+    if gpu.peer_to_peer is False:
+        return host_memory_allreduce_s(s, tp, gpu)
+    if gpu.peer_to_peer:
+        table = p2p_table(gpu, tp)
+        if table is not None:
+            return table_allreduce_s(table, s)
+        if tp == 2:
+            flat = np.atleast_1d(s).ravel()
+            priced = ab.backend_allreduce_s(flat, 2, gpu, pcie_p2p_backend_coefficients())
+            if priced is not None:
+                return priced.reshape(s.shape)
     c = c or collective_coefficients()
     link, kind = gpu_interconnect(gpu).bottleneck(tp)
     lat = _pcie_latencies() if latencies is None else latencies

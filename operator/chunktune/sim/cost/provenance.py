@@ -14,7 +14,11 @@ from chunktune.core.models import ModelConfig
 from chunktune.sim.cost import gemm_table, moe_table
 from chunktune.sim.cost.allreduce_backends import compute_capability
 from chunktune.sim.cost.coefficients import POOLED, group_sources, load_document, source_gpu
-from chunktune.sim.cost.collectives import measured_allreduce_source, measured_pcie_gpus
+from chunktune.sim.cost.collectives import (
+    measured_allreduce_source,
+    measured_pcie_gpus,
+    p2p_table,
+)
 
 #: Per GPU, the end-to-end error of the simulator against real vLLM serving runs (written by
 #: ``python bench/fidelity_e2e.py --quick --write-fidelity``; ``tests/sim/calibration/
@@ -108,14 +112,31 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
         return (f" (leave-one-GPU-out error of borrowing: all-reduce {ar_loo[path]:.0%})"
                 if path in ar_loo else "")
 
-    if not g.nvlink:
+    if not g.nvlink and g.peer_to_peer is False:
+        text += ("; all-reduce over PCIe without a peer-to-peer path (as stated): NCCL "
+                 "through host memory at every TP, as measured on an RTX PRO 6000 box at TP 2 "
+                 "and the L40S box at TP 4 and 8 (another host's memory and sockets: "
+                 "unmeasured error)")
+    elif not g.nvlink and g.peer_to_peer:
+        boxes = " and ".join(measured_pcie_gpus()) or "no"
+        two = ("its measured vLLM custom all-reduce" if ar == name else
+               f"{ar}'s measured vLLM custom all-reduce (same interconnect)" if ar else
+               "vLLM's custom all-reduce fitted on the measured boxes' at the same fraction "
+               "of its link (unmeasured error)")
+        above = (f"{ar}'s measured NCCL" if ar and p2p_table(g, 4) is not None else
+                 f"NCCL's latency in a CUDA graph measured on the {boxes} boxes and the "
+                 "ring's bytes at Vidur's PCIe ring efficiency")
+        text += (f"; all-reduce over PCIe, peer to peer (as stated): at TP 2 {two}, above "
+                 f"TP 2 {above}")
+    elif not g.nvlink:
         boxes = " and ".join(measured_pcie_gpus()) or "no"
         text += ("; all-reduce over PCIe: at TP 2 NCCL's curve fitted on Vidur's collectives "
                  "(vLLM runs its custom all-reduce there with peer-to-peer access), above TP 2 "
                  "NCCL as vLLM runs it: its latency in a CUDA graph measured on the "
                  f"{boxes} boxes and the ring's bytes at Vidur's PCIe ring efficiency, "
-                 "assuming peer-to-peer access (the host's path is not known; without it NCCL "
-                 "goes through host memory, several times slower)")
+                 "assuming peer-to-peer access (the node's path not stated: "
+                 "spec.engine.gpu.peerToPeer or --gpu-peer-to-peer; without one NCCL goes "
+                 "through host memory, several times slower)")
         if "pcie" in ar_loo:
             above = (f"; above TP 2: {ar_loo['pcie-tp>2']:.0%}" if "pcie-tp>2" in ar_loo
                      else "")

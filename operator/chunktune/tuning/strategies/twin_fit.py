@@ -141,7 +141,7 @@ def fit_profile(target: EngineTarget, runs: Sequence[MeasuredRun], simulate: Sim
     if not runs:
         raise TwinError("no completed real trial kept a step log: nothing to calibrate on")
     model = twin_model(target)
-    gpu = resolve_gpu("cpu" if target.cpu is not None else (target.gpu or "h100-sxm"))
+    gpu = resolve_gpu("cpu") if target.cpu is not None else target.node_gpu()
     paths = [r.steps_file for r in runs]
     try:
         logs = profiles.load_logs(paths, model, target.model if target.kind != "sim"

@@ -208,26 +208,73 @@ def read_attention(root: Path) -> list[AttentionRow]:
 
 # ---- all-reduce --------------------------------------------------------------------------
 
+def _allreduce_rows(gpu: str, path: Path, ranks: Iterable[int] | None = None
+                    ) -> list[AllReduceRow]:
+    """The CUDA-graph bf16 all-reduces of one ``custom_allreduce_perf`` file (median of
+    duplicates), at the rank counts ``ranks`` (None: all)."""
+    keep = None if ranks is None else set(ranks)
+    acc: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for r in _rows(path):
+        if r["backend"] != "vllm_graph" or r["allreduce_dtype"] != "bfloat16":
+            continue
+        n = int(r["num_gpus"])
+        if keep is None or n in keep:
+            acc[(n, 2 * int(r["message_size"]))].append(float(r["latency"]) * 1e3)
+    return [AllReduceRow(gpu, n, s, statistics.median(v)) for (n, s), v in sorted(acc.items())]
+
+
 def read_allreduce(root: Path) -> list[AllReduceRow]:
     out = []
     for gpu, folder in sorted(gpu_folders(root).items()):
         files = _versions(root, folder, "custom_allreduce_perf")
         for path in files[:1]:
-            acc: dict[tuple[int, int], list[float]] = defaultdict(list)
-            for r in _rows(path):
-                if r["backend"] != "vllm_graph" or r["allreduce_dtype"] != "bfloat16":
-                    continue
-                acc[(int(r["num_gpus"]), 2 * int(r["message_size"]))].append(
-                    float(r["latency"]) * 1e3)
-            out += [AllReduceRow(gpu, n, s, statistics.median(v))
-                    for (n, s), v in sorted(acc.items())]
+            out += _allreduce_rows(gpu, path)
     return out
 
 
-def write_allreduce(rows: list[AllReduceRow], path: Path = ALLREDUCE_PATH) -> None:
+#: The measured PCIe all-reduces whose GPUs had no peer-to-peer path between them, so that
+#: vLLM ran NCCL through host memory: (GPU, vLLM version of the table, None: the newest;
+#: rank counts). Read from what vLLM does (``CustomAllreduce``: at two ranks over PCIe its
+#: custom kernel runs only where the pair has peer-to-peer access, ``_can_p2p``) and what the
+#: tables show: the RTX PRO 6000 box of AIConfigurator's vLLM 0.19 table takes 8.7 us for the
+#: smallest message at two ranks and moves 7.6 GB/s each way at 64 MiB, where its vLLM 0.24
+#: box's custom kernel takes 4.3 us and 18.5 GB/s (the link's peer-to-peer path); the L40S
+#: box moves 1.9 / 1.0 GB/s each way at 4 / 8 ranks (64 MiB), a tenth of its own two-rank
+#: custom kernel's 9.6 GB/s: host memory, not the PCIe link.
+NO_P2P_TABLES: tuple[tuple[str, str | None, tuple[int, ...]], ...] = (
+    ("rtx-pro-6000", "0.19.0", (2,)), ("l40s", None, (4, 8)))
+
+
+def read_no_p2p_allreduce(root: Path) -> list[AllReduceRow]:
+    """vLLM's all-reduce on PCIe GPUs without a peer-to-peer path (:data:`NO_P2P_TABLES`),
+    keyed by the GPU it was timed on."""
+    folders = gpu_folders(root)
+    out = []
+    for gpu, version, ranks in NO_P2P_TABLES:
+        files = _versions(root, folders[gpu], "custom_allreduce_perf")
+        path = next((f for f in files if version is None or f.parent.name == version), None)
+        if path is None:
+            raise FileNotFoundError(f"no custom_allreduce_perf of {gpu} vLLM {version}")
+        out += _allreduce_rows(gpu, path, ranks)
+    return out
+
+
+ALLREDUCE_HEADER = (f"# Derived from {SOURCE}custom_allreduce_perf: vLLM's all-reduce in a "
+                    "CUDA graph (backend vllm_graph), bf16; bytes per rank, microseconds.")
+NO_P2P_HEADER = (f"# Derived from {SOURCE}custom_allreduce_perf: vLLM's all-reduce in a "
+                 "CUDA graph (backend vllm_graph), bf16, on PCIe GPUs without a peer-to-peer "
+                 "path (NCCL through host memory; aic_kernels.NO_P2P_TABLES says which and "
+                 "why): two ranks from the RTX PRO 6000 box of vLLM 0.19's table, four and "
+                 "eight from the L40S box (also in aic_allreduce_us.csv); bytes per rank, "
+                 "microseconds.")
+
+
+def write_allreduce(rows: list[AllReduceRow], path: Path = ALLREDUCE_PATH,
+                    header: str = ALLREDUCE_HEADER) -> None:
+    """``rows`` as a committed all-reduce table (``ALLREDUCE_PATH``; with ``NO_P2P_HEADER``:
+    ``NO_P2P_ALLREDUCE_PATH``)."""
     with path.open("w", newline="") as fh:
-        fh.write(f"# Derived from {SOURCE}custom_allreduce_perf: vLLM's all-reduce in a CUDA "
-                 "graph (backend vllm_graph), bf16; bytes per rank, microseconds.\n")
+        fh.write(header + "\n")
         w = csv.writer(fh)
         w.writerow(["gpu", "ranks", "bytes", "us"])
         for r in rows:

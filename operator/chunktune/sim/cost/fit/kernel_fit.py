@@ -227,6 +227,8 @@ def write_tables(root: Path, meas: Measurements) -> None:
     kd.write_points(kd.committed_subset(meas.llmss_attention), meas.llmss_linear)
     aic_kernels.write_gemm(meas.gemm, meas.gemm_versions)
     aic_kernels.write_allreduce(meas.allreduce)
+    aic_kernels.write_allreduce(aic_kernels.read_no_p2p_allreduce(root),
+                                aic_data.NO_P2P_ALLREDUCE_PATH, aic_kernels.NO_P2P_HEADER)
     aic_kernels.write_points(*aic_kernels.committed_subset(meas.attention, meas.moe))
     ar = kd.read_allreduce(root)
     kd.write_allreduce(kd.allreduce_subsample(ar))
@@ -239,6 +241,8 @@ def _clear_caches() -> None:
     gemm_table._tables.cache_clear()
     col._load.cache_clear()
     col._measured.cache_clear()
+    col._host_memory.cache_clear()
+    col.pcie_p2p_backend_coefficients.cache_clear()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         _clear_caches()
         print("wrote " + ", ".join(p.name for p in (
             kd.VIDUR_PATH, kd.POINTS_PATH, aic_data.GEMM_PATH, aic_data.ALLREDUCE_PATH,
-            aic_kernels.POINTS_PATH, kd.ALLREDUCE_PATH, col.COLLECTIVE_COEFFICIENTS_PATH,
-            coef_mod.COEFFICIENTS_PATH)))
+            aic_data.NO_P2P_ALLREDUCE_PATH, aic_kernels.POINTS_PATH, kd.ALLREDUCE_PATH,
+            col.COLLECTIVE_COEFFICIENTS_PATH, coef_mod.COEFFICIENTS_PATH)))
         return 0
     rows, checks = rep.full_report(data, held_out=not a.no_held_out)
     print(rep.format_report(rows, checks))
