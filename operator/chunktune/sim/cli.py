@@ -95,6 +95,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      help="the served model's config.json (e.g. the tiny model's)")
     cal.add_argument("--gpu", required=True, help="device the engine ran on (cpu for vLLM's "
                                                   "CPU build)")
+    cal.add_argument("--gpu-peer-to-peer", action=argparse.BooleanOptionalAction, default=None,
+                     help="whether the node's PCIe GPUs reached each other peer to peer (its "
+                          "all-reduce is fitted as vLLM ran it there; default: not stated)")
     cal.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     cal.add_argument("--kv-cache-dtype", default="auto",
                      help="the engine's KV cache dtype (its attention terms are fitted as it "
@@ -242,7 +245,7 @@ def _overrides(profile: Profile, duration: float | None, warmup: float | None,
 def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> int:
     """``chunktune calibrate``: fit the step-time model to step logs, write the profile."""
     from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
-    from chunktune.core.gpus import resolve_gpu
+    from chunktune.core.gpus import resolve_gpu, with_peer_to_peer
     from chunktune.core.models import resolve_model
     try:
         bounded(ns.tensor_parallel_size, "--tensor-parallel-size", low=1, high=64)
@@ -250,7 +253,7 @@ def cmd_calibrate(ns: argparse.Namespace, unknown: list[str] | None = None) -> i
             bounded(ns.server_overhead, "--server-overhead", low=0, high=MAX_TIMEOUT_S)
         bounded(ns.step_gap, "--step-gap", low=0, high=MAX_TIMEOUT_S)
         model = resolve_model(ns.model, ns.model_config)
-        gpu = resolve_gpu(ns.gpu)
+        gpu = with_peer_to_peer(resolve_gpu(ns.gpu), ns.gpu_peer_to_peer, "--gpu-peer-to-peer")
         declared = ns.model or model.name
         logs = profiles.load_logs(ns.log, model, declared)
         budget = max(max(s.tokens for s in log.steps) for log in logs)

@@ -181,6 +181,37 @@ def test_a_profile_holds_an_engine_to_the_settings_it_was_fitted_on(tmp_path, ti
             profiles.parse_profile(dict(d, fitted_on=dict(d["fitted_on"], engine=bad)), "p")
 
 
+def test_a_profile_holds_an_engine_to_the_peer_to_peer_path_it_was_fitted_on(tmp_path, tiny):
+    """``calibrate --no-gpu-peer-to-peer`` prices the engine's all-reduces as vLLM ran them
+    there and records the path; an engine on a node with another (or none stated) is refused,
+    naming both; a profile fitted without one stated records none and holds nobody to it."""
+    from chunktune.core.gpus import with_peer_to_peer
+    assert _calibrate(tmp_path, tiny, [synthetic_log(300, 0)], "--no-gpu-peer-to-peer") == 0
+    d = json.loads((tmp_path / "profile.json").read_text())
+    assert d["fitted_on"]["engine"] == {"kv_cache_dtype_bytes": 2, "enforce_eager": False,
+                                        "peer_to_peer": False}
+    prof = profiles.read_profile(tmp_path / "profile.json")
+    model = resolve_model(None, tiny)
+
+    def engine(p2p: bool | None):
+        return build_engine(profiles.engine_args(
+            EngineArgs(max_num_batched_tokens=512, max_model_len=8192), prof), model,
+            with_peer_to_peer(resolve_gpu("cpu"), p2p))
+
+    profiles.apply(engine(False), prof)
+    for p2p, here in ((True, "peer to peer"), (None, "not stated")):
+        with pytest.raises(SpecError) as e:
+            profiles.apply(engine(p2p), prof)
+        assert f"peer-to-peer path between the GPUs (none there, {here} here)" in str(e.value)
+    with pytest.raises(SpecError, match=r"fitted_on\.engine: must be"):
+        profiles.parse_profile(dict(d, fitted_on=dict(d["fitted_on"], engine=dict(
+            d["fitted_on"]["engine"], peer_to_peer="no"))), "p")
+    assert _calibrate(tmp_path, tiny, [synthetic_log(300, 0)]) == 0
+    unstated = profiles.read_profile(tmp_path / "profile.json")
+    assert "peer_to_peer" not in unstated.fitted_on["engine"]
+    profiles.apply(engine(True), unstated)
+
+
 def test_sim_run_takes_the_profile(tmp_path, tiny, capsys):
     assert _calibrate(tmp_path, tiny, [synthetic_log(300, 0)], "--server-overhead", "0.1") == 0
     common = ["sim", "run", "--model-config", str(tiny), "--gpu", "cpu", "--workload", "chat",

@@ -239,9 +239,13 @@ def fit_logs(logs: list[StepLog], cost: StepCostModel | Sequence[StepCostModel])
 
 def engine_settings(cost: StepCostModel) -> dict[str, Any]:
     """What a profile fitted on ``cost``'s terms records of the engine (``fitted_on.engine``):
-    the KV cache's bytes an element and whether it ran without CUDA graphs."""
+    the KV cache's bytes an element, whether it ran without CUDA graphs and, where stated, its
+    node's peer-to-peer path (:attr:`chunktune.core.gpus.GPU.peer_to_peer`)."""
     kv = cost.kv_dtype_bytes if cost.kv_dtype_bytes is not None else cost.model.dtype_bytes
-    return {"kv_cache_dtype_bytes": kv, "enforce_eager": cost.enforce_eager}
+    out: dict[str, Any] = {"kv_cache_dtype_bytes": kv, "enforce_eager": cost.enforce_eager}
+    if cost.gpu.peer_to_peer is not None:
+        out["peer_to_peer"] = cost.gpu.peer_to_peer
+    return out
 
 
 def build_profile(paths: list[str], logs: list[StepLog], fit: TwinFit, cost: StepCostModel,
@@ -353,11 +357,15 @@ def parse_profile(d: Any, source: str, field_path: str = "--calibration") -> Cal
     eng = d.get("fitted_on", {}).get("engine")
     if eng is not None:
         kv = eng.get("kv_cache_dtype_bytes") if isinstance(eng, dict) else None
-        if (not isinstance(eng, dict) or set(eng) != {"kv_cache_dtype_bytes", "enforce_eager"}
+        if (not isinstance(eng, dict)
+                or not {"kv_cache_dtype_bytes", "enforce_eager"} <= set(eng)
+                <= {"kv_cache_dtype_bytes", "enforce_eager", "peer_to_peer"}
                 or not isinstance(eng["enforce_eager"], bool)
+                or not isinstance(eng.get("peer_to_peer", False), bool)
                 or not isinstance(kv, int | float) or isinstance(kv, bool) or kv not in (1, 2, 4)):
             raise bad("fitted_on.engine: must be {\"kv_cache_dtype_bytes\": 1, 2 or 4, "
-                      "\"enforce_eager\": true or false} (as `chunktune calibrate` writes it)")
+                      "\"enforce_eager\": true or false[, \"peer_to_peer\": true or false]} "
+                      "(as `chunktune calibrate` writes it)")
     known = set(CalibrationProfile.__dataclass_fields__)
     try:
         return CalibrationProfile(**{k: v for k, v in d.items() if k in known})
@@ -423,6 +431,11 @@ def apply(engine: Engine, profile: CalibrationProfile,
                 f"--enforce-eager ({'on' if fitted[k] else 'off'} there, "
                 f"{'on' if mine[k] else 'off'} here)"
                 for k in ("kv_cache_dtype_bytes", "enforce_eager") if fitted[k] != mine[k]]
+        if "peer_to_peer" in fitted and fitted["peer_to_peer"] != mine.get("peer_to_peer"):
+            def path(v: bool | None) -> str:
+                return "not stated" if v is None else "peer to peer" if v else "none"
+            diff.append(f"peer-to-peer path between the GPUs ({path(fitted['peer_to_peer'])} "
+                        f"there, {path(mine.get('peer_to_peer'))} here)")
         if diff:
             raise SpecError(f"the profile was fitted on an engine run with another "
                             f"{' and '.join(diff)}: its scales multiply that engine's terms; "
