@@ -84,10 +84,6 @@ def main() -> int:
         print(f"  {'run':42} {'metric':6} {'pct':>4} {'measured':>10} {'simulated':>10} "
               f"{'error':>7}")
         for run in kernel_data.read_engine_runs(data):
-            if run.dp != 1:
-                print(f"  {run.name:42} not replayed: data parallel x{run.dp} with expert "
-                      "parallelism is not modelled")
-                continue
             for c in compare_run(run):
                 print(f"  {c.run:42} {c.metric:6} p{c.percentile:<3} {c.measured_s:>9.3f}s "
                       f"{c.predicted_s:>9.3f}s {c.rel_err:>+7.1%}")

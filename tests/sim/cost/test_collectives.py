@@ -492,3 +492,17 @@ def test_committed_host_memory_table_matches_raw_data():
     assert host[("rtx-pro-6000", 2, 256)] > 1.8 * p2p[("rtx-pro-6000", 2, 256)]
     big = max(r.nbytes for r in raw)
     assert big / host[("l40s", 4, big)] < 0.2 * big / p2p[("l40s", 2, big)]
+
+
+def test_a_data_parallel_dispatch_follows_the_nodes_peer_to_peer_path():
+    """The all-gather and reduce-scatter of vLLM's data-parallel dispatch and combine over
+    PCIe: on NCCL's curve where the node's path is not stated (or stated), through host memory
+    (an all-reduce's bytes, the latency twice) where it is stated to have none."""
+    s = np.array([1e4, 1e6, 64.0 * 2**20])
+    c = col.collective_coefficients()
+    unstated = col.nccl_gather_scatter_s(s, 2, resolve_gpu("rtx-pro-6000"))
+    assert np.allclose(col.nccl_gather_scatter_s(s, 2, _node("rtx-pro-6000", True)), unstated)
+    without = col.nccl_gather_scatter_s(s, 2, _node("rtx-pro-6000", False))
+    g = _node("rtx-pro-6000", False)
+    assert np.allclose(without, c.latency_s + col.host_memory_allreduce_s(s, 2, g))
+    assert (without[1:] > unstated[1:]).all()

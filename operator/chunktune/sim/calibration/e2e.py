@@ -529,9 +529,10 @@ def replay_engine_run(run: EngineRun) -> Replay:
     group = f"{run.gpu} bf16"
     meas = measured_latencies(run)
     base = Replay(run.name, group, float(np.mean(meas["ttft"])), float(np.mean(meas["tpot"])))
-    if run.dp != 1:
-        return _skip(base, f"data parallelism (x{run.dp}) is not modelled")
-    pred = simulate_run(run)
+    try:
+        pred = simulate_run(run)
+    except SpecError as e:
+        return _skip(base, str(e))
     return Replay(run.name, group, base.measured_ttft_s, base.measured_tpot_s,
                   float(np.mean(pred["ttft"])), float(np.mean(pred["tpot"])))
 
@@ -687,7 +688,7 @@ def quick(runs: Sequence[ServingRun], budget: int = 250_000) -> list[ServingRun]
 # ---- the committed copy of LLMServingSim's runs -------------------------------------------------
 
 _RUN_COLUMNS = ("run", "gpu", "model", "tp", "dp", "max_num_seqs", "max_num_batched_tokens",
-                "max_model_len", "kv_blocks")
+                "max_model_len", "kv_blocks", "ep")
 _REQUEST_COLUMNS = ("run", "arrival_s", "prompt_tokens", "output_tokens", "ttft_s", "e2e_s")
 
 
@@ -702,7 +703,7 @@ def write_engine_runs(runs: Sequence[EngineRun], runs_path: Path, requests_path:
         for run in runs:
             w.writerow([run.name, run.gpu, run.model, run.tp, run.dp, run.max_num_seqs,
                         run.max_num_batched_tokens, run.max_model_len or "",
-                        run.kv_blocks or ""])
+                        run.kv_blocks or "", int(run.ep)])
     with requests_path.open("w", newline="") as fh:
         fh.write(header)
         w = csv.writer(fh, lineterminator="\n")
@@ -721,7 +722,8 @@ def read_engine_runs(runs_path: Path, requests_path: Path) -> list[EngineRun]:
                 r["run"], r["gpu"], r["model"], int(r["tp"]), int(r["dp"]),
                 int(r["max_num_seqs"]), int(r["max_num_batched_tokens"]),
                 int(r["max_model_len"]) if r["max_model_len"] else None,
-                int(r["kv_blocks"]) if r["kv_blocks"] else None, [])
+                int(r["kv_blocks"]) if r["kv_blocks"] else None, [],
+                r.get("ep", "0") == "1")
     with requests_path.open() as fh:
         for r in csv.DictReader(line for line in fh if not line.startswith("#")):
             runs[r["run"]].requests.append((float(r["arrival_s"]), int(r["prompt_tokens"]),

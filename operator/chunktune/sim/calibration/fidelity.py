@@ -17,7 +17,8 @@ from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.cost.fit.kernel_data import EngineRun
-from chunktune.sim.engine.virtual import build_engine
+from chunktune.sim.engine.data_parallel import DataParallelEngine, build_data_parallel_engine
+from chunktune.sim.engine.virtual import Engine, build_engine
 
 #: The vLLM LLMServingSim's runs used (their meta.json): its start-up memory accounting.
 LLMSS_VERSION = (0, 19, 0)
@@ -48,15 +49,20 @@ def simulate_run(run: EngineRun, pre_first_token_s: float = 0.0) -> dict[str, np
     """Replay ``run`` in virtual time; latencies per request as the run measured them.
 
     ``pre_first_token_s`` is added to each TTFT and E2E (a server-side cost before the first
-    token that the engine's own timestamps do not contain: 0 for these runs)."""
-    if run.dp != 1:
-        raise ValueError(f"{run.name}: data parallelism ({run.dp}) is not modelled")
+    token that the engine's own timestamps do not contain: 0 for these runs). A run of
+    several data-parallel ranks (the Qwen3-30B-A3B one: two, experts split whole over them)
+    replays on the data-parallel engine (:mod:`chunktune.sim.engine.data_parallel`); raises
+    SpecError for what that does not model."""
     args = EngineArgs(max_num_batched_tokens=run.max_num_batched_tokens,
                       max_num_seqs=run.max_num_seqs,
                       max_model_len=run.max_model_len or 32768,
                       gpu_memory_utilization=0.9, tensor_parallel_size=run.tp,
-                      num_gpu_blocks_override=run.kv_blocks)
-    eng = build_engine(args, resolve_model(run.model), resolve_gpu(run.gpu), LLMSS_VERSION)
+                      num_gpu_blocks_override=run.kv_blocks,
+                      data_parallel_size=run.dp, enable_expert_parallel=run.ep)
+    model, gpu = resolve_model(run.model), resolve_gpu(run.gpu)
+    eng: Engine | DataParallelEngine = (
+        build_data_parallel_engine(args, model, gpu, LLMSS_VERSION) if run.dp > 1
+        else build_engine(args, model, gpu, LLMSS_VERSION))
     specs = [RequestSpec(i, a, p, o, 0) for i, (a, p, o, _, _) in enumerate(run.requests)]
     res = eng.replay(specs, record_steps=False)
     done = [r for r in res.requests if r.finish_time >= 0 and r.first_token >= 0]

@@ -480,11 +480,15 @@ def nccl_gather_scatter_s(nbytes: float | np.ndarray, n: int, gpu: GPU,
     vLLM's ``allgather_reducescatter`` all2all backend (``AgRsAll2AllManager``, the default
     of vLLM 0.17-0.19, pynccl's ``all_gatherv`` and ``reduce_scatterv`` over the data-parallel
     group). Each is a ring of ``n - 1`` steps, half an all-reduce's: the NCCL curve fitted on
-    Vidur's all-reduces (:func:`nccl_allreduce_s`) with its latency paid twice."""
+    Vidur's all-reduces (:func:`nccl_allreduce_s`) with its latency paid twice; PCIe GPUs
+    stated to have no peer-to-peer path (``gpu.peer_to_peer`` False) move those bytes through
+    host memory (:func:`host_memory_allreduce_s`), the latency paid twice too."""
     s = np.asarray(nbytes, dtype=np.float64)
     if n <= 1:
         return np.zeros_like(s)
     c = c or collective_coefficients()
+    if interconnect is None and not gpu.nvlink and gpu.peer_to_peer is False:
+        return c.latency_s + host_memory_allreduce_s(s, n, gpu)
     ic = interconnect or gpu_interconnect(gpu)
     link, kind = ic.bottleneck(n)
     return c.latency_s + nccl_allreduce_s(s, n, link, c.link_eff[kind], c)

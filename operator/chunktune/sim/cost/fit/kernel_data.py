@@ -351,6 +351,8 @@ class EngineRun:
     kv_blocks: int | None
     #: (arrival offset s, prompt tokens, output tokens, ttft s, e2e s)
     requests: list[tuple[float, int, int, float, float]]
+    #: ``enable_expert_parallel``: an MoE model's experts split whole over the ranks
+    ep: bool = False
 
 
 def read_engine_runs(root: Path) -> list[EngineRun]:
@@ -373,5 +375,5 @@ def read_engine_runs(root: Path) -> list[EngineRun]:
                              int(kw.get("tensor_parallel_size", 1)),
                              int(kw.get("data_parallel_size", 1)), int(kw["max_num_seqs"]),
                              int(kw["max_num_batched_tokens"]), kw.get("max_model_len"), kv,
-                             sorted(reqs)))
+                             sorted(reqs), bool(kw.get("enable_expert_parallel", False))))
     return out
