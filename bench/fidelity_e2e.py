@@ -120,12 +120,20 @@ def main() -> int:
     ap.add_argument("--first-token", action="store_true",
                     help="print the light-load rows' TTFT left beside the simulated prefill "
                          "and the cost before the first token fitted on them")
+    ap.add_argument("--peer-to-peer", choices=("yes", "no"),
+                    help="replay LLMServingSim's multi-GPU runs on a node with (yes) or "
+                         "without (no) a peer-to-peer path between its PCIe GPUs (default: "
+                         "not stated, as the guard does; their hosts' is not recorded)")
     ap.add_argument("--write-tables", action="store_true",
                     help="rewrite bench/data/e2e from --data")
     ap.add_argument("--write-fidelity", action="store_true",
                     help="with --quick: rewrite the per-GPU figures `chunktune sim run` shows "
                          "(sim/cost/data/e2e_fidelity.json)")
     a = ap.parse_args()
+    if a.peer_to_peer and a.write_fidelity:
+        ap.error("--write-fidelity writes the figures of the runs as the guard replays them "
+                 "(the path not stated): leave out --peer-to-peer")
+    p2p = None if a.peer_to_peer is None else a.peer_to_peer == "yes"
     if a.write_tables:
         if a.data is None:
             ap.error("--write-tables needs --data")
@@ -147,7 +155,7 @@ def main() -> int:
     # take the dense rows and, after them, the RTX runs)
     dense = [r for r in chosen if not r.is_moe]
     replays = [e2e.replay_silicon(r) for r in dense]
-    replays += [e2e.replay_engine_run(r) for r in runs]
+    replays += [e2e.replay_engine_run(r, p2p) for r in runs]
     replays += [e2e.replay_silicon(r) for r in chosen if r.is_moe]
     if a.rows:
         print(f"{'run':58} {'ttft meas':>9} {'sim':>9} {'err':>7} "

@@ -40,3 +40,10 @@ def test_a_simulated_engine_keeps_the_fingerprint_it_had(make_tuning) -> None:
     engine = {"kind": "sim", "model": "llama-3.1-8b", "gpu": {"type": "h100-sxm"},
               "args": ["--max-model-len", "32768"], "vllmVersion": "0.12.0"}
     assert st.fingerprint(make_tuning(engine=engine)) != "2f824cbb67524c61"
+    # a field added inside another (spec.engine.gpu.peerToPeer) too
+    engine = {"kind": "sim", "model": "llama-3.1-8b", "gpu": {"type": "l40s"},
+              "args": ["--max-model-len", "32768"]}
+    unstated = st.fingerprint(make_tuning(engine=engine))
+    stated = st.fingerprint(make_tuning(engine=dict(engine, gpu={"type": "l40s",
+                                                                 "peerToPeer": False})))
+    assert stated != unstated

@@ -73,8 +73,9 @@ _FORMER_SIM_IMAGE = "ghcr.io/chunktune/chunktune:0.1.0"
 STUDY_SPEC = "chunktune_spec"
 
 
-#: Spec fields added after studies were stored: left out of the fingerprint while unset.
-_ADDED_ENGINE_FIELDS = ("vllmVersion",)
+#: Spec fields added after studies were stored (a dotted path for a nested one): left out of
+#: the fingerprint while unset.
+_ADDED_ENGINE_FIELDS = ("vllmVersion", "gpu.peerToPeer")
 _ADDED_WORKLOAD_FIELDS = ("trace", "fromPrometheus")
 
 
@@ -92,9 +93,13 @@ def fingerprint(tuning: ChunkedPrefillTuning) -> str:
                                      exclude={"load_workers"})
     # fields added after studies were stored count only when set, so those studies resume
     for d, added in ((engine, _ADDED_ENGINE_FIELDS), (workload, _ADDED_WORKLOAD_FIELDS)):
-        for key in added:
-            if d.get(key) is None:
-                d.pop(key, None)
+        for path in added:
+            *parents, key = path.split(".")
+            at: Any = d
+            for p in parents:
+                at = at.get(p) if isinstance(at, dict) else None
+            if isinstance(at, dict) and at.get(key) is None:
+                at.pop(key, None)
     keep = {
         "engine": engine,
         "searchSpace": [p.model_dump(mode="json", by_alias=True) for p in s.search_space or []],

@@ -575,3 +575,29 @@ def test_the_b200_70b_rows_run_the_fused_allreduce_their_scripts_turned_on():
     assert reach(llama, "b200_sxm", "fp4", 8) == 64
     assert reach(llama, "h100_sxm", "fp8", 8) == reach(llama, "h200_sxm", "fp8", 8) == 0
     assert reach("openai/gpt-oss-120b", "b200_sxm", "fp4", 8) == 0
+
+
+def test_the_pcie_runs_replay_closest_on_a_node_without_a_peer_to_peer_path(monkeypatch,
+                                                                            capsys):
+    """LLMServingSim's two multi-GPU RTX PRO 6000 runs (its hosts' path not recorded) replayed
+    as on a node without a peer-to-peer path between the GPUs (NCCL through host memory, as
+    AIConfigurator's vLLM 0.19 RTX PRO 6000 box ran it): the Qwen3-32B TP 2 run's mean TTFT /
+    TPOT -16.1% / -11.1% not stated, -31.5% / -22.1% with a path, -2.3% / -3.9% without; the
+    data-parallel Qwen3-30B-A3B run's -29.8% / -6.3% -> -13.7% / -3.5% without. The guard
+    replays them not stated (the thresholds above); ``--peer-to-peer`` prints the others."""
+    _, runs = fidelity_e2e.load(None)
+    by = {r.name: r for r in runs}
+    errs = {}
+    for p2p in (None, True, False):
+        rep = e2e.replay_engine_run(by["RTXPRO6000/Qwen3-32B"], p2p)
+        assert rep.ttft_s is not None and rep.tpot_s is not None
+        errs[p2p] = (rep.ttft_s / rep.measured_ttft_s - 1, rep.tpot_s / rep.measured_tpot_s - 1)
+    assert errs[None] == pytest.approx((-0.161, -0.111), abs=0.01)
+    assert errs[True] == pytest.approx((-0.315, -0.221), abs=0.01)
+    assert errs[False] == pytest.approx((-0.023, -0.039), abs=0.01)
+    monkeypatch.setattr(sys, "argv", ["fidelity_e2e.py", "--quick", "--group", "rtx-pro-6000",
+                                      "--peer-to-peer", "no"])
+    assert fidelity_e2e.main() == 0
+    line = next(x for x in capsys.readouterr().out.splitlines()
+                if x.startswith("rtx-pro-6000 bf16"))
+    assert line.split()[-2:] == ["3.9%", "10.9%"]

@@ -485,7 +485,7 @@ def test_committed_host_memory_table_matches_raw_data():
         assert a.us == pytest.approx(b.us, rel=1e-3)
     assert {(r.gpu, r.ranks) for r in raw} == {("rtx-pro-6000", 2), ("l40s", 4),
                                                ("l40s", 8)}
-    # what tells these boxes apart (aic_kernels.NO_P2P_TABLES): the smallest message at two
+    # what tells these boxes apart (aic_data.NO_P2P_TABLES): the smallest message at two
     # ranks and the bytes each way at the largest, against the boxes with a path
     host = {(r.gpu, r.ranks, r.nbytes): r.us for r in raw}
     p2p = {(r.gpu, r.ranks, r.nbytes): r.us for r in aic_data.read_committed_allreduce()}

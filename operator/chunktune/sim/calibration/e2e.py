@@ -524,13 +524,15 @@ def replay_silicon(run: ServingRun) -> Replay:
     return Replay(run.name, group, run.ttft_s, run.tpot_s, ttft, tpot)
 
 
-def replay_engine_run(run: EngineRun) -> Replay:
-    """One LLMServingSim run (open loop, engine-side timestamps): mean TTFT and TPOT."""
+def replay_engine_run(run: EngineRun, peer_to_peer: bool | None = None) -> Replay:
+    """One LLMServingSim run (open loop, engine-side timestamps): mean TTFT and TPOT, its
+    node's peer-to-peer path as ``peer_to_peer`` says (None: not stated, as the guard replays
+    them: their hosts' is not recorded)."""
     group = f"{run.gpu} bf16"
     meas = measured_latencies(run)
     base = Replay(run.name, group, float(np.mean(meas["ttft"])), float(np.mean(meas["tpot"])))
     try:
-        pred = simulate_run(run)
+        pred = simulate_run(run, peer_to_peer=peer_to_peer)
     except SpecError as e:
         return _skip(base, str(e))
     return Replay(run.name, group, base.measured_ttft_s, base.measured_tpot_s,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chunktune.core.engine_args import EngineArgs
-from chunktune.core.gpus import resolve_gpu
+from chunktune.core.gpus import resolve_gpu, with_peer_to_peer
 from chunktune.core.models import resolve_model
 from chunktune.core.workload import RequestSpec
 from chunktune.sim.cost.fit.kernel_data import EngineRun
@@ -45,21 +45,25 @@ def measured_latencies(run: EngineRun) -> dict[str, np.ndarray]:
     return {"ttft": ttft, "tpot": tpot[out > 1], "e2e": e2e}
 
 
-def simulate_run(run: EngineRun, pre_first_token_s: float = 0.0) -> dict[str, np.ndarray]:
+def simulate_run(run: EngineRun, pre_first_token_s: float = 0.0,
+                 peer_to_peer: bool | None = None) -> dict[str, np.ndarray]:
     """Replay ``run`` in virtual time; latencies per request as the run measured them.
 
     ``pre_first_token_s`` is added to each TTFT and E2E (a server-side cost before the first
     token that the engine's own timestamps do not contain: 0 for these runs). A run of
     several data-parallel ranks (the Qwen3-30B-A3B one: two, experts split whole over them)
     replays on the data-parallel engine (:mod:`chunktune.sim.engine.data_parallel`); raises
-    SpecError for what that does not model."""
+    SpecError for what that does not model. ``peer_to_peer``: the node's peer-to-peer path
+    between its PCIe GPUs (:func:`chunktune.core.gpus.with_peer_to_peer`; the runs' hosts do
+    not record theirs: None, not stated)."""
     args = EngineArgs(max_num_batched_tokens=run.max_num_batched_tokens,
                       max_num_seqs=run.max_num_seqs,
                       max_model_len=run.max_model_len or 32768,
                       gpu_memory_utilization=0.9, tensor_parallel_size=run.tp,
                       num_gpu_blocks_override=run.kv_blocks,
                       data_parallel_size=run.dp, enable_expert_parallel=run.ep)
-    model, gpu = resolve_model(run.model), resolve_gpu(run.gpu)
+    model = resolve_model(run.model)
+    gpu = with_peer_to_peer(resolve_gpu(run.gpu), peer_to_peer)
     eng: Engine | DataParallelEngine = (
         build_data_parallel_engine(args, model, gpu, LLMSS_VERSION) if run.dp > 1
         else build_engine(args, model, gpu, LLMSS_VERSION))

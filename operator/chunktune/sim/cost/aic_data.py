@@ -23,6 +23,19 @@ GEMM_PATH = DATA / "aic_gemm_us.csv"
 ALLREDUCE_PATH = DATA / "aic_allreduce_us.csv"
 #: The same on PCIe GPUs without a peer-to-peer path (NCCL through host memory)
 NO_P2P_ALLREDUCE_PATH = DATA / "aic_allreduce_no_p2p_us.csv"
+
+#: The measured PCIe all-reduces whose GPUs had no peer-to-peer path between them, so that
+#: vLLM ran NCCL through host memory: (GPU, vLLM version of the table, None: the newest;
+#: rank counts). Read from what vLLM does (``CustomAllreduce``: at two ranks over PCIe its
+#: custom kernel runs only where the pair has peer-to-peer access, ``_can_p2p``) and what the
+#: tables show (bytes each way a GPU moves at the largest message, 128 MiB): the RTX PRO 6000
+#: box of AIConfigurator's vLLM 0.19 table takes 8.7 us for the smallest message at two ranks
+#: and moves 15.3 GB/s, where its vLLM 0.24 box's custom kernel takes 4.3 us and 37 GB/s (the
+#: link's peer-to-peer path); the L40S box's ring moves 3.7 / 2.0 GB/s at 4 / 8 ranks, a fifth
+#: and a tenth of its own two-rank custom kernel's 19.2 GB/s: host memory, not the PCIe link.
+#: Version None: the GPU's newest table, the one ``ALLREDUCE_PATH`` holds.
+NO_P2P_TABLES: tuple[tuple[str, str | None, tuple[int, ...]], ...] = (
+    ("rtx-pro-6000", "0.19.0", (2,)), ("l40s", None, (4, 8)))
 #: The ``m`` (tokens) of the committed GEMM grid; ``n`` and ``k`` are the measured ones >= 128.
 M_GRID = tuple(2**i for i in range(15))
 

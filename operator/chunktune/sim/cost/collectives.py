@@ -293,9 +293,10 @@ def measured_pcie_gpus() -> list[str]:
 
 #: The committed PCIe tables (``data/aic_allreduce_us.csv``, each GPU's newest) timed on a
 #: box whose GPUs had no peer-to-peer path at that rank count, so that vLLM ran NCCL through
-#: host memory (:data:`chunktune.sim.cost.fit.aic_kernels.NO_P2P_TABLES` says why): the
-#: L40S box above two ranks. Every other PCIe table was timed with one.
-HOST_MEMORY_TABLES = frozenset({("l40s", 4), ("l40s", 8)})
+#: host memory (:data:`chunktune.sim.cost.aic_data.NO_P2P_TABLES` says which and why: the
+#: L40S box above two ranks). Every other PCIe table was timed with one.
+HOST_MEMORY_TABLES = frozenset((gpu, n) for gpu, version, ranks in aic_data.NO_P2P_TABLES
+                               if version is None for n in ranks)
 
 
 @lru_cache(maxsize=1)
@@ -397,8 +398,8 @@ def pcie_allreduce_s(nbytes: float | np.ndarray, tp: int, gpu: GPU,
     GPU's (or its interconnect's) table timed with one, else at two ranks vLLM's custom
     all-reduce fitted on those tables (:func:`pcie_p2p_backend_coefficients`) and above
     NCCL as said; without one, NCCL through host memory at every TP
-    (:func:`host_memory_allreduce_s`: the L40S box moves 1.9 / 1.0 GB/s each way at 4 / 8
-    ranks, a tenth of what its link carries peer to peer)."""
+    (:func:`host_memory_allreduce_s`: the L40S box's ring moves 3.7 / 2.0 GB/s each way at
+    4 / 8 ranks, a fifth and a tenth of what its two-rank custom kernel moves peer to peer)."""
     s = np.asarray(nbytes, dtype=np.float64)
     if tp <= 1:
         return np.zeros_like(s)

@@ -43,6 +43,7 @@ from chunktune.sim.cost.aic_data import (
     DATA,
     GEMM_PATH,
     M_GRID,
+    NO_P2P_TABLES,
     AllReduceRow,
     GemmPoint,
 )
@@ -232,22 +233,9 @@ def read_allreduce(root: Path) -> list[AllReduceRow]:
     return out
 
 
-#: The measured PCIe all-reduces whose GPUs had no peer-to-peer path between them, so that
-#: vLLM ran NCCL through host memory: (GPU, vLLM version of the table, None: the newest;
-#: rank counts). Read from what vLLM does (``CustomAllreduce``: at two ranks over PCIe its
-#: custom kernel runs only where the pair has peer-to-peer access, ``_can_p2p``) and what the
-#: tables show: the RTX PRO 6000 box of AIConfigurator's vLLM 0.19 table takes 8.7 us for the
-#: smallest message at two ranks and moves 7.6 GB/s each way at 64 MiB, where its vLLM 0.24
-#: box's custom kernel takes 4.3 us and 18.5 GB/s (the link's peer-to-peer path); the L40S
-#: box moves 1.9 / 1.0 GB/s each way at 4 / 8 ranks (64 MiB), a tenth of its own two-rank
-#: custom kernel's 9.6 GB/s: host memory, not the PCIe link.
-NO_P2P_TABLES: tuple[tuple[str, str | None, tuple[int, ...]], ...] = (
-    ("rtx-pro-6000", "0.19.0", (2,)), ("l40s", None, (4, 8)))
-
-
 def read_no_p2p_allreduce(root: Path) -> list[AllReduceRow]:
-    """vLLM's all-reduce on PCIe GPUs without a peer-to-peer path (:data:`NO_P2P_TABLES`),
-    keyed by the GPU it was timed on."""
+    """vLLM's all-reduce on PCIe GPUs without a peer-to-peer path
+    (:data:`chunktune.sim.cost.aic_data.NO_P2P_TABLES`), keyed by the GPU it was timed on."""
     folders = gpu_folders(root)
     out = []
     for gpu, version, ranks in NO_P2P_TABLES:
@@ -263,7 +251,7 @@ ALLREDUCE_HEADER = (f"# Derived from {SOURCE}custom_allreduce_perf: vLLM's all-r
                     "CUDA graph (backend vllm_graph), bf16; bytes per rank, microseconds.")
 NO_P2P_HEADER = (f"# Derived from {SOURCE}custom_allreduce_perf: vLLM's all-reduce in a "
                  "CUDA graph (backend vllm_graph), bf16, on PCIe GPUs without a peer-to-peer "
-                 "path (NCCL through host memory; aic_kernels.NO_P2P_TABLES says which and "
+                 "path (NCCL through host memory; aic_data.NO_P2P_TABLES says which and "
                  "why): two ranks from the RTX PRO 6000 box of vLLM 0.19's table, four and "
                  "eight from the L40S box (also in aic_allreduce_us.csv); bytes per rank, "
                  "microseconds.")
