@@ -114,6 +114,22 @@ def test_a_trial_reports_the_prefix_caches_hit_rate_and_may_be_held_to_it() -> N
     assert bound.violation(res.metrics) <= 0 < bound.violation(plain.metrics)
 
 
+def built_engines(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The engines the simulated backend builds from now on, in order."""
+    from chunktune.backends import simulated
+
+    seen: list = []
+    build = simulated.build_engine
+
+    def spy(*args, **kw):
+        engine = build(*args, **kw)
+        seen.append(engine)
+        return engine
+
+    monkeypatch.setattr(simulated, "build_engine", spy)
+    return seen
+
+
 def test_the_engine_env_picks_the_kernels_a_simulated_trial_prices(monkeypatch) -> None:
     """``spec.engine.env`` reaches the simulated engine as its vLLM release reads it:
     gpt-oss-120b on the H100 under vLLM 0.19 with ``VLLM_MXFP4_USE_MARLIN=1`` runs Marlin's
@@ -124,15 +140,7 @@ def test_the_engine_env_picks_the_kernels_a_simulated_trial_prices(monkeypatch) 
     from chunktune.backends import simulated
     from chunktune.core.errors import SpecError
 
-    seen = []
-    build = simulated.build_engine
-
-    def spy(*args, **kw):
-        engine = build(*args, **kw)
-        seen.append(engine)
-        return engine
-
-    monkeypatch.setattr(simulated, "build_engine", spy)
+    seen = built_engines(monkeypatch)
     profile = load_profile("chat").with_overrides(rate=2, duration=6, warmup=1)
     oss = dataclasses.replace(TARGET, model="gpt-oss-120b", gpu="h100-sxm",
                               vllm_version="0.19.0")
@@ -163,17 +171,7 @@ def test_the_nodes_peer_to_peer_path_reaches_the_simulated_engine(monkeypatch) -
     all-reduces cost a decode step more than on nodes with one; not stated, the engine prices
     what it did before (``tests/sim/cost/test_collectives``); a path that NVLink GPUs cannot
     lack is refused, the trial infeasible, the field named."""
-    from chunktune.backends import simulated
-
-    seen = []
-    build = simulated.build_engine
-
-    def spy(*args, **kw):
-        engine = build(*args, **kw)
-        seen.append(engine)
-        return engine
-
-    monkeypatch.setattr(simulated, "build_engine", spy)
+    seen = built_engines(monkeypatch)
     profile = load_profile("chat").with_overrides(rate=1, duration=4, warmup=1)
     base = dataclasses.replace(TARGET, model="qwen3-32b", gpu="l40s", gpu_count=4,
                                tensor_parallel_size=4)
