@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -142,12 +143,22 @@ def test_the_nodes_peer_to_peer_path_says_which_allreduce_vllm_runs(capsys):
     """A PCIe GPU's all-reduce line follows the stated path: with one, vLLM's custom kernel at
     TP 2 from the GPU's own measured table; without, NCCL through host memory; not stated,
     the engine's default named with how to state it. An NVLink GPU cannot lack one."""
-    lines = {}
+    lines, steps = {}, {}
     for flag in ("--gpu-peer-to-peer", "--no-gpu-peer-to-peer", None):
         args = ["model", "check", "qwen3-32b", "--gpu", "l40s", "--tensor-parallel-size", "2"]
         assert main(args + ([flag] if flag else [])) == 0
-        lines[flag] = next(line for line in capsys.readouterr().out.splitlines()
-                           if line.startswith("step time:"))
+        out = capsys.readouterr().out.splitlines()
+        lines[flag] = next(line for line in out if line.startswith("step time:"))
+        steps[flag] = next(line for line in out if "simulated steps:" in line)
+    # the steps it prices, the all-reduces' part of each: no path, NCCL through host memory
+    ar = {f: [float(x) for x in re.findall(r"all-reduce ([0-9.]+) ms", line)]
+          for f, line in steps.items()}
+    assert all(len(v) == 2 for v in ar.values())
+    assert ar["--no-gpu-peer-to-peer"][0] > ar["--gpu-peer-to-peer"][0]
+    assert ar["--no-gpu-peer-to-peer"][1] > ar["--gpu-peer-to-peer"][1]
+    assert main(["model", "check", "qwen3-32b", "--gpu", "l40s"]) == 0
+    one = next(line for line in capsys.readouterr().out.splitlines() if "simulated steps:" in line)
+    assert "16 decodes at 4,096 tokens of context" in one and "all-reduce" not in one
     assert "peer to peer (as stated): at TP 2 its measured vLLM custom all-reduce" \
         in lines["--gpu-peer-to-peer"]
     assert "without a peer-to-peer path (as stated): NCCL through host memory" \

@@ -14,13 +14,14 @@ import argparse
 import sys
 from collections import Counter
 
-from chunktune.core.engine_args import EngineArgs, EngineStartupError, resolve
+from chunktune.core.engine_args import EngineArgs, EngineStartupError, ResolvedConfig, resolve
 from chunktune.core.errors import SpecError
 from chunktune.core.gpus import GPU, resolve_gpu, with_peer_to_peer
 from chunktune.core.models import MODULE_CLASSES, ModelConfig, resolve_model
 from chunktune.sim.cost.provenance import provenance
 from chunktune.sim.cost.step_time import borrowed_shape, moe_weight_format
 from chunktune.sim.engine.memory import GiB, MemoryPlan, kv_cache_layout, plan_memory
+from chunktune.sim.engine.virtual import engine_cost
 
 
 def register(msub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -172,4 +173,30 @@ def cmd_check(ns: argparse.Namespace) -> int:
     experts = borrowed_experts(gpu, cfg.model, tp)
     if experts:
         print(f"  {experts}")
+    try:
+        print(f"  {describe_steps(cfg)}")
+    except SpecError as e:
+        print(f"  simulated steps: not priced ({e})")
     return 0
+
+
+#: The steps :func:`describe_steps` prices: decodes in flight, their context, a prefill chunk.
+DECODES, CONTEXT, CHUNK = 16, 4096, 2048
+
+
+def describe_steps(cfg: ResolvedConfig) -> str:
+    """One line: the simulated time of a decode-only step and of a prefill chunk alone on the
+    engine ``cfg`` resolves (its model, GPU and node, TP, KV cache dtype, release), with the
+    all-reduces' part at TP > 1 (what the node's peer-to-peer path changes over PCIe)."""
+    chunk = min(CHUNK, cfg.max_num_batched_tokens)
+    cost = engine_cost(cfg, max_tokens=max(chunk, DECODES))
+    decode = cost.step_time(DECODES, DECODES, DECODES, [], DECODES, DECODES * CONTEXT)
+    prefill = cost.step_time(chunk, 1, 0, [(chunk, 0)], 0, 0)
+    if cfg.tensor_parallel_size > 1:
+        ar_d = f" (all-reduce {cost.allreduce_time(DECODES) * 1e3:.2f} ms)"
+        ar_p = f" (all-reduce {cost.allreduce_time(chunk) * 1e3:.1f} ms)"
+    else:
+        ar_d = ar_p = ""
+    return (f"simulated steps: {DECODES} decodes at {CONTEXT:,} tokens of context "
+            f"{decode * 1e3:.2f} ms{ar_d}; a {chunk:,}-token prefill chunk alone "
+            f"{prefill * 1e3:.1f} ms{ar_p}")
