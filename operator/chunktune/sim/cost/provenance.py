@@ -11,13 +11,14 @@ from typing import Any
 
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig
-from chunktune.sim.cost import gemm_table, moe_table
+from chunktune.sim.cost import aic_data, gemm_table, moe_table
 from chunktune.sim.cost.allreduce_backends import compute_capability
 from chunktune.sim.cost.coefficients import POOLED, group_sources, load_document, source_gpu
 from chunktune.sim.cost.collectives import (
     measured_allreduce_source,
     measured_pcie_gpus,
     p2p_table,
+    p2p_timings,
 )
 
 #: Per GPU, the end-to-end error of the simulator against real vLLM serving runs (written by
@@ -119,10 +120,12 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
                  "unmeasured error)")
     elif not g.nvlink and g.peer_to_peer:
         boxes = " and ".join(measured_pcie_gpus()) or "no"
+        fitted = " and ".join(sorted({t.gpu.name for t in p2p_timings(
+            aic_data.read_committed_allreduce())})) or "no"
         two = ("its measured vLLM custom all-reduce" if ar == name else
                f"{ar}'s measured vLLM custom all-reduce (same interconnect)" if ar else
-               "vLLM's custom all-reduce fitted on the measured boxes' at the same fraction "
-               "of its link (unmeasured error)")
+               f"vLLM's custom all-reduce as fitted on the {fitted} box, at the same fraction "
+               "of its own link (unmeasured error)")
         above = (f"{ar}'s measured NCCL" if ar and p2p_table(g, 4) is not None else
                  f"NCCL's latency in a CUDA graph measured on the {boxes} boxes and the "
                  "ring's bytes at Vidur's PCIe ring efficiency")
