@@ -96,8 +96,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cal.add_argument("--gpu", required=True, help="device the engine ran on (cpu for vLLM's "
                                                   "CPU build)")
     cal.add_argument("--gpu-peer-to-peer", action=argparse.BooleanOptionalAction, default=None,
-                     help="whether the node's PCIe GPUs reached each other peer to peer (its "
-                          "all-reduce is fitted as vLLM ran it there; default: not stated)")
+                     help="whether the node's PCIe GPUs reached each other peer to peer: "
+                          "the fitted per-token cost carries that node's all-reduces, and the "
+                          "profile records the path and holds an engine to it (default: not "
+                          "stated)")
     cal.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     cal.add_argument("--kv-cache-dtype", default="auto",
                      help="the engine's KV cache dtype (its attention terms are fitted as it "

@@ -182,9 +182,10 @@ def test_a_profile_holds_an_engine_to_the_settings_it_was_fitted_on(tmp_path, ti
 
 
 def test_a_profile_holds_an_engine_to_the_peer_to_peer_path_it_was_fitted_on(tmp_path, tiny):
-    """``calibrate --no-gpu-peer-to-peer`` prices the engine's all-reduces as vLLM ran them
-    there and records the path; an engine on a node with another (or none stated) is refused,
-    naming both; a profile fitted without one stated records none and holds nobody to it."""
+    """``calibrate --no-gpu-peer-to-peer`` records the path (the fitted per-token cost carries
+    that node's all-reduces: a calibrated step prices none apart); an engine on a node with
+    another (or none stated) is refused, naming both; a profile fitted without one stated
+    records none and holds nobody to it."""
     from chunktune.core.gpus import with_peer_to_peer
     assert _calibrate(tmp_path, tiny, [synthetic_log(300, 0)], "--no-gpu-peer-to-peer") == 0
     d = json.loads((tmp_path / "profile.json").read_text())
