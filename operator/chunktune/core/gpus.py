@@ -52,6 +52,9 @@ class GPU:
     #: card: it decides which all-reduce vLLM runs over PCIe
     #: (:func:`chunktune.sim.cost.collectives.pcie_allreduce_s`). NVLink GPUs always have it.
     peer_to_peer: bool | None = None
+    #: The memory the data sheet's bandwidth is of (see ``_MEMORY``): ``hbm`` (stacked, the
+    #: datacenter parts), ``gddr`` (the workstation and GeForce boards), ``ddr`` (the CPU).
+    memory: str = "hbm"
 
     @property
     def memory_bytes(self) -> float:
@@ -90,6 +93,12 @@ _BOOST_MHZ = {"a100-sxm": 1410, "a100-pcie": 1410, "a100-40g": 1410, "h100-sxm":
               "a40": 1740, "rtx4090": 2520, "rtx-pro-6000": 2493, "b200": 1965, "b300": 1965,
               "gb200": 1965, "cpu": 2000}
 
+#: The memory kind per GPU where it is not HBM (data sheets: A40, A10G, L40S, L4 GDDR6; GeForce
+#: RTX 4090 GDDR6X; RTX PRO 6000 Blackwell GDDR7; the A100, H100, H200, B200, B300 and GB200
+#: HBM2e / HBM3 / HBM3e).
+_MEMORY = {"a40": "gddr", "a10g": "gddr", "l40s": "gddr", "l4": "gddr", "rtx4090": "gddr",
+           "rtx-pro-6000": "gddr", "cpu": "ddr"}
+
 #: Dense FP8 tensor TFLOP/s with FP32 accumulate (what vLLM's CUTLASS scaled-mm kernels use):
 #: NVIDIA H100 data sheet (SXM 1,979, PCIe 1,513; H200 as the SXM), L40S data sheet (733), L4
 #: (242), Ada whitepaper (GeForce RTX 4090: 330.3 with FP32 accumulate, the half rate of its
@@ -111,7 +120,7 @@ _FLASH_ATTENTION = {"h100-sxm": 3, "h100-pcie": 3, "h200": 3, "b200": 4, "b300":
 GPUS: dict[str, GPU] = {
     g.name: replace(g, l2_mib=float(_L2_MIB[g.name]), boost_mhz=float(_BOOST_MHZ[g.name]),
                     flash_attention=_FLASH_ATTENTION.get(g.name, 2),
-                    fp8_tflops=_FP8_TFLOPS.get(g.name, 0.0))
+                    fp8_tflops=_FP8_TFLOPS.get(g.name, 0.0), memory=_MEMORY.get(g.name, "hbm"))
     for g in (
         GPU("a100-sxm", 79.15, 2.039, 312.0, 600.0, "ampere", 108, "NVIDIA A100-SXM4-80GB"),
         GPU("a100-pcie", 79.15, 1.935, 312.0, 64.0, "ampere", 108, "NVIDIA A100 80GB PCIe"),

@@ -24,6 +24,7 @@ from chunktune.sim.cost.step_time import (
     StepCostModel,
     all_ctas_time,
     attention_layer_time,
+    elementwise_time,
     gemm_form,
     gemm_time,
     l2_hit_fraction,
@@ -571,3 +572,35 @@ def test_flashinfer_allreduce_fusion_reach_follows_vllm_0_10():
     assert [fi_allreduce_fusion_tokens(8192, 2, tp, b200) for tp in (2, 4, 8)] == [2048, 16, 4]
     assert fi_allreduce_fusion_tokens(8192, 2, 8, resolve_gpu("h100-sxm")) == 4
     assert fi_allreduce_fusion_tokens(8192, 2, 2, resolve_gpu("a100-sxm")) == 0
+
+
+def test_elementwise_bytes_run_at_the_l2_rate_as_far_as_the_l2_holds_them():
+    """:func:`elementwise_time`: a kernel whose bytes fit the L2 moves them at the L2's rate
+    (bytes per SM clock cycle), one whose bytes are n times the L2 moves 1/n of them so and
+    the rest at the HBM's fraction; a GPU with 6 MB of L2 (the A40) runs a prefill's kernels
+    at its HBM's rate alone. A layer's elementwise time is its five kernels'."""
+    gpu = resolve_gpu("h100-sxm")
+    c = coefficients(gpu)
+    l2 = gpu.l2_mib * 2**20
+    cache = c.elementwise_l2_bytes_per_sm_cycle * gpu.sm_count * gpu.boost_mhz * 1e6
+    hbm = gpu.hbm_tb_s * 1e12 * c.elementwise_memory_eff
+    assert cache > hbm
+    w = np.array([l2 / 4, l2, 4 * l2])
+    got = elementwise_time([w], gpu, c) - c.elementwise_overhead_s
+    assert got == pytest.approx([l2 / 4 / cache, l2 / cache, l2 / cache + 3 * l2 / hbm])
+    a40 = resolve_gpu("a40")
+    ca = coefficients(a40)
+    big = np.array([64.0 * 2**20])
+    assert elementwise_time([big], a40, ca) == pytest.approx(
+        ca.elementwise_overhead_s + big / (a40.hbm_tb_s * 1e12 * ca.elementwise_memory_eff),
+        rel=0.1)
+    model = resolve_model("llama-3.1-8b")
+    t = np.array([1.0, 4096.0])
+    h, i = model.hidden_size, model.intermediate_size
+    q = model.q_dim
+    kv = model.num_key_value_heads * model.head_dim
+    kernels = [t * 2 * 2 * h, t * 2 * 2 * h, t * 2 * 3 * i, t * 2 * 3 * h, t * 2 * 2 * (q + kv)]
+    assert linear_op_times(model, gpu, 1, t, c)["elementwise"] == pytest.approx(
+        elementwise_time(kernels, gpu, c))
+    assert 5 * c.elementwise_overhead_s < elementwise_time(kernels, gpu, c)[0] \
+        < 5.5 * c.elementwise_overhead_s

@@ -28,7 +28,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "gemm": ("gemm_compute_eff", "gemm_memory_eff", "gemm_overhead_s", "gemm_smoothness"),
     "gemm-fp8": ("fp8_compute_eff", "fp8_memory_eff", "fp8_overhead_s", "fp8_smoothness",
                  "fp8_quant_memory_eff"),
-    "elementwise": ("elementwise_memory_eff", "elementwise_overhead_s"),
+    "elementwise": ("elementwise_memory_eff", "elementwise_overhead_s",
+                    "elementwise_l2_bytes_per_sm_cycle"),
     "attention-prefill": ("attn_overhead_s", "attn_compute_eff", "attn_cta_cycles_per_flop",
                           "attn_tile_memory_eff", "attn_smoothness", "attn_per_wave_s"),
     "attention-decode": ("attn_per_decode_s", "attn_decode_alone_overhead_s",
@@ -104,12 +105,24 @@ def moe_kernel(gpu: GPU) -> str:
     return "flashinfer" if gpu.family == "blackwell" else "triton"
 
 
-#: Families whose cost is one kernel's that vLLM picks per GPU: a GPU without data for one
+def elementwise_memory(gpu: GPU) -> str:
+    """What the ``elementwise`` group's rates are fractions of on ``gpu``: its memory's kind
+    (:attr:`chunktune.core.gpus.GPU.memory`). The kernels stream what does not stay in L2
+    (:func:`chunktune.sim.cost.step_time.elementwise_time`) at a fraction of the data sheet's
+    bandwidth that is the memory's more than the SMs': 0.42 and 0.45 of HBM on the H100 and
+    A100 (Vidur's profiles), 0.68 of GDDR6 on the A40 (same profiler, the A100's architecture).
+    A GPU borrows the group from the nearest of the same memory (:data:`KERNEL_MATCHED`)."""
+    return gpu.memory
+
+
+#: Families whose cost is one kernel's that vLLM picks per GPU (or, for the elementwise
+#: kernels, the memory they stream: :func:`elementwise_memory`): a GPU without data for one
 #: borrows it from the first of ``NEAREST`` whose own data has it and that runs the same
 #: kernel (where none does, from where it takes the rest), and holding out each measured GPU
 #: predicts it the same way (:func:`chunktune.sim.cost.fit.measurements.borrow_source`).
 KERNEL_MATCHED: dict[str, Callable[[GPU], str]] = {"attention-kv-fp8": kv_fp8_kernel,
-                                                    "moe": moe_kernel}
+                                                    "moe": moe_kernel,
+                                                    "elementwise": elementwise_memory}
 
 
 def bf16_decode_kernel(gpu: GPU) -> str:
@@ -166,8 +179,12 @@ class KernelCoefficients:
     fp8_smoothness: float
     #: HBM fraction of the activation's on-the-fly quantisation (read bf16, write fp8)
     fp8_quant_memory_eff: float
+    #: elementwise kernels (:func:`chunktune.sim.cost.step_time.elementwise_time`): the HBM
+    #: fraction of their bytes beyond the L2, a fixed cost per kernel, and the bytes per SM
+    #: clock cycle of those the L2 holds
     elementwise_memory_eff: float
     elementwise_overhead_s: float
+    elementwise_l2_bytes_per_sm_cycle: float
     attn_overhead_s: float
     attn_per_decode_s: float
     #: fraction of the bf16 peak the varlen kernel's (padded) FLOPs run at, all CTAs together

@@ -49,6 +49,7 @@ START: dict[str, tuple[float, float]] = {
     "fp8_compute_eff": (0.7, 0.1), "fp8_memory_eff": (0.8, 0.1), "fp8_overhead_s": (5e-6, 1e-6),
     "fp8_smoothness": (1.5, 0.3), "fp8_quant_memory_eff": (0.5, 0.1),
     "elementwise_memory_eff": (0.6, 0.1), "elementwise_overhead_s": (2e-6, 1e-6),
+    "elementwise_l2_bytes_per_sm_cycle": (8.0, 2.0),
     "attn_overhead_s": (7e-6, 1e-6), "attn_per_decode_s": (1e-7, 1e-7),
     "attn_compute_eff": (0.6, 0.1), "attn_cta_cycles_per_flop": (1.5e-3, 5e-4),
     "attn_tile_memory_eff": (1.0, 0.3), "attn_mixed_memory_eff": (1.0, 0.3),
