@@ -28,22 +28,24 @@ def run(budget: int, threshold: int = 0) -> dict:
 
 
 def test_larger_budget_buys_long_prompts_little_ttft():
-    """On this trace (Llama-3.1-8B, H100) a larger budget barely moves the long prompts' TTFT:
+    """On this trace (Llama-3.1-8B, H100) a larger budget buys the long prompts no TTFT:
     a 2,048-token chunk already runs the H100's GEMMs at their measured compute-bound rate
     (AIConfigurator's vLLM kernels), so larger chunks save only per-step costs while queueing
-    sets the TTFT (p50 0.741 s at 2048, 0.759 s at 8192). Under the
-    earlier fit on Vidur's slower GEMMs a larger budget lowered them (p50 0.92 s -> 0.90 s).
-    The price of the larger budget is the chat ITL p99 (next test)."""
+    sets the TTFT, and an 8,192-token chunk's elementwise kernels no longer fit the L2
+    (p50 0.744 s at 2048, 0.776 s at 8192; mean 0.762 s, 0.802 s; 0.741 / 0.759 s before
+    the kernels' L2 was modelled). Under the earlier fit on Vidur's slower GEMMs a larger
+    budget lowered them (p50 0.92 s -> 0.90 s). The price of the larger budget is the chat
+    ITL p99 (next test)."""
     small, large = run(2048), run(8192)
     for stat in ("p50", "mean"):
         a = small["classes"]["long-context"]["ttft"][stat]
         b = large["classes"]["long-context"]["ttft"][stat]
-        assert b == pytest.approx(a, rel=0.05), stat
+        assert 0.98 * a <= b <= 1.1 * a, stat
 
 
 def test_larger_budget_lengthens_chat_decode_stalls():
     """A chat decode that shares a step with a long prompt's chunk waits for the whole chunk:
-    the worst gap is 0.37 s at 8192 against 0.10 s at 2048. How far into chat's tail such
+    the worst gap is 0.38 s at 8192 against 0.10 s at 2048. How far into chat's tail such
     steps reach depends on how many decode tokens run between them: the p99 is 0.072 s
     against 0.071 s with async scheduling (vLLM's default), 0.160 s against 0.074 s without
     it, whose slower decode steps leave the long steps' tokens above 1% of chat's."""
