@@ -319,3 +319,26 @@ def test_parallel_trials_never_run_the_same_point_at_once(make_tuning, tmp_path)
     dupes = [t for t in tuner.study.trials if t.user_attrs.get(st.ATTR_REASON) == "Duplicate"]
     assert dupes  # two points, three at once: the sampler did propose a running one
     assert any("runs the same configuration" in t.user_attrs[st.ATTR_MESSAGE] for t in dupes)
+
+
+def test_two_writers_asking_the_budgets_last_trial_at_once_run_one(make_tuning, tmp_path):
+    """Two writers that both saw room for one more trial both ask one (the check and the ask
+    are not one step across processes): the later-numbered steps back, SKIPPED ``Budget``,
+    not counted and said, and the earlier runs (PostgreSQL's two ``chunktune tune``
+    processes once ran 13 trials of 12)."""
+    tuning = make_tuning(workload={"profile": "smoke", "duration": "10s", "warmup": "1s"},
+                         constraints=[], budget={"maxTrials": 1})
+    storage = str(tmp_path / "s.journal")
+    a, b = Tuner(tuning, SimulatedBackend(), storage), Tuner(tuning, SimulatedBackend(), storage)
+    events = []
+    b.on_event = events.append
+    first, second = a.study.ask(), b.study.ask()  # both saw no trial: room for one
+    assert (first.number, second.number) == (0, 1)
+    assert not a._over_budget(first)
+    assert b._over_budget(second)
+    b._withdraw(second)
+    assert b.counted() == 0 and a.counts()["SKIPPED"] == 1
+    (withdrawn,) = [t for t in a.trials() if t.number == 1]
+    assert st.trial_state(withdrawn) == "SKIPPED"
+    assert withdrawn.user_attrs[st.ATTR_REASON] == "Budget"
+    assert events[-1].reason == "Budget" and "another writer" in events[-1].message

@@ -300,6 +300,9 @@ class TrialRunner:
                     break
                 trial = self.study.ask()
                 trial.set_user_attr(st.ATTR_OWNER, self.owner)  # ours from the start
+                if self._over_budget(trial, hold_back):
+                    self._withdraw(trial)
+                    continue
                 point = self._point(trial)
                 if self._reuse_duplicate(trial, point):
                     skips += 1
@@ -376,6 +379,30 @@ class TrialRunner:
             else:
                 since += 1
         return math.isfinite(best) and since >= patience
+
+    def _over_budget(self, trial: optuna.Trial, hold_back: int = 0) -> bool:
+        """Whether ``trial``, just asked, is one more than ``budget.maxTrials`` allows: the
+        trials that count or run, numbered up to it, exceed the budget. Two writers that
+        both saw room for one more trial (:meth:`_should_stop` reads, then :meth:`run_trials`
+        asks) both ask; the storage numbers their trials in order, so the later one, which
+        counts the earlier, steps back and the budget holds (PostgreSQL, two ``chunktune
+        tune`` processes: 13 trials of 12 before)."""
+        n = sum(1 for t in self.trials() if t.number <= trial.number
+                and (st.trial_state(t) in RESULT_STATES
+                     or st.trial_state(t) == TrialState.RUNNING))
+        return n > self.spec.budget.max_trials - hold_back
+
+    def _withdraw(self, trial: optuna.Trial) -> None:
+        """Ends a trial asked past the budget before it runs: SKIPPED ``Budget`` (not counted),
+        told to Optuna as failed so the sampler learns nothing from it. The budget is full, so
+        nobody would run it (a queued point included)."""
+        trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
+        trial.set_user_attr(st.ATTR_REASON, "Budget")
+        trial.set_user_attr(st.ATTR_MESSAGE, "another writer took the budget's last trial")
+        self.study.tell(trial, state=OptunaState.FAIL)
+        self.emit(TrialEvent(EventKind.FINISHED, trial.number, {}, TrialState.SKIPPED,
+                             "Budget", str(trial.user_attrs[st.ATTR_MESSAGE])))
+        self.changed()
 
     def _reuse_duplicate(self, trial: optuna.Trial, point: dict[str, Any]) -> bool:
         """A point already measured is not launched again: the trial is recorded as SKIPPED
