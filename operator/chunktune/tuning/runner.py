@@ -127,6 +127,15 @@ def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:
     )
 
 
+def _counted_state(t: optuna.trial.FrozenTrial) -> str:
+    """The trial's :class:`TrialState`, or ``INTERRUPTED`` for a FAIL whose process did not
+    live to finish it (not counted against the budget; its point runs again)."""
+    s: str = st.trial_state(t)
+    if s == TrialState.FAIL and t.user_attrs.get(st.ATTR_REASON) == recovery.INTERRUPTED_REASON:
+        return INTERRUPTED
+    return s
+
+
 class TrialRunner:
     """The trials of one study: ``on_event`` sees every trial start and end; ``on_update`` is
     called after each tell (to print progress or patch a status).
@@ -189,11 +198,7 @@ class TrialRunner:
         live to finish them (not counted as failures; their points run again)."""
         out: dict[str, int] = {**{s: 0 for s in TrialState}, INTERRUPTED: 0}
         for t in self.trials():
-            s: str = st.trial_state(t)
-            if s == TrialState.FAIL and t.user_attrs.get(st.ATTR_REASON) == \
-                    recovery.INTERRUPTED_REASON:
-                s = INTERRUPTED
-            out[s] += 1
+            out[_counted_state(t)] += 1
         return out
 
     def counted(self) -> int:
@@ -301,6 +306,7 @@ class TrialRunner:
                 trial = self.study.ask()
                 trial.set_user_attr(st.ATTR_OWNER, self.owner)  # ours from the start
                 if self._over_budget(trial, hold_back):
+                    skips += 1
                     self._withdraw(trial)
                     continue
                 point = self._point(trial)
@@ -388,8 +394,8 @@ class TrialRunner:
         counts the earlier, steps back and the budget holds (PostgreSQL, two ``chunktune
         tune`` processes: 13 trials of 12 before)."""
         n = sum(1 for t in self.trials() if t.number <= trial.number
-                and (st.trial_state(t) in RESULT_STATES
-                     or st.trial_state(t) == TrialState.RUNNING))
+                and (_counted_state(t) in RESULT_STATES
+                     or _counted_state(t) == TrialState.RUNNING))
         return n > self.spec.budget.max_trials - hold_back
 
     def _withdraw(self, trial: optuna.Trial) -> None:
