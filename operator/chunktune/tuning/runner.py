@@ -393,9 +393,9 @@ class TrialRunner:
         asks) both ask; the storage numbers their trials in order, so the later one, which
         counts the earlier, steps back and the budget holds (PostgreSQL, two ``chunktune
         tune`` processes: 13 trials of 12 before)."""
-        n = sum(1 for t in self.trials() if t.number <= trial.number
-                and (_counted_state(t) in RESULT_STATES
-                     or _counted_state(t) == TrialState.RUNNING))
+        held = RESULT_STATES | {TrialState.RUNNING}
+        n = sum(1 for t in self.trials()
+                if t.number <= trial.number and _counted_state(t) in held)
         return n > self.spec.budget.max_trials - hold_back
 
     def _withdraw(self, trial: optuna.Trial) -> None:
