@@ -29,6 +29,9 @@ from chunktune.core.bounds import MAX_DURATION_S, MAX_REQUESTS, MAX_TOKENS
 from chunktune.core.errors import SpecError
 from chunktune.core.infile import shown
 
+#: A whole number of tokens written with a decimal point (``12.`` or ``12.00``).
+_WHOLE_POINT = re.compile(r"\d+\.0*")
+
 __all__ = ["PRIORITY", "PRIORITY_BOUND", "RowReader", "Rows", "timestamp"]
 
 _AZURE = (("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
@@ -246,18 +249,18 @@ class RowReader:
 
     def _tokens(self, raw: Any, col: str, line: int) -> int:
         n: int | None = None
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            n = raw
-        elif isinstance(raw, float) and raw.is_integer():
-            n = int(raw)
-        elif isinstance(raw, str):
+        if isinstance(raw, str):  # a CSV field (first: a trace has two a row)
             s = raw.strip()
             if len(s) > 24:
                 pass
-            elif re.fullmatch(r"\d+", s):
+            elif s.isdecimal():  # what ``\d+`` matches, without a regular expression a row
                 n = int(s)
-            elif re.fullmatch(r"\d+\.0*", s):
+            elif _WHOLE_POINT.fullmatch(s):
                 n = int(float(s))
+        elif isinstance(raw, int) and not isinstance(raw, bool):
+            n = raw
+        elif isinstance(raw, float) and raw.is_integer():
+            n = int(raw)
         if n is None or n < 1:
             raise self.fail(line, f"{col} must be a whole number of tokens >= 1 (got "
                                   f"{shown(raw)})")
