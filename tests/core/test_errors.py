@@ -8,6 +8,7 @@ import builtins
 from pathlib import Path
 
 import chunktune
+from tests.pysource import parse
 
 PACKAGE = Path(chunktune.__file__).parent
 BUILTIN_ERRORS = {n for n, v in vars(builtins).items()
@@ -23,7 +24,7 @@ def error_classes() -> dict[str, list[str]]:
     exception (directly or through another class of the package)."""
     classes: dict[str, list[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.ClassDef):
                 classes[node.name] = [_base_name(b) for b in node.bases]
     errors: dict[str, list[str]] = {}

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from tests.docs.pages import ROOT
+from tests.pysource import parse
 
 PACKAGE = ROOT / "operator" / "chunktune"
 #: Where the operator's reasons are written: the operator, the trial backends it runs, the
@@ -49,7 +50,7 @@ def literal_reasons(paths: list[Path] | None = None) -> dict[str, set[str]]:
             found.setdefault(value, set()).add(name)
 
     paths = source_paths() if paths is None else paths
-    trees = {path: ast.parse(path.read_text()) for path in paths}
+    trees = {path: parse(path) for path in paths}
     # module constants (``TWIN_UNTRUSTED = "TwinUntrusted"``), by name across the modules
     constants = {t.id: n.value for tree in trees.values() for n in tree.body
                  if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}

@@ -6,12 +6,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.pysource import parse
+
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "chunktune"
 ALLOWED = {"kopf": ("k8s/",), "kubernetes": ("k8s/", "backends/kubernetes.py")}
 
 
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
