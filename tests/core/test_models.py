@@ -164,6 +164,20 @@ def test_quantized_modules_as_vllm_stores_them():
     assert ds.module_weight_bytes("experts") == pytest.approx(0.5 + 1 / 16)
 
 
+def test_a_quantization_config_given_for_the_model_config_is_named(tmp_path):
+    """ModelOpt's hf_quant_config.json given where config.json goes: refused as what it is,
+    with the fix (not "hidden_size is missing")."""
+    q = tmp_path / "hf_quant_config.json"
+    q.write_text('{"producer": {"name": "modelopt", "version": "0.33.0"}, '
+                 '"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}}')
+    with pytest.raises(SpecError) as e:
+        resolve_model(config_path=q)
+    assert [f for f, _ in e.value.problems] == ["--model-config"]
+    assert "is a quantization config (ModelOpt's hf_quant_config.json)" in str(e.value)
+    assert "give the model's config.json" in str(e.value)
+    assert "hidden_size" not in str(e.value)
+
+
 @needs_configs
 def test_mla_down_projections_and_router_stay_whole_on_each_rank():
     ds = real("deepseek-ai--DeepSeek-V3")

@@ -946,6 +946,13 @@ def _with_hf_quant_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
     return cfg
 
 
+def _is_quant_config(cfg: dict[str, Any]) -> bool:
+    """Whether ``cfg`` is a ModelOpt ``hf_quant_config.json`` (its ``producer`` and
+    ``quantization`` sections) rather than a model's ``config.json``."""
+    return (isinstance(cfg.get("quantization"), dict) and "producer" in cfg
+            and "hidden_size" not in cfg and "text_config" not in cfg)
+
+
 def catalog_names() -> list[str]:
     return sorted(CATALOG_HF)
 
@@ -971,6 +978,11 @@ def resolve_model(name: str | None = None, config_path: str | Path | None = None
         if not isinstance(cfg, dict):
             raise SpecError(f"{p} is not a model config (a JSON object such as a Hugging Face "
                             "config.json)", field="--model-config")
+        if _is_quant_config(cfg):
+            raise SpecError(f"{p} is a quantization config (ModelOpt's hf_quant_config.json), "
+                            "not a model config: give the model's config.json (or its "
+                            "directory); the hf_quant_config.json beside it is read with it",
+                            field="--model-config")
         if "quantization_config" not in cfg:
             cfg = _with_hf_quant_config(cfg, p)
         label = p.parent.name if p.name == "config.json" else p.stem.removesuffix("_config")
