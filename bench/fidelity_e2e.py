@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -88,6 +89,20 @@ def print_groups(replays: list[e2e.Replay], width: int) -> None:
         why = "; ".join(f"{n} {reason}" for reason, n in g.skipped.items())
         print(f"{g.group:{width}} {g.rows:4} {g.run:4} {pct(g.tpot_median_abs_err)} "
               f"{pct(g.ttft_median_abs_err)}" + (f"  not run: {why}" if why else ""))
+
+
+def print_peak_shares(runs: list[e2e.ServingRun], split: list[e2e.Replay]) -> None:
+    """Per harness group, the share of the GPUs' dense peak its rows' measured means need for
+    the lengths they state (:func:`chunktune.sim.calibration.e2e.peak_share`)."""
+    shares: dict[str, list[float]] = {}
+    for run, rep in zip(runs, split, strict=False):
+        share = e2e.peak_share(run)
+        if share is not None:
+            shares.setdefault(rep.group, []).append(share)
+    print("\nshare of the GPUs' dense tensor peak the measured means need for the stated "
+          "lengths\n(every prompt prefilled; median / highest row):")
+    for group, values in sorted(shares.items()):
+        print(f"{group:38} {statistics.median(values):6.0%} {max(values):6.0%}")
 
 
 def write_fidelity(table: dict[str, object]) -> None:
@@ -176,7 +191,9 @@ def main() -> int:
     # no vLLM version; the others record no harness: see the module docstring of e2e)
     if any(run.vllm_version for run in dense):
         print("\nsilicon rows by harness:")
-        print_groups(e2e.by_harness(dense, replays[:len(dense)]), 38)
+        split = e2e.by_harness(dense, replays[:len(dense)])
+        print_groups(split, 38)
+        print_peak_shares(dense, split)
     if a.write_fidelity:
         if not a.quick or a.moe or a.dense or a.group:
             ap.error("--write-fidelity takes the --quick set (what the CI test pins)")

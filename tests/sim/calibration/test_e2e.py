@@ -613,3 +613,34 @@ def test_the_pcie_runs_replay_closest_on_a_node_without_a_peer_to_peer_path(monk
     line = next(x for x in capsys.readouterr().out.splitlines()
                 if x.startswith("rtx-pro-6000 bf16"))
     assert line.split()[-2:] == ["4.0%", "11.2%"]  # 3.9% / 10.9% before the L2 (2026-12-07)
+
+
+def test_the_peak_share_a_row_needs_is_its_work_over_the_gpus_peak():
+    """``peak_share``: Llama-3.1-70B (70.55 B parameters, 2 x 1.05 B of them the untied
+    embedding and LM head: 68.45 B through the layers; 80 layers, q 8,192 wide, vocabulary
+    128,256) on two H200s (1,979 dense FP8 TFLOP/s each), one request in flight of 1,000
+    prompt and 2 output tokens, TTFT 0.5 s and TPOT 0.5 s: one request a second."""
+    run = e2e.ServingRun("meta-llama/Llama-3.1-70B", "h200_sxm", None, "fp8", 1000, 2, 1, 2,
+                         0.5, 0.5)
+    work = (2 * 68.45e9 * 1002 + 2 * 8192 * 128256 * 2
+            + 4 * 80 * 8192 * (1000 * 1000 / 2 + 2 * (1000 + 1)))
+    assert e2e.peak_share(run) == pytest.approx(work / (2 * 1979e12), rel=0.002)
+    # twice the requests in flight in the same time: twice the work a second
+    assert e2e.peak_share(dataclasses.replace(run, concurrency=2)) == pytest.approx(
+        2 * e2e.peak_share(run))
+    assert e2e.peak_share(dataclasses.replace(run, model="openai/gpt-oss-120b")) is None
+
+
+def test_rows_of_unknown_harness_need_more_of_the_gpu_than_its_gemms_reach():
+    """Why the rows that record no harness are reported apart: InferenceX's dense rows need at
+    most 0.30 of their GPUs' dense peak for the lengths they state; some of vLLM 0.12.0's
+    Llama-3.1-8B FP8 rows on the H200 need more than 0.59 of it, the most the H200's own FP8
+    GEMMs reach at that model's shapes (AIConfigurator vLLM 0.24 gemm table, M 1,024-8,192):
+    those rows cannot have prefilled every prompt they state."""
+    silicon, _ = fidelity_e2e.load(None)
+    dense = [r for r in silicon if not r.is_moe]
+    known = [e2e.peak_share(r) for r in dense if r.vllm_version is None]
+    unknown = [e2e.peak_share(r) for r in dense if r.vllm_version is not None]
+    assert None not in known and None not in unknown
+    assert max(known) < 0.31
+    assert max(unknown) > 0.59

@@ -345,6 +345,38 @@ def silicon_fused_allreduce_tokens(run: ServingRun, model: ModelConfig, gpu: GPU
                                       thresholds)
 
 
+#: Dense tensor TFLOP/s a GPU's weights of each dense silicon precision run at, as a multiple
+#: of its data sheet's FP8 figure (FP4: Blackwell's NVFP4 is twice its FP8) or its bf16 one.
+_PEAK_OF = {"fp8": ("fp8", 1.0), "fp4": ("fp8", 2.0), "bf16": ("bf16", 1.0)}
+
+
+def peak_share(run: ServingRun) -> float | None:
+    """The share of its GPUs' dense tensor peak (data sheet, at the row's precision) that a
+    dense silicon row's measured means need, were every request's ``isl`` prompt tokens
+    prefilled and its ``osl`` output tokens decoded in full: the closed loop completes
+    ``concurrency / (TTFT + (osl - 1) TPOT)`` requests a second, each token costs 2 x the
+    layers' parameters of GEMM FLOPs plus causal attention (4 x layers x q width x its
+    context), each sampled token the LM head's. A floor on what the engine did (no overhead,
+    no idle tensor cores): a share above what the GPU's own GEMMs reach says the row did less
+    work than its lengths say (prefix-cache hits, shorter prompts). None for the MoE rows."""
+    if run.is_moe or run.model not in SILICON_MODELS or run.precision not in _PEAK_OF:
+        return None
+    gpu = resolve_gpu(SILICON_GPUS.get(run.system, run.system))
+    model = resolve_model(SILICON_CHECKPOINTS.get((run.model, run.precision))
+                          or SILICON_MODELS[run.model])
+    kind, times = _PEAK_OF[run.precision]
+    peak = (gpu.fp8_tflops if kind == "fp8" else gpu.bf16_tflops) * times * 1e12 * run.tp
+    per_request_s = run.ttft_s + (run.osl - 1) * run.tpot_s
+    if peak <= 0 or per_request_s <= 0:
+        return None
+    # every token through the layers; the LM head only for the osl tokens sampled
+    body = model.num_params(active_only=True) - model.embedding_params()
+    gemm = 2.0 * (body * (run.isl + run.osl) + model.hidden_size * model.vocab_size * run.osl)
+    attention = 4.0 * model.num_hidden_layers * model.q_dim * (
+        run.isl * run.isl / 2 + run.osl * (run.isl + run.osl / 2))
+    return run.concurrency / per_request_s * (gemm + attention) / peak
+
+
 def _model_len(run: ServingRun) -> int:
     """``--max-model-len`` by InferenceX's rule (its H200 and MoE scripts)."""
     if (run.isl, run.osl) == (1024, 1024):
