@@ -84,9 +84,10 @@ THRESHOLDS: dict[tuple[str, str], tuple[float, float]] = {
     # borrows it, not from the other's fitted form (2026-12-06); 20.7% -> 18.2% with the A100
     # and B200 priced per vLLM backend from the other NVLink GPUs (allreduce_backends);
     # 18.2% -> 11.5% with the custom and symmetric-memory latencies scaled by the NVLink
-    # generation's small-message latency (allreduce_backends.latency_scale: B200 30.6% ->
-    # 13.6%, A100 5.8% -> 9.3%)
-    ("all-reduce", "loo-gpu"): (0.125, 0.99),
+    # generation's small-message latency (B200 30.6% -> 13.6%, A100 5.8% -> 9.3%); 11.5% ->
+    # 5.2% with a latency the kernel's own part at the SM clock plus its link crossings
+    # (allreduce_backends.HOPS, hop_latency_s, kernel_scale: B200 6.4%, A100 4.1%; 2026-12-07)
+    ("all-reduce", "loo-gpu"): (0.06, 0.99),
     ("moe", "in-sample"): (0.145, 0.165),
     # held out as the engine borrows (issue #32): the committed table of the nearest GPU
     # running the same MoE kernel (coefficients.moe_kernel) scaled where it has the shape,

@@ -24,11 +24,15 @@ elsewhere runs its own backend as fitted on the lender's table (:func:`borrowed_
 vLLM 0.32's thresholds for 9.0 / 10.0 / 10.3 are 0.24's; its default FlashInfer all-reduce
 (``VLLM_ALLREDUCE_USE_FLASHINFER=1`` from 0.31, tried first) is not modelled: no timing of it.
 
-The custom and symmetric-memory backends' latencies are fitted in units of the NVLink
-generation's small-message latency (:func:`latency_scale`): the same custom one-shot kernel
-(one 512-thread block below 8 KiB, no per-architecture code path in ``custom_all_reduce.cuh``)
-takes 6.6-7.4 us on the B200 against 4.3-4.7 on Hopper, and NCCL's own smallest all-reduce is
-slower there too, a figure of the link generation that a GPU without a table can take.
+A backend's latency is the kernel's own part (launch, address arithmetic, spinning on flags),
+fitted at Hopper's SM clock and run at the GPU's, plus the link crossings the kernel waits on in
+turn (:data:`HOPS`, counted in vLLM's and torch's kernels) at one crossing's latency each
+(:func:`hop_latency_s`: NCCL's tuner's figure, and the NVLink generation's difference of NCCL's
+smallest all-reduce, which crosses the link once). The same custom one-shot kernel (one
+512-thread block below 8 KiB, no per-architecture code path in ``custom_all_reduce.cuh``) takes
+6.6-7.4 us on the B200 against 4.3-4.7 on Hopper and 4.9-5.7 on the A100: the B200's crossings
+are longer, the A100's SMs slower (1,410 MHz against 1,980). Neither figure is taken from a
+GPU's own table, so a GPU without one is priced from data sheets and published latencies.
 """
 
 from __future__ import annotations
@@ -80,21 +84,56 @@ _CAPABILITY = {"b300": "10.3", "rtx-pro-6000": "12.0", "a10g": "8.6", "a40": "8.
 #: NCCL's smallest all-reduce per NVLink generation (keyed by the link's data-sheet GB/s, both
 #: directions), us: nccl-tests ``all_reduce_perf`` at 8 bytes over 8 GPUs, NCCL 2.27 symmetric
 #: memory in CUDA graphs, 8 x B200 about 3.0, 8 x H200 / H800 about 2.3 (NVIDIA/nccl issue
-#: 1940, 2025-12). No published figure for NVLink 3 (A100): it counts as Hopper's.
+#: 1940, 2025-12). That kernel (``ncclSymkRun_AllReduce_AGxLL_R``, src/device/symmetric/
+#: all_reduce.cuh) stores its pack to every peer with the low-latency protocol's flags and
+#: polls its own slots: one link crossing, so the generations' difference is one crossing's
+#: (:func:`hop_latency_s`). No published figure for NVLink 3 (A100): it counts as Hopper's.
 NVLINK_SMALL_MESSAGE_LATENCY_US = {900.0: 2.3, 1800.0: 3.0}
 #: The generation the other figures are relative to (NVLink 4, Hopper).
 REFERENCE_LINK_GB_S = 900.0
+#: One link crossing's latency, us, as NCCL's tuner takes it for its low-latency protocol
+#: (NCCL ``src/graph/tuning.cc``, ``hwLatencies``, LL: NVLink 0.6, PCIe 1.0; one figure for
+#: every generation, NVLink 4's by :data:`NVLINK_SMALL_MESSAGE_LATENCY_US`).
+HOP_LATENCY_US = {"nvlink": 0.6, "pcie": 1.0}
+#: Link crossings each backend waits on one after the other. vLLM's custom kernels
+#: (``csrc/custom_all_reduce.cuh``, 0.14-0.33): one shot = the start barrier (a flag stored to
+#: every peer, then awaited: 1), every peer's data loaded (a round trip: 2), the end barrier
+#: (1); two shot = start barrier, the reduce-scatter's loads, a barrier, the all-gather's loads
+#: from the peers' buffers (1 + 2 + 1 + 2). torch's symmetric-memory kernels
+#: (``CUDASymmetricMemoryOps.cu``: ``two_shot_all_reduce_kernel``, ``multimem_all_reduce_kernel``):
+#: barrier, the peers' data loaded or ``multimem.ld_reduce`` (2), the sum stored to the peers or
+#: ``multimem.st`` (1), the release barrier (1). NCCL's fitted latency is its MiB messages'
+#: (vLLM runs it on no smaller one on NVLink), not counted in crossings.
+HOPS = {CUSTOM_ONE_SHOT: 4, CUSTOM_TWO_SHOT: 6, SYMM_TWO_SHOT: 5, SYMM_MULTIMEM: 5, NCCL: 0}
+#: The SM clock, MHz, the kernels' own part of a latency is fitted at (Hopper's boost clock).
+REFERENCE_CLOCK_MHZ = 1980.0
 
 
-def latency_scale(gpu: GPU, backend: str) -> float:
-    """The factor ``backend``'s latency takes on ``gpu``: its NVLink small-message latency
-    over Hopper's (:data:`NVLINK_SMALL_MESSAGE_LATENCY_US`; 1 where no figure is published).
-    1 for NCCL, which vLLM runs on NVLink only above the custom and symmetric-memory sizes
-    (MiB), where its fitted latency (40-60 us) is no small-message latency."""
-    own = NVLINK_SMALL_MESSAGE_LATENCY_US.get(gpu.link_gb_s)
-    if backend == NCCL:
+def hop_latency_s(gpu: GPU) -> float:
+    """Seconds one link crossing of an all-reduce takes on ``gpu``: NCCL's tuner's figure for
+    its link (:data:`HOP_LATENCY_US`), on NVLink plus the generation's difference of NCCL's
+    smallest all-reduce from Hopper's (:data:`NVLINK_SMALL_MESSAGE_LATENCY_US`: 0.7 us on
+    NVLink 5)."""
+    if not gpu.nvlink:
+        return HOP_LATENCY_US["pcie"] * 1e-6
+    ref = NVLINK_SMALL_MESSAGE_LATENCY_US[REFERENCE_LINK_GB_S]
+    own = NVLINK_SMALL_MESSAGE_LATENCY_US.get(gpu.link_gb_s, ref)
+    return (HOP_LATENCY_US["nvlink"] + own - ref) * 1e-6
+
+
+def kernel_scale(gpu: GPU, backend: str) -> float:
+    """The factor the fitted kernel's own part of ``backend``'s latency takes on ``gpu``:
+    Hopper's SM clock over the GPU's (:data:`REFERENCE_CLOCK_MHZ`; 1 where the catalog has no
+    clock); 1 for NCCL, whose fitted latency is of MiB messages."""
+    if backend == NCCL or gpu.boost_mhz <= 0:
         return 1.0
-    return 1.0 if own is None else own / NVLINK_SMALL_MESSAGE_LATENCY_US[REFERENCE_LINK_GB_S]
+    return REFERENCE_CLOCK_MHZ / gpu.boost_mhz
+
+
+def crossings_s(gpu: GPU, backend: str) -> float:
+    """Seconds ``backend`` waits on link crossings on ``gpu`` (:data:`HOPS` x
+    :func:`hop_latency_s`)."""
+    return HOPS[backend] * hop_latency_s(gpu)
 
 
 def compute_capability(gpu: GPU) -> str:
@@ -139,8 +178,9 @@ def link_bytes_s(gpu: GPU) -> float:
 
 @dataclass(frozen=True)
 class BackendCoefficients:
-    """Per backend: latency (seconds, on an NVLink 4 GPU: :func:`latency_scale`) per world
-    size measured, and the fraction of the per-direction link bandwidth reached."""
+    """Per backend: the kernel's own part of its latency (seconds at
+    :data:`REFERENCE_CLOCK_MHZ`; the link crossings are priced apart, :func:`crossings_s`) per
+    world size measured, and the fraction of the per-direction link bandwidth reached."""
 
     latency_s: dict[tuple[str, int], float]
     link_eff: dict[str, float]
@@ -168,11 +208,11 @@ GAUSS_NEWTON_STEPS = 20
 
 
 def fit_backends(points: Iterable[Timing]) -> BackendCoefficients:
-    """Latency per (backend, ranks) and efficiency per backend, least squares in log time
-    over ``points`` (each backend alone; each point's latency in units of its GPU's
-    :func:`latency_scale`; the model is linear in the latencies and in 1 / eff:
-    a least-squares start in relative error, then Gauss-Newton steps in log time; eff at most
-    1)."""
+    """The kernel's own latency per (backend, ranks) and efficiency per backend, least squares
+    in log time over ``points`` (each backend alone; each point's own latency taken at its
+    GPU's :func:`kernel_scale`, its link crossings, :func:`crossings_s`, known): the model is
+    linear in the latencies and in 1 / eff: a least-squares start in relative error, then
+    Gauss-Newton steps in log time; eff at most 1)."""
     groups: dict[str, list[Timing]] = {}
     for p in points:
         groups.setdefault(vllm_allreduce_backend(p.gpu, p.ranks, p.nbytes), []).append(p)
@@ -182,12 +222,13 @@ def fit_backends(points: Iterable[Timing]) -> BackendCoefficients:
         ns = sorted({p.ranks for p in pts})
         a = np.zeros((len(pts), len(ns) + 1))
         t = np.array([p.seconds for p in pts])
+        hops = np.array([crossings_s(p.gpu, b) for p in pts])
         for i, p in enumerate(pts):
-            a[i, ns.index(p.ranks)] = latency_scale(p.gpu, b)
+            a[i, ns.index(p.ranks)] = kernel_scale(p.gpu, b)
             a[i, -1] = backend_bytes(b, p.ranks, p.nbytes) / link_bytes_s(p.gpu)
-        x = _at_most_the_link(_nonneg_lstsq(a / t[:, None], np.ones(len(pts))))
+        x = _at_most_the_link(_nonneg_lstsq(a / t[:, None], 1.0 - hops / t))
         for _ in range(GAUSS_NEWTON_STEPS):
-            pred = np.maximum(a @ x, 1e-12)
+            pred = np.maximum(a @ x + hops, 1e-12)
             step, *_ = np.linalg.lstsq(a / pred[:, None], -np.log(pred / t), rcond=None)
             x = _at_most_the_link(np.maximum(x + step, 0.0))
         for j, n in enumerate(ns):
@@ -219,19 +260,29 @@ def _nonneg_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return x
 
 
+def priced_s(backend: str, n: int, nbytes: float, gpu: GPU, coef: BackendCoefficients
+             ) -> float | None:
+    """Seconds of ``backend``'s all-reduce of ``nbytes`` over ``n`` ranks of ``gpu`` under
+    ``coef``: the kernel's own latency at the GPU's clock, its link crossings, its bytes over
+    the link; None where ``coef`` did not fit the backend."""
+    lat = coef.latency(backend, n)
+    if lat is None or backend not in coef.link_eff:
+        return None
+    return (lat * kernel_scale(gpu, backend) + crossings_s(gpu, backend)
+            + backend_bytes(backend, n, nbytes) / (link_bytes_s(gpu) * coef.link_eff[backend]))
+
+
 def backend_allreduce_s(nbytes: Sequence[float] | np.ndarray, n: int, gpu: GPU,
                         coef: BackendCoefficients) -> np.ndarray | None:
     """Seconds of vLLM's all-reduce of each of ``nbytes`` over ``n`` ranks of ``gpu``, each
-    priced by the backend vLLM runs for it (:func:`vllm_allreduce_backend`) under ``coef``;
-    None where a backend it runs was not fitted."""
+    priced by the backend vLLM runs for it (:func:`vllm_allreduce_backend`) under ``coef``
+    (:func:`priced_s`); None where a backend it runs was not fitted."""
     out = np.empty(len(nbytes))
     for i, s in enumerate(nbytes):
-        b = vllm_allreduce_backend(gpu, n, float(s))
-        lat = coef.latency(b, n)
-        if lat is None or b not in coef.link_eff:
+        t = priced_s(vllm_allreduce_backend(gpu, n, float(s)), n, float(s), gpu, coef)
+        if t is None:
             return None
-        out[i] = (lat * latency_scale(gpu, b)
-                  + backend_bytes(b, n, float(s)) / (link_bytes_s(gpu) * coef.link_eff[b]))
+        out[i] = t
     return out
 
 
@@ -243,16 +294,15 @@ def borrowed_allreduce_s(table_s: np.ndarray, nbytes: Sequence[float] | np.ndarr
     times at ``nbytes``): the lender's time where vLLM runs the same backend on both (its
     thresholds are per compute capability), else the backend ``gpu`` runs priced as on the
     lender (``lender_coef``: fitted on the lender's table alone; ``coef``: on every measured
-    GPU, for a backend the lender never ran) over ``gpu``'s own link."""
+    GPU, for a backend the lender never ran) over ``gpu``'s own link and clock."""
     out = np.array(table_s, dtype=np.float64)
     for i, s in enumerate(nbytes):
         b = vllm_allreduce_backend(gpu, n, float(s))
         if b == vllm_allreduce_backend(lender, n, float(s)):
             continue
         for c in (lender_coef, coef):
-            lat = c.latency(b, n)
-            if lat is not None and b in c.link_eff:
-                out[i] = (lat * latency_scale(gpu, b)
-                          + backend_bytes(b, n, float(s)) / (link_bytes_s(gpu) * c.link_eff[b]))
+            t = priced_s(b, n, float(s), gpu, c)
+            if t is not None:
+                out[i] = t
                 break
     return out

@@ -124,8 +124,9 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
             aic_data.read_committed_allreduce())})) or "no"
         two = ("its measured vLLM custom all-reduce" if ar == name else
                f"{ar}'s measured vLLM custom all-reduce (same interconnect)" if ar else
-               f"vLLM's custom all-reduce as fitted on the {fitted} box, at the same fraction "
-               "of its own link (unmeasured error)")
+               f"vLLM's custom all-reduce as fitted on the {fitted} box, its kernel at this "
+               "GPU's SM clock and its bytes at the same fraction of its own link (unmeasured "
+               "error)")
         above = (f"{ar}'s measured NCCL" if ar and p2p_table(g, 4) is not None else
                  f"NCCL's latency in a CUDA graph measured on the {boxes} boxes and the "
                  "ring's bytes at Vidur's PCIe ring efficiency")
