@@ -397,6 +397,25 @@ def pcie_allreduce_report(meas: Measurements) -> list[ErrorRow]:
             for rng, err in pcie_allreduce_ranges(g, meas).items() if len(err)]
 
 
+def allreduce_backends_report(meas: Measurements) -> list[ErrorRow]:
+    """vLLM's all-reduce backends fitted on every measured NVLink GPU's table at once
+    (:func:`allreduce_backends.fit_backends`: each backend's own latency at the SM clock, its
+    link crossings, its bytes over the link), scored on each GPU's own timings: dataset
+    ``all-reduce-backends``, in sample (the form a NVLink GPU without a table is priced by;
+    ``all-reduce`` ``loo-gpu`` holds each GPU out of it)."""
+    nvlink = col.nvlink_timings(meas.allreduce)
+    fitted = ab.fit_backends(nvlink)
+    rows = []
+    for g in sorted({t.gpu.name for t in nvlink}):
+        mine = [t for t in nvlink if t.gpu.name == g]
+        pred = [ab.backend_allreduce_s([float(t.nbytes)], t.ranks, t.gpu, fitted)
+                for t in mine]
+        err = np.abs(np.array([np.nan if p is None else float(p[0]) for p in pred])
+                     / np.array([t.seconds for t in mine]) - 1)
+        rows.append(ErrorRow.of("all-reduce-backends", g, "in-sample", err))
+    return rows
+
+
 def loo_gpu_summary(meas: Measurements, coef: dict[str, KernelCoefficients], rule: str,
                     quant: str) -> tuple[dict[str, float], dict[str, float]]:
     """Per family, the median over GPUs of the held-out median error (stored with the fit),
@@ -885,6 +904,7 @@ def full_report(data_root: Path | None, held_out: bool = True
     rows = family_report(meas, coefficients)
     rows += linear_layer_report(meas)
     rows += pcie_allreduce_report(meas)
+    rows += allreduce_backends_report(meas)
     rows += nccl_report(kd.read_allreduce(data_root) if data_root is not None
                         else kd.read_committed_vidur_allreduce())
     if data_root is not None:
