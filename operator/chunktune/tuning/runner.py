@@ -402,13 +402,7 @@ class TrialRunner:
         """Ends a trial asked past the budget before it runs: SKIPPED ``Budget`` (not counted),
         told to Optuna as failed so the sampler learns nothing from it. The budget is full, so
         nobody would run it (a queued point included)."""
-        trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
-        trial.set_user_attr(st.ATTR_REASON, "Budget")
-        trial.set_user_attr(st.ATTR_MESSAGE, "another writer took the budget's last trial")
-        self.study.tell(trial, state=OptunaState.FAIL)
-        self.emit(TrialEvent(EventKind.FINISHED, trial.number, {}, TrialState.SKIPPED,
-                             "Budget", str(trial.user_attrs[st.ATTR_MESSAGE])))
-        self.changed()
+        self._end_skipped(trial, {}, "Budget", "another writer took the budget's last trial")
 
     def _reuse_duplicate(self, trial: optuna.Trial, point: dict[str, Any]) -> bool:
         """A point already measured is not launched again: the trial is recorded as SKIPPED
@@ -431,33 +425,36 @@ class TrialRunner:
                 self.study.sampler.reseed_rng()
             if st.trial_state(t) == TrialState.RUNNING:
                 # this writer's own trial in flight too (parallelism > 1): never two at once
-                trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
-                trial.set_user_attr(st.ATTR_REASON, "Duplicate")
-                trial.set_user_attr(st.ATTR_MESSAGE, f"trial {t.number} runs the same "
-                                    "configuration" + (" (another writer)" if elsewhere
-                                                       else " now"))
-                self.study.tell(trial, state=OptunaState.FAIL)
-                self._duplicate(trial, point)
+                self._end_skipped(trial, point, "Duplicate", f"trial {t.number} runs the same "
+                                  "configuration" + (" (another writer)" if elsewhere
+                                                     else " now"))
                 return True
             if st.trial_state(t) not in (TrialState.COMPLETE, TrialState.INFEASIBLE) or \
                     t.values is None:
                 continue
-            trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
-            trial.set_user_attr(st.ATTR_REASON, "Duplicate")
-            trial.set_user_attr(st.ATTR_MESSAGE, f"same configuration as trial {t.number}")
             trial.set_user_attr(st.ATTR_METRICS, t.user_attrs.get(st.ATTR_METRICS) or {})
             for key, value in (t.constraints or {}).items():
                 trial.set_constraint(key, value)
-            self.study.tell(trial, list(t.values))
-            self._duplicate(trial, point)
+            self._end_skipped(trial, point, "Duplicate", f"same configuration as trial "
+                              f"{t.number}", list(t.values))
             return True
         return False
 
-    def _duplicate(self, trial: optuna.Trial, point: dict[str, Any]) -> None:
-        """A trial just recorded SKIPPED ``Duplicate``: said like any other end (a trial number
-        missing from the progress was all a user saw)."""
+    def _end_skipped(self, trial: optuna.Trial, point: dict[str, Any], reason: str,
+                     message: str, values: list[float] | None = None) -> None:
+        """Ends a trial that will not run: SKIPPED with ``reason`` and ``message``, told to
+        Optuna with ``values`` (a duplicate's, so the sampler learns from them) or as failed
+        (it learns nothing), and said like any other end (a trial number missing from the
+        progress was all a user saw)."""
+        trial.set_user_attr(st.ATTR_STATE, TrialState.SKIPPED.value)
+        trial.set_user_attr(st.ATTR_REASON, reason)
+        trial.set_user_attr(st.ATTR_MESSAGE, message)
+        if values is None:
+            self.study.tell(trial, state=OptunaState.FAIL)
+        else:
+            self.study.tell(trial, values)
         self.emit(TrialEvent(EventKind.FINISHED, trial.number, point, TrialState.SKIPPED,
-                             "Duplicate", str(trial.user_attrs.get(st.ATTR_MESSAGE) or "")))
+                             reason, message))
         self.changed()
 
     def _feasible(self, t: optuna.trial.FrozenTrial) -> bool:
