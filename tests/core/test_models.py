@@ -164,18 +164,34 @@ def test_quantized_modules_as_vllm_stores_them():
     assert ds.module_weight_bytes("experts") == pytest.approx(0.5 + 1 / 16)
 
 
-def test_a_quantization_config_given_for_the_model_config_is_named(tmp_path):
+@pytest.mark.parametrize("text", [
+    '{"producer": {"name": "modelopt", "version": "0.33.0"}, '
+    '"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}}',
+    # Nemotron-3-Super-120B-A12B-FP8's has no producer
+    '{"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}'])
+def test_a_quantization_config_given_for_the_model_config_is_named(tmp_path, text):
     """ModelOpt's hf_quant_config.json given where config.json goes: refused as what it is,
     with the fix (not "hidden_size is missing")."""
     q = tmp_path / "hf_quant_config.json"
-    q.write_text('{"producer": {"name": "modelopt", "version": "0.33.0"}, '
-                 '"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}}')
+    q.write_text(text)
     with pytest.raises(SpecError) as e:
         resolve_model(config_path=q)
     assert [f for f, _ in e.value.problems] == ["--model-config"]
     assert "is a quantization config (ModelOpt's hf_quant_config.json)" in str(e.value)
     assert "give the model's config.json" in str(e.value)
     assert "hidden_size" not in str(e.value)
+
+
+def test_a_models_shape_is_its_own_whatever_its_name_or_weights():
+    """``shape_key``: one model to the simulator across its names and weight formats (the
+    end-to-end figures a run quotes are matched on it), another model's is another."""
+    a, b = resolve_model("llama-3.1-70b"), resolve_model("llama-3.1-70b-fp8")
+    assert a.shape_key == b.shape_key and (a.weights, b.weights) == ("bf16", "fp8")
+    assert resolve_model("llama-3.1-8b").shape_key != a.shape_key
+    oss = resolve_model("gpt-oss-120b")
+    assert oss.weights == "mxfp4"
+    assert oss.shape_key != resolve_model("gpt-oss-20b").shape_key
+    assert "e128/4x2880" in oss.shape_key and "sliding_attention18" in oss.shape_key
 
 
 @needs_configs

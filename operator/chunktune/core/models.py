@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,27 @@ class ModelConfig:
     def quantized(self, method: str, weight_dtype: str) -> ModelConfig:
         """This model with its linear layers quantized online (``--quantization``)."""
         return replace(self, quantization=method, weight_dtype=weight_dtype, unquantized=())
+
+    @property
+    def shape_key(self) -> str:
+        """What makes two configs one model to the simulator, whatever their names or weight
+        formats (a checkpoint and its FP8 or NVFP4 export share it): layers, widths, heads,
+        vocabulary, experts and each layer kind's count."""
+        kinds = ",".join(f"{k}{n}" for k, n in sorted(Counter(self.layer_kinds()).items()))
+        return (f"h{self.hidden_size} a{self.num_attention_heads}/{self.num_key_value_heads}"
+                f"x{self.head_dim} i{self.intermediate_size} v{self.vocab_size} "
+                f"e{self.num_experts}/{self.num_experts_per_tok}x{self.moe_intermediate_size}"
+                f"+{self.num_shared_experts} d{self.num_dense_layers} mla{self.kv_lora_rank}"
+                f"/{self.q_lora_rank} w{self.sliding_window} c{self.attention_chunk_size} "
+                f"{kinds}")
+
+    @property
+    def weights(self) -> str:
+        """The weights' format in one word: the quantized layers' (``fp8``, ``mxfp4``,
+        ``nvfp4``, ``int4_g32``), else the checkpoint's dtype (``bf16``)."""
+        short = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
+                 "float": "fp32"}
+        return self.weight_dtype or short.get(self.dtype, self.dtype)
 
     @property
     def is_moe(self) -> bool:
@@ -947,10 +969,12 @@ def _with_hf_quant_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _is_quant_config(cfg: dict[str, Any]) -> bool:
-    """Whether ``cfg`` is a ModelOpt ``hf_quant_config.json`` (its ``producer`` and
-    ``quantization`` sections) rather than a model's ``config.json``."""
-    return (isinstance(cfg.get("quantization"), dict) and "producer" in cfg
-            and "hidden_size" not in cfg and "text_config" not in cfg)
+    """Whether ``cfg`` is a ModelOpt ``hf_quant_config.json`` (a ``quantization`` section
+    with its ``producer`` or its ``quant_algo``: Nemotron-3-Super's has no producer) rather
+    than a model's ``config.json``."""
+    return (isinstance(cfg.get("quantization"), dict) and "hidden_size" not in cfg
+            and "text_config" not in cfg and ("producer" in cfg or "quant_algo" in cfg[
+                "quantization"]))
 
 
 def catalog_names() -> list[str]:
