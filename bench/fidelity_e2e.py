@@ -107,9 +107,11 @@ def print_peak_shares(runs: list[e2e.ServingRun], split: list[e2e.Replay]) -> No
 
 def write_fidelity(table: dict[str, object]) -> None:
     doc = {"about": "end-to-end median |error| of the mean TPOT and TTFT of real vLLM serving "
-                    "runs replayed by the simulator, per GPU, over the runs whose harness is "
-                    "known (bench/fidelity_e2e.py --quick: InferenceX's silicon rows, "
-                    "LLMServingSim's RTX runs)",
+                    "runs replayed by the simulator, per GPU, over the dense runs whose "
+                    "harness is known (bench/fidelity_e2e.py --quick: InferenceX's silicon "
+                    "rows, LLMServingSim's RTX runs), the GPU's largest group; under models, "
+                    "per model (shape) and weight format, those runs and InferenceX's MoE "
+                    "rows (not attention data parallel)",
            "rewrite": "python bench/fidelity_e2e.py --quick --write-fidelity",
            "gpus": table}
     provenance.E2E_FIDELITY_PATH.write_text(json.dumps(doc, indent=1) + "\n")
@@ -197,7 +199,8 @@ def main() -> int:
     if a.write_fidelity:
         if not a.quick or a.moe or a.dense or a.group:
             ap.error("--write-fidelity takes the --quick set (what the CI test pins)")
-        write_fidelity(e2e.fidelity_table(dense, replays[:len(dense) + len(runs)]))
+        write_fidelity(e2e.fidelity_table(dense, replays[:len(dense) + len(runs)],
+                                          replays[len(dense) + len(runs):]))
     notes = [f"{p} rows model {what}" for p, what in e2e.MODELLED_PRECISIONS.items() if what]
     print("\nSilicon rows: InferenceX's client (10 x N requests of lengths drawn in [0.8 L, L], "
           "N in flight,\nthe first N at once; means over all) against InferenceX's engine "

@@ -266,6 +266,13 @@ def test_a_simulated_study_says_what_its_cost_model_was_fitted_on(make_tuning):
     b300 = cost_model(make_tuning(engine={"kind": "sim", "model": "llama-3.1-8b",
                                           "gpu": {"type": "b300"}}))
     assert b300 is not None and "b300: no measured kernels; borrowed from b200" in b300
+    assert b300.endswith("end to end: no real serving runs of this GPU to check it against")
+    # the study's model's own end-to-end figures where the GPU has real runs of it
+    oss = cost_model(make_tuning(engine={"kind": "sim", "model": "gpt-oss-120b",
+                                         "gpu": {"type": "h100-sxm"}}))
+    assert oss is not None and oss.endswith(
+        "real vLLM serving runs of this model (gpt-oss-120b mxfp4)")
+    assert "no real serving runs of this model on this GPU (other dense models'" in line
     real = make_tuning(engine={"kind": "vllm", "model": "meta-llama/Llama-3.1-8B",
                                "image": "vllm/vllm-openai:v0.32.0",
                                "gpu": {"type": "h100-sxm", "count": 1}})

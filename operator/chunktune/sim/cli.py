@@ -216,7 +216,7 @@ def cmd_run(ns: argparse.Namespace, unknown: list[str]) -> int:
                                         include_raw=ns.raw)
     summary["model"] = model.name
     summary["gpu"] = gpu.name
-    summary["cost_model"] = provenance(gpu, model)
+    summary["cost_model"] = provenance(gpu, engine.cfg.model)  # as loaded (--quantization)
     summary["workload"] = profile.name
     summary["wall_seconds"] = wall
     summary["scheduler"] = scheduler_note(version)

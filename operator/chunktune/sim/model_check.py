@@ -169,7 +169,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
     else:
         for line in describe_memory(plan):
             print(f"  {line}")
-    print(f"step time: {provenance(gpu, model)}")
+    print(f"step time: {provenance(gpu, cfg.model)}")
     experts = borrowed_experts(gpu, cfg.model, tp)
     if experts:
         print(f"  {experts}")

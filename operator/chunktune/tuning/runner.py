@@ -97,14 +97,19 @@ def calibration_of(tuning: ChunkedPrefillTuning) -> dict[str, Any] | None:
 
 
 def cost_model(tuning: ChunkedPrefillTuning) -> str | None:
-    """What the simulator's step-time model for the study's GPU was fitted on, for a study
-    whose trials (engine kind ``sim``) or twin (``strategy: twin``) run in the simulator; None
-    for the others (and a twin on a CPU engine, which only a calibration profile describes)."""
+    """What the simulator's step-time model for the study's GPU was fitted on, and its
+    end-to-end error on the study's model where known, for a study whose trials (engine kind
+    ``sim``) or twin (``strategy: twin``) run in the simulator; None for the others (and a
+    twin on a CPU engine, which only a calibration profile describes)."""
     spec = tuning.spec
     gpu = spec.engine.gpu.type
     if gpu is None or (spec.engine.kind != "sim" and spec.strategy.name != "twin"):
         return None
-    return provenance(with_peer_to_peer(resolve_gpu(gpu), spec.engine.gpu.peer_to_peer))
+    try:
+        model = space.engine_model(target_from_spec(tuning))
+    except SpecError:
+        model = None  # the study says why elsewhere; the line names no model then
+    return provenance(with_peer_to_peer(resolve_gpu(gpu), spec.engine.gpu.peer_to_peer), model)
 
 
 def target_from_spec(tuning: ChunkedPrefillTuning) -> EngineTarget:

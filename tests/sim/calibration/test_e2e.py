@@ -77,9 +77,14 @@ def replays() -> tuple[list[e2e.ServingRun], list[e2e.Replay]]:
 
 
 @pytest.fixture(scope="module")
-def moe_figures() -> dict[str, e2e.GroupFigures]:
+def moe_replays() -> list[e2e.Replay]:
     silicon, _ = fidelity_e2e.load(None)
-    return e2e.summarize(e2e.replay_silicon(r) for r in e2e.quick(silicon) if r.is_moe)
+    return [e2e.replay_silicon(r) for r in e2e.quick(silicon) if r.is_moe]
+
+
+@pytest.fixture(scope="module")
+def moe_figures(moe_replays: list[e2e.Replay]) -> dict[str, e2e.GroupFigures]:
+    return e2e.summarize(moe_replays)
 
 
 @pytest.fixture(scope="module")
@@ -421,11 +426,13 @@ def test_rows_of_a_known_harness_stay_within_their_thresholds(replays):
 
 
 @pytest.mark.slow
-def test_the_figures_sim_run_shows_are_what_the_model_measures(replays):
+def test_the_figures_sim_run_shows_are_what_the_model_measures(replays, moe_replays,
+                                                               moe_figures):
     """``chunktune sim run``'s cost-model line quotes, per GPU, the end-to-end error of the
-    committed model on the real runs of a known harness: the committed table
-    (``python bench/fidelity_e2e.py --quick --write-fidelity``) is what the replays give now."""
-    table = e2e.fidelity_table(*replays)
+    committed model on the real runs of a known harness, of the run's model where the GPU
+    has runs of it: the committed table (``python bench/fidelity_e2e.py --quick
+    --write-fidelity``) is what the replays give now."""
+    table = e2e.fidelity_table(*replays, moe_replays)
     assert provenance.e2e_fidelity() == table
     assert set(table) == {"h100-sxm", "h200", "b200", "rtx-pro-6000", "rtx4090"}
     h100 = table["h100-sxm"]
@@ -435,6 +442,20 @@ def test_the_figures_sim_run_shows_are_what_the_model_measures(replays):
                          "median error over 18 real vLLM serving runs of fp8 models")
     assert provenance.provenance("a100-sxm").endswith(
         "; end to end: no real serving runs of this GPU to check it against")
+    # per model: the 18 FP8 70B runs, the 18 gpt-oss-120b ones (its MoE group's figures)
+    models = {(m["model"], m["weights"]): m for m in h100["models"]}
+    assert {k: m["runs"] for k, m in models.items()} == {
+        ("Llama-3.1-70B", "fp8"): 18, ("gpt-oss-120b", "mxfp4"): 18}
+    oss = moe_figures["h100-sxm fp4 gpt-oss-120b"]
+    assert (models["gpt-oss-120b", "mxfp4"]["tpot"], models["gpt-oss-120b", "mxfp4"]["ttft"]) \
+        == (round(oss.tpot_median_abs_err, 3), round(oss.ttft_median_abs_err, 3))
+    # the B200's FP4 rows ran NVIDIA's Llama-3.3-70B export: named so, Llama-3.1-70B's shape
+    b200 = {(m["model"], m["weights"]) for m in table["b200"]["models"]}
+    assert ("Llama-3.3-70B-Instruct-FP4", "nvfp4") in b200
+    # attention data parallelism is another engine: its rows are not the model's figures
+    minimax = next(m for m in table["b200"]["models"] if m["model"] == "MiniMax-M2.5"
+                   and m["weights"] == "fp8")
+    assert minimax["runs"] == moe_figures["b200 fp8 MiniMax-M2.5"].run
 
 
 def test_the_client_sends_what_inferencex_sent_to_the_engine_it_ran():

@@ -68,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from chunktune.core.engine_args import EngineArgs, EngineStartupError
+from chunktune.core.engine_args import EngineArgs, EngineStartupError, apply_quantization
 from chunktune.core.errors import SpecError
 from chunktune.core.gpus import GPU, GPUS, resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
@@ -160,6 +160,10 @@ RANGE_RATIO = 0.8
 CLIENT_SEED = 0
 
 
+#: How a MoE row with attention data parallelism is reported: after its model.
+ATTENTION_DP = "attention-DP"
+
+
 @dataclass(frozen=True)
 class ServingRun:
     """One row of ``silicon-e2e.csv``: a closed-loop serving benchmark and its means."""
@@ -203,7 +207,7 @@ class ServingRun:
         group = f"{SILICON_GPUS.get(self.system, self.system)} {self.precision}"
         if not self.is_moe:
             return group
-        dp = " attention-DP" if self.attention_dp > 1 else ""
+        dp = f" {ATTENTION_DP}" if self.attention_dp > 1 else ""
         return f"{group} {SILICON_MOE_MODELS[self.model][0]}{dp}"
 
     @property
@@ -292,6 +296,8 @@ class Replay:
     ttft_s: float | None = None
     tpot_s: float | None = None
     skipped: str | None = None
+    #: the model the replay ran (None where it did not run)
+    model: ModelConfig | None = None
 
     @property
     def ttft_err(self) -> float | None:
@@ -553,7 +559,12 @@ def replay_silicon(run: ServingRun) -> Replay:
     except EngineStartupError as e:
         return _skip(base, f"the engine does not start here ({e.reason})")
     ttft, tpot = replay_client(engine, run, API_SERVER)
-    return Replay(run.name, group, run.ttft_s, run.tpot_s, ttft, tpot)
+    # the model as the row names it (meta-llama/Llama-3.1-70B ran as the catalog's Instruct),
+    # or the checkpoint it ran where not the row's own (the B200 FP4 rows': Llama-3.3-70B's)
+    ran = apply_quantization(model, args.quantization)
+    ran = (model_named(ran) if (run.model, run.precision) in SILICON_CHECKPOINTS
+           else replace(ran, name=run.model.split("/")[-1]))
+    return Replay(run.name, group, run.ttft_s, run.tpot_s, ttft, tpot, model=ran)
 
 
 def replay_engine_run(run: EngineRun, peer_to_peer: bool | None = None) -> Replay:
@@ -568,7 +579,8 @@ def replay_engine_run(run: EngineRun, peer_to_peer: bool | None = None) -> Repla
     except SpecError as e:
         return _skip(base, str(e))
     return Replay(run.name, group, base.measured_ttft_s, base.measured_tpot_s,
-                  float(np.mean(pred["ttft"])), float(np.mean(pred["tpot"])))
+                  float(np.mean(pred["ttft"])), float(np.mean(pred["tpot"])),
+                  model=model_named(resolve_model(run.model)))
 
 
 def _skip(base: Replay, why: str) -> Replay:
@@ -598,12 +610,18 @@ def by_harness(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> list[Re
 _WIDTH = {"bf16": 2.0, "fp8": 1.0, "int4": 0.5, "fp4": 0.5}
 
 
-def fidelity_table(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> dict[str, Any]:
+def fidelity_table(runs: Sequence[ServingRun], replays: Sequence[Replay],
+                   moe_replays: Sequence[Replay] = ()) -> dict[str, Any]:
     """Per GPU (our name), the end-to-end figures :func:`chunktune.sim.cost.provenance
-    .provenance` shows: the median |error| of TPOT and TTFT over the runs whose harness is
-    known (InferenceX's silicon rows, LLMServingSim's runs; not the rows that record none),
-    rounded to 0.1%. ``replays``: the silicon rows' replays in the order of ``runs``, then
-    the RTX runs'."""
+    .provenance` shows: the median |error| of TPOT and TTFT over the dense runs whose
+    harness is known (InferenceX's silicon rows, LLMServingSim's runs; not the rows that
+    record none), rounded to 0.1%, of the GPU's largest group; and under ``models`` the same
+    per model and weight format (:attr:`ModelConfig.shape_key`, :attr:`ModelConfig.weights`)
+    over those runs and the MoE rows (InferenceX's; ``moe_replays``, but those of attention
+    data parallelism: another engine, reported apart), so a run of a model is quoted its own
+    figures. (LLMServingSim's one Qwen3-30B-A3B run, two data-parallel ranks, is the model's
+    only run on its GPU and stays in.)
+    ``replays``: the silicon rows' replays in the order of ``runs``, then the RTX runs'."""
     known = [r for r in by_harness(runs, replays) if not r.group.endswith(UNKNOWN_HARNESS)]
     known += list(replays[len(runs):])
     out: dict[str, Any] = {}
@@ -618,7 +636,26 @@ def fidelity_table(runs: Sequence[ServingRun], replays: Sequence[Replay]) -> dic
         out[gpu] = {"precision": precision, "runs": g.run,
                     "tpot": round(g.tpot_median_abs_err, 3),
                     "ttft": round(g.ttft_median_abs_err, 3)}
+    per_model: dict[tuple[str, str, str], list[Replay]] = {}
+    for r in [*known, *(m for m in moe_replays if not m.group.endswith(ATTENTION_DP))]:
+        if r.model is not None and r.skipped is None:
+            gpu = r.group.partition(" ")[0]
+            per_model.setdefault((gpu, r.model.shape_key, r.model.weights), []).append(r)
+    for (gpu, shape, weights), rs in sorted(per_model.items()):
+        if gpu not in out:
+            continue
+        f = summarize(replace(r, group=gpu) for r in rs)[gpu]
+        assert f.tpot_median_abs_err is not None and f.ttft_median_abs_err is not None
+        out[gpu].setdefault("models", []).append({
+            "model": rs[0].model.name if rs[0].model else "", "shape": shape,
+            "weights": weights, "moe": bool(rs[0].model and rs[0].model.is_moe), "runs": f.run,
+            "tpot": round(f.tpot_median_abs_err, 3), "ttft": round(f.ttft_median_abs_err, 3)})
     return dict(sorted(out.items()))
+
+
+def model_named(model: ModelConfig) -> ModelConfig:
+    """``model`` named as its Hugging Face repo names it, without the organisation."""
+    return replace(model, name=(model.hf_name or model.name).split("/")[-1])
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,54 @@ E2E_FIDELITY_PATH = Path(__file__).with_name("data") / "e2e_fidelity.json"
 
 @cache
 def e2e_fidelity() -> dict[str, Any]:
-    """The committed end-to-end figures: ``{gpu: {precision, runs, tpot, ttft}}``."""
+    """The committed end-to-end figures: ``{gpu: {precision, runs, tpot, ttft, models}}``,
+    ``models`` a list of ``{model, shape, weights, moe, runs, tpot, ttft}``."""
     doc: dict[str, Any] = json.loads(E2E_FIDELITY_PATH.read_text())
     return dict(doc["gpus"])
+
+
+def _figures(m: dict[str, Any], runs: str = "runs") -> str:
+    """``TPOT a / TTFT b over N runs`` (``runs``: what a run is called, plural)."""
+    n = m["runs"]
+    return f"TPOT {m['tpot']:.1%} / TTFT {m['ttft']:.1%} over {n} {runs[:-1] if n == 1 else runs}"
+
+
+def _others(models: list[dict[str, Any]]) -> str:
+    """The models' figures, the most runs first (three at most)."""
+    top = sorted(models, key=lambda m: (-m["runs"], m["model"], m["weights"]))[:3]
+    return ", ".join(f"{m['model']} {m['weights']} {_figures(m)}" for m in top)
+
+
+def end_to_end(gpu: str, model: ModelConfig | None = None) -> str:
+    """The simulator's end-to-end error on ``gpu`` against real vLLM serving runs
+    (:func:`e2e_fidelity`), for ``model`` where given: its own runs' figures where the GPU
+    has runs of it (same :attr:`~ModelConfig.shape_key`; in its weight format, else in
+    another, named), else "no real serving runs of this model" and the figures of the
+    other models of its kind (dense or mixture of experts), else of the other kind, saying
+    none is of its kind. Without ``model``, the GPU's largest group of dense runs."""
+    e2e = e2e_fidelity().get(gpu)
+    if e2e is None:
+        return "end to end: no real serving runs of this GPU to check it against"
+    if model is None:
+        return (f"end to end: TPOT {e2e['tpot']:.1%} / TTFT {e2e['ttft']:.1%} median error "
+                f"over {e2e['runs']} real vLLM serving runs of {e2e['precision']} models")
+    models: list[dict[str, Any]] = e2e.get("models", [])
+    same = [m for m in models if m["shape"] == model.shape_key]
+    own = [m for m in same if m["weights"] == model.weights]
+    if own or same:
+        m = (own or sorted(same, key=lambda m: -m["runs"]))[0]
+        what = (f"{m['model']} {m['weights']}" if own else
+                f"{m['model']} in {m['weights']} weights, none in {model.weights}")
+        return (f"end to end: median error {_figures(m, 'real vLLM serving runs')} of this "
+                f"model ({what})")
+    kind = "mixture-of-experts" if model.is_moe else "dense"
+    alike = [m for m in models if m["moe"] == model.is_moe]
+    if alike:
+        return (f"end to end: no real serving runs of this model on this GPU (other {kind} "
+                f"models' median error: {_others(alike)})")
+    other = "dense" if model.is_moe else "mixture-of-experts"
+    return (f"end to end: no real serving runs of a {kind} model on this GPU"
+            + (f" ({other} models' median error: {_others(models)})" if models else ""))
 
 
 def approximations(model: ModelConfig) -> str:
@@ -66,9 +111,9 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
     run on: a measured table (the GPU's own or one on the same interconnect), or over PCIe
     NCCL's curve at TP 2 and NCCL's measured graphed latency above; FP8
     GEMMs on a GPU without FP8 tensor cores run weight-only at the bf16 rate. Last, the
-    end-to-end error against real serving runs of that GPU, where there are any
-    (:func:`e2e_fidelity`). With ``model``, what the step time approximates of it
-    (:func:`approximations`)."""
+    end-to-end error against real serving runs of that GPU, where there are any, of
+    ``model`` where there are runs of it (:func:`end_to_end`). With ``model``, what the step
+    time approximates of it (:func:`approximations`)."""
     g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
     name = g.name
     loo = load_document().get("loo_gpu", {})
@@ -162,11 +207,6 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
                  f"fitted on the measured NVLink GPUs{ar_err('backends')}")
     if g.fp8_tflops <= 0:
         text += "; FP8 weights run weight-only (no FP8 tensor cores)"
-    e2e = e2e_fidelity().get(name)
-    if e2e is None:
-        text += "; end to end: no real serving runs of this GPU to check it against"
-    else:
-        text += (f"; end to end: TPOT {e2e['tpot']:.1%} / TTFT {e2e['ttft']:.1%} median error "
-                 f"over {e2e['runs']} real vLLM serving runs of {e2e['precision']} models")
+    text += "; " + end_to_end(name, model)
     approx = approximations(model) if model is not None else ""
     return text + (f"; approximated for {approx}" if approx else "")

@@ -1,0 +1,71 @@
+"""The end-to-end clause of a run's cost-model line: the run's model's own figures where the
+GPU has real runs of it, else whose they are, said (``provenance.end_to_end``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from chunktune.core.engine_args import apply_quantization
+from chunktune.core.models import resolve_model
+from chunktune.sim.cost import provenance
+
+
+def entry(model: str, weights: str, moe: bool, runs: int, tpot: float, ttft: float,
+          shape_of: str) -> dict[str, object]:
+    return {"model": model, "shape": resolve_model(shape_of).shape_key, "weights": weights,
+            "moe": moe, "runs": runs, "tpot": tpot, "ttft": ttft}
+
+
+@pytest.fixture
+def table(monkeypatch):
+    doc = {
+        "h100-sxm": {"precision": "fp8", "runs": 18, "tpot": 0.012, "ttft": 0.102, "models": [
+            entry("Llama-3.1-70B", "fp8", False, 18, 0.012, 0.102, "llama-3.1-70b"),
+            entry("gpt-oss-120b", "mxfp4", True, 18, 0.069, 0.067, "gpt-oss-120b")]},
+        "rtx4090": {"precision": "bf16", "runs": 1, "tpot": 0.0, "ttft": 0.015, "models": [
+            entry("Llama-3.1-8B-Instruct", "bf16", False, 1, 0.0, 0.015, "llama-3.1-8b")]},
+    }
+    monkeypatch.setattr(provenance, "e2e_fidelity", lambda: doc)
+    return doc
+
+
+def test_a_model_with_runs_on_the_gpu_is_quoted_its_own(table):
+    assert provenance.end_to_end("h100-sxm", resolve_model("gpt-oss-120b")) == (
+        "end to end: median error TPOT 6.9% / TTFT 6.7% over 18 real vLLM serving runs of "
+        "this model (gpt-oss-120b mxfp4)")
+    # the same model under another name and loaded as the runs ran it (--quantization fp8)
+    fp8 = apply_quantization(replace(resolve_model("llama-3.1-70b"), name="my-70b"), "fp8")
+    assert provenance.end_to_end("h100-sxm", fp8).endswith(
+        "over 18 real vLLM serving runs of this model (Llama-3.1-70B fp8)")
+    assert provenance.end_to_end("rtx4090", resolve_model("llama-3.1-8b")).endswith(
+        "over 1 real vLLM serving run of this model (Llama-3.1-8B-Instruct bf16)")
+
+
+def test_its_runs_in_another_weight_format_are_named_so(table):
+    assert provenance.end_to_end("h100-sxm", resolve_model("llama-3.1-70b")).endswith(
+        "of this model (Llama-3.1-70B in fp8 weights, none in bf16)")
+
+
+def test_another_model_is_told_whose_figures_it_reads(table):
+    """Not the dense FP8 70B's figures for a mixture of experts, nor without saying so."""
+    assert provenance.end_to_end("h100-sxm", resolve_model("deepseek-v3")) == (
+        "end to end: no real serving runs of this model on this GPU (other mixture-of-experts "
+        "models' median error: gpt-oss-120b mxfp4 TPOT 6.9% / TTFT 6.7% over 18 runs)")
+    assert provenance.end_to_end("h100-sxm", resolve_model("qwen3-32b")) == (
+        "end to end: no real serving runs of this model on this GPU (other dense models' "
+        "median error: Llama-3.1-70B fp8 TPOT 1.2% / TTFT 10.2% over 18 runs)")
+    assert provenance.end_to_end("rtx4090", resolve_model("qwen3-30b-a3b")) == (
+        "end to end: no real serving runs of a mixture-of-experts model on this GPU (dense "
+        "models' median error: Llama-3.1-8B-Instruct bf16 TPOT 0.0% / TTFT 1.5% over 1 run)")
+
+
+def test_without_a_model_or_runs_the_gpu_line_stays(table):
+    assert provenance.end_to_end("h100-sxm") == (
+        "end to end: TPOT 1.2% / TTFT 10.2% median error over 18 real vLLM serving runs of fp8 "
+        "models")
+    assert provenance.end_to_end("a100-sxm", resolve_model("gpt-oss-120b")) == (
+        "end to end: no real serving runs of this GPU to check it against")
+    line = provenance.provenance("h100-sxm", resolve_model("gpt-oss-120b"))
+    assert "; end to end: median error TPOT 6.9%" in line
