@@ -52,6 +52,8 @@ class GPU:
     #: card: it decides which all-reduce vLLM runs over PCIe
     #: (:func:`chunktune.sim.cost.collectives.pcie_allreduce_s`). NVLink GPUs always have it.
     peer_to_peer: bool | None = None
+    #: Dense FP4 tensor FLOP/s (data sheet, TFLOP/s; see ``_FP4_TFLOPS``). 0: not stated.
+    fp4_tflops: float = 0.0
     #: The memory the data sheet's bandwidth is of (see ``_MEMORY``): ``hbm`` (stacked, the
     #: datacenter parts), ``gddr`` (the workstation and GeForce boards), ``ddr`` (the CPU).
     memory: str = "hbm"
@@ -109,6 +111,14 @@ _FP8_TFLOPS = {"h100-sxm": 1979.0, "h100-pcie": 1513.0, "h200": 1979.0, "l40s": 
                "l4": 242.0, "rtx4090": 330.3, "rtx-pro-6000": 967.2, "b200": 4500.0,
                "b300": 4500.0, "gb200": 5000.0}
 
+#: Dense FP4 (NVFP4) tensor TFLOP/s where the GPU has FP4 tensor cores that vLLM's W4A4 GEMMs
+#: run on (compute capability 10.x): HGX B200 (144 PF sparse over 8 GPUs: 9,000 dense each),
+#: HGX B300 (108 PF dense over 8 GPUs: 13,500 each; Blackwell Ultra's FP4 rate is 1.5x the
+#: B200's at the same FP8 rate) and GB200 NVL72 (1,440 PF sparse over 72 GPUs: 10,000 dense
+#: each). Only the ratio of two GPUs' figures is used: a GPU without an NVFP4 GEMM grid of its
+#: own borrows a neighbour's scaled by it (:func:`chunktune.sim.cost.gemm_table.nvfp4_lender`).
+_FP4_TFLOPS = {"b200": 9000.0, "b300": 13500.0, "gb200": 10000.0}
+
 #: FlashAttention generation per GPU where it is not 2: vLLM (0.32,
 #: ``vllm/v1/attention/backends/fa_utils.py``, ``get_flash_attn_version``) runs FA3 on compute
 #: capability 9 (Hopper), FA4 on 10 (B200; AIConfigurator's B200 timings
@@ -120,7 +130,8 @@ _FLASH_ATTENTION = {"h100-sxm": 3, "h100-pcie": 3, "h200": 3, "b200": 4, "b300":
 GPUS: dict[str, GPU] = {
     g.name: replace(g, l2_mib=float(_L2_MIB[g.name]), boost_mhz=float(_BOOST_MHZ[g.name]),
                     flash_attention=_FLASH_ATTENTION.get(g.name, 2),
-                    fp8_tflops=_FP8_TFLOPS.get(g.name, 0.0), memory=_MEMORY.get(g.name, "hbm"))
+                    fp8_tflops=_FP8_TFLOPS.get(g.name, 0.0), memory=_MEMORY.get(g.name, "hbm"),
+                    fp4_tflops=_FP4_TFLOPS.get(g.name, 0.0))
     for g in (
         GPU("a100-sxm", 79.15, 2.039, 312.0, 600.0, "ampere", 108, "NVIDIA A100-SXM4-80GB"),
         GPU("a100-pcie", 79.15, 1.935, 312.0, 64.0, "ampere", 108, "NVIDIA A100 80GB PCIe"),

@@ -143,8 +143,6 @@ def test_a_b200_nvfp4_step_runs_the_kernel_of_its_release():
     ("h100-sxm", "without FP4 tensor cores vLLM runs them weight-only"),
     ("h200", "without FP4 tensor cores vLLM runs them weight-only"),
     ("a100-sxm", "without FP4 tensor cores vLLM runs them weight-only"),
-    # Blackwell, but no nvfp4 grid of its own
-    ("b300", "no measured nvfp4 GEMM grid"),
 ])
 def test_nvfp4_dense_layers_without_a_measured_kernel_are_refused_by_name(gpu: str, why: str):
     model = resolve_model("llama-3.3-70b-fp4")
@@ -157,3 +155,31 @@ def test_nvfp4_dense_layers_beside_bf16_ones_are_refused_by_name():
         unquantized=(("attention", 1.0),))
     with pytest.raises(SpecError, match="beside unquantized attention layers"):
         StepCostModel(model, resolve_gpu("b200"), tp=1, max_tokens=64)
+
+
+def test_a_b300_or_gb200_borrows_the_b200s_nvfp4_grid_scaled_by_the_fp4_peaks():
+    """The B300 and GB200 have no NVFP4 grid of their own: they run the B200's (the same
+    compute capability family, 10.x, whose W4A4 kernels vLLM builds), scaled by the ratio of
+    the two GPUs' forms at their data sheets' FP4 peaks (B200 9,000, B300 13,500, GB200
+    10,000 dense TFLOP/s; HBM 8 TB/s on all three): a GEMM streaming its weights takes the
+    B200's time, a compute-bound one less (the B300's FP4 rate is 1.5x the B200's). Were the
+    B300 refused (no measured nvfp4 GEMM grid), a study of an NVFP4 checkpoint on the GPU
+    being bought could not run. The RTX PRO 6000 (12.0, its own grid) and Hopper lend none."""
+    model = resolve_model("llama-3.3-70b-fp4")
+    b200, b300, gb200 = (resolve_gpu(g) for g in ("b200", "b300", "gb200"))
+    for gpu in (b300, gb200):
+        lender = gemm_table.nvfp4_lender(gpu)
+        assert lender is not None and lender.name == "b200"
+    assert gemm_table.nvfp4_lender(b200) is None  # its own
+    assert gemm_table.nvfp4_lender(resolve_gpu("h100-sxm")) is None
+    assert gemm_table.nvfp4_lender(resolve_gpu("rtx-pro-6000")) is None
+    t = np.array([1.0, 16.0, 8192.0])
+    theirs = linear_op_times(model, b200, 2, t, coefficients(b200), "nvfp4")
+    mine = linear_op_times(model, b300, 2, t, coefficients(b300), "nvfp4")
+    gemms = ("qkv", "o", "up", "down")
+    for op in gemms:
+        assert mine[op][0] == pytest.approx(theirs[op][0], rel=0.02), op  # weights' stream
+        assert mine[op][2] < 0.9 * theirs[op][2], op  # 8,192 tokens: FP4 tensor cores
+    assert sum(mine[op][2] for op in gemms) < 0.8 * sum(theirs[op][2] for op in gemms)
+    assert StepCostModel(model, b300, tp=4, max_tokens=64).weight_dtype == "nvfp4"
+    assert StepCostModel(model, gb200, tp=4, max_tokens=64).linear_time(8) > 0

@@ -94,11 +94,12 @@ def test_minimax_nvfp4_attention_stays_bf16_and_quantized_attention_runs_the_gri
 
 
 def test_without_a_measured_nvfp4_grid_the_shared_expert_stays_borrowed():
-    """On the H200 (no FP4 tensor cores: vLLM runs Marlin FP4, not timed) and the B300 (no
-    grid of its own) the NVFP4 shared expert keeps the FP8 GEMMs it borrowed."""
+    """On the H200 (no FP4 tensor cores: vLLM runs Marlin FP4, not timed) the NVFP4 shared
+    expert keeps the FP8 GEMMs it borrowed; the B300 (no grid of its own) runs the B200's
+    NVFP4 grid, scaled by the FP4 peaks (gemm_table.nvfp4_lender)."""
     model = _checkpoint("nvidia--Kimi-K2.5-NVFP4")
-    for gpu in ("h200", "b300"):
-        assert four_bit_linear_dtype(model, resolve_gpu(gpu), "shared_experts") == "fp8"
+    assert four_bit_linear_dtype(model, resolve_gpu("h200"), "shared_experts") == "fp8"
+    assert four_bit_linear_dtype(model, resolve_gpu("b300"), "shared_experts") == "nvfp4"
 
 
 def test_the_shared_expert_runs_on_a_side_stream_in_steps_of_up_to_256_tokens():

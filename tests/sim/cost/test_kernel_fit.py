@@ -11,7 +11,7 @@ import pytest
 
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.sim.cost import aic_data, collectives, gemm_table, moe_table, step_time
+from chunktune.sim.cost import aic_data, collectives, gemm_table, mla_table, moe_table, step_time
 from chunktune.sim.cost.coefficients import (
     GROUPS,
     NEAREST,
@@ -575,37 +575,37 @@ def test_mla_module_reads_its_weights_and_latent_cache_from_hbm_beyond_l2():
     """What an MLA module call reads (DeepSeek-V3's dimensions): 374 MB of bf16 weights at 128
     heads, half in block FP8, plus 1,152 B a token of bf16 latent cache; from HBM only where
     that exceeds the GPU's L2 (the tables replay one layer)."""
-    w = kernel_report.mla_stream_bytes("bf16", "bf16", 128, 1, 0)
+    w = mla_table.stream_bytes("bf16", "bf16", 128, 1, 0)
     assert w == pytest.approx(374.2e6, rel=1e-3)
-    assert kernel_report.mla_stream_bytes("fp8_block", "bf16", 128, 1, 0) == w / 2
-    assert kernel_report.mla_stream_bytes("bf16", "bf16", 128, 4, 1000) == w + 4 * 1000 * 1152
-    assert kernel_report.mla_stream_bytes("bf16", "fp8", 128, 4, 1000) == w + 4 * 1000 * 576
+    assert mla_table.stream_bytes("fp8_block", "bf16", 128, 1, 0) == w / 2
+    assert mla_table.stream_bytes("bf16", "bf16", 128, 4, 1000) == w + 4 * 1000 * 1152
+    assert mla_table.stream_bytes("bf16", "fp8", 128, 4, 1000) == w + 4 * 1000 * 576
     h100, l40s = resolve_gpu("h100-sxm"), resolve_gpu("l40s")
-    sixteen = kernel_report.mla_stream_bytes("bf16", "bf16", 16, 1, 2)  # 73 MB
-    assert kernel_report.mla_hbm_us(l40s, sixteen) == 0.0  # 96 MiB of L2
-    assert kernel_report.mla_hbm_us(h100, sixteen) == pytest.approx(sixteen / 3.35e6)  # 50
-    assert kernel_report.mla_hbm_us(h100, w) == pytest.approx(111.7, rel=1e-3)
+    sixteen = mla_table.stream_bytes("bf16", "bf16", 16, 1, 2)  # 73 MB
+    assert mla_table.hbm_us(l40s, sixteen) == 0.0  # 96 MiB of L2
+    assert mla_table.hbm_us(h100, sixteen) == pytest.approx(sixteen / 3.35e6)  # 50
+    assert mla_table.hbm_us(h100, w) == pytest.approx(111.7, rel=1e-3)
 
 
 def test_a_lent_mla_decode_counts_the_floors_weight_reading_once():
-    """A decode call priced from a neighbour's MLA table (kernel_report.mla_lent_decode_us):
+    """A decode call priced from a neighbour's MLA table (mla_table.lent_decode_us):
     at 128 bf16 heads the weights (374 MB) stream from HBM on the H100 and H200 alike, so the
     H100's floor (29 us of launches + 111.7 us of weights) is already mostly reading; the
     H200 reads them at 4.8 TB/s (78 us), once, and the H100's time above the floor scales by
     HBM. A GPU lent its own table gets its own times back."""
     h100, h200 = resolve_gpu("h100-sxm"), resolve_gpu("h200")
-    w = kernel_report.mla_stream_bytes("bf16", "bf16", 128, 1, 1)
-    floor = 29.0 + kernel_report.mla_hbm_us(h100, w)
-    got = kernel_report.mla_lent_decode_us(floor, floor, w, w, h100, h200)
+    w = mla_table.stream_bytes("bf16", "bf16", 128, 1, 1)
+    floor = 29.0 + mla_table.hbm_us(h100, w)
+    got = mla_table.lent_decode_us(floor, floor, w, w, h100, h200)
     assert got == pytest.approx(29.0 + w / 4.8e6)
     assert got < 110  # not the floor kept whole plus the weights again (219 us)
-    b = kernel_report.mla_stream_bytes("bf16", "bf16", 128, 64, 4096)  # + 302 MB of cache
+    b = mla_table.stream_bytes("bf16", "bf16", 128, 64, 4096)  # + 302 MB of cache
     us = floor + 150.0
     above = 150.0 - (b - w) / 3.35e6
-    assert kernel_report.mla_lent_decode_us(us, floor, w, b, h100, h200) == pytest.approx(
+    assert mla_table.lent_decode_us(us, floor, w, b, h100, h200) == pytest.approx(
         29.0 + above * 3.35 / 4.8 + b / 4.8e6)
     for gpu in (h100, h200):
-        assert kernel_report.mla_lent_decode_us(us, floor, w, b, gpu, gpu) == pytest.approx(us)
+        assert mla_table.lent_decode_us(us, floor, w, b, gpu, gpu) == pytest.approx(us)
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")

@@ -68,8 +68,56 @@ def test_what_the_tables_do_not_time_is_refused_by_name():
     odd = kimi.with_overrides(kv_lora_rank=256)
     with pytest.raises(SpecError, match="kv_lora_rank"):
         StepCostModel(odd, resolve_gpu("b200"), tp=8, max_tokens=64)
-    with pytest.raises(SpecError, match="no measured MLA module on a100-sxm"):
+    # the A100 runs another MLA backend (Triton's) than any GPU with a table: not borrowed
+    with pytest.raises(SpecError, match="no measured MLA module on a100-sxm or a GPU it "
+                                        "borrows from"):
         StepCostModel(kimi, resolve_gpu("a100-sxm"), tp=8, max_tokens=64)
+
+
+def test_a_gpu_without_tables_borrows_its_family_neighbours_as_the_report_holds_out():
+    """The B300 and GB200 (no MLA tables) run the B200's, the H100 PCIe the H100 SXM's
+    (``MlaTable.lent``: the nearest GPU of the same compute capability family and memory
+    kind), each point scaled by the two data sheets by the rule ``kernel_report.mla_report``
+    holds every measured GPU out by (decode: what it reads from HBM beyond L2 at each GPU's
+    bandwidth; prefill: above the launch floor by the dense peak): the committed
+    ``mla_borrowing`` figures are that rule's error. The B300's sheet is the B200's at these
+    terms (8 TB/s, 4,500 FP8 TFLOP/s, 126 MiB of L2): its borrowed module is the B200's; the
+    H100 PCIe (2.0 TB/s, 1,513 TFLOP/s) is slower than the SXM. DeepSeek-V3 on 8 B300s ran
+    into "no measured MLA module on b300" before."""
+    b200, b300, gb200, pcie = (resolve_gpu(g) for g in ("b200", "b300", "gb200", "h100-pcie"))
+    assert mla_table.MlaTable.lender(b300, "fp8_block", "bf16", 16) == "b200"
+    assert mla_table.MlaTable.lender(gb200, "nvfp4", "fp8", 16) == "b200"
+    assert mla_table.MlaTable.lender(pcie, "fp8_block", "bf16", 16) == "h100-sxm"
+    assert mla_table.MlaTable.lender(b200, "fp8_block", "bf16", 16) is None  # its own
+    for gpu in ("a100-sxm", "rtx-pro-6000", "l40s"):
+        assert mla_table.table_lender(resolve_gpu(gpu)) is None, gpu
+    own = mla_table.MlaTable.find("b200", "fp8_block", "bf16", 16)
+    lent = mla_table.MlaTable.lent(b300, "fp8_block", "bf16", 16)
+    sxm = mla_table.MlaTable.find("h100-sxm", "fp8_block", "bf16", 16)
+    slow = mla_table.MlaTable.lent(pcie, "fp8_block", "bf16", 16)
+    assert own and lent and sxm and slow
+    for decodes, context in ((1, 128), (16, 4096), (256, 8192)):
+        assert lent.decode_s(decodes, context) == pytest.approx(own.decode_s(decodes, context))
+        assert slow.decode_s(decodes, context) >= sxm.decode_s(decodes, context)
+    assert slow.decode_s(256, 8192) > 1.3 * sxm.decode_s(256, 8192)  # HBM: 3.35 / 2.0
+    assert lent.prefill_s(4096, 0) == pytest.approx(own.prefill_s(4096, 0))
+    assert slow.prefill_s(4096, 0) > 1.2 * sxm.prefill_s(4096, 0)  # FP8 peak: 1,979 / 1,513
+    ds = model("deepseek-ai--DeepSeek-V3")
+    cost = StepCostModel(ds, b300, tp=8, max_tokens=64)
+    assert cost.attention_time([], 16, 16 * 4096) == pytest.approx(
+        StepCostModel(ds, b200, tp=8, max_tokens=64).attention_time([], 16, 16 * 4096))
+    rule = mla_table.borrowing()
+    assert rule is not None and {"decode", "prefill", "held_out"} <= set(rule)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")
+def test_the_committed_mla_borrowing_is_what_the_report_holds_out():
+    from chunktune.sim.cost.fit import kernel_report
+
+    rule = kernel_report.mla_borrowing(mla_derive.served_curves(SHARED))
+    assert rule == mla_table.borrowing()
+    assert rule["decode"] == pytest.approx(0.0934, abs=5e-4)
+    assert rule["prefill"] == pytest.approx(0.0769, abs=5e-4)
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="raw data not beside this checkout")

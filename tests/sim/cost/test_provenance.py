@@ -69,3 +69,18 @@ def test_without_a_model_or_runs_the_gpu_line_stays(table):
         "end to end: no real serving runs of this GPU to check it against")
     line = provenance.provenance("h100-sxm", resolve_model("gpt-oss-120b"))
     assert "; end to end: median error TPOT 6.9%" in line
+
+
+def test_a_borrowed_mla_module_or_nvfp4_grid_is_said_with_its_error():
+    """A model whose MLA module or NVFP4 GEMMs a GPU runs from its family neighbour's tables
+    (the B300's from the B200's) says so, with the held-out error of that rule where one
+    exists; a GPU with its own tables, or a model without such layers, says nothing of it."""
+    mla = provenance.provenance("b300", resolve_model("deepseek-v3"))
+    assert ("; MLA module: b200's measured table scaled by the data sheets (leave-one-GPU-out "
+            "error of borrowing: decode 9%, prefill 8%)") in mla
+    assert "MLA module" not in provenance.provenance("b200", resolve_model("deepseek-v3"))
+    assert "MLA module" not in provenance.provenance("b300", resolve_model("llama-3.1-8b"))
+    fp4 = provenance.provenance("gb200", resolve_model("llama-3.3-70b-fp4"))
+    assert "; NVFP4 GEMMs: b200's measured grids scaled by the data sheets' FP4 peaks" in fp4
+    assert "NVFP4" not in provenance.provenance("b200", resolve_model("llama-3.3-70b-fp4"))
+    assert "NVFP4" not in provenance.provenance("b300", resolve_model("llama-3.1-70b-fp8"))

@@ -47,7 +47,7 @@ from chunktune.core.models import DTYPE_BYTES
 from chunktune.core.vllm_release import CURRENT, Version, parse_version
 from chunktune.sim.cost import aic_data
 from chunktune.sim.cost.allreduce_backends import compute_capability
-from chunktune.sim.cost.coefficients import group_sources, load_document
+from chunktune.sim.cost.coefficients import NEAREST, group_sources, load_document
 
 #: Bytes per weight of each grid dtype (NVFP4: 4-bit values and an FP8 scale per 16).
 WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": DTYPE_BYTES["nvfp4"]}
@@ -173,6 +173,22 @@ def nvfp4_table(gpu: GPU, version: Version | None) -> GemmTable | None:
 def has_nvfp4(gpu: str) -> bool:
     """Whether ``gpu`` has a measured NVFP4 grid of any kernel."""
     return any(g == gpu and d == "nvfp4" for g, d, _ in _tables())
+
+
+def nvfp4_lender(gpu: GPU) -> GPU | None:
+    """The GPU whose NVFP4 grids ``gpu`` borrows where it has none of its own: the nearest
+    (``coefficients.NEAREST``) of its compute capability family with one, where both state
+    their FP4 peak (:attr:`GPU.fp4_tflops`: vLLM's W4A4 kernels are built per family, the
+    B300 and GB200 run the B200's); None where it has its own or no such neighbour."""
+    if has_nvfp4(gpu.name) or gpu.fp4_tflops <= 0:
+        return None
+    cap = compute_capability(gpu).split(".")[0]
+    for name in NEAREST.get(gpu.name, ()):
+        other = resolve_gpu(name)
+        if (has_nvfp4(name) and other.fp4_tflops > 0
+                and compute_capability(other).split(".")[0] == cap):
+            return other
+    return None
 
 
 def table_gpus() -> list[tuple[str, str]]:

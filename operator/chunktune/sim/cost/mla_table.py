@@ -49,6 +49,10 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
+from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.sim.cost.allreduce_backends import compute_capability
+from chunktune.sim.cost.coefficients import NEAREST, load_document
+
 DATA = Path(__file__).with_name("data")
 MLA_PATH = DATA / "aic_mla_us.csv"
 #: The native norm chain's cost per module call (see the module docstring), measured on the
@@ -104,6 +108,59 @@ def _load() -> dict[Key, list[float]]:
     return out
 
 
+#: Bytes a weight of the MLA module's projections takes, per format (block FP8's and NVFP4's
+#: scales: one per 128 x 128 block, negligible; one e4m3 byte per 16 weights).
+WEIGHT_BYTES = {"bf16": 2.0, "fp8_block": 1.0, "nvfp4": 0.5 + 1 / 16}
+
+
+def stream_bytes(gemm: str, kv: str, heads: int, batch: int, context: int) -> float:
+    """What one call of the MLA module (:data:`MLA_SHAPE`) reads: its projections' weights at
+    ``heads`` query heads (q_a and the fused kv_a whole, q_b, the absorbed kv_b and o_proj
+    per head) and the latent cache of ``batch`` decodes of ``context`` tokens (kv_lora_rank
+    + qk_rope_head_dim elements a token)."""
+    d = MLA_SHAPE
+    latent = d["kv_lora_rank"] + d["qk_rope_head_dim"]
+    weights = (d["hidden_size"] * (d["q_lora_rank"] + latent)
+               + heads * (d["q_lora_rank"] * (d["qk_nope_head_dim"] + d["qk_rope_head_dim"])
+                          + d["kv_lora_rank"] * (d["qk_nope_head_dim"] + d["v_head_dim"])
+                          + d["v_head_dim"] * d["hidden_size"]))
+    return weights * WEIGHT_BYTES[gemm] + batch * context * latent * (1 if kv == "fp8" else 2)
+
+
+def hbm_us(gpu: GPU, nbytes: float) -> float:
+    """Microseconds ``gpu`` streams ``nbytes`` from HBM at its data-sheet bandwidth in a table
+    that replays one module call: none where they fit in its L2 (they stay there from one
+    replay to the next), all of them where they do not (a cyclic read larger than the cache
+    evicts what the next pass needs)."""
+    return 0.0 if nbytes <= gpu.l2_mib * 2**20 else nbytes / (gpu.hbm_tb_s * 1e6)
+
+
+def lent_decode_us(us: float, floor_us: float, floor_bytes: float, nbytes: float,
+                   lender: GPU, gpu: GPU) -> float:
+    """One MLA decode call's microseconds on ``gpu`` from ``lender``'s table: ``us`` the
+    lender's time for the call, which reads ``nbytes`` (:func:`stream_bytes`); ``floor_us``
+    the lender's fastest call of the same formats and heads, which reads ``floor_bytes``.
+    Both calls' reading from HBM (:func:`hbm_us`, at the lender's bandwidth and L2) is taken
+    off and put back at ``gpu``'s: the floor's rest (the launch floor) kept, the call's time
+    above the floor beyond what it reads scaled by HBM bandwidth. The floor's own reading is
+    the floor's: a call whose weights stream from HBM has that reading in its floor too, and
+    taking it off only the call would count it twice."""
+    above = max(us - floor_us - (hbm_us(lender, nbytes) - hbm_us(lender, floor_bytes)), 0.0)
+    return (floor_us - hbm_us(lender, floor_bytes) + above * lender.hbm_tb_s / gpu.hbm_tb_s
+            + hbm_us(gpu, nbytes))
+
+
+def lent_prefill_us(us: float, floor_us: float, gemm: str, lender: GPU, gpu: GPU) -> float:
+    """One MLA prefill call's microseconds on ``gpu`` from ``lender``'s table: the lender's
+    floor (its fastest prefill of the same formats and heads: launch-bound) kept, its time
+    above the floor scaled by the two GPUs' dense peaks of the projections' format (FP8's
+    where both have FP8 tensor cores and the projections are block FP8, else bf16's)."""
+    fp8 = gemm.startswith("fp8") and gpu.fp8_tflops > 0 and lender.fp8_tflops > 0
+    ratio = (lender.fp8_tflops / gpu.fp8_tflops if fp8
+             else lender.bf16_tflops / gpu.bf16_tflops)
+    return floor_us + (us - floor_us) * ratio
+
+
 def _interp(grid: tuple[int, ...], logus: list[float], x: float) -> float:
     """Microseconds at ``x``: linear in log time over log ``x`` inside the grid, proportional
     to ``x`` past its end, the first point below it."""
@@ -114,6 +171,27 @@ def _interp(grid: tuple[int, ...], logus: list[float], x: float) -> float:
     i = bisect.bisect_right(grid, x) - 1
     f = (math.log(x) - math.log(grid[i])) / (math.log(grid[i + 1]) - math.log(grid[i]))
     return math.exp(logus[i] + f * (logus[i + 1] - logus[i]))
+
+
+def has_table(gpu: str) -> bool:
+    """Whether ``gpu`` has measured MLA module curves of its own."""
+    return any(k[0] == gpu for k in _load())
+
+
+def table_lender(gpu: GPU) -> str | None:
+    """The GPU whose MLA tables ``gpu`` borrows (:meth:`MlaTable.lender`, whatever the heads
+    and formats), None where it has its own or none lends."""
+    if has_table(gpu.name):
+        return None
+    return next((o for o in NEAREST.get(gpu.name, ()) if has_table(o)
+                 and MlaTable.lends(resolve_gpu(o), gpu)), None)
+
+
+def borrowing() -> dict[str, float | str] | None:
+    """The MLA module held out per measured GPU as a GPU without a table borrows one
+    (``mla_borrowing`` in the coefficients document: decode and prefill, median over GPUs)."""
+    rule: dict[str, float | str] | None = load_document().get("mla_borrowing")
+    return rule
 
 
 class MlaTable:
@@ -136,6 +214,53 @@ class MlaTable:
         if ctx is None or len(gen) < 2:
             return None
         return MlaTable(gen, ctx)
+
+    @staticmethod
+    def lender(gpu: GPU, gemm: str, kv: str, heads: int) -> str | None:
+        """The GPU whose table ``gpu`` borrows for these where it has none of its own: the
+        nearest (``coefficients.NEAREST``) with one, of its compute capability family (vLLM
+        picks its MLA backend by it: FlashMLA on 9.x, CUTLASS MLA and TRT-LLM on 10.x, Triton
+        elsewhere; the B300 and GB200 borrow the B200's, the H100 PCIe the H100 SXM's) and
+        memory kind (the rule reads what a call streams from HBM beyond L2); None where none
+        has it."""
+        if MlaTable.find(gpu.name, gemm, kv, heads) is not None:
+            return None
+        return next((o for o in NEAREST.get(gpu.name, ())
+                     if MlaTable.lends(resolve_gpu(o), gpu)
+                     and MlaTable.find(o, gemm, kv, heads) is not None), None)
+
+    @staticmethod
+    def lends(lender: GPU, gpu: GPU) -> bool:
+        """Whether ``lender``'s tables may stand in for ``gpu``'s (:meth:`lender`): the same
+        compute capability family and memory kind."""
+        return (lender.memory == gpu.memory and compute_capability(lender).split(".")[0]
+                == compute_capability(gpu).split(".")[0])
+
+    @staticmethod
+    def lent(gpu: GPU, gemm: str, kv: str, heads: int) -> MlaTable | None:
+        """The lender's table (:meth:`lender`) as ``gpu`` would run it, scaled by the two data
+        sheets as ``kernel_report.mla_report`` holds each measured GPU out by: every decode
+        point :func:`lent_decode_us` from the lender's fastest decode of these formats and
+        heads, every prefill point :func:`lent_prefill_us` from its fastest prefill; None
+        where there is no lender."""
+        src = MlaTable.lender(gpu, gemm, kv, heads)
+        if src is None:
+            return None
+        theirs = MlaTable.find(src, gemm, kv, heads)
+        assert theirs is not None
+        lender = resolve_gpu(src)
+        gen = [(b, [math.exp(v) for v in logus]) for b, logus in theirs.gen]
+        floor_us, floor_bytes = min(
+            (u, stream_bytes(gemm, kv, heads, b, STEPS[i]))
+            for b, us in gen for i, u in enumerate(us))
+        ctx = [math.exp(v) for v in theirs.ctx]
+        ctx_floor = min(ctx)
+        return MlaTable(
+            [(b, [math.log(lent_decode_us(u, floor_us, floor_bytes,
+                                          stream_bytes(gemm, kv, heads, b, STEPS[i]),
+                                          lender, gpu)) for i, u in enumerate(us)])
+             for b, us in gen],
+            [math.log(lent_prefill_us(u, ctx_floor, gemm, lender, gpu)) for u in ctx])
 
     def decode_s(self, decodes: int, context: float) -> float:
         """``decodes`` decodes with ``context`` tokens of context each (mean): bilinear in log

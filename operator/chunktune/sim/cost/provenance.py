@@ -11,9 +11,14 @@ from typing import Any
 
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig
-from chunktune.sim.cost import aic_data, gemm_table, moe_table
+from chunktune.sim.cost import aic_data, gemm_table, mla_table, moe_table
 from chunktune.sim.cost.allreduce_backends import compute_capability
-from chunktune.sim.cost.coefficients import POOLED, group_sources, load_document, source_gpu
+from chunktune.sim.cost.coefficients import (
+    POOLED,
+    group_sources,
+    load_document,
+    source_gpu,
+)
 from chunktune.sim.cost.collectives import (
     measured_allreduce_source,
     measured_pcie_gpus,
@@ -207,6 +212,17 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
                  f"fitted on the measured NVLink GPUs{ar_err('backends')}")
     if g.fp8_tflops <= 0:
         text += "; FP8 weights run weight-only (no FP8 tensor cores)"
+    fp4 = gemm_table.nvfp4_lender(g)
+    if model is not None and model.weights == "nvfp4" and fp4 is not None:
+        text += (f"; NVFP4 GEMMs: {fp4.name}'s measured grids scaled by the data sheets' FP4 "
+                 "peaks (unmeasured error: no second GPU's NVFP4 GEMMs are timed)")
+    if model is not None and model.is_mla and not mla_table.has_table(name):
+        lender = mla_table.table_lender(g)
+        rule = mla_table.borrowing()
+        if lender is not None and rule is not None:
+            text += (f"; MLA module: {lender}'s measured table scaled by the data sheets "
+                     f"(leave-one-GPU-out error of borrowing: decode {rule['decode']:.0%}, "
+                     f"prefill {rule['prefill']:.0%})")
     text += "; " + end_to_end(name, model)
     approx = approximations(model) if model is not None else ""
     return text + (f"; approximated for {approx}" if approx else "")

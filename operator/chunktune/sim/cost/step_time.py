@@ -151,15 +151,29 @@ def gemm_time(m: np.ndarray, k: float, n: float, gpu: GPU, c: KernelCoefficients
     L2 between its repeated calls; in an engine each layer's weights come from HBM); where it
     borrows a same-architecture neighbour's grid (:func:`chunktune.sim.cost.gemm_table.lent`),
     that grid scaled by the ratio of the two GPUs' fitted forms; else the fitted form
-    (:func:`gemm_form`). NVFP4 only from the GPU's own measured grid of the kernel vLLM
+    (:func:`gemm_form`). NVFP4 from the GPU's own measured grid of the kernel vLLM
     ``vllm_version`` (None: the current release) runs there
-    (:func:`chunktune.sim.cost.gemm_table.nvfp4_table`; else the form)."""
+    (:func:`chunktune.sim.cost.gemm_table.nvfp4_table`), else from its family neighbour's
+    (:func:`chunktune.sim.cost.gemm_table.nvfp4_lender`: the B300's and GB200's, the B200's)
+    scaled by the ratio of the two GPUs' forms at their FP4 peaks; else the form."""
     if weight_dtype == "nvfp4":
         fp4 = gemm_table.nvfp4_table(gpu, vllm_version) if use_table else None
         if fp4 is not None and fp4.covers(n, k):
             floor = gemm_table.weight_stream_s(k, n, "nvfp4", gpu, gpu.name)
             measured: np.ndarray = np.maximum(fp4.seconds(m, n, k), floor)
             return measured
+        src = gemm_table.nvfp4_lender(gpu) if use_table else None
+        theirs = None if src is None else gemm_table.nvfp4_table(src, vllm_version)
+        if src is not None and theirs is not None and theirs.covers(n, k):
+            # the neighbour's grid scaled by the two GPUs' forms at their FP4 peaks
+            scale = gemm_form(m, k, n, replace(gpu, fp8_tflops=gpu.fp4_tflops), c,
+                              weight_dtype) / gemm_form(
+                m, k, n, replace(src, fp8_tflops=src.fp4_tflops),
+                lender_coefficients(c, gpu, src), weight_dtype)
+            lent_fp4: np.ndarray = np.maximum(
+                theirs.seconds(m, n, k) * scale,
+                gemm_table.weight_stream_s(k, n, "nvfp4", gpu, src.name))
+            return lent_fp4
         return gemm_form(m, k, n, gpu, c, weight_dtype)
     fp8 = weight_dtype == "fp8"
     own = "fp8" if fp8 and gpu.fp8_tflops > 0 else "bf16"
@@ -846,8 +860,8 @@ def check_modelled(model: ModelConfig, gpu: GPU) -> None:
     """Raise :class:`SpecError` naming what of ``model`` the step time does not price on
     ``gpu``: MLA attention of other dimensions than the measured module's, and 4-bit dense
     linear layers (attention projections or dense MLPs the checkpoint quantizes to 4 bits)
-    other than a dense model's NVFP4 layers on a GPU with a measured nvfp4 GEMM grid
-    (:func:`fp4_dense_refusal`)."""
+    other than a dense model's NVFP4 layers on a GPU with a measured nvfp4 GEMM grid, its own
+    or its family neighbour's (:func:`fp4_dense_refusal`)."""
     if model.is_mla:
         odd = [k for k, v in mla_table.MLA_SHAPE.items() if getattr(model, k) != v]
         if odd:
@@ -877,8 +891,9 @@ def four_bit_linear_dtype(model: ModelConfig, gpu: GPU, module: str) -> str | No
     dense model (whose layers run the caller's ``weight_dtype``: :func:`fp4_dense_refusal`).
 
     ``nvfp4``: a ModelOpt NVFP4 checkpoint's quantized layers on a GPU with a measured nvfp4
-    GEMM grid (vLLM 0.15-0.33 ``modelopt.py`` ``ModelOptNvFp4LinearMethod`` on SM100: W4A4,
-    FlashInfer CuTe DSL / CUTLASS FP4 GEMMs, the grid AIConfigurator timed). ``fp8``
+    GEMM grid, its own or its family neighbour's (vLLM 0.15-0.33 ``modelopt.py``
+    ``ModelOptNvFp4LinearMethod`` on SM100: W4A4, FlashInfer CuTe DSL / CUTLASS FP4 GEMMs, the
+    grid AIConfigurator timed). ``fp8``
     elsewhere (borrowed: one byte a weight at the FP8 peak; NVFP4 on a GPU without the grid,
     where vLLM on Hopper runs Marlin weight-only, and INT4 W4A16 groups, no table times
     either; :func:`check_modelled` refuses such attention projections)."""
@@ -886,7 +901,7 @@ def four_bit_linear_dtype(model: ModelConfig, gpu: GPU, module: str) -> str | No
             or model.module_weight_bytes(module) >= model.dtype_bytes:
         return None
     if model.weight_dtype == "nvfp4" and gpu.family == "blackwell" \
-            and gemm_table.has_nvfp4(gpu.name):
+            and (gemm_table.has_nvfp4(gpu.name) or gemm_table.nvfp4_lender(gpu)):
         return "nvfp4"
     return "fp8"
 
@@ -906,9 +921,9 @@ def fp4_dense_refusal(model: ModelConfig, gpu: GPU) -> str | None:
         return (f"nvfp4 dense linear layers on {gpu.name} are not modelled: without FP4 "
                 "tensor cores vLLM runs them weight-only (Marlin FP4, bf16 activations), a "
                 "kernel not measured here")
-    if not gemm_table.has_nvfp4(gpu.name):
+    if not gemm_table.has_nvfp4(gpu.name) and gemm_table.nvfp4_lender(gpu) is None:
         return (f"nvfp4 dense linear layers on {gpu.name} are not modelled: no measured "
-                "nvfp4 GEMM grid for this GPU")
+                "nvfp4 GEMM grid for this GPU or a GPU of its family")
     return None
 
 
@@ -917,8 +932,9 @@ def mla_module(model: ModelConfig, gpu: GPU, tp: int, kv_dtype_bytes: float | No
     """The measured MLA module (:mod:`chunktune.sim.cost.mla_table`) of ``model``'s layers on
     one of ``tp`` ranks: its query heads split over the ranks, its projections in the
     checkpoint's format (bf16 where it leaves attention unquantized, as Kimi-K2.5's INT4 and
-    NVFP4 exports do; block FP8 for DeepSeek's FP8), the KV cache's. Raises
-    :class:`SpecError` where the GPU's tables lack it."""
+    NVFP4 exports do; block FP8 for DeepSeek's FP8), the KV cache's; where the GPU's tables
+    lack it, its nearest measured GPU's scaled by the data sheets
+    (:meth:`mla_table.MlaTable.lent`). Raises :class:`SpecError` where neither has it."""
     heads = model.num_attention_heads // tp
     if model.module_weight_bytes("attention") >= model.dtype_bytes:
         gemm = "bf16"
@@ -927,10 +943,12 @@ def mla_module(model: ModelConfig, gpu: GPU, tp: int, kv_dtype_bytes: float | No
     else:
         gemm = model.weight_dtype
     kv = "fp8" if kv_dtype_bytes == 1 else "bf16"
-    found = mla_table.MlaTable.find(gpu.name, gemm, kv, heads)
+    found = (mla_table.MlaTable.find(gpu.name, gemm, kv, heads)
+             or mla_table.MlaTable.lent(gpu, gemm, kv, heads))
     if found is None:
-        raise SpecError(f"model {model.name}: no measured MLA module on {gpu.name} for "
-                        f"{heads} heads a rank, {gemm} projections and a {kv} KV cache")
+        raise SpecError(f"model {model.name}: no measured MLA module on {gpu.name} or a GPU "
+                        f"it borrows from for {heads} heads a rank, {gemm} projections and a "
+                        f"{kv} KV cache")
     return found
 
 

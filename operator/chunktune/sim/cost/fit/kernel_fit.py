@@ -46,7 +46,7 @@ from chunktune.sim.cost.coefficients import (
     pool_key,
     pool_members,
 )
-from chunktune.sim.cost.fit import aic_kernels, nccl_fit
+from chunktune.sim.cost.fit import aic_kernels, mla_derive, nccl_fit
 from chunktune.sim.cost.fit import family_fit as ff
 from chunktune.sim.cost.fit import kernel_data as kd
 from chunktune.sim.cost.fit import kernel_report as rep
@@ -60,6 +60,7 @@ from chunktune.sim.cost.fit.measurements import (
     gemm_points,
     load,
 )
+from chunktune.sim.cost.mla_table import Key
 
 
 def _start(gpu: str) -> KernelCoefficients:
@@ -176,8 +177,10 @@ def pools(meas: Measurements, coef: dict[str, KernelCoefficients]) -> dict[str, 
     return out
 
 
-def document(meas: Measurements) -> dict[str, Any]:
-    """The committed ``data/step_time_coefficients.json``."""
+def document(meas: Measurements, mla_curves: dict[Key, list[float]] | None = None
+             ) -> dict[str, Any]:
+    """The committed ``data/step_time_coefficients.json`` (``mla_curves``: every GPU's MLA
+    module curves, :func:`mla_derive.served_curves`, for ``mla_borrowing``)."""
     coef, sources = fit_gpus(meas)
     # the prefill tile rate a borrower carries over: the rule that predicts the measured GPUs
     # held out better, applied to the measured GPUs that borrow the prefill group
@@ -214,6 +217,7 @@ def document(meas: Measurements) -> dict[str, Any]:
         "gemm_hbm_stream": gemm_table.hbm_stream_document(meas.gemm),
         "prefill_borrowing": prefill,
         "fp8_quant_borrowing": quant,
+        **({"mla_borrowing": rep.mla_borrowing(mla_curves)} if mla_curves else {}),
         "pooled": pools(meas, coef),
         "gpus": {g: {"sources": sources[g],
                      "coefficients": {k: float(f"{v:.6g}") for k, v in c.to_dict().items()}}
@@ -269,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         meas = load(data)
         write_tables(data, meas)
         _clear_caches()
-        coef_mod.COEFFICIENTS_PATH.write_text(json.dumps(document(meas), indent=2) + "\n")
+        coef_mod.COEFFICIENTS_PATH.write_text(json.dumps(
+            document(meas, mla_derive.served_curves(data)), indent=2) + "\n")
         _clear_caches()
         print("wrote " + ", ".join(p.name for p in (
             kd.VIDUR_PATH, kd.POINTS_PATH, aic_data.GEMM_PATH, aic_data.ALLREDUCE_PATH,

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from chunktune.core.gpus import GPU, resolve_gpu
+from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import ModelConfig, resolve_model
 from chunktune.sim.cost import aic_data, gemm_table, moe_table
 from chunktune.sim.cost import allreduce_backends as ab
@@ -69,7 +69,13 @@ from chunktune.sim.cost.fit.measurements import (
     op_gemms,
 )
 from chunktune.sim.cost.gemm_table import DTYPE, GemmTable
-from chunktune.sim.cost.mla_table import MLA_SHAPE, STEPS, Key
+from chunktune.sim.cost.mla_table import (
+    STEPS,
+    Key,
+    lent_decode_us,
+    lent_prefill_us,
+    stream_bytes,
+)
 from chunktune.sim.cost.step_time import (
     gemm_form,
     lent_moe_seconds,
@@ -638,63 +644,16 @@ def fp8_quant_borrowing(meas: Measurements, coef: Callable[[str], KernelCoeffici
     return {**med, "use": use, "held_out": ", ".join(held)}
 
 
-#: Bytes a weight of the MLA module's projections takes, per format (block FP8's and NVFP4's
-#: scales: one per 128 x 128 block, negligible; one e4m3 byte per 16 weights).
-MLA_WEIGHT_BYTES = {"bf16": 2.0, "fp8_block": 1.0, "nvfp4": 0.5 + 1 / 16}
-
-
-def mla_stream_bytes(gemm: str, kv: str, heads: int, batch: int, context: int) -> float:
-    """What one call of the MLA module (:data:`chunktune.sim.cost.mla_table.MLA_SHAPE`) reads:
-    its projections' weights at ``heads`` query heads (q_a and the fused kv_a whole, q_b,
-    the absorbed kv_b and o_proj per head) and the latent cache of ``batch`` decodes of
-    ``context`` tokens (kv_lora_rank + qk_rope_head_dim elements a token)."""
-    d = MLA_SHAPE
-    latent = d["kv_lora_rank"] + d["qk_rope_head_dim"]
-    weights = (d["hidden_size"] * (d["q_lora_rank"] + latent)
-               + heads * (d["q_lora_rank"] * (d["qk_nope_head_dim"] + d["qk_rope_head_dim"])
-                          + d["kv_lora_rank"] * (d["qk_nope_head_dim"] + d["v_head_dim"])
-                          + d["v_head_dim"] * d["hidden_size"]))
-    return weights * MLA_WEIGHT_BYTES[gemm] + batch * context * latent * (1 if kv == "fp8" else 2)
-
-
-def mla_hbm_us(gpu: GPU, nbytes: float) -> float:
-    """Microseconds ``gpu`` streams ``nbytes`` from HBM at its data-sheet bandwidth in a table
-    that replays one module call: none where they fit in its L2 (they stay there from one
-    replay to the next), all of them where they do not (a cyclic read larger than the cache
-    evicts what the next pass needs)."""
-    return 0.0 if nbytes <= gpu.l2_mib * 2**20 else nbytes / (gpu.hbm_tb_s * 1e6)
-
-
-def mla_lent_decode_us(us: float, floor_us: float, floor_bytes: float, nbytes: float,
-                       lender: GPU, gpu: GPU) -> float:
-    """One MLA decode call's microseconds on ``gpu`` from ``lender``'s table: ``us`` the
-    lender's time for the call, which reads ``nbytes`` (:func:`mla_stream_bytes`);
-    ``floor_us`` the lender's fastest call of the same formats and heads, which reads
-    ``floor_bytes``. Both calls' reading from HBM (:func:`mla_hbm_us`, at the lender's
-    bandwidth and L2) is taken off and put back at ``gpu``'s: the floor's rest (the launch
-    floor) kept, the call's time above the floor beyond what it reads scaled by HBM
-    bandwidth. The floor's own reading is the floor's: a call whose weights stream from HBM
-    has that reading in its floor too, and taking it off only the call would count it
-    twice."""
-    above = max(us - floor_us - (mla_hbm_us(lender, nbytes) - mla_hbm_us(lender, floor_bytes)),
-                0.0)
-    return (floor_us - mla_hbm_us(lender, floor_bytes) + above * lender.hbm_tb_s / gpu.hbm_tb_s
-            + mla_hbm_us(gpu, nbytes))
-
-
 def mla_report(curves: dict[Key, list[float]]) -> list[ErrorRow]:
     """The MLA module (DeepSeek-V3 attention) held out per GPU, on the curves the engine reads
     (:func:`chunktune.sim.cost.fit.mla_derive.served_curves`: the committed grids, the fastest
     backend, the H100's and H200's less the native norm chain): each GPU's curves predicted
     from its nearest other GPU with them (``coefficients.NEAREST``), scaled by the two data
-    sheets. The neighbour's fastest curve point of the same formats and heads (one decode at
-    the shortest context, a one-token prefill: launch-bound) is its floor. A decode is
-    :func:`mla_lent_decode_us`: what it and its floor read from HBM beyond L2 at each GPU's
-    bandwidth, the rest of the floor kept and the rest above it scaled by HBM bandwidth. A
-    prefill's floor is kept and its time above the floor scaled by the dense peak of the
-    weights' dtype (compute-bound). No fitted form and no borrowing in the engine (a GPU
-    without its own table is refused): this is what borrowing a neighbour's table would
-    make."""
+    sheets as the engine borrows a table for a GPU without one
+    (:meth:`chunktune.sim.cost.mla_table.MlaTable.lent`): the neighbour's fastest curve point
+    of the same formats and heads (one decode at the shortest context, a one-token prefill:
+    launch-bound) is its floor; a decode is :func:`~chunktune.sim.cost.mla_table
+    .lent_decode_us`, a prefill :func:`~chunktune.sim.cost.mla_table.lent_prefill_us`."""
     out = []
     for kind, name in (("gen", "decode"), ("ctx", "prefill")):
         have = {k[0] for k in curves if k[1] == kind}
@@ -710,7 +669,7 @@ def mla_report(curves: dict[Key, list[float]]) -> list[ErrorRow]:
                     continue
                 i = int(np.argmin(us))
                 if us[i] < floor.get(key[2:5], (math.inf, 0.0))[0]:
-                    floor[key[2:5]] = (us[i], mla_stream_bytes(
+                    floor[key[2:5]] = (us[i], stream_bytes(
                         key[2], key[3], key[4], key[5], STEPS[i]) if kind == "gen" else 0.0)
             err = []
             for key, us in curves.items():
@@ -719,19 +678,28 @@ def mla_report(curves: dict[Key, list[float]]) -> list[ErrorRow]:
                     continue
                 f, fb = floor[key[2:5]]
                 if kind == "ctx":
-                    fp8 = key[2].startswith("fp8") and G.fp8_tflops > 0 and S.fp8_tflops > 0
-                    ratio = (S.fp8_tflops / G.fp8_tflops if fp8
-                             else S.bf16_tflops / G.bf16_tflops)
-                    err += [abs((f + (o - f) * ratio) / u - 1.0)
+                    err += [abs(lent_prefill_us(o, f, key[2], S, G) / u - 1.0)
                             for o, u in zip(other, us, strict=True)]
                     continue
                 for step, o, u in zip(STEPS, other, us, strict=True):
-                    b = mla_stream_bytes(key[2], key[3], key[4], key[5], step)
-                    err.append(abs(mla_lent_decode_us(o, f, fb, b, S, G) / u - 1.0))
+                    b = stream_bytes(key[2], key[3], key[4], key[5], step)
+                    err.append(abs(lent_decode_us(o, f, fb, b, S, G) / u - 1.0))
             if err:
                 out.append(ErrorRow.of(f"mla-{name}", f"{g} from {src}'s table", "loo-table",
                                        np.array(err)))
     return out
+
+
+def mla_borrowing(curves: dict[Key, list[float]]) -> dict[str, Any]:
+    """The committed ``mla_borrowing``: the MLA module held out per GPU as the engine borrows
+    a table (:func:`mla_report`), median over GPUs for decode and prefill, and who was held
+    out from whom."""
+    rows = mla_report(curves)
+    summary = summarize(rows)
+    held = sorted({r.slice.replace("'s table", "") for r in rows})
+    return {"decode": float(f"{summary[('mla-decode', 'loo-table')]:.4g}"),
+            "prefill": float(f"{summary[('mla-prefill', 'loo-table')]:.4g}"),
+            "held_out": ", ".join(held)}
 
 
 # ---- cross-checks between sources --------------------------------------------------------
