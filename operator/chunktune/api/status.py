@@ -285,7 +285,9 @@ class Status(_StatusModel):
     cost_model: str | None = None
     """Simulated and twin-first studies: what the simulator's step-time model for the study's
     GPU was fitted on: that GPU's own measured kernels, or borrowed from the nearest measured
-    GPU with the error borrowing makes (docs/simulator.md, "Per-GPU cost models")."""
+    GPU with the error borrowing makes; then its end-to-end error against real vLLM serving
+    runs of the study's model on that GPU, or that there are none and whose figures it shows
+    instead (docs/simulator.md, "Per-GPU cost models")."""
     start_time: str | None = None
     completion_time: str | None = None
 
