@@ -13,12 +13,7 @@ from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig
 from chunktune.sim.cost import aic_data, gemm_table, mla_table, moe_table
 from chunktune.sim.cost.allreduce_backends import compute_capability
-from chunktune.sim.cost.coefficients import (
-    POOLED,
-    group_sources,
-    load_document,
-    source_gpu,
-)
+from chunktune.sim.cost.coefficients import POOLED, group_sources, load_document, source_gpu
 from chunktune.sim.cost.collectives import (
     measured_allreduce_source,
     measured_pcie_gpus,

@@ -649,8 +649,10 @@ def mla_report(curves: dict[Key, list[float]]) -> list[ErrorRow]:
     (:func:`chunktune.sim.cost.fit.mla_derive.served_curves`: the committed grids, the fastest
     backend, the H100's and H200's less the native norm chain): each GPU's curves predicted
     from its nearest other GPU with them (``coefficients.NEAREST``), scaled by the two data
-    sheets as the engine borrows a table for a GPU without one
-    (:meth:`chunktune.sim.cost.mla_table.MlaTable.lent`): the neighbour's fastest curve point
+    sheets by the rule the engine borrows a table by for a GPU without one
+    (:meth:`chunktune.sim.cost.mla_table.MlaTable.lent`; the engine lends only within a
+    compute capability family and memory kind, so the B200 from the H100 here, 13.5% on
+    decode, is a harder case than any it runs): the neighbour's fastest curve point
     of the same formats and heads (one decode at the shortest context, a one-token prefill:
     launch-bound) is its floor; a decode is :func:`~chunktune.sim.cost.mla_table
     .lent_decode_us`, a prefill :func:`~chunktune.sim.cost.mla_table.lent_prefill_us`."""
