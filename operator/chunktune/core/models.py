@@ -972,9 +972,9 @@ def _is_quant_config(cfg: dict[str, Any]) -> bool:
     """Whether ``cfg`` is a ModelOpt ``hf_quant_config.json`` (a ``quantization`` section
     with its ``producer`` or its ``quant_algo``: Nemotron-3-Super's has no producer) rather
     than a model's ``config.json``."""
-    return (isinstance(cfg.get("quantization"), dict) and "hidden_size" not in cfg
-            and "text_config" not in cfg and ("producer" in cfg or "quant_algo" in cfg[
-                "quantization"]))
+    quant = cfg.get("quantization")
+    return (isinstance(quant, dict) and "hidden_size" not in cfg and "text_config" not in cfg
+            and ("producer" in cfg or "quant_algo" in quant))
 
 
 def catalog_names() -> list[str]:
