@@ -11,7 +11,7 @@ import pytest
 
 from chunktune.tuning.study import ATTR_REASON, trial_state
 from tests.k8s.conftest import journal_of, study_in
-from tests.k8s.ha import failover
+from tests.k8s.ha import BUSY_HOST_LEASE, failover
 from tests.kube.emulator import KubeEmulator
 from tests.kube.kubelet import FakeKubelet
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 async def test_the_standby_adopts_the_trial_of_a_killed_leader(
         kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path) -> None:
-    seen = await failover(kube, tmp_path, "ha", trials=3)
+    seen = await failover(kube, tmp_path, "ha", trials=3, lease=BUSY_HOST_LEASE)
     assert seen.standby_said == "ok standby\n" and seen.standby_leader_gauge == 0
     assert seen.status["phase"] == "Succeeded", seen.status.get("message")
     study = study_in(journal_of(kube, tmp_path, "ha"), "ha")
