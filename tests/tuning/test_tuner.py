@@ -258,25 +258,30 @@ def test_infrastructure_faults_are_not_results(make_tuning, tmp_path, monkeypatc
 
 def test_a_simulated_study_says_what_its_cost_model_was_fitted_on(make_tuning):
     """`chunktune tune` and the status carry one line on the GPU's step-time model: its own
-    measured kernels, or borrowed (and from which GPU); none for a real engine."""
-    from chunktune.tuning.runner import cost_model
+    measured kernels, or borrowed (and from which GPU); none for a real engine. The study's
+    model is the one the tuner resolved once (``context.model``)."""
+    from chunktune.tuning import space
+    from chunktune.tuning.runner import cost_model, target_from_spec
 
-    line = cost_model(make_tuning())
+    def line_of(tuning):  # type: ignore[no-untyped-def]
+        return cost_model(tuning, space.EngineContext.build(target_from_spec(tuning)).model)
+
+    line = line_of(make_tuning())
     assert line is not None and line.startswith("h100-sxm: fitted on measured kernels of h100")
-    b300 = cost_model(make_tuning(engine={"kind": "sim", "model": "llama-3.1-8b",
-                                          "gpu": {"type": "b300"}}))
+    b300 = line_of(make_tuning(engine={"kind": "sim", "model": "llama-3.1-8b",
+                                       "gpu": {"type": "b300"}}))
     assert b300 is not None and "b300: no measured kernels; borrowed from b200" in b300
     assert b300.endswith("end to end: no real serving runs of this GPU to check it against")
     # the study's model's own end-to-end figures where the GPU has real runs of it
-    oss = cost_model(make_tuning(engine={"kind": "sim", "model": "gpt-oss-120b",
-                                         "gpu": {"type": "h100-sxm"}}))
+    oss = line_of(make_tuning(engine={"kind": "sim", "model": "gpt-oss-120b",
+                                      "gpu": {"type": "h100-sxm"}}))
     assert oss is not None and oss.endswith(
         "real vLLM serving runs of this model (gpt-oss-120b mxfp4)")
     assert "no real serving runs of this model on this GPU (other dense models'" in line
     real = make_tuning(engine={"kind": "vllm", "model": "meta-llama/Llama-3.1-8B",
                                "image": "vllm/vllm-openai:v0.32.0",
                                "gpu": {"type": "h100-sxm", "count": 1}})
-    assert cost_model(real) is None
+    assert line_of(real) is None
 
 
 def test_the_engines_start_up_figures_are_kept_with_the_trial(make_tuning, tmp_path):

@@ -272,7 +272,7 @@ class StatusWriter:
         twin = tuner.strategy.status()
         if twin is not None:
             kw["twin"] = twin
-        kw["cost_model"] = cost_model(tuner.tuning)
+        kw["cost_model"] = cost_model(tuner.tuning, tuner.context.model)
         kw["workload"] = workload_source.status_of(tuner.derived)
         return render_status(summary(results, self.phase or "Pending",
                                      tuner.spec.budget.max_trials, **kw))

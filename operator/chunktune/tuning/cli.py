@@ -270,7 +270,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     if tuning.spec.retune is not None:
         print("note: spec.retune is the operator's (it keeps watching the deployment); here "
               "the study runs once", file=sys.stderr)
-    line = cost_model(tuning)
+    line = cost_model(tuning, tuner.context.model)
     if line:
         print(f"cost model: {line}", flush=True)
     if tuning.spec.engine.kind == "sim":  # the engine's fixed flags, as the tuner read them

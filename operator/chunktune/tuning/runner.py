@@ -55,6 +55,7 @@ from chunktune.backends.base import TrialBackend, within
 from chunktune.core import vllm_release
 from chunktune.core.errors import InfrastructureFault, SpecError
 from chunktune.core.gpus import resolve_gpu, with_peer_to_peer
+from chunktune.core.models import ModelConfig
 from chunktune.core.progress import EventKind, StopReason, StopRequest, TrialEvent, TwinPhase
 from chunktune.core.trials import (
     RESULT_STATES,
@@ -96,19 +97,16 @@ def calibration_of(tuning: ChunkedPrefillTuning) -> dict[str, Any] | None:
     return profiles.read_profile(c.file, "spec.engine.calibration.file").to_dict()
 
 
-def cost_model(tuning: ChunkedPrefillTuning) -> str | None:
+def cost_model(tuning: ChunkedPrefillTuning, model: ModelConfig | None) -> str | None:
     """What the simulator's step-time model for the study's GPU was fitted on, and its
-    end-to-end error on the study's model where known, for a study whose trials (engine kind
-    ``sim``) or twin (``strategy: twin``) run in the simulator; None for the others (and a
-    twin on a CPU engine, which only a calibration profile describes)."""
+    end-to-end error on the study's ``model`` (the tuner's ``context.model``, resolved once;
+    None: not known, the line names no model), for a study whose trials (engine kind ``sim``)
+    or twin (``strategy: twin``) run in the simulator; None for the others (and a twin on a
+    CPU engine, which only a calibration profile describes)."""
     spec = tuning.spec
     gpu = spec.engine.gpu.type
     if gpu is None or (spec.engine.kind != "sim" and spec.strategy.name != "twin"):
         return None
-    try:
-        model = space.engine_model(target_from_spec(tuning))
-    except SpecError:
-        model = None  # the study says why elsewhere; the line names no model then
     return provenance(with_peer_to_peer(resolve_gpu(gpu), spec.engine.gpu.peer_to_peer), model)
 
 
