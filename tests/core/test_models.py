@@ -228,6 +228,7 @@ def test_layer_types_must_match_the_layer_count():
     ("kimi-k2.5", "moonshotai--Kimi-K2.5"),
     ("gpt-oss-20b", "openai--gpt-oss-20b"),
     ("gpt-oss-120b", "openai--gpt-oss-120b"),
+    ("qwen3-8b", "Qwen--Qwen3-8B"),
     ("qwen3-235b-a22b", "Qwen--Qwen3-235B-A22B"),
     ("qwen3-235b-a22b-fp8", "Qwen--Qwen3-235B-A22B-FP8"),
     ("minimax-m2.5", "MiniMaxAI--MiniMax-M2.5"),

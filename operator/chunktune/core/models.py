@@ -799,6 +799,8 @@ CATALOG_HF: dict[str, dict[str, Any]] = {
     "yi-34b": _dense("01-ai/Yi-34B", 7168, 60, 56, 8, 20480, 64000, 4096),
     "mixtral-8x7b": _dense("mistralai/Mixtral-8x7B-Instruct-v0.1", 4096, 32, 32, 8, 14336,
                            32000, 32768, num_local_experts=8, num_experts_per_tok=2),
+    "qwen3-8b": _dense("Qwen/Qwen3-8B", 4096, 36, 32, 8, 12288, 151936, 40960, head_dim=128),
+    "qwen3-14b": _dense("Qwen/Qwen3-14B", 5120, 40, 40, 8, 17408, 151936, 40960, head_dim=128),
     "qwen3-32b": _dense("Qwen/Qwen3-32B", 5120, 64, 64, 8, 25600, 151936, 40960, head_dim=128),
     "qwen3-30b-a3b": _dense("Qwen/Qwen3-30B-A3B", 2048, 48, 32, 4, 6144, 151936, 40960,
                             head_dim=128, num_experts=128, num_experts_per_tok=8,
