@@ -27,7 +27,8 @@ class EngineStartupError(ChunktuneError):
     ``message`` is the line vLLM itself prints."""
 
     def __init__(self, reason: str, message: str, hint: str = "",
-                 preceding: tuple[str, ...] = (), lines: tuple[str, ...] = ()) -> None:
+                 preceding: tuple[str, ...] = (), lines: tuple[str, ...] = (),
+                 estimated_max_model_len: int = 0) -> None:
         self.reason = reason
         self.message = message
         #: What to change, in our words (vLLM's message is kept verbatim in ``message``).
@@ -36,6 +37,9 @@ class EngineStartupError(ChunktuneError):
         self.preceding = preceding
         #: The end of vLLM's traceback as it prints it (default: ``message`` alone).
         self.lines = lines or (message,)
+        #: ``MaxModelLenTooLarge``: the longest request the KV cache holds, as vLLM estimates
+        #: it in the message (0: none, or another reason).
+        self.estimated_max_model_len = estimated_max_model_len
         super().__init__(message)
 
     def describe(self) -> str:

@@ -380,6 +380,7 @@ def plan_memory(cfg: ResolvedConfig, vllm_env: Mapping[str, str] | None = None) 
             "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
             hint=f"lower --max-model-len to at most {est}, or free memory for the KV cache",
             preceding=tuple(plan.log_lines()[:3]),
+            estimated_max_model_len=est,
         )
     return plan
 

@@ -1,0 +1,124 @@
+"""GPUStack's published vLLM runs replayed (``python bench/published_runs.py`` prints the
+figures): the table reads, each client and engine is taken as the docs ran it, what the
+simulator does not model is refused by name, and the synchronous TP 1 decode runs stay where
+they are (held out: nothing was fitted on them)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from chunktune.core.errors import SpecError
+from chunktune.sim.calibration import published
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[published.PublishedRun]:
+    return published.read_runs()
+
+
+def test_the_table_reads(runs):
+    assert len(runs) >= 90
+    assert {r.client for r in runs} == set(published.CLIENTS)
+    for r in runs:
+        assert r.source.endswith(".md") and len(r.source.split("/")) == 2
+        assert (r.client == "closed") == (r.concurrency is not None)
+        assert r.prompt_len > 0 and r.output_len > 0 and r.tpot_s > 0
+    # a measurement printed under two headings (the engine-choice run reused as a baseline)
+    # is kept once
+    keys = [(r.source, r.args, r.client, r.concurrency, r.requests, r.input_tokens,
+             r.duration_s) for r in runs]
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize(("row", "what"), [
+    ("x,1,h100-sxm,H100,0.11.0,Qwen/Qwen3-8B,,,burst,,ten,1,1,1,1,1,1,case",
+     "column requests"),
+    ("x,1,h100-sxm,H100,0.11.0,Qwen/Qwen3-8B,,,open,,10,1,1,1,1,1,1,case", "column client"),
+    ("x,1,h100-sxm,H100,0.11.0,Qwen/Qwen3-8B,,,closed,,10,1,1,1,1,1,1,case",
+     "column concurrency"),
+    ("x,1,h100-sxm,H100,0.11.0,Qwen/Qwen3-8B,,,burst,,10,1,1,nan,1,1,1,case",
+     "column duration_s"),
+    ("x,1,h100-sxm,H100,0.11.0,Qwen/Qwen3-8B,\"-tp 'x\",,burst,,10,1,1,1,1,1,1,case",
+     "column args or env"),
+    ("x,1,h100-sxm,H100,0.11.0,Qwen/Qwen3-8B,,,burst,,10,1,1,1,1,1", "columns"),
+])
+def test_a_malformed_row_is_named_not_echoed(tmp_path: Path, row: str, what: str):
+    path = tmp_path / "runs.csv"
+    path.write_text("# comment\n" + ",".join(published.COLUMNS) + "\n" + row + "\n")
+    with pytest.raises(SpecError) as e:
+        published.read_runs(path)
+    text = str(e.value)
+    assert str(path) in text and "line 3" in text and what in text
+    assert "Qwen3-8B" not in text  # the row's text is not echoed
+
+
+def test_a_wrong_header_is_named(tmp_path: Path):
+    path = tmp_path / "runs.csv"
+    path.write_text("source,gpu\nx,h100-sxm\n")
+    with pytest.raises(SpecError, match="the header is not"):
+        published.read_runs(path)
+
+
+def test_clients_send_as_vllm_bench_serve_does(runs):
+    burst = next(r for r in runs if r.client == "burst")
+    specs = published.requests(burst)
+    assert len(specs) == burst.requests
+    assert all(s.arrival == 0.0 for s in specs)  # request rate inf: all at once
+    closed = next(r for r in runs if r.client == "closed")
+    specs = published.requests(closed)
+    assert closed.concurrency is not None
+    assert [s.arrival for s in specs[:closed.concurrency]] == [0.0] * closed.concurrency
+    assert all(s.arrival is None for s in specs[closed.concurrency:])
+    assert {(s.prompt_tokens, s.output_tokens) for s in specs} == {
+        (closed.prompt_len, closed.output_len)}
+
+
+def test_engines_take_the_docs_release_flags_and_gpu(runs):
+    r = next(r for r in runs if r.source == "gpt-oss-120b/h100.md" and "-tp" in r.args)
+    args, model, gpu, version = published.engine(r)
+    assert (args.tensor_parallel_size, args.async_scheduling) == (2, True)
+    assert (model.hf_name, gpu.name, version) == ("openai/gpt-oss-120b", "h100-sxm",
+                                                  (0, 10, 2))
+    r = next(r for r in runs if r.source.startswith("qwen3-235b") and r.model.endswith("2507"))
+    _, model, _, _ = published.engine(r)
+    assert model.max_position_embeddings == 262144  # the 2507 release's own length
+
+
+def test_synchronous_tp1_decode_stays_where_it_is(runs):
+    """vLLM 0.11 (synchronous) serving Qwen3-8B on one H100 SXM at 1-8 in flight: the
+    simulated TPOT 3.4-6.1% slower than GPUStack's measured 7.3-7.7 ms (held out)."""
+    qwen = [r for r in runs if r.source == "qwen3-8b/h100-latency.md"]
+    assert sorted(r.concurrency or 0 for r in qwen) == [1, 2, 4, 8]
+    for r in qwen:
+        rep = published.replay(r)
+        assert rep.skipped is None and rep.refused is None
+        err = rep.error("tpot")
+        assert err is not None and -0.02 < err < 0.09, (r.name, err)
+        duration = rep.error("duration")
+        assert duration is not None and abs(duration) < 0.05, (r.name, duration)
+
+
+def test_what_is_not_modelled_is_refused_by_name(runs):
+    dsa = next(r for r in runs if r.model == "deepseek-ai/DeepSeek-V3.2")
+    # its frontend flags (--tokenizer-mode, --reasoning-parser) are not what refuses it
+    assert "DSA" in (published.replay(dsa).skipped or "")
+    glm = next(r for r in runs if r.model == "zai-org/GLM-4.6")
+    assert published.replay(glm).skipped == "no config.json of zai-org/GLM-4.6 here"
+    qwen = next(r for r in runs if r.source == "qwen3-8b/h100-latency.md")
+    piped = dataclasses.replace(qwen, args=("-pp", "2"))
+    assert published.replay(piped).skipped == "--pipeline-parallel-size is not modelled"
+
+
+def test_a_start_up_refusal_is_reported_and_the_run_replayed(runs):
+    """Qwen3-235B-A22B-Instruct-2507 (bf16, 262,144 positions) on 8 x H100: vLLM 0.11 started
+    it; the simulated profile leaves 11.07 GiB where one such request needs 11.75 GiB. The
+    replay goes on at the length vLLM's message estimates, with the same KV cache."""
+    r = next(r for r in runs if r.source == "qwen3-235b-a22b/h100.md" and r.args == ("-tp", "8")
+             and r.prompt_len > 30000)
+    rep = published.replay(r)
+    assert rep.skipped is None
+    assert rep.refused is not None and "MaxModelLenTooLarge" in rep.refused
+    assert "247,040" in rep.refused
