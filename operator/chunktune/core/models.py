@@ -136,6 +136,10 @@ class ModelConfig:
     #: Type of the rotary embeddings' cos/sin cache ("" = :attr:`dtype`; gpt-oss: vLLM 0.33
     #: gpt_oss.py builds its rotary embedding in float32).
     rope_cache_dtype: str = ""
+    #: Every attention layer adds a learned sink per head to its softmax (gpt-oss: vLLM's
+    #: ``gpt_oss.py`` passes ``sinks`` to ``Attention``), which decides the attention backend
+    #: vLLM can run (``supports_sink``: FlashAttention 3, TRT-LLM's kernels, Triton).
+    attention_sinks: bool = False
     #: The q and k RMSNorms normalise over all heads, so under tensor parallelism each layer
     #: all-reduces every token's two variances across the ranks (MiniMax-M2: vLLM 0.17-0.19
     #: ``minimax_m2.py``, ``MiniMaxText01RMSNormTP.forward_qk``).
@@ -501,6 +505,7 @@ def from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelConfig:
         shared_expert_intermediate_size=shared_width,
         unquantized=quant.unquantized,
         rope_cache_dtype=rope_dtype,
+        attention_sinks=cfg.get("model_type") == "gpt_oss",
         qk_norm_allreduce=family == "minimax_m2" and bool(cfg.get("use_qk_norm", True)),
         **gemma4,
     )

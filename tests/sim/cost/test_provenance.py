@@ -84,3 +84,21 @@ def test_a_borrowed_mla_module_or_nvfp4_grid_is_said_with_its_error():
     assert "; NVFP4 GEMMs: b200's measured grids scaled by the data sheets' FP4 peaks" in fp4
     assert "NVFP4" not in provenance.provenance("b200", resolve_model("llama-3.3-70b-fp4"))
     assert "NVFP4" not in provenance.provenance("b300", resolve_model("llama-3.1-70b-fp8"))
+
+
+@pytest.mark.parametrize(("model", "gpu", "triton"), [
+    ("gpt-oss-120b", "a100-sxm", True),  # SM 8.0: FlashAttention 2, no sinks
+    ("gpt-oss-20b", "l40s", True),  # SM 8.9
+    ("gpt-oss-120b", "h100-sxm", False),  # FlashAttention 3 takes sinks
+    ("gpt-oss-120b", "b200", False),  # FlashInfer's TRT-LLM kernels take them
+    ("llama-3.1-8b", "a100-sxm", False),  # no sinks
+])
+def test_attention_sinks_served_by_triton_are_said_unmeasured(model, gpu, triton):
+    """gpt-oss's attention sinks: on Ampere and Ada vLLM serves them with its Triton backend,
+    which no table times; the line says the attention is priced as FlashAttention there."""
+    m = resolve_model(model)
+    assert m.attention_sinks == model.startswith("gpt-oss")
+    line = provenance.provenance(gpu, m)
+    assert ("vLLM runs its Triton backend for" in line) == triton
+    if triton:
+        assert "attention sinks" in line and "unmeasured error" in line

@@ -101,6 +101,15 @@ def approximations(model: ModelConfig) -> str:
     return f"{model.name}: " + "; ".join(parts) if parts else ""
 
 
+def sinks_run_triton(gpu: GPU) -> bool:
+    """Whether vLLM serves a model with attention sinks (gpt-oss) on ``gpu`` with its Triton
+    backend: on Ampere and Ada (SM 8.x), where neither FlashAttention (version 2 there:
+    ``flash_attn_supports_sinks`` wants 3 or 4) nor FlashInfer (``supports_sink``: TRT-LLM's
+    kernels, SM 9.0, 10.x and 12.x only) takes sinks (vLLM 0.33 ``platforms/cuda.py``
+    ``_get_backend_priorities``: FLASH_ATTN, FLASHINFER, then TRITON_ATTN)."""
+    return compute_capability(gpu).startswith("8.")
+
+
 def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
     """One line: the measured GPU whose kernels each family was fitted on, and where a family
     is borrowed, the error borrowing makes (leave-one-GPU-out, median over the measured GPUs
@@ -218,6 +227,12 @@ def provenance(gpu: str | GPU, model: ModelConfig | None = None) -> str:
             text += (f"; MLA module: {lender}'s measured table scaled by the data sheets "
                      f"(leave-one-GPU-out error of borrowing: decode {rule['decode']:.0%}, "
                      f"prefill {rule['prefill']:.0%})")
+    if model is not None and model.attention_sinks and sinks_run_triton(g):
+        text += (f"; attention: vLLM runs its Triton backend for {model.name}'s attention sinks "
+                 f"on SM {compute_capability(g)} (FlashAttention 2 has none), which no table "
+                 "here times: priced as the measured FlashAttention (unmeasured error; "
+                 "published A100 runs of gpt-oss replay fast, most at long prompts: "
+                 "bench/published_runs.py)")
     text += "; " + end_to_end(name, model)
     approx = approximations(model) if model is not None else ""
     return text + (f"; approximated for {approx}" if approx else "")
