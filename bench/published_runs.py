@@ -1,13 +1,16 @@
 """Published vLLM serving runs (GPUStack's performance lab) replayed: held out, never fitted.
 
-Usage: ``python bench/published_runs.py [--rows] [--group TEXT] [--write-configs DIR]``.
+Usage: ``python bench/published_runs.py [--rows] [--group TEXT] [--write-fidelity]
+[--write-configs DIR]``.
 
 Replays every run of ``bench/data/e2e/gpustack_runs.csv`` (:mod:`chunktune.sim.calibration
 .published` says how each client and engine is taken) and prints, per doc (model and GPU) and
 client, the runs, those the simulator cannot run and why, and the median |error| (and median
 signed error: + the simulator is slower) of the mean TPOT, the mean TTFT and the benchmark's
 duration; then the same over all closed-loop and all burst runs. ``--rows`` prints every run.
-Every measured figure is GPUStack's; every other figure is simulated. ``--write-configs DIR``
+Every measured figure is GPUStack's; every other figure is simulated. ``--write-fidelity``
+writes the per-GPU figures the cost-model line quotes of a model's own published runs
+(``chunktune/sim/cost/data/published_fidelity.json``). ``--write-configs DIR``
 copies the config.json files the table's models need that the catalog lacks from the shared
 data folder DIR into ``bench/data/e2e/model-configs``.
 """
@@ -15,11 +18,13 @@ data folder DIR into ``bench/data/e2e/model-configs``.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
 
 from chunktune.sim.calibration import published
+from chunktune.sim.cost import provenance
 
 
 def pct(v: float | None) -> str:
@@ -40,11 +45,26 @@ def print_figures(label: str, f: published.Figures, width: int) -> None:
           + (f"\n{'':{width}}   not run: {why}" if why else ""))
 
 
+def write_fidelity(table: dict[str, object]) -> None:
+    doc = {"about": "median |error| and median signed error (+: the simulator slower) of the "
+                    "mean TPOT and TTFT of GPUStack's published vLLM runs replayed by the "
+                    "simulator (bench/published_runs.py; held out: nothing was fitted on "
+                    "them), per GPU, model (shape) and weight format, and client (closed: "
+                    "ShareGPT at a few requests in flight; burst: hundreds of requests at once)",
+           "rewrite": "python bench/published_runs.py --write-fidelity",
+           "gpus": table}
+    provenance.PUBLISHED_FIDELITY_PATH.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {provenance.PUBLISHED_FIDELITY_PATH}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", action="store_true", help="print every run")
     ap.add_argument("--group", action="append", default=[],
                     help="only the runs whose doc contains TEXT (e.g. qwen3-8b; repeatable)")
+    ap.add_argument("--write-fidelity", action="store_true",
+                    help="also write the per-GPU figures the cost-model line quotes "
+                         "(chunktune/sim/cost/data/published_fidelity.json; all runs)")
     ap.add_argument("--write-configs", type=Path, metavar="DIR",
                     help="copy the config.json files the table needs from the shared data "
                          "folder DIR")
@@ -85,6 +105,11 @@ def main() -> int:
     for client in published.CLIENTS:
         print_figures(f"all {client}", published.figures(
             r for r in replays if r.run.client == client), width)
+    if a.write_fidelity:
+        if a.group:
+            print("--write-fidelity takes every run: leave out --group", file=sys.stderr)
+            return 2
+        write_fidelity(published.fidelity_table(replays))
     print("\nmeasured: GPUStack's docs (bench/data/e2e/gpustack_runs.csv); the rest simulated. "
           "+ : the simulator slower than measured")
     return 0

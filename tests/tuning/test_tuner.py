@@ -275,8 +275,9 @@ def test_a_simulated_study_says_what_its_cost_model_was_fitted_on(make_tuning):
     # the study's model's own end-to-end figures where the GPU has real runs of it
     oss = line_of(make_tuning(engine={"kind": "sim", "model": "gpt-oss-120b",
                                       "gpu": {"type": "h100-sxm"}}))
-    assert oss is not None and oss.endswith(
-        "real vLLM serving runs of this model (gpt-oss-120b mxfp4)")
+    assert oss is not None and (
+        "real vLLM serving runs of this model (gpt-oss-120b mxfp4); GPUStack's published runs "
+        "of this model on this GPU") in oss
     assert "no real serving runs of this model on this GPU (other dense models'" in line
     real = make_tuning(engine={"kind": "vllm", "model": "meta-llama/Llama-3.1-8B",
                                "image": "vllm/vllm-openai:v0.32.0",

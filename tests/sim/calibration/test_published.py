@@ -12,6 +12,7 @@ import pytest
 
 from chunktune.core.errors import SpecError
 from chunktune.sim.calibration import published
+from chunktune.sim.cost import provenance
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +123,14 @@ def test_a_start_up_refusal_is_reported_and_the_run_replayed(runs):
     assert rep.skipped is None
     assert rep.refused is not None and "MaxModelLenTooLarge" in rep.refused
     assert "247,040" in rep.refused
+
+
+def test_the_committed_figures_are_what_the_model_measures(runs):
+    """``published_fidelity.json`` (what the cost-model line quotes of a model's published
+    runs) is what the committed simulator measures: rewrite it with ``python
+    bench/published_runs.py --write-fidelity`` after a model change."""
+    table = published.fidelity_table(published.replay(r) for r in runs)
+    assert table == provenance.published_fidelity()
+    burst = next(m for m in table["h100-sxm"]
+                 if m["model"] == "gpt-oss-120b" and m["client"] == "burst")
+    assert burst["runs"] == 8 and burst["vllm"] == ["0.10.2"]

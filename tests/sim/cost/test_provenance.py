@@ -28,7 +28,44 @@ def table(monkeypatch):
             entry("Llama-3.1-8B-Instruct", "bf16", False, 1, 0.0, 0.015, "llama-3.1-8b")]},
     }
     monkeypatch.setattr(provenance, "e2e_fidelity", lambda: doc)
+    monkeypatch.setattr(provenance, "published_fidelity", lambda: {})
     return doc
+
+
+def published_entry(model: str, client: str, runs: int, tpot: float, signed: float
+                    ) -> dict[str, object]:
+    m = resolve_model(model)
+    return {"model": model, "shape": m.shape_key, "weights": m.weights, "client": client,
+            "runs": runs, "vllm": ["0.11.0"], "tpot": tpot, "ttft": 0.4,
+            "tpot_signed": signed, "ttft_signed": -0.4}
+
+
+def test_published_runs_of_the_model_are_quoted_beside_the_guard(table, monkeypatch):
+    """GPUStack's published runs of the run's model on its GPU (held out) come after the
+    guard's figures; where the guard has none of the model, first; where the guard has none of
+    the GPU, alone; another model's published runs are not quoted."""
+    monkeypatch.setattr(provenance, "published_fidelity", lambda: {
+        "h100-sxm": [published_entry("gpt-oss-120b", "burst", 8, 0.357, -0.357),
+                     published_entry("gpt-oss-120b", "closed", 2, 0.057, -0.057),
+                     published_entry("qwen3-8b", "closed", 4, 0.038, 0.038)],
+        "a100-sxm": [published_entry("gpt-oss-120b", "burst", 8, 0.261, -0.261)]})
+    line = provenance.end_to_end("h100-sxm", resolve_model("gpt-oss-120b"))
+    assert line == (
+        "end to end: median error TPOT 6.9% / TTFT 6.7% over 18 real vLLM serving runs of "
+        "this model (gpt-oss-120b mxfp4); GPUStack's published runs of this model on this GPU "
+        "(vLLM 0.11.0, held out): a few requests in flight TPOT 5.7% / TTFT 40.0% over 2 runs "
+        "(simulated TPOT faster); hundreds of requests at once TPOT 35.7% / TTFT 40.0% over "
+        "8 runs (simulated TPOT faster)")
+    line = provenance.end_to_end("h100-sxm", resolve_model("qwen3-8b"))
+    assert line.startswith("end to end: GPUStack's published runs of this model on this GPU "
+                           "(vLLM 0.11.0, held out): a few requests in flight TPOT 3.8% / TTFT "
+                           "40.0% over 4 runs (simulated TPOT slower); the guard's runs on "
+                           "this GPU are of other models (Llama-3.1-70B fp8 TPOT 1.2%")
+    assert provenance.end_to_end("a100-sxm", resolve_model("gpt-oss-120b")).startswith(
+        "end to end: GPUStack's published runs of this model on this GPU")
+    assert provenance.end_to_end("a100-sxm", resolve_model("llama-3.1-8b")) == (
+        "end to end: no real serving runs of this GPU to check it against")
+    assert "GPUStack" not in provenance.end_to_end("h100-sxm", resolve_model("llama-3.1-70b"))
 
 
 def test_a_model_with_runs_on_the_gpu_is_quoted_its_own(table):

@@ -344,3 +344,34 @@ def figures(replays: Iterable[PublishedReplay]) -> Figures:
     return Figures(len(rs), len(ran), skipped, sum(r.refused is not None for r in ran),
                    {w: med([r.error(w) for r in ran], True) for w in what},
                    {w: med([r.error(w) for r in ran], False) for w in what})
+
+
+def fidelity_table(replays: Iterable[PublishedReplay]) -> dict[str, list[dict[str, object]]]:
+    """Per GPU, what :func:`chunktune.sim.cost.provenance.end_to_end` quotes of these runs:
+    per model (:attr:`ModelConfig.shape_key` and weight format) and client, the runs replayed,
+    the vLLM releases they ran, and the median |error| and median signed error of the mean
+    TPOT and TTFT, rounded to 0.1%."""
+    groups: dict[tuple[str, str, str, str], list[PublishedReplay]] = {}
+    names: dict[tuple[str, str, str, str], str] = {}
+    for rep in replays:
+        if rep.skipped is not None:
+            continue
+        model = model_of(rep.run)
+        key = (rep.run.gpu, model.shape_key, model.weights, rep.run.client)
+        groups.setdefault(key, []).append(rep)
+        names.setdefault(key, rep.run.model.split("/")[-1])
+    out: dict[str, list[dict[str, object]]] = {}
+    for (gpu, shape, weights, client), reps in sorted(groups.items()):
+        f = figures(reps)
+
+        def r3(v: float | None) -> float:
+            assert v is not None
+            return round(v, 3)
+
+        out.setdefault(gpu, []).append({
+            "model": names[(gpu, shape, weights, client)], "shape": shape, "weights": weights,
+            "client": client, "runs": f.replayed,
+            "vllm": sorted({r.run.vllm for r in reps}, key=lambda v: parse_version(v, "vllm")),
+            "tpot": r3(f.median_abs["tpot"]), "ttft": r3(f.median_abs["ttft"]),
+            "tpot_signed": r3(f.median["tpot"]), "ttft_signed": r3(f.median["ttft"])})
+    return out

@@ -27,6 +27,39 @@ from chunktune.sim.cost.collectives import (
 E2E_FIDELITY_PATH = Path(__file__).with_name("data") / "e2e_fidelity.json"
 
 
+#: Per GPU, the end-to-end error against GPUStack's published vLLM runs, per model and client
+#: (written by ``python bench/published_runs.py --write-fidelity``; ``tests/sim/calibration/
+#: test_published.py`` fails when it is not what the committed model measures).
+PUBLISHED_FIDELITY_PATH = Path(__file__).with_name("data") / "published_fidelity.json"
+#: How each client of the published runs is named in the line.
+_CLIENTS = {"closed": "a few requests in flight", "burst": "hundreds of requests at once"}
+
+
+@cache
+def published_fidelity() -> dict[str, Any]:
+    """The committed figures of the published runs: ``{gpu: [{model, shape, weights, client,
+    runs, vllm, tpot, ttft, tpot_signed, ttft_signed}]}``."""
+    doc: dict[str, Any] = json.loads(PUBLISHED_FIDELITY_PATH.read_text())
+    return dict(doc["gpus"])
+
+
+def published(gpu: str, model: ModelConfig) -> str:
+    """The error against GPUStack's published runs of ``model`` (same shape and weight format)
+    on ``gpu``, per client; "" where there are none."""
+    own = [m for m in published_fidelity().get(gpu, [])
+           if m["shape"] == model.shape_key and m["weights"] == model.weights]
+    if not own:
+        return ""
+    releases = sorted({v for m in own for v in m["vllm"]},
+                      key=lambda v: tuple(int(x) for x in v.split(".")))
+    parts = []
+    for m in sorted(own, key=lambda m: m["client"] != "closed"):
+        sign = "slower" if m["tpot_signed"] > 0 else "faster"
+        parts.append(f"{_CLIENTS[m['client']]} {_figures(m)} (simulated TPOT {sign})")
+    return (f"GPUStack's published runs of this model on this GPU (vLLM "
+            f"{', '.join(releases)}, held out): " + "; ".join(parts))
+
+
 @cache
 def e2e_fidelity() -> dict[str, Any]:
     """The committed end-to-end figures: ``{gpu: {precision, runs, tpot, ttft, models}}``,
@@ -53,10 +86,14 @@ def end_to_end(gpu: str, model: ModelConfig | None = None) -> str:
     has runs of it (same :attr:`~ModelConfig.shape_key`; in its weight format, else in
     another, named), else "no real serving runs of this model" and the figures of the
     other models of its kind (dense or mixture of experts), else of the other kind, saying
-    none is of its kind. Without ``model``, the GPU's largest group of dense runs."""
+    none is of its kind. Without ``model``, the GPU's largest group of dense runs. With
+    ``model``, its figures against GPUStack's published runs of it (:func:`published`), which
+    are not the guard's, come too: first where the guard has no run of it."""
+    pub = published(gpu, model) if model is not None else ""
     e2e = e2e_fidelity().get(gpu)
     if e2e is None:
-        return "end to end: no real serving runs of this GPU to check it against"
+        return (f"end to end: {pub}" if pub else
+                "end to end: no real serving runs of this GPU to check it against")
     if model is None:
         return (f"end to end: TPOT {e2e['tpot']:.1%} / TTFT {e2e['ttft']:.1%} median error "
                 f"over {e2e['runs']} real vLLM serving runs of {e2e['precision']} models")
@@ -68,9 +105,13 @@ def end_to_end(gpu: str, model: ModelConfig | None = None) -> str:
         what = (f"{m['model']} {m['weights']}" if own else
                 f"{m['model']} in {m['weights']} weights, none in {model.weights}")
         return (f"end to end: median error {_figures(m, 'real vLLM serving runs')} of this "
-                f"model ({what})")
+                f"model ({what})" + (f"; {pub}" if pub else ""))
     kind = "mixture-of-experts" if model.is_moe else "dense"
     alike = [m for m in models if m["moe"] == model.is_moe]
+    if pub:
+        shown = alike or models
+        return (f"end to end: {pub}; the guard's runs on this GPU are of other models"
+                + (f" ({_others(shown)})" if shown else ""))
     if alike:
         return (f"end to end: no real serving runs of this model on this GPU (other {kind} "
                 f"models' median error: {_others(alike)})")
