@@ -17,10 +17,20 @@ from chunktune.sim.cost.step_time import StepCostModel
 CONFIGS = Path(__file__).resolve().parents[3] / "bench" / "data" / "e2e" / "model-configs"
 
 
+#: Committed checkpoint configs the model reader refuses by name on every GPU (kept for the
+#: published runs that served them, ``bench/data/e2e/gpustack_runs.csv``).
+REFUSED = {"deepseek-ai--DeepSeek-V3.2_config.json": "DSA"}
+
+
 def models() -> list[ModelConfig]:
     out = [resolve_model(n) for n in catalog_names()]
-    out += [resolve_model(config_path=p) for p in sorted(CONFIGS.glob("*_config.json"))
-            if "hf_quant" not in p.name]
+    for p in sorted(CONFIGS.glob("*_config.json")):
+        if "hf_quant" in p.name:
+            continue
+        try:
+            out.append(resolve_model(config_path=p))
+        except SpecError as e:
+            assert p.name in REFUSED and REFUSED[p.name] in str(e), (p.name, str(e))
     return out
 
 

@@ -142,8 +142,8 @@ class PublishedRun:
 def _int(text: str, where: str) -> int:
     try:
         value = int(text)
-    except ValueError:
-        raise SpecError(f"{where}: expected a whole number") from None
+    except ValueError as e:
+        raise SpecError(f"{where}: expected a whole number") from e
     if value < 0:
         raise SpecError(f"{where}: expected a whole number >= 0")
     return value
@@ -152,8 +152,8 @@ def _int(text: str, where: str) -> int:
 def _float(text: str, where: str) -> float:
     try:
         value = float(text)
-    except ValueError:
-        raise SpecError(f"{where}: expected a number") from None
+    except ValueError as e:
+        raise SpecError(f"{where}: expected a number") from e
     if not math.isfinite(value) or value <= 0:
         raise SpecError(f"{where}: expected a number > 0")
     return value
@@ -191,8 +191,8 @@ def read_runs(path: Path = TABLE) -> list[PublishedRun]:
         try:
             args = tuple(shlex.split(r["args"]))
             env = tuple(tuple(kv.split("=", 1)) for kv in shlex.split(r["env"]))
-        except ValueError:
-            raise SpecError(f"{where}, column args or env: unbalanced quotes") from None
+        except ValueError as e:
+            raise SpecError(f"{where}, column args or env: unbalanced quotes") from e
         if any(len(kv) != 2 for kv in env):
             raise SpecError(f"{where}, column env: expected NAME=VALUE items")
         out.append(PublishedRun(
