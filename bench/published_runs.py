@@ -7,7 +7,10 @@ Replays every run of ``bench/data/e2e/gpustack_runs.csv`` (:mod:`chunktune.sim.c
 .published` says how each client and engine is taken) and prints, per doc (model and GPU) and
 client, the runs, those the simulator cannot run and why, and the median |error| (and median
 signed error: + the simulator is slower) of the mean TPOT, the mean TTFT and the benchmark's
-duration; then the same over all closed-loop and all burst runs. ``--rows`` prints every run.
+duration; then the same over all closed-loop and all burst runs; then, for each two runs of one
+doc's workload under two serving commands, whether the simulator picks the faster one as
+measured (:func:`chunktune.sim.calibration.published.pairs`). ``--rows`` prints every run and
+pair.
 Every measured figure is GPUStack's; every other figure is simulated. ``--write-fidelity``
 writes the per-GPU figures the cost-model line quotes of a model's own published runs
 (``chunktune/sim/cost/data/published_fidelity.json``). ``--write-configs DIR``
@@ -105,6 +108,19 @@ def main() -> int:
     for client in published.CLIENTS:
         print_figures(f"all {client}", published.figures(
             r for r in replays if r.run.client == client), width)
+    print("\nthe same doc's workload under two serving commands (flags, TP, precision): does "
+          "the simulator pick the faster one as measured?")
+    for what in ("duration", "tpot", "ttft"):
+        ps = published.pairs(replays, what)
+        print(f"  {what:8}: {sum(p.agrees for p in ps)} of {len(ps)} pairs")
+        if a.rows:
+            for p in ps:
+                first, second = p.first.run, p.second.run
+                print(f"    {first.source} {first.case}: {first.model.split('/')[-1]} "
+                      f"{' '.join(first.args) or '(defaults)'} -> "
+                      f"{second.model.split('/')[-1]} {' '.join(second.args) or '(defaults)'}: "
+                      f"measured {p.measured:+.1%}, simulated {p.simulated:+.1%}"
+                      + ("" if p.agrees else "  DISAGREE"))
     if a.write_fidelity:
         if a.group:
             print("--write-fidelity takes every run: leave out --group", file=sys.stderr)

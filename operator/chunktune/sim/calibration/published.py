@@ -375,3 +375,46 @@ def fidelity_table(replays: Iterable[PublishedReplay]) -> dict[str, list[dict[st
             "tpot": r3(f.median_abs["tpot"]), "ttft": r3(f.median_abs["ttft"]),
             "tpot_signed": r3(f.median["tpot"]), "ttft_signed": r3(f.median["ttft"])})
     return out
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The same doc's workload served two ways (two commands; two docs are never paired):
+    ``measured`` and ``simulated`` are ``second / first - 1`` of ``what``."""
+
+    first: PublishedReplay
+    second: PublishedReplay
+    what: str
+    measured: float
+    simulated: float
+
+    @property
+    def agrees(self) -> bool:
+        """Whether the simulator picks the same one as faster."""
+        return (self.measured > 0) == (self.simulated > 0)
+
+
+def pairs(replays: Iterable[PublishedReplay], what: str = "duration") -> list[Pair]:
+    """Every two replayed runs of one doc with the same client and case (its lengths) but
+    another serving command (flags, TP, the checkpoint's precision): how much the second
+    changes ``what``
+    (``duration``, ``tpot``, ``ttft``), measured and simulated: whether the twin ranks the
+    commands as the runs did."""
+    by_load: dict[tuple[object, ...], list[PublishedReplay]] = {}
+    for rep in replays:
+        if rep.skipped is None:
+            r = rep.run
+            key = (r.source, r.client, r.concurrency, r.case)
+            by_load.setdefault(key, []).append(rep)
+    out = []
+    for reps in by_load.values():
+        for i, a in enumerate(reps):
+            for b in reps[i + 1:]:
+                if (a.run.model, a.run.args) == (b.run.model, b.run.args):
+                    continue
+                ours_a, ours_b = getattr(a, f"{what}_s"), getattr(b, f"{what}_s")
+                assert ours_a is not None and ours_b is not None
+                out.append(Pair(a, b, what,
+                                getattr(b.run, f"{what}_s") / getattr(a.run, f"{what}_s") - 1,
+                                ours_b / ours_a - 1))
+    return out
