@@ -258,6 +258,8 @@ class PublishedReplay:
     duration_s: float | None = None
     skipped: str | None = None
     refused: str | None = None
+    #: the model the replay ran (None where it did not run)
+    model: ModelConfig | None = None
 
     def error(self, what: str) -> float | None:
         """Signed relative error of ``what`` (``ttft``, ``tpot``, ``duration``)."""
@@ -265,13 +267,14 @@ class PublishedReplay:
         return None if ours is None else ours / getattr(self.run, f"{what}_s") - 1.0
 
 
-def start(run: PublishedRun) -> tuple[Engine | DataParallelEngine, str | None]:
-    """The engine of ``run``, and the start-up error the simulator gives its command where it
-    would not start: a run that did start on its GPU but that the simulated memory profile
-    refuses its model's default ``--max-model-len`` (``MaxModelLenTooLarge``) starts at the
-    longest length that profile holds, vLLM's own estimate in its message. Its KV cache, and
-    so the replay, is the same; the refusal is reported as an error of the profile (or of the
-    GPU assumed). Raises :class:`SpecError` and other start-up errors."""
+def start(run: PublishedRun
+          ) -> tuple[Engine | DataParallelEngine, ModelConfig, str | None]:
+    """The engine of ``run``, its model, and the start-up error the simulator gives its
+    command where it would not start: a run that did start on its GPU but that the simulated
+    memory profile refuses its model's default ``--max-model-len`` (``MaxModelLenTooLarge``)
+    starts at the longest length that profile holds, vLLM's own estimate in its message. Its
+    KV cache, and so the replay, is the same; the refusal is reported as an error of the
+    profile (or of the GPU assumed). Raises :class:`SpecError` and other start-up errors."""
     args, model, gpu, version = engine(run)
     env = dict(run.env)
 
@@ -281,7 +284,7 @@ def start(run: PublishedRun) -> tuple[Engine | DataParallelEngine, str | None]:
         return build_engine(a, model, gpu, version, env)
 
     try:
-        return build(args), None
+        return build(args), model, None
     except EngineStartupError as e:
         fits = e.estimated_max_model_len
         if e.reason != "MaxModelLenTooLarge" or fits < run.prompt_len + run.output_len:
@@ -289,13 +292,13 @@ def start(run: PublishedRun) -> tuple[Engine | DataParallelEngine, str | None]:
         refused = (f"vLLM {run.vllm} as simulated would not start it on {run.gpu} "
                    f"({e.reason}: {args.max_model_len or model.max_position_embeddings:,} "
                    f"tokens; replayed at --max-model-len {fits:,})")
-        return build(replace(args, max_model_len=fits)), refused
+        return build(replace(args, max_model_len=fits)), model, refused
 
 
 def replay(run: PublishedRun) -> PublishedReplay:
     """``run`` replayed, or the reason it cannot be."""
     try:
-        eng, refused = start(run)
+        eng, model, refused = start(run)
     except SpecError as e:
         return PublishedReplay(run, skipped=str(e))
     except EngineStartupError as e:
@@ -311,7 +314,7 @@ def replay(run: PublishedRun) -> PublishedReplay:
     return PublishedReplay(
         run, ttft_s=statistics.fmean(r.first_token - r.arrival for r in done),
         tpot_s=statistics.fmean((r.finish_time - r.first_token) / out for r in done),
-        duration_s=max(r.finish_time for r in done), refused=refused)
+        duration_s=max(r.finish_time for r in done), refused=refused, model=model)
 
 
 @dataclass(frozen=True)
@@ -354,10 +357,9 @@ def fidelity_table(replays: Iterable[PublishedReplay]) -> dict[str, list[dict[st
     groups: dict[tuple[str, str, str, str], list[PublishedReplay]] = {}
     names: dict[tuple[str, str, str, str], str] = {}
     for rep in replays:
-        if rep.skipped is not None:
+        if rep.model is None:
             continue
-        model = model_of(rep.run)
-        key = (rep.run.gpu, model.shape_key, model.weights, rep.run.client)
+        key = (rep.run.gpu, rep.model.shape_key, rep.model.weights, rep.run.client)
         groups.setdefault(key, []).append(rep)
         names.setdefault(key, rep.run.model.split("/")[-1])
     out: dict[str, list[dict[str, object]]] = {}

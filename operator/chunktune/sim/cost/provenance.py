@@ -11,6 +11,7 @@ from typing import Any
 
 from chunktune.core.gpus import GPU, resolve_gpu
 from chunktune.core.models import ModelConfig
+from chunktune.core.vllm_release import parse_version
 from chunktune.sim.cost import aic_data, gemm_table, mla_table, moe_table
 from chunktune.sim.cost.allreduce_backends import compute_capability
 from chunktune.sim.cost.coefficients import POOLED, group_sources, load_document, source_gpu
@@ -50,8 +51,7 @@ def published(gpu: str, model: ModelConfig) -> str:
            if m["shape"] == model.shape_key and m["weights"] == model.weights]
     if not own:
         return ""
-    releases = sorted({v for m in own for v in m["vllm"]},
-                      key=lambda v: tuple(int(x) for x in v.split(".")))
+    releases = sorted({v for m in own for v in m["vllm"]}, key=parse_version)
     parts = []
     for m in sorted(own, key=lambda m: m["client"] != "closed"):
         sign = "slower" if m["tpot_signed"] > 0 else "faster"
