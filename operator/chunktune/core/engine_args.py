@@ -393,6 +393,17 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
     graphs = () if args.enforce_eager else cudagraph_sizes(seqs, budget,
                                                            args.max_cudagraph_capture_size)
     spec, draft = resolve_speculative(args, budget)
+    if spec is not None and spec.draft_slots \
+            and not scheduler_release(version).draft_slots_per_request \
+            and budget <= spec.draft_slots * seqs:
+        # vLLM 0.18-0.27 take max_num_seqs x the slots off the budget once
+        # (VllmConfig._set_max_num_scheduled_tokens): nothing would ever be scheduled
+        raise SpecError(
+            f"--max-num-batched-tokens {budget} leaves no token to schedule under vLLM "
+            f"{scheduler_release(version).name}'s rules: it takes --max-num-seqs ({seqs}) x "
+            f"{spec.draft_slots} draft slot(s) off the budget once; raise the budget above "
+            f"{spec.draft_slots * seqs} or lower --max-num-seqs",
+            field="max-num-batched-tokens")
     return ResolvedConfig(
         model=model,
         gpu=gpu,
@@ -431,13 +442,14 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
 def _check_release_flags(args: EngineArgs, version: Version | None) -> None:
     """Refuse a flag newer than vLLM ``version`` (:attr:`Flag.since`; its ``vllm serve``
     exits on an unrecognized argument), naming the release that brought it. None: the newest
-    checked release's scheduler (:func:`scheduler_release`) runs, which has them all."""
+    checked release (:func:`scheduler_release`), which has them all."""
     release = scheduler_release(version)
-    problems = [(f.option, f"vLLM {release.name} has no {f.option} (since "
+    named = version or release.version
+    problems = [(f.option, f"vLLM {named[0]}.{named[1]} has no {f.option} (since "
                            f"{f.since[0]}.{f.since[1]}); drop it or name vLLM "
                            f"{f.since[0]}.{f.since[1]} or later")
                 for f in FLAGS.values()
-                if f.since is not None and release.version < f.since
+                if f.since is not None and named < f.since
                 and hasattr(args, f.attr) and getattr(args, f.attr) != f.default]
     if problems:
         raise SpecError(problems)

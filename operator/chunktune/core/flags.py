@@ -287,11 +287,11 @@ _ENTRIES: tuple[Flag, ...] = (
     # vLLM's SchedulerConfig; what each release does with them: core.vllm_release.SCHEDULERS
     Flag("long-prefill-token-threshold-adaptive", "bool", VLLM_ENGINES,
          "floor the long-prefill threshold at the token budget / requests in the system",
-         default=False),
+         default=False, since=(0, 31, 0)),
     Flag("prefill-schedule-interval", "int", VLLM_ENGINES,
          "hold prefill until N steps have passed since the last step that carried prefill, "
          "so decodes run alone in between (without data parallelism since vLLM 0.33)",
-         int, _INT, minimum=1, maximum=MAX_SEQS, default=1, tunable=True),
+         int, _INT, minimum=1, maximum=MAX_SEQS, default=1, tunable=True, since=(0, 24, 0)),
     Flag("cache-aware-admission-window", "int", VLLM_ENGINES,
          "within the first N waiting requests admit those with a cached prefix first, once "
          "KV usage reaches the threshold (vLLM 0.34; fcfs with prefix caching); 0 = off",

@@ -140,6 +140,24 @@ class SchedulerRelease:
     #: ``compute_iteration_details`` counts as context); before, as generation once it had
     #: produced a token.
     resumed_counts_as_context: bool = False
+    #: a waiting request is admitted only when the KV blocks of its whole current sequence
+    #: (prompt and tokens generated so far, less its prefix-cache hit) are free (0.19:
+    #: ``scheduler_reserve_full_isl``, on by default, ``KVCacheManager.can_fit_full_sequence``,
+    #: vLLM PR #37307); before, when its first chunk's are, so that a long prompt admitted
+    #: into a nearly full cache preempts running requests as its later chunks need blocks.
+    reserves_full_sequence: bool = False
+    #: each scheduled request costs its draft slots against the batch budget (0.28:
+    #: ``input_budget``); before, the budget is cut once by the slots of ``max_num_seqs``
+    #: requests (``VllmConfig._set_max_num_scheduled_tokens``, 0.18-0.27).
+    draft_slots_per_request: bool = False
+    #: ``--long-prefill-token-threshold`` applies only with more than one request in the
+    #: system (0.31: ``num_eligible_reqs > 1``, vLLM PR #57951); before, to a lone one too.
+    threshold_skips_lone_request: bool = False
+    #: a waiting request is admitted with its speculative lookahead slots allocated (0.23:
+    #: ``effective_lookahead_tokens`` is 0 only for an asynchronous KV load); before, without
+    #: them while it has computed nothing (``0 if request.num_computed_tokens == 0``), as a new
+    #: or preempted request has.
+    admission_lookahead: bool = False
 
     @property
     def name(self) -> str:
@@ -147,16 +165,30 @@ class SchedulerRelease:
 
 
 #: The releases whose scheduler the per-release suite (``tests/sim/releases``) checks step by
-#: step against the simulator's, oldest first. 0.31 and 0.32 schedule alike (their
-#: ``schedule()`` differs in encoder, connector and logging code only).
+#: step against the simulator's, oldest first: each row where a rule the simulator models
+#: first appears (found by reading every release's ``schedule()`` from 0.18 to 0.34), and
+#: 0.31-0.34. 0.31 and 0.32 schedule alike (their ``schedule()`` differs in encoder,
+#: connector and logging code only). Releases between two rows run the older row's rules;
+#: 0.9-0.17 run 0.18's (not checked step by step).
 SCHEDULERS: tuple[SchedulerRelease, ...] = (
-    SchedulerRelease((0, 31, 0)),
-    SchedulerRelease((0, 32, 0)),
+    SchedulerRelease((0, 18, 0)),
+    SchedulerRelease((0, 19, 0), reserves_full_sequence=True),
+    SchedulerRelease((0, 23, 0), reserves_full_sequence=True, admission_lookahead=True),
+    SchedulerRelease((0, 28, 0), reserves_full_sequence=True, admission_lookahead=True,
+                     draft_slots_per_request=True),
+    SchedulerRelease((0, 31, 0), reserves_full_sequence=True, draft_slots_per_request=True,
+                     threshold_skips_lone_request=True, admission_lookahead=True),
+    SchedulerRelease((0, 32, 0), reserves_full_sequence=True, draft_slots_per_request=True,
+                     threshold_skips_lone_request=True, admission_lookahead=True),
     SchedulerRelease((0, 33, 0), local_prefill_cadence=True,
-                     priority_self_preemption_continues=True),
+                     priority_self_preemption_continues=True, reserves_full_sequence=True,
+                     draft_slots_per_request=True, threshold_skips_lone_request=True,
+                     admission_lookahead=True),
     SchedulerRelease((0, 34, 0), local_prefill_cadence=True,
                      priority_self_preemption_continues=True, threshold_needs_chunking=True,
-                     cache_aware_admission=True, resumed_counts_as_context=True),
+                     cache_aware_admission=True, resumed_counts_as_context=True,
+                     reserves_full_sequence=True, draft_slots_per_request=True,
+                     threshold_skips_lone_request=True, admission_lookahead=True),
 )
 #: The release whose scheduler the simulator runs when a study names none.
 NEWEST_SCHEDULER: SchedulerRelease = SCHEDULERS[-1]

@@ -65,8 +65,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "finish before they count as timeouts, as in `chunktune load run` "
                         "(default: 60s)")
     run.add_argument("--vllm-version", metavar="VERSION",
-                     help="the vLLM whose scheduler runs (0.31 to 0.34 checked; an older one "
-                          "runs 0.31's) and whose start-up defaults apply (batch budget and "
+                     help="the vLLM whose scheduler runs (0.18, 0.19, 0.23, 0.28 and 0.31 to "
+                          "0.34 checked; another runs the nearest older one's, 0.9-0.17 "
+                          "0.18's) and whose start-up defaults apply (batch budget and "
                           "sequences, --gpu-memory-utilization, CUDA-graph memory), e.g. 0.33.0 "
                           "(default: the newest checked, 0.34; docs/vllm-versions.md)")
     run.add_argument("--json", metavar="PATH",

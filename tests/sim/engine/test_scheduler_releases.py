@@ -18,7 +18,7 @@ from chunktune.core.vllm_release import (
 )
 from tests.sim.releases.cases import NAMED, sim_trace
 
-V31, V32, V33, V34 = (r.version for r in SCHEDULERS)
+V18, V19, V23, V28, V31, V32, V33, V34 = (r.version for r in SCHEDULERS)
 CASE = {c.name: c for c in NAMED}
 
 
@@ -29,7 +29,11 @@ def steps(name: str, version: tuple[int, int, int] | None) -> list[tuple[int, in
 def test_each_version_runs_the_scheduler_of_its_release_or_the_nearest_checked():
     assert scheduler_release(None) is NEWEST_SCHEDULER
     assert scheduler_release((0, 33, 2)).version == V33
-    assert scheduler_release((0, 20, 0)).version == V31  # older ones: the oldest checked
+    assert scheduler_release((0, 20, 0)).version == V19  # between two: the older one
+    assert scheduler_release((0, 30, 1)).version == V28
+    assert scheduler_release((0, 10, 2)).version == V18  # older ones: the oldest checked
+    assert scheduler_note((0, 11, 0)) == \
+        "vLLM 0.18's for 0.11.0 (older schedulers are not checked)"
     assert scheduler_release((0, 40, 0)) is NEWEST_SCHEDULER
     assert "newest checked" in scheduler_note(None)
     assert scheduler_note((0, 33, 0)) == "vLLM 0.33"
@@ -81,3 +85,57 @@ def test_cache_aware_admission_puts_cached_openings_first_from_0_34():
     with pytest.raises(SpecError, match=r"--cache-aware-admission-window.*since 0\.34"):
         resolve(EngineArgs(cache_aware_admission_window=4), resolve_model("llama-3.1-8b"),
                 resolve_gpu("h100-sxm"), version=(0, 33, 0))
+
+
+def test_a_long_prompt_is_admitted_on_its_first_chunk_before_0_19():
+    """vLLM 0.18 admits a waiting prompt when its first chunk's blocks are free, and its
+    later chunks preempt the requests decoding beside it; 0.19 (``scheduler_reserve_full_isl``)
+    waits until the whole sequence fits, and preempts nothing."""
+    old, new = sim_trace(CASE["full_sequence_admission"], V18), sim_trace(
+        CASE["full_sequence_admission"], V19)
+    assert sum(old.preempted) > 0
+    assert sum(new.preempted) == 0
+    assert new.steps == sim_trace(CASE["full_sequence_admission"], V34).steps
+
+
+def test_the_threshold_holds_a_lone_request_before_0_31():
+    old, new = steps("lone_request_threshold", V28), steps("lone_request_threshold", V31)
+    assert old[0] == (1, 32, 0, 0)
+    assert new[0] == (1, 128, 0, 0)
+
+
+def test_draft_slots_cut_the_budget_once_before_0_28():
+    """0.18-0.27 take max_num_seqs x 1 draft slot off a draft model's budget once (48 - 8);
+    0.28 charges each scheduled request its slot (48 - 2 for two prompts)."""
+    assert steps("spec_draft_k2", V23)[0] == (2, 40, 0, 0)
+    assert steps("spec_draft_k2", V28)[0] == (2, 46, 0, 0)
+
+
+def test_a_new_request_is_admitted_without_its_lookahead_before_0_23():
+    old = sim_trace(CASE["admission_lookahead"], V19)
+    new = sim_trace(CASE["admission_lookahead"], V23)
+    assert sum(old.preempted) > 0
+    assert sum(new.preempted) == 0
+
+
+def test_a_flag_newer_than_the_named_release_is_refused_by_its_own_version():
+    """The check reads the release named, not the checked row it runs: vLLM 0.25 has
+    --prefill-schedule-interval (0.24) though it runs 0.23's scheduler."""
+    model, gpu = resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm")
+    resolve(EngineArgs(prefill_schedule_interval=2), model, gpu, version=(0, 25, 0))
+    with pytest.raises(SpecError, match=r"vLLM 0\.23 has no --prefill-schedule-interval"):
+        resolve(EngineArgs(prefill_schedule_interval=2), model, gpu, version=(0, 23, 0))
+    with pytest.raises(SpecError,
+                       match=r"vLLM 0\.30 has no --long-prefill-token-threshold-adaptive"):
+        resolve(EngineArgs(long_prefill_token_threshold_adaptive=True), model, gpu,
+                version=(0, 30, 0))
+
+
+def test_a_budget_the_old_draft_slot_cut_empties_is_refused_by_name():
+    model, gpu = resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm")
+    spec = '{"method": "draft_model", "model": "llama-3.1-8b", "num_speculative_tokens": 2}'
+    args = EngineArgs(max_num_batched_tokens=256, max_num_seqs=256, speculative_config=spec)
+    with pytest.raises(SpecError, match="max-num-batched-tokens") as e:
+        resolve(args, model, gpu, version=(0, 19, 0))
+    assert "256 x 1 draft slot" in str(e.value) or "(256) x 1" in str(e.value)
+    resolve(args, model, gpu, version=(0, 28, 0))  # a slot a scheduled request: it runs

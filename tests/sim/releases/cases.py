@@ -20,12 +20,20 @@ from pathlib import Path
 from typing import Any
 
 from chunktune.core.engine_args import ResolvedConfig
-from chunktune.core.vllm_release import Version
+from chunktune.core.vllm_release import SCHEDULERS, Version
 from chunktune.sim.engine.request import Request
 from chunktune.sim.engine.scheduler import Scheduler
 from chunktune.sim.engine.step_trace import BatchTrace
 
 BLOCK_SIZE = 16
+#: The first checked release whose ``SchedulerConfig`` has each setting a case may add
+#: (0.18.0 and 0.19.0 have none of them).
+SETTINGS_SINCE: dict[str, Version] = {
+    "long_prefill_token_threshold_adaptive": (0, 31, 0),
+    "prefill_schedule_interval": (0, 31, 0),
+    "cache_aware_admission_window": (0, 34, 0),
+    "cache_aware_admission_threshold": (0, 34, 0),
+}
 
 
 @dataclass(frozen=True)
@@ -45,11 +53,18 @@ class ReleaseCase:
     arrivals: tuple[int, ...] = ()
     #: scheduler settings beyond the common ones, by vLLM's ``SchedulerConfig`` field name
     extra: dict[str, Any] = field(default_factory=dict)
-    #: the first release that has every setting of ``extra``
-    since: Version = (0, 31, 0)
+    #: the first checked release that has every setting of ``extra`` (None: the first
+    #: that has each, :data:`SETTINGS_SINCE`)
+    since: Version | None = None
     #: speculative decoding: (method, K), method ``ngram`` or ``draft_model`` (the model
     #: drafting for itself); None: off
     speculative: tuple[str, int] | None = None
+
+    def first_release(self) -> Version:
+        """The oldest checked release the case runs on: the newest of its settings' first."""
+        if self.since is not None:
+            return self.since
+        return max([SCHEDULERS[0].version, *(SETTINGS_SINCE[k] for k in self.extra)])
 
     def accepted(self) -> dict[str, list[int]]:
         """The drafts accepted at each verification of each request's drafts, in order
@@ -172,11 +187,19 @@ NAMED: tuple[ReleaseCase, ...] = (
                 max_num_seqs=2, enable_prefix_caching=True, num_gpu_blocks=30,
                 prefixes=_CACHE_PREFIXES, arrivals=_CACHE_ARRIVALS,
                 extra={"cache_aware_admission_window": 4,
-                       "cache_aware_admission_threshold": 0.3},
-                since=(0, 34, 0)),
+                       "cache_aware_admission_threshold": 0.3}),
     ReleaseCase("cache_aware_admission_off", _CACHE_REQUESTS, max_num_batched_tokens=128,
                 max_num_seqs=2, enable_prefix_caching=True, num_gpu_blocks=30,
                 prefixes=_CACHE_PREFIXES, arrivals=_CACHE_ARRIVALS),
+    # 0.19: a long prompt waits until its whole sequence fits (before: its first chunk's
+    # blocks admit it, and its later chunks preempt the requests decoding beside it)
+    ReleaseCase("full_sequence_admission", (("a", 60, 40), ("b", 50, 40), ("long", 300, 4),
+                                            ("c", 40, 10)),
+                max_num_batched_tokens=64, num_gpu_blocks=26, arrivals=(0, 0, 2, 3)),
+    # 0.31: a lone request is not held to the threshold (before: it is)
+    ReleaseCase("lone_request_threshold", (("a", 200, 4), ("b", 40, 4)),
+                max_num_batched_tokens=128, long_prefill_token_threshold=32,
+                arrivals=(0, 9)),
     # every release: speculative decoding, ngram (no draft slots, no lookahead) and a draft
     # model (a draft slot per request in the budget, K KV slots ahead), budgets that cut the
     # prompts, and a KV cache tight enough to preempt
@@ -187,6 +210,11 @@ NAMED: tuple[ReleaseCase, ...] = (
                 speculative=("draft_model", 2)),
     ReleaseCase("spec_draft_k4_tight_kv", _SPEC_REQUESTS, max_num_batched_tokens=96,
                 num_gpu_blocks=22, arrivals=_SPEC_ARRIVALS, speculative=("draft_model", 4)),
+    # 0.23: a new request is admitted with its lookahead slots (before: without, and the
+    # running request it crowds is preempted for them a step later)
+    ReleaseCase("admission_lookahead", (("a", 40, 30), ("b", 48, 6)),
+                max_num_batched_tokens=64, num_gpu_blocks=8, arrivals=(0, 2),
+                speculative=("draft_model", 4)),
     ReleaseCase("spec_ngram_k2_tight_kv", _SPEC_REQUESTS, max_num_batched_tokens=64,
                 max_num_seqs=4, num_gpu_blocks=20, arrivals=_SPEC_ARRIVALS,
                 speculative=("ngram", 2)),

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 HERE = Path(__file__).parent
 RELEASES = [r.version for r in SCHEDULERS]
-PAIRS = [(v, c) for v in RELEASES for c in CASES if c.since <= v]
+PAIRS = [(v, c) for v in RELEASES for c in CASES if c.first_release() <= v]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,8 @@ class Releases:
             pytest.fail(f"vLLM {text(version)}'s wheel: {e}", pytrace=False)
         spec = self.tmp / f"spec-{text(version)}.json"
         out = self.tmp / f"out-{text(version)}.json"
-        spec.write_text(json.dumps({"cases": [c.spec() for c in CASES if c.since <= version]}))
+        spec.write_text(json.dumps({"cases": [c.spec() for c in CASES
+                                              if c.first_release() <= version]}))
         try:
             proc = subprocess.run(
                 [sys.executable, str(HERE / "vllm_scheduler.py"), str(extract), str(self.tiny),
@@ -103,7 +104,7 @@ def test_the_cases_exercise_what_they_are_named_for(vllm: Releases) -> None:
     random ones cover arrivals mid-run, prefix caching on and off, preemptions, priority
     and chunked prefill off; the speculative ones verify drafts in steps that also carry
     prefill chunks, and preempt where the KV cache is tight."""
-    v31, v32, v33, v34 = RELEASES
+    v18, v19, v23, v28, v31, v32, v33, v34 = RELEASES
 
     def steps(v: Version, name: str) -> list[list[int]]:
         return vllm(v, name)["steps"]
@@ -116,13 +117,28 @@ def test_the_cases_exercise_what_they_are_named_for(vllm: Releases) -> None:
     assert steps(v34, "threshold_without_chunking") != steps(v33, "threshold_without_chunking")
     assert max(s[1] for s in steps(v32, "adaptive_threshold")) > 16
     assert steps(v34, "cache_aware_admission") != steps(v34, "cache_aware_admission_off")
+    # the whole-sequence gate: 0.18 admits the long prompt on its first chunk and preempts
+    # for its later ones; 0.19 holds it back until it fits, and preempts nothing
+    assert sum(vllm(v18, "full_sequence_admission")["preempted"]) > 0
+    assert sum(vllm(v19, "full_sequence_admission")["preempted"]) == 0
+    assert steps(v19, "full_sequence_admission") == steps(v31, "full_sequence_admission")
+    # the threshold on a lone request: held to 32 tokens a step before 0.31, not since
+    assert max(s[1] for s in steps(v28, "lone_request_threshold")) == 32
+    assert max(s[1] for s in steps(v31, "lone_request_threshold")) == 128
+    # draft slots: cut once from the budget (max_num_seqs x 1) before 0.28, a request's each
+    assert steps(v23, "spec_draft_k2") != steps(v28, "spec_draft_k2")
+    assert sum(vllm(v19, "admission_lookahead")["preempted"]) > 0
+    assert sum(vllm(v23, "admission_lookahead")["preempted"]) == 0
+    # a preempted request comes back without its lookahead slots before 0.23 (with 0.18's
+    # chunk-only admission: at once, to be preempted again)
+    assert steps(v18, "spec_draft_k4_tight_kv") != steps(v19, "spec_draft_k4_tight_kv")
     assert steps(v31, "prefill_schedule_interval_4") == steps(v32, "prefill_schedule_interval_4")
     assert any(c.arrivals and max(c.arrivals) > 0 for c in RANDOM)
     assert {c.enable_prefix_caching for c in RANDOM} == {True, False}
     assert {c.enable_chunked_prefill for c in RANDOM} == {True, False}
     assert any(c.scheduling_policy == "priority" for c in RANDOM)
     assert any(sum(vllm(v34, c.name)["preempted"]) for c in RANDOM)
-    spec = [c for c in CASES if c.speculative]
+    spec = [c for c in CASES if c.speculative and c.name.startswith("spec_")]
     assert {c.speculative[0] for c in spec if c.speculative} == {"ngram", "draft_model"}
     for v in RELEASES:
         for c in spec:

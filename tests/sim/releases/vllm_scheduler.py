@@ -32,11 +32,43 @@ process, nor meet the installed vLLM.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
 import sys
 from typing import Any
+
+#: Third-party packages that older releases import when their configs and request types load
+#: and that the installed CPU build does not need, with the submodules they import:
+#: ``gguf`` (GGUF files, before 0.19), ``diskcache`` (the structured-output grammar cache).
+#: No scheduler step reads either.
+STUBBED: dict[str, tuple[str, ...]] = {"gguf": ("constants", "quants"), "diskcache": ()}
+#: A stand-in module: every public name a placeholder class (PEP 562).
+_PLACEHOLDER = (
+    '"""A stand-in written by the per-release scheduler suite: the package is not installed."""\n'
+    "def __getattr__(name):\n"
+    "    if name.startswith('__'):\n"
+    "        raise AttributeError(name)\n"
+    "    return type(name, (), {})\n")
+
+
+def stub_missing(folder: str) -> list[str]:
+    """Write a stand-in package into ``folder`` for each package of :data:`STUBBED` that is
+    not installed; the folder goes on the path of this process and of vLLM's own
+    subprocesses (the model registry inspects a model's class in one). Returns the packages
+    stubbed."""
+    written = []
+    for name, submodules in STUBBED.items():
+        if importlib.util.find_spec(name) is not None:
+            continue
+        package = os.path.join(folder, name)
+        os.makedirs(package, exist_ok=True)
+        for module in ("__init__", *submodules):
+            with open(os.path.join(package, f"{module}.py"), "w", encoding="utf-8") as f:
+                f.write(_PLACEHOLDER)
+        written.append(name)
+    return written
 
 
 def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
@@ -48,10 +80,12 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     # the same release in vLLM's own subprocesses (the model registry inspects the model's
     # class in one), and its model-info cache kept apart from other releases'
+    stubs = os.path.join(extract, ".stubs")
+    stub_missing(stubs)
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (extract, os.environ.get("PYTHONPATH")) if p)
+        p for p in (extract, stubs, os.environ.get("PYTHONPATH")) if p)
     os.environ["VLLM_CACHE_ROOT"] = os.path.join(extract, ".vllm-cache")
-    sys.path.insert(0, extract)
+    sys.path[:0] = [extract, stubs]
     import torch
     import vllm.platforms
     from vllm.platforms.interface import UnspecifiedPlatform

@@ -2,10 +2,11 @@
 
 ``vllm_extract("0.34.0")`` downloads the release's wheel from the package index (``pip
 download vllm==0.34.0 --no-deps``; about 330 MB) into a cache directory and extracts its
-``.py`` files (no compiled extension, no third-party copies) beside it, once: later calls
-return the extract. Nothing is installed: the extract is only ever put on ``sys.path`` of
-the subprocess that drives that release's scheduler (``vllm_scheduler.py``), apart from the
-installed CPU build.
+``.py`` files (no compiled extension, no third-party copies but that package's own
+``__init__.py``, which releases before 0.19 look into for ``triton_kernels``) beside it,
+once: later calls return the extract. Nothing is installed: the extract is only ever put
+on ``sys.path`` of the subprocess that drives that release's scheduler
+(``vllm_scheduler.py``), apart from the installed CPU build.
 
 The cache directory is ``$CHUNKTUNE_VLLM_RELEASES`` or ``~/.cache/chunktune/vllm-releases``;
 pip's own settings (an index mirror, ``PIP_FIND_LINKS`` to a folder of wheels) apply.
@@ -53,7 +54,8 @@ def vllm_extract(version: str, timeout: float = 900) -> Path:
     with zipfile.ZipFile(wheel) as z:
         for name in z.namelist():
             if name.startswith("vllm/") and name.endswith(".py") \
-                    and not name.startswith("vllm/third_party/"):
+                    and (not name.startswith("vllm/third_party/")
+                         or name == "vllm/third_party/__init__.py"):
                 z.extract(name, partial)
     (partial / _DONE).write_text(wheel.name + "\n")
     shutil.rmtree(out, ignore_errors=True)

@@ -137,8 +137,8 @@ FI_ALLREDUCE_FUSION_SYSTEMS = {"b200_sxm": {2: 32.0, 4: 32.0, 8: 8.0}}
 #: for ``70b-fp8-h100-vllm``, ``70b-fp8-h200-vllm``, ``70b-fp8-b200-vllm`` and
 #: ``70b-fp4-b200-vllm``, ``vllm/vllm-openai:v0.10.2`` (the tag, not a recorded version: an
 #: inference). What it changes in the replay: the B200 FP4 rows' NVFP4 GEMM kernel
-#: (FlashInfer CUTLASS, ``gemm_table.nvfp4_kernel``), the scheduler (0.31's, the oldest checked)
-#: and the memory profile (CUDA graphs outside it).
+#: (FlashInfer CUTLASS, ``gemm_table.nvfp4_kernel``), the scheduler (0.18's: a prompt admitted
+#: on its first chunk) and the memory profile (CUDA graphs outside it).
 INFERENCEX_VLLM: Version = (0, 10, 2)
 #: Precisions the replay runs (``precision`` column), with what it leaves out where it leaves
 #: something out; the rest are reported, not run.

@@ -4,7 +4,8 @@ This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (``docs/vllm-behavi
 
 1. ``token_budget = max_num_batched_tokens``. The ``long_prefill_token_threshold`` applies only
    when more than one request is in the system (running + waiting) at the start of the step:
-   vLLM 0.32 lets a lone request use the whole budget, as there is nobody to starve.
+   vLLM 0.31+ lets a lone request use the whole budget, as there is nobody to starve (before,
+   the threshold caps it too).
 2. RUNNING requests first, in order: each asks for ``num_tokens - num_computed`` tokens, capped by
    the threshold (when it applies), by what is left of the budget and by
    ``max_model_len - num_computed - 1``. If its KV blocks do not fit, the scheduler preempts a
@@ -15,7 +16,8 @@ This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (``docs/vllm-behavi
 3. WAITING requests are admitted only if nothing was preempted in this step, while the running
    set is below ``max_num_seqs`` and budget is left; each takes its (capped) chunk, or stops the
    admission when the blocks for its *whole* current sequence (prompt plus tokens generated so
-   far) do not fit (``scheduler_reserve_full_isl``, on by default in 0.32). With chunked prefill
+   far) do not fit (``scheduler_reserve_full_isl``, on by default from 0.19; before, only the
+   chunk's blocks must fit: ``SchedulerRelease.reserves_full_sequence``). With chunked prefill
    off a prompt that does not fit the remaining budget stops the admission instead of being
    split. WAITING is a FIFO under ``fcfs`` and ordered by ``(priority, arrival)`` under
    ``priority`` (``vllm/v1/core/sched/request_queue.py``: ``FCFSRequestQueue``,
@@ -43,7 +45,9 @@ This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (``docs/vllm-behavi
    drafts included; every scheduled request costs its tokens plus the method's draft slots
    against the budget (``input_budget``), nothing is scheduled once the budget left is at most
    the draft slots, and KV is allocated ``lookahead`` tokens past the scheduled ones. After the
-   step the rejected drafts roll ``num_computed`` back (:meth:`Scheduler.verify`).
+   step the rejected drafts roll ``num_computed`` back (:meth:`Scheduler.verify`). Before 0.28
+   the draft slots are not charged per request: the budget is cut once by the slots of
+   ``max_num_seqs`` requests (``VllmConfig._set_max_num_scheduled_tokens``).
 
 NOTE: with the default threshold of 0 a long prompt takes *all* budget left after the decodes
 scheduled before it — decodes admitted after it in the running list, and new arrivals, wait:
@@ -178,6 +182,7 @@ class Scheduler:
         release = self.release = scheduler_release(cfg.vllm_version)
         self.adaptive = cfg.long_prefill_token_threshold_adaptive
         self.threshold_needs_chunking = release.threshold_needs_chunking
+        self.lone_request_unthrottled = release.threshold_skips_lone_request
         self.self_preemption_continues = release.priority_self_preemption_continues
         # vLLM 0.33 Scheduler.__init__: local_prefill_interval (no DP here); a full interval
         # back, so that the first step is never held
@@ -219,11 +224,16 @@ class Scheduler:
         # vLLM's input_budget: each scheduled request costs its tokens plus the draft slots
         budget = self.budget
         slots = self.draft_slots
+        if slots and not self.release.draft_slots_per_request:
+            # vLLM 0.18-0.27: the budget is cut once by the slots of max_num_seqs requests
+            budget -= slots * self.max_num_seqs
+            slots = 0
+        total = budget
         ahead = self.lookahead
         # The threshold exists to stop a long prefill from starving others: with one request
-        # in the system vLLM 0.32 does not apply it.
+        # in the system vLLM 0.31+ does not apply it.
         in_system = len(self.running) + len(self.waiting)
-        thr = self.threshold if in_system > 1 else 0
+        thr = self.threshold if in_system > 1 or not self.lone_request_unthrottled else 0
         if self.threshold_needs_chunking and not self.chunked:
             thr = 0
         if thr and self.adaptive:  # a fair share of the budget at least
@@ -342,6 +352,8 @@ class Scheduler:
             waiting = self.waiting
             max_seqs = self.max_num_seqs
             chunked = self.chunked
+            full = self.release.reserves_full_sequence
+            lookahead_in = self.release.admission_lookahead
             while waiting and budget > slots and len(running) < max_seqs:
                 req = waiting[0]
                 computed = req.num_computed
@@ -361,11 +373,14 @@ class Scheduler:
                     if not chunked:
                         break
                     n = budget - slots
-                # The whole current sequence must fit before the request is admitted.
-                if -(-min(req.prompt_len + req.num_output, max_len) // bs) - req.num_blocks \
-                        - hit + touch > pool.free:
+                # From 0.19 the whole current sequence must fit before the request is
+                # admitted; before, its chunk only (below).
+                if full and -(-min(req.prompt_len + req.num_output, max_len) // bs) \
+                        - req.num_blocks - hit + touch > pool.free:
                     break
-                need = -(-min(computed + n + ahead, max_len) // bs) - req.num_blocks - hit
+                # before 0.23 a request that has computed nothing is admitted without them
+                wahead = ahead if lookahead_in or req.num_computed else 0
+                need = -(-min(computed + n + wahead, max_len) // bs) - req.num_blocks - hit
                 if need + touch > pool.free:
                     break
                 waiting.popleft()
@@ -395,7 +410,7 @@ class Scheduler:
             for victim in preempted:
                 self.waiting.appendleft(victim)
 
-        plan.num_tokens = self.budget - budget - slots * len(scheduled)
+        plan.num_tokens = total - budget - slots * len(scheduled)
         plan.num_sampling = sampling
         if plan.num_tokens:
             self.num_executed_steps += 1

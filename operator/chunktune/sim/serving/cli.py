@@ -90,8 +90,9 @@ def register(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                         "profiled engine's steps cost (its server overhead is not added: this "
                         "server pays its own HTTP costs)")
     s.add_argument("--vllm-version", metavar="VERSION",
-                   help="the vLLM whose scheduler runs (0.31 to 0.34 checked; an older one "
-                        "runs 0.31's) and whose start-up defaults apply (batch budget and "
+                   help="the vLLM whose scheduler runs (0.18, 0.19, 0.23, 0.28 and 0.31 to "
+                        "0.34 checked; another runs the nearest older one's, 0.9-0.17 "
+                        "0.18's) and whose start-up defaults apply (batch budget and "
                         "sequences, --gpu-memory-utilization, CUDA-graph memory), e.g. 0.33.0 "
                         "(default: the newest checked, 0.34; docs/vllm-versions.md)")
     s.add_argument("--load-time", type=float, default=DEFAULT_LOAD_TIME_S, metavar="SECONDS",
