@@ -239,3 +239,21 @@ def test_catalog_entries_read_as_their_real_configs(key, config):
     ours, theirs = resolve_model(key), real(config)
     assert replace(ours, name="", hf_name="") == replace(theirs, name="", hf_name="")
     assert resolve_model(ours.hf_name).name == key  # the HF repo id finds the entry
+
+
+#: Config files committed beside the published runs (bench/data/e2e/model-configs/README.md)
+COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "data" / "e2e" / "model-configs"
+
+
+@pytest.mark.parametrize(("key", "config"), [
+    ("glm-4.5-air", "zai-org--GLM-4.5-Air"),
+    # GLM-4.6 has GLM-4.7's shape: AIConfigurator's GLM-4.7-FP8 entry holds no quantization
+    # section, so it reads as the bf16 model
+    ("glm-4.6", "zai-org--GLM-4.7-FP8"),
+])
+def test_glm_catalog_entries_read_as_their_configs(key, config):
+    ours = resolve_model(key)
+    theirs = resolve_model(config_path=COMMITTED / f"{config}_config.json")
+    assert replace(ours, name="", hf_name="") == replace(theirs, name="", hf_name="")
+    assert resolve_model(ours.hf_name).name == key
+    assert ours.num_experts and ours.num_shared_experts == 1 and ours.num_dense_layers

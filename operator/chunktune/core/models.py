@@ -906,6 +906,20 @@ CATALOG_HF: dict[str, dict[str, Any]] = {
                "modules_to_not_convert": ["lm_head", "model.layers.*.input_layernorm",
                                           "model.layers.*.post_attention_layernorm",
                                           "model.layers.*.mlp.gate"]}}))},
+    # GLM-4.5-Air and GLM-4.6 (Glm4MoeForCausalLM): grouped-query attention (96 query heads
+    # over 8 KV heads of 128, wider than the hidden size), MoE with one shared expert and
+    # dense first layers; the MTP layer (num_nextn_predict_layers) vLLM loads only for
+    # speculative decoding. GLM-4.6 has GLM-4.7's shape (bench/data/e2e/model-configs).
+    **{key: {"_name_or_path": hf, "model_type": "glm4_moe", "hidden_size": hidden,
+             "num_hidden_layers": layers, "num_attention_heads": 96, "num_key_value_heads": 8,
+             "head_dim": 128, "intermediate_size": dense, "vocab_size": 151552,
+             "max_position_embeddings": positions, "torch_dtype": "bfloat16",
+             "hidden_act": "silu", "n_routed_experts": experts, "num_experts_per_tok": 8,
+             "moe_intermediate_size": width, "n_shared_experts": 1,
+             "first_k_dense_replace": first_dense, "tie_word_embeddings": False}
+       for key, hf, hidden, layers, dense, positions, experts, width, first_dense in (
+           ("glm-4.5-air", "zai-org/GLM-4.5-Air", 4096, 46, 10944, 131072, 128, 1408, 1),
+           ("glm-4.6", "zai-org/GLM-4.6", 5120, 92, 12288, 202752, 160, 1536, 3))},
     "minimax-m2.5": _dense("MiniMaxAI/MiniMax-M2.5", 3072, 62, 48, 8, 1536, 200064, 196608,
                            head_dim=128, model_type="minimax_m2", num_local_experts=256,
                            num_experts_per_tok=8, quantization_config={

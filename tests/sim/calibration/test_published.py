@@ -112,7 +112,8 @@ def test_what_is_not_modelled_is_refused_by_name(runs):
     # its frontend flags (--tokenizer-mode, --reasoning-parser) are not what refuses it
     assert "DSA" in (published.replay(dsa).skipped or "")
     glm = next(r for r in runs if r.model == "zai-org/GLM-4.6")
-    assert published.replay(glm).skipped == "no config.json of zai-org/GLM-4.6 here"
+    other = dataclasses.replace(glm, model="zai-org/GLM-4.5")
+    assert published.replay(other).skipped == "no config.json of zai-org/GLM-4.5 here"
     qwen = next(r for r in runs if r.source == "qwen3-8b/h100-latency.md")
     piped = dataclasses.replace(qwen, args=("-pp", "2"))
     assert published.replay(piped).skipped == "--pipeline-parallel-size is not modelled"

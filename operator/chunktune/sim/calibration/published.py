@@ -77,6 +77,8 @@ CATALOG_MODELS: dict[str, tuple[str, int | None]] = {
     "Qwen/Qwen3-32B": ("qwen3-32b", None),
     "Qwen/Qwen3-235B-A22B-Instruct-2507": ("qwen3-235b-a22b", 262144),
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": ("qwen3-235b-a22b-fp8", 262144),
+    "zai-org/GLM-4.5-Air": ("glm-4.5-air", None),
+    "zai-org/GLM-4.6": ("glm-4.6", None),
 }
 #: A served model the catalog lacks -> its config.json in :data:`CONFIGS` (read as
 #: ``--model-config`` reads it: the reader refuses what is not modelled, by name).
