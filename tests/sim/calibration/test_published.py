@@ -149,8 +149,8 @@ def test_the_twin_ranks_the_docs_serving_commands_as_measured(replays):
     32,000-token prompts, +0.0%), Qwen3-235B's 128-token burst of 984 requests, whose
     duration the API server's handling of the requests sets more than the steps, and
     gpt-oss-120b's 2,000-token burst on the A100 (async and a 4,096 budget 8.6% sooner
-    measured, a tie simulated: vLLM 0.11 admits on a prompt's first chunk and the replay's
-    preemptions recompute what vLLM's prefix cache would keep)."""
+    measured, a tie simulated, since vLLM 0.11's rule of admitting a prompt on its first
+    chunk is replayed)."""
     ps = published.pairs(replays, "duration")
     assert len(ps) == 26
     wrong = sorted((p.first.run.source, p.first.run.case) for p in ps if not p.agrees)

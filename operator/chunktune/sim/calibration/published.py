@@ -24,7 +24,8 @@ Two clients, as the docs ran ``vllm bench serve`` (``--backend openai-chat``, st
 
 A run is replayed as ``vllm serve`` ran it (:func:`engine`): the doc's vLLM release with its
 defaults (batch budget and sequences, ``--gpu-memory-utilization``, synchronous scheduling
-before 0.14), the serving command's flags, the model from its ``config.json`` fields
+before 0.14, prefix caching on, a waiting prompt admitted on its first chunk before 0.19),
+the serving command's flags, the model from its ``config.json`` fields
 (:data:`CATALOG_MODELS`, :data:`CONFIG_FILES`), the GPU the doc's Hardware section names, with
 the API server's cost before the first token
 (:data:`~chunktune.sim.engine.virtual.API_SERVER`). Where the doc names "H100"
@@ -237,6 +238,11 @@ def engine(run: PublishedRun) -> tuple[EngineArgs, ModelConfig, GPU, Version]:
             raise SpecError(f"{spelling} is not modelled")
     kw = {flags.FLAGS[name].attr: value for name, value in parsed.values.items()}
     version = parse_version(run.vllm, "vllm")
+    # vLLM V1 caches prefixes unless told not to (0.10-0.13 EngineArgs._set_default_args: on
+    # for generative models); the simulator's EngineArgs leaves it off unless given. Random
+    # prompts share nothing: it matters once a request is preempted, whose blocks stay
+    # cached until taken (docs/simulator.md, "Published runs").
+    kw.setdefault("enable_prefix_caching", True)
     return EngineArgs(**kw), model, resolve_gpu(run.gpu), version
 
 
