@@ -93,6 +93,7 @@ class EngineArgs:
     long_prefill_token_threshold: int = _default("long-prefill-token-threshold")
     long_prefill_token_threshold_adaptive: bool = \
         _default("long-prefill-token-threshold-adaptive")
+    scheduler_reserve_full_isl: bool = _default("scheduler-reserve-full-isl")
     prefill_schedule_interval: int = _default("prefill-schedule-interval")
     cache_aware_admission_window: int = _default("cache-aware-admission-window")
     cache_aware_admission_threshold: float = _default("cache-aware-admission-threshold")
@@ -239,6 +240,9 @@ class ResolvedConfig:
     #: and whose scheduler runs (None: the newest checked, ``vllm_release.NEWEST_SCHEDULER``)
     vllm_version: Version | None = None
     long_prefill_token_threshold_adaptive: bool = False
+    #: ``--scheduler-reserve-full-isl`` (vLLM 0.19+; releases before admit on the first
+    #: chunk whatever it says: ``SchedulerRelease.reserves_full_sequence``)
+    scheduler_reserve_full_isl: bool = True
     prefill_schedule_interval: int = 1
     cache_aware_admission_window: int = 0
     cache_aware_admission_threshold: float = 0.5
@@ -428,6 +432,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
         quantization=model.quantization or None,
         vllm_version=version,
         long_prefill_token_threshold_adaptive=args.long_prefill_token_threshold_adaptive,
+        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
         prefill_schedule_interval=args.prefill_schedule_interval,
         cache_aware_admission_window=args.cache_aware_admission_window,
         cache_aware_admission_threshold=args.cache_aware_admission_threshold,

@@ -288,6 +288,11 @@ _ENTRIES: tuple[Flag, ...] = (
     Flag("long-prefill-token-threshold-adaptive", "bool", VLLM_ENGINES,
          "floor the long-prefill threshold at the token budget / requests in the system",
          default=False, since=(0, 31, 0)),
+    Flag("scheduler-reserve-full-isl", "bool", VLLM_ENGINES,
+         "admit a waiting prompt only when its whole sequence fits the KV cache (vLLM 0.19+, "
+         "on by default); off: when its first chunk does, as before 0.19, and its later "
+         "chunks preempt the requests decoding beside it",
+         default=True, since=(0, 19, 0)),
     Flag("prefill-schedule-interval", "int", VLLM_ENGINES,
          "hold prefill until N steps have passed since the last step that carried prefill, "
          "so decodes run alone in between (without data parallelism since vLLM 0.33)",

@@ -139,3 +139,14 @@ def test_a_budget_the_old_draft_slot_cut_empties_is_refused_by_name():
         resolve(args, model, gpu, version=(0, 19, 0))
     assert "256 x 1 draft slot" in str(e.value) or "(256) x 1" in str(e.value)
     resolve(args, model, gpu, version=(0, 28, 0))  # a slot a scheduled request: it runs
+
+
+def test_no_scheduler_reserve_full_isl_admits_on_the_first_chunk_again():
+    """``--no-scheduler-reserve-full-isl`` (vLLM 0.19+) turns the whole-sequence gate off;
+    vLLM 0.18 has no such flag, and the simulator refuses it there as that vLLM would."""
+    off = sim_trace(CASE["full_sequence_admission_off"], V34)
+    assert off.steps == sim_trace(CASE["full_sequence_admission"], V18).steps
+    assert sum(off.preempted) > 0
+    model, gpu = resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm")
+    with pytest.raises(SpecError, match=r"vLLM 0\.18 has no --scheduler-reserve-full-isl"):
+        resolve(EngineArgs(scheduler_reserve_full_isl=False), model, gpu, version=(0, 18, 0))

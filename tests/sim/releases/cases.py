@@ -27,8 +27,9 @@ from chunktune.sim.engine.step_trace import BatchTrace
 
 BLOCK_SIZE = 16
 #: The first checked release whose ``SchedulerConfig`` has each setting a case may add
-#: (0.18.0 and 0.19.0 have none of them).
+#: (0.18.0 has none of them).
 SETTINGS_SINCE: dict[str, Version] = {
+    "scheduler_reserve_full_isl": (0, 19, 0),
     "long_prefill_token_threshold_adaptive": (0, 31, 0),
     "prefill_schedule_interval": (0, 31, 0),
     "cache_aware_admission_window": (0, 34, 0),
@@ -196,6 +197,11 @@ NAMED: tuple[ReleaseCase, ...] = (
     ReleaseCase("full_sequence_admission", (("a", 60, 40), ("b", 50, 40), ("long", 300, 4),
                                             ("c", 40, 10)),
                 max_num_batched_tokens=64, num_gpu_blocks=26, arrivals=(0, 0, 2, 3)),
+    # 0.19+ with the gate off: admission on the first chunk again, as 0.18
+    ReleaseCase("full_sequence_admission_off", (("a", 60, 40), ("b", 50, 40), ("long", 300, 4),
+                                                ("c", 40, 10)),
+                max_num_batched_tokens=64, num_gpu_blocks=26, arrivals=(0, 0, 2, 3),
+                extra={"scheduler_reserve_full_isl": False}),
     # 0.31: a lone request is not held to the threshold (before: it is)
     ReleaseCase("lone_request_threshold", (("a", 200, 4), ("b", 40, 4)),
                 max_num_batched_tokens=128, long_prefill_token_threshold=32,

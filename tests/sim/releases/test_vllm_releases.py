@@ -122,6 +122,9 @@ def test_the_cases_exercise_what_they_are_named_for(vllm: Releases) -> None:
     assert sum(vllm(v18, "full_sequence_admission")["preempted"]) > 0
     assert sum(vllm(v19, "full_sequence_admission")["preempted"]) == 0
     assert steps(v19, "full_sequence_admission") == steps(v31, "full_sequence_admission")
+    # --no-scheduler-reserve-full-isl: 0.19+ admit as 0.18 did
+    for v in (v19, v34):
+        assert steps(v, "full_sequence_admission_off") == steps(v18, "full_sequence_admission")
     # the threshold on a lone request: held to 32 tokens a step before 0.31, not since
     assert max(s[1] for s in steps(v28, "lone_request_threshold")) == 32
     assert max(s[1] for s in steps(v31, "lone_request_threshold")) == 128

@@ -135,6 +135,7 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
         block = e["block_size"]
         extra: dict[str, Any] = {}
         for key in ("long_prefill_token_threshold_adaptive", "prefill_schedule_interval",
+                    "scheduler_reserve_full_isl",
                     "cache_aware_admission_window", "cache_aware_admission_threshold"):
             if key in e:
                 extra[key] = e[key]

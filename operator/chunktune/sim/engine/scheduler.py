@@ -16,8 +16,9 @@ This follows ``vllm/v1/core/sched/scheduler.py::schedule()`` (``docs/vllm-behavi
 3. WAITING requests are admitted only if nothing was preempted in this step, while the running
    set is below ``max_num_seqs`` and budget is left; each takes its (capped) chunk, or stops the
    admission when the blocks for its *whole* current sequence (prompt plus tokens generated so
-   far) do not fit (``scheduler_reserve_full_isl``, on by default from 0.19; before, only the
-   chunk's blocks must fit: ``SchedulerRelease.reserves_full_sequence``). With chunked prefill
+   far) do not fit (``--scheduler-reserve-full-isl``, on by default from 0.19; before, or with
+   ``--no-scheduler-reserve-full-isl``, only the chunk's blocks must fit:
+   ``SchedulerRelease.reserves_full_sequence``). With chunked prefill
    off a prompt that does not fit the remaining budget stops the admission instead of being
    split. WAITING is a FIFO under ``fcfs`` and ordered by ``(priority, arrival)`` under
    ``priority`` (``vllm/v1/core/sched/request_queue.py``: ``FCFSRequestQueue``,
@@ -352,7 +353,7 @@ class Scheduler:
             waiting = self.waiting
             max_seqs = self.max_num_seqs
             chunked = self.chunked
-            full = self.release.reserves_full_sequence
+            full = self.release.reserves_full_sequence and self.cfg.scheduler_reserve_full_isl
             lookahead_in = self.release.admission_lookahead
             while waiting and budget > slots and len(running) < max_seqs:
                 req = waiting[0]
