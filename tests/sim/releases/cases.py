@@ -158,6 +158,10 @@ _CACHE_REQUESTS = (("w0", 120, 40), ("c1", 150, 4), ("c2", 150, 4), ("w1", 120, 
 _CACHE_PREFIXES = (("warm", 96), None, None, ("warm", 96), None, ("warm", 96), ("warm", 96))
 _CACHE_ARRIVALS = (0, 4, 4, 4, 4, 4, 4)
 
+#: Two requests decoding when a long prompt arrives into a nearly full KV cache.
+_GATE_REQUESTS = (("a", 60, 40), ("b", 50, 40), ("long", 300, 4), ("c", 40, 10))
+_GATE_ARRIVALS = (0, 0, 2, 3)
+
 #: Speculative decoding: prompts cut into chunks beside decodes verifying drafts, with more
 #: requests arriving mid-run.
 _SPEC_REQUESTS = (("a", 40, 30), ("b", 150, 20), ("c", 90, 25), ("d", 200, 12),
@@ -194,13 +198,11 @@ NAMED: tuple[ReleaseCase, ...] = (
                 prefixes=_CACHE_PREFIXES, arrivals=_CACHE_ARRIVALS),
     # 0.19: a long prompt waits until its whole sequence fits (before: its first chunk's
     # blocks admit it, and its later chunks preempt the requests decoding beside it)
-    ReleaseCase("full_sequence_admission", (("a", 60, 40), ("b", 50, 40), ("long", 300, 4),
-                                            ("c", 40, 10)),
-                max_num_batched_tokens=64, num_gpu_blocks=26, arrivals=(0, 0, 2, 3)),
+    ReleaseCase("full_sequence_admission", _GATE_REQUESTS, max_num_batched_tokens=64,
+                num_gpu_blocks=26, arrivals=_GATE_ARRIVALS),
     # 0.19+ with the gate off: admission on the first chunk again, as 0.18
-    ReleaseCase("full_sequence_admission_off", (("a", 60, 40), ("b", 50, 40), ("long", 300, 4),
-                                                ("c", 40, 10)),
-                max_num_batched_tokens=64, num_gpu_blocks=26, arrivals=(0, 0, 2, 3),
+    ReleaseCase("full_sequence_admission_off", _GATE_REQUESTS, max_num_batched_tokens=64,
+                num_gpu_blocks=26, arrivals=_GATE_ARRIVALS,
                 extra={"scheduler_reserve_full_isl": False}),
     # 0.31: a lone request is not held to the threshold (before: it is)
     ReleaseCase("lone_request_threshold", (("a", 200, 4), ("b", 40, 4)),

@@ -53,12 +53,10 @@ _PLACEHOLDER = (
     "    return type(name, (), {})\n")
 
 
-def stub_missing(folder: str) -> list[str]:
+def stub_missing(folder: str) -> None:
     """Write a stand-in package into ``folder`` for each package of :data:`STUBBED` that is
     not installed; the folder goes on the path of this process and of vLLM's own
-    subprocesses (the model registry inspects a model's class in one). Returns the packages
-    stubbed."""
-    written = []
+    subprocesses (the model registry inspects a model's class in one)."""
     for name, submodules in STUBBED.items():
         if importlib.util.find_spec(name) is not None:
             continue
@@ -67,8 +65,6 @@ def stub_missing(folder: str) -> list[str]:
         for module in ("__init__", *submodules):
             with open(os.path.join(package, f"{module}.py"), "w", encoding="utf-8") as f:
                 f.write(_PLACEHOLDER)
-        written.append(name)
-    return written
 
 
 def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
