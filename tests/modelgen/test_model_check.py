@@ -167,3 +167,23 @@ def test_the_nodes_peer_to_peer_path_says_which_allreduce_vllm_runs(capsys):
         in lines[None]
     assert main(["model", "check", "llama-3.1-8b", "--no-gpu-peer-to-peer"]) == 2
     assert "only PCIe GPUs can lack a peer-to-peer path" in capsys.readouterr().err
+
+
+def test_the_release_named_sets_the_start_up(capsys):
+    """gpt-oss-120b on one H100 under vLLM 0.10.2: Marlin's padded MXFP4 experts, the 0.9
+    memory fraction and a larger sampler warm-up leave a quarter of the current KV cache, as
+    GPUStack's 0.10.2 runs were replayed (docs/simulator.md, "Published runs")."""
+    def kv_tokens(*extra: str) -> int:
+        assert main(["model", "check", "gpt-oss-120b", "--max-model-len", "32768",
+                     *extra]) == 0
+        out = capsys.readouterr().out
+        found = re.search(r"GPU KV cache size: ([\d,]+) tokens", out)
+        assert found is not None, out
+        assert ("on h100-sxm x1, vLLM 0.10.2," in out) == bool(extra)
+        return int(found[1].replace(",", ""))
+
+    old, new = kv_tokens("--vllm-version", "0.10.2"), kv_tokens()
+    assert old == 50_127 and new == 174_454
+    assert main(["model", "check", "gpt-oss-120b", "--vllm-version", "0.8.0"]) == 2
+    err = capsys.readouterr().err
+    assert "--vllm-version" in err and "oldest modelled" in err

@@ -18,6 +18,7 @@ from chunktune.core.engine_args import EngineArgs, EngineStartupError, ResolvedC
 from chunktune.core.errors import SpecError
 from chunktune.core.gpus import GPU, resolve_gpu, with_peer_to_peer
 from chunktune.core.models import MODULE_CLASSES, ModelConfig, resolve_model
+from chunktune.core.vllm_release import CURRENT, parse_version, text
 from chunktune.sim.cost.provenance import provenance
 from chunktune.sim.cost.step_time import borrowed_shape, moe_weight_format
 from chunktune.sim.engine.memory import GiB, MemoryPlan, kv_cache_layout, plan_memory
@@ -48,6 +49,10 @@ def register(msub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
                        help="default: the model's max_position_embeddings")
     check.add_argument("--max-num-batched-tokens", type=int, metavar="TOKENS")
     check.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION")
+    check.add_argument("--vllm-version", metavar="VERSION",
+                       help="the vLLM whose start-up applies (its defaults, memory profile and "
+                            "weight layouts), e.g. 0.11.0 (default: the current one, "
+                            f"{text(CURRENT)}; docs/vllm-versions.md)")
     check.set_defaults(func=cmd_check)
 
 
@@ -135,12 +140,14 @@ def cmd_check(ns: argparse.Namespace) -> int:
         if ns.tensor_parallel_size < 1:
             raise SpecError(f"must be >= 1 (got {ns.tensor_parallel_size})",
                             field="--tensor-parallel-size")
+        version = (parse_version(ns.vllm_version, "--vllm-version") if ns.vllm_version
+                   else None)
         cfg = resolve(EngineArgs(tensor_parallel_size=ns.tensor_parallel_size,
                                  kv_cache_dtype=ns.kv_cache_dtype,
                                  max_model_len=ns.max_model_len,
                                  max_num_batched_tokens=ns.max_num_batched_tokens,
                                  gpu_memory_utilization=ns.gpu_memory_utilization),
-                      model, gpu)
+                      model, gpu, version=version)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -158,8 +165,8 @@ def cmd_check(ns: argparse.Namespace) -> int:
         f"{n} x {layers} {kind} layers, {blocks:,} blocks a max-length request"
         + (f" (blocks of {bt} tokens: pages unified)" if bt != cfg.block_size else "")
         for (kind, layers, blocks, bt), n in groups.items()))
-    print(f"on {gpu.name} x{tp}, --max-model-len {cfg.max_model_len}, --kv-cache-dtype "
-          f"{cfg.kv_cache_dtype}:")
+    print(f"on {gpu.name} x{tp}, vLLM {text(cfg.vllm_version or CURRENT)}, --max-model-len "
+          f"{cfg.max_model_len}, --kv-cache-dtype {cfg.kv_cache_dtype}:")
     try:
         plan = plan_memory(cfg)
     except EngineStartupError as e:
