@@ -16,7 +16,13 @@ from chunktune.core import speculative
 from chunktune.core.errors import ChunktuneError, SpecError
 from chunktune.core.flags import BY_ATTR, FLAGS, argv, engine_defaults
 from chunktune.core.gpus import GPU
-from chunktune.core.models import MODELLED_QUANTIZATION, ModelConfig, resolve_model
+from chunktune.core.models import (
+    CHUNKED,
+    MODELLED_QUANTIZATION,
+    SLIDING,
+    ModelConfig,
+    resolve_model,
+)
 from chunktune.core.speculative import SpeculativeConfig
 from chunktune.core.vllm_release import Version, scheduler_release
 
@@ -356,6 +362,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
     the vLLM whose defaults apply (:mod:`chunktune.core.vllm_release`; None: the current)."""
     args.check()
     _check_release_flags(args, version)
+    _check_windowed_admission(args, model, version)
     model = apply_quantization(model, args.quantization)
     tp = args.tensor_parallel_size
     if model.num_attention_heads % tp:
@@ -458,6 +465,39 @@ def _check_release_flags(args: EngineArgs, version: Version | None) -> None:
                 and hasattr(args, f.attr) and getattr(args, f.attr) != f.default]
     if problems:
         raise SpecError(problems)
+
+
+#: The releases whose whole-sequence admission gate (``--scheduler-reserve-full-isl``, on by
+#: default) budgets a sliding-window or chunked-attention layer for the whole sequence
+#: instead of its window: vLLM 0.19.x (``KVCacheManager.can_fit_full_sequence`` asks
+#: ``get_num_blocks_to_allocate`` for every token, vLLM issue #39734); 0.20 caps it at the
+#: layer's own bound (``max_admission_blocks_per_request``, PR #40946).
+UNCAPPED_WINDOWED_GATE: tuple[Version, Version] = ((0, 19, 0), (0, 20, 0))
+
+
+def _check_windowed_admission(args: EngineArgs, model: ModelConfig,
+                              version: Version | None) -> None:
+    """Refuse, by name, a model with windowed attention layers under vLLM 0.19.x's
+    whole-sequence gate (:data:`UNCAPPED_WINDOWED_GATE`): that gate holds long prompts back,
+    and one whose whole sequence over all KV-cache groups exceeds the pool is never admitted
+    (the queue behind it waits for ever); the simulator sizes windowed layers as 0.20 does
+    and does not model it."""
+    low, high = UNCAPPED_WINDOWED_GATE
+    if version is None or not low <= version < high or not args.scheduler_reserve_full_isl:
+        return
+    kinds = set(model.layer_kinds())
+    windowed = [w for k, w in ((SLIDING, "sliding-window"), (CHUNKED, "chunked-attention"))
+                if k in kinds]
+    if not windowed:
+        return
+    named = f"{version[0]}.{version[1]}"
+    raise SpecError(
+        f"vLLM {named}'s whole-sequence admission gate budgets {model.name}'s "
+        f"{' and '.join(windowed)} layers for every token of a prompt, not their window "
+        "(vLLM issue #39734, fixed in 0.20): long prompts wait, and one longer than about "
+        "the KV cache divided by its groups is never admitted. The simulator does not "
+        "model that gate; name vLLM 0.20 or later, or pass --no-scheduler-reserve-full-isl",
+        field="--scheduler-reserve-full-isl")
 
 
 def resolve_speculative(args: EngineArgs, budget: int

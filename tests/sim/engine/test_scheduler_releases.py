@@ -150,3 +150,28 @@ def test_no_scheduler_reserve_full_isl_admits_on_the_first_chunk_again():
     model, gpu = resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm")
     with pytest.raises(SpecError, match=r"vLLM 0\.18 has no --scheduler-reserve-full-isl"):
         resolve(EngineArgs(scheduler_reserve_full_isl=False), model, gpu, version=(0, 18, 0))
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-120b", "gemma-4-26b-a4b", "llama-4-scout"])
+def test_vllm_0_19s_gate_over_windowed_layers_is_refused_by_name(model: str):
+    # vLLM 0.19.x KVCacheManager.can_fit_full_sequence asks get_num_blocks_to_allocate for
+    # every token of the sequence in each KV-cache group, a sliding-window or chunked group
+    # too (vLLM issue #39734): vLLM 0.19.0's own scheduler, driven with gpt-oss-120b's two
+    # groups at its published one-H100 pool (3,930 blocks, bench/hybrid_kv_pool.py), never
+    # admits a 32,000-token prompt (4,000 blocks); 0.20 caps the group at its window
+    # (max_admission_blocks_per_request, PR #40946), which is what the simulator sizes
+    m, gpu = resolve_model(model), resolve_gpu("h200")
+    for version in ((0, 19, 0), (0, 19, 1)):
+        with pytest.raises(SpecError, match=r"--scheduler-reserve-full-isl: vLLM 0\.19's "
+                                            r"whole-sequence admission gate .*#39734"):
+            resolve(EngineArgs(max_model_len=32768), m, gpu, version=version)
+        # the gate off, or a release that caps it, or one without it: taken
+        resolve(EngineArgs(max_model_len=32768, scheduler_reserve_full_isl=False), m, gpu,
+                version=version)
+    for version in ((0, 18, 0), (0, 20, 0), (0, 34, 0), None):
+        resolve(EngineArgs(max_model_len=32768), m, gpu, version=version)
+
+
+def test_vllm_0_19s_gate_is_taken_on_a_model_without_windowed_layers():
+    resolve(EngineArgs(), resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm"),
+            version=(0, 19, 1))

@@ -7,7 +7,10 @@ CPU build; MODEL is a ``chunktune model tiny`` directory (the ``ModelConfig`` it
 holds ``cases``: ``[{"name", "engine": {...}, "requests": [{"id", "prompt_len", "max_tokens",
 "priority", "prefix": [key, tokens] | null, "arrive": step}], "speculative": [method, K] |
 null, "accepted": {"<request id>": [drafts accepted at each verification, ...]}}]``
-(``cases.py`` writes it).
+(``cases.py`` writes it). An engine may name its KV-cache groups, ``"kv_groups": ["sliding",
+"full"]`` with ``"sliding_window": tokens`` (one ``SlidingWindowSpec`` or ``FullAttentionSpec``
+group each, sharing the pool: vLLM's hybrid KV cache manager; ``bench/hybrid_kv_pool.py``);
+by default one full-attention group.
 
 There is no model: each step, the requests whose scheduled tokens reach their last known
 token get one sampled id (the release's ``ModelRunnerOutput``, whose fields differ between
@@ -107,7 +110,12 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
@@ -161,11 +169,16 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
                                             **spec_extra)
         vllm_config = VllmConfig(scheduler_config=sched_config, model_config=model_config,
                                  cache_config=cache_config, speculative_config=spec_config)
-        kv_config = KVCacheConfig(
-            num_blocks=e["num_gpu_blocks"], kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(
-                ["layer"], FullAttentionSpec(block_size=block, num_kv_heads=1, head_size=1,
-                                             dtype=torch.float32))])
+        groups = [KVCacheGroupSpec(
+            [f"layer{i}"], SlidingWindowSpec(block_size=block, num_kv_heads=1, head_size=1,
+                                             dtype=torch.float32,
+                                             sliding_window=e["sliding_window"])
+            if kind == "sliding" else
+            FullAttentionSpec(block_size=block, num_kv_heads=1, head_size=1,
+                              dtype=torch.float32))
+            for i, kind in enumerate(e.get("kv_groups", ["full"]))]
+        kv_config = KVCacheConfig(num_blocks=e["num_gpu_blocks"], kv_cache_tensors=[],
+                                  kv_cache_groups=groups)
         cache_config.num_gpu_blocks = e["num_gpu_blocks"]
         sched = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_config,
                           structured_output_manager=StructuredOutputManager(vllm_config),
