@@ -131,7 +131,9 @@ def test_cel_rules(schema: dict[str, Any]) -> None:
     item = at(spec, "searchSpace.[]")
     assert "!has(self.low) || !has(self.high) || self.low <= self.high" in rules(item)
     assert any("self.log" in r and "self.step" in r for r in rules(item))
-    assert any(r.startswith("has(self.choices) ?") for r in rules(item))
+    assert any(r.startswith("self.name in ['long-prefill-token-threshold-adaptive', "
+                            "'scheduler-reserve-full-isl', 'async-scheduling'] ? ")
+               and "has(self.choices) ?" in r for r in rules(item))
     assert ("(has(self.profile) ? 1 : 0) + (has(self.inline) ? 1 : 0) + (has(self.trace) ? 1 : 0) "
             "+ (has(self.fromPrometheus) ? 1 : 0) == 1") in rules(at(spec, "workload"))
     assert "!(has(self.rate) && has(self.concurrency))" in rules(at(spec, "workload"))
@@ -173,12 +175,17 @@ def test_schema_rejects_what_the_models_reject(schema: dict[str, Any]) -> None:
 
 
 def test_rendered_status_matches_the_schema(schema: dict[str, Any]) -> None:
-    trials = [TrialRecord(i, {"max-num-batched-tokens": 512 * (i + 1)}, "COMPLETE",
+    trials = [TrialRecord(i, {"max-num-batched-tokens": 512 * (i + 1),
+                              "async-scheduling": bool(i % 2)}, "COMPLETE",
                           metrics={"ttft_p99": 2.0 - i / 10}) for i in range(5)]
     status = render_status(StudySummary(phase="Running", trials=trials, baseline=0, best=4,
                                         max_trials=30))
     check({"apiVersion": "chunktune.dev/v1alpha1", "kind": "ChunkedPrefillTuning",
            "metadata": {"name": "x"}, "spec": quickstart()["spec"], "status": status}, schema)
+    # a switch's value stays a boolean, the flags line its --no- form
+    assert status["best"]["parameters"] == {"max-num-batched-tokens": 2560,
+                                            "async-scheduling": False}
+    assert "--no-async-scheduling" in status["best"]["flags"]
 
 
 def test_crd_is_a_valid_kubernetes_object(crd: dict[str, Any]) -> None:
@@ -209,6 +216,12 @@ MNBT = "max-num-batched-tokens"
     ("searchSpace.[]", {"name": MNBT, "choices": [1], "low": 1}, None, [False, True, True]),
     ("searchSpace.[]", {"name": MNBT, "type": "int", "low": 1, "high": 9, "log": True,
                         "step": 2}, None, [True, True, False]),
+    # a switch: its name alone (both settings searched); choices or a range are refused
+    ("searchSpace.[]", {"name": "async-scheduling"}, None, [True]),
+    ("searchSpace.[]", {"name": "async-scheduling", "choices": [1]}, None, [False]),
+    ("searchSpace.[]", {"name": "scheduler-reserve-full-isl", "type": "float", "low": 0,
+                        "high": 1}, None, [False]),
+    ("searchSpace.[]", {"name": MNBT}, None, [False]),
     ("workload", {"profile": "x", "inline": {}}, None, [False, True]),
     ("workload", {"profile": "x", "rate": 1.5, "concurrency": 2}, None, [True, False]),
     ("budget", {"parallelism": 31}, None, [False]),
@@ -264,10 +277,15 @@ def test_every_list_string_and_map_is_bounded(schema: dict[str, Any]) -> None:
 
 def test_no_free_form_field_but_the_ones_without_a_schema(schema: dict[str, Any]) -> None:
     free = [p for p, n in nodes(schema) if n.get("x-kubernetes-preserve-unknown-fields")]
-    assert free == [".spec.engine.modelConfig",
-                    ".spec.workload.inline.classes[].prompt_tokens",
-                    ".spec.workload.inline.classes[].output_tokens",
-                    ".status.kopf"]
+    # and the values of searched flags in the status: a number, or true / false for a switch
+    # (a structural schema has no number-or-boolean type; the operator alone writes them)
+    flag_values = [".status.baseline.parameters.*", ".status.best.parameters.*",
+                   ".status.paretoFront[].parameters.*", ".status.trials[].parameters.*",
+                   ".status.retune.history[].running.*", ".status.retune.history[].best.*"]
+    assert sorted(free) == sorted([".spec.engine.modelConfig",
+                                   ".spec.workload.inline.classes[].prompt_tokens",
+                                   ".spec.workload.inline.classes[].output_tokens",
+                                   ".status.kopf", *flag_values])
 
 
 def test_cel_rules_stay_small(schema: dict[str, Any]) -> None:

@@ -164,6 +164,33 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
        "for several"),
       ("spec.sampler.name", "cmaes ignores constraints (Optuna warns and optimizes without "
        "them); use tpe, gp or nsga2, which model them")]),
+    ("a switch with choices",
+     spec(lambda s: s["searchSpace"].append({"name": "async-scheduling", "choices": [1]})),
+     [("spec.searchSpace[3]", "async-scheduling is a switch: give its name alone and both "
+       "--async-scheduling and --no-async-scheduling are searched (remove choices)")]),
+    ("a switch with a range",
+     spec(lambda s: s["searchSpace"].append({"name": "scheduler-reserve-full-isl",
+                                             "type": "int", "low": 0, "high": 1})),
+     [("spec.searchSpace[3]", "scheduler-reserve-full-isl is a switch: give its name alone "
+       "and both --scheduler-reserve-full-isl and --no-scheduler-reserve-full-isl are "
+       "searched (remove high, low, type)")]),
+    ("a switch newer than the named release",
+     spec(lambda s: s["engine"].update(vllmVersion="0.18.0")
+          or s["searchSpace"].append({"name": "scheduler-reserve-full-isl"})),
+     [("spec.searchSpace[3].name", "vLLM 0.18 has no --scheduler-reserve-full-isl (since "
+       "0.19); remove it or name vLLM 0.19 or later")]),
+    ("a searched flag newer than the named release",
+     spec(lambda s: s["engine"].update(vllmVersion="0.23.0")
+          or s["searchSpace"].append({"name": "prefill-schedule-interval",
+                                      "choices": [1, 4]})),
+     [("spec.searchSpace[3].name", "vLLM 0.23 has no --prefill-schedule-interval (since "
+       "0.24); remove it or name vLLM 0.24 or later")]),
+    ("cmaes on choices and switches only",
+     spec(lambda s: s.update(sampler={"name": "cmaes"}, constraints=[],
+                             searchSpace=[{"name": "max-num-seqs", "choices": [64, 128]},
+                                          {"name": "async-scheduling"}])),
+     [("spec.sampler.name", "cmaes searches int and float ranges, but every parameter here is a "
+       "list of choices, which it samples at random; use tpe")]),
     ("cmaes on choices only",
      spec(lambda s: s.update(sampler={"name": "cmaes"}, constraints=[],
                              searchSpace=[{"name": "max-num-seqs", "choices": [64, 128]}])),

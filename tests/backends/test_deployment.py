@@ -48,3 +48,24 @@ def test_a_command_of_separate_tokens_is_read_and_left_alone() -> None:
     tokens = {"name": "e", "command": ["vllm", "serve", "m", "--max-num-batched-tokens", "8192"]}
     assert dp.read_flags(tokens, ["max-num-batched-tokens"]) == {"max-num-batched-tokens": 8192}
     assert dp.flags_field(tokens) == ("args", [])  # new flags go in args, after the command
+
+
+@pytest.mark.parametrize(("args", "on", "expected"), [
+    (["--model", "m", "--async-scheduling", "--max-num-seqs", "8"], False,
+     ["--model", "m", "--no-async-scheduling", "--max-num-seqs", "8"]),
+    (["--model", "m"], True, ["--model", "m", "--async-scheduling"]),
+    # either spelling, on or off; a later copy (vLLM's last one wins) is dropped
+    (["--no_async_scheduling", "--model", "m", "--async-scheduling"], True,
+     ["--async-scheduling", "--model", "m"]),
+    (["sh", "-c", "vllm serve m --async-scheduling --max_num_batched_tokens 1024 "
+      "--no-async-scheduling"], False,
+     ["sh", "-c", "vllm serve m --no-async-scheduling --max_num_batched_tokens 1024"]),
+    (["sh", "-c", "vllm serve m --max_num_batched_tokens 1024"], True,
+     ["sh", "-c", "vllm serve m --max_num_batched_tokens 1024 --async-scheduling"]),
+])
+def test_a_switch_is_set_on_or_off_in_place(args: list[str], on: bool,
+                                            expected: list[str]) -> None:
+    new = dp.set_flags(args, {"async-scheduling": on})
+    assert new == expected
+    field = "command" if args[0] == "sh" else "args"
+    assert dp.read_flags({field: new}, ["async-scheduling"]) == {"async-scheduling": on}

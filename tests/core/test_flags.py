@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from chunktune.api import parse_manifest, validate
-from chunktune.api.v1alpha1 import Parameter
+from chunktune.api.v1alpha1 import SWITCHES, Parameter
 from chunktune.backends.deployment import set_flags
 from chunktune.core import flags
 from chunktune.core.engine_args import EngineArgs
@@ -80,7 +80,9 @@ def manifest_point(f: Flag, value: Any) -> dict[str, Any]:
     raw["spec"]["engine"]["kind"] = kind
     if kind == "sglang":
         raw["spec"]["engine"]["image"] = "lmsysorg/sglang:latest"
-    if f.tunable:
+    if f.since is not None:  # a release that has it (the manifest's image is older)
+        raw["spec"]["engine"]["vllmVersion"] = ".".join(map(str, f.since))
+    if f.tunable and f.kind != "bool":
         raw["spec"]["searchSpace"] = [{"name": f.name, "choices": [value]}]
     elif f.name == "tensor-parallel-size":  # a field of its own in the manifest
         raw["spec"]["engine"]["tensorParallelSize"] = value
@@ -90,7 +92,7 @@ def manifest_point(f: Flag, value: Any) -> dict[str, Any]:
     raw = yaml.safe_load(yaml.safe_dump(raw))  # as a manifest file gives it
     assert validate(raw) == []
     spec = parse_manifest(raw).spec
-    if f.tunable:
+    if f.tunable and f.kind != "bool":
         trial = optuna.trial.FixedTrial({f.name: value})
         return suggest(trial, spec.parameters)
     return parse_argv(spec.engine_fixed_args()).values
@@ -101,7 +103,7 @@ def test_every_flag_round_trips(f: Flag, value: Any) -> None:
     if f.within:
         return within_round_trips(f, value)
     point = manifest_point(f, value)
-    if not f.tunable:
+    if not f.tunable or f.kind == "bool":  # read from engine.args
         point = {f.name: point[f.name]}
     assert point == {f.name: value} and type(point[f.name]) is type(value)
 
@@ -144,6 +146,9 @@ def test_every_flag_round_trips(f: Flag, value: Any) -> None:
         patched = set_flags(["vllm", "serve", "m", f.option, "1"], point)
         assert parse_argv(patched[3:]).values == point
         assert patched.count(f.option) == 1
+    if f.kind == "bool":  # a switch, given the other way before
+        patched = set_flags(["vllm", "serve", "m", *f.format(not value)], point)
+        assert parse_argv(patched[3:]).values == point and len(patched) == 4
 
 
 def test_every_sim_flag_is_an_engine_argument() -> None:
@@ -161,7 +166,19 @@ def test_crd_enum_is_the_registry() -> None:
     schema = Parameter.model_json_schema()["properties"]["name"]
     assert schema["enum"] == list(TUNABLE)
     assert set(TUNABLE) == {f.name for f in FLAGS.values() if f.tunable}
-    assert all(FLAGS[n].kind in ("int", "float") for n in TUNABLE)
+    assert all(FLAGS[n].kind in ("int", "float", "bool") for n in TUNABLE)
+
+
+@pytest.mark.parametrize("name", SWITCHES)
+def test_a_searched_switch_takes_both_settings(name: str) -> None:
+    raw = vllm_manifest()
+    raw["spec"]["engine"]["vllmVersion"] = "0.34.0"
+    raw["spec"]["searchSpace"] = [{"name": name}]
+    assert validate(raw) == []
+    params = parse_manifest(raw).spec.parameters
+    for value in (False, True):
+        assert suggest(optuna.trial.FixedTrial({name: value}), params) == {name: value}
+        assert flags.argv({name: value}) == [f"--{name}" if value else f"--no-{name}"]
 
 
 # ---- the review's two disagreements ----------------------------------------------------------

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from optuna.distributions import CategoricalDistribution
+
 from chunktune.api.v1alpha1 import Parameter
 from chunktune.core.trials import EngineTarget
-from chunktune.tuning.space import EngineContext
+from chunktune.tuning.space import EngineContext, distribution
 
 
 def test_vllm_target_keeps_what_only_the_simulator_refuses():
@@ -85,3 +87,18 @@ def test_the_twin_names_how_to_give_a_model_it_does_not_know():
         twin_model(target)
     tiny = EngineTarget(kind="vllm", model="tiny:", served_model_name="tiny")
     assert twin_model(tiny).max_position_embeddings == 8192
+
+
+def test_a_switch_is_off_and_on_with_the_engines_default_first():
+    switch = Parameter(name="scheduler-reserve-full-isl")
+    assert switch.is_switch and switch.is_finite and switch.grid_values() == [False, True]
+    assert distribution(switch) == CategoricalDistribution([False, True])
+    target = EngineTarget(kind="vllm", model="llama-3.1-8b", served_model_name="m",
+                          gpu="h100-sxm", vllm_version="0.11.0")
+    params = [Parameter(name="async-scheduling"), switch,
+              Parameter(name="gpu-memory-utilization", choices=[0.9])]
+    # trial 0 is the named release's defaults: vLLM 0.11 ran without async scheduling and at
+    # 0.9 of the GPU (before 0.21); the gate's default (on) is what 0.19+ starts from
+    assert EngineContext.build(target).default_point(params) == {
+        "async-scheduling": False, "scheduler-reserve-full-isl": True,
+        "gpu-memory-utilization": 0.9}

@@ -355,3 +355,27 @@ def test_two_writers_asking_the_budgets_last_trial_at_once_run_one(make_tuning, 
     assert st.trial_state(withdrawn) == "SKIPPED"
     assert withdrawn.user_attrs[st.ATTR_REASON] == "Budget"
     assert events[-1].reason == "Budget" and "another writer" in events[-1].message
+
+
+def test_a_switch_is_searched_on_and_off(make_tuning, tmp_path):
+    """A switch named alone in the search space: the grid measures both settings beside the
+    other parameter's values, each trial's engine gets ``--async-scheduling`` or
+    ``--no-async-scheduling``, the values stay booleans, and trial 0 runs the engine's
+    default (on, as vLLM since 0.14)."""
+    tuning = make_tuning(searchSpace=[{"name": "async-scheduling"},
+                                      {"name": "long-prefill-token-threshold",
+                                       "choices": [0, 512]}],
+                         workload={"profile": "smoke", "duration": "8s", "warmup": "1s"},
+                         sampler={"name": "grid", "seed": 0}, budget={"maxTrials": 10})
+    tuner, why = run(tuning, tmp_path / "s.journal")
+    assert why == "exhausted"
+    points = [st.point_of(t) for t in tuner.study.trials if st.trial_state(t) == "COMPLETE"]
+    assert {(p["async-scheduling"], p["long-prefill-token-threshold"]) for p in points} == \
+        {(False, 0), (False, 512), (True, 0), (True, 512)}
+    assert all(type(p["async-scheduling"]) is bool for p in points)
+    assert st.point_of(tuner.study.trials[0])["async-scheduling"] is True
+    # the engines differed: without async scheduling each step waits for the host
+    itl = {(st.point_of(t)["async-scheduling"], st.point_of(t)["long-prefill-token-threshold"]):
+           t.user_attrs[st.ATTR_METRICS]["itl_p50"] for t in tuner.study.trials
+           if st.trial_state(t) == "COMPLETE"}
+    assert itl[(False, 0)] > itl[(True, 0)] and itl[(False, 512)] > itl[(True, 512)]

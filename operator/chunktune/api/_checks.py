@@ -290,10 +290,28 @@ def _params(p: Parts) -> None:
             p.add(f"{path}.name", f"{prm.name} sets {flag.attr} inside --{flag.within}: give "
                   f"--{flag.within} (its method) in spec.engine.args, e.g. --{flag.within} "
                   "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
-        if prm.choices is not None:
+        since = flag.since
+        try:
+            version = p.engine.effective_vllm_version() if p.engine is not None else None
+        except SpecError:  # reported with the engine
+            version = None
+        if since is not None and version is not None and version < since:
+            p.add(f"{path}.name", f"vLLM {version[0]}.{version[1]} has no --{prm.name} (since "
+                  f"{since[0]}.{since[1]}); remove it or name vLLM {since[0]}.{since[1]} or "
+                  "later")
+        if prm.is_switch:
+            _switch(p, path, prm)
+        elif prm.choices is not None:
             _choices(p, path, prm)
         else:
             _range(p, path, prm)
+
+
+def _switch(p: Parts, path: str, prm: Parameter) -> None:
+    given = sorted({"choices", "type", "low", "high", "step", "log"} & prm.model_fields_set)
+    if given:
+        p.add(path, f"{prm.name} is a switch: give its name alone and both --{prm.name} and "
+              f"--no-{prm.name} are searched (remove {', '.join(given)})")
 
 
 def _choices(p: Parts, path: str, prm: Parameter) -> None:
@@ -564,7 +582,7 @@ def _sampler(p: Parts, s: SamplerSpec) -> None:
         if p.n_constraints:
             p.add(where, "cmaes ignores constraints (Optuna warns and optimizes without them); "
                   "use tpe, gp or nsga2, which model them")
-        if p.params and all(prm.choices is not None for _, prm in p.params):
+        if p.params and all(prm.choices is not None or prm.is_switch for _, prm in p.params):
             p.add(where, "cmaes searches int and float ranges, but every parameter here is a "
                   "list of choices, which it samples at random; use tpe")
     if s.name == "grid":
@@ -573,6 +591,8 @@ def _sampler(p: Parts, s: SamplerSpec) -> None:
             if not prm.is_finite:
                 p.add(where, f"grid needs finitely many values, but spec.searchSpace[{i}] "
                       f"({prm.name}) is a float range without step; add step or use choices")
+            elif prm.is_switch:
+                points *= 2
             elif prm.choices is not None:
                 points *= len(prm.choices)
             elif prm.low is not None and prm.high is not None and prm.effective_step:

@@ -45,6 +45,13 @@ _COUNT_FIELD = {TrialState.COMPLETE: "completed", TrialState.PRUNED: "pruned",
 # ---- output: the status shape -----------------------------------------------------------------
 
 
+#: A searched flag's value: a number, or true / false for a switch (``async-scheduling``). The
+#: schema leaves its type open (a structural schema has no number-or-boolean type); the
+#: operator alone writes the status.
+FlagValue = Annotated[bool | int | float,
+                      WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True})]
+
+
 class _StatusModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True,
                               serialize_by_alias=True, extra="ignore",
@@ -81,8 +88,8 @@ class TrialPoint(_StatusModel):
 
     trial: int
     """Trial number."""
-    parameters: dict[str, int | float] = Field(default_factory=dict)
-    """Searched flag values."""
+    parameters: dict[str, FlagValue] = Field(default_factory=dict)
+    """Searched flag values: numbers, and true or false for a switch (`async-scheduling`)."""
     metrics: dict[str, float] = Field(default_factory=dict)
     """Measured metrics by key."""
     flags: str = ""
@@ -198,9 +205,9 @@ class RetuneRecord(_StatusModel):
     outcome: Literal["Running", "Applied", "Recommended", "Kept", "Failed"] = "Running"
     """Applied (written to spec.output), Recommended (better, but spec.output has no
     Deployment or ConfigMap to write), Kept (the running configuration stays), Failed."""
-    running: dict[str, int | float] = Field(default_factory=dict)
+    running: dict[str, FlagValue] = Field(default_factory=dict)
     """The configuration that ran before (the Deployment's flags)."""
-    best: dict[str, int | float] | None = None
+    best: dict[str, FlagValue] | None = None
     """The re-tune's best configuration."""
     metric: str | None = None
     """The first objective's key, which ``before``, ``after`` and ``gain`` compare."""
@@ -238,7 +245,7 @@ class TrialStatus(_StatusModel):
     """One listed trial."""
 
     number: int
-    parameters: dict[str, int | float] = Field(default_factory=dict)
+    parameters: dict[str, FlagValue] = Field(default_factory=dict)
     state: Annotated[TrialState, WithJsonSchema({"type": "string",
                                                  "enum": [s.value for s in LISTED_STATES]})]
     reason: str | None = None

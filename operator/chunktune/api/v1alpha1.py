@@ -180,10 +180,14 @@ def _flag_value_rule(name: str) -> JsonDict:
 
 def _parameter_rules() -> list[JsonValue]:
     ints = ", ".join(f"'{n}'" for n in TUNABLE if FLAGS[n].kind == "int")
+    switches = ", ".join(f"'{n}'" for n in SWITCHES)
     return [
-        {"rule": "has(self.choices) ? !has(self.type) && !has(self.low) && !has(self.high) "
-                 "&& !has(self.step) : has(self.type) && has(self.low) && has(self.high)",
-         "message": "give either choices, or type with low and high"},
+        {"rule": f"self.name in [{switches}] ? !has(self.choices) && !has(self.type) && "
+                 "!has(self.low) && !has(self.high) && !has(self.step) : has(self.choices) ? "
+                 "!has(self.type) && !has(self.low) && !has(self.high) && !has(self.step) : "
+                 "has(self.type) && has(self.low) && has(self.high)",
+         "message": "give either choices, or type with low and high; a switch "
+                    f"({', '.join(SWITCHES)}) only its name (both settings are searched)"},
         {"rule": "!has(self.low) || !has(self.high) || self.low <= self.high",
          "message": "low must be <= high"},
         {"rule": "!has(self.log) || !self.log || !has(self.step) || self.step == 1.0",
@@ -196,7 +200,7 @@ def _parameter_rules() -> list[JsonValue]:
         {"rule": "!has(self.step) || !has(self.low) || !has(self.high) || "
                  f"(self.high - self.low) / self.step <= {_cel_number(GRID_MAX)}",
          "message": f"a range may have at most {GRID_MAX} steps; use a larger step"},
-        *(_flag_value_rule(n) for n in TUNABLE),
+        *(_flag_value_rule(n) for n in TUNABLE if n not in SWITCHES),
     ]
 
 
@@ -205,9 +209,14 @@ GRID_MAX = 100_000
 _VALUE_BOUNDS: JsonDict = {"minimum": -1, "maximum": MAX_TOKENS}
 
 
+#: The tunable flags that are switches (``--async-scheduling`` / ``--no-async-scheduling``): a
+#: parameter gives only the name, and both settings are searched.
+SWITCHES: tuple[str, ...] = tuple(n for n in TUNABLE if FLAGS[n].kind == "bool")
+
+
 class Parameter(Model):
-    """One searched engine flag: an int or float range (``type``, ``low``, ``high``), or a
-    list of ``choices``."""
+    """One searched engine flag: an int or float range (``type``, ``low``, ``high``), a
+    list of ``choices``, or a switch by its name alone (``async-scheduling``: on and off)."""
 
     model_config = Model.model_config | {"json_schema_extra": {
         "x-kubernetes-validations": _parameter_rules()}}
@@ -255,12 +264,20 @@ class Parameter(Model):
         return self.step
 
     @property
-    def is_finite(self) -> bool:
-        """Whether the parameter has finitely many values (choices, int or stepped float)."""
-        return self.choices is not None or self.effective_step is not None
+    def is_switch(self) -> bool:
+        """Whether the flag is a switch (:data:`SWITCHES`): its values are off and on."""
+        return self.name in SWITCHES
 
-    def grid_values(self) -> list[int | float]:
-        """Every value, for a grid search (choices, or low..high by step)."""
+    @property
+    def is_finite(self) -> bool:
+        """Whether the parameter has finitely many values (choices, a switch, int or stepped
+        float)."""
+        return self.choices is not None or self.is_switch or self.effective_step is not None
+
+    def grid_values(self) -> list[bool | int | float]:
+        """Every value, for a grid search (choices, off and on, or low..high by step)."""
+        if self.is_switch:
+            return [False, True]
         if self.choices is not None:
             return list(self.choices)
         step = self.effective_step

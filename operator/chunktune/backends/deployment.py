@@ -75,7 +75,8 @@ def set_flags(args: Sequence[str], params: Mapping[str, Any]) -> list[str]:
             out = _drop_flag(out, flag)
             continue
         if flag.kind == "bool":
-            raise ValueError(f"set_flags sets flags that take a value; {flag.option} is a switch")
+            out = _set_switch(out, shell, flag, bool(value))
+            continue
         text = flag.text(value)
         if shell is not None:
             out[shell] = _set_in_string(out[shell], flag, text)
@@ -116,6 +117,45 @@ def _drop_flag(args: list[str], flag: Flag) -> list[str]:
         if "=" in a and a.split("=", 1)[0] in flag.spellings:
             continue
         out.append(a)
+    return out
+
+
+def _switch_spellings(flag: Flag) -> tuple[str, ...]:
+    """Every spelling of a switch, on and off (``--async-scheduling``, ``--async_scheduling``,
+    ``--no-async-scheduling``, ``--no_async_scheduling``)."""
+    return (*flag.spellings, f"--no-{flag.name}", f"--no_{flag.attr}", f"--no-{flag.attr}")
+
+
+def _set_switch(args: list[str], shell: int | None, flag: Flag, on: bool) -> list[str]:
+    """``args`` with the switch set on or off: its first spelling, either form, replaced by
+    the one ``on`` gives and any later ones dropped (vLLM's last one would win); appended
+    where the switch is not given. Inside a one-string shell command too."""
+    token = flag.format(on)[0]
+    spellings = set(_switch_spellings(flag))
+    if shell is not None:
+        spell = "|".join(re.escape(s) for s in sorted(spellings, key=len, reverse=True))
+        pattern = re.compile(rf"(?<!\S)({spell})(?!\S)")
+        command = args[shell]
+        found = [m for m in pattern.finditer(command)]
+        if not found:
+            command = f"{command.rstrip()} {token}"
+        else:
+            for m in reversed(found[1:]):  # later copies go, with the space before them
+                command = command[:m.start()].rstrip() + command[m.end():]
+            m = found[0]
+            command = command[:m.start()] + token + command[m.end():]
+        return [*args[:shell], command, *args[shell + 1:]]
+    out: list[str] = []
+    placed = False
+    for a in args:
+        if a in spellings:
+            if not placed:
+                out.append(token)
+                placed = True
+            continue
+        out.append(a)
+    if not placed:
+        out.append(token)
     return out
 
 

@@ -287,12 +287,12 @@ _ENTRIES: tuple[Flag, ...] = (
     # vLLM's SchedulerConfig; what each release does with them: core.vllm_release.SCHEDULERS
     Flag("long-prefill-token-threshold-adaptive", "bool", VLLM_ENGINES,
          "floor the long-prefill threshold at the token budget / requests in the system",
-         default=False, since=(0, 31, 0)),
+         default=False, tunable=True, since=(0, 31, 0)),
     Flag("scheduler-reserve-full-isl", "bool", VLLM_ENGINES,
          "admit a waiting prompt only when its whole sequence fits the KV cache (vLLM 0.19+, "
          "on by default); off: when its first chunk does, as before 0.19, and its later "
          "chunks preempt the requests decoding beside it",
-         default=True, since=(0, 19, 0)),
+         default=True, tunable=True, since=(0, 19, 0)),
     Flag("prefill-schedule-interval", "int", VLLM_ENGINES,
          "hold prefill until N steps have passed since the last step that carried prefill, "
          "so decodes run alone in between (without data parallelism since vLLM 0.33)",
@@ -356,7 +356,7 @@ _ENTRIES: tuple[Flag, ...] = (
          "reuse KV blocks of shared prompt prefixes (vLLM: on by default)", default=True),
     Flag("async-scheduling", "bool", VLLM_ENGINES,
          "prepare the next step on the host while the GPU runs this one (vLLM: on by default "
-         "since 0.14)"),
+         "since 0.14)", tunable=True),
     Flag("enforce-eager", "bool", VLLM_ENGINES,
          "no CUDA graphs: no graph memory, more launch overhead per step", default=False),
     Flag("max-cudagraph-capture-size", "int", VLLM_ENGINES, "largest CUDA-graph batch",

@@ -36,6 +36,7 @@ from chunktune.core.flags import FLAGS, engine_defaults, parse_argv
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig, from_hf_config, resolve_model
 from chunktune.core.trials import EngineTarget
+from chunktune.core.vllm_release import parse_version
 from chunktune.sim.engine.memory import plan_memory
 
 
@@ -45,6 +46,8 @@ def sim_part(point: dict[str, Any]) -> dict[str, Any]:
 
 
 def distribution(p: Parameter) -> BaseDistribution:
+    if p.is_switch:
+        return CategoricalDistribution([False, True])
     if p.choices is not None:
         return CategoricalDistribution(list(p.choices))
     assert p.low is not None and p.high is not None
@@ -159,13 +162,16 @@ class EngineContext:
 
     def defaults(self, point: dict[str, Any] | None = None) -> dict[str, Any]:
         """Every flag's value when the engine starts with the fixed args and ``point``
-        (:func:`chunktune.core.flags.engine_defaults`)."""
+        (:func:`chunktune.core.flags.engine_defaults`), as the release the target names
+        defaults them (the current one when it names none)."""
         engine = "sglang" if self.target.kind == "sglang" else "vllm"
         given = {**parse_argv(list(self.target.fixed_args), engine=engine).values,
                  **(point or {})}
+        version = (parse_version(self.target.vllm_version, "spec.engine.vllmVersion")
+                   if self.target.vllm_version else None)
         return engine_defaults(given, self.gpu, self.model.max_position_embeddings
                                if self.model else None, engine=engine,
-                               cpu=self.target.cpu is not None)
+                               cpu=self.target.cpu is not None, version=version)
 
     def default_point(self, params: Sequence[Parameter]) -> dict[str, Any]:
         """The engine's defaults for the searched flags on this GPU class: trial 0
