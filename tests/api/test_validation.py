@@ -185,6 +185,13 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
                                       "choices": [1, 4]})),
      [("spec.searchSpace[3].name", "vLLM 0.23 has no --prefill-schedule-interval (since "
        "0.24); remove it or name vLLM 0.24 or later")]),
+    ("vLLM 0.19's gate over a sliding-window model, simulated",
+     spec(lambda s: s["engine"].update(model="gpt-oss-120b", vllmVersion="0.19.1")),
+     [("spec.engine.vllmVersion", "vLLM 0.19's whole-sequence admission gate budgets "
+       "gpt-oss-120b's sliding-window layers for every token of a prompt, not their window "
+       "(vLLM issue #39734, fixed in 0.20): long prompts wait, and one longer than about the "
+       "KV cache divided by its groups is never admitted. The simulator does not model that "
+       "gate; name vLLM 0.20 or later, or pass --no-scheduler-reserve-full-isl")]),
     ("cmaes on choices and switches only",
      spec(lambda s: s.update(sampler={"name": "cmaes"}, constraints=[],
                              searchSpace=[{"name": "max-num-seqs", "choices": [64, 128]},

@@ -30,7 +30,7 @@ from chunktune.api.v1alpha1 import (
     WorkloadSpec,
 )
 from chunktune.core.distributions import Constant
-from chunktune.core.engine_args import EngineArgs
+from chunktune.core.engine_args import EngineArgs, check_windowed_admission
 from chunktune.core.errors import SpecError
 from chunktune.core.flags import FLAGS, parse_argv
 from chunktune.core.gpus import gpu_names, resolve_gpu, with_peer_to_peer
@@ -253,6 +253,16 @@ def _args(p: Parts, e: EngineSpec) -> None:
             where = f"spec.engine.args[{parsed.index[name]}]" if name in parsed.index \
                 else "spec.engine.args"
             p.add(where, f"{path} {msg}")
+    try:
+        version = e.effective_vllm_version()
+    except SpecError:  # reported with vllmVersion
+        return
+    if p.model is not None:
+        try:
+            check_windowed_admission(EngineArgs.from_point(parsed.values), p.model, version)
+        except SpecError as err:
+            for _, msg in err.problems:
+                p.add("spec.engine.vllmVersion", msg)
 
 
 # ---- search space -----------------------------------------------------------------------------

@@ -362,7 +362,7 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
     the vLLM whose defaults apply (:mod:`chunktune.core.vllm_release`; None: the current)."""
     args.check()
     _check_release_flags(args, version)
-    _check_windowed_admission(args, model, version)
+    check_windowed_admission(args, model, version)
     model = apply_quantization(model, args.quantization)
     tp = args.tensor_parallel_size
     if model.num_attention_heads % tp:
@@ -475,7 +475,7 @@ def _check_release_flags(args: EngineArgs, version: Version | None) -> None:
 UNCAPPED_WINDOWED_GATE: tuple[Version, Version] = ((0, 19, 0), (0, 20, 0))
 
 
-def _check_windowed_admission(args: EngineArgs, model: ModelConfig,
+def check_windowed_admission(args: EngineArgs, model: ModelConfig,
                               version: Version | None) -> None:
     """Refuse, by name, a model with windowed attention layers under vLLM 0.19.x's
     whole-sequence gate (:data:`UNCAPPED_WINDOWED_GATE`): that gate holds long prompts back,
