@@ -259,7 +259,8 @@ def _args(p: Parts, e: EngineSpec) -> None:
         return
     if p.model is not None:
         try:
-            check_windowed_admission(EngineArgs.from_point(parsed.values), p.model, version)
+            check_windowed_admission(p.model, version, EngineArgs.from_point(
+                parsed.values).scheduler_reserve_full_isl)
         except SpecError as err:
             for _, msg in err.problems:
                 p.add("spec.engine.vllmVersion", msg)

@@ -362,7 +362,6 @@ def resolve(args: EngineArgs, model: ModelConfig, gpu: GPU,
     the vLLM whose defaults apply (:mod:`chunktune.core.vllm_release`; None: the current)."""
     args.check()
     _check_release_flags(args, version)
-    check_windowed_admission(args, model, version)
     model = apply_quantization(model, args.quantization)
     tp = args.tensor_parallel_size
     if model.num_attention_heads % tp:
@@ -475,15 +474,16 @@ def _check_release_flags(args: EngineArgs, version: Version | None) -> None:
 UNCAPPED_WINDOWED_GATE: tuple[Version, Version] = ((0, 19, 0), (0, 20, 0))
 
 
-def check_windowed_admission(args: EngineArgs, model: ModelConfig,
-                              version: Version | None) -> None:
-    """Refuse, by name, a model with windowed attention layers under vLLM 0.19.x's
-    whole-sequence gate (:data:`UNCAPPED_WINDOWED_GATE`): that gate holds long prompts back,
-    and one whose whole sequence over all KV-cache groups exceeds the pool is never admitted
-    (the queue behind it waits for ever); the simulator sizes windowed layers as 0.20 does
-    and does not model it."""
+def check_windowed_admission(model: ModelConfig, version: Version | None,
+                             reserve_full_isl: bool) -> None:
+    """Refuse, by name, scheduling a model with windowed attention layers under vLLM 0.19.x's
+    whole-sequence gate (:data:`UNCAPPED_WINDOWED_GATE`; ``reserve_full_isl``: the gate is
+    on): that gate holds long prompts back, and one whose whole sequence over all KV-cache
+    groups exceeds the pool is never admitted (the queue behind it waits for ever); the
+    simulator's scheduler sizes windowed layers as 0.20 does and does not model it. The
+    release's start-up (memory, KV tokens) is modelled: only its scheduling is refused."""
     low, high = UNCAPPED_WINDOWED_GATE
-    if version is None or not low <= version < high or not args.scheduler_reserve_full_isl:
+    if version is None or not low <= version < high or not reserve_full_isl:
         return
     kinds = set(model.layer_kinds())
     windowed = [w for k, w in ((SLIDING, "sliding-window"), (CHUNKED, "chunked-attention"))

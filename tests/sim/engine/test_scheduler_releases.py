@@ -16,6 +16,7 @@ from chunktune.core.vllm_release import (
     scheduler_note,
     scheduler_release,
 )
+from chunktune.sim.engine.scheduler import Scheduler
 from tests.sim.releases.cases import NAMED, sim_trace
 
 V18, V19, V23, V28, V31, V32, V33, V34 = (r.version for r in SCHEDULERS)
@@ -161,17 +162,22 @@ def test_vllm_0_19s_gate_over_windowed_layers_is_refused_by_name(model: str):
     # admits a 32,000-token prompt (4,000 blocks); 0.20 caps the group at its window
     # (max_admission_blocks_per_request, PR #40946), which is what the simulator sizes
     m, gpu = resolve_model(model), resolve_gpu("h200")
+
+    def scheduler(version, **kw):
+        return Scheduler(resolve(EngineArgs(max_model_len=32768, **kw), m, gpu,
+                                 version=version), 1000)
+
     for version in ((0, 19, 0), (0, 19, 1)):
+        # its start-up is modelled: the configuration resolves, the memory plans
+        cfg = resolve(EngineArgs(max_model_len=32768), m, gpu, version=version)
         with pytest.raises(SpecError, match=r"--scheduler-reserve-full-isl: vLLM 0\.19's "
                                             r"whole-sequence admission gate .*#39734"):
-            resolve(EngineArgs(max_model_len=32768), m, gpu, version=version)
-        # the gate off, or a release that caps it, or one without it: taken
-        resolve(EngineArgs(max_model_len=32768, scheduler_reserve_full_isl=False), m, gpu,
-                version=version)
+            Scheduler(cfg, 1000)
+        scheduler(version, scheduler_reserve_full_isl=False)  # the gate off: scheduled
     for version in ((0, 18, 0), (0, 20, 0), (0, 34, 0), None):
-        resolve(EngineArgs(max_model_len=32768), m, gpu, version=version)
+        scheduler(version)
 
 
 def test_vllm_0_19s_gate_is_taken_on_a_model_without_windowed_layers():
-    resolve(EngineArgs(), resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm"),
-            version=(0, 19, 1))
+    Scheduler(resolve(EngineArgs(), resolve_model("llama-3.1-8b"), resolve_gpu("h100-sxm"),
+                      version=(0, 19, 1)), 1000)

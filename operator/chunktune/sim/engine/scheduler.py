@@ -63,7 +63,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from chunktune.core.engine_args import ResolvedConfig
+from chunktune.core.engine_args import ResolvedConfig, check_windowed_admission
 from chunktune.core.speculative import expected_accepted
 from chunktune.core.vllm_release import scheduler_release
 from chunktune.sim.engine.kv_cache import BlockPool, PrefixCache
@@ -179,7 +179,10 @@ class Scheduler:
         self._release_rules(cfg)
 
     def _release_rules(self, cfg: ResolvedConfig) -> None:
-        """The rules of the release the config names (:func:`scheduler_release`)."""
+        """The rules of the release the config names (:func:`scheduler_release`); raises
+        :class:`SpecError` for one whose rules for this model are not modelled
+        (:func:`check_windowed_admission`)."""
+        check_windowed_admission(cfg.model, cfg.vllm_version, cfg.scheduler_reserve_full_isl)
         release = self.release = scheduler_release(cfg.vllm_version)
         self.adaptive = cfg.long_prefill_token_threshold_adaptive
         self.threshold_needs_chunking = release.threshold_needs_chunking
