@@ -174,6 +174,12 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
      [("spec.searchSpace[3]", "scheduler-reserve-full-isl is a switch: give its name alone "
        "and both --scheduler-reserve-full-isl and --no-scheduler-reserve-full-isl are "
        "searched (remove high, low, type)")]),
+    ("a switch on a log scale",  # log: false (a manifest with its defaults filled) is fine
+     spec(lambda s: s["searchSpace"].extend([{"name": "async-scheduling", "log": True},
+                                             {"name": "scheduler-reserve-full-isl",
+                                              "log": False}])),
+     [("spec.searchSpace[3]", "async-scheduling is a switch: give its name alone and both "
+       "--async-scheduling and --no-async-scheduling are searched (remove log)")]),
     ("a switch newer than the named release",
      spec(lambda s: s["engine"].update(vllmVersion="0.18.0")
           or s["searchSpace"].append({"name": "scheduler-reserve-full-isl"})),

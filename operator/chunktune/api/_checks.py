@@ -319,7 +319,8 @@ def _params(p: Parts) -> None:
 
 
 def _switch(p: Parts, path: str, prm: Parameter) -> None:
-    given = sorted({"choices", "type", "low", "high", "step", "log"} & prm.model_fields_set)
+    given = sorted({"choices", "type", "low", "high", "step"} & prm.model_fields_set
+                   | ({"log"} if prm.log else set()))
     if given:
         p.add(path, f"{prm.name} is a switch: give its name alone and both --{prm.name} and "
               f"--no-{prm.name} are searched (remove {', '.join(given)})")

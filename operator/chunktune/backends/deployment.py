@@ -136,7 +136,7 @@ def _set_switch(args: list[str], shell: int | None, flag: Flag, on: bool) -> lis
         spell = "|".join(re.escape(s) for s in sorted(spellings, key=len, reverse=True))
         pattern = re.compile(rf"(?<!\S)({spell})(?!\S)")
         command = args[shell]
-        found = [m for m in pattern.finditer(command)]
+        found = list(pattern.finditer(command))
         if not found:
             command = f"{command.rstrip()} {token}"
         else:
