@@ -184,13 +184,13 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
      spec(lambda s: s["engine"].update(vllmVersion="0.18.0")
           or s["searchSpace"].append({"name": "scheduler-reserve-full-isl"})),
      [("spec.searchSpace[3].name", "vLLM 0.18 has no --scheduler-reserve-full-isl (since "
-       "0.19); remove it or name vLLM 0.19 or later")]),
+       "0.19); drop it or name vLLM 0.19 or later")]),
     ("a searched flag newer than the named release",
      spec(lambda s: s["engine"].update(vllmVersion="0.23.0")
           or s["searchSpace"].append({"name": "prefill-schedule-interval",
                                       "choices": [1, 4]})),
      [("spec.searchSpace[3].name", "vLLM 0.23 has no --prefill-schedule-interval (since "
-       "0.24); remove it or name vLLM 0.24 or later")]),
+       "0.24); drop it or name vLLM 0.24 or later")]),
     ("vLLM 0.19's gate over a sliding-window model, simulated",
      spec(lambda s: s["engine"].update(model="gpt-oss-120b", vllmVersion="0.19.1")),
      [("spec.engine.vllmVersion", "vLLM 0.19's whole-sequence admission gate budgets "

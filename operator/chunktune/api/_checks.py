@@ -271,6 +271,10 @@ def _args(p: Parts, e: EngineSpec) -> None:
 
 def _params(p: Parts) -> None:
     fixed = parse_argv(p.engine.args).index if p.engine else {}
+    try:
+        version = p.engine.effective_vllm_version() if p.engine is not None else None
+    except SpecError:  # reported with the engine
+        version = None
     seen: dict[str, int] = {}
     for i, prm in p.params:
         path = f"spec.searchSpace[{i}]"
@@ -301,15 +305,8 @@ def _params(p: Parts) -> None:
             p.add(f"{path}.name", f"{prm.name} sets {flag.attr} inside --{flag.within}: give "
                   f"--{flag.within} (its method) in spec.engine.args, e.g. --{flag.within} "
                   "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
-        since = flag.since
-        try:
-            version = p.engine.effective_vllm_version() if p.engine is not None else None
-        except SpecError:  # reported with the engine
-            version = None
-        if since is not None and version is not None and version < since:
-            p.add(f"{path}.name", f"vLLM {version[0]}.{version[1]} has no --{prm.name} (since "
-                  f"{since[0]}.{since[1]}); remove it or name vLLM {since[0]}.{since[1]} or "
-                  "later")
+        if version is not None and (why := flag.absent_from(version)) is not None:
+            p.add(f"{path}.name", why)
         if prm.is_switch:
             _switch(p, path, prm)
         elif prm.choices is not None:

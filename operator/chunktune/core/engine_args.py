@@ -456,11 +456,8 @@ def _check_release_flags(args: EngineArgs, version: Version | None) -> None:
     checked release (:func:`scheduler_release`), which has them all."""
     release = scheduler_release(version)
     named = version or release.version
-    problems = [(f.option, f"vLLM {named[0]}.{named[1]} has no {f.option} (since "
-                           f"{f.since[0]}.{f.since[1]}); drop it or name vLLM "
-                           f"{f.since[0]}.{f.since[1]} or later")
-                for f in FLAGS.values()
-                if f.since is not None and named < f.since
+    problems = [(f.option, why) for f in FLAGS.values()
+                if (why := f.absent_from(named)) is not None
                 and hasattr(args, f.attr) and getattr(args, f.attr) != f.default]
     if problems:
         raise SpecError(problems)

@@ -218,6 +218,15 @@ class Flag:
                 return f"must be {self.range_text()}"
         return None
 
+    def absent_from(self, version: vllm_release.Version) -> str | None:
+        """Why vLLM ``version`` refuses the flag, newer than it (:attr:`since`), with the fix;
+        None where it has the flag."""
+        if self.since is None or version >= self.since:
+            return None
+        since = f"{self.since[0]}.{self.since[1]}"
+        return (f"vLLM {version[0]}.{version[1]} has no {self.option} (since {since}); drop "
+                f"it or name vLLM {since} or later")
+
     def range_text(self) -> str:
         """``>= 1``, ``> 0 and <= 1``, ``>= -1, not 0``."""
         def num(v: float) -> str:
