@@ -16,6 +16,7 @@ from bench.serve_overhead import start_server
 from chunktune.core.stats import summarize
 from chunktune.core.workload import generate, parse_profile
 from chunktune.load import shards
+from chunktune.load.launcher import child_env
 from tests.load.conftest import profile_dict
 from tests.load.test_against_sim import TTFT_BUCKETS
 
@@ -31,6 +32,40 @@ def test_shards_deal_one_schedule_round_robin() -> None:
     assert [shards.clients(10, i, 4) for i in range(4)] == [3, 3, 2, 2]
     with pytest.raises(ValueError, match="worker 3 of 3"):
         shards.shard(specs, 3, 3)
+
+
+#: A Locust process: the master and one worker that registers chunktune's messages a second
+#: after Locust connected it (as a worker slowed by a busy machine does).
+LATE_WORKER = """
+import json, sys
+import gevent, gevent.event
+from locust.env import Environment
+from chunktune.load import distributed
+from chunktune.load.config import DriverConfig
+
+cfg = DriverConfig(target="http://127.0.0.1:9", model="m", profile=json.loads(sys.argv[1]),
+                   load_workers=1, spawn_workers=False)
+master = distributed.Master(cfg, lambda ev: None, "")
+run = gevent.spawn(master.run)
+worker = Environment(user_classes=[]).create_worker_runner("127.0.0.1", master.port)
+gevent.sleep(1.0)  # Locust has acked the worker; the master must not send its share yet
+share = gevent.event.AsyncResult()
+worker.register_message(distributed.MSG_START, lambda environment, msg, **_: share.set(msg.data))
+worker.send_message(distributed.MSG_HELLO, {})
+data = share.get(timeout=30)
+print(json.dumps({"index": data["index"], "count": data["count"]}))
+run.kill()
+worker.quit()
+master.runner.quit()
+"""
+
+
+def test_a_worker_slow_to_listen_still_gets_its_share() -> None:
+    run = subprocess.run([sys.executable, "-c", LATE_WORKER, json.dumps(profile_dict())],
+                         capture_output=True, text=True, timeout=120, env=child_env())
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"index": 0, "count": 1}
+    assert "Unknown message type" not in run.stderr
 
 
 def _run(url: str, out: Path, workers: int) -> dict[str, Any]:

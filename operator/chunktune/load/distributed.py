@@ -3,7 +3,9 @@
 Import this only in a Locust process (the child of :mod:`chunktune.load.runner`). With
 ``DriverConfig.load_workers`` N the child is Locust's master (``MasterRunner``, ZeroMQ on
 ``master_port``): it starts N local worker processes (or, in a cluster, waits for N worker
-pods), sends each its share — the whole config and its ``(index, count)`` — then, once all
+pods) and for each to say it listens (Locust acks a worker's connection before the worker
+has registered chunktune's messages, and drops a message it has no handler for), sends each
+its share — the whole config and its ``(index, count)`` — then, once all
 have prepared it, a shared time zero a moment ahead, and writes the workers' events to the
 launcher's pipe as one run's:
 
@@ -40,6 +42,7 @@ from chunktune.load.users import Schedule
 
 __all__ = ["Master", "run_worker"]
 
+MSG_HELLO = "chunktune_hello"
 MSG_START = "chunktune_start"
 MSG_READY = "chunktune_ready"
 MSG_GO = "chunktune_go"
@@ -73,6 +76,8 @@ class Master:
         self.runner: MasterRunner = self.env.create_master_runner(cfg.master_bind, self.port)
         self.runner.register_message(MSG_EVENTS, self._on_events)
         self.runner.register_message(MSG_READY, self._on_ready)
+        self.runner.register_message(MSG_HELLO, self._on_hello)
+        self.listening: set[str] = set()
         self.ready: set[str] = set()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.bootstrap = bootstrap
@@ -87,6 +92,9 @@ class Master:
         if not self.stopped:
             self.stopped = True
             self.runner.send_message(MSG_STOP, {})
+
+    def _on_hello(self, environment: Environment, msg: Any, **_: Any) -> None:
+        self.listening.add(str(msg.node_id))
 
     def _on_ready(self, environment: Environment, msg: Any, **_: Any) -> None:
         self.ready.add(str(msg.node_id))
@@ -140,18 +148,20 @@ class Master:
         if self.cfg.spawn_workers:
             self._spawn_local()
         deadline = time.monotonic() + CONNECT_TIMEOUT
-        while len(self.runner.clients.ready) < self.count:
+        # a worker is counted once it said hello: its handlers are registered by then, so the
+        # share sent to it cannot arrive before them and be dropped
+        while len(self.listening) < self.count:
             if time.monotonic() > deadline or self.stopped:
-                raise RuntimeError(f"{len(self.runner.clients.ready)} of {self.count} load "
+                raise RuntimeError(f"{len(self.listening)} of {self.count} load "
                                    f"workers connected to the master on port {self.port} "
                                    f"within {CONNECT_TIMEOUT:g} s")
             gevent.sleep(0.05)
         profile = self.cfg.parsed_profile()
         tag = os.urandom(3).hex()
-        for i, node in enumerate(sorted(self.runner.clients.ready, key=lambda n: n.id)):
+        for i, node in enumerate(sorted(self.listening)[:self.count]):
             self.runner.send_message(MSG_START, {
                 "config": self.cfg.to_dict(), "index": i, "count": self.count,
-                "run_tag": tag}, client_id=node.id)
+                "run_tag": tag}, client_id=node)
         while len(self.ready) < self.count:
             if time.monotonic() > deadline + CONNECT_TIMEOUT or self.stopped:
                 raise RuntimeError(f"{len(self.ready)} of {self.count} load workers prepared "
@@ -210,6 +220,7 @@ def run_worker(master: str) -> int:
     runner.register_message(MSG_START, on_start)
     runner.register_message(MSG_STOP, on_stop)
     runner.register_message(MSG_GO, on_go)
+    runner.send_message(MSG_HELLO, {})
     data = started.get(timeout=CONNECT_TIMEOUT + 600)
     cfg = DriverConfig.from_dict(data["config"])
     env.host = cfg.target
