@@ -198,6 +198,15 @@ BAD: list[tuple[str, Edit, list[tuple[str, str]]]] = [
        "(vLLM issue #39734, fixed in 0.20): long prompts wait, and one longer than about the "
        "KV cache divided by its groups is never admitted. The simulator does not model that "
        "gate; name vLLM 0.20 or later, or pass --no-scheduler-reserve-full-isl")]),
+    ("vLLM 0.19's gate searched over a sliding-window model, simulated",
+     spec(lambda s: s["engine"].update(model="gpt-oss-120b", vllmVersion="0.19.1")
+          or s["searchSpace"].append({"name": "scheduler-reserve-full-isl"})),
+     [("spec.searchSpace[3].name", "vLLM 0.19's whole-sequence admission gate budgets "
+       "gpt-oss-120b's sliding-window layers for every token of a prompt, not their window "
+       "(vLLM issue #39734, fixed in 0.20): long prompts wait, and one longer than about the "
+       "KV cache divided by its groups is never admitted. The simulator does not model that "
+       "gate; name vLLM 0.20 or later, or stop searching scheduler-reserve-full-isl and pass "
+       "--no-scheduler-reserve-full-isl")]),
     ("cmaes on choices and switches only",
      spec(lambda s: s.update(sampler={"name": "cmaes"}, constraints=[],
                              searchSpace=[{"name": "max-num-seqs", "choices": [64, 128]},

@@ -253,17 +253,32 @@ def _args(p: Parts, e: EngineSpec) -> None:
             where = f"spec.engine.args[{parsed.index[name]}]" if name in parsed.index \
                 else "spec.engine.args"
             p.add(where, f"{path} {msg}")
+    if p.model is not None:
+        _windowed_gate(p, e, p.model, parsed.values, "")
+
+
+def _windowed_gate(p: Parts, e: EngineSpec, model: ModelConfig, values: dict[str, Any],
+                   prefix: str) -> None:
+    """The simulator does not schedule ``model`` under the release ``e`` names when vLLM
+    0.19's whole-sequence gate would hold its windowed layers back
+    (:func:`check_windowed_admission`); the problem is at the field that named the release."""
     try:
         version = e.effective_vllm_version()
     except SpecError:  # reported with vllmVersion
         return
-    if p.model is not None:
-        try:
-            check_windowed_admission(p.model, version, EngineArgs.from_point(
-                parsed.values).scheduler_reserve_full_isl)
-        except SpecError as err:
-            for _, msg in err.problems:
-                p.add("spec.engine.vllmVersion", msg)
+    try:
+        check_windowed_admission(model, version, EngineArgs.from_point(
+            values).scheduler_reserve_full_isl)
+    except SpecError as err:
+        where = "spec.engine.image" if e.vllm_version is None else "spec.engine.vllmVersion"
+        searched = [i for i, prm in p.params if prm.name == "scheduler-reserve-full-isl"]
+        for _, msg in err.problems:
+            if searched:  # its off setting alone is modelled: searching it cannot be
+                p.add(f"spec.searchSpace[{searched[0]}].name", prefix + msg.replace(
+                    "or pass --no-scheduler-reserve-full-isl", "or stop searching "
+                    "scheduler-reserve-full-isl and pass --no-scheduler-reserve-full-isl"))
+            else:
+                p.add(where, prefix + msg)
 
 
 # ---- search space -----------------------------------------------------------------------------
@@ -652,8 +667,11 @@ def _twin(p: Parts, s: StrategySpec) -> None:
     if m.startswith(TINY_PREFIX) or m.startswith(("/", "./", "../", "~")):
         return  # the model's own config.json is read when the study runs
     try:
-        resolve_model(m)
+        model = resolve_model(m)
     except SpecError:
         p.add("spec.engine.model", f"strategy twin needs the model's architecture, and the "
               f"simulator does not know {m!r}: give a local model directory (./path with its "
               f"config.json) or a catalogued model ({', '.join(catalog_names())})")
+        return
+    _windowed_gate(p, e, model, parse_argv(e.args, engine="vllm").values,
+                   "strategy twin simulates this engine: ")

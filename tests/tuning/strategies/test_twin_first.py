@@ -232,6 +232,10 @@ def test_candidates_measure_each_simulated_behaviour_once() -> None:
     ({}, None, {"kind": "vllm", "image": "vllm/vllm-openai:v0.11.0", "model": "org/unknown",
                 "gpu": {"type": "h100-sxm"}},
      "spec.engine.model", "the simulator does not know 'org/unknown'"),
+    ({}, None, {"kind": "vllm", "image": "vllm/vllm-openai:v0.19.1", "model": "gpt-oss-120b",
+                "gpu": {"type": "h100-sxm"}},
+     "spec.engine.image", "strategy twin simulates this engine: vLLM 0.19's whole-sequence "
+     "admission gate budgets gpt-oss-120b's sliding-window layers for every token"),
 ])
 def test_strategy_errors_name_the_field(strategy: dict[str, Any], budget: Any, engine: Any,
                                         path: str, words: str) -> None:
@@ -240,6 +244,17 @@ def test_strategy_errors_name_the_field(strategy: dict[str, Any], budget: Any, e
         m["spec"]["engine"] = engine
     problems = validate(m)
     assert any(p == path and words in msg for p, msg in problems), problems
+
+
+def test_the_twin_of_vllm_0_19_takes_a_windowed_model_with_its_gate_off() -> None:
+    """The gate that makes a twin of vLLM 0.19 refuse gpt-oss is refused only while it is on."""
+    engine = {"kind": "vllm", "image": "vllm/vllm-openai:v0.19.1", "model": "gpt-oss-120b",
+              "gpu": {"type": "h100-sxm"}, "args": ["--no-scheduler-reserve-full-isl"]}
+    m = manifest(strategy={"name": "twin"}, budget={"maxTrials": 30})
+    m["spec"]["engine"] = engine
+    assert validate(m) == []
+    engine.update(args=[], image="vllm/vllm-openai:v0.20.0")
+    assert validate(m) == []
 
 
 def test_strategy_bounds_come_from_the_schema() -> None:
