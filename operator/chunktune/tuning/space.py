@@ -36,7 +36,7 @@ from chunktune.core.flags import FLAGS, engine_defaults, parse_argv
 from chunktune.core.gpus import GPU
 from chunktune.core.models import ModelConfig, from_hf_config, resolve_model
 from chunktune.core.trials import EngineTarget
-from chunktune.core.vllm_release import parse_version
+from chunktune.core.vllm_release import Version, parse_version
 from chunktune.sim.engine.memory import plan_memory
 
 
@@ -46,10 +46,8 @@ def sim_part(point: dict[str, Any]) -> dict[str, Any]:
 
 
 def distribution(p: Parameter) -> BaseDistribution:
-    if p.is_switch:
-        return CategoricalDistribution([False, True])
-    if p.choices is not None:
-        return CategoricalDistribution(list(p.choices))
+    if p.is_switch or p.choices is not None:
+        return CategoricalDistribution(p.grid_values())
     assert p.low is not None and p.high is not None
     if p.type == "int":
         return IntDistribution(int(p.low), int(p.high), log=p.log,
@@ -138,6 +136,9 @@ class EngineContext:
     """None when the simulator does not know the model (a vLLM engine with an uncatalogued
     model and no ``modelConfig``): rules needing it are left to the engine."""
     gpu: GPU | None
+    version: Version | None
+    """The vLLM release the target names (``vllmVersion`` or its image's tag), None for the
+    current one."""
 
     @classmethod
     def build(cls, target: EngineTarget) -> EngineContext:
@@ -154,7 +155,9 @@ class EngineContext:
             gpu = target.node_gpu() if target.gpu else None
         except SpecError:
             gpu = None
-        return cls(target, fixed, model, gpu)
+        version = (parse_version(target.vllm_version, "spec.engine.vllmVersion")
+                   if target.vllm_version else None)
+        return cls(target, fixed, model, gpu, version)
 
     def engine_args(self, point: dict[str, Any]) -> EngineArgs:
         """The fixed arguments with the point's flags set."""
@@ -167,11 +170,9 @@ class EngineContext:
         engine = "sglang" if self.target.kind == "sglang" else "vllm"
         given = {**parse_argv(list(self.target.fixed_args), engine=engine).values,
                  **(point or {})}
-        version = (parse_version(self.target.vllm_version, "spec.engine.vllmVersion")
-                   if self.target.vllm_version else None)
         return engine_defaults(given, self.gpu, self.model.max_position_embeddings
                                if self.model else None, engine=engine,
-                               cpu=self.target.cpu is not None, version=version)
+                               cpu=self.target.cpu is not None, version=self.version)
 
     def default_point(self, params: Sequence[Parameter]) -> dict[str, Any]:
         """The engine's defaults for the searched flags on this GPU class: trial 0
