@@ -1,19 +1,23 @@
-"""The simulator's KV pool for sliding-window models against vLLM's own hybrid KV cache manager.
+"""The simulator's hybrid KV pool against vLLM's own hybrid KV cache manager, per release.
 
-The simulator schedules a model whose layers mix sliding-window and full attention (gpt-oss)
-against a pool of full-attention blocks: the KV tokens vLLM prints, in blocks
-(``memory.KVLayout.tokens``). vLLM keeps one pool of blocks shared by a sliding-window group
-and a full-attention group, frees a sliding-window layer's blocks as its window passes and
-finds a prefix-cache hit of a windowed group only where the window's blocks before it are
-still cached. This script drives each release's own ``Scheduler`` (the per-release suite's
-harness, ``tests/sim/releases/vllm_scheduler.py``) with the two groups at the pool the
-simulator plans for each KV-bound published gpt-oss burst (100 x 32,000-token prompts,
-``bench/published_runs.py``; prefix caching on, as vLLM ran), and prints its steps,
-preemptions and prefill tokens (recomputed ones included) beside the simulator's. A release
-whose scheduler stops admitting is reported as stalled (vLLM 0.19's gate, issue #39734).
+A model whose layers mix sliding-window or chunked-local attention with full attention
+(gpt-oss, Gemma-4, Llama-4) has several KV-cache groups in one pool of blocks: a windowed
+group frees the blocks its window leaves and finds a prefix-cache hit only where the window's
+blocks before it are still cached, and the admission gate reserves at most its cap
+(``max_admission_blocks_per_request``). The simulator counts each group's blocks so
+(``kv_cache.HybridBlocks``, ``HybridPrefixCache``). This script drives each release's own
+``Scheduler`` (the per-release suite's harness, ``tests/sim/releases/vllm_scheduler.py``) with
+the model's groups at the pool the simulator plans, and prints its steps, preemptions and
+prefill tokens (recomputed ones included) beside the simulator's on the same pool: for each
+KV-bound published burst of a sliding-window model (100 x 32,000-token gpt-oss prompts,
+``bench/published_runs.py``; prefix caching on, as vLLM ran), and for Llama-4 Scout on four
+H100s (TP 4, ``--max-model-len 32768``) under a burst of 600 chat-length requests (2,000
+tokens in, 300 out), where a request holds as many blocks in each of its three chunked
+groups as in its full one. A release whose scheduler stops admitting is reported as stalled
+(vLLM 0.19's gate, issue #39734).
 
 Usage: ``python bench/hybrid_kv_pool.py [--release 0.34.0 ...] [--group TEXT]``; each release's
-wheel is downloaded once (``tests/sim/releases/wheels.py``), about 1.5 min of CPU a release.
+wheel is downloaded once (``tests/sim/releases/wheels.py``), a few minutes of CPU a release.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ sys.path[:0] = [str(ROOT / "operator"), str(ROOT)]
 from tests.sim.releases.cases import ReleaseCase, sim_trace  # noqa: E402
 from tests.sim.releases.wheels import vllm_extract  # noqa: E402
 
-from chunktune.core.engine_args import resolve  # noqa: E402
-from chunktune.core.models import FULL  # noqa: E402
+from chunktune.core.engine_args import EngineArgs, ResolvedConfig, resolve  # noqa: E402
+from chunktune.core.gpus import resolve_gpu  # noqa: E402
+from chunktune.core.models import FULL, resolve_model  # noqa: E402
 from chunktune.core.vllm_release import parse_version  # noqa: E402
 from chunktune.modelgen import write_tiny_model  # noqa: E402
 from chunktune.sim.calibration import published  # noqa: E402
@@ -42,10 +47,21 @@ from chunktune.sim.engine.memory import kv_cache_layout, plan_memory  # noqa: E4
 HARNESS = ROOT / "tests" / "sim" / "releases" / "vllm_scheduler.py"
 
 
-def cases(group: list[str]) -> list[tuple[ReleaseCase, dict[str, object], int]]:
-    """Per KV-bound published burst of a sliding-window model: the case, the harness's spec
-    (the pool in vLLM's blocks, the groups) and the simulator's pool (full-attention
-    blocks)."""
+def _case(name: str, cfg: ResolvedConfig, pool: int,
+          requests: tuple[tuple[str, int, int], ...]) -> ReleaseCase:
+    groups = tuple("full" if g.kind == FULL else g.kind.split("_")[0]
+                   for g in kv_cache_layout(cfg).groups)
+    m = cfg.model
+    return ReleaseCase(name, requests, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                       max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
+                       enable_prefix_caching=cfg.enable_prefix_caching, num_gpu_blocks=pool,
+                       kv_groups=groups, window=m.sliding_window or m.attention_chunk_size,
+                       extra={"async_scheduling": cfg.async_scheduling})
+
+
+def cases(group: list[str]) -> list[ReleaseCase]:
+    """Per KV-bound published burst of a sliding-window model and the Llama-4 Scout burst:
+    the case at the pool the simulator plans (vLLM's blocks)."""
     out = []
     for run in published.read_runs():
         if run.client != "burst" or run.prompt_len < 30000 or "-tp" in run.args:
@@ -58,23 +74,19 @@ def cases(group: list[str]) -> list[tuple[ReleaseCase, dict[str, object], int]]:
             continue
         if not model.sliding_window:
             continue
-        cfg = resolve(args, model, gpu, version=version)
+        cfg = resolve(replace(args, enable_prefix_caching=True), model, gpu, version=version)
         plan = plan_memory(cfg)
         if not plan.pool_blocks:
             continue
         name = run.group.replace("/", "_") + ("_async" if cfg.async_scheduling else "")
-        case = ReleaseCase(name, tuple((f"r{i}", run.prompt_len, run.output_len)
-                                       for i in range(run.requests)),
-                           max_num_batched_tokens=cfg.max_num_batched_tokens,
-                           max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
-                           enable_prefix_caching=True, num_gpu_blocks=plan.pool_blocks)
-        spec = case.spec()
-        engine = spec["engine"]
-        assert isinstance(engine, dict)
-        engine["kv_groups"] = ["full" if g.kind == FULL else "sliding"
-                               for g in kv_cache_layout(cfg).groups]
-        engine["sliding_window"] = model.sliding_window
-        out.append((case, spec, plan.num_gpu_blocks))
+        out.append(_case(name, cfg, plan.pool_blocks,
+                         tuple((f"r{i}", run.prompt_len, run.output_len)
+                               for i in range(run.requests))))
+    if not group or any(g in "llama-4-scout" for g in group):
+        cfg = resolve(EngineArgs(tensor_parallel_size=4, max_model_len=32768),
+                      resolve_model("llama-4-scout"), resolve_gpu("h100-sxm"))
+        out.append(_case("llama-4-scout_h100_tp4_chat", cfg, plan_memory(cfg).pool_blocks,
+                         tuple((f"r{i}", 2000, 300) for i in range(600))))
     return out
 
 
@@ -119,16 +131,19 @@ def main() -> int:
         tiny = Path(write_tiny_model(str(tmp / "tiny")))
         for release in releases:
             version = parse_version(release, "--release")
-            theirs = drive(release, [s for _, s, _ in found], tiny, tmp)
-            for case, _, sim_blocks in found:
+            theirs = drive(release, [c.spec() for c in found], tiny, tmp)
+            for case in found:
+                print(f"{case.name}, vLLM {release}, pool {case.num_gpu_blocks:,} blocks, "
+                      f"groups {'/'.join(case.kv_groups)}")
                 r = theirs[case.name]
-                print(f"{case.name}, vLLM {release}, pool {case.num_gpu_blocks:,} blocks "
-                      f"(simulator: {sim_blocks:,} full-attention blocks)")
                 if "error" in r:
                     print(f"  vLLM       stalled: {r['error']}")
                 else:
                     print(f"  vLLM       {figures(r['steps'], r['preempted'])}")  # type: ignore[arg-type]
-                ours = sim_trace(replace(case, num_gpu_blocks=sim_blocks), version)
+                if not case.runs_on(version):
+                    print("  simulator  refused by name (0.19's gate over windowed layers)")
+                    continue
+                ours = sim_trace(case, version, tiny / "config.json")
                 print(f"  simulator  {figures(ours.steps, ours.preempted)}")
     return 0
 

@@ -21,7 +21,16 @@ version did (release dates from PyPI):
   ``--no-async-scheduling`` since 0.14.0 (PR #27614, the last item of the plan in issue #27679,
   merged in December 2025; #31998 of 2026-01-08 extended the default to speculative decoding);
   before, only with ``--async-scheduling``. The release is inferred from those dates, not read
-  from release notes.
+  from release notes;
+- a windowed layer (sliding window, chunked local attention) is sized for its window plus the
+  tokens in flight, ``VllmConfig.max_in_flight_tokens`` = two batches with async scheduling,
+  since 0.26.0 (read in the 0.26.0 wheel's ``kv_cache_interface.py``, absent from 0.24.0's);
+  before, one batch (``max_num_batched_tokens``);
+- with prefix caching, a freed block that holds no cached content goes to the front of the
+  free queue (taken first, sparing cached blocks): a windowed layer's blocks since 0.23.0
+  (``remove_skipped_blocks`` and ``SlidingWindowManager.free`` with ``prepend=True``), every
+  layer's since 0.24.0 (``BlockPool.free_blocks``); before, to its end, as cached ones
+  (read in the 0.18-0.24 wheels).
 
 Versions before 0.9.0 (V0's defaults, name-keyed V1 defaults) are not modelled.
 """
@@ -44,6 +53,9 @@ GPU_MEMORY_UTILIZATION_092 = (0, 21, 0)
 CUDAGRAPHS_PROFILED = (0, 21, 0)
 LARGE_MEMORY_TIER = (0, 28, 0)
 ASYNC_SCHEDULING = (0, 14, 0)
+IN_FLIGHT_BATCHES = (0, 26, 0)
+WINDOW_UNCACHED_FIRST = (0, 23, 0)
+UNCACHED_FIRST = (0, 24, 0)
 
 #: The supported vLLM release series (``major.minor``).
 VLLM_VERSION = f"{CURRENT[0]}.{CURRENT[1]}"
@@ -110,6 +122,19 @@ def large_memory_tier(v: Version | None) -> bool:
 def async_scheduling(v: Version | None) -> bool:
     """Whether vLLM ``v`` schedules asynchronously unless told otherwise."""
     return (v or CURRENT) >= ASYNC_SCHEDULING
+
+
+def in_flight_tokens(v: Version | None, async_on: bool, max_num_batched_tokens: int) -> int:
+    """The tokens scheduled and not yet settled that vLLM ``v`` sizes a windowed layer's
+    blocks for beside its window (``max_in_flight_tokens``; one batch before 0.26)."""
+    batches = 2 if async_on and (v or CURRENT) >= IN_FLIGHT_BATCHES else 1
+    return batches * max_num_batched_tokens
+
+
+def uncached_freed_first(v: Version | None, windowed: bool) -> bool:
+    """Whether vLLM ``v`` puts a freed block holding no cached content at the front of the
+    free queue (a sliding-window or chunked layer's when ``windowed``)."""
+    return (v or CURRENT) >= (WINDOW_UNCACHED_FIRST if windowed else UNCACHED_FIRST)
 
 
 # ---- the V1 scheduler of each checked release ---------------------------------------------------

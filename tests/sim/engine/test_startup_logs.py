@@ -23,9 +23,11 @@ PINS = {
     # MXFP4 experts on Marlin at 0.10-0.11 on Hopper (sim/engine/mxfp4.py): 65.93 GiB of weights
     "gpt-oss-120b-0.10.1": (2.159, 3.184, None, False),
     "gpt-oss-120b-0.11.0": (6.118, 3.184, 176_633, True),
-    "gemma-4-26b-a4b-a100": (21.523, 1.244, 810_733, True),
+    # vLLM 0.19 sizes a windowed layer for one batch in flight, async or not (two from 0.26,
+    # vllm_release.in_flight_tokens): 810,733 and 1,548,872 tokens before that was read
+    "gemma-4-26b-a4b-a100": (21.523, 1.244, 913_256, True),
     # + MarlinExperts' workspace (0.13 GiB) of the A100's Marlin MXFP4 experts at 0.19
-    "gpt-oss-20b-a100": (36.598, 1.148, 1_548_872, True),
+    "gpt-oss-20b-a100": (36.598, 1.148, 1_572_675, True),
 }
 
 

@@ -29,6 +29,7 @@ BLOCK_SIZE = 16
 #: The first checked release whose ``SchedulerConfig`` has each setting a case may add
 #: (0.18.0 has none of them).
 SETTINGS_SINCE: dict[str, Version] = {
+    "async_scheduling": (0, 18, 0),
     "scheduler_reserve_full_isl": (0, 19, 0),
     "long_prefill_token_threshold_adaptive": (0, 31, 0),
     "prefill_schedule_interval": (0, 31, 0),
@@ -60,12 +61,40 @@ class ReleaseCase:
     #: speculative decoding: (method, K), method ``ngram`` or ``draft_model`` (the model
     #: drafting for itself); None: off
     speculative: tuple[str, int] | None = None
+    #: vLLM's KV-cache groups, one layer each (``"full"``, ``"sliding"`` or ``"chunked"``):
+    #: the hybrid KV cache manager; the simulator's model has one layer of each (so that it
+    #: forms the same groups). Empty: one full-attention group.
+    kv_groups: tuple[str, ...] = ()
+    #: the sliding window or the local-attention chunk of the windowed groups (tokens)
+    window: int = 0
 
     def first_release(self) -> Version:
         """The oldest checked release the case runs on: the newest of its settings' first."""
         if self.since is not None:
             return self.since
         return max([SCHEDULERS[0].version, *(SETTINGS_SINCE[k] for k in self.extra)])
+
+    def runs_on(self, v: Version) -> bool:
+        """Whether the case runs on release ``v``: from its first release, except windowed
+        groups under 0.19's uncapped whole-sequence gate, which the simulator refuses by name
+        (``test_vllm_0_19s_gate_over_windowed_layers_is_refused_by_name``)."""
+        if self.first_release() > v:
+            return False
+        windowed = any(g != "full" for g in self.kv_groups)
+        gate_on = self.extra.get("scheduler_reserve_full_isl", True)
+        return not (windowed and gate_on and (0, 19, 0) <= v < (0, 20, 0))
+
+    def hf_config(self, tiny: dict[str, Any]) -> dict[str, Any]:
+        """The tiny model's config.json with a layer per KV-cache group."""
+        kinds = {"full": "full_attention", "sliding": "sliding_attention",
+                 "chunked": "chunked_attention"}
+        out = dict(tiny, num_hidden_layers=len(self.kv_groups),
+                   layer_types=[kinds[g] for g in self.kv_groups])
+        if "sliding" in self.kv_groups:
+            out["sliding_window"] = self.window
+        if "chunked" in self.kv_groups:
+            out["attention_chunk_size"] = self.window
+        return out
 
     def accepted(self) -> dict[str, list[int]]:
         """The drafts accepted at each verification of each request's drafts, in order
@@ -97,7 +126,12 @@ class ReleaseCase:
                 "enable_chunked_prefill": self.enable_chunked_prefill,
                 "scheduling_policy": self.scheduling_policy,
                 "enable_prefix_caching": self.enable_prefix_caching,
-                "num_gpu_blocks": self.num_gpu_blocks, **self.extra}
+                "num_gpu_blocks": self.num_gpu_blocks,
+                # windowed groups are sized for the batches in flight: one unless the case
+                # says (the harness settles each step before scheduling the next)
+                **({"kv_groups": list(self.kv_groups), "sliding_window": self.window,
+                    "attention_chunk_size": self.window, "async_scheduling": False}
+                   if self.kv_groups else {}), **self.extra}
 
     def spec(self) -> dict[str, Any]:
         return {"name": self.name, "engine": self.engine(),
@@ -228,10 +262,51 @@ NAMED: tuple[ReleaseCase, ...] = (
                 speculative=("ngram", 2)),
 )
 
+#: Windowed groups beside a full one in one pool (vLLM's hybrid KV cache manager): short
+#: requests, so that a windowed group holds about as many blocks as the full one, in a pool
+#: the requests outgrow (preemptions), some arriving mid-run.
+_HYBRID_REQUESTS = (("a", 150, 40), ("b", 90, 60), ("c", 200, 30), ("d", 60, 80),
+                    ("e", 120, 20), ("f", 40, 90), ("g", 170, 25), ("h", 80, 50))
+_HYBRID_ARRIVALS = (0, 0, 0, 2, 4, 6, 9, 12)
+#: One opening shared by most requests (prefix caching on).
+_HYBRID_PREFIXES = (("sys", 48), ("sys", 48), None, ("sys", 48), ("sys", 48), None,
+                    ("sys", 48), ("sys", 48))
+
+HYBRID: tuple[ReleaseCase, ...] = (
+    # gpt-oss's layout: one sliding-window group beside one full group; the window passes
+    # within a request, its blocks return to the pool as it goes
+    ReleaseCase("hybrid_sliding", _HYBRID_REQUESTS, max_num_batched_tokens=64,
+                num_gpu_blocks=40, arrivals=_HYBRID_ARRIVALS, kv_groups=("sliding", "full"),
+                window=32),
+    # Gemma-4's: five sliding-window groups to a full one; requests shorter than the window
+    # hold five times the full group's blocks (the whole-sequence gate counts them)
+    ReleaseCase("hybrid_gemma_like", _HYBRID_REQUESTS, max_num_batched_tokens=64,
+                max_num_seqs=6, num_gpu_blocks=110, arrivals=_HYBRID_ARRIVALS,
+                kv_groups=("sliding",) * 5 + ("full",), window=128),
+    # with async scheduling (0.26+: a windowed group is sized for two batches in flight)
+    ReleaseCase("hybrid_sliding_async", _HYBRID_REQUESTS, max_num_batched_tokens=64,
+                num_gpu_blocks=40, arrivals=_HYBRID_ARRIVALS, kv_groups=("sliding", "full"),
+                window=32, extra={"async_scheduling": True}),
+    # Llama-4's: three chunked-local groups to a full one
+    ReleaseCase("hybrid_chunked", _HYBRID_REQUESTS, max_num_batched_tokens=48,
+                num_gpu_blocks=60, arrivals=_HYBRID_ARRIVALS,
+                kv_groups=("chunked",) * 3 + ("full",), window=64),
+    # the prefix cache over the groups: an opening found by later requests, preempted
+    # requests finding their own blocks again
+    ReleaseCase("hybrid_sliding_prefix_cache", _HYBRID_REQUESTS, max_num_batched_tokens=64,
+                num_gpu_blocks=40, arrivals=_HYBRID_ARRIVALS, enable_prefix_caching=True,
+                prefixes=_HYBRID_PREFIXES, kv_groups=("sliding", "full"), window=32),
+    # 0.19-0.34 with the whole-sequence gate off (0.19's gate on is refused by name)
+    ReleaseCase("hybrid_gemma_like_gate_off", _HYBRID_REQUESTS, max_num_batched_tokens=64,
+                max_num_seqs=6, num_gpu_blocks=110, arrivals=_HYBRID_ARRIVALS,
+                kv_groups=("sliding",) * 5 + ("full",), window=128,
+                extra={"scheduler_reserve_full_isl": False}),
+)
+
 #: The random cases each release runs (seeded: the same every run).
 RANDOM: tuple[ReleaseCase, ...] = tuple(random_case(seed) for seed in range(8))
 
-CASES: tuple[ReleaseCase, ...] = NAMED + RANDOM
+CASES: tuple[ReleaseCase, ...] = NAMED + HYBRID + RANDOM
 
 
 def sim_trace(case: ReleaseCase, version: Version | None,
@@ -241,15 +316,27 @@ def sim_trace(case: ReleaseCase, version: Version | None,
     being the case's)."""
     from chunktune.core.engine_args import EngineArgs, resolve
     from chunktune.core.gpus import resolve_gpu
-    from chunktune.core.models import resolve_model
+    from chunktune.core.models import from_hf_config, resolve_model
+    from chunktune.sim.engine.memory import kv_cache_layout
     from chunktune.sim.engine.step_trace import run_batch
 
     fields = case.engine()  # vLLM's names, which EngineArgs shares
     fields["num_gpu_blocks_override"] = fields.pop("num_gpu_blocks")
-    model = resolve_model("llama-3.1-8b") if model_config is None \
-        else resolve_model(config_path=model_config)
+    for key in ("kv_groups", "sliding_window", "attention_chunk_size"):
+        fields.pop(key, None)
+    if case.kv_groups:
+        assert model_config is not None, "a case with KV-cache groups needs the tiny model"
+        model = from_hf_config(case.hf_config(json.loads(Path(model_config).read_text())),
+                               name=case.name)
+    else:
+        model = resolve_model("llama-3.1-8b") if model_config is None \
+            else resolve_model(config_path=model_config)
+    fields.setdefault("async_scheduling", False)  # as the harness steps: one at a time
     cfg = resolve(EngineArgs(enforce_eager=True, speculative_config=case.speculative_config(),
                              **fields), model, resolve_gpu("h100-sxm"), version=version)
+    if case.kv_groups:
+        groups = kv_cache_layout(cfg).groups
+        assert [g.kind.split("_")[0] for g in groups] == list(case.kv_groups), groups
     script = [list(case.accepted().get(rid, ())) for rid, _, _ in case.requests]
 
     def scripted(cfg: ResolvedConfig, blocks: int) -> Scheduler:

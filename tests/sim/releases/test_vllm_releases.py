@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 HERE = Path(__file__).parent
 RELEASES = [r.version for r in SCHEDULERS]
-PAIRS = [(v, c) for v in RELEASES for c in CASES if c.first_release() <= v]
+PAIRS = [(v, c) for v in RELEASES for c in CASES if c.runs_on(v)]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ class Releases:
         spec = self.tmp / f"spec-{text(version)}.json"
         out = self.tmp / f"out-{text(version)}.json"
         spec.write_text(json.dumps({"cases": [c.spec() for c in CASES
-                                              if c.first_release() <= version]}))
+                                              if c.runs_on(version)]}))
         try:
             proc = subprocess.run(
                 [sys.executable, str(HERE / "vllm_scheduler.py"), str(extract), str(self.tiny),
@@ -136,6 +136,18 @@ def test_the_cases_exercise_what_they_are_named_for(vllm: Releases) -> None:
     # chunk-only admission: at once, to be preempted again)
     assert steps(v18, "spec_draft_k4_tight_kv") != steps(v19, "spec_draft_k4_tight_kv")
     assert steps(v31, "prefill_schedule_interval_4") == steps(v32, "prefill_schedule_interval_4")
+    # hybrid KV-cache groups: the gate reserves a windowed group's cap (0.20+); with it off,
+    # Gemma-4's layout of five sliding groups to a full one preempts as 0.18 did
+    assert sum(vllm(v34, "hybrid_gemma_like")["preempted"]) < \
+        sum(vllm(v34, "hybrid_gemma_like_gate_off")["preempted"])
+    assert steps(v34, "hybrid_gemma_like_gate_off") == steps(v18, "hybrid_gemma_like")
+    # a window sized for two batches in flight with async scheduling from 0.26 (not in 0.23)
+    assert steps(v28, "hybrid_sliding_async") != steps(v28, "hybrid_sliding")
+    assert steps(v23, "hybrid_sliding_async") == steps(v23, "hybrid_sliding")
+    # the opening is found over both groups: fewer prompt tokens computed
+    for v in (v18, v34):
+        assert sum(s[1] for s in steps(v, "hybrid_sliding_prefix_cache")) < \
+            sum(s[1] for s in steps(v, "hybrid_sliding"))
     assert any(c.arrivals and max(c.arrivals) > 0 for c in RANDOM)
     assert {c.enable_prefix_caching for c in RANDOM} == {True, False}
     assert {c.enable_chunked_prefill for c in RANDOM} == {True, False}

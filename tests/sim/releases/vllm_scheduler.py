@@ -8,7 +8,8 @@ holds ``cases``: ``[{"name", "engine": {...}, "requests": [{"id", "prompt_len", 
 "priority", "prefix": [key, tokens] | null, "arrive": step}], "speculative": [method, K] |
 null, "accepted": {"<request id>": [drafts accepted at each verification, ...]}}]``
 (``cases.py`` writes it). An engine may name its KV-cache groups, ``"kv_groups": ["sliding",
-"full"]`` with ``"sliding_window": tokens`` (one ``SlidingWindowSpec`` or ``FullAttentionSpec``
+"full"]`` with ``"sliding_window": tokens``, or ``"chunked"`` with ``"attention_chunk_size"``
+(one ``SlidingWindowSpec``, ``ChunkedLocalAttentionSpec`` or ``FullAttentionSpec``
 group each, sharing the pool: vLLM's hybrid KV cache manager; ``bench/hybrid_kv_pool.py``);
 by default one full-attention group.
 
@@ -111,6 +112,7 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
@@ -139,7 +141,7 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
         block = e["block_size"]
         extra: dict[str, Any] = {}
         for key in ("long_prefill_token_threshold_adaptive", "prefill_schedule_interval",
-                    "scheduler_reserve_full_isl",
+                    "scheduler_reserve_full_isl", "async_scheduling",
                     "cache_aware_admission_window", "cache_aware_admission_threshold"):
             if key in e:
                 extra[key] = e[key]
@@ -169,14 +171,19 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
                                             **spec_extra)
         vllm_config = VllmConfig(scheduler_config=sched_config, model_config=model_config,
                                  cache_config=cache_config, speculative_config=spec_config)
-        groups = [KVCacheGroupSpec(
-            [f"layer{i}"], SlidingWindowSpec(block_size=block, num_kv_heads=1, head_size=1,
-                                             dtype=torch.float32,
-                                             sliding_window=e["sliding_window"])
-            if kind == "sliding" else
-            FullAttentionSpec(block_size=block, num_kv_heads=1, head_size=1,
-                              dtype=torch.float32))
-            for i, kind in enumerate(e.get("kv_groups", ["full"]))]
+        common = {"block_size": block, "num_kv_heads": 1, "head_size": 1,
+                  "dtype": torch.float32}
+        groups = []
+        for i, kind in enumerate(e.get("kv_groups", ["full"])):
+            if kind == "sliding":
+                kv_spec: Any = SlidingWindowSpec(**common,
+                                                 sliding_window=e["sliding_window"])
+            elif kind == "chunked":
+                kv_spec = ChunkedLocalAttentionSpec(
+                    **common, attention_chunk_size=e["attention_chunk_size"])
+            else:
+                kv_spec = FullAttentionSpec(**common)
+            groups.append(KVCacheGroupSpec([f"layer{i}"], kv_spec))
         kv_config = KVCacheConfig(num_blocks=e["num_gpu_blocks"], kv_cache_tensors=[],
                                   kv_cache_groups=groups)
         cache_config.num_gpu_blocks = e["num_gpu_blocks"]
@@ -191,6 +198,7 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
             ids = [rng.randrange(1000, 30000) for _ in range(r["prompt_len"])]
             if r.get("prefix"):
                 key, n = r["prefix"]
+                n = min(n, len(ids))  # an opening longer than the prompt is all of it
                 opening = openings.setdefault(key, [rng.randrange(1000, 30000)
                                                     for _ in range(n)])
                 ids[:n] = opening[:n]
@@ -203,6 +211,8 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
         steps: list[list[int]] = []
         preempted: list[int] = []
         drafts: list[int] = []
+        #: per step, each scheduled request's tokens (for reading a difference)
+        scheduled: list[list[tuple[str, int]]] = []
         finished: list[str] = []
         step = empties = 0
         while pending or sched.has_unfinished_requests():
@@ -224,6 +234,7 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
                               d.num_generation_requests, d.num_generation_tokens])
                 preempted.append(len(out.preempted_req_ids or ()))
                 drafts.append(sum(len(t) for t in out.scheduled_spec_decode_tokens.values()))
+                scheduled.append(sorted(out.num_scheduled_tokens.items()))
             req_ids = list(out.num_scheduled_tokens)
             sampled = []
             for rid in req_ids:
@@ -247,7 +258,7 @@ def main(extract: str, model: str, spec_path: str, out_path: str) -> int:
                                                            [[9] * k for _ in proposing]))
             step += 1
         out_cases.append({"name": case["name"], "steps": steps, "preempted": preempted,
-                          "drafts": drafts, "finished": finished})
+                          "drafts": drafts, "finished": finished, "scheduled": scheduled})
     with open(out_path, "w", encoding="utf-8") as f:
         json.dump({"version": vllm.__version__, "cases": out_cases}, f)
     return 0

@@ -106,7 +106,8 @@ class DataParallelEngine:
         to a rank when it reaches the engines; the steps recorded are the lockstep steps (the
         counts summed over the ranks)."""
         cfg = self.cfg
-        scheds = [Scheduler(cfg, self.memory.num_gpu_blocks) for _ in range(self.size)]
+        scheds = [Scheduler(cfg, self.memory.pool_blocks or self.memory.num_gpu_blocks)
+                  for _ in range(self.size)]
         reqs: list[Request] = []
         rejected: list[tuple[Request, str]] = []
         steps = StepColumns()

@@ -10,12 +10,18 @@ The scheduler computes what ``allocate_slots`` would have to add for ``new`` mor
 (``ceil((computed + new) / block_size) - num_blocks``, inline in its hot loop); like vLLM's
 ``KVCacheManager.allocate_slots`` it treats "not enough free" as "won't fit" and preempts.
 Invariant: ``free + sum(request.num_blocks) == total``.
+
+A model whose layers keep KV differently (gpt-oss's sliding-window layers beside full ones,
+Llama-4's chunked ones, Gemma-4's) has several KV-cache groups sharing the pool: vLLM's hybrid
+KV cache manager. :class:`HybridBlocks` counts what each group's block table takes and frees.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from chunktune.sim.engine.request import Request
 
@@ -44,6 +50,13 @@ class BlockPool:
         req.num_blocks = 0
         assert self.free <= self.total, "released more blocks than the pool holds"
 
+    def drop(self, req: Request, ci: int, c: BlockClass, first: int, end: int) -> None:
+        """Free ``req``'s blocks of class ``c`` (the ``ci``-th of its
+        :class:`HybridBlocks`) at places ``first`` to ``end``: a window left them."""
+        n = c.groups * (end - first)
+        self.free += n
+        req.num_blocks -= n
+
     @property
     def used(self) -> int:
         return self.total - self.free
@@ -59,7 +72,7 @@ class BlockPool:
 #: index (its own: found again only by itself, after a preemption); or, where the prompt's
 #: tokens are known, the hash of the block's tokens chained through the blocks before it
 #: (:func:`block_keys`).
-BlockKey = tuple[object, int] | int
+BlockKey = tuple[object, ...] | int
 
 
 def block_keys(tokens: Sequence[int], block_size: int) -> list[int]:
@@ -93,10 +106,13 @@ class PrefixCache(BlockPool):
     staying its own. Blocks are keyed by :data:`BlockKey`.
     """
 
-    __slots__ = ("_gen", "_stale", "evictable", "hits", "queries", "queue", "refs")
+    __slots__ = ("_gen", "_stale", "evictable", "hits", "own_first", "queries", "queue", "refs")
 
-    def __init__(self, total: int, block_size: int) -> None:
+    def __init__(self, total: int, block_size: int, own_first: bool = False) -> None:
         super().__init__(total, block_size)
+        #: a released request's uncached blocks go to the front of the free queue, taken
+        #: before any cached block (vLLM 0.24+: ``vllm_release.uncached_freed_first``)
+        self.own_first = own_first
         #: cached blocks and how many requests hold each
         self.refs: dict[BlockKey, int] = {}
         #: cached blocks in the free queue, by the generation of their queue entry
@@ -201,7 +217,10 @@ class PrefixCache(BlockPool):
         held = req.held or []
         own = req.num_blocks - len(held)
         if own:
-            self.queue.append(own)
+            if self.own_first:
+                self.queue.appendleft(own)
+            else:
+                self.queue.append(own)
         self.free += own
         for k in reversed(held):
             r = self.refs[k] - 1
@@ -214,4 +233,410 @@ class PrefixCache(BlockPool):
         req.held = None
         req.num_blocks = 0
         req.cached_upto = 0
+        assert self.free <= self.total, "released more blocks than the pool holds"
+
+
+@dataclass(frozen=True)
+class BlockClass:
+    """The KV-cache groups of one attention kind and block size in a hybrid pool."""
+
+    groups: int
+    #: tokens one of their blocks holds
+    block_tokens: int
+    #: a sliding-window layer's window (tokens), a chunked-local layer's chunk; 0: full
+    window: int = 0
+    chunk: int = 0
+    #: ``max_admission_blocks_per_request`` of a windowed group (vLLM 0.20+), the blocks the
+    #: admission gate reserves for it at most
+    cap: int = 0
+
+    @property
+    def windowed(self) -> bool:
+        return bool(self.window or self.chunk)
+
+    def skipped_blocks(self, computed: int) -> int:
+        """The leading blocks out of reach once ``computed`` tokens are computed (vLLM's
+        ``get_num_skipped_tokens`` over the block size): before the window of the next
+        token (``SlidingWindowManager``), before its chunk (``ChunkedLocalAttentionManager``)."""
+        if self.window:
+            skipped = computed - self.window + 1
+            return skipped // self.block_tokens if skipped > 0 else 0
+        if self.chunk:
+            return computed // self.chunk * self.chunk // self.block_tokens
+        return 0
+
+
+class HybridBlocks:
+    """Block counts of vLLM's hybrid KV cache manager: several KV-cache groups, each with its
+    block table, in one pool (vLLM 0.34 ``kv_cache_manager.allocate_slots``,
+    ``single_type_kv_cache_manager``; the same rules from 0.18 as far as they are modelled).
+
+    A request's table in every group covers the tokens with slots (``Request.slot_end``), a
+    block each ``block_tokens``; a windowed group frees the leading blocks its window has
+    passed (``remove_skipped_blocks``, on the computed tokens, before each allocation) and
+    keeps their places as null blocks, so a running request asks each group for the blocks of
+    its new places only (``get_num_blocks_to_allocate``). A waiting request's whole-sequence
+    admission gate counts a windowed group at most its ``cap`` (0.20+). With the prefix cache,
+    :class:`HybridPrefixCache` keeps which of these blocks are cached. With asynchronous
+    scheduling vLLM 0.26+ frees on the tokens already processed (a step later); the simulator
+    frees on the computed ones (at most a step's chunk of blocks a request earlier).
+    """
+
+    __slots__ = ("classes", "full", "sizes", "windowed", "windows")
+
+    def __init__(self, classes: Sequence[BlockClass]) -> None:
+        #: in vLLM's group order (its first layer's kind first)
+        self.classes = tuple(classes)
+        self.full = tuple(c for c in classes if not c.windowed)
+        self.windowed = tuple(c for c in classes if c.windowed)
+        #: (groups, block tokens) of each class, and (index, class) of the windowed ones
+        self.sizes = tuple((c.groups, c.block_tokens) for c in classes)
+        self.windows = tuple((i, c) for i, c in enumerate(classes) if c.windowed)
+
+    def start(self, req: Request, end: int, hit_tokens: int) -> None:
+        """``req`` admitted with slots up to ``end``, its first ``hit_tokens`` cached."""
+        req.slot_end = end
+        req.skipped = [c.skipped_blocks(hit_tokens) for c in self.classes]
+        req.trim_at = 0
+
+    def reset(self, req: Request) -> None:
+        """``req`` freed everything (preempted)."""
+        req.slot_end = 0
+        req.skipped = None
+        req.trim_at = 0
+
+    def trim(self, req: Request, pool: BlockPool) -> None:
+        """Free the windowed blocks ``req``'s computed tokens have left behind."""
+        computed = req.num_computed
+        skipped = req.skipped
+        if computed < req.trim_at or skipped is None:
+            return
+        end = req.slot_end
+        next_at = 1 << 62
+        for i, c in self.windows:
+            bt = c.block_tokens
+            s = c.skipped_blocks(computed)
+            places = -(-end // bt)
+            if s >= places:
+                s = places
+                next_at = 0  # the window waits for more places: look again next time
+            elif c.window:
+                at = (s + 1) * bt + c.window - 1
+                if at < next_at:
+                    next_at = at
+            else:
+                at = (computed // c.chunk + 1) * c.chunk
+                if at < next_at:
+                    next_at = at
+            if s > skipped[i]:
+                pool.drop(req, i, c, skipped[i], s)
+                skipped[i] = s
+        req.trim_at = next_at
+
+    def grow(self, req: Request, end: int) -> int:
+        """The blocks a running request takes for slots up to ``end``."""
+        old = req.slot_end
+        if end <= old:
+            return 0
+        need = 0
+        for groups, bt in self.sizes:
+            need += groups * (-(-end // bt) - -(-old // bt))
+        return need
+
+    def admit(self, end: int, hit_tokens: int) -> int:
+        """The blocks a waiting request (holding none) allocates for slots up to ``end``
+        beside the ``hit_tokens`` it found cached (the cached ones it takes are the prefix
+        cache's ``touch``)."""
+        return sum(c.groups * (-(-end // c.block_tokens) - hit_tokens // c.block_tokens)
+                   for c in self.classes)
+
+    def gate(self, tokens: int, hit_tokens: int) -> int:
+        """The blocks the whole-sequence admission gate asks for a waiting request of
+        ``tokens`` (``get_num_blocks_to_allocate`` with ``apply_admission_cap``)."""
+        need = 0
+        for c in self.classes:
+            want = -(-tokens // c.block_tokens)
+            if c.cap and want > c.cap:
+                want = c.cap
+            want -= hit_tokens // c.block_tokens
+            if want > 0:
+                need += c.groups * want
+        return need
+
+
+class HybridPrefixCache(PrefixCache):
+    """The prefix cache over several KV-cache groups (vLLM's ``HybridKVCacheCoordinator``).
+
+    Each group's blocks are cached on their own, keyed by class, group and content; a hit is
+    the longest prefix every group finds (``find_longest_cache_hit``): the full-attention
+    groups' leading cached blocks; a sliding-window group's last ``ceil((window - 1) /
+    block)`` blocks before the hit, found from the right (or its leading run, if shorter); a
+    chunked group's blocks of the hit's last chunk; with one full and one windowed kind (every
+    modelled model) in one pass. A windowed group's blocks the window leaves are freed as the
+    request goes, cached, to the free queue; a request's blocks are freed group by group, each
+    group's last block first (``SingleTypeKVCacheManager.free``). A block filled with content
+    another block already holds is cached beside it (vLLM's ``BlockHashToBlockMap`` keeps
+    both; a hit takes the first cached): a request that recomputes a prefix whose windowed
+    blocks were evicted caches its full blocks again. Keys are those of :class:`PrefixCache`
+    at each class's block size (the hash block is the pool's ``block_size``).
+    """
+
+    __slots__ = ("align", "class_own_first", "copies", "hybrid", "parked")
+
+    def __init__(self, total: int, block_size: int, hybrid: HybridBlocks,
+                 own_first: bool = False, window_own_first: bool = False) -> None:
+        super().__init__(total, block_size, own_first)
+        self.hybrid = hybrid
+        #: per class, whether its uncached freed blocks go to the front of the free queue
+        self.class_own_first = [window_own_first if c.windowed else own_first
+                                for c in hybrid.classes]
+        #: a hit is a whole number of every group's blocks
+        self.align = math.lcm(*(c.block_tokens for c in hybrid.classes))
+        #: each cached key's blocks, oldest first: [holders, generation in the free queue]
+        self.copies: dict[BlockKey, list[list[int]]] = {}
+        #: cached blocks in the free queue, by generation
+        self.parked: dict[int, tuple[BlockKey, list[int]]] = {}
+
+    def content(self, req: Request, tokens: int, i: int) -> object:
+        """The content key of ``req``'s ``i``-th block of ``tokens`` tokens."""
+        keys = req.block_keys
+        if keys is not None:
+            j = (i + 1) * tokens // self.block_size - 1
+            return keys[j] if j < len(keys) else (req.rid, tokens, i)
+        if req.prefix_key is not None and (i + 1) * tokens <= req.prefix_tokens:
+            return req.prefix_key, tokens, i
+        return req.rid, tokens, i
+
+    def contents(self, req: Request, tokens: int, places: range) -> list[object]:
+        """:meth:`content` of each of ``places``."""
+        if not places:
+            return []
+        if req.block_keys is None and (req.prefix_key is None
+                                       or (min(places) + 1) * tokens > req.prefix_tokens):
+            rid = req.rid  # the request's own blocks only
+            return [(rid, tokens, i) for i in places]
+        return [self.content(req, tokens, i) for i in places]
+
+    def _cached(self, req: Request, ci: int, c: BlockClass, i: int) -> bool:
+        """Whether every group of class ``ci`` has ``req``'s ``i``-th block cached."""
+        content = self.content(req, c.block_tokens, i)
+        copies = self.copies
+        return all((ci, g, content) in copies for g in range(c.groups))
+
+    def _hit(self, req: Request, ci: int, c: BlockClass, max_length: int) -> int:
+        """Class ``ci``'s longest hit within ``max_length`` tokens (tokens)."""
+        bt = c.block_tokens
+        n = max_length // bt
+        if not c.windowed:
+            hit = 0
+            while hit < n and self._cached(req, ci, c, hit):
+                hit += 1
+            return hit * bt
+        if c.chunk:
+            i = (max_length // c.chunk * c.chunk) // bt if max_length > 0 else 0
+            while i < n and self._cached(req, ci, c, i):
+                i += 1
+            return i * bt
+        need = -(-(c.window - 1) // bt)
+        run = 0
+        for i in range(n - 1, -1, -1):
+            if self._cached(req, ci, c, i):
+                if run == 0 and bt != self.align and (i + 1) * bt % self.align:
+                    continue
+                run += 1
+                if run >= need:
+                    return (i + run) * bt
+            else:
+                run = 0
+        hit = run * bt
+        while hit % self.align:
+            hit -= bt
+        return hit
+
+    def _taken(self, req: Request, hit: int) -> list[tuple[BlockKey, tuple[int, int, int]]]:
+        """The cached blocks a request admitted on ``hit`` tokens takes, with (class, group,
+        place): each class's blocks from the first its window needs to the hit."""
+        out: list[tuple[BlockKey, tuple[int, int, int]]] = []
+        for ci, c in enumerate(self.hybrid.classes):
+            bt = c.block_tokens
+            places = range(c.skipped_blocks(hit), hit // bt)
+            contents = self.contents(req, bt, places)
+            for g in range(c.groups):
+                out += [((ci, g, content), (ci, g, i))
+                        for i, content in zip(places, contents, strict=True)]
+        return out
+
+    def lookup_tokens(self, req: Request) -> tuple[int, int]:
+        """(tokens found, blocks of them in the free queue) for ``req`` about to be admitted
+        with nothing computed: the fixed point over the classes, full attention first."""
+        hit = req.prompt_len + req.num_output - 1
+        classes = self.hybrid.classes
+        order = sorted(range(len(classes)), key=lambda ci: classes[ci].windowed)
+        simple = len(order) == 2 and not classes[order[0]].windowed
+        while True:
+            cur = hit
+            for ci in order:
+                cur = self._hit(req, ci, classes[ci], cur)
+            if cur >= hit:
+                break
+            hit = cur
+            if simple:
+                break
+        copies = self.copies
+        touch = sum(1 for k, _ in self._taken(req, hit) if copies[k][0][0] == 0)
+        return hit, touch
+
+    def lookup(self, req: Request) -> tuple[int, int]:
+        hit, touch = self.lookup_tokens(req)
+        return hit // self.block_size, touch
+
+    def take(self, req: Request, hit: int) -> None:
+        tokens = hit * self.block_size
+        if req.num_preemptions == 0:
+            self.queries += req.prompt_len + req.num_output
+            self.hits += tokens
+            req.num_cached = tokens
+        held: dict[BlockKey, tuple[int, int, int, list[int]]] = {}
+        for k, (ci, g, i) in self._taken(req, tokens):
+            copy = self.copies[k][0]  # vLLM's get_one_block: the first cached
+            if copy[0] == 0:
+                del self.parked[copy[1]]
+                self.free -= 1
+                self._stale += 1
+            copy[0] += 1
+            held[k] = (ci, g, i, copy)
+        if self._stale > 4096 and self._stale > len(self.queue) // 2:
+            parked = self.parked
+            self.queue = deque(e for e in self.queue if isinstance(e, int) or e[1] in parked)
+            self._stale = 0
+        req.held = held
+        req.num_blocks += len(held)
+        req.num_computed = tokens
+        req.cached_to = [tokens // c.block_tokens for c in self.hybrid.classes]
+        req.cached_upto = self._next_full(req.cached_to)
+        used = self.total - self.free
+        if used > self.peak_used:
+            self.peak_used = used
+
+    def _next_full(self, cached_to: list[int]) -> int:
+        """The tokens at which some class fills a block past ``cached_to``."""
+        return min((n + 1) * bt for n, (_, bt) in zip(cached_to, self.hybrid.sizes,
+                                                      strict=True))
+
+    def commit(self, req: Request, tokens: int) -> None:
+        # ``cached_upto`` (here: tokens) is where the next block of some class fills
+        if tokens < req.cached_upto:
+            return
+        cached_to = req.cached_to
+        if cached_to is None:
+            cached_to = req.cached_to = [0] * len(self.hybrid.classes)
+        held = req.held
+        if held is None:
+            held = req.held = {}
+        copies = self.copies
+        skipped = req.skipped
+        for ci, c in enumerate(self.hybrid.classes):
+            bt = c.block_tokens
+            full = tokens // bt
+            first = cached_to[ci]
+            if skipped is not None and skipped[ci] > first:
+                first = skipped[ci]
+            if full <= first:
+                continue
+            places = range(first, full)
+            contents = self.contents(req, bt, places)
+            for g in range(c.groups):
+                for i, content in zip(places, contents, strict=True):
+                    k = (ci, g, content)
+                    copy = [1, 0]
+                    got = copies.get(k)
+                    if got is None:
+                        copies[k] = [copy]
+                    else:
+                        got.append(copy)
+                    held[k] = (ci, g, i, copy)
+            cached_to[ci] = full
+        req.cached_upto = self._next_full(cached_to)
+
+    def allocate(self, req: Request, n_blocks: int) -> None:
+        queue, parked, copies = self.queue, self.parked, self.copies
+        left = n_blocks
+        while left:
+            entry = queue.popleft()
+            if isinstance(entry, int):
+                if entry > left:
+                    queue.appendleft(entry - left)
+                    left = 0
+                else:
+                    left -= entry
+                continue
+            got = parked.pop(entry[1], None)
+            if got is None:
+                self._stale -= 1
+                continue
+            key, copy = got  # evicted
+            same = copies[key]
+            if len(same) == 1:
+                del copies[key]
+            else:
+                del same[next(j for j, c in enumerate(same) if c is copy)]
+            left -= 1
+        BlockPool.allocate(self, req, n_blocks)
+
+    def _free(self, req: Request, ci: int, c: BlockClass, g: int, places: range) -> None:
+        """Free ``req``'s blocks of group ``g`` of class ``ci`` at ``places`` (in order)."""
+        held = req.held or {}
+        queue, parked = self.queue, self.parked
+        own_first = self.class_own_first[ci]
+        gen = self._gen
+        freed = own = 0
+        for i, content in zip(places, self.contents(req, c.block_tokens, places),
+                              strict=True):
+            k = (ci, g, content)
+            got = held.get(k)
+            if got is not None and got[2] == i:
+                del held[k]
+                copy = got[3]
+                copy[0] -= 1
+                if copy[0] == 0:  # no other request holds it: cached, in the free queue
+                    gen += 1
+                    copy[1] = gen
+                    parked[gen] = (k, copy)
+                    queue.append((k, gen))
+                    freed += 1
+            elif own_first:  # uncached (a block not yet full): gathered below
+                own += 1
+            else:
+                if queue and isinstance(queue[-1], int):
+                    queue[-1] += 1
+                else:
+                    queue.append(1)
+                freed += 1
+        if own:  # to the front of the free queue, taken before any cached block
+            if queue and isinstance(queue[0], int):
+                queue[0] += own
+            else:
+                queue.appendleft(own)
+        self._gen = gen
+        self.free += freed + own
+        req.num_blocks -= len(places)
+
+    def drop(self, req: Request, ci: int, c: BlockClass, first: int, end: int) -> None:
+        for g in range(c.groups):
+            self._free(req, ci, c, g, range(end - 1, first - 1, -1))
+
+    def release(self, req: Request) -> None:
+        skipped = req.skipped
+        if skipped is not None:
+            for ci, c in enumerate(self.hybrid.classes):
+                places = range(-(-req.slot_end // c.block_tokens) - 1, skipped[ci] - 1, -1)
+                for g in range(c.groups):
+                    self._free(req, ci, c, g, places)
+        if req.num_blocks:  # blocks of no place (none: every block has one)
+            self.queue.append(req.num_blocks)
+            self.free += req.num_blocks
+        req.held = None
+        req.num_blocks = 0
+        req.cached_upto = 0
+        req.cached_to = None
         assert self.free <= self.total, "released more blocks than the pool holds"

@@ -38,7 +38,7 @@ from typing import Any
 from chunktune.core.engine_args import EngineStartupError, ResolvedConfig
 from chunktune.core.errors import SpecError
 from chunktune.core.models import CHUNKED, SLIDING, ModelConfig
-from chunktune.core.vllm_release import cudagraphs_profiled
+from chunktune.core.vllm_release import cudagraphs_profiled, in_flight_tokens
 from chunktune.sim.engine.activation import (
     mla_profile_bytes,
     moe_transient_bytes,
@@ -209,11 +209,13 @@ def kv_cache_layout(cfg: ResolvedConfig) -> KVLayout:
     layer-outer KV-cache layout (LBNHC, ``resolve_kv_cache_layout`` when no backend declares
     others); the block-outer packing (``_get_packed_kv_cache_groups``) is not modelled.
     Tokens in flight: ``max_concurrent_batches`` (2 with async scheduling) x
-    max_num_batched_tokens (``VllmConfig.max_in_flight_tokens``)."""
+    max_num_batched_tokens (``VllmConfig.max_in_flight_tokens``), one batch before vLLM 0.26
+    (:func:`~chunktune.core.vllm_release.in_flight_tokens`)."""
     m, tp, bs = cfg.model, cfg.tensor_parallel_size, cfg.block_size
     kinds = m.layer_kinds()
     counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
-    in_flight = (2 if cfg.async_scheduling else 1) * cfg.max_num_batched_tokens
+    in_flight = in_flight_tokens(cfg.vllm_version, cfg.async_scheduling,
+                                 cfg.max_num_batched_tokens)
     if len(counts) == 1:
         group_size = len(kinds)
     else:

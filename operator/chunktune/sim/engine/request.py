@@ -17,6 +17,7 @@ class Request:
     __slots__ = (
         "arrival",
         "block_keys",
+        "cached_to",
         "cached_upto",
         "cls",
         "finish_time",
@@ -37,10 +38,13 @@ class Request:
         "priority",
         "prompt_len",
         "rid",
+        "skipped",
+        "slot_end",
         "spec_acceptance",
         "spec_carry",
         "spec_tokens",
         "status",
+        "trim_at",
     )
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, max_tokens: int,
@@ -58,8 +62,10 @@ class Request:
         self.num_cached = 0
         #: The cached blocks this request holds a reference on, in block order, and how many
         #: of its leading blocks the cache has been offered (prefix caching only).
-        self.held: list[Any] | None = None
+        self.held: Any = None
         self.cached_upto = 0
+        #: With several KV-cache groups: per block class, the places cached so far.
+        self.cached_to: list[int] | None = None
         #: Lower is served first under ``--scheduling-policy priority`` (the OpenAI API's
         #: ``priority`` field); ignored under ``fcfs``.
         self.priority = priority
@@ -70,6 +76,13 @@ class Request:
         self.num_computed = 0
         self.num_output = 0
         self.num_blocks = 0
+        #: With several KV-cache groups (:class:`chunktune.sim.engine.kv_cache.HybridBlocks`):
+        #: the tokens that have KV slots (each group's block table covers them), and per
+        #: windowed block class the leading blocks freed (or never taken) as the window passed.
+        self.slot_end = 0
+        self.skipped: list[int] | None = None
+        #: the computed tokens at which a window next leaves a block behind
+        self.trim_at = 0
         self.num_preemptions = 0
         #: whether its last scheduled chunk left prompt to compute (vLLM's
         #: ``Request.is_prefill_chunk``, set after each step that scheduled it)

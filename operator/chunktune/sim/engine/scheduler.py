@@ -64,9 +64,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from chunktune.core.engine_args import ResolvedConfig, check_windowed_admission
+from chunktune.core.models import CHUNKED, SLIDING
 from chunktune.core.speculative import expected_accepted
-from chunktune.core.vllm_release import scheduler_release
-from chunktune.sim.engine.kv_cache import BlockPool, PrefixCache
+from chunktune.core.vllm_release import scheduler_release, uncached_freed_first
+from chunktune.sim.engine.kv_cache import (
+    BlockClass,
+    BlockPool,
+    HybridBlocks,
+    HybridPrefixCache,
+    PrefixCache,
+)
+from chunktune.sim.engine.memory import kv_cache_layout
 from chunktune.sim.engine.request import FINISHED, RUNNING, WAITING, Request
 
 
@@ -159,8 +167,16 @@ class Scheduler:
         self.max_model_len = cfg.max_model_len
         # vLLM's BlockPool keeps block 0 as the null block, never handed to a request.
         usable = max(num_blocks - 1, 1)
+        #: several KV-cache groups in the pool (windowed layers beside full ones), else None
+        self.hybrid = hybrid_blocks(cfg)
         #: the prefix cache, with ``--enable-prefix-caching`` (it is the pool then)
-        self.cache = PrefixCache(usable, cfg.block_size) if cfg.enable_prefix_caching else None
+        self.cache: PrefixCache | None = None
+        if cfg.enable_prefix_caching:
+            own_first = uncached_freed_first(cfg.vllm_version, windowed=False)
+            self.cache = PrefixCache(usable, cfg.block_size, own_first) \
+                if self.hybrid is None else HybridPrefixCache(
+                    usable, cfg.block_size, self.hybrid, own_first,
+                    uncached_freed_first(cfg.vllm_version, windowed=True))
         self.pool: BlockPool = self.cache or BlockPool(usable, cfg.block_size)
         self.waiting: deque[Request] | PriorityQueue = \
             PriorityQueue() if self.priority else deque()
@@ -247,6 +263,7 @@ class Scheduler:
         max_len = self.max_model_len
         pool = self.pool
         cache = self.cache
+        hybrid = self.hybrid
         bs = pool.block_size
         running = self.running
         scheduled = plan.scheduled
@@ -284,7 +301,11 @@ class Scheduler:
             end = computed + n + ahead
             if end > max_len:
                 end = max_len
-            need = -(-end // bs) - req.num_blocks
+            if hybrid is None:
+                need = -(-end // bs) - req.num_blocks
+            else:
+                hybrid.trim(req, pool)
+                need = hybrid.grow(req, end)
             if need > pool.free:
                 victim = None
                 while need > pool.free:
@@ -323,6 +344,8 @@ class Scheduler:
                     break
             if need:
                 pool.allocate(req, need)
+            if hybrid is not None and end > req.slot_end:
+                req.slot_end = end
             if cache is not None:
                 cache.commit(req, min(computed + n, req.prompt_len + req.num_output))
             scheduled.append((req, n))
@@ -379,18 +402,25 @@ class Scheduler:
                     n = budget - slots
                 # From 0.19 the whole current sequence must fit before the request is
                 # admitted; before, its chunk only (below).
-                if full and -(-min(req.prompt_len + req.num_output, max_len) // bs) \
-                        - req.num_blocks - hit + touch > pool.free:
-                    break
+                if full:
+                    whole = min(req.prompt_len + req.num_output, max_len)
+                    gate = -(-whole // bs) - req.num_blocks - hit if hybrid is None \
+                        else hybrid.gate(whole, computed)
+                    if gate + touch > pool.free:
+                        break
                 # before 0.23 a request that has computed nothing is admitted without them
                 wahead = ahead if lookahead_in or req.num_computed else 0
-                need = -(-min(computed + n + wahead, max_len) // bs) - req.num_blocks - hit
+                end = min(computed + n + wahead, max_len)
+                need = -(-end // bs) - req.num_blocks - hit if hybrid is None \
+                    else hybrid.admit(end, computed)
                 if need + touch > pool.free:
                     break
                 waiting.popleft()
                 if cache is not None and req.num_computed == 0:
                     cache.take(req, hit)
                 pool.allocate(req, need)
+                if hybrid is not None:
+                    hybrid.start(req, end, computed)
                 if cache is not None:
                     cache.commit(req, min(computed + n, req.prompt_len + req.num_output))
                 req.status = RUNNING
@@ -464,6 +494,8 @@ class Scheduler:
         """Preemption by recompute: free the blocks, restart from token 0
         (docs/vllm-behaviour.md §3)."""
         self.pool.release(req)
+        if self.hybrid is not None:
+            self.hybrid.reset(req)
         req.num_computed = 0
         req.spec_tokens = 0
         req.num_preemptions += 1
@@ -539,6 +571,26 @@ class Scheduler:
                 pool.release(req)
             self.running = [r for r in self.running if r.status == RUNNING]
         return StepOutcome(produced, finished, generated, prompts_done)
+
+
+def hybrid_blocks(cfg: ResolvedConfig) -> HybridBlocks | None:
+    """The block classes of ``cfg``'s KV-cache groups when they are of several kinds
+    (:func:`~chunktune.sim.engine.memory.kv_cache_layout`), else None (one group, or groups
+    of one kind, count as one table)."""
+    layout = kv_cache_layout(cfg)
+    if not layout.hybrid:
+        return None
+    m = cfg.model
+    counts: dict[tuple[str, int, int], int] = {}
+    for g in layout.groups:
+        key = (g.kind, g.block_tokens or cfg.block_size, g.blocks_per_request)
+        counts[key] = counts.get(key, 0) + 1
+    classes = [BlockClass(n, tokens,
+                          window=m.sliding_window if kind == SLIDING else 0,
+                          chunk=m.attention_chunk_size if kind == CHUNKED else 0,
+                          cap=per_request if kind in (SLIDING, CHUNKED) else 0)
+               for (kind, tokens, per_request), n in counts.items()]
+    return HybridBlocks(classes)
 
 
 def _priority_key(req: Request) -> tuple[int, float]:

@@ -144,7 +144,7 @@ class Engine:
         self.memory = memory
         self.cost = engine_cost(cfg, vllm_env=vllm_env,
                                 fused_allreduce_tokens=fused_allreduce_tokens)
-        self.scheduler = Scheduler(cfg, memory.num_gpu_blocks)
+        self.scheduler = Scheduler(cfg, memory.pool_blocks or memory.num_gpu_blocks)
         #: the drafter's time per step, with speculative decoding
         self.draft = DraftCost.build(cfg.speculative, self.cost, drafter(cfg)) \
             if cfg.speculative is not None else None
