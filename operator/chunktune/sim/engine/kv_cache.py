@@ -364,6 +364,20 @@ class HybridBlocks:
         return need
 
 
+#: A request's cached blocks in a :class:`HybridPrefixCache`: per (class, group), by place,
+#: the key and the copy it holds (None where it holds none, or an uncached block).
+Held = dict[tuple[int, int], list[tuple[BlockKey, list[int]] | None]]
+
+
+def _hold(held: Held, ci: int, g: int, i: int, entry: tuple[BlockKey, list[int]]) -> None:
+    row = held.get((ci, g))
+    if row is None:
+        row = held[ci, g] = []
+    if len(row) <= i:
+        row.extend([None] * (i + 1 - len(row)))
+    row[i] = entry
+
+
 class HybridPrefixCache(PrefixCache):
     """The prefix cache over several KV-cache groups (vLLM's ``HybridKVCacheCoordinator``).
 
@@ -496,7 +510,8 @@ class HybridPrefixCache(PrefixCache):
             self.queries += req.prompt_len + req.num_output
             self.hits += tokens
             req.num_cached = tokens
-        held: dict[BlockKey, tuple[int, int, int, list[int]]] = {}
+        held: Held = {}
+        taken = 0
         for k, (ci, g, i) in self._taken(req, tokens):
             copy = self.copies[k][0]  # vLLM's get_one_block: the first cached
             if copy[0] == 0:
@@ -504,13 +519,14 @@ class HybridPrefixCache(PrefixCache):
                 self.free -= 1
                 self._stale += 1
             copy[0] += 1
-            held[k] = (ci, g, i, copy)
+            _hold(held, ci, g, i, (k, copy))
+            taken += 1
         if self._stale > 4096 and self._stale > len(self.queue) // 2:
             parked = self.parked
             self.queue = deque(e for e in self.queue if isinstance(e, int) or e[1] in parked)
             self._stale = 0
         req.held = held
-        req.num_blocks += len(held)
+        req.num_blocks += taken
         req.num_computed = tokens
         req.cached_to = [tokens // c.block_tokens for c in self.hybrid.classes]
         req.cached_upto = self._next_full(req.cached_to)
@@ -546,6 +562,11 @@ class HybridPrefixCache(PrefixCache):
             places = range(first, full)
             contents = self.contents(req, bt, places)
             for g in range(c.groups):
+                row = held.get((ci, g))
+                if row is None:
+                    row = held[ci, g] = []
+                if len(row) < full:
+                    row.extend([None] * (full - len(row)))
                 for i, content in zip(places, contents, strict=True):
                     k = (ci, g, content)
                     copy = [1, 0]
@@ -554,7 +575,7 @@ class HybridPrefixCache(PrefixCache):
                         copies[k] = [copy]
                     else:
                         got.append(copy)
-                    held[k] = (ci, g, i, copy)
+                    row[i] = (k, copy)
             cached_to[ci] = full
         req.cached_upto = self._next_full(cached_to)
 
@@ -585,18 +606,17 @@ class HybridPrefixCache(PrefixCache):
 
     def _free(self, req: Request, ci: int, c: BlockClass, g: int, places: range) -> None:
         """Free ``req``'s blocks of group ``g`` of class ``ci`` at ``places`` (in order)."""
-        held = req.held or {}
+        row = (req.held or {}).get((ci, g)) or []
         queue, parked = self.queue, self.parked
         own_first = self.class_own_first[ci]
         gen = self._gen
         freed = own = 0
-        for i, content in zip(places, self.contents(req, c.block_tokens, places),
-                              strict=True):
-            k = (ci, g, content)
-            got = held.get(k)
-            if got is not None and got[2] == i:
-                del held[k]
-                copy = got[3]
+        n = len(row)
+        for i in places:
+            got = row[i] if i < n else None
+            if got is not None:
+                row[i] = None
+                k, copy = got
                 copy[0] -= 1
                 if copy[0] == 0:  # no other request holds it: cached, in the free queue
                     gen += 1
