@@ -282,7 +282,7 @@ class HybridBlocks:
     frees on the computed ones (at most a step's chunk of blocks a request earlier).
     """
 
-    __slots__ = ("classes", "full", "sizes", "windowed", "windows")
+    __slots__ = ("classes", "full", "sizes", "smallest", "windowed", "windows")
 
     def __init__(self, classes: Sequence[BlockClass]) -> None:
         #: in vLLM's group order (its first layer's kind first)
@@ -292,6 +292,9 @@ class HybridBlocks:
         #: (groups, block tokens) of each class, and (index, class) of the windowed ones
         self.sizes = tuple((c.groups, c.block_tokens) for c in classes)
         self.windows = tuple((i, c) for i, c in enumerate(classes) if c.windowed)
+        #: the smallest block (tokens), which every other divides into (page unification)
+        self.smallest = min(c.block_tokens for c in classes)
+        assert all(c.block_tokens % self.smallest == 0 for c in classes)
 
     def start(self, req: Request, end: int, hit_tokens: int) -> None:
         """``req`` admitted with slots up to ``end``, its first ``hit_tokens`` cached."""

@@ -264,6 +264,7 @@ class Scheduler:
         pool = self.pool
         cache = self.cache
         hybrid = self.hybrid
+        hbs = hybrid.smallest if hybrid is not None else 0
         bs = pool.block_size
         running = self.running
         scheduled = plan.scheduled
@@ -304,8 +305,12 @@ class Scheduler:
             if hybrid is None:
                 need = -(-end // bs) - req.num_blocks
             else:
-                hybrid.trim(req, pool)
-                need = hybrid.grow(req, end)
+                if computed >= req.trim_at:
+                    hybrid.trim(req, pool)
+                # a new block in some group only where the smallest block is crossed
+                old = req.slot_end
+                need = 0 if end <= old or -(-end // hbs) == -(-old // hbs) \
+                    else hybrid.grow(req, end)
             if need > pool.free:
                 victim = None
                 while need > pool.free:
