@@ -103,7 +103,8 @@ def summarize(engine: Engine, result: ReplayResult, profile: Profile, *,
             by_class[names[r.cls]] += r.num_preemptions
     mem = engine.memory
     steps = result.steps
-    kv_peak = result.peak_kv_blocks / mem.num_gpu_blocks if mem.num_gpu_blocks else 0.0
+    blocks = mem.pool_blocks or mem.num_gpu_blocks  # vLLM's num_gpu_blocks: its pool's
+    kv_peak = result.peak_kv_blocks / blocks if blocks else 0.0
     step_time = stats(steps.duration)
     out["engine"] = {
         "preemptions": result.num_preemptions,
@@ -112,7 +113,7 @@ def summarize(engine: Engine, result: ReplayResult, profile: Profile, *,
         "preemptions_by_class": by_class,
         "kv_cache_usage_peak": kv_peak,
         "kv_cache_tokens": mem.kv_cache_tokens,
-        "num_gpu_blocks": mem.num_gpu_blocks,
+        "num_gpu_blocks": blocks,
         "steps": len(steps),
         "step_time": None if step_time is None else step_time.to_dict(),
         "simulated_seconds": result.end_time,

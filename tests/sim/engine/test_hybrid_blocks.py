@@ -14,10 +14,11 @@ from chunktune.core.engine_args import EngineArgs
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.core.vllm_release import in_flight_tokens, uncached_freed_first
-from chunktune.core.workload import RequestSpec
+from chunktune.core.workload import RequestSpec, load_profile
 from chunktune.sim.engine.kv_cache import BlockClass, BlockPool, HybridBlocks
 from chunktune.sim.engine.request import Request
 from chunktune.sim.engine.virtual import build_engine
+from chunktune.sim.report import summarize
 
 
 def test_skipped_blocks_follow_vllms_get_num_skipped_tokens() -> None:
@@ -81,3 +82,11 @@ def test_short_requests_fill_a_gemma_4_pool_long_before_the_printed_tokens() -> 
     assert all(r.finish_time > 0 for r in res.requests)
     assert res.peak_kv_blocks < memory.pool_blocks
     assert by_printed_tokens > 400 > 4 * max(res.steps.running)
+    # the summary's peak KV usage and blocks are the pool's (vLLM's num_gpu_blocks)
+    profile = load_profile("smoke")
+    engine = build_engine(EngineArgs(), resolve_model("gemma-4-26b-a4b"),
+                          resolve_gpu("h100-sxm"))
+    summary = summarize(engine, engine.replay(
+        [RequestSpec(i, 0.0, 1500, 100, 0) for i in range(400)]), profile)
+    assert summary["engine"]["num_gpu_blocks"] == memory.pool_blocks
+    assert 0.9 < summary["engine"]["kv_cache_usage_peak"] < 1.0

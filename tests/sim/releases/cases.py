@@ -89,7 +89,9 @@ class ReleaseCase:
         kinds = {"full": "full_attention", "sliding": "sliding_attention",
                  "chunked": "chunked_attention"}
         out = dict(tiny, num_hidden_layers=len(self.kv_groups),
-                   layer_types=[kinds[g] for g in self.kv_groups])
+                   layer_types=[kinds[g] for g in self.kv_groups],
+                   max_position_embeddings=max(tiny["max_position_embeddings"],
+                                               self.max_model_len))
         if "sliding" in self.kv_groups:
             out["sliding_window"] = self.window
         if "chunked" in self.kv_groups:

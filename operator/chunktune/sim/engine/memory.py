@@ -340,7 +340,7 @@ def plan_memory(cfg: ResolvedConfig, vllm_env: Mapping[str, str] | None = None) 
     if cfg.num_gpu_blocks_override is not None:
         blocks = cfg.num_gpu_blocks_override
     pool = {}
-    if layout.hybrid:  # the scheduler's full-attention blocks: the tokens vLLM prints
+    if layout.hybrid:  # the pool's blocks (the scheduler's), and the tokens vLLM prints
         tokens = layout.tokens(blocks)
         pool = {"pool_blocks": blocks, "reported_tokens": tokens,
                 "pool_blocks_per_request": layout.blocks_per_request}
