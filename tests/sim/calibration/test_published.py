@@ -14,6 +14,10 @@ from chunktune.core.errors import SpecError
 from chunktune.sim.calibration import published
 from chunktune.sim.cost import provenance
 
+#: The replays (module fixture) take about 2.5 minutes of one CPU: gpt-oss's bursts are
+#: scheduled over its two KV-cache groups, each group's blocks cached one by one.
+pytestmark = pytest.mark.timeout(1200)
+
 
 @pytest.fixture(scope="module")
 def runs() -> list[published.PublishedRun]:

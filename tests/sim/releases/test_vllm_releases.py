@@ -140,7 +140,8 @@ def test_the_cases_exercise_what_they_are_named_for(vllm: Releases) -> None:
     # Gemma-4's layout of five sliding groups to a full one preempts as 0.18 did
     assert sum(vllm(v34, "hybrid_gemma_like")["preempted"]) < \
         sum(vllm(v34, "hybrid_gemma_like_gate_off")["preempted"])
-    assert steps(v34, "hybrid_gemma_like_gate_off") == steps(v18, "hybrid_gemma_like")
+    # (0.34's log counts a resumed request as context: compared on 0.33)
+    assert steps(v33, "hybrid_gemma_like_gate_off") == steps(v18, "hybrid_gemma_like")
     # a window sized for two batches in flight with async scheduling from 0.26 (not in 0.23)
     assert steps(v28, "hybrid_sliding_async") != steps(v28, "hybrid_sliding")
     assert steps(v23, "hybrid_sliding_async") == steps(v23, "hybrid_sliding")

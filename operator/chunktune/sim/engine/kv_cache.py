@@ -195,7 +195,7 @@ class PrefixCache(BlockPool):
         req.cached_upto = full
 
     def allocate(self, req: Request, n_blocks: int) -> None:
-        queue, evictable, refs = self.queue, self.evictable, self.refs
+        queue = self.queue
         left = n_blocks
         while left:
             entry = queue.popleft()
@@ -205,13 +205,21 @@ class PrefixCache(BlockPool):
                     left = 0
                 else:
                     left -= entry
-            elif evictable.get(entry[0]) == entry[1]:  # evicted
-                del evictable[entry[0]]
-                del refs[entry[0]]
+            elif self._evict(entry):
                 left -= 1
             else:
                 self._stale -= 1
-        super().allocate(req, n_blocks)
+        BlockPool.allocate(self, req, n_blocks)
+
+    def _evict(self, entry: tuple[BlockKey, int]) -> bool:
+        """Evict the cached block of a free-queue entry; False for an entry whose block was
+        taken since (stale)."""
+        key, gen = entry
+        if self.evictable.get(key) != gen:
+            return False
+        del self.evictable[key]
+        del self.refs[key]
+        return True
 
     def release(self, req: Request) -> None:
         held = req.held or []
@@ -445,8 +453,12 @@ class HybridPrefixCache(PrefixCache):
         bt = c.block_tokens
         n = max_length // bt
         if not c.windowed:
+            copies = self.copies
+            contents = self.contents(req, bt, range(n))
             hit = 0
-            while hit < n and self._cached(req, ci, c, hit):
+            for content in contents:
+                if not all((ci, g, content) in copies for g in range(c.groups)):
+                    break
                 hit += 1
             return hit * bt
         if c.chunk:
@@ -487,6 +499,11 @@ class HybridPrefixCache(PrefixCache):
         """(tokens found, blocks of them in the free queue) for ``req`` about to be admitted
         with nothing computed: the fixed point over the classes, full attention first."""
         hit = req.prompt_len + req.num_output - 1
+        if req.block_keys is None and req.num_preemptions == 0:
+            # never run: only its shared opening's blocks can be cached
+            hit = min(hit, req.prefix_tokens if req.prefix_key is not None else 0)
+            if hit < self.align:
+                return 0, 0
         classes = self.hybrid.classes
         order = sorted(range(len(classes)), key=lambda ci: classes[ci].windowed)
         simple = len(order) == 2 and not classes[order[0]].windowed
@@ -500,7 +517,12 @@ class HybridPrefixCache(PrefixCache):
             if simple:
                 break
         copies = self.copies
-        touch = sum(1 for k, _ in self._taken(req, hit) if copies[k][0][0] == 0)
+        touch = 0
+        for ci, c in enumerate(classes):
+            bt = c.block_tokens
+            for content in self.contents(req, bt, range(c.skipped_blocks(hit), hit // bt)):
+                for g in range(c.groups):
+                    touch += copies[ci, g, content][0][0] == 0
         return hit, touch
 
     def lookup(self, req: Request) -> tuple[int, int]:
@@ -582,30 +604,17 @@ class HybridPrefixCache(PrefixCache):
             cached_to[ci] = full
         req.cached_upto = self._next_full(cached_to)
 
-    def allocate(self, req: Request, n_blocks: int) -> None:
-        queue, parked, copies = self.queue, self.parked, self.copies
-        left = n_blocks
-        while left:
-            entry = queue.popleft()
-            if isinstance(entry, int):
-                if entry > left:
-                    queue.appendleft(entry - left)
-                    left = 0
-                else:
-                    left -= entry
-                continue
-            got = parked.pop(entry[1], None)
-            if got is None:
-                self._stale -= 1
-                continue
-            key, copy = got  # evicted
-            same = copies[key]
-            if len(same) == 1:
-                del copies[key]
-            else:
-                del same[next(j for j, c in enumerate(same) if c is copy)]
-            left -= 1
-        BlockPool.allocate(self, req, n_blocks)
+    def _evict(self, entry: tuple[BlockKey, int]) -> bool:
+        got = self.parked.pop(entry[1], None)
+        if got is None:
+            return False
+        key, copy = got
+        same = self.copies[key]
+        if len(same) == 1:
+            del self.copies[key]
+        else:
+            del same[next(j for j, c in enumerate(same) if c is copy)]
+        return True
 
     def _free(self, req: Request, ci: int, c: BlockClass, g: int, places: range) -> None:
         """Free ``req``'s blocks of group ``g`` of class ``ci`` at ``places`` (in order)."""
