@@ -290,13 +290,11 @@ class HybridBlocks:
     frees on the computed ones (at most a step's chunk of blocks a request earlier).
     """
 
-    __slots__ = ("classes", "full", "sizes", "smallest", "windowed", "windows")
+    __slots__ = ("classes", "sizes", "smallest", "windows")
 
     def __init__(self, classes: Sequence[BlockClass]) -> None:
         #: in vLLM's group order (its first layer's kind first)
         self.classes = tuple(classes)
-        self.full = tuple(c for c in classes if not c.windowed)
-        self.windowed = tuple(c for c in classes if c.windowed)
         #: (groups, block tokens) of each class, and (index, class) of the windowed ones
         self.sizes = tuple((c.groups, c.block_tokens) for c in classes)
         self.windows = tuple((i, c) for i, c in enumerate(classes) if c.windowed)
