@@ -37,11 +37,24 @@ async def test_wrong_password_is_a_condition_until_the_secret_is_fixed(
         kube: KubeEmulator, kubelet: FakeKubelet, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A wrong password in the Secret: ``StorageReachable=False`` with reason
-    ``DatabaseAuthFailed`` naming spec.storageFrom and the fix, nothing run; the Secret fixed,
-    the database is tried again at once, not when the backoff ends, and the study runs in it
-    and succeeds."""
+    ``DatabaseAuthFailed`` naming spec.storageFrom and the fix, nothing run; the Secret fixed
+    the moment that condition is written (before the operator starts waiting: CI once lost
+    that race), the database is tried again at once, not when the backoff ends, and the study
+    runs in it and succeeds."""
     # a backoff of 15-30 s from the first failure: far longer than a fix takes to be seen
     monkeypatch.setattr(controller, "FAULT_BACKOFF_FIRST", 30.0)
+    written: list[dict[str, object]] = []
+    failed = controller.StudyController._storage_failed
+
+    async def fixed_at_once(self: controller.StudyController, *args: object) -> None:
+        await failed(self, *args)  # type: ignore[arg-type]
+        if not written:  # what the user sees, then the fix, before the operator waits
+            conds = {c["type"]: c for c in status_of(kube, "db").get("conditions") or []}
+            written.append(conds["StorageReachable"])
+            assert not trial_objects(kube, "db")
+            kube.patch("secrets", "default", "db", {"data": _secret(pg.password)["data"]})
+
+    monkeypatch.setattr(controller.StudyController, "_storage_failed", fixed_at_once)
     with PostgresServer() as pg:
         url = pg.create_database("operator")
         kube.create("secrets", _secret("wrong-password"), "default")
@@ -51,27 +64,21 @@ async def test_wrong_password_is_a_condition_until_the_secret_is_fixed(
         settings = operator_settings(tmp_path / "state").with_overrides(
             allow_database_urls=True)
         async with running_operator(kube, settings):
-            def refused() -> dict[str, object] | None:
-                conds = {c["type"]: c for c in status_of(kube, "db").get("conditions") or []}
-                c = conds.get("StorageReachable")
-                return c if c and c["status"] == "False" else None
-
-            cond = await kube.until(refused, timeout=60, interval=0.1,
-                                    message="StorageReachable=False")
-            assert cond["reason"] == "DatabaseAuthFailed"
+            await kube.until(lambda: written, timeout=60, interval=0.1,
+                             message="StorageReachable=False")
+            cond = written[0]
+            assert cond["status"] == "False" and cond["reason"] == "DatabaseAuthFailed"
             text = str(cond["message"])
             assert "spec.storageFrom" in text and "password was refused" in text
             assert "wrong-password" not in text and pg.password not in text
-            assert not trial_objects(kube, "db")
             assert "next try in" in text
-            kube.patch("secrets", "default", "db", {"data": _secret(pg.password)["data"]})
 
             def reachable() -> bool:
                 conds = {c["type"]: c for c in status_of(kube, "db").get("conditions") or []}
                 return conds.get("StorageReachable", {}).get("status") == "True"
 
-            await kube.until(reachable, timeout=10, interval=0.1,
-                             message="StorageReachable=True within 10 s of the fix (the "
+            await kube.until(reachable, timeout=12, interval=0.1,
+                             message="StorageReachable=True within 12 s of the fix (the "
                                      "backoff is 15-30 s)")
             status = await wait_phase(kube, "db", ("Succeeded", "Failed"), timeout=180)
         assert status["phase"] == "Succeeded", status

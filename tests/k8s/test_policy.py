@@ -226,9 +226,25 @@ async def test_refused_secret_then_labelled_runs_the_study(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A trial that would mount a Secret which has not opted in: Pending with
     PolicyAllowed=False naming the field and the fix, no trial object; labelling the Secret
-    lets the study run (re-checked without a spec change, as soon as the Secret changes: the
-    periodic re-check is set far beyond the test's waits)."""
+    the moment the refusal is written (before the operator starts waiting) lets the study run
+    (re-checked without a spec change, as soon as the Secret changes: the periodic re-check
+    is set far beyond the test's waits)."""
+    from chunktune.k8s import controller
+
     monkeypatch.setattr(policy, "RECHECK_SECONDS", 300.0)
+    seen: list[dict[str, Any]] = []
+    check = controller.StudyController._refused
+
+    async def labelled_at_once(self: controller.StudyController, *args: Any) -> Any:
+        refused = await check(self, *args)
+        if refused and not seen:  # what the user sees, then the fix, before the wait
+            seen.append(status_of(kube, "refused"))
+            assert trial_objects(kube, "refused") == []
+            kube.patch("secrets", "default", "hf", {"metadata": {"labels": {
+                policy.ALLOW_REFERENCE_LABEL: "true"}}})
+        return refused
+
+    monkeypatch.setattr(controller.StudyController, "_refused", labelled_at_once)
     kube.create("secrets", {"metadata": {"name": "hf"}, "data": {
         "token": base64.b64encode(b"secret").decode()}}, "default")
     m = tuning("refused", budget={"maxTrials": 1, "parallelism": 1})
@@ -237,21 +253,14 @@ async def test_refused_secret_then_labelled_runs_the_study(
     kube.create("cpt", m, "default")
     settings = operator_settings(tmp_path).with_overrides(policy={"secret_opt_in_label": True})
     async with running_operator(kube, settings):
-        status = await kube.until(
-            lambda: (s := status_of(kube, "refused")) and any(
-                c["type"] == "PolicyAllowed" and c["status"] == "False"
-                for c in s.get("conditions", [])) and s, timeout=30, interval=0.1,
-            message="PolicyAllowed=False")
+        await kube.until(lambda: seen, timeout=30, interval=0.1, message="PolicyAllowed=False")
+        status = seen[0]
         cond = next(c for c in status["conditions"] if c["type"] == "PolicyAllowed")
-        assert cond["reason"] == "SecretNotAllowed"
+        assert cond["status"] == "False" and cond["reason"] == "SecretNotAllowed"
         assert cond["message"].startswith("spec.engine.env[0].valueFrom.secretKeyRef.name ")
         assert "chunktune.dev/allow-reference=true" in cond["message"]
         assert status["phase"] == "Pending"
-        assert trial_objects(kube, "refused") == []
-        kube.patch("secrets", "default", "hf", {"metadata": {"labels": {
-            policy.ALLOW_REFERENCE_LABEL: "true"}}})
-        # well inside the 300 s re-check: the Secret's change, not the clock, started it (under
-        # a full run's load it has taken over 20 s)
+        # well inside the 300 s re-check: the Secret's change, not the clock, started it
         await kube.until(lambda: trial_objects(kube, "refused"), timeout=60, interval=0.1,
                          message="a trial started within 60 s of the label")
         status = await wait_phase(kube, "refused", ("Succeeded", "Failed"), timeout=90)

@@ -146,19 +146,24 @@ class StudyController:
                 else:
                     await self._until(live, changed)
                 continue
+            # NOTE: the Secrets' versions before the check: a user who fixes one as soon as
+            # the refusal is written must not be missed until the re-check is due.
+            seen = await self._versions(
+                [("secrets", name) for _, name, _ in policy.secret_refs(tuning)])
             refused = await self._refused(tuning, gen)
             if refused:  # re-checked when due, or as soon as a Secret it names changes
                 await self._until_changed(
                     live, [("secrets", r.secret) for r in refused if r.secret is not None],
-                    policy.RECHECK_SECONDS, changed)
+                    policy.RECHECK_SECONDS, changed, seen)
                 continue
+            trace = tuning.spec.workload.trace
+            ref = None if trace is None else trace.config_map_key_ref
+            maps = [] if ref is None else [("configmaps", ref.name)]
+            seen = await self._versions(maps)
             traced = await self._with_trace(tuning, body, gen)
             if traced is None:  # the trace's ConfigMap is missing or bad: look again later,
                 # or as soon as it is created or edited
-                trace = tuning.spec.workload.trace
-                ref = None if trace is None else trace.config_map_key_ref
-                await self._until_changed(live, [] if ref is None else [("configmaps", ref.name)],
-                                          policy.RECHECK_SECONDS, changed)
+                await self._until_changed(live, maps, policy.RECHECK_SECONDS, changed, seen)
                 continue
             tuning = traced
             await self._guarded(self._study(tuning, live), tuning, live, changed)
@@ -170,6 +175,11 @@ class StudyController:
         and tried again, and an API or study-database error the layers below did not absorb
         is retried with backoff."""
         gen = self.gen
+        source = tuning.spec.storage_from
+        # NOTE: the Secret's version before the database is tried with its password: a fix
+        # made as soon as the refusal is written is seen at once, not when the backoff ends.
+        secrets = [] if source is None else [("secrets", source.secret_key_ref.name)]
+        seen = await self._versions(secrets)
         try:
             try:
                 await work
@@ -191,10 +201,7 @@ class StudyController:
                 self.api_faults - 1, 8)) * random.uniform(0.5, 1.0)
             if isinstance(e, storages.StorageFault):  # the study's database, not the API
                 await self._storage_failed(e, tuning, gen, delay)
-                source = tuning.spec.storage_from
-                await self._until_changed(
-                    live, [] if source is None else [("secrets", source.secret_key_ref.name)],
-                    delay, changed)
+                await self._until_changed(live, secrets, delay, changed, seen)
             else:
                 log.warning("%s/%s: the Kubernetes API failed (%s); the study goes on in "
                             "%.1f s", self.owner.namespace, self.owner.name, e, delay)
@@ -206,19 +213,23 @@ class StudyController:
             self.api_faults = 0
 
     async def _until_changed(self, live: Live, objects: Sequence[tuple[str, str]],
-                             delay: float, changed: Callable[[Mapping[str, Any]], bool]) -> None:
+                             delay: float, changed: Callable[[Mapping[str, Any]], bool],
+                             since: Mapping[tuple[str, str], str | None] | None = None
+                             ) -> None:
         """Wait ``delay`` seconds, or less: until one of ``objects`` (``(kind, name)`` in the
         resource's namespace) that the wait is about changes (appears, is edited or deleted:
         a Secret whose password was fixed or that was labelled, a ConfigMap created), or the
-        spec does. The spec is looked at every poll interval, the objects every
-        :data:`OBJECT_POLL_INTERVALS` (a GET each; the operator needs no watch on Secrets or
-        ConfigMaps)."""
+        spec does. ``since``: the objects' versions when what the wait is about was read
+        (:meth:`_versions`; an object not in it is compared with its version now). The spec
+        is looked at every poll interval, the objects every :data:`OBJECT_POLL_INTERVALS` (a
+        GET each; the operator needs no watch on Secrets or ConfigMaps)."""
         loop = asyncio.get_running_loop()
         due = loop.time() + delay
         if not objects:
             await self._until(live, lambda b: changed(b) or loop.time() >= due)
             return
-        seen = [await self._version(kind, name) for kind, name in objects]
+        known = since or {}
+        seen = [known[obj] if obj in known else await self._version(*obj) for obj in objects]
         polls = 0
         while live.stopping() is None and (left := due - loop.time()) > 0:
             await live.sleep(min(left, max(0.2, self.op.settings.trials.poll_interval)))
@@ -232,6 +243,10 @@ class StudyController:
                     log.info("%s/%s: %s %s changed; looking again now",
                              self.owner.namespace, self.owner.name, kind, name)
                     return
+
+    async def _versions(self, objects: Sequence[tuple[str, str]]
+                        ) -> dict[tuple[str, str], str | None]:
+        return {obj: await self._version(*obj) for obj in objects}
 
     async def _version(self, kind: str, name: str) -> str | None:
         """The resourceVersion of ``kind``/``name`` in the resource's namespace (None:
