@@ -1,7 +1,7 @@
 """How many times faster than real time the simulator replays a 10-minute mixed trace.
 
-Usage: ``python bench/sim_speed.py [--repeat 3] [--rate 8] [--deepseek-v3] [--budgets 0,2]
-[--fingerprint]``.
+Usage: ``python bench/sim_speed.py [--repeat 3] [--rate 8] [--profile mixed] [--kv-bound]
+[--prefix-caching] [--model M] [--deepseek-v3] [--budgets 0,2] [--fingerprint]``.
 Pins itself to one core, replays ``loadtest/profiles/mixed.yaml`` (8 req/s, 10 minutes) on a
 simulated Llama-3.1-8B / H100 at a few budgets (``--deepseek-v3``: DeepSeek-V3, its MLA layers
 and 256 experts, FP8, on 8 x H200, from its ``config.json`` in ``bench/data/e2e/model-configs``),
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import random
 import struct
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 from chunktune.core.engine_args import EngineArgs
 from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
-from chunktune.core.workload import generate, load_profile
+from chunktune.core.workload import RequestSpec, generate, load_profile
 from chunktune.sim.engine.virtual import ReplayResult, build_engine
 
 DEEPSEEK_V3 = Path(__file__).with_name("data") / "e2e" / "model-configs" / \
@@ -72,6 +73,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rate", type=float, default=8.0)
+    ap.add_argument("--profile", default="mixed",
+                    help="the workload profile replayed (loadtest/profiles; default: mixed)")
+    ap.add_argument("--kv-bound", action="store_true",
+                    help="instead of a profile: 3,000 requests of 200-6,000 prompt and 50-600 "
+                         "output tokens at 20 req/s (seed 1), which keep one H100 running "
+                         "gpt-oss-120b KV-bound, preempting, with requests waiting to resume")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="--enable-prefix-caching (vLLM's default; the simulator's is off)")
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--gpu", default="h100-sxm")
     ap.add_argument("--deepseek-v3", action="store_true",
@@ -88,9 +97,16 @@ def main() -> None:
     gpu, tp = ("h200", 8) if a.deepseek_v3 else (a.gpu, 1)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    profile = load_profile("mixed").with_overrides(rate=a.rate, duration=600)
-    specs = generate(profile)
-    print(f"mixed trace: {len(specs)} requests over {profile.duration:.0f} s at {a.rate:g} req/s; "
+    if a.kv_bound:
+        rng = random.Random(1)
+        specs = [RequestSpec(i, i / 20, rng.randint(200, 6000), rng.randint(50, 600), 0)
+                 for i in range(3000)]
+        name, duration, rate = "kv-bound", 150.0, 20.0
+    else:
+        profile = load_profile(a.profile).with_overrides(rate=a.rate, duration=600)
+        specs = generate(profile)
+        name, duration, rate = a.profile, profile.duration, a.rate
+    print(f"{name} trace: {len(specs)} requests over {duration:.0f} s at {rate:g} req/s; "
           f"{model.name} on {tp} x {gpu}; one core; best of {a.repeat}")
     print(f"load average before: {load()}")
     print(f"{'config':66} {'steps':>7} {'sim s':>7} {'CPU s':>6} {'x CPU':>6} "
@@ -98,7 +114,8 @@ def main() -> None:
     for kw in configs:
         best_cpu = best_wall = float("inf")
         for _ in range(a.repeat):
-            eng = build_engine(EngineArgs(max_model_len=32768, tensor_parallel_size=tp, **kw),
+            eng = build_engine(EngineArgs(max_model_len=32768, tensor_parallel_size=tp,
+                                          enable_prefix_caching=a.prefix_caching, **kw),
                                model, resolve_gpu(gpu))
             c0, t0 = time.process_time(), time.perf_counter()
             res = eng.replay(specs)

@@ -14,8 +14,8 @@ from chunktune.core.errors import SpecError
 from chunktune.sim.calibration import published
 from chunktune.sim.cost import provenance
 
-#: The replays (module fixture) take about 2.5 minutes of one CPU: gpt-oss's bursts are
-#: scheduled over its two KV-cache groups, each group's blocks cached one by one.
+#: The replays (module fixture) take under a minute of one CPU (gpt-oss's KV-bound bursts
+#: over its two KV-cache groups the longest); a busy CI machine may take several times that.
 pytestmark = pytest.mark.timeout(1200)
 
 

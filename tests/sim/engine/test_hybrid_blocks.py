@@ -15,7 +15,12 @@ from chunktune.core.gpus import resolve_gpu
 from chunktune.core.models import resolve_model
 from chunktune.core.vllm_release import in_flight_tokens, uncached_freed_first
 from chunktune.core.workload import RequestSpec, load_profile
-from chunktune.sim.engine.kv_cache import BlockClass, BlockPool, HybridBlocks
+from chunktune.sim.engine.kv_cache import (
+    BlockClass,
+    BlockPool,
+    HybridBlocks,
+    HybridPrefixCache,
+)
 from chunktune.sim.engine.request import Request
 from chunktune.sim.engine.virtual import build_engine
 from chunktune.sim.report import summarize
@@ -90,3 +95,67 @@ def test_short_requests_fill_a_gemma_4_pool_long_before_the_printed_tokens() -> 
         [RequestSpec(i, 0.0, 1500, 100, 0) for i in range(400)]), profile)
     assert summary["engine"]["num_gpu_blocks"] == memory.pool_blocks
     assert 0.9 < summary["engine"]["kv_cache_usage_peak"] < 1.0
+
+
+class _OneByOne(HybridPrefixCache):
+    """Every cached block kept one by one: no request's content counts as its own."""
+
+    __slots__ = ()
+
+    def own_from(self, req: Request, tokens: int) -> int:
+        return 1 << 40
+
+
+class _Forgetful(dict[int, tuple[int, int, int]]):
+    """No lookup is remembered."""
+
+    def __setitem__(self, rid: int, seen: tuple[int, int, int]) -> None:
+        pass
+
+
+def _replayed(model: str, version: str | None, args: dict[str, int], lazy: bool
+              ) -> tuple[list[tuple[object, ...]], int, int]:
+    from chunktune.core.vllm_release import parse_version
+
+    engine = build_engine(EngineArgs(enable_prefix_caching=True, **args), resolve_model(model),
+                          resolve_gpu("h100-sxm"), parse_version(version) if version else None)
+    cache = engine.scheduler.cache
+    assert isinstance(cache, HybridPrefixCache)
+    if not lazy:
+        cache.__class__ = _OneByOne
+        cache.seen = _Forgetful()
+    rng = __import__("random").Random(7)
+    specs = []
+    for i in range(90):
+        group = rng.randrange(3) if rng.random() < 0.5 else -1
+        prompt = rng.randint(300, 5000)
+        specs.append(RequestSpec(i, i / 1000, prompt, rng.randint(400, 4000), 0,
+                                 prefix_group=group,
+                                 prefix_tokens=min(prompt - 1, 1500) if group >= 0 else 0))
+    res = engine.replay(specs)
+    st = res.steps
+    rows = list(zip(st.start, st.duration, st.tokens, st.prefill_tokens, st.decodes,
+                    st.running, st.waiting, st.kv_used_blocks, st.preempted, strict=True))
+    rows += [(r.rid, r.first_token, r.finish_time, r.num_preemptions) for r in res.requests]
+    return rows, res.num_preemptions, len(cache.copies)
+
+
+def test_own_blocks_counted_in_runs_schedule_as_kept_one_by_one() -> None:
+    """A request's own blocks are counted, and freed as runs (:class:`Parked`), until it looks
+    them up after a preemption (and again from its next admission), and a waiting request's
+    lookup is remembered until what it found changes: every step, preemption and latency is
+    what keeping each block and looking up every step gives (gpt-oss's sliding window under
+    vLLM 0.23's and 0.34's free-queue rules, Gemma-4's five sliding groups beside a full one;
+    openings shared, KV-bound), with far fewer blocks kept one by one."""
+    for model, version, args in (
+            ("gpt-oss-20b", "0.23.0", {"kv_cache_memory_bytes": 1_000_000_000,
+                                       "max_model_len": 12000}),
+            ("gpt-oss-20b", None, {"kv_cache_memory_bytes": 1_000_000_000,
+                                   "max_model_len": 12000}),
+            ("gemma-4-26b-a4b", "0.23.0", {"kv_cache_memory_bytes": 2_500_000_000,
+                                           "max_model_len": 12000})):
+        lazy, preempted, kept = _replayed(model, version, args, lazy=True)
+        eager, preempted_eager, kept_eager = _replayed(model, version, args, lazy=False)
+        assert preempted >= 3 and preempted == preempted_eager, (model, version)
+        assert lazy == eager, (model, version)
+        assert kept < kept_eager / 2, (model, version, kept, kept_eager)

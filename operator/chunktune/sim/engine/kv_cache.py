@@ -22,8 +22,9 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from chunktune.sim.engine.request import Request
+from chunktune.sim.engine.request import FINISHED, Request
 
 
 class BlockPool:
@@ -117,9 +118,10 @@ class PrefixCache(BlockPool):
         self.refs: dict[BlockKey, int] = {}
         #: cached blocks in the free queue, by the generation of their queue entry
         self.evictable: dict[BlockKey, int] = {}
-        #: the free queue: runs of uncached blocks (ints) and cached blocks (key, generation);
+        #: the free queue: runs of uncached blocks (ints) and cached blocks (key, generation;
+        #: :class:`HybridPrefixCache` also keeps runs of one request's blocks, :class:`Parked`);
         #: an entry whose block was taken since (another generation) is skipped
-        self.queue: deque[int | tuple[BlockKey, int]] = deque([total])
+        self.queue: deque[Any] = deque([total])
         self._gen = 0
         #: queue entries of blocks taken since (dropped when they outnumber the live ones)
         self._stale = 0
@@ -205,21 +207,20 @@ class PrefixCache(BlockPool):
                     left = 0
                 else:
                     left -= entry
-            elif self._evict(entry):
-                left -= 1
             else:
-                self._stale -= 1
+                left -= self._evict(entry, left)
         BlockPool.allocate(self, req, n_blocks)
 
-    def _evict(self, entry: tuple[BlockKey, int]) -> bool:
-        """Evict the cached block of a free-queue entry; False for an entry whose block was
-        taken since (stale)."""
+    def _evict(self, entry: tuple[BlockKey, int], left: int) -> int:
+        """Evict the cached blocks of a free-queue entry, at most ``left``: how many (0 for an
+        entry whose block was taken since: stale)."""
         key, gen = entry
         if self.evictable.get(key) != gen:
-            return False
+            self._stale -= 1
+            return 0
         del self.evictable[key]
         del self.refs[key]
-        return True
+        return 1
 
     def release(self, req: Request) -> None:
         held = req.held or []
@@ -374,7 +375,8 @@ class HybridBlocks:
 
 
 #: A request's cached blocks in a :class:`HybridPrefixCache`: per (class, group), by place,
-#: the key and the copy it holds (None where it holds none, or an uncached block).
+#: the key and the copy it holds (None where it holds none, or an uncached block; places
+#: below its ``kept_to`` only).
 Held = dict[tuple[int, int], list[tuple[BlockKey, list[int]] | None]]
 
 
@@ -385,6 +387,28 @@ def _hold(held: Held, ci: int, g: int, i: int, entry: tuple[BlockKey, list[int]]
     if len(row) <= i:
         row.extend([None] * (i + 1 - len(row)))
     row[i] = entry
+
+
+def _owner(key: BlockKey) -> int:
+    """The request whose own content a hybrid cache key is (:meth:`HybridPrefixCache.content`
+    ``(rid, tokens, i)``), or -1: shared."""
+    content = key[2]  # type: ignore[index]
+    if type(content) is tuple and type(content[0]) is int:
+        return content[0]
+    return -1
+
+
+class Parked:
+    """A run of one request's own cached blocks of one group in the free queue: places ``lo``
+    to ``hi``, freed (and evicted) last first. ``gens``: None while they are only counted,
+    else each place's generation (:attr:`HybridPrefixCache.parked`; a block taken since is
+    skipped as stale)."""
+
+    __slots__ = ("ci", "g", "gens", "hi", "lo")
+
+    def __init__(self, ci: int, g: int, lo: int, hi: int) -> None:
+        self.ci, self.g, self.lo, self.hi = ci, g, lo, hi
+        self.gens: list[int] | None = None
 
 
 class HybridPrefixCache(PrefixCache):
@@ -402,9 +426,20 @@ class HybridPrefixCache(PrefixCache):
     both; a hit takes the first cached): a request that recomputes a prefix whose windowed
     blocks were evicted caches its full blocks again. Keys are those of :class:`PrefixCache`
     at each class's block size (the hash block is the pool's ``block_size``).
+
+    A request's own blocks (past any opening it shares) can be found by no other request: until
+    it is preempted and looks them up, they are not kept one by one. It holds those it cached
+    since it was admitted as a count (its places from ``kept_to`` to ``cached_to``); freed,
+    they go to the free queue together (:class:`Parked`), as plain free blocks once it has
+    finished; its lookup after a preemption gives each still in the queue its entry, after
+    any older copy of the same content. The free queue's order and what a lookup finds are
+    the same as with every block kept one by one. A waiting request's lookup is remembered
+    (``seen``) until one of its blocks is evicted or, if it shares blocks, a shared block is
+    cached, evicted, taken from the free queue or put back.
     """
 
-    __slots__ = ("align", "class_own_first", "copies", "hybrid", "parked")
+    __slots__ = ("align", "class_own_first", "copies", "hybrid", "parked", "runs", "seen",
+                 "shared_changes")
 
     def __init__(self, total: int, block_size: int, hybrid: HybridBlocks,
                  own_first: bool = False, window_own_first: bool = False) -> None:
@@ -419,6 +454,24 @@ class HybridPrefixCache(PrefixCache):
         self.copies: dict[BlockKey, list[list[int]]] = {}
         #: cached blocks in the free queue, by generation
         self.parked: dict[int, tuple[BlockKey, list[int]]] = {}
+        #: the runs of its own blocks each request parked since its last lookup
+        self.runs: dict[int, list[Parked]] = {}
+        #: a waiting request's last lookup: (``shared_changes`` then, or -1 if it shares no
+        #: block, tokens found, blocks of them in the free queue); dropped when one of its own
+        #: blocks is evicted, and when it is admitted or released
+        self.seen: dict[int, tuple[int, int, int]] = {}
+        #: changes to shared blocks that a lookup sees: cached or no more, parked or taken
+        self.shared_changes = 0
+
+    def own_from(self, req: Request, tokens: int) -> int:
+        """The first of ``req``'s places of ``tokens`` tokens whose content is its own
+        (:meth:`content` ``(rid, tokens, i)``): past its opening or its known blocks."""
+        keys = req.block_keys
+        if keys is not None:
+            return -(-(len(keys) + 1) * self.block_size // tokens) - 1
+        if req.prefix_key is not None:
+            return req.prefix_tokens // tokens
+        return 0
 
     def content(self, req: Request, tokens: int, i: int) -> object:
         """The content key of ``req``'s ``i``-th block of ``tokens`` tokens."""
@@ -496,6 +549,12 @@ class HybridPrefixCache(PrefixCache):
     def lookup_tokens(self, req: Request) -> tuple[int, int]:
         """(tokens found, blocks of them in the free queue) for ``req`` about to be admitted
         with nothing computed: the fixed point over the classes, full attention first."""
+        rid = req.rid
+        seen = self.seen.get(rid)
+        if seen is not None and (seen[0] < 0 or seen[0] == self.shared_changes):
+            return seen[1], seen[2]
+        if rid in self.runs:
+            self._materialize(req)
         hit = req.prompt_len + req.num_output - 1
         if req.block_keys is None and req.num_preemptions == 0:
             # never run: only its shared opening's blocks can be cached
@@ -521,6 +580,8 @@ class HybridPrefixCache(PrefixCache):
             for content in self.contents(req, bt, range(c.skipped_blocks(hit), hit // bt)):
                 for g in range(c.groups):
                     touch += copies[ci, g, content][0][0] == 0
+        shares = req.block_keys is not None or req.prefix_key is not None
+        self.seen[rid] = (self.shared_changes if shares else -1, hit, touch)
         return hit, touch
 
     def lookup(self, req: Request) -> tuple[int, int]:
@@ -533,6 +594,7 @@ class HybridPrefixCache(PrefixCache):
             self.queries += req.prompt_len + req.num_output
             self.hits += tokens
             req.num_cached = tokens
+        self.seen.pop(req.rid, None)
         held: Held = {}
         taken = 0
         for k, (ci, g, i) in self._taken(req, tokens):
@@ -541,17 +603,22 @@ class HybridPrefixCache(PrefixCache):
                 del self.parked[copy[1]]
                 self.free -= 1
                 self._stale += 1
+                if _owner(k) < 0:
+                    self.shared_changes += 1
             copy[0] += 1
             _hold(held, ci, g, i, (k, copy))
             taken += 1
         if self._stale > 4096 and self._stale > len(self.queue) // 2:
             parked = self.parked
-            self.queue = deque(e for e in self.queue if isinstance(e, int) or e[1] in parked)
+            self.queue = deque(e for e in self.queue if isinstance(e, int) or (
+                e.hi > e.lo if type(e) is Parked else e[1] in parked))
             self._stale = 0
         req.held = held
         req.num_blocks += taken
         req.num_computed = tokens
         req.cached_to = [tokens // c.block_tokens for c in self.hybrid.classes]
+        req.kept_to = [max(n, self.own_from(req, c.block_tokens))
+                       for n, c in zip(req.cached_to, self.hybrid.classes, strict=True)]
         req.cached_upto = self._next_full(req.cached_to)
         used = self.total - self.free
         if used > self.peak_used:
@@ -574,6 +641,10 @@ class HybridPrefixCache(PrefixCache):
             held = req.held = {}
         copies = self.copies
         skipped = req.skipped
+        kept_to = req.kept_to
+        if kept_to is None:
+            kept_to = req.kept_to = [self.own_from(req, c.block_tokens)
+                                     for c in self.hybrid.classes]
         for ci, c in enumerate(self.hybrid.classes):
             bt = c.block_tokens
             full = tokens // bt
@@ -582,40 +653,104 @@ class HybridPrefixCache(PrefixCache):
                 first = skipped[ci]
             if full <= first:
                 continue
-            places = range(first, full)
+            cached_to[ci] = full
+            top = min(full, kept_to[ci])
+            if top <= first:
+                continue  # its own blocks: counted (places below cached_to)
+            places = range(first, top)
             contents = self.contents(req, bt, places)
             for g in range(c.groups):
                 row = held.get((ci, g))
                 if row is None:
                     row = held[ci, g] = []
-                if len(row) < full:
-                    row.extend([None] * (full - len(row)))
+                if len(row) < top:
+                    row.extend([None] * (top - len(row)))
                 for i, content in zip(places, contents, strict=True):
                     k = (ci, g, content)
                     copy = [1, 0]
                     got = copies.get(k)
                     if got is None:
                         copies[k] = [copy]
+                        if _owner(k) < 0:
+                            self.shared_changes += 1
                     else:
                         got.append(copy)
                     row[i] = (k, copy)
-            cached_to[ci] = full
         req.cached_upto = self._next_full(cached_to)
 
-    def _evict(self, entry: tuple[BlockKey, int]) -> bool:
-        got = self.parked.pop(entry[1], None)
-        if got is None:
-            return False
-        key, copy = got
+    def _materialize(self, req: Request) -> None:
+        """Give each of ``req``'s own blocks it parked as runs and still in the free queue
+        its entry (it looks them up, preempted): after any older copy of the same content,
+        which it took or cached before."""
+        rid = req.rid
+        copies, parked = self.copies, self.parked
+        gen = self._gen
+        for run in self.runs.pop(rid, ()):
+            bt = self.hybrid.classes[run.ci].block_tokens
+            gens = []
+            for i in range(run.lo, run.hi):
+                gen += 1
+                k = (run.ci, run.g, (rid, bt, i))
+                copy = [0, gen]
+                got = copies.get(k)
+                if got is None:
+                    copies[k] = [copy]
+                else:
+                    got.append(copy)
+                parked[gen] = (k, copy)
+                gens.append(gen)
+            run.gens = gens
+        self._gen = gen
+
+    def _evict(self, entry: tuple[BlockKey, int] | Parked, left: int) -> int:
+        parked = self.parked
+        if not isinstance(entry, Parked):
+            got = parked.pop(entry[1], None)
+            if got is None:
+                self._stale -= 1
+                return 0
+            self._forget(*got)
+            return 1
+        lo, gens = entry.lo, entry.gens
+        if gens is None:  # counted only: every block still there is cached
+            n = min(left, entry.hi - lo)
+            entry.hi -= n
+        else:
+            n = 0
+            while n < left and entry.hi > lo:
+                entry.hi -= 1
+                got = parked.pop(gens[entry.hi - lo], None)
+                if got is None:
+                    self._stale -= 1
+                else:
+                    self._forget(*got)
+                    n += 1
+        if entry.hi > lo:
+            self.queue.appendleft(entry)
+        return n
+
+    def _forget(self, key: BlockKey, copy: list[int]) -> None:
         same = self.copies[key]
         if len(same) == 1:
             del self.copies[key]
         else:
             del same[next(j for j, c in enumerate(same) if c is copy)]
-        return True
+        owner = _owner(key)
+        if owner < 0:
+            self.shared_changes += 1
+        else:
+            self.seen.pop(owner, None)
 
-    def _free(self, req: Request, ci: int, c: BlockClass, g: int, places: range) -> None:
-        """Free ``req``'s blocks of group ``g`` of class ``ci`` at ``places`` (in order)."""
+    def _to_back(self, n: int) -> None:
+        queue = self.queue
+        if queue and isinstance(queue[-1], int):
+            queue[-1] += n
+        else:
+            queue.append(n)
+
+    def _free_blocks(self, req: Request, ci: int, g: int, places: range) -> int:
+        """Free ``req``'s blocks of group ``g`` of class ``ci`` at ``places`` (in order), one
+        by one: how many."""
         row = (req.held or {}).get((ci, g)) or []
         queue, parked = self.queue, self.parked
         own_first = self.class_own_first[ci]
@@ -634,13 +769,12 @@ class HybridPrefixCache(PrefixCache):
                     parked[gen] = (k, copy)
                     queue.append((k, gen))
                     freed += 1
+                    if _owner(k) < 0:
+                        self.shared_changes += 1
             elif own_first:  # uncached (a block not yet full): gathered below
                 own += 1
             else:
-                if queue and isinstance(queue[-1], int):
-                    queue[-1] += 1
-                else:
-                    queue.append(1)
+                self._to_back(1)
                 freed += 1
         if own:  # to the front of the free queue, taken before any cached block
             if queue and isinstance(queue[0], int):
@@ -648,25 +782,58 @@ class HybridPrefixCache(PrefixCache):
             else:
                 queue.appendleft(own)
         self._gen = gen
-        self.free += freed + own
-        req.num_blocks -= len(places)
+        return freed + own
+
+    def _free(self, req: Request, ci: int, c: BlockClass, g: int, lo: int, hi: int,
+              done: bool) -> None:
+        """Free ``req``'s blocks of group ``g`` of class ``ci`` at places ``hi - 1`` down to
+        ``lo`` (``done``: it has finished)."""
+        if hi <= lo:
+            return
+        req.num_blocks -= hi - lo
+        # the places from cached_to up are not cached (not full yet); below kept_to they are
+        # kept one by one, from there to cached_to counted
+        ct = req.cached_to[ci] if req.cached_to is not None else 0
+        kept = req.kept_to[ci] if req.kept_to is not None else 0
+        freed = 0
+        edge = max(lo, ct)
+        if hi > edge:
+            freed += self._free_blocks(req, ci, g, range(hi - 1, edge - 1, -1))
+        first, end = max(lo, kept), min(hi, ct)
+        if end > first:
+            if done:  # nobody can find them: free blocks
+                self._to_back(end - first)
+            else:
+                run = Parked(ci, g, first, end)
+                self.queue.append(run)
+                self.runs.setdefault(req.rid, []).append(run)
+            freed += end - first
+        end = min(hi, kept, ct)
+        if end > lo:
+            freed += self._free_blocks(req, ci, g, range(end - 1, lo - 1, -1))
+        self.free += freed
 
     def drop(self, req: Request, ci: int, c: BlockClass, first: int, end: int) -> None:
         for g in range(c.groups):
-            self._free(req, ci, c, g, range(end - 1, first - 1, -1))
+            self._free(req, ci, c, g, first, end, False)
 
     def release(self, req: Request) -> None:
+        done = req.status == FINISHED
+        self.seen.pop(req.rid, None)
         skipped = req.skipped
         if skipped is not None:
             for ci, c in enumerate(self.hybrid.classes):
-                places = range(-(-req.slot_end // c.block_tokens) - 1, skipped[ci] - 1, -1)
+                top = -(-req.slot_end // c.block_tokens)
                 for g in range(c.groups):
-                    self._free(req, ci, c, g, places)
+                    self._free(req, ci, c, g, skipped[ci], top, done)
         if req.num_blocks:  # blocks of no place (none: every block has one)
             self.queue.append(req.num_blocks)
             self.free += req.num_blocks
+        if done:
+            self.runs.pop(req.rid, None)
         req.held = None
         req.num_blocks = 0
         req.cached_upto = 0
         req.cached_to = None
+        req.kept_to = None
         assert self.free <= self.total, "released more blocks than the pool holds"

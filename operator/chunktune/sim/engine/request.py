@@ -25,6 +25,7 @@ class Request:
         "first_token",
         "held",
         "itl",
+        "kept_to",
         "last_token",
         "max_tokens",
         "num_blocks",
@@ -66,6 +67,9 @@ class Request:
         self.cached_upto = 0
         #: With several KV-cache groups: per block class, the places cached so far.
         self.cached_to: list[int] | None = None
+        #: And per block class, the places below which its cached blocks are kept one by one
+        #: (its opening's, and those it took when admitted); its own above are counted.
+        self.kept_to: list[int] | None = None
         #: Lower is served first under ``--scheduling-policy priority`` (the OpenAI API's
         #: ``priority`` field); ignored under ``fcfs``.
         self.priority = priority

@@ -234,8 +234,8 @@ class Scheduler:
             self.running.remove(req)
         elif req.status == WAITING:
             self.waiting.remove(req)
+        req.status = FINISHED  # before the release: the pool forgets a finished request
         self.pool.release(req)
-        req.status = FINISHED
 
     # ---- the step --------------------------------------------------------------------------
 
