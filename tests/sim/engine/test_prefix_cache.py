@@ -98,12 +98,13 @@ def test_the_free_queue_evicts_least_recently_freed_first():
     cache.commit(a, 64)
     assert cache.free == 4 and len(cache.refs) == 4
     cache.release(a)
-    assert cache.free == 8 and list(cache.evictable) == [("a", 3), ("a", 2), ("a", 1),
-                                                        ("a", 0)]
+    # keyed by opening, block size and place (PrefixCache.content)
+    assert cache.free == 8 and list(cache.evictable) == [("a", 16, 3), ("a", 16, 2),
+                                                        ("a", 16, 1), ("a", 16, 0)]
     b = Request(1, 0.0, 96, 1)  # shares nothing: takes the 4 never-used blocks, then a's
     cache.take(b, 0)
     cache.allocate(b, 5)
-    assert ("a", 3) not in cache.refs and ("a", 0) in cache.refs  # a's last block went first
+    assert ("a", 16, 3) not in cache.refs and ("a", 16, 0) in cache.refs  # its last went first
     # the same opening again: its first three blocks are still there (at most 63 of its 64
     # tokens can be found), all in the free queue, which taking them leaves
     again = Request(2, 0.0, 64, 1, prefix_key="a", prefix_tokens=64)

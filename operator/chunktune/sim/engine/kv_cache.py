@@ -130,13 +130,16 @@ class PrefixCache(BlockPool):
         self.queries = 0
         self.hits = 0
 
-    def key(self, req: Request, i: int) -> BlockKey:
+    def content(self, req: Request, tokens: int, i: int) -> BlockKey:
+        """The key of ``req``'s ``i``-th block of ``tokens`` tokens (the hash block is the pool's
+        ``block_size``): a known block's key, its opening's, or its own ``(rid, tokens, i)``."""
         keys = req.block_keys
         if keys is not None:
-            return keys[i] if i < len(keys) else (req.rid, i)
-        if req.prefix_key is not None and (i + 1) * self.block_size <= req.prefix_tokens:
-            return req.prefix_key, i
-        return req.rid, i
+            j = (i + 1) * tokens // self.block_size - 1
+            return keys[j] if j < len(keys) else (req.rid, tokens, i)
+        if req.prefix_key is not None and (i + 1) * tokens <= req.prefix_tokens:
+            return req.prefix_key, tokens, i
+        return req.rid, tokens, i
 
     def lookup(self, req: Request) -> tuple[int, int]:
         """(blocks found, of which in the free queue) for ``req`` about to be admitted with
@@ -145,7 +148,7 @@ class PrefixCache(BlockPool):
         refs = self.refs
         hit = touch = 0
         while hit < limit:
-            r = refs.get(self.key(req, hit))
+            r = refs.get(self.content(req, self.block_size, hit))
             if r is None:
                 break
             touch += r == 0
@@ -160,7 +163,7 @@ class PrefixCache(BlockPool):
             req.num_cached = hit * self.block_size
         held: list[BlockKey] = []
         for i in range(hit):
-            k = self.key(req, i)
+            k = self.content(req, self.block_size, i)
             r = self.refs[k]
             if r == 0:
                 del self.evictable[k]
@@ -189,7 +192,7 @@ class PrefixCache(BlockPool):
         held = req.held if req.held is not None else []
         refs = self.refs
         for i in range(req.cached_upto, full):
-            k = self.key(req, i)
+            k = self.content(req, self.block_size, i)
             if k not in refs:
                 refs[k] = 1
                 held.append(k)
@@ -473,16 +476,6 @@ class HybridPrefixCache(PrefixCache):
             return req.prefix_tokens // tokens
         return 0
 
-    def content(self, req: Request, tokens: int, i: int) -> object:
-        """The content key of ``req``'s ``i``-th block of ``tokens`` tokens."""
-        keys = req.block_keys
-        if keys is not None:
-            j = (i + 1) * tokens // self.block_size - 1
-            return keys[j] if j < len(keys) else (req.rid, tokens, i)
-        if req.prefix_key is not None and (i + 1) * tokens <= req.prefix_tokens:
-            return req.prefix_key, tokens, i
-        return req.rid, tokens, i
-
     def contents(self, req: Request, tokens: int, places: range) -> list[object]:
         """:meth:`content` of each of ``places``."""
         if not places:
@@ -574,12 +567,7 @@ class HybridPrefixCache(PrefixCache):
             if simple:
                 break
         copies = self.copies
-        touch = 0
-        for ci, c in enumerate(classes):
-            bt = c.block_tokens
-            for content in self.contents(req, bt, range(c.skipped_blocks(hit), hit // bt)):
-                for g in range(c.groups):
-                    touch += copies[ci, g, content][0][0] == 0
+        touch = sum(copies[k][0][0] == 0 for k, _ in self._taken(req, hit))
         shares = req.block_keys is not None or req.prefix_key is not None
         self.seen[rid] = (self.shared_changes if shares else -1, hit, touch)
         return hit, touch
