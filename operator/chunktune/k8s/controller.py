@@ -148,8 +148,8 @@ class StudyController:
                 continue
             # NOTE: the Secrets' versions before the check: a user who fixes one as soon as
             # the refusal is written must not be missed until the re-check is due.
-            seen = await self._versions(
-                [("secrets", name) for _, name, _ in policy.secret_refs(tuning)])
+            seen = await self._versions([("secrets", name) for name in policy.secrets_read(
+                self.op.settings.policy, tuning)])
             refused = await self._refused(tuning, gen)
             if refused:  # re-checked when due, or as soon as a Secret it names changes
                 await self._until_changed(

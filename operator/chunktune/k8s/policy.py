@@ -79,6 +79,14 @@ def secret_refs(tuning: ChunkedPrefillTuning) -> list[tuple[str, str, bool]]:
     return out
 
 
+def secrets_read(policy: PolicySettings, tuning: ChunkedPrefillTuning) -> list[str]:
+    """The Secrets :func:`check_trials` reads (for their labels): those the engine references
+    that are not allow-listed, when Secrets must opt in."""
+    if not policy.secret_opt_in_label:
+        return []
+    return [name for _, name, _ in secret_refs(tuning) if name not in policy.allowed_secrets]
+
+
 def secret_refusal(field: str, name: str, namespace: str, secret: Mapping[str, Any] | None,
                    policy: PolicySettings, optional: bool = False) -> Refusal | None:
     """Whether a tuning may reference Secret ``name`` (``secret``: the object read, None when
@@ -186,9 +194,10 @@ async def check_trials(api: Reader, policy: PolicySettings, tuning: ChunkedPrefi
     refusal = image_refusal(tuning.spec.engine.image, policy, own_image)
     if refusal is not None:
         out.append(refusal)
+    read = secrets_read(policy, tuning)
     for field, name, optional in secret_refs(tuning):
         secret = None
-        if name not in policy.allowed_secrets and policy.secret_opt_in_label:
+        if name in read:
             try:
                 secret = await api.get("secrets", owner.namespace, name)
             except ClusterApiError as e:
