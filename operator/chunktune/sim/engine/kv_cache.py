@@ -476,7 +476,7 @@ class HybridPrefixCache(PrefixCache):
             return req.prefix_tokens // tokens
         return 0
 
-    def contents(self, req: Request, tokens: int, places: range) -> list[object]:
+    def contents(self, req: Request, tokens: int, places: range) -> list[BlockKey]:
         """:meth:`content` of each of ``places``."""
         if not places:
             return []
@@ -486,9 +486,8 @@ class HybridPrefixCache(PrefixCache):
             return [(rid, tokens, i) for i in places]
         return [self.content(req, tokens, i) for i in places]
 
-    def _cached(self, req: Request, ci: int, c: BlockClass, i: int) -> bool:
-        """Whether every group of class ``ci`` has ``req``'s ``i``-th block cached."""
-        content = self.content(req, c.block_tokens, i)
+    def _cached(self, ci: int, c: BlockClass, content: BlockKey) -> bool:
+        """Whether every group of class ``ci`` has a block of ``content`` cached."""
         copies = self.copies
         return all((ci, g, content) in copies for g in range(c.groups))
 
@@ -497,23 +496,21 @@ class HybridPrefixCache(PrefixCache):
         bt = c.block_tokens
         n = max_length // bt
         if not c.windowed:
-            copies = self.copies
-            contents = self.contents(req, bt, range(n))
             hit = 0
-            for content in contents:
-                if not all((ci, g, content) in copies for g in range(c.groups)):
+            for content in self.contents(req, bt, range(n)):
+                if not self._cached(ci, c, content):
                     break
                 hit += 1
             return hit * bt
         if c.chunk:
             i = (max_length // c.chunk * c.chunk) // bt if max_length > 0 else 0
-            while i < n and self._cached(req, ci, c, i):
+            while i < n and self._cached(ci, c, self.content(req, bt, i)):
                 i += 1
             return i * bt
         need = -(-(c.window - 1) // bt)
         run = 0
         for i in range(n - 1, -1, -1):
-            if self._cached(req, ci, c, i):
+            if self._cached(ci, c, self.content(req, bt, i)):
                 if run == 0 and bt != self.align and (i + 1) * bt % self.align:
                     continue
                 run += 1
